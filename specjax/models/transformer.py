@@ -220,3 +220,15 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
   cache = init_cache(config, batch_size=1, max_len=1)
   tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
   return Transformer(config).init(key, tokens_1x1, cache, method=Transformer.logits_and_cache)["params"]
+
+
+def prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+            cache: KVCache) -> tuple[jax.Array, KVCache]:
+  """Feeds right-padded prompts of different lengths in one call.
+
+  Returns the float32 logits [B, V] at each row's last prompt token and the cache advanced by each
+  row's own prompt length (the padding's keys lie beyond the length: masked, later overwritten).
+  """
+  hidden_BxPxD, cache = forward_hidden(config, params, prompts_BxP, cache)
+  last_BxD = jnp.take_along_axis(hidden_BxPxD, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  return hidden_to_logits(config, params, last_BxD), cache.advance(prompt_lengths_B)

@@ -1,0 +1,89 @@
+"""Autoregressive decoding: the baseline every speedup is measured against.
+
+One `jax.jit` program: a batched, ragged prefill, then a `lax.while_loop` of single-token target
+steps. Each row stops on its own (EOS or its budget); no host round trip per token. Static:
+the model config, cache size and output width; runtime: prompts, budgets, sampling knobs, keys.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specjax import generation
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import Params, forward, prefill
+from specjax.sampling import SamplingParams, probabilities, sample
+
+
+@flax.struct.dataclass
+class _LoopState:
+  cache: KVCache  # target cache holding every committed token but the last ([L, B, S, H_kv, D_h])
+  buffer: generation.OutputBuffer  # generated tokens [B, N], counts [B], done [B]
+  last_token: jax.Array  # [B] int32: newest token, not yet fed to the model
+  key: jax.Array  # PRNG key, split once per step
+  steps: jax.Array  # [] int32: target forward passes after the prefill
+
+
+@flax.struct.dataclass
+class AutoregressiveOutput:
+  tokens: jax.Array  # [B, N] int32, padded with pad_id after each row's count
+  counts: jax.Array  # [B] int32: generated tokens per row (EOS included when hit)
+  target_calls: jax.Array  # [] int32: forward passes of the target, prefill included
+  cache: KVCache  # the final cache (returned so the caller's donated buffer can be reused)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "out_width", "pad_id"), donate_argnames=("cache",))
+def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+              cache: KVCache, budget_B: jax.Array, eos_ids_E: jax.Array, sampling: SamplingParams,
+              key: jax.Array, *, out_width: int, pad_id: int) -> AutoregressiveOutput:
+  batch = prompts_BxP.shape[0]
+  logits_BxV, cache = prefill(config, params, prompts_BxP, prompt_lengths_B, cache)
+  key, first_key = jax.random.split(key)
+  first_B = sample(first_key, probabilities(logits_BxV, sampling))
+  buffer, _ = generation.append(generation.empty_buffer(batch, out_width), first_B[:, None],
+                                jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
+
+  def cond(state: _LoopState):
+    return ~jnp.all(state.buffer.done)
+
+  def body(state: _LoopState):
+    logits_Bx1xV, cache = forward(config, params, state.last_token[:, None], state.cache)
+    cache = cache.advance(jnp.where(state.buffer.done, 0, 1))
+    key, step_key = jax.random.split(state.key)
+    next_B = sample(step_key, probabilities(logits_Bx1xV[:, 0], sampling))
+    buffer, _ = generation.append(state.buffer, next_B[:, None], jnp.ones((batch,), jnp.int32),
+                                  eos_ids_E, budget_B)
+    return _LoopState(cache=cache, buffer=buffer, last_token=next_B, key=key, steps=state.steps + 1)
+
+  state = jax.lax.while_loop(cond, body, _LoopState(cache=cache, buffer=buffer, last_token=first_B,
+                                                    key=key, steps=jnp.int32(0)))
+  return AutoregressiveOutput(tokens=generation.finalize(state.buffer, pad_id),
+                              counts=state.buffer.counts, target_calls=state.steps + 1,
+                              cache=state.cache)
+
+
+def generate(config: ModelConfig, params: Params, prompts_BxP, prompt_lengths_B, cache: KVCache,
+             max_new_tokens, eos_ids, sampling: SamplingParams, key: jax.Array, *,
+             out_width: int | None = None, pad_id: int = 0) -> AutoregressiveOutput:
+  """Generates up to `max_new_tokens` (int, or one per row) after each prompt.
+
+  `cache` is an empty cache from `init_cache` (donated: do not reuse the object passed in; use the
+  one returned). `out_width` (static; defaults to the largest budget) fixes the output shape so that
+  calls with smaller budgets reuse the compiled program.
+  """
+  budget_B = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (prompts_BxP.shape[0],))
+  largest = int(jnp.max(budget_B))
+  out_width = out_width or largest
+  if largest > out_width:
+    raise ValueError(f"max_new_tokens {largest} exceeds out_width {out_width}")
+  generation.check_fits("autoregressive generate", prompt_lengths_B, largest, 0, cache.max_len,
+                        config.max_positions)
+  return _generate(config, params, jnp.asarray(prompts_BxP, jnp.int32),
+                   jnp.asarray(prompt_lengths_B, jnp.int32), cache, budget_B,
+                   jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key,
+                   out_width=out_width + 1, pad_id=pad_id)

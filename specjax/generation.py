@@ -1,0 +1,90 @@
+"""What every generate loop shares: padded prompt batches, the per-row output buffer with its EOS and
+budget bookkeeping, and the host-side checks that keep shapes legal before anything is compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass
+class OutputBuffer:
+  """Generated tokens per row; row b holds `counts[b]` valid tokens, the rest is garbage until
+  `finalize` pads it."""
+
+  tokens: jax.Array  # [B, N] int32: N = largest budget + widest chunk appended at once
+  counts: jax.Array  # [B] int32: valid tokens per row
+  done: jax.Array  # [B] bool: row hit an EOS token or its budget
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded `[B, P]` int32 prompts and their `[B]` lengths; empty prompts are an error."""
+  if not prompts:
+    raise ValueError("no prompts given")
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  if lengths.min() < 1:
+    raise ValueError(f"prompt {int(lengths.argmin())} is empty: every row needs at least one token")
+  padded = np.full((len(prompts), int(lengths.max())), pad_id, np.int32)
+  for b, prompt in enumerate(prompts):
+    padded[b, :len(prompt)] = prompt
+  return padded, lengths
+
+
+def check_fits(name: str, prompt_lengths: np.ndarray, max_new_tokens: int, slack: int,
+               cache_len: int, limit: int = 0) -> None:
+  """Raises unless the longest prompt + budget + the loop's look-ahead `slack` fits `cache_len`
+  (and a learned position table of `limit` rows, when given). Checked on the host, before jit."""
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  need = int(np.max(prompt_lengths)) + max_new_tokens + slack
+  if need > cache_len:
+    raise ValueError(f"{name}: longest prompt ({int(np.max(prompt_lengths))} tokens) + max_new_tokens "
+                     f"({max_new_tokens}) + look-ahead ({slack}) = {need} positions exceed the cache "
+                     f"size {cache_len}; raise cache_len or shorten the prompt/budget")
+  if limit and need > limit:
+    raise ValueError(f"{name}: {need} positions exceed the model's {limit} learned positions")
+
+
+def empty_buffer(batch_size: int, width: int) -> OutputBuffer:
+  return OutputBuffer(tokens=jnp.zeros((batch_size, width), jnp.int32),
+                      counts=jnp.zeros((batch_size,), jnp.int32),
+                      done=jnp.zeros((batch_size,), bool))
+
+
+def append(buffer: OutputBuffer, chunk_BxC: jax.Array, num_new_B: jax.Array, eos_ids_E: jax.Array,
+           budget_B: jax.Array) -> tuple[OutputBuffer, jax.Array]:
+  """Appends the first `num_new_B[b]` tokens of each live row's chunk, cut after the first EOS and at
+  the row's budget. Returns the buffer and how many tokens each row kept ([B] int32).
+
+  The whole chunk is written at the row's offset (a fixed-shape write); whatever lies past the kept
+  tokens is overwritten by the next append or padded away by `finalize`.
+  """
+  C = chunk_BxC.shape[1]
+  index_C = jnp.arange(C)
+  is_eos_BxC = jnp.any(chunk_BxC[:, :, None] == eos_ids_E[None, None, :], axis=-1)
+  is_eos_BxC &= index_C[None, :] < num_new_B[:, None]
+  first_eos_B = jnp.where(is_eos_BxC.any(axis=1), jnp.argmax(is_eos_BxC, axis=1), C)
+  kept_B = jnp.minimum(jnp.minimum(num_new_B, first_eos_B + 1), budget_B - buffer.counts)
+  kept_B = jnp.where(buffer.done, 0, kept_B).astype(jnp.int32)
+  write = lambda row_N, chunk_C, offset: jax.lax.dynamic_update_slice(row_N, chunk_C, (offset,))
+  tokens_BxN = jnp.where(buffer.done[:, None], buffer.tokens,
+                         jax.vmap(write)(buffer.tokens, chunk_BxC, buffer.counts))
+  counts_B = buffer.counts + kept_B
+  hit_eos_B = (first_eos_B < kept_B) & ~buffer.done
+  done_B = buffer.done | hit_eos_B | (counts_B >= budget_B)
+  return OutputBuffer(tokens=tokens_BxN, counts=counts_B, done=done_B), kept_B
+
+
+def finalize(buffer: OutputBuffer, pad_id: int) -> jax.Array:
+  """[B, N] tokens with everything past each row's count set to `pad_id`."""
+  valid_BxN = jnp.arange(buffer.tokens.shape[1])[None, :] < buffer.counts[:, None]
+  return jnp.where(valid_BxN, buffer.tokens, pad_id)
+
+
+def as_token_lists(tokens_BxN: np.ndarray, counts_B: np.ndarray) -> list[list[int]]:
+  return [list(map(int, row[:n])) for row, n in zip(np.asarray(tokens_BxN), np.asarray(counts_B))]
