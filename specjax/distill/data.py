@@ -1,0 +1,249 @@
+"""Distillation data: text sources, a deterministic train / held-out split, packing, a resumable batch
+stream, and the DistillSpec generation modes (fixed text, target- or draft-generated continuations).
+
+Pipeline: `read_documents` (a directory or glob of files, "stdlib" for the Python standard library's
+own sources, a text file split at blank lines, or a JSONL file) -> `split_documents` (shuffled by a
+seed, split *by document* so no held-out file leaks into training) -> `pack` (tokenized, documents
+joined by a separator token and cut into fixed-length rows with a validity mask) -> `BatchStream`.
+
+A `BatchStream` is random access: batch i is a pure function of (data, seed, i), reshuffled every
+epoch. Its whole state is the number of batches served, so a checkpoint restores it exactly.
+`DistillBatches` picks each batch's generation mode and sampling key from (seed, i) as well, which keeps
+on-policy runs resumable bit for bit too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from typing import Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from specjax import autoregressive
+from specjax.generation import pad_prompts
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import Params
+from specjax.sampling import SamplingParams
+
+STDLIB = "stdlib"  # source name for the `*.py` files of `sysconfig.get_paths()["stdlib"]`
+MODES = ("fixed", "target", "student")  # text itself; target-generated; draft-generated (on-policy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  name: str  # where it came from: a file path, "path:line" (JSONL) or "path#paragraph" (text file)
+  text: str
+
+
+def _stdlib_files() -> list[str]:
+  root = sysconfig.get_paths()["stdlib"]
+  files = glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
+  return [f for f in files if not {"site-packages", "dist-packages"} & set(f.split(os.sep))]
+
+
+def _read_text(path: str) -> str | None:
+  """The file's text, or None for a file that is not UTF-8 (a few test fixtures in the stdlib)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except UnicodeDecodeError:
+    return None
+
+
+def read_documents(source: str, pattern: str = "**/*.py", jsonl_field: str = "text") -> list[Document]:
+  """Non-empty documents of `source`, sorted by name.
+
+  `source` is "stdlib", a directory (files matching `pattern` below it), a glob, a `.jsonl` file (the
+  string field `jsonl_field` of every record) or a text file (paragraphs separated by blank lines).
+  """
+  if source == STDLIB:
+    files = _stdlib_files()
+  elif os.path.isdir(source):
+    files = glob.glob(os.path.join(source, pattern), recursive=True)
+  elif os.path.isfile(source) and source.endswith(".jsonl"):
+    return _jsonl_documents(source, jsonl_field)
+  elif os.path.isfile(source):
+    with open(source, encoding="utf-8") as f:
+      paragraphs = f.read().split("\n\n")
+    docs = [Document(f"{source}#{i}", p) for i, p in enumerate(paragraphs) if p.strip()]
+    return _nonempty(docs, source)
+  else:
+    files = glob.glob(source, recursive=True)
+  docs = [Document(f, text) for f in sorted(files) if os.path.isfile(f)
+          if (text := _read_text(f)) is not None and text.strip()]
+  return _nonempty(docs, f"{source} (pattern {pattern!r})" if os.path.isdir(source) else source)
+
+
+def _jsonl_documents(path: str, field: str) -> list[Document]:
+  docs = []
+  with open(path, encoding="utf-8") as f:
+    for line_number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      record = json.loads(line)
+      if not isinstance(record.get(field), str):
+        raise ValueError(f"{path}:{line_number}: record has no string field {field!r}")
+      if record[field].strip():
+        docs.append(Document(f"{path}:{line_number}", record[field]))
+  return _nonempty(docs, path)
+
+
+def _nonempty(docs: list[Document], source: str) -> list[Document]:
+  if not docs:
+    raise ValueError(f"no non-empty documents found in data source {source!r}")
+  return docs
+
+
+def split_documents(docs: Sequence[Document], heldout_fraction: float,
+                    seed: int) -> tuple[list[Document], list[Document]]:
+  """(train, held-out): a seeded shuffle, then the first `heldout_fraction` (at least one) held out."""
+  if not 0.0 < heldout_fraction < 1.0:
+    raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+  if len(docs) < 2:
+    raise ValueError(f"need at least 2 documents to split into train and held-out, got {len(docs)}")
+  order = np.random.default_rng(seed).permutation(len(docs))
+  num_heldout = min(len(docs) - 1, max(1, round(heldout_fraction * len(docs))))
+  shuffled = [docs[i] for i in order]
+  return shuffled[num_heldout:], shuffled[:num_heldout]
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+  """Fixed-length token rows; `mask` marks real tokens (False only in the last row's padding)."""
+
+  tokens: np.ndarray  # [N, T] int32
+  mask: np.ndarray  # [N, T] bool
+
+  def fingerprint(self) -> str:
+    """sha256 of the rows: a checkpoint refuses to resume on different data."""
+    digest = hashlib.sha256(np.ascontiguousarray(self.tokens).tobytes())
+    digest.update(np.ascontiguousarray(self.mask).tobytes())
+    return digest.hexdigest()
+
+
+def pack(docs: Sequence[Document], encode: Callable[[str], list[int]], seq_len: int, separator_id: int,
+         max_tokens: int = 0) -> Packed:
+  """Tokenizes the documents, joins them with `separator_id` and cuts the stream into `seq_len` rows.
+
+  Rows may span document boundaries (the model has no segment masking: a row simply reads on into
+  the next document, as in most LM pre-training). `max_tokens` > 0 caps the stream's length.
+  """
+  if seq_len < 2:
+    raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+  pieces, total = [], 0
+  for doc in docs:
+    ids = list(encode(doc.text)) + [separator_id]
+    pieces.append(np.asarray(ids, np.int32))
+    total += len(ids)
+    if max_tokens and total >= max_tokens:
+      break
+  stream = np.concatenate(pieces)[:max_tokens or None]
+  num_rows = -(-len(stream) // seq_len)
+  tokens = np.full(num_rows * seq_len, separator_id, np.int32)
+  tokens[:len(stream)] = stream
+  mask = np.arange(num_rows * seq_len) < len(stream)
+  return Packed(tokens.reshape(num_rows, seq_len), mask.reshape(num_rows, seq_len))
+
+
+class BatchStream:
+  """Batches of `batch_size` rows, reshuffled each epoch; batch i depends only on (rows, seed, i)."""
+
+  def __init__(self, data: Packed, batch_size: int, seed: int):
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    self.data, self.batch_size, self.seed = data, batch_size, seed
+    self.position = 0  # batches served so far: the stream's whole state
+
+  def batch(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Batch `index`: tokens [B, T] int32 and mask [B, T] bool."""
+    num_rows = len(self.data.tokens)
+    sample = index * self.batch_size + np.arange(self.batch_size)
+    epochs, within = np.divmod(sample, num_rows)
+    rows = np.array([self._order(int(e))[w] for e, w in zip(epochs, within)])
+    return self.data.tokens[rows], self.data.mask[rows]
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self.data.tokens))
+
+  def state(self) -> dict:
+    return {"position": self.position, "fingerprint": self.data.fingerprint()}
+
+  def restore(self, state: Mapping) -> None:
+    if state["fingerprint"] != self.data.fingerprint():
+      raise ValueError("the checkpoint was made on different training data (source, tokenizer, "
+                       "seq_len or split changed); use a fresh workdir")
+    self.position = int(state["position"])
+
+
+def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, mask_BxT: np.ndarray,
+                  prompt_len: int, eos_ids: Sequence[int], sampling: SamplingParams,
+                  key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+  """Replaces everything after each row's first `prompt_len` tokens by the model's own continuation.
+
+  Uses the project's autoregressive loop (one compiled program per model and shape). The returned mask
+  covers the positions whose next-token distribution produced a generated token: the divergence is
+  taken on the sequences the model (target, or the draft on-policy) actually emits, as in DistillSpec.
+  """
+  B, T = tokens_BxT.shape
+  if not 1 <= prompt_len < T:
+    raise ValueError(f"prompt_len must be in [1, seq_len) = [1, {T}), got {prompt_len}")
+  lengths_B = np.minimum(mask_BxT.sum(1), prompt_len)  # >= 1: a packed row holds at least one token
+  prompts_BxP, _ = pad_prompts([row[:n] for row, n in zip(tokens_BxT, lengths_B)])
+  out = autoregressive.generate(config, params, prompts_BxP, lengths_B, init_cache(config, B, T),
+                                T - prompt_len, list(eos_ids), sampling, key, out_width=T - prompt_len)
+  generated_BxN, counts_B = np.asarray(out.tokens), np.asarray(out.counts)
+  new_BxT = np.zeros_like(tokens_BxT)
+  new_mask_BxT = np.zeros((B, T), bool)
+  for b, (n, c) in enumerate(zip(lengths_B, counts_B)):
+    new_BxT[b, :n] = tokens_BxT[b, :n]
+    new_BxT[b, n:n + c] = generated_BxN[b, :c]
+    new_mask_BxT[b, n - 1:n + c - 1] = True
+  return new_BxT, new_mask_BxT
+
+
+class DistillBatches:
+  """Training batches mixed from the generation modes, each chosen by weight from (seed, index).
+
+  `weights` maps modes of `MODES` to non-negative weights. "target" continuations use the teacher's
+  fixed params; "student" (on-policy) ones the params passed to `next`, i.e. the current draft. Both
+  sample with `sampling` and stop at `eos_ids`; the key of batch i is `fold_in(key(seed), i)`.
+  """
+
+  def __init__(self, stream: BatchStream, weights: Mapping[str, float], prompt_len: int, seed: int,
+               eos_ids: Sequence[int], sampling: SamplingParams, target_config: ModelConfig,
+               target_params: Params, student_config: ModelConfig):
+    unknown = sorted(set(weights) - set(MODES))
+    if unknown:
+      raise ValueError(f"unknown generation mode(s) {unknown}; expected some of {MODES}")
+    total = sum(weights.values())
+    if min(weights.values(), default=-1.0) < 0 or total <= 0:
+      raise ValueError(f"generation mode weights must be >= 0 with a positive sum, got {dict(weights)}")
+    self.stream, self.prompt_len, self.seed = stream, prompt_len, seed
+    self.modes = [m for m in MODES if weights.get(m, 0.0) > 0]
+    self.probs = np.array([weights[m] for m in self.modes]) / total
+    self.eos_ids, self.sampling = tuple(eos_ids), sampling
+    self.target_config, self.target_params, self.student_config = target_config, target_params, student_config
+
+  def mode(self, index: int) -> str:
+    return self.modes[np.random.default_rng([self.seed, index]).choice(len(self.modes), p=self.probs)]
+
+  def next(self, student_params: Params) -> tuple[np.ndarray, np.ndarray, str]:
+    """The next batch (tokens [B, T] int32, loss mask [B, T] bool, mode) and advances the stream."""
+    index = self.stream.position
+    tokens_BxT, mask_BxT = self.stream.batch(index)
+    mode = self.mode(index)
+    if mode != "fixed":
+      config, params = ((self.target_config, self.target_params) if mode == "target"
+                        else (self.student_config, student_params))
+      key = jax.random.fold_in(jax.random.key(self.seed), index)
+      tokens_BxT, mask_BxT = continue_rows(config, params, tokens_BxT, mask_BxT, self.prompt_len,
+                                           self.eos_ids, self.sampling, key)
+    self.stream.position += 1
+    return tokens_BxT, mask_BxT, mode
