@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache, init_cache, write_rows
+from specjax.models.kv_cache import KVCache, init_cache
 
 Params = Any
 _init = nn.initializers.normal(stddev=0.02)
@@ -100,7 +100,7 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache: KVCache, layer: int):
     cfg = self.config
     B, T, _ = x_BxTxD.shape
     H, K, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -111,8 +111,8 @@ class Attention(nn.Module):
     if cfg.arch == "llama":
       q = rotate_by_position(q, positions_BxT, cfg.rope_theta)
       k = rotate_by_position(k, positions_BxT, cfg.rope_theta)
-    k_cache_BxSxKxD = write_rows(k_cache_BxSxKxD, k, lengths_B)
-    v_cache_BxSxKxD = write_rows(v_cache_BxSxKxD, v, lengths_B)
+    cache = cache.write(layer, k, v)
+    k_cache_BxSxKxD, v_cache_BxSxKxD = cache.k[layer], cache.v[layer]
 
     q_BxTxKxGxD = q.reshape(B, T, K, H // K, Dh)
     scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_cache_BxSxKxD,
@@ -122,7 +122,7 @@ class Attention(nn.Module):
     out_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights, v_cache_BxSxKxD)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
         out_BxTxKxGxD.reshape(B, T, H * Dh))
-    return out, k_cache_BxSxKxD, v_cache_BxSxKxD
+    return out, cache
 
 
 class MLP(nn.Module):
@@ -144,13 +144,12 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, k_cache, v_cache, lengths_B):
-    attn_out, k_cache, v_cache = Attention(self.config, name="attn")(
-        Norm(self.config, name="attn_norm")(x_BxTxD), positions_BxT, mask_BxTxS, k_cache, v_cache,
-        lengths_B)
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache: KVCache, layer: int):
+    attn_out, cache = Attention(self.config, name="attn")(
+        Norm(self.config, name="attn_norm")(x_BxTxD), positions_BxT, mask_BxTxS, cache, layer)
     x_BxTxD = x_BxTxD + attn_out
     x_BxTxD = x_BxTxD + MLP(self.config, name="mlp")(Norm(self.config, name="mlp_norm")(x_BxTxD))
-    return x_BxTxD, k_cache, v_cache
+    return x_BxTxD, cache
 
 
 class Transformer(nn.Module):
@@ -177,12 +176,9 @@ class Transformer(nn.Module):
     if cfg.arch == "gpt2":
       x_BxTxD = x_BxTxD + self.pos_embed(positions_BxT)
     mask_BxTxS = attention_mask(cache.lengths, T, cache.max_len, cfg.sliding_window)
-    k_all, v_all = cache.k, cache.v
     for i, block in enumerate(self.layers):
-      x_BxTxD, k_layer, v_layer = block(x_BxTxD, positions_BxT, mask_BxTxS, k_all[i], v_all[i],
-                                        cache.lengths)
-      k_all, v_all = k_all.at[i].set(k_layer), v_all.at[i].set(v_layer)
-    return self.final_norm(x_BxTxD), cache.replace(k=k_all, v=v_all)
+      x_BxTxD, cache = block(x_BxTxD, positions_BxT, mask_BxTxS, cache, i)
+    return self.final_norm(x_BxTxD), cache
 
   def logits(self, hidden_BxNxD: jax.Array) -> jax.Array:
     """Output-head logits in float32 for any [..., D] hidden states."""
