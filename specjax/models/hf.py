@@ -1,5 +1,6 @@
 """Loading Hugging Face checkpoint directories: `config.json` + safetensors (single or sharded) or
 `pytorch_model.bin`, mapped onto specjax's parameter tree without transposes (same `[out, in]` layout).
+The inverse mapping (`config_to_hf_dict`, `params_to_hf_tensors`) writes specjax models back out.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import re
 from typing import Any, Iterator
 
+import jax
 import numpy as np
 
 from specjax.models.config import ModelConfig
@@ -162,3 +164,76 @@ def load_hf_dir(path: str, dtype: str = "float32") -> tuple[ModelConfig, Params]
       raise ValueError(f"{path}: unexpected tensor {name!r} for a {config.arch} model")
     arrays.update(mapped)
   return config, assemble_params(config, arrays, source=path)
+
+
+# Writing: the inverse of the mapping above, for exporting specjax models as Hugging Face directories.
+
+_LLAMA_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def config_to_hf_dict(config: ModelConfig, max_positions: int = 4096) -> dict[str, Any]:
+  """A `config.json` dict that `transformers` and `config_from_hf_dict` both read back as `config`.
+
+  Llama-family configs become "qwen2" when they have q/k/v biases, "mistral" with a sliding window,
+  else "llama". `max_positions` fills llama's `max_position_embeddings` (gpt2 uses its own table).
+  """
+  if config.arch == "gpt2":
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+            "n_embd": config.d_model, "n_layer": config.n_layers, "n_head": config.n_heads,
+            "n_inner": config.d_ff, "n_positions": config.max_positions, "activation_function": "gelu_new",
+            "layer_norm_epsilon": config.norm_eps, "tie_word_embeddings": True, "dtype": config.dtype}
+  model_type = "qwen2" if config.qkv_bias else "mistral" if config.sliding_window else "llama"
+  hf = {"architectures": [_LLAMA_TYPES[model_type]], "model_type": model_type,
+        "vocab_size": config.vocab_size, "hidden_size": config.d_model, "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads, "head_dim": config.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "max_position_embeddings": max_positions, "tie_word_embeddings": config.tie_embeddings,
+        "dtype": config.dtype}
+  if model_type == "qwen2":  # specjax windows every layer: no full-attention layers below the window
+    hf.update(use_sliding_window=bool(config.sliding_window), sliding_window=config.sliding_window or None,
+              max_window_layers=0 if config.sliding_window else config.n_layers)
+  elif model_type == "mistral":
+    hf["sliding_window"] = config.sliding_window
+  return hf
+
+
+def params_to_hf_tensors(config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
+  """Hugging Face tensor name -> numpy array for every parameter: what `load_hf_dir` reads back."""
+  flat = {"/".join(k.key for k in path): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  if config.arch == "gpt2":
+    return _gpt2_tensors(config, flat)
+  llama_modules = {v: k for k, v in _LLAMA_LAYER.items()}
+  llama_modules.update(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm")
+  top = {"embed/embedding": "model.embed_tokens.weight", "final_norm/scale": "model.norm.weight",
+         "lm_head/weight": "lm_head.weight"}
+  tensors = {}
+  for path, array in flat.items():
+    if path in top:
+      tensors[top[path]] = array
+      continue
+    layer, module, kind = re.fullmatch(r"layers_(\d+)/(.+)/(\w+)", path).groups()
+    tensors[f"model.layers.{layer}.{llama_modules[module]}.{'weight' if kind == 'scale' else kind}"] = array
+  return tensors
+
+
+def _gpt2_tensors(config: ModelConfig, flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """GPT-2's names: Conv1D weights transposed back to `[in, out]`, q/k/v joined into c_attn."""
+  norms = {v: k for k, v in _GPT2_NORMS.items()}
+  modules = {v: k for k, v in _GPT2_LAYER.items()}
+  tensors = {"transformer.wte.weight": flat["embed/embedding"], "transformer.wpe.weight": flat["pos_embed/embedding"],
+             "transformer.ln_f.weight": flat["final_norm/scale"], "transformer.ln_f.bias": flat["final_norm/bias"]}
+  for i in range(config.n_layers):
+    prefix, h = f"layers_{i}", f"transformer.h.{i}"
+    for norm, hf_norm in norms.items():
+      tensors[f"{h}.{hf_norm}.weight"] = flat[f"{prefix}/{norm}/scale"]
+      tensors[f"{h}.{hf_norm}.bias"] = flat[f"{prefix}/{norm}/bias"]
+    qkv = [f"{prefix}/attn/{p}" for p in ("q_proj", "k_proj", "v_proj")]
+    tensors[f"{h}.attn.c_attn.weight"] = np.concatenate([flat[f"{p}/weight"] for p in qkv], axis=0).T
+    tensors[f"{h}.attn.c_attn.bias"] = np.concatenate([flat[f"{p}/bias"] for p in qkv])
+    for module, hf_module in modules.items():
+      tensors[f"{h}.{hf_module}.weight"] = flat[f"{prefix}/{module}/weight"].T
+      tensors[f"{h}.{hf_module}.bias"] = flat[f"{prefix}/{module}/bias"]
+  return tensors
