@@ -1,0 +1,39 @@
+"""Exporting a (distilled) model as a Hugging Face directory: config.json, model.safetensors, tokenizer.
+
+`transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it with logits equal to specjax's,
+and `specjax.models.hf.load_hf_dir` reads it back, so the draft serves in other stacks and as a specjax
+draft alike. Names and layouts come from the inverse mapping in `specjax.models.hf`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from specjax.models import hf
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import Params
+
+
+def export_hf(directory: str, config: ModelConfig, params: Params, tokenizer_dir: str = "",
+              eos_ids: tuple[int, ...] = (), max_positions: int = 4096) -> str:
+  """Writes the model to `directory` (created if needed) and returns its absolute path.
+
+  Weights are stored in float32 (bfloat16 params are widened: safetensors' numpy writer has no
+  bfloat16). `tokenizer_dir`, when given, is a directory whose tokenizer files are copied alongside;
+  `eos_ids` become the config's `eos_token_id`.
+  """
+  path = os.path.abspath(directory)
+  os.makedirs(path, exist_ok=True)
+  hf_config = {**hf.config_to_hf_dict(config.replace(dtype="float32"), max_positions)}
+  if eos_ids:
+    hf_config["eos_token_id"] = list(eos_ids) if len(eos_ids) > 1 else eos_ids[0]
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2)
+  tensors = {name: np.ascontiguousarray(array, np.float32)
+             for name, array in hf.params_to_hf_tensors(config, params).items()}
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  return path

@@ -1,0 +1,48 @@
+"""Exported drafts load in `transformers` with specjax's logits, and read back into specjax unchanged."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from specjax.distill.export import export_hf
+from specjax.distill.steps import logits
+from specjax.models.config import ModelConfig
+from specjax.models.hf import load_hf_dir
+from specjax.models.transformer import init_params
+from tests.tiny_hf import FAMILIES, VOCAB, save_hf_model
+
+TOKENS = np.array([[5, 17, 3, 44, 9, 60, 2, 1], [90, 0, 33, 12, 7, 7, 8, 71]], np.int32)
+
+
+def _assert_transformers_logits_match(directory, config, params):
+  model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+  with torch.no_grad():
+    want = model(torch.tensor(TOKENS, dtype=torch.long)).logits.numpy()
+  got = np.asarray(logits(config, params, TOKENS))
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_round_trips_through_transformers(family, tmp_path):
+  save_hf_model(family, str(tmp_path / "src"))
+  config, params = load_hf_dir(str(tmp_path / "src"))
+  params = jax.tree.map(lambda p: p + 0.01 * np.random.default_rng(0).normal(size=p.shape).astype(np.float32),
+                        params)  # changed weights, as after training
+  export_hf(str(tmp_path / "out"), config, params, eos_ids=(2,))
+  _assert_transformers_logits_match(str(tmp_path / "out"), config, params)
+  config_back, params_back = load_hf_dir(str(tmp_path / "out"))
+  assert config_back == config
+  jax.tree.map(np.testing.assert_array_equal, params_back, params)
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(tie_embeddings=True), dict(qkv_bias=True, sliding_window=4),
+                                     dict(sliding_window=4)])
+def test_export_of_fresh_configs(changes, tmp_path):
+  config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       head_dim=8, d_ff=48, rope_theta=5e5, norm_eps=1e-5, **changes)
+  params = jax.tree.map(lambda p: p * 5, init_params(config, jax.random.key(0)))
+  export_hf(str(tmp_path), config, params)
+  _assert_transformers_logits_match(str(tmp_path), config, params)
+  assert load_hf_dir(str(tmp_path))[0] == config
