@@ -8,6 +8,7 @@ continuations of 32 tokens.
 
 import copy
 import functools
+from typing import Callable
 
 import gguf
 import jax
@@ -80,8 +81,10 @@ def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: str, family: str, model, qtype=gguf.GGMLQuantizationType.F32,
-               arch: str | None = None, tensors: dict[str, np.ndarray] | None = None) -> None:
-  """Writes `model` as a GGUF file: 2-D weights in `qtype`, norms and biases in F32 (as llama.cpp)."""
+               arch: str | None = None, tensors: dict[str, np.ndarray] | None = None,
+               add_metadata: Callable[[gguf.GGUFWriter], None] = lambda writer: None) -> None:
+  """Writes `model` as a GGUF file: 2-D weights in `qtype`, norms and biases in F32 (as llama.cpp);
+  `add_metadata` may add more keys (a tokenizer)."""
   cfg = model.config
   arch = arch or _ARCH[family]
   writer = gguf.GGUFWriter(path, arch)
@@ -98,6 +101,7 @@ def write_gguf(path: str, family: str, model, qtype=gguf.GGMLQuantizationType.F3
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+  add_metadata(writer)
   for name, array in (tensors if tensors is not None else gguf_tensors(family, model)).items():
     if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
       writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)

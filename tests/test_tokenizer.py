@@ -66,15 +66,14 @@ def save_hf_dir(backend: tokenizers.Tokenizer, directory: str) -> None:
                "tokenizer_class": "PreTrainedTokenizerFast"}, f)
 
 
-def write_gguf_tokenizer(backend: tokenizers.Tokenizer, path: str, pre: str) -> None:
-  """Tokenizer metadata as llama.cpp's converter writes it (no tensors needed)."""
+def add_tokenizer_metadata(writer: gguf.GGUFWriter, backend: tokenizers.Tokenizer, pre: str) -> None:
+  """Tokenizer metadata as llama.cpp's converter writes it."""
   vocab = backend.get_vocab(with_added_tokens=True)
   tokens = sorted(vocab, key=vocab.get) + [f"[PAD{len(vocab) + i}]" for i in range(NUM_PADDING)]
   kinds = {t: gguf.TokenType.CONTROL for t in SPECIALS} | {t: gguf.TokenType.USER_DEFINED for t in USER_DEFINED}
   types = [kinds.get(t, gguf.TokenType.NORMAL) for t in tokens[:len(vocab)]]
   types += [gguf.TokenType.UNUSED] * NUM_PADDING
   merges = json.loads(backend.to_str())["model"]["merges"]
-  writer = gguf.GGUFWriter(path, "qwen2")
   writer.add_tokenizer_model("gpt2")
   writer.add_tokenizer_pre(pre)
   writer.add_token_list(tokens)
@@ -85,6 +84,12 @@ def write_gguf_tokenizer(backend: tokenizers.Tokenizer, path: str, pre: str) -> 
   writer.add_pad_token_id(vocab["<|endoftext|>"])
   writer.add_add_bos_token(False)
   writer.add_chat_template(CHAT_TEMPLATE)
+
+
+def write_gguf_tokenizer(backend: tokenizers.Tokenizer, path: str, pre: str) -> None:
+  """A GGUF file holding only tokenizer metadata (no tensors needed)."""
+  writer = gguf.GGUFWriter(path, "qwen2")
+  add_tokenizer_metadata(writer, backend, pre)
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
   writer.write_tensors_to_file()

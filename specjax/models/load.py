@@ -1,0 +1,125 @@
+"""`load_model`: a registry name, a `.gguf` file or a Hugging Face directory -> config, params, tokenizer.
+
+Converting a GGUF is slow (parsing the metadata of a 150k-token vocabulary takes ~12 s with
+`gguf.GGUFReader`, dequantizing the 1.5B model ~40 s), so the first load writes the float32 params
+(safetensors, config in its metadata) and the tokenizer to `$SPECJAX_CACHE/converted/KEY/`; later loads
+read them back tensor by tensor. KEY is the registry sha256 for named models and a hash of path, size
+and mtime for other files. Registry models are never fetched implicitly: the error names the command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from specjax.models import gguf_loader, registry
+from specjax.models.config import ModelConfig
+from specjax.models.hf import load_hf_dir
+from specjax.models.tokenizer import Tokenizer
+from specjax.models.transformer import Params
+
+_CACHE_VERSION = "1"  # bump when the converted layout changes
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+  name: str  # registry name, or the file / directory name
+  config: ModelConfig
+  params: Params  # nested dict of arrays in config.dtype
+  tokenizer: Tokenizer
+
+
+def load_model(name_or_path: str, dtype: str = "float32") -> LoadedModel:
+  """Loads a registry model (fetched beforehand), a `.gguf` file or a Hugging Face directory."""
+  if name_or_path in registry.MODELS:
+    spec = registry.MODELS[name_or_path]
+    if not registry.is_installed(spec):
+      raise FileNotFoundError(f"model {spec.name!r} is not installed in {registry.cache_dir()}; "
+                              f"run `{registry.fetch_command(spec.name)}` first")
+    return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype)
+  path = os.path.abspath(os.path.expanduser(name_or_path))
+  name = os.path.basename(path.rstrip(os.sep))
+  if os.path.isdir(path):
+    config, params = load_hf_dir(path, dtype)
+    return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path))
+  if os.path.isfile(path):
+    stat = os.stat(path)
+    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype)
+  raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
+                          f"(known: {', '.join(registry.MODELS)})")
+
+
+def _cast_in_place(tree: dict, dtype: str) -> None:
+  """Casts every leaf, dropping each float32 original as soon as its copy exists (peak + 1 tensor)."""
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      _cast_in_place(value, dtype)
+    else:
+      tree[key] = value.astype(dtype)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    path = f"{prefix}{key}"
+    flat.update(_flatten(value, path + "/") if isinstance(value, dict) else {path: value})
+  return flat
+
+
+def _load_gguf_cached(path: str, name: str, key: str, dtype: str) -> LoadedModel:
+  directory = os.path.join(registry.cache_dir(), "converted", key[:32])
+  params_file, tokenizer_file = (os.path.join(directory, f) for f in ("params.safetensors", "tokenizer.json"))
+  if os.path.isfile(params_file) and os.path.isfile(tokenizer_file):
+    with safetensors.safe_open(params_file, framework="numpy") as f:
+      meta = f.metadata()
+      if meta.get("version") == _CACHE_VERSION:
+        config = ModelConfig(**{**json.loads(meta["config"]), "dtype": dtype})
+        params: dict = {}
+        for tensor_path in f.keys():
+          *parents, leaf = tensor_path.split("/")
+          node = params
+          for parent in parents:
+            node = node.setdefault(parent, {})
+          node[leaf] = jnp.asarray(f.get_tensor(tensor_path), dtype)
+        with open(tokenizer_file) as t:
+          return LoadedModel(name, config, params, Tokenizer.from_dict(json.load(t)))
+
+  reader = gguf_loader.open_gguf(path)
+  tokenizer = Tokenizer.from_gguf(reader)
+  config, params = gguf_loader.load_gguf(path, "float32", reader)
+  del reader
+  os.makedirs(directory, exist_ok=True)
+  _write_atomically(tokenizer_file, lambda tmp: _dump_json(tokenizer.to_dict(), tmp))
+  flat = {k: np.asarray(v) for k, v in _flatten(params).items()}
+  meta = {"version": _CACHE_VERSION, "source": path, "config": json.dumps(dataclasses.asdict(config))}
+  _write_atomically(params_file, lambda tmp: safetensors.numpy.save_file(flat, tmp, metadata=meta))
+  del flat
+  if dtype != "float32":
+    _cast_in_place(params, dtype)
+    config = config.replace(dtype=dtype)
+  return LoadedModel(name, config, params, tokenizer)
+
+
+def _dump_json(obj: Any, file: str) -> None:
+  with open(file, "w") as f:
+    json.dump(obj, f)
+
+
+def _write_atomically(file: str, write) -> None:
+  """`write(tmp)` then rename, so an interrupted conversion never leaves a half file that looks done."""
+  tmp = f"{file}.tmp{os.getpid()}"
+  try:
+    write(tmp)
+    os.replace(tmp, file)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
