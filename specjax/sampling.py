@@ -37,6 +37,7 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
 
 
 def _top_k_mask(logits_NxV: jax.Array, k: jax.Array) -> jax.Array:
+  k = jnp.minimum(k, logits_NxV.shape[-1])  # k >= V keeps everything (an out-of-range index gives NaN)
   kth_largest_N = jnp.take_along_axis(-jnp.sort(-logits_NxV, axis=-1),
                                       jnp.broadcast_to(k - 1, logits_NxV.shape[:-1] + (1,)), axis=-1)
   return jnp.where(logits_NxV >= kth_largest_N, logits_NxV, -jnp.inf)
