@@ -99,10 +99,9 @@ def _load_gguf_cached(path: str, name: str, key: str, dtype: str) -> LoadedModel
   del reader
   os.makedirs(directory, exist_ok=True)
   _write_atomically(tokenizer_file, lambda tmp: _dump_json(tokenizer.to_dict(), tmp))
-  flat = {k: np.asarray(v) for k, v in _flatten(params).items()}
   meta = {"version": _CACHE_VERSION, "source": path, "config": json.dumps(dataclasses.asdict(config))}
-  _write_atomically(params_file, lambda tmp: safetensors.numpy.save_file(flat, tmp, metadata=meta))
-  del flat
+  _write_atomically(params_file, lambda tmp: safetensors.numpy.save_file(  # views, no copies
+      {k: np.asarray(v) for k, v in _flatten(params).items()}, tmp, metadata=meta))
   if dtype != "float32":
     _cast_in_place(params, dtype)
     config = config.replace(dtype=dtype)
