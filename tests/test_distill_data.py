@@ -80,19 +80,22 @@ def test_modes_mix_by_weight_and_generated_rows_continue_prompts():
   params = init_params(config, jax.random.key(0))
   packed = data.pack([data.Document("a", "the quick brown fox jumps over the lazy dog " * 3)], encode, 16, 0)
   stream = data.BatchStream(packed, batch_size=2, seed=0)
-  batches = data.DistillBatches(stream, {"fixed": 1.0, "student": 3.0}, prompt_len=5, seed=1,
+  target_params = jax.tree.map(lambda p: -p, params)  # a different model of the same shape
+  batches = data.DistillBatches(stream, {"fixed": 1.0, "target": 1.0, "student": 2.0}, prompt_len=5, seed=1,
                                 eos_ids=[0], sampling=sampling_params(1.0), target_config=config,
-                                target_params=params, student_config=config)
-  modes = [batches.mode(i) for i in range(200)]
-  assert 0.65 < modes.count("student") / 200 < 0.85 and set(modes) == {"fixed", "student"}
-  index = modes.index("student")
-  stream.position = index
-  tokens, mask, mode = batches.next(params)
-  assert mode == "student" and stream.position == index + 1
-  prompt_tokens, _ = stream.batch(index)
-  np.testing.assert_array_equal(tokens[:, :5], prompt_tokens[:, :5])
-  assert not mask[:, :4].any() and mask[:, 4].all()
-  stream.position = index  # same index, same key: the same continuation
-  np.testing.assert_array_equal(batches.next(params)[0], tokens)
+                                target_params=target_params, student_config=config)
+  modes = [batches.mode(i) for i in range(400)]
+  assert 0.4 < modes.count("student") / 400 < 0.6 and 0.17 < modes.count("target") / 400 < 0.33
+  for mode, mode_params in (("target", target_params), ("student", params)):
+    index = modes.index(mode)
+    stream.position = index
+    tokens, mask, got_mode = batches.next(params, jax.random.key(7))
+    assert got_mode == mode and stream.position == index + 1
+    prompt_tokens, prompt_mask = stream.batch(index)
+    np.testing.assert_array_equal(tokens[:, :5], prompt_tokens[:, :5])
+    assert not mask[:, :4].any() and mask[:, 4].all()
+    want, _ = data.continue_rows(config, mode_params, prompt_tokens, prompt_mask, 5, [0],
+                                 sampling_params(1.0), jax.random.key(7))  # the mode's model and key
+    np.testing.assert_array_equal(tokens, want)
   with pytest.raises(ValueError, match="unknown generation mode"):
     data.DistillBatches(stream, {"teacher": 1.0}, 5, 0, [0], sampling_params(1.0), config, params, config)

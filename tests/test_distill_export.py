@@ -10,7 +10,9 @@ from specjax.distill.export import export_hf
 from specjax.distill.steps import logits
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
+from specjax.models.load import load_model
 from specjax.models.transformer import init_params
+from tests.test_distill_tiny import save_tiny_target
 from tests.tiny_hf import FAMILIES, VOCAB, save_hf_model
 
 TOKENS = np.array([[5, 17, 3, 44, 9, 60, 2, 1], [90, 0, 33, 12, 7, 7, 8, 71]], np.int32)
@@ -30,19 +32,28 @@ def test_export_round_trips_through_transformers(family, tmp_path):
   config, params = load_hf_dir(str(tmp_path / "src"))
   params = jax.tree.map(lambda p: p + 0.01 * np.random.default_rng(0).normal(size=p.shape).astype(np.float32),
                         params)  # changed weights, as after training
-  export_hf(str(tmp_path / "out"), config, params, eos_ids=(2,))
+  export_hf(str(tmp_path / "out"), config, params)
   _assert_transformers_logits_match(str(tmp_path / "out"), config, params)
   config_back, params_back = load_hf_dir(str(tmp_path / "out"))
   assert config_back == config
   jax.tree.map(np.testing.assert_array_equal, params_back, params)
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(tie_embeddings=True), dict(qkv_bias=True, sliding_window=4),
-                                     dict(sliding_window=4)])
-def test_export_of_fresh_configs(changes, tmp_path):
+def test_export_of_a_windowed_qwen2_config(tmp_path):
+  """Settings the families above do not cover: q/k/v biases with a sliding window shorter than the input."""
   config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                       head_dim=8, d_ff=48, rope_theta=5e5, norm_eps=1e-5, **changes)
+                       head_dim=8, d_ff=48, rope_theta=5e5, norm_eps=1e-5, qkv_bias=True, sliding_window=4)
   params = jax.tree.map(lambda p: p * 5, init_params(config, jax.random.key(0)))
   export_hf(str(tmp_path), config, params)
   _assert_transformers_logits_match(str(tmp_path), config, params)
   assert load_hf_dir(str(tmp_path))[0] == config
+
+
+def test_export_writes_a_tokenizer_transformers_and_specjax_read(tmp_path):
+  target = load_model(save_tiny_target(str(tmp_path / "src")))
+  out = export_hf(str(tmp_path / "out"), target.config, target.params, target.tokenizer)
+  text = "for i in range(3):\n    print(i)"
+  assert transformers.AutoTokenizer.from_pretrained(out)(text)["input_ids"] == target.tokenizer.encode(text)
+  reloaded = load_model(out)
+  assert reloaded.tokenizer.fingerprint() == target.tokenizer.fingerprint()
+  assert reloaded.tokenizer.eos_ids == target.tokenizer.eos_ids

@@ -8,8 +8,8 @@ joined by a separator token and cut into fixed-length rows with a validity mask)
 
 A `BatchStream` is random access: batch i is a pure function of (data, seed, i), reshuffled every
 epoch. Its whole state is the number of batches served, so a checkpoint restores it exactly.
-`DistillBatches` picks each batch's generation mode and sampling key from (seed, i) as well, which keeps
-on-policy runs resumable bit for bit too.
+`DistillBatches` picks each batch's generation mode from (seed, i) as well, and the caller passes a key
+derived from i, which keeps on-policy runs resumable bit for bit too.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class DistillBatches:
 
   `weights` maps modes of `MODES` to non-negative weights. "target" continuations use the teacher's
   fixed params; "student" (on-policy) ones the params passed to `next`, i.e. the current draft. Both
-  sample with `sampling` and stop at `eos_ids`; the key of batch i is `fold_in(key(seed), i)`.
+  sample with `sampling`, stop at `eos_ids` and draw from the key passed to `next`.
   """
 
   def __init__(self, stream: BatchStream, weights: Mapping[str, float], prompt_len: int, seed: int,
@@ -234,15 +234,15 @@ class DistillBatches:
   def mode(self, index: int) -> str:
     return self.modes[np.random.default_rng([self.seed, index]).choice(len(self.modes), p=self.probs)]
 
-  def next(self, student_params: Params) -> tuple[np.ndarray, np.ndarray, str]:
-    """The next batch (tokens [B, T] int32, loss mask [B, T] bool, mode) and advances the stream."""
+  def next(self, student_params: Params, key: jax.Array) -> tuple[np.ndarray, np.ndarray, str]:
+    """The next batch (tokens [B, T] int32, loss mask [B, T] bool, mode) and advances the stream;
+    `key` samples a generated continuation (pass a pure function of the position to stay resumable)."""
     index = self.stream.position
     tokens_BxT, mask_BxT = self.stream.batch(index)
     mode = self.mode(index)
     if mode != "fixed":
       config, params = ((self.target_config, self.target_params) if mode == "target"
                         else (self.student_config, student_params))
-      key = jax.random.fold_in(jax.random.key(self.seed), index)
       tokens_BxT, mask_BxT = continue_rows(config, params, tokens_BxT, mask_BxT, self.prompt_len,
                                            self.eos_ids, self.sampling, key)
     self.stream.position += 1

@@ -15,25 +15,37 @@ from safetensors.numpy import save_file
 
 from specjax.models import hf
 from specjax.models.config import ModelConfig
+from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 
 
-def export_hf(directory: str, config: ModelConfig, params: Params, tokenizer_dir: str = "",
-              eos_ids: tuple[int, ...] = (), max_positions: int = 4096) -> str:
-  """Writes the model to `directory` (created if needed) and returns its absolute path.
+def export_hf(directory: str, config: ModelConfig, params: Params, tokenizer: Tokenizer | None = None,
+              max_positions: int = 4096) -> str:
+  """Writes the model (and `tokenizer`, when given) to `directory`; returns its absolute path.
 
   Weights are stored in float32 (bfloat16 params are widened: safetensors' numpy writer has no
-  bfloat16). `tokenizer_dir`, when given, is a directory whose tokenizer files are copied alongside;
-  `eos_ids` become the config's `eos_token_id`.
+  bfloat16). The tokenizer becomes `tokenizer.json` + `tokenizer_config.json` (special tokens, chat
+  template) and its stop ids the config's `eos_token_id` / `bos_token_id`.
   """
   path = os.path.abspath(directory)
   os.makedirs(path, exist_ok=True)
-  hf_config = {**hf.config_to_hf_dict(config.replace(dtype="float32"), max_positions)}
-  if eos_ids:
-    hf_config["eos_token_id"] = list(eos_ids) if len(eos_ids) > 1 else eos_ids[0]
+  hf_config = hf.config_to_hf_dict(config.replace(dtype="float32"), max_positions)
+  if tokenizer is not None:
+    _write_tokenizer(path, tokenizer)
+    eos = list(tokenizer.eos_ids)
+    hf_config.update(eos_token_id=eos[0] if len(eos) == 1 else eos or None, bos_token_id=tokenizer.bos_id)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2)
   tensors = {name: np.ascontiguousarray(array, np.float32)
              for name, array in hf.params_to_hf_tensors(config, params).items()}
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   return path
+
+
+def _write_tokenizer(path: str, tokenizer: Tokenizer) -> None:
+  tokenizer.backend.save(os.path.join(path, "tokenizer.json"))
+  tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokenizer.special_tokens}
+  if tokenizer.chat_template is not None:
+    tokenizer_config["chat_template"] = tokenizer.chat_template
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump(tokenizer_config, f, indent=2)

@@ -1,0 +1,70 @@
+"""Every setting of a distillation run, with its default and meaning; configs/distill_*.py override it.
+
+No field is `None`: placeholders are typed ("" for paths the command line must give), so
+`--config.FIELD=VALUE` overrides parse and `lock_config` rejects misspelt fields.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.workdir = ""  # checkpoints, metrics.jsonl, summary.json and the export go here (required)
+  c.seed = 0  # data split and order, generation modes, sampling keys, fresh-student init
+  c.target = ""  # the teacher: a registry name, HF directory or GGUF file for specjax.models.load
+  c.dtype = "float32"  # parameter/compute dtype of both models ("bfloat16" on GPU/TPU)
+
+  c.student = ml_collections.ConfigDict()
+  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint" or "fresh"
+  c.student.num_layers = 2  # truncate: how many of the target's first blocks the draft keeps
+  c.student.checkpoint = ""  # checkpoint: the draft to start from (same vocabulary and tokenizer)
+  c.student.d_model = 64  # fresh: width of the residual stream
+  c.student.n_layers = 2  # fresh: number of blocks
+  c.student.n_heads = 4  # fresh: query heads
+  c.student.n_kv_heads = 2  # fresh: key/value heads
+  c.student.head_dim = 16  # fresh: width of one head
+  c.student.d_ff = 128  # fresh: MLP hidden width
+  c.student.tie_embeddings = True  # fresh: output head shares the embedding matrix
+  c.student.freeze_embeddings = False  # keep the token (and position) embeddings fixed
+  c.student.freeze_head = False  # keep the output head fixed (a tied head is the embedding)
+  c.student.freeze_layers = ()  # indices of draft blocks kept fixed, e.g. (0, 1)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "stdlib"  # "stdlib", a directory, a glob, a .jsonl file or a text file
+  c.data.pattern = "**/*.py"  # files matched below a directory source
+  c.data.jsonl_field = "text"  # the string field of each JSONL record
+  c.data.heldout_fraction = 0.05  # documents held out for evaluation (split by document)
+  c.data.max_train_tokens = 0  # cap on the tokenized training stream (0 = all of it)
+  c.data.max_heldout_tokens = 0  # cap on the tokenized held-out stream (0 = all of it)
+  c.data.seq_len = 128  # tokens per training row (packed across documents)
+  c.data.batch_size = 8  # rows per step
+  c.data.modes = ml_collections.ConfigDict({"fixed": 1.0, "target": 0.0, "student": 0.0})  # mixing weights
+  c.data.prompt_len = 32  # generated modes: tokens of each row kept as the prompt, the rest is generated
+  c.data.temperature = 1.0  # generated modes: sampling temperature of the continuations (0 = greedy)
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.divergence = "forward_kl"  # "forward_kl" KL(q||p), "reverse_kl" KL(p||q), "jsd", "tvd"
+  c.loss.temperature = 1.0  # both models' logits are divided by it before the divergence
+  c.loss.beta = 0.5  # jsd: the teacher's weight in the mixture m = beta q + (1 - beta) p
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 3e-4  # peak learning rate of AdamW
+  c.optim.warmup_steps = 100  # linear warmup from 0 to the peak
+  c.optim.final_lr_fraction = 0.1  # cosine decay ends at this fraction of the peak
+  c.optim.weight_decay = 0.01  # decoupled weight decay (matrices only)
+  c.optim.b1 = 0.9  # Adam first-moment decay
+  c.optim.b2 = 0.95  # Adam second-moment decay
+  c.optim.grad_clip = 1.0  # clip the global gradient norm to this (0 = no clipping)
+
+  c.num_steps = 1000  # optimizer steps of the whole run (a resumed run continues to it)
+  c.log_every = 10  # console progress every this many steps (every step goes to metrics.jsonl)
+  c.eval_every = 100  # held-out evaluation every this many steps (and before the first, after the last)
+  c.eval_batches = 8  # held-out batches per evaluation (fixed rows, in order)
+  c.eval_temperature = 1.0  # temperature of the expected-acceptance metric sum_x min(p, q)
+  c.checkpoint_every = 100  # save a checkpoint every this many steps (and after the last)
+  c.keep_checkpoints = 2  # newest checkpoints kept
+  c.keep_every = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
+  c.export_dir = ""  # where the HF-format draft is written at the end ("" = WORKDIR/export)
+  return c

@@ -1,0 +1,68 @@
+"""The draft to be distilled: how it is initialised and which of its parameters train.
+
+Three initialisations (`config.student.init`):
+  "truncate"    the target's first `num_layers` blocks plus its embeddings, final norm and head: a
+                draft that already speaks the target's language and shares its tokenizer by design;
+  "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry name)
+                whose vocabulary and tokenizer are the target's;
+  "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised.
+Freezing is by parameter subtree: embeddings, output head, chosen layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import Params, init_params
+
+INITS = ("truncate", "checkpoint", "fresh")
+TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`
+
+
+def check_vocab(student: ModelConfig, teacher: ModelConfig, student_name: str = "student") -> None:
+  if student.vocab_size != teacher.vocab_size:
+    raise ValueError(f"{student_name} vocabulary ({student.vocab_size} ids) != teacher vocabulary "
+                     f"({teacher.vocab_size} ids): distillation compares full next-token distributions, "
+                     "so the draft needs the target's tokenizer and vocabulary")
+
+
+def truncate(teacher_config: ModelConfig, teacher_params: Params, num_layers: int) -> tuple[ModelConfig, Params]:
+  """The target's first `num_layers` blocks with its embeddings, final norm and head (copied arrays,
+  so that donating the student's buffers never frees the teacher's)."""
+  if not 1 <= num_layers <= teacher_config.n_layers:
+    raise ValueError(f"student.num_layers must be in [1, {teacher_config.n_layers}] (the target's "
+                     f"layers), got {num_layers}")
+  kept = {name: tree for name, tree in teacher_params.items()
+          if not name.startswith("layers_") or int(name.removeprefix("layers_")) < num_layers}
+  return teacher_config.replace(n_layers=num_layers), jax.tree.map(jnp.copy, kept)
+
+
+def fresh(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax.Array) -> tuple[ModelConfig, Params]:
+  """A random model of the target's architecture, vocabulary and positional settings, sized by `spec`."""
+  config = teacher_config.replace(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
+                                  n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, d_ff=spec.d_ff,
+                                  tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
+  return config, init_params(config, key)
+
+
+def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, freeze_head: bool,
+                  freeze_layers: Sequence[int]) -> Any:
+  """A pytree like `params` of TRAIN / FROZEN labels. A tied head is the embedding: freezing either
+  freezes both."""
+  bad = [i for i in freeze_layers if not 0 <= i < config.n_layers]
+  if bad:
+    raise ValueError(f"student.freeze_layers {bad} out of range for a {config.n_layers}-layer student")
+  frozen = {f"layers_{i}" for i in freeze_layers}
+  if freeze_embeddings or (freeze_head and config.tie_embeddings):
+    frozen |= {"embed", "pos_embed"} if freeze_embeddings else {"embed"}
+  if freeze_head:
+    frozen.add("lm_head")
+  if frozen >= set(params):
+    raise ValueError("every student parameter is frozen: nothing to train")
+  return {name: jax.tree.map(lambda _: FROZEN if name in frozen else TRAIN, tree)
+          for name, tree in params.items()}

@@ -1,0 +1,274 @@
+"""The distillation run: `run(config)` trains a draft toward the target and reports acceptance before/after.
+
+Everything that defines the run lives in the config (see configs/distill_tiny.py for every field). The
+work directory holds:
+  checkpoints/<step>/   orbax checkpoints (train state + data position); rerunning resumes the latest
+  metrics.jsonl         one JSON record per train step ("split": "train") and per evaluation ("eval")
+  summary.json          target, student, steps, held-out metrics before and after, wall time
+  export/               the distilled draft as a Hugging Face directory (or config.export_dir)
+Killing the process at any moment and rerunning the same command continues from the last checkpoint
+and ends with exactly the parameters of an uninterrupted run: batch i, its generation mode and its
+sampling key are pure functions of (seed, i), and the state carries everything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from specjax.distill import data, losses, steps, student
+from specjax.distill.checkpoint import Checkpointer
+from specjax.distill.export import export_hf
+from specjax.models.config import ModelConfig
+from specjax.models.load import LoadedModel, load_model
+from specjax.models.transformer import Params
+from specjax.sampling import sampling_params
+
+METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
+
+
+def prepare_workdir(workdir: str) -> str:
+  """Creates `workdir` and proves it writable before any expensive work; returns its absolute path."""
+  if not workdir:
+    raise ValueError("config.workdir is empty: pass --config.workdir=DIR")
+  path = os.path.abspath(workdir)
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+      pass
+  except OSError as e:
+    raise PermissionError(f"workdir {path} cannot be created or written: {e}") from e
+  return path
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Fails fast, with the field's name, on settings that would otherwise fail deep inside a run."""
+  if not config.target:
+    raise ValueError("config.target is empty: pass --config.target=NAME_OR_PATH (the teacher model)")
+  losses.check_divergence(config.loss.divergence, config.loss.beta)
+  if not config.loss.temperature > 0:
+    raise ValueError(f"loss.temperature must be > 0, got {config.loss.temperature}")
+  if config.student.init not in student.INITS:
+    raise ValueError(f"unknown student.init {config.student.init!r}; expected one of {student.INITS}")
+  for name in ("num_steps", "eval_every", "checkpoint_every", "eval_batches", "log_every"):
+    if config[name] < 1:
+      raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
+  generates = config.data.modes.target > 0 or config.data.modes.student > 0
+  if generates and not 1 <= config.data.prompt_len < config.data.seq_len:
+    raise ValueError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
+                     f"generated mode has weight, got {config.data.prompt_len}")
+
+
+def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel) -> tuple[ModelConfig, Params]:
+  """The draft's config and initial params, per `config.student.init` (see `specjax.distill.student`)."""
+  spec = config.student
+  if spec.init == "truncate":
+    return student.truncate(teacher.config, teacher.params, spec.num_layers)
+  if spec.init == "fresh":
+    return student.fresh(teacher.config, spec, jax.random.key(config.seed + 1))
+  draft = load_model(spec.checkpoint, config.dtype)
+  student.check_vocab(draft.config, teacher.config, f"student {spec.checkpoint}")
+  if draft.tokenizer.fingerprint() != teacher.tokenizer.fingerprint():
+    raise ValueError(f"student {spec.checkpoint} has a different tokenizer than the target {teacher.name}")
+  return draft.config, draft.params
+
+
+def _append(path: str, record: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def _rewind_metrics(path: str, step: int) -> None:
+  """Drops the records a resumed run will write again: train records after `step`, evals from it."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  kept = [r for r in records if r["step"] < step or (r["step"] == step and r["split"] == "train")]
+  with open(path + ".tmp", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in kept)
+  os.replace(path + ".tmp", path)
+
+
+def _eval_batches(held: data.Packed, batch_size: int, num_batches: int) -> list[tuple[np.ndarray, np.ndarray]]:
+  """The first `num_batches` batches of held-out rows in file order; the last one padded with masked rows."""
+  tokens, mask = held.tokens[:batch_size * num_batches], held.mask[:batch_size * num_batches]
+  pad = -len(tokens) % batch_size
+  tokens = np.concatenate([tokens, np.zeros((pad, tokens.shape[1]), tokens.dtype)])
+  mask = np.concatenate([mask, np.zeros((pad, mask.shape[1]), bool)])
+  return [(tokens[i:i + batch_size], mask[i:i + batch_size]) for i in range(0, len(tokens), batch_size)]
+
+
+def _evaluate(eval_step: Callable, student_params: Params, teacher_params: Params,
+              batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict:
+  totals = [eval_step(student_params, teacher_params, t, m) for t, m in batches]
+  summed = {k: float(sum(t[k] for t in totals)) for k in totals[0]}
+  count = max(summed.pop("tokens"), 1.0)
+  return {**{k: v / count for k, v in summed.items()}, "tokens": int(count)}
+
+
+def _check_finite(step: int, metrics: dict, checkpoints: Checkpointer) -> None:
+  if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
+    checkpoints.wait()
+    last = checkpoints.latest_step()
+    kept = f"the last good checkpoint is step {last} in {checkpoints.directory}" if last is not None else \
+        "no checkpoint was saved yet"
+    raise FloatingPointError(
+        f"non-finite training loss {metrics['loss']} / gradient norm {metrics['grad_norm']} at step {step}; "
+        f"stopping ({kept}). Rerunning resumes from it and will diverge again: lower "
+        "optim.learning_rate, tighten optim.grad_clip or inspect the data first.")
+
+
+@dataclasses.dataclass
+class _Setup:
+  """Everything a run needs before its first step, built from the config alone."""
+
+  teacher: LoadedModel
+  student_config: ModelConfig
+  student_params: Params
+  labels: Any  # TRAIN / FROZEN per student parameter
+  stream: data.BatchStream
+  batches: data.DistillBatches
+  held_batches: list  # [(tokens [B, T], mask [B, T])]
+  train_tokens: int
+
+
+def _setup(config: ml_collections.ConfigDict) -> _Setup:
+  """Reads the data (cheap failures first), loads the teacher, builds the student and the batches."""
+  docs = data.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
+  train_docs, held_docs = data.split_documents(docs, config.data.heldout_fraction, config.seed)
+  teacher = load_model(config.target, config.dtype)
+  tokenizer = teacher.tokenizer
+  if not tokenizer.eos_ids:
+    raise ValueError(f"the target {teacher.name}'s tokenizer names no EOS token (needed between documents)")
+  student_config, student_params = init_student(config, teacher)
+  labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
+                                 config.student.freeze_head, tuple(config.student.freeze_layers))
+  pack = lambda d, limit: data.pack(d, tokenizer.encode, config.data.seq_len, tokenizer.eos_ids[0], limit)
+  train_rows = pack(train_docs, config.data.max_train_tokens)
+  stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
+  batches = data.DistillBatches(stream, dict(config.data.modes), config.data.prompt_len, config.seed,
+                                tokenizer.eos_ids, sampling_params(config.data.temperature),
+                                teacher.config, teacher.params, student_config)
+  held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
+                               config.eval_batches)
+  return _Setup(teacher, student_config, student_params, labels, stream, batches, held_batches,
+                int(train_rows.mask.sum()))
+
+
+class _Log:
+  """metrics.jsonl records and console progress; train metrics are fetched one step late."""
+
+  def __init__(self, path: str, config: ml_collections.ConfigDict, start: int, checkpoints: Checkpointer,
+               on_step: Callable[[int, dict], None]):
+    self.path, self.config, self.start, self.checkpoints, self.on_step = path, config, start, checkpoints, on_step
+    self.pending = None  # (step, device metrics, host info) of a step not yet fetched
+    self.t_start = self.t_last = time.time()
+    self.tokens_since = 0
+
+  def train(self, step: int, device_metrics: dict, info: dict) -> None:
+    """Queues this step's metrics and records the previous step's (by now computed)."""
+    previous, self.pending = self.pending, (step, device_metrics, info)
+    if previous:
+      self._record(*previous)
+
+  def flush(self) -> None:
+    """Records the queued step now (before a checkpoint: never save a step whose loss is unchecked)."""
+    if self.pending:
+      self._record(*self.pending)
+      self.pending = None
+
+  def _record(self, step: int, device_metrics: dict, info: dict) -> None:
+    record = {"step": step, "split": "train", **{k: float(v) for k, v in device_metrics.items()}, **info}
+    _check_finite(step, record, self.checkpoints)
+    _append(self.path, record)
+    self.on_step(step, record)
+    self.tokens_since += info["tokens"]
+    if step % self.config.log_every == 0 or step == self.config.num_steps:
+      now = time.time()
+      rate = self.tokens_since / max(now - self.t_last, 1e-9)
+      eta = (self.config.num_steps - step) * (now - self.t_start) / max(step - self.start, 1)
+      print(f"step {step:6d}/{self.config.num_steps}  loss {record['loss']:.4f}  grad norm "
+            f"{record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  {rate:,.0f} tok/s  "
+            f"eta {eta / 60:.1f} min", flush=True)
+      self.t_last, self.tokens_since = now, 0
+
+  def eval(self, step: int, metrics: dict) -> None:
+    _append(self.path, {"step": step, "split": "eval", **metrics})
+    print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
+          f"greedy agreement {metrics['greedy_agreement']:.4f}", flush=True)
+
+
+def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] = lambda step, m: None) -> dict:
+  """Runs (or resumes) the distillation described by `config`, exports the draft, and returns the
+  summary it also writes. `on_step(step, metrics)` sees each step's fetched metrics (a progress hook;
+  the tests use it to interrupt a run)."""
+  check_config(config)
+  workdir = prepare_workdir(config.workdir)
+  setup = _setup(config)
+  teacher_params = setup.teacher.params
+  optimizer, schedule = steps.make_optimizer(config.optim, config.num_steps, setup.labels)
+  train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
+                                     setup.labels, config.loss)
+  eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
+                                   config.eval_temperature)
+  state = steps.init_state(setup.student_params, optimizer, config.seed)
+
+  checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
+  start = checkpoints.latest_step() or 0
+  if start:
+    state, meta = checkpoints.restore(start, state)
+    setup.stream.restore(meta["data"])
+    print(f"resuming from step {start} ({checkpoints.directory})", flush=True)
+  metrics_path = os.path.join(workdir, METRICS_FILE)
+  _rewind_metrics(metrics_path, start)
+  log = _Log(metrics_path, config, start, checkpoints, on_step)
+  evaluate = lambda step: log.eval(step, _evaluate(eval_step, state.params, teacher_params, setup.held_batches))
+
+  try:
+    if start == 0 or start % config.eval_every == 0 or start == config.num_steps:
+      evaluate(start)
+    for step in range(start + 1, config.num_steps + 1):
+      gen_key = jax.random.fold_in(jax.random.wrap_key_data(state.key), setup.stream.position)
+      tokens_BxT, mask_BxT, mode = setup.batches.next(state.params, gen_key)
+      state, device_metrics = train_step(state, teacher_params, tokens_BxT, mask_BxT)
+      log.train(step, device_metrics, {"mode": mode, "tokens": int(mask_BxT.sum())})
+      if step % config.checkpoint_every == 0 or step == config.num_steps:
+        log.flush()
+        checkpoints.save(step, state, {"data": setup.stream.state(), "step": step})
+      if step % config.eval_every == 0 or step == config.num_steps:
+        evaluate(step)
+  finally:
+    checkpoints.close()  # finishes saves already started: they hold good steps
+
+  export_dir = export_hf(config.export_dir or os.path.join(workdir, "export"), setup.student_config,
+                         state.params, setup.teacher.tokenizer)
+  before, after = _first_and_last_eval(metrics_path)
+  summary = {
+      "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),
+      "init": config.student.init, "divergence": config.loss.divergence, "num_steps": config.num_steps,
+      "train_tokens_available": setup.train_tokens, "heldout_tokens": after["tokens"],
+      "before": before, "after": after, "acceptance_gain": after["acceptance"] - before["acceptance"],
+      "export_dir": export_dir, "wall_s_this_run": time.time() - log.t_start,
+  }
+  with open(os.path.join(workdir, SUMMARY_FILE), "w") as f:
+    json.dump(summary, f, indent=2)
+  print(f"held-out acceptance {before['acceptance']:.4f} -> {after['acceptance']:.4f}; greedy agreement "
+        f"{before['greedy_agreement']:.4f} -> {after['greedy_agreement']:.4f}; draft exported to {export_dir}",
+        flush=True)
+  return summary
+
+
+def _first_and_last_eval(metrics_path: str) -> tuple[dict, dict]:
+  with open(metrics_path) as f:
+    evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
+  return evals[0], evals[-1]

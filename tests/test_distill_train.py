@@ -1,0 +1,158 @@
+"""The distillation run on a tiny target: it learns, it resumes bit for bit, it stops on NaN, it refuses
+bad configs clearly, and the CLI drives it.
+
+Each run compiles a train step, an eval step and generate loops; a persistent compilation cache (a
+temporary directory, for this module only) lets the later runs reuse the first run's programs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import transformers
+from safetensors.numpy import load_file
+
+from configs import distill_tiny
+from specjax.distill import train
+from specjax.models.load import load_model
+from tests.test_distill_tiny import save_tiny_target, tiny_tokenizer
+
+_CACHE_OPTIONS = {"jax_compilation_cache_dir": None, "jax_persistent_cache_min_compile_time_secs": 0.0,
+                  "jax_persistent_cache_min_entry_size_bytes": 0}
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("jax_cache"))
+  saved = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
+  for name, value in {**_CACHE_OPTIONS, "jax_compilation_cache_dir": directory}.items():
+    jax.config.update(name, value)
+  yield directory
+  for name, value in saved.items():
+    jax.config.update(name, value)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+  return save_tiny_target(str(tmp_path_factory.mktemp("target")))
+
+
+def _config(target, directory, **changes):
+  """The tiny config for `target` working in `directory`, with `changes` (nested fields joined by "__")."""
+  config = distill_tiny.get_config()
+  config.target, config.workdir = target, str(directory)
+  for path, value in changes.items():
+    *parents, leaf = path.split("__")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return config
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path, compile_cache):
+  summary = train.run(_config(target, tmp_path))
+  records = _records(tmp_path)
+  losses = [r["loss"] for r in records if r["split"] == "train"]
+  assert len(losses) == 40 and [r["step"] for r in records if r["split"] == "eval"] == [0, 20, 40]
+  assert np.mean(losses[-10:]) < 0.75 * np.mean(losses[:10])
+  assert summary["after"]["acceptance"] > summary["before"]["acceptance"] + 0.03
+  assert summary["after"]["greedy_agreement"] > summary["before"]["greedy_agreement"]
+  assert summary["after"]["loss"] < summary["before"]["loss"]
+  with open(tmp_path / train.SUMMARY_FILE) as f:
+    assert json.load(f)["acceptance_gain"] == pytest.approx(summary["acceptance_gain"])
+  draft = load_model(summary["export_dir"])
+  assert draft.config.n_layers == 1 and draft.config.vocab_size == load_model(target).config.vocab_size
+
+
+class _Crash(Exception):
+  pass
+
+
+def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
+  """On-policy batches mixed in (draft-generated continuations sampled with per-step keys from the
+  current params), killed between checkpoints, rerun: the same params, metrics and evaluations as an
+  uninterrupted run."""
+  changes = dict(data__modes__student=1.0)  # the tiny config checkpoints every 10 steps
+  whole = train.run(_config(target, tmp_path / "whole", **changes))
+
+  def crash(step, metrics):
+    if step == 15:
+      raise _Crash()
+
+  with pytest.raises(_Crash):
+    train.run(_config(target, tmp_path / "resumed", **changes), on_step=crash)
+  assert sorted(os.listdir(tmp_path / "resumed" / train.CHECKPOINT_DIR)) == ["10"]
+  assert max(r["step"] for r in _records(tmp_path / "resumed")) == 15
+  resumed = train.run(_config(target, tmp_path / "resumed", **changes))
+
+  modes = {r["mode"] for r in _records(tmp_path / "whole") if r["split"] == "train"}
+  assert modes == {"fixed", "student"}
+  assert _records(tmp_path / "resumed") == _records(tmp_path / "whole")
+  assert resumed["after"] == whole["after"]
+  want = load_file(os.path.join(whole["export_dir"], "model.safetensors"))
+  got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))
+  assert want.keys() == got.keys()
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(target, tmp_path, compile_cache):
+  config = _config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
+  with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2; .*last good checkpoint is step 1"):
+    train.run(config)
+  assert os.listdir(tmp_path / train.CHECKPOINT_DIR) == ["1"]
+
+
+def _other_vocab_draft(directory):
+  """A draft whose vocabulary (50 ids) is not the target's (97), with the target's tokenizer file."""
+  config = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=1)
+  transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+  tiny_tokenizer().save(os.path.join(directory, "tokenizer.json"))
+  return directory
+
+
+_BAD_CONFIGS = {  # case -> (config changes given tmp_path, error, message)
+    "divergence": (lambda tmp: {"loss__divergence": "hellinger"}, ValueError, "unknown divergence 'hellinger'"),
+    "vocabulary": (lambda tmp: {"student__init": "checkpoint", "student__checkpoint": _other_vocab_draft(str(tmp / "d"))},
+                   ValueError, r"vocabulary \(50 ids\) != teacher vocabulary \(97 ids\)"),
+    "empty data": (lambda tmp: {"data__source": str(tmp)}, ValueError, "no non-empty documents"),
+    "student init": (lambda tmp: {"student__init": "distil"}, ValueError, "unknown student.init 'distil'"),
+    "workdir": (lambda tmp: {"workdir": str(tmp / "a_file" / "work")}, PermissionError,
+                "cannot be created or written"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_CONFIGS))
+def test_bad_configs_give_clear_errors(case, target, tmp_path):
+  (tmp_path / "a_file").write_text("")  # a workdir below a file cannot be created (even by root)
+  changes, error, message = _BAD_CONFIGS[case]
+  with pytest.raises(error, match=message):
+    train.run(_config(target, tmp_path / "work", **changes(tmp_path)))
+
+
+def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
+  command = [sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py",
+             f"--config.workdir={tmp_path}", f"--config.target={target}"]
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": compile_cache,
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cli = lambda *extra: subprocess.run(command + list(extra), cwd=root, env=env, capture_output=True, text=True)
+  done = cli()
+  assert done.returncode == 0, done.stderr
+  assert "held-out acceptance" in done.stdout and (tmp_path / train.SUMMARY_FILE).exists()
+  again = cli()  # a finished run resumes at its last step: it re-evaluates and re-exports only
+  assert again.returncode == 0, again.stderr
+  assert "resuming from step 40" in again.stdout and "step     40/40" not in again.stdout
+  bad = cli("--config.loss.divergence=l2")
+  assert bad.returncode == 1 and "error: unknown divergence 'l2'" in bad.stderr
