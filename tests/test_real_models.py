@@ -1,6 +1,7 @@
 """Real checkpoints from the registry, loaded by specjax and by `transformers` (the reference).
 
-Opt-in: each test skips unless its model is installed (`python -m specjax.models fetch NAME`). The
+Opt-in: run with SPECJAX_REAL_MODEL_TESTS=1; each test also skips unless its model is installed
+(`python -m specjax.models fetch NAME`). The
 transformers side loads the same GGUF (`from_pretrained(dir, gguf_file=...)`, 30-120 s on 2 cores);
 both run in float32. Prints the max logit difference (run with `-s` to see it).
 """
@@ -30,6 +31,8 @@ NUM_NEW = 32
 
 
 def installed_or_skip(name: str) -> str:
+  if os.environ.get("SPECJAX_REAL_MODEL_TESTS") != "1":
+    pytest.skip("real-model tests are opt-in: set SPECJAX_REAL_MODEL_TESTS=1")
   spec = registry.get_spec(name)
   if not registry.is_installed(spec):
     pytest.skip(f"{name} is not installed; run `{registry.fetch_command(name)}`")

@@ -26,7 +26,7 @@ def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256)
   else:
     raise ValueError(family)
-  model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   with torch.no_grad():  # larger-than-default weights so logits are not all near zero
     for p in model.parameters():
       if p.ndim == 2:
@@ -38,3 +38,20 @@ def save_hf_model(family: str, directory: str, seed: int = 0, safe: bool = True)
   model = make_hf_model(family, seed)
   model.save_pretrained(directory, safe_serialization=safe)
   return model
+
+
+def save_char_tokenizer(directory: str) -> None:
+  """A character-level `tokenizer.json` for the tiny models: id 0 `<unk>`, 1 `<eos>`, then the 95
+  printable ASCII characters (97 ids = VOCAB), so text prompts can run through the real pipeline."""
+  import json
+  import os
+
+  import tokenizers
+
+  vocab = {"<unk>": 0, "<eos>": 1, **{chr(c): 2 + i for i, c in enumerate(range(32, 127))}}
+  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+  backend.add_special_tokens([tokenizers.AddedToken("<eos>", special=True)])
+  backend.decoder = tokenizers.decoders.Fuse()
+  backend.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<eos>", "unk_token": "<unk>"}, f)

@@ -48,7 +48,7 @@ def config_from_hf_dict(hf: dict[str, Any], dtype: str = "float32") -> ModelConf
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=rope_params.get("rope_theta", hf.get("rope_theta", 10000.0)),
         qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", model_type != "llama")),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # transformers' default
         sliding_window=window, dtype=dtype)
   if model_type == "gpt2":
     if hf.get("activation_function", "gelu_new") != "gelu_new":

@@ -1,0 +1,213 @@
+"""Decode benchmark on a real pair, all systems side by side in one run, one JSON result.
+
+specjax autoregressive vs specjax speculative (K sweep) vs `transformers` `generate` without and with
+`assistant_model`, on the same chat-formatted code prompts (identical input ids), greedy, same token
+budget, batch sizes as given. Also measured in the same run: the target's cost of a T-token forward
+(T = 1..9) relative to one step, and the draft/target cost ratio c, from which the theoretical speedup
+of Leviathan et al. is computed for every K with the measured alpha_hat. Compile time is reported
+separately and never counted in throughput. Greedy speculative outputs are checked token for token
+against specjax's autoregressive outputs.
+
+  python experiments/benchmark_decode.py --out experiments/results/decode_cpu_float32.json
+  python experiments/benchmark_decode.py --dtype bfloat16 --systems specjax --out ...gpu.json  # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from specjax import metrics, pipeline
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import forward
+
+PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome, with a docstring and tests.",
+    "Implement binary search over a sorted list in Python and explain its complexity.",
+    "Write a Python class for a stack with push, pop, peek and is_empty methods.",
+    "Write a Python function that parses a CSV file and returns the average of a numeric column.",
+]
+
+
+def decode_config(args, mode: str, k: int, batch_size: int) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      target=args.target, draft=args.draft, mode=mode, prompts=PROMPTS[:args.num_prompts],
+      prompts_file="", chat=True, max_new_tokens=args.max_new_tokens, k=k, temperature=0.0, top_k=0,
+      top_p=1.0, seed=0, batch_size=batch_size, dtype=args.dtype, output=""))
+
+
+def forward_costs(model, max_tokens: int, repeats: int) -> dict[int, float]:
+  """Median seconds of one jitted forward of T = 1..max_tokens tokens (batch 1, 100 cached)."""
+  config, params = model.config, model.params
+
+  @functools.partial(jax.jit, donate_argnames=("cache",))
+  def step(params, tokens_BxT, cache):
+    logits_BxTxV, cache = forward(config, params, tokens_BxT, cache)
+    return logits_BxTxV.argmax(-1), cache
+
+  seconds = {}
+  for T in range(1, max_tokens + 1):
+    cache = init_cache(config, 1, 256).advance(jnp.full((1,), 100))
+    tokens_1xT = jnp.ones((1, T), jnp.int32)
+    out, cache = step(params, tokens_1xT, cache)
+    out.block_until_ready()
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      out, cache = step(params, tokens_1xT, cache)
+      out.block_until_ready()
+      times.append(time.perf_counter() - start)
+    seconds[T] = float(np.median(times))
+  return seconds
+
+
+def run_specjax(args, log) -> dict:
+  base = decode_config(args, "speculative", 1, 1)
+  target, draft = pipeline.load_models(base, log)
+  result = {"target_forward_s": forward_costs(target, 9, args.repeats)}
+  result["draft_forward_s"] = forward_costs(draft, 2, args.repeats)
+  t1 = result["target_forward_s"][1]
+  result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
+  c = result["draft_forward_s"][1] / t1
+  result["cost_ratio_c"] = c
+  log(f"target T=1 {t1 * 1e3:.0f} ms; ratios " +
+      " ".join(f"{T}:{r:.2f}" for T, r in result["target_forward_ratio"].items()) + f"; c = {c:.3f}")
+  runs = []
+  for batch_size in args.batch_sizes:
+    ar = pipeline.run(decode_config(args, "autoregressive", 1, batch_size), log, (target, draft))
+    ar_ids = [o["token_ids"] for o in ar["outputs"]]
+    runs.append({"system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"],
+                 "token_ids": ar_ids})
+    log(f"specjax AR b{batch_size}: {ar['stats']['tokens_per_second']:.2f} tok/s")
+    for k in args.ks:
+      spec = pipeline.run(decode_config(args, "speculative", k, batch_size), log, (target, draft))
+      stats = spec["stats"]
+      alpha = stats["alpha_hat"]
+      runs.append({
+          "system": "specjax_speculative", "batch_size": batch_size, "k": k, **stats,
+          "speedup_vs_specjax_autoregressive": stats["tokens_per_second"] / ar["stats"]["tokens_per_second"],
+          "theoretical_speedup": None if alpha is None else metrics.theoretical_speedup(alpha, k, c),
+          "outputs_match_autoregressive": [o["token_ids"] for o in spec["outputs"]] == ar_ids})
+      log(f"specjax spec b{batch_size} K={k}: {stats['tokens_per_second']:.2f} tok/s, alpha_hat "
+          f"{alpha}, speedup {runs[-1]['speedup_vs_specjax_autoregressive']:.2f} "
+          f"(theory {runs[-1]['theoretical_speedup']}), match {runs[-1]['outputs_match_autoregressive']}")
+  result["runs"] = runs
+  result["prompt_ids"] = [target.tokenizer.encode(target.tokenizer.apply_chat_template(p),
+                                                  add_special_tokens=False) for p in PROMPTS[:args.num_prompts]]
+  result["eos_ids"] = list(target.tokenizer.eos_ids)
+  return result
+
+
+def _hf_model(name: str):
+  import transformers
+
+  from specjax.models import registry
+
+  path = registry.model_path(registry.get_spec(name)) if name in registry.MODELS else name
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype="float32").eval()
+
+
+def run_transformers(args, prompt_ids, eos_ids, reference_ids, log) -> list[dict]:
+  """`generate` with and without the assistant, timed per call (the first call is a warm-up)."""
+  import torch
+
+  start = time.perf_counter()
+  target = _hf_model(args.target)
+  log(f"transformers loaded the target in {time.perf_counter() - start:.0f} s")
+  runs = []
+
+  def timed(batch_ids, **kwargs):
+    width = max(len(p) for p in batch_ids)
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in batch_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch_ids])
+    begin = time.perf_counter()
+    with torch.no_grad():
+      out = target.generate(input_ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                            do_sample=False, eos_token_id=eos_ids, pad_token_id=0, **kwargs)
+    elapsed = time.perf_counter() - begin
+    rows = []
+    for row in out[:, width:].tolist():
+      cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+      rows.append(row[:cut])
+    return rows, elapsed
+
+  def system(name, batch_size, **kwargs):
+    timed([prompt_ids[0]], **kwargs)  # warm-up
+    ids, seconds = [], 0.0
+    for start in range(0, len(prompt_ids), batch_size):
+      rows, elapsed = timed(prompt_ids[start:start + batch_size], **kwargs)
+      ids += rows
+      seconds += elapsed
+    tokens = sum(len(r) for r in ids)
+    runs.append({"system": name, "batch_size": batch_size, "generated_tokens": tokens,
+                 "wall_time_s": seconds, "tokens_per_second": tokens / seconds,
+                 "outputs_match_specjax_autoregressive": ids == reference_ids,
+                 "token_ids": ids, **{k: v for k, v in kwargs.items() if k != "assistant_model"}})
+    log(f"{name} b{batch_size}: {tokens / seconds:.2f} tok/s, match {ids == reference_ids}")
+
+  for batch_size in args.batch_sizes:
+    system("transformers_generate", batch_size)
+  if args.draft:
+    start = time.perf_counter()
+    assistant = _hf_model(args.draft)
+    log(f"transformers loaded the draft in {time.perf_counter() - start:.0f} s")
+    system("transformers_assisted", 1, assistant_model=assistant)  # batch 1 only in transformers
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.num_assistant_tokens = 5
+    system("transformers_assisted_constant5", 1, assistant_model=assistant)
+  return runs
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+  parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+  parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--max-new-tokens", type=int, default=128)
+  parser.add_argument("--num-prompts", type=int, default=4)
+  parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+  parser.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=list(range(1, 9)))
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--systems", default="specjax,transformers")
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args()
+  log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+  results = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "args": vars(args),
+             "environment": pipeline.environment(), "prompts": PROMPTS[:args.num_prompts]}
+  systems = args.systems.split(",")
+  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+  if "specjax" in systems:
+    results["specjax"] = run_specjax(args, log)
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+    gc.collect()
+    jax.clear_caches()
+  if "transformers" in systems:
+    import transformers
+
+    results["environment"]["torch_transformers"] = transformers.__version__
+    sj = results.get("specjax", {})
+    reference = next((r["token_ids"] for r in sj.get("runs", []) if r["system"] == "specjax_autoregressive"), None)
+    prompt_ids = sj.get("prompt_ids")
+    eos_ids = sj.get("eos_ids")
+    if prompt_ids is None:
+      raise SystemExit("--systems transformers needs specjax in the same run (it supplies the input ids)")
+    results["transformers"] = run_transformers(args, prompt_ids, eos_ids, reference, log)
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+  log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,47 @@
+"""`python -m specjax.decode --config=configs/<name>.py [--config.field=value ...]`.
+
+A thin absl app: it parses the locked ml_collections config (unknown fields are rejected by the flag
+parser), hands it to `specjax.pipeline.run`, and prints the generated texts and a stats table.
+"""
+
+from __future__ import annotations
+
+from absl import app
+from ml_collections import config_flags
+
+from specjax import pipeline
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
+                                          lock_config=True)
+
+
+def _print_stats(stats: dict) -> None:
+  rows = [("mode", stats["mode"]), ("prompts", stats["num_prompts"]),
+          ("generated tokens", stats["generated_tokens"]),
+          ("tokens / s", f"{stats['tokens_per_second']:.2f}"), ("wall time (s)", f"{stats['wall_time_s']:.2f}"),
+          ("compile time (s)", f"{stats['compile_time_s']:.2f}"), ("target calls", stats["target_calls"])]
+  if stats["mode"] == "speculative":
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+    rows += [("draft calls", stats["draft_calls"]), ("acceptance rate", fmt(stats["acceptance_rate"])),
+             ("alpha_hat", fmt(stats["alpha_hat"])),
+             ("mean accepted length", fmt(stats["mean_accepted_length"])),
+             ("per-position acceptance", " ".join(fmt(x) for x in stats["per_position_acceptance"]))]
+  width = max(len(name) for name, _ in rows)
+  for name, value in rows:
+    print(f"  {name:<{width}}  {value}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if _CONFIG.value is None:
+    raise app.UsageError("--config=configs/<name>.py is required")
+  results = pipeline.run(_CONFIG.value, log=lambda message: print(message, flush=True))
+  for number, out in enumerate(results["outputs"], 1):
+    print(f"\n=== prompt {number}: {out['prompt'][:70]!r}\n{out['text']}")
+  print()
+  _print_stats(results["stats"])
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,207 @@
+"""From a decode config to generated texts and statistics: the library behind `python -m specjax.decode`.
+
+It loads the models, checks that draft and target speak the same token language, encodes the prompts
+(optionally through the chat template), runs them in fixed-size batches through one compiled program
+(speculative or autoregressive), and gathers per-prompt outputs and aggregate statistics. The first
+call of each program runs with a 1-token budget to compile it, so throughput excludes compilation and
+compile time is reported on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from specjax import autoregressive, generation, metrics
+from specjax.models.kv_cache import init_cache
+from specjax.models.load import LoadedModel, load_model
+from specjax.sampling import sampling_params
+from specjax.speculative.loop import speculative_generate
+
+MODES = ("speculative", "autoregressive")
+DTYPES = ("float32", "bfloat16")
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Fails early, naming the field, on values the engine would reject deep inside."""
+  if cfg.mode not in MODES:
+    raise ValueError(f"config.mode must be one of {MODES}, got {cfg.mode!r}")
+  if cfg.dtype not in DTYPES:
+    raise ValueError(f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
+  if not cfg.target:
+    raise ValueError("config.target is empty: give a registry name, a .gguf file or an HF directory")
+  if cfg.mode == "speculative" and not cfg.draft:
+    raise ValueError("config.draft is empty but mode is 'speculative'")
+  if int(cfg.k) != cfg.k or cfg.k < 1:
+    raise ValueError(f"config.k (draft tokens per round) must be an integer >= 1, got {cfg.k}")
+  if cfg.max_new_tokens < 1:
+    raise ValueError(f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+  if cfg.batch_size < 1:
+    raise ValueError(f"config.batch_size must be >= 1, got {cfg.batch_size}")
+  if not cfg.prompts and not cfg.prompts_file:
+    raise ValueError("no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
+  sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)  # raises on bad sampling values
+
+
+def read_prompts(path: str) -> list[str]:
+  """One prompt per line, or JSONL with a "prompt" field (`.jsonl` files)."""
+  with open(path) as f:
+    lines = [line.rstrip("\n") for line in f if line.strip()]
+  if not path.endswith(".jsonl"):
+    return lines
+  prompts = []
+  for number, line in enumerate(lines, 1):
+    record = json.loads(line)
+    if "prompt" not in record:
+      raise ValueError(f"{path}:{number}: JSONL record has no 'prompt' field")
+    prompts.append(record["prompt"])
+  return prompts
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+  """The acceptance ratio compares probabilities of the same token ids: vocabularies must agree."""
+  if draft.config.vocab_size != target.config.vocab_size:
+    raise ValueError(f"draft {draft.name} has {draft.config.vocab_size} vocabulary rows, target "
+                     f"{target.name} has {target.config.vocab_size}: speculative decoding needs one vocabulary")
+  if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
+    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers")
+
+
+@dataclasses.dataclass
+class _Runner:
+  """Runs one padded batch through the compiled program of the configured mode."""
+
+  cfg: ml_collections.ConfigDict
+  target: LoadedModel
+  draft: LoadedModel | None
+  cache_len: int
+
+  def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
+    cfg, batch = self.cfg, prompts_BxP.shape[0]
+    sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+    eos = self.target.tokenizer.eos_ids
+    target_cache = init_cache(self.target.config, batch, self.cache_len)
+    if cfg.mode == "autoregressive":
+      return autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
+                                     target_cache, budget_B, eos, sampling, key,
+                                     out_width=cfg.max_new_tokens)
+    return speculative_generate(self.target.config, self.target.params, self.draft.config,
+                                self.draft.params, prompts_BxP, lengths_B, target_cache,
+                                init_cache(self.draft.config, batch, self.cache_len), budget_B, eos,
+                                sampling, key, k=cfg.k, out_width=cfg.max_new_tokens)
+
+
+def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
+  """(indices, padded prompts [B, P], lengths [B]) with B = batch_size always (one compiled shape):
+  a short last batch is filled with copies of its first prompt, which get a budget of 1 and are
+  dropped from the results."""
+  for start in range(0, len(prompt_ids), batch_size):
+    indices = list(range(start, min(start + batch_size, len(prompt_ids))))
+    rows = [prompt_ids[i] for i in indices]
+    rows += [rows[0]] * (batch_size - len(rows))
+    yield indices, *generation.pad_prompts(rows)
+
+
+def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print
+                ) -> tuple[LoadedModel, LoadedModel | None]:
+  """The target and (in speculative mode) the draft of `cfg`, checked compatible."""
+  start = time.perf_counter()
+  log(f"loading target {cfg.target} ({cfg.dtype}) ...")
+  target = load_model(cfg.target, dtype=cfg.dtype)
+  draft = None
+  if cfg.mode == "speculative":
+    log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
+    draft = load_model(cfg.draft, dtype=cfg.dtype)
+    check_compatible(target, draft)
+  log(f"loaded in {time.perf_counter() - start:.1f} s")
+  return target, draft
+
+
+def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
+        models: tuple[LoadedModel, LoadedModel | None] | None = None) -> dict[str, Any]:
+  """Decodes every prompt of `cfg`; returns the JSON-ready results (also written to `cfg.output`).
+
+  `models` = (target, draft) already loaded (benchmarks and sweeps reuse them across runs)."""
+  validate(cfg)
+  speculative = cfg.mode == "speculative"
+  load_start = time.perf_counter()
+  target, draft = models or load_models(cfg, log)
+  if speculative and draft is None:
+    raise ValueError("mode is 'speculative' but no draft model was given")
+  load_time = time.perf_counter() - load_start
+
+  texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
+  if not texts:
+    raise ValueError(f"no prompts in {cfg.prompts_file}")
+  tok = target.tokenizer
+  if cfg.chat:
+    prompt_ids = [tok.encode(tok.apply_chat_template(t), add_special_tokens=False) for t in texts]
+  else:
+    prompt_ids = [tok.encode(t) for t in texts]
+  longest = max(len(p) for p in prompt_ids)
+  cache_len = -(-(longest + cfg.max_new_tokens + cfg.k + 1) // 64) * 64  # one shape for all batches
+  runner = _Runner(cfg, target, draft, cache_len)
+
+  key = jax.random.key(cfg.seed)
+  batches = list(_batches(prompt_ids, cfg.batch_size))
+  log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
+  start = time.perf_counter()
+  _, padded, lengths = batches[0]
+  jax.block_until_ready(runner(padded, lengths, np.ones(len(lengths), np.int32), key).tokens)
+  compile_time = time.perf_counter() - start
+
+  outputs, wall_time, calls = [], 0.0, {"target_calls": 0, "draft_calls": 0}
+  acceptance = []
+  for batch_number, (indices, padded, lengths) in enumerate(batches):
+    log(f"batch {batch_number + 1}/{len(batches)} ...")
+    budget = np.where(np.arange(len(lengths)) < len(indices), cfg.max_new_tokens, 1).astype(np.int32)
+    start = time.perf_counter()
+    out = runner(padded, lengths, budget, jax.random.fold_in(key, batch_number))
+    tokens, counts = jax.device_get((out.tokens, out.counts))
+    wall_time += time.perf_counter() - start
+    calls["target_calls"] += int(out.target_calls)
+    if speculative:
+      calls["draft_calls"] += int(out.draft_calls)
+      acceptance.append(jax.tree.map(lambda a: np.asarray(a)[:len(indices)], out.acceptance))
+      per_row = metrics.summarize(acceptance[-1])["per_row"]
+    for row, i in enumerate(indices):
+      ids = [int(t) for t in tokens[row, :counts[row]]]
+      outputs.append({"prompt": texts[i], "prompt_tokens": len(prompt_ids[i]), "text": tok.decode(ids),
+                      "token_ids": ids, "num_tokens": len(ids)})
+      if speculative:
+        outputs[-1]["stats"] = per_row[row]
+
+  generated = sum(o["num_tokens"] for o in outputs)
+  stats = {"mode": cfg.mode, "num_prompts": len(outputs), "generated_tokens": generated,
+           "wall_time_s": wall_time, "tokens_per_second": generated / wall_time,
+           "compile_time_s": compile_time, "load_time_s": load_time, **calls}
+  if speculative:
+    totals = metrics.summarize(jax.tree.map(lambda *a: np.concatenate(a), *acceptance))["total"]
+    stats.update(acceptance_rate=totals["acceptance_rate"], alpha_hat=totals["alpha_hat"],
+                 mean_accepted_length=totals["mean_accepted_length"],
+                 per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals)
+  results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
+             "environment": environment()}
+  if cfg.output:
+    with open(cfg.output, "w") as f:
+      json.dump(results, f, indent=1)
+    log(f"wrote {cfg.output}")
+  return results
+
+
+def environment() -> dict[str, Any]:
+  """Machine and versions, recorded with every result."""
+  import flax
+  import transformers
+
+  return {"jax": jax.__version__, "flax": flax.__version__, "transformers": transformers.__version__,
+          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+          "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+          "python": platform.python_version()}
