@@ -53,7 +53,7 @@ def fresh(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax
 def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, freeze_head: bool,
                   freeze_layers: Sequence[int]) -> Any:
   """A pytree like `params` of TRAIN / FROZEN labels. A tied head is the embedding: freezing either
-  freezes both."""
+  freezes both. The final norm always trains."""
   bad = [i for i in freeze_layers if not 0 <= i < config.n_layers]
   if bad:
     raise ValueError(f"student.freeze_layers {bad} out of range for a {config.n_layers}-layer student")
@@ -62,7 +62,5 @@ def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, 
     frozen |= {"embed", "pos_embed"} if freeze_embeddings else {"embed"}
   if freeze_head:
     frozen.add("lm_head")
-  if frozen >= set(params):
-    raise ValueError("every student parameter is frozen: nothing to train")
   return {name: jax.tree.map(lambda _: FROZEN if name in frozen else TRAIN, tree)
           for name, tree in params.items()}
