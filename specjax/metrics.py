@@ -1,0 +1,103 @@
+"""Acceptance statistics of speculative decoding and the theory they are compared with.
+
+`AcceptanceCounts` holds per-row counters that the jitted loop updates every round (`record`);
+`summarize` turns them into a JSON-ready dict on the host. Everything else is derived from three
+counters, so the loop carries no redundant state:
+  proposed = K * rounds; rejections = rounds that did not accept all K; a draft position i is
+  reached in every round whose positions 1 .. i-1 were all accepted.
+The theory is Leviathan et al. (2023): with an i.i.d. per-token acceptance probability alpha, a round
+emits (1 - alpha^(K+1)) / (1 - alpha) tokens on average, and with a draft pass costing c target
+passes the speedup over autoregressive decoding is that divided by (K c + 1).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass
+class AcceptanceCounts:
+  rounds: jax.Array  # [B] int32: verify rounds (target passes after the prefill) while the row was live
+  accepted: jax.Array  # [B] int32: draft tokens accepted, summed over those rounds
+  accepted_at: jax.Array  # [B, K] int32: rounds in which draft position i + 1 was accepted
+
+
+def zero_counts(batch_size: int, k: int) -> AcceptanceCounts:
+  return AcceptanceCounts(rounds=jnp.zeros((batch_size,), jnp.int32),
+                          accepted=jnp.zeros((batch_size,), jnp.int32),
+                          accepted_at=jnp.zeros((batch_size, k), jnp.int32))
+
+
+def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, live_B: jax.Array) -> AcceptanceCounts:
+  """Adds one round in which each live row accepted `num_accepted_B[b]` draft tokens (jittable)."""
+  k = counts.accepted_at.shape[1]
+  accepted_BxK = live_B[:, None] & (jnp.arange(k)[None, :] < num_accepted_B[:, None])
+  return AcceptanceCounts(rounds=counts.rounds + live_B,
+                          accepted=counts.accepted + jnp.where(live_B, num_accepted_B, 0),
+                          accepted_at=counts.accepted_at + accepted_BxK)
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+  return float(numerator) / float(denominator) if denominator else None
+
+
+def _summary(rounds: int, accepted: int, accepted_at_K: np.ndarray) -> dict:
+  """The statistics of one row, or of all rows when given their sums."""
+  k = accepted_at_K.shape[0]
+  reached_K = np.concatenate([[rounds], accepted_at_K[:-1]])
+  rejections = rounds - int(accepted_at_K[-1])
+  return {
+      "rounds": int(rounds),
+      "proposed": int(k * rounds),
+      "accepted": int(accepted),
+      "rejections": rejections,
+      "acceptance_rate": _ratio(accepted, k * rounds),  # accepted / proposed
+      "alpha_hat": _ratio(accepted, accepted + rejections),  # per-token acceptance estimate
+      "mean_accepted_length": _ratio(accepted + rounds, rounds),  # tokens per verify round
+      "accepted_at_position": [int(a) for a in accepted_at_K],
+      "reached_at_position": [int(r) for r in reached_K],
+      "position_acceptance_rate": [_ratio(a, r) for a, r in zip(accepted_at_K, reached_K)],
+  }
+
+
+def summarize(counts: AcceptanceCounts) -> dict:
+  """Host-side summary for JSON: `total` over all rows and `per_row`.
+
+  Each holds rounds, proposed, accepted and rejections, the acceptance rate (accepted / proposed),
+  alpha_hat = accepted / (accepted + rejections) (the maximum-likelihood per-token acceptance
+  probability under the i.i.d. model of the theory), the mean accepted length (tokens emitted per
+  verify round, the bonus or residual token included: block efficiency, before EOS or budget cuts),
+  and per draft position how often it was accepted and reached. Ratios with a zero denominator are None.
+  """
+  rounds_B, accepted_B, accepted_at_BxK = (np.asarray(a) for a in (counts.rounds, counts.accepted,
+                                                                   counts.accepted_at))
+  return {
+      "total": _summary(int(rounds_B.sum()), int(accepted_B.sum()), accepted_at_BxK.sum(axis=0)),
+      "per_row": [_summary(int(r), int(a), at_K) for r, a, at_K in zip(rounds_B, accepted_B,
+                                                                        accepted_at_BxK)],
+  }
+
+
+def _check_theory_args(alpha: float, k: int) -> None:
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+  if int(k) != k or k < 1:
+    raise ValueError(f"k must be an integer >= 1, got {k}")
+
+
+def expected_accepted_length(alpha: float, k: int) -> float:
+  """Expected tokens per verify round, (1 - alpha^(K+1)) / (1 - alpha) = sum_{i=0..K} alpha^i
+  (the sum form is exact at alpha = 1, where it is K + 1)."""
+  _check_theory_args(alpha, k)
+  return float(sum(alpha ** i for i in range(int(k) + 1)))
+
+
+def theoretical_speedup(alpha: float, k: int, c: float) -> float:
+  """Leviathan et al.'s expected walltime improvement (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)),
+  with c the cost of one draft pass relative to one target pass."""
+  if c < 0:
+    raise ValueError(f"cost ratio c must be >= 0, got {c}")
+  return expected_accepted_length(alpha, k) / (k * c + 1.0)
