@@ -1,0 +1,243 @@
+"""The speculative engine end to end.
+
+Greedy: output equal to the target's own greedy decoding (`autoregressive.generate`) token for token,
+for mixed prompt lengths, per-row budgets that are not multiples of K + 1, an EOS inside an accepted
+block, K = 1, 3 and 8, and drafts that agree always, never, partly or are a different architecture;
+the acceptance metrics say what each draft should get.
+Sampling: the first three generated tokens, over many seeded rows, follow the target's exact
+distribution (by enumeration) with plain, top-k and top-p sampling, and a broken acceptance rule fails
+the same test. The drafter's cache bookkeeping is checked against full forward passes, and bad inputs
+fail on the host.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import autoregressive, metrics
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import forward, init_params
+from specjax.sampling import probabilities, sampling_params
+from specjax.speculative import speculative_generate, verify
+from specjax.speculative.drafters import ModelDrafter
+
+GREEDY = sampling_params(0.0)
+VOCAB = 61
+NO_EOS = [-1]  # an id no model emits: keeps the EOS array's shape (and the compiled program) fixed
+PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]
+BUDGETS = [13, 6, 20]  # 12, 5, 19 tokens after the prefill's: some fill their last block, some cut it
+OUT_WIDTH = 24
+CACHE_LEN = 40
+
+
+def _model(seed, vocab=VOCAB, arch="llama", d_model=32, n_layers=1, scale=0.3):
+  """A tiny random model, weights drawn with numpy (no compile) in the tree `init_params` defines;
+  std `scale` on matrices makes the distributions peaked and free of near-ties."""
+  config = ModelConfig(arch=arch, vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=4,
+                       n_kv_heads=4 if arch == "gpt2" else 2, head_dim=d_model // 4, d_ff=2 * d_model,
+                       max_positions=64 if arch == "gpt2" else 0)
+  rng = np.random.default_rng(seed)
+  init = lambda path, leaf: jnp.asarray(
+      rng.normal(0.0, scale, leaf.shape) if leaf.ndim == 2 else
+      np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), jnp.float32)
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  return config, jax.tree_util.tree_map_with_path(init, shapes)
+
+
+def _perturbed(model, noise, seed):
+  """The same architecture with Gaussian noise of std `noise` on every weight: a draft that agrees
+  with the model often but not always."""
+  config, params = model
+  rng = np.random.default_rng(seed)
+  return config, jax.tree.map(lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32), params)
+
+
+TARGET = _model(0)
+
+
+def _drafts():
+  config, params = TARGET
+  rolled_head = dict(params, lm_head={"weight": jnp.roll(params["lm_head"]["weight"], 1, axis=0)})
+  return {"same": TARGET,
+          "never": (config, rolled_head),  # its argmax is the target's argmax + 1 (mod V)
+          "perturbed": _perturbed(TARGET, 0.01, seed=7),
+          "independent": _model(3)}  # same shapes as the target: all four share one compiled program
+
+
+DRAFTS = _drafts()
+
+
+def _speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
+                 draft_cache_len=CACHE_LEN, **kwargs):
+  (target_config, target_params), (draft_config, draft_params) = TARGET, draft
+  padded, lengths = pad_prompts(prompts)
+  return speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
+                              init_cache(target_config, len(prompts), CACHE_LEN),
+                              init_cache(draft_config, len(prompts), draft_cache_len), budgets, eos_ids,
+                              sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
+
+
+def _target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
+  config, params = TARGET
+  padded, lengths = pad_prompts(prompts)
+  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, len(prompts), CACHE_LEN),
+                                budgets, eos_ids, GREEDY, jax.random.key(0), out_width=OUT_WIDTH)
+  return as_token_lists(out.tokens, out.counts)
+
+
+@pytest.mark.parametrize("k", [1, 8])
+@pytest.mark.parametrize("draft_name", sorted(DRAFTS))
+def test_greedy_equals_target_greedy(draft_name, k):
+  out = _speculative(DRAFTS[draft_name], k=k)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  assert out.tokens.shape == (len(PROMPTS), OUT_WIDTH)
+  np.testing.assert_array_equal(out.counts, BUDGETS)
+  summary = metrics.summarize(out.acceptance)
+  rounds = np.asarray(out.acceptance.rounds)
+  assert int(out.target_calls) == rounds.max() + 1 and int(out.draft_calls) == k * rounds.max()
+  if draft_name == "same":  # every draft token accepted, including after each full acceptance
+    assert summary["total"]["accepted"] == summary["total"]["proposed"] > 0
+    assert summary["total"]["alpha_hat"] == 1.0 and summary["total"]["mean_accepted_length"] == k + 1
+    np.testing.assert_array_equal(rounds, -(-(np.array(BUDGETS) - 1) // (k + 1)))
+  elif draft_name == "never":
+    assert summary["total"]["accepted"] == 0 and summary["total"]["alpha_hat"] == 0.0
+    np.testing.assert_array_equal(rounds, np.array(BUDGETS) - 1)  # one token per round
+  elif draft_name == "perturbed":
+    assert 0 < summary["total"]["accepted"] < summary["total"]["proposed"]
+
+
+def test_greedy_with_a_different_architecture_and_cache_size():
+  out = _speculative(_model(4, arch="gpt2", d_model=16), k=3, draft_cache_len=CACHE_LEN - 7)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+
+
+def test_eos_inside_an_accepted_block_stops_the_row_there():
+  k = 8
+  free = _target_greedy()[0]
+  # A token whose first occurrence in row 0 lies strictly inside a block of K + 1 (index 0 is the
+  # prefill's token; with the identical draft, round r emits indices (K+1)(r-1)+1 .. (K+1)r).
+  index = next(i for i in range(2, len(free)) if free.index(free[i]) == i and i % (k + 1) not in (0, 1))
+  eos = [free[index]]
+  out = _speculative(DRAFTS["same"], eos_ids=eos, k=k)
+  got = as_token_lists(out.tokens, out.counts)
+  assert got == _target_greedy(eos_ids=eos)
+  assert got[0] == free[:index + 1]
+  assert (np.asarray(out.tokens)[0, index + 1:] == 0).all()  # padded after the EOS
+
+
+def _exact_distribution(config, params, prompt, sampling, steps):
+  """P(first `steps` generated tokens) as a [V] * steps array, enumerating every continuation."""
+  vocab = config.vocab_size
+  prefixes = np.array(list(itertools.product(range(vocab), repeat=steps - 1)), np.int32)
+  tokens = np.concatenate([np.tile(prompt, (len(prefixes), 1)), prefixes], axis=1)
+  logits, _ = jax.jit(forward, static_argnums=0)(config, params, jnp.asarray(tokens),
+                                                 init_cache(config, len(tokens), tokens.shape[1]))
+  probs = np.float64(jax.jit(probabilities)(logits[:, len(prompt) - 1:], sampling))  # [V^(s-1), s, V]
+  joint = np.ones(())
+  for step in range(steps):
+    table = probs[:, step].reshape([vocab] * steps)  # [prefix token 1 .. s-1, next token]
+    conditional = table[(slice(None),) * step + (0,) * (steps - 1 - step)]  # on the first `step` only
+    joint = joint[..., None] * conditional
+  return joint
+
+
+def _chi_square_pvalue(observed, probs):
+  """Chi-square goodness of fit on the support of `probs`, cells expecting fewer than 5 draws pooled;
+  any draw outside the support gives p-value 0."""
+  support = probs > 0
+  if observed[~support].any():
+    return 0.0
+  observed, expected = observed[support], probs[support] / probs[support].sum() * observed.sum()
+  small = expected < 5
+  if small.any():
+    observed = np.append(observed[~small], observed[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+  return stats.chisquare(observed, expected).pvalue
+
+
+def _accept_all(key, draft_BxK, draft_probs_BxKxV, target_probs_BxK1xV):
+  """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
+  k = draft_BxK.shape[1]
+  return (jnp.full(draft_BxK.shape[:1], k, jnp.int32),
+          jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
+
+
+SMALL_TARGET = _model(10, vocab=8, n_layers=2, scale=0.5)
+SMALL_DRAFT = _perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance about 0.7
+SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_STEPS, ALPHA = [3, 1, 4], 30_000, 3, 1e-3
+
+
+def _first_tokens(sampling, rule):
+  """Counts [V^3] of the first three tokens over N = 30,000 rows of one call, K = 2."""
+  (target_config, target_params), (draft_config, draft_params) = SMALL_TARGET, SMALL_DRAFT
+  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
+  cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
+  out = speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
+                             init_cache(target_config, SAMPLE_ROWS, cache_len),
+                             init_cache(draft_config, SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
+                             sampling, jax.random.key(1), k=2, rule=rule)
+  index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
+  return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
+
+
+SAMPLINGS = {"plain": sampling_params(1.0), "top_k": sampling_params(1.0, top_k=3),
+             "top_p": sampling_params(1.0, top_p=0.6)}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLINGS))
+def test_sampled_tokens_follow_the_exact_target_distribution(name):
+  """Temperature 1 (with top-k or top-p on both models): chi-square test at level 0.001 on
+  N = 30,000 rows; the broken rule must fail the same test (p < 1e-12)."""
+  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLINGS[name], SAMPLE_STEPS).ravel()
+  assert _chi_square_pvalue(_first_tokens(SAMPLINGS[name], verify), exact) > ALPHA
+  assert _chi_square_pvalue(_first_tokens(SAMPLINGS[name], _accept_all), exact) < 1e-12
+
+
+def test_draft_cache_tracks_the_committed_history():
+  """Proposals after forced outcomes (all K accepted, some, none, a row that commits nothing) use draft
+  distributions equal to a full forward pass over [history, pending, d_1 .. d_{i-1}]."""
+  config, params = _model(5, d_model=16)
+  drafter, k, sampling = ModelDrafter(config, params), 3, sampling_params(1.0)
+  prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
+  padded, lengths = pad_prompts(prompts)
+  state = jax.jit(ModelDrafter.init)(drafter, init_cache(config, 3, 32), padded, lengths)
+  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
+  commit = jax.jit(ModelDrafter.commit)
+  score = jax.jit(lambda tokens_BxL: probabilities(forward(config, params, tokens_BxL,
+                                                           init_cache(config, 3, 32))[0], sampling))
+  history, pending = [list(p) for p in prompts], [1, 2, 3]
+  for round_, committed in enumerate([[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4]]):
+    tokens_BxK, probs_BxKxV, state = propose(drafter, state, jnp.asarray(pending), sampling,
+                                             jax.random.key(round_), k=k)
+    sequences_BxL = np.zeros((3, 32), np.int32)
+    for b, row in enumerate(history):
+      sequence = row + [pending[b]] + list(np.asarray(tokens_BxK[b]))
+      sequences_BxL[b, :len(sequence)] = sequence
+    want_BxLxV = np.asarray(score(jnp.asarray(sequences_BxL)))
+    for b, row in enumerate(history):
+      np.testing.assert_allclose(probs_BxKxV[b], want_BxLxV[b, len(row):len(row) + k], atol=1e-5)
+    state = commit(drafter, state, tokens_BxK, jnp.asarray(committed))
+    for b, c in enumerate(committed):
+      if c:
+        history[b] += ([pending[b]] + list(np.asarray(tokens_BxK[b])))[:c]
+        pending[b] = (7 * round_ + b) % VOCAB  # whatever the target drew next
+    np.testing.assert_array_equal(state.cache.lengths + state.behind, [len(row) for row in history])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(k=0), r"k \(draft tokens per round\) must be an integer >= 1"),
+    (dict(draft=_model(3, vocab=VOCAB + 1)), "draft vocabulary"),
+    (dict(k=8, budgets=[24, 6, 20]), r"\(target\).*9 tokens.*\+ look-ahead \(8\) = 41 positions exceed"),
+    (dict(draft_cache_len=30), r"\(draft\).*= 32 positions exceed the cache size 30"),
+    (dict(budgets=0), "max_new_tokens must be >= 1"),
+    (dict(budgets=[25, 6, 20]), "exceeds out_width"),
+])
+def test_bad_inputs_fail_before_compiling(change, message):
+  with pytest.raises(ValueError, match=message):
+    _speculative(**(dict(draft=DRAFTS["same"], k=3) | change))
