@@ -20,7 +20,9 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as ocp_poli
 class Checkpointer:
   """Saves and restores (state, metadata) pairs in `directory`."""
 
-  def __init__(self, directory: str, keep: int, keep_every: int = 0):
+  def __init__(self, directory: str, keep: int, keep_every: int = 0, read_only: bool = False):
+    """`read_only` opens the checkpoints of another, possibly running, process: nothing is written,
+    created or cleaned up (a writer removes unfinished saves on start)."""
     if keep < 1:
       raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
     policies = [ocp_policy.LatestN(keep)]
@@ -30,7 +32,8 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(preservation_policy=ocp_policy.AnyPreservationPolicy(policies),
-                                             cleanup_tmp_directories=True))
+                                             cleanup_tmp_directories=not read_only, read_only=read_only,
+                                             create=not read_only))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

@@ -128,6 +128,25 @@ def _check_finite(step: int, metrics: dict, checkpoints: Checkpointer) -> None:
         "optim.learning_rate, tighten optim.grad_clip or inspect the data first.")
 
 
+def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel, int]:
+  """(teacher, draft at the latest checkpoint of `config.workdir`, its step): for measuring or
+  exporting a run that is still going or was stopped. Raises if the workdir has no checkpoint."""
+  teacher = load_model(config.target, config.dtype)
+  student_config, student_params = init_student(config, teacher)
+  labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
+                                 config.student.freeze_head, tuple(config.student.freeze_layers))
+  optimizer, _ = steps.make_optimizer(config.optim, config.num_steps, labels)
+  checkpoints = Checkpointer(os.path.join(config.workdir, CHECKPOINT_DIR), config.keep_checkpoints,
+                            read_only=True)
+  step = checkpoints.latest_step()
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}")
+  state, _ = checkpoints.restore(step, steps.init_state(student_params, optimizer, config.seed))
+  checkpoints.close()
+  draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config, state.params, teacher.tokenizer)
+  return teacher, draft, step
+
+
 @dataclasses.dataclass
 class _Setup:
   """Everything a run needs before its first step, built from the config alone."""
