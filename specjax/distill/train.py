@@ -185,13 +185,16 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
 
 
 class _Log:
-  """metrics.jsonl records and console progress; train metrics are fetched one step late."""
+  """metrics.jsonl records and console progress; train metrics are fetched one step late.
+
+  A train record's `tokens_per_s` is its valid tokens over the wall time since the previous record
+  (evaluations excluded; the first one after a start includes compilation)."""
 
   def __init__(self, path: str, config: ml_collections.ConfigDict, start: int, checkpoints: Checkpointer,
                on_step: Callable[[int, dict], None]):
     self.path, self.config, self.start, self.checkpoints, self.on_step = path, config, start, checkpoints, on_step
     self.pending = None  # (step, device metrics, host info) of a step not yet fetched
-    self.t_start = self.t_last = time.time()
+    self.t_start = self.t_last = self.t_previous = time.time()
     self.tokens_since = 0
 
   def train(self, step: int, device_metrics: dict, info: dict) -> None:
@@ -209,11 +212,12 @@ class _Log:
   def _record(self, step: int, device_metrics: dict, info: dict) -> None:
     record = {"step": step, "split": "train", **{k: float(v) for k, v in device_metrics.items()}, **info}
     _check_finite(step, record, self.checkpoints)
+    now = time.time()
+    record["tokens_per_s"], self.t_previous = info["tokens"] / max(now - self.t_previous, 1e-9), now
     _append(self.path, record)
     self.on_step(step, record)
     self.tokens_since += info["tokens"]
     if step % self.config.log_every == 0 or step == self.config.num_steps:
-      now = time.time()
       rate = self.tokens_since / max(now - self.t_last, 1e-9)
       eta = (self.config.num_steps - step) * (now - self.t_start) / max(step - self.start, 1)
       print(f"step {step:6d}/{self.config.num_steps}  loss {record['loss']:.4f}  grad norm "
@@ -225,6 +229,7 @@ class _Log:
     _append(self.path, {"step": step, "split": "eval", **metrics})
     print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
           f"greedy agreement {metrics['greedy_agreement']:.4f}", flush=True)
+    self.t_previous = time.time()
 
 
 def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] = lambda step, m: None) -> dict:
