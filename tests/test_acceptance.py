@@ -32,7 +32,8 @@ def _pairs():
   pairs["disjoint"] = (disjoint_p, disjoint_q)
   pairs["point_draft"] = (np.eye(V)[3], _dirichlet(rng))
   pairs["point_target"] = (_dirichlet(rng), np.eye(V)[7])
-  return {name: (p.astype(np.float32), (q / q.sum()).astype(np.float32)) for name, (p, q) in pairs.items()}
+  return {name: (p.astype(np.float32), (q / q.sum()).astype(np.float32))
+          for name, (p, q) in pairs.items()}
 
 
 PAIRS = _pairs()
@@ -77,10 +78,12 @@ def test_verify_matches_q_at_every_position_by_monte_carlo(name):
   n_rows, k = 200_000, 2
   draft_probs_KxV = np.stack([p for p, _ in probs])
   target_probs_K1xV = np.concatenate([np.stack([q for _, q in probs]), bonus_q[None]])
-  draft_BxK = np.stack([rng.choice(V, n_rows, p=np.float64(p) / np.float64(p).sum()) for p, _ in probs], 1)
+  draft_BxK = np.stack([rng.choice(V, n_rows, p=np.float64(p) / np.float64(p).sum())
+                        for p, _ in probs], axis=1)
   num_accepted, next_token = jax.jit(acceptance.verify)(
       jax.random.key(2), jnp.asarray(draft_BxK, jnp.int32),
-      jnp.broadcast_to(draft_probs_KxV, (n_rows, k, V)), jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
+      jnp.broadcast_to(draft_probs_KxV, (n_rows, k, V)),
+      jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   for i, (p, q) in enumerate(probs):
     reached, accepted = (num_accepted >= i).sum(), (num_accepted > i).sum()
@@ -101,8 +104,9 @@ def test_greedy_one_hot_inputs_give_the_target_argmax():
   target_BxK1 = np.array([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [5, 5, 5, 5]])
   draft_BxK = np.array([[1, 2, 3], [1, 9, 3], [0, 2, 3], [5, 5, 5]])
   one_hot = lambda t: jnp.asarray(np.eye(V, dtype=np.float32)[t])
+  verify = jax.jit(acceptance.verify)
   for seed in range(5):
-    num_accepted, next_token = acceptance.verify(jax.random.key(seed), jnp.asarray(draft_BxK, jnp.int32),
-                                                 one_hot(draft_BxK), one_hot(target_BxK1))
+    num_accepted, next_token = verify(jax.random.key(seed), jnp.asarray(draft_BxK, jnp.int32),
+                                      one_hot(draft_BxK), one_hot(target_BxK1))
     np.testing.assert_array_equal(num_accepted, [3, 1, 0, 3])
     np.testing.assert_array_equal(next_token, [4, 2, 1, 5])

@@ -55,7 +55,8 @@ def _perturbed(model, noise, seed):
   with the model often but not always."""
   config, params = model
   rng = np.random.default_rng(seed)
-  return config, jax.tree.map(lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32), params)
+  noisy = lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32)
+  return config, jax.tree.map(noisy, params)
 
 
 TARGET = _model(0)
@@ -86,8 +87,9 @@ def _speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, s
 def _target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
   config, params = TARGET
   padded, lengths = pad_prompts(prompts)
-  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, len(prompts), CACHE_LEN),
-                                budgets, eos_ids, GREEDY, jax.random.key(0), out_width=OUT_WIDTH)
+  out = autoregressive.generate(config, params, padded, lengths,
+                                init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
+                                jax.random.key(0), out_width=OUT_WIDTH)
   return as_token_lists(out.tokens, out.counts)
 
 
@@ -110,6 +112,16 @@ def test_greedy_equals_target_greedy(draft_name, k):
     np.testing.assert_array_equal(rounds, np.array(BUDGETS) - 1)  # one token per round
   elif draft_name == "perturbed":
     assert 0 < summary["total"]["accepted"] < summary["total"]["proposed"]
+
+
+def test_returned_caches_can_be_passed_again():
+  first = _speculative(DRAFTS["perturbed"], k=8)
+  (target_config, target_params), (draft_config, draft_params) = TARGET, DRAFTS["perturbed"]
+  padded, lengths = pad_prompts(PROMPTS)
+  again = speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
+                               first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
+                               jax.random.key(0), k=8, out_width=OUT_WIDTH)
+  np.testing.assert_array_equal(again.tokens, first.tokens)
 
 
 def test_greedy_with_a_different_architecture_and_cache_size():

@@ -31,7 +31,7 @@ AcceptanceRule = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[ja
 @flax.struct.dataclass
 class _LoopState:
   target_cache: KVCache  # [L, B, S, H_kv, D_h] target cache: every committed token but the pending one
-  draft_state: Any  # the drafter's state (ModelDraftState: its cache [L', B, S', H_kv', D_h'] and [B] flags)
+  draft_state: Any  # the drafter's (ModelDraftState: draft cache [L', B, S', H_kv', D_h'], [B] flags)
   buffer: generation.OutputBuffer  # generated tokens [B, N], counts [B], done [B]
   pending: jax.Array  # [B] int32: newest committed token, not yet fed to either model
   key: jax.Array  # PRNG key, split once per round
@@ -71,8 +71,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
 
   def body(state: _LoopState):
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    draft_BxK, draft_probs_BxKxV, draft_state = drafter.propose(state.draft_state, state.pending, sampling,
-                                                                draft_key, k)
+    draft_BxK, draft_probs_BxKxV, draft_state = drafter.propose(state.draft_state, state.pending,
+                                                                sampling, draft_key, k)
     block_BxK1 = jnp.concatenate([state.pending[:, None], draft_BxK], axis=1)
     logits_BxK1xV, target_cache = forward(target_config, target_params, block_BxK1, state.target_cache)
     num_accepted_B, next_B = rule(accept_key, draft_BxK, draft_probs_BxKxV,
