@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from specjax import autoregressive, metrics
 from specjax.generation import as_token_lists, pad_prompts
@@ -26,6 +25,7 @@ from specjax.models.transformer import forward, init_params
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.drafters import ModelDrafter
+from tests.test_acceptance import chi_square_pvalue
 
 GREEDY = sampling_params(0.0)
 VOCAB = 61
@@ -159,20 +159,6 @@ def _exact_distribution(config, params, prompt, sampling, steps):
   return joint
 
 
-def _chi_square_pvalue(observed, probs):
-  """Chi-square goodness of fit on the support of `probs`, cells expecting fewer than 5 draws pooled;
-  any draw outside the support gives p-value 0."""
-  support = probs > 0
-  if observed[~support].any():
-    return 0.0
-  observed, expected = observed[support], probs[support] / probs[support].sum() * observed.sum()
-  small = expected < 5
-  if small.any():
-    observed = np.append(observed[~small], observed[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-  return stats.chisquare(observed, expected).pvalue
-
-
 def _accept_all(key, draft_BxK, draft_probs_BxKxV, target_probs_BxK1xV):
   """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
   k = draft_BxK.shape[1]
@@ -207,8 +193,8 @@ def test_sampled_tokens_follow_the_exact_target_distribution(name):
   """Temperature 1 (with top-k or top-p on both models): chi-square test at level 0.001 on
   N = 30,000 rows; the broken rule must fail the same test (p < 1e-12)."""
   exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLINGS[name], SAMPLE_STEPS).ravel()
-  assert _chi_square_pvalue(_first_tokens(SAMPLINGS[name], verify), exact) > ALPHA
-  assert _chi_square_pvalue(_first_tokens(SAMPLINGS[name], _accept_all), exact) < 1e-12
+  assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], verify), exact) > ALPHA
+  assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], _accept_all), exact) < 1e-12
 
 
 def test_draft_cache_tracks_the_committed_history():
