@@ -7,7 +7,7 @@ checkpoint, greedy and at temperature 1. Also plots the run's held-out acceptanc
 curves from metrics.jsonl. Timings share the CPU with whatever else runs: stop the training first
 (or pause it: `kill -STOP PID`, later `kill -CONT PID`) for clean numbers.
 
-  python experiments/distill_smollm2/report.py  # -> results.json, curves.png next to this file
+  python -m experiments.distill_smollm2.report  # from the repo root; -> results.json, curves.png here
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def plot(metrics_path: str, out: str) -> None:
   with open(metrics_path) as f:
     records = [json.loads(line) for line in f]
   evals = [r for r in records if r["split"] == "eval"]
-  trains = [r for r in records if r["split"] == "train"]
+  trains = [r for r in records if r["split"] == "train" and r["mode"] == "fixed"]  # comparable losses
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
   steps = [r["step"] for r in evals]
   left.plot(steps, [r["acceptance"] for r in evals], "o-", label="expected acceptance E[sum min(p, q)], T=1")
@@ -66,7 +66,7 @@ def plot(metrics_path: str, out: str) -> None:
   window = 20
   smooth = [sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window)
             for i in range(len(trains))]
-  right.plot([r["step"] for r in trains], smooth, label=f"train forward KL ({window}-step mean)")
+  right.plot([r["step"] for r in trains], smooth, label=f"train forward KL, fixed-text batches ({window}-batch mean)")
   right.plot(steps, [r["loss"] for r in evals], "o", label="held-out forward KL")
   right.set(xlabel="step", ylabel="nats / token", yscale="log", title="distillation loss")
   right.legend()
