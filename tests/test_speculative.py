@@ -20,7 +20,7 @@ import pytest
 from specjax import autoregressive, metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import init_cache
+from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate, verify
@@ -75,11 +75,11 @@ DRAFTS = _drafts()
 
 
 def _speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
-                 draft_cache_len=CACHE_LEN, **kwargs):
+                 target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, **kwargs):
   (target_config, target_params), (draft_config, draft_params) = TARGET, draft
   padded, lengths = pad_prompts(prompts)
   return speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
-                              init_cache(target_config, len(prompts), CACHE_LEN),
+                              init_cache(target_config, len(prompts), target_cache_len),
                               init_cache(draft_config, len(prompts), draft_cache_len), budgets, eos_ids,
                               sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
 
@@ -122,6 +122,26 @@ def test_returned_caches_can_be_passed_again():
                                first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
                                jax.random.key(0), k=8, out_width=OUT_WIDTH)
   np.testing.assert_array_equal(again.tokens, first.tokens)
+
+
+@pytest.mark.parametrize("k, draft_names", [(1, ["never"]), (8, ["same", "never"])])
+def test_caches_of_the_checked_size_are_filled_exactly(monkeypatch, k, draft_names):
+  """With caches of exactly longest prompt + budget + K - 1 positions (the size the host check
+  demands), some cache write ends at the last position and none beyond it (the cache would silently
+  drop an overflowing write)."""
+  write_ends = []
+  unchecked_write = KVCache.write
+  def checked_write(cache, layer, k_BxTxKxD, v_BxTxKxD):
+    end = jnp.max(cache.lengths) + k_BxTxKxD.shape[1] - cache.max_len
+    jax.debug.callback(lambda e: write_ends.append(int(e)), end)
+    return unchecked_write(cache, layer, k_BxTxKxD, v_BxTxKxD)
+  monkeypatch.setattr(KVCache, "write", checked_write)
+  size = max(map(len, PROMPTS)) + max(BUDGETS) + k - 1
+  for name in draft_names:
+    write_ends.clear()
+    out = _speculative(DRAFTS[name], k=k, target_cache_len=size, draft_cache_len=size)
+    assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+    assert max(write_ends) == 0
 
 
 def test_greedy_with_a_different_architecture_and_cache_size():
@@ -231,8 +251,9 @@ def test_draft_cache_tracks_the_committed_history():
 @pytest.mark.parametrize("change, message", [
     (dict(k=0), r"k \(draft tokens per round\) must be an integer >= 1"),
     (dict(draft=_model(3, vocab=VOCAB + 1)), "draft vocabulary"),
-    (dict(k=8, budgets=[24, 6, 20]), r"\(target\).*9 tokens.*\+ look-ahead \(8\) = 41 positions exceed"),
-    (dict(draft_cache_len=30), r"\(draft\).*= 32 positions exceed the cache size 30"),
+    (dict(k=8, budgets=[24, 6, 20], target_cache_len=39),
+     r"\(target\).*9 tokens.*\+ look-ahead \(7\) = 40 positions exceed the cache size 39"),
+    (dict(draft_cache_len=30), r"\(draft\).*= 31 positions exceed the cache size 30"),
     (dict(budgets=0), "max_new_tokens must be >= 1"),
     (dict(budgets=[25, 6, 20]), "exceeds out_width"),
 ])

@@ -109,8 +109,10 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   to it token for token when greedy).
 
   The caches come from `init_cache` (any contents; both are donated: use the ones returned) and must
-  hold the longest prompt + budget + K positions: a row at its last live round writes its K + 1
-  block past its history, and finished rows keep writing (uncommitted) there while others run.
+  hold the longest prompt + budget + K - 1 positions: a live row has emitted G <= budget - 1 tokens,
+  so its caches hold at most prompt + G - 1 of them and its round writes the K + 1 block [pending,
+  d_1 .. d_K] (the draft at most K tokens past the same point) before the end; a finished row commits
+  nothing in its last round and keeps rewriting the same uncommitted positions while others run.
   `out_width` (static; defaults to the largest budget) fixes the output shape so that calls with
   smaller budgets reuse the compiled program. `rule` (static) is the acceptance rule, replaceable for
   experiments (the tests inject broken ones to show the exactness tests can fail).
@@ -129,9 +131,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   out_width = out_width or largest
   if largest > out_width:
     raise ValueError(f"max_new_tokens {largest} exceeds out_width {out_width}")
-  generation.check_fits("speculative generate (target)", prompt_lengths_B, largest, k,
+  generation.check_fits("speculative generate (target)", prompt_lengths_B, largest, k - 1,
                         target_cache.max_len, target_config.max_positions)
-  generation.check_fits("speculative generate (draft)", prompt_lengths_B, largest, k,
+  generation.check_fits("speculative generate (draft)", prompt_lengths_B, largest, k - 1,
                         draft_cache.max_len, draft_config.max_positions)
   return _generate(target_config, target_params, ModelDrafter(draft_config, draft_params),
                    jnp.asarray(prompts_BxP, jnp.int32), jnp.asarray(prompt_lengths_B, jnp.int32),
