@@ -31,7 +31,7 @@ class _LoopState:
 
 @flax.struct.dataclass
 class AutoregressiveOutput:
-  tokens: jax.Array  # [B, N] int32, padded with pad_id after each row's count
+  tokens: jax.Array  # [B, out_width] int32, padded with pad_id after each row's count
   counts: jax.Array  # [B] int32: generated tokens per row (EOS included when hit)
   target_calls: jax.Array  # [] int32: forward passes of the target, prefill included
   cache: KVCache  # the final cache (returned so the caller's donated buffer can be reused)
@@ -42,6 +42,7 @@ def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, promp
               cache: KVCache, budget_B: jax.Array, eos_ids_E: jax.Array, sampling: SamplingParams,
               key: jax.Array, *, out_width: int, pad_id: int) -> AutoregressiveOutput:
   batch = prompts_BxP.shape[0]
+  cache = cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   logits_BxV, cache = prefill(config, params, prompts_BxP, prompt_lengths_B, cache)
   key, first_key = jax.random.split(key)
   first_B = sample(first_key, probabilities(logits_BxV, sampling))
@@ -62,7 +63,7 @@ def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, promp
 
   state = jax.lax.while_loop(cond, body, _LoopState(cache=cache, buffer=buffer, last_token=first_B,
                                                     key=key, steps=jnp.int32(0)))
-  return AutoregressiveOutput(tokens=generation.finalize(state.buffer, pad_id),
+  return AutoregressiveOutput(tokens=generation.finalize(state.buffer, pad_id)[:, :out_width - 1],
                               counts=state.buffer.counts, target_calls=state.steps + 1,
                               cache=state.cache)
 
@@ -72,18 +73,15 @@ def generate(config: ModelConfig, params: Params, prompts_BxP, prompt_lengths_B,
              out_width: int | None = None, pad_id: int = 0) -> AutoregressiveOutput:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt.
 
-  `cache` is an empty cache from `init_cache` (donated: do not reuse the object passed in; use the
-  one returned). `out_width` (static; defaults to the largest budget) fixes the output shape so that
+  `cache` comes from `init_cache` (any contents; donated: do not reuse the object passed in, pass the
+  one returned to the next call). `out_width` (static; defaults to the largest budget) fixes the output shape so that
   calls with smaller budgets reuse the compiled program.
   """
-  budget_B = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (prompts_BxP.shape[0],))
+  budget_B, out_width = generation.budgets(max_new_tokens, prompts_BxP.shape[0], out_width)
   largest = int(jnp.max(budget_B))
-  out_width = out_width or largest
-  if largest > out_width:
-    raise ValueError(f"max_new_tokens {largest} exceeds out_width {out_width}")
   generation.check_fits("autoregressive generate", prompt_lengths_B, largest, 0, cache.max_len,
                         config.max_positions)
   return _generate(config, params, jnp.asarray(prompts_BxP, jnp.int32),
                    jnp.asarray(prompt_lengths_B, jnp.int32), cache, budget_B,
                    jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key,
-                   out_width=out_width + 1, pad_id=pad_id)
+                   out_width=out_width + 1, pad_id=pad_id)  # + 1: room for a done row's ignored write

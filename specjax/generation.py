@@ -50,6 +50,19 @@ def check_fits(name: str, prompt_lengths: np.ndarray, max_new_tokens: int, slack
     raise ValueError(f"{name}: {need} positions exceed the model's {limit} learned positions")
 
 
+def budgets(max_new_tokens, batch_size: int, out_width: int | None) -> tuple[jax.Array, int]:
+  """Per-row budgets [B] int32 from an int or a per-row sequence, and the static output width
+  (default: the largest budget). Every budget must be >= 1 and fit the width."""
+  budget_B = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (batch_size,))
+  if budget_B.min() < 1:
+    raise ValueError(f"max_new_tokens must be >= 1 for every row, got {budget_B.tolist()}")
+  largest = int(budget_B.max())
+  out_width = out_width or largest
+  if largest > out_width:
+    raise ValueError(f"max_new_tokens {largest} exceeds out_width {out_width}")
+  return jnp.asarray(budget_B, jnp.int32), out_width
+
+
 def empty_buffer(batch_size: int, width: int) -> OutputBuffer:
   return OutputBuffer(tokens=jnp.zeros((batch_size, width), jnp.int32),
                       counts=jnp.zeros((batch_size,), jnp.int32),

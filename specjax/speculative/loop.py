@@ -126,11 +126,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   for name, cache in (("target", target_cache), ("draft", draft_cache)):
     if cache.batch_size != batch:
       raise ValueError(f"{name} cache has {cache.batch_size} rows for {batch} prompts")
-  budget_B = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (batch,))
+  budget_B, out_width = generation.budgets(max_new_tokens, batch, out_width)
   largest = int(jnp.max(budget_B))
-  out_width = out_width or largest
-  if largest > out_width:
-    raise ValueError(f"max_new_tokens {largest} exceeds out_width {out_width}")
   generation.check_fits("speculative generate (target)", prompt_lengths_B, largest, k - 1,
                         target_cache.max_len, target_config.max_positions)
   generation.check_fits("speculative generate (draft)", prompt_lengths_B, largest, k - 1,
