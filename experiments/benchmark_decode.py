@@ -89,7 +89,7 @@ def run_specjax(args, log) -> dict:
     runs.append({"system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"],
                  "token_ids": ar_ids})
     log(f"specjax AR b{batch_size}: {ar['stats']['tokens_per_second']:.2f} tok/s")
-    for k in args.ks:
+    for k in (args.ks if batch_size == 1 else args.batched_ks):
       spec = pipeline.run(decode_config(args, "speculative", k, batch_size), log, (target, draft))
       stats = spec["stats"]
       alpha = stats["alpha_hat"]
@@ -156,16 +156,13 @@ def run_transformers(args, prompt_ids, eos_ids, reference_ids, log) -> list[dict
                  "token_ids": ids, **{k: v for k, v in kwargs.items() if k != "assistant_model"}})
     log(f"{name} b{batch_size}: {tokens / seconds:.2f} tok/s, match {ids == reference_ids}")
 
-  for batch_size in args.batch_sizes:
+  for batch_size in args.hf_batch_sizes:
     system("transformers_generate", batch_size)
   if args.draft:
     start = time.perf_counter()
     assistant = _hf_model(args.draft)
     log(f"transformers loaded the draft in {time.perf_counter() - start:.0f} s")
     system("transformers_assisted", 1, assistant_model=assistant)  # batch 1 only in transformers
-    assistant.generation_config.num_assistant_tokens_schedule = "constant"
-    assistant.generation_config.num_assistant_tokens = 5
-    system("transformers_assisted_constant5", 1, assistant_model=assistant)
   return runs
 
 
@@ -178,6 +175,9 @@ def main():
   parser.add_argument("--num-prompts", type=int, default=4)
   parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
   parser.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=list(range(1, 9)))
+  parser.add_argument("--batched-ks", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5],
+                      help="K values run at batch sizes > 1")
+  parser.add_argument("--hf-batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--systems", default="specjax,transformers")
   parser.add_argument("--out", required=True)

@@ -1,0 +1,53 @@
+"""Markdown tables from a `benchmark_decode.py` result, so the report quotes the JSON, never retypes it.
+
+  python experiments/report_decode.py experiments/results/decode_cpu_float32.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _fmt(value, digits: int = 2) -> str:
+  if value is None:
+    return "n/a"
+  if isinstance(value, bool):
+    return "yes" if value else "NO"
+  return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def tables(result: dict) -> str:
+  env = result["environment"]
+  lines = [f"Command: `{result['command']}`  ",
+           f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; jax {env['jax']}, "
+           f"flax {env['flax']}, transformers {env['transformers']}.", ""]
+  sj = result.get("specjax")
+  if sj:
+    ratios = sj["target_forward_ratio"]
+    lines += ["Target forward cost of T tokens relative to one token (batch 1): " +
+              ", ".join(f"T={t}: {_fmt(r)}" for t, r in ratios.items()) +
+              f"; one token = {sj['target_forward_s']['1'] * 1e3:.0f} ms. "
+              f"Draft/target cost ratio c = {_fmt(sj['cost_ratio_c'], 3)}.", "",
+              "| system | batch | K | tokens/s | speedup vs specjax AR | theory | α̂ | acceptance rate | "
+              "mean accepted length | compile s | greedy output = AR |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in sj["runs"]:
+      lines.append("| " + " | ".join([
+          run["system"], str(run["batch_size"]), str(run.get("k", "")), _fmt(run["tokens_per_second"]),
+          _fmt(run.get("speedup_vs_specjax_autoregressive")), _fmt(run.get("theoretical_speedup")),
+          _fmt(run.get("alpha_hat"), 3), _fmt(run.get("acceptance_rate"), 3),
+          _fmt(run.get("mean_accepted_length")), _fmt(run["compile_time_s"], 1),
+          _fmt(run.get("outputs_match_autoregressive", ""))]) + " |")
+  hf = result.get("transformers")
+  if hf:
+    lines += ["", "| transformers system | batch | tokens/s | greedy output = specjax AR |", "|---|---|---|---|"]
+    for run in hf:
+      lines.append(f"| {run['system']} | {run['batch_size']} | {_fmt(run['tokens_per_second'])} | "
+                   f"{_fmt(run['outputs_match_specjax_autoregressive'])} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  with open(sys.argv[1]) as f:
+    print(tables(json.load(f)))
