@@ -22,14 +22,20 @@ class OutputBuffer:
   done: jax.Array  # [B] bool: row hit an EOS token or its budget
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """Right-padded `[B, P]` int32 prompts and their `[B]` lengths; empty prompts are an error."""
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
+                width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded `[B, P]` int32 prompts and their `[B]` lengths; empty prompts are an error.
+
+  P = `width` when given (>= the longest prompt), else the longest prompt. The prompt array's shape is
+  static under jit: callers running several batches pass one width so they compile once."""
   if not prompts:
     raise ValueError("no prompts given")
   lengths = np.array([len(p) for p in prompts], np.int32)
   if lengths.min() < 1:
     raise ValueError(f"prompt {int(lengths.argmin())} is empty: every row needs at least one token")
-  padded = np.full((len(prompts), int(lengths.max())), pad_id, np.int32)
+  if width and width < lengths.max():
+    raise ValueError(f"pad width {width} is shorter than the longest prompt ({int(lengths.max())})")
+  padded = np.full((len(prompts), width or int(lengths.max())), pad_id, np.int32)
   for b, prompt in enumerate(prompts):
     padded[b, :len(prompt)] = prompt
   return padded, lengths

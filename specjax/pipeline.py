@@ -99,14 +99,15 @@ class _Runner:
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
-  """(indices, padded prompts [B, P], lengths [B]) with B = batch_size always (one compiled shape):
-  a short last batch is filled with copies of its first prompt, which get a budget of 1 and are
-  dropped from the results."""
+  """(indices, padded prompts [B, P], lengths [B]) with one shape for every batch, so the program
+  compiles once: P = the longest prompt overall, B = batch_size (a short last batch is filled with
+  copies of its first prompt, which get a budget of 1 and are dropped from the results)."""
+  width = max(len(p) for p in prompt_ids)
   for start in range(0, len(prompt_ids), batch_size):
     indices = list(range(start, min(start + batch_size, len(prompt_ids))))
     rows = [prompt_ids[i] for i in indices]
     rows += [rows[0]] * (batch_size - len(rows))
-    yield indices, *generation.pad_prompts(rows)
+    yield indices, *generation.pad_prompts(rows, width=width)
 
 
 def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print
