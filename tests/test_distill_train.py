@@ -109,6 +109,9 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
   assert want.keys() == got.keys()
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  _, draft, step = train.latest_student(_config(target, tmp_path / "resumed", **changes))
+  assert step == 40
+  np.testing.assert_array_equal(draft.params["embed"]["embedding"], want["model.embed_tokens.weight"])
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(target, tmp_path, compile_cache):
