@@ -15,7 +15,6 @@ against specjax's autoregressive outputs.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -23,13 +22,9 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from specjax import metrics, pipeline
-from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import forward
+from specjax import costs, metrics, pipeline
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome, with a docstring and tests.",
@@ -46,36 +41,12 @@ def decode_config(args, mode: str, k: int, batch_size: int) -> ml_collections.Co
       top_p=1.0, seed=0, batch_size=batch_size, dtype=args.dtype, output=""))
 
 
-def forward_costs(model, max_tokens: int, repeats: int) -> dict[int, float]:
-  """Median seconds of one jitted forward of T = 1..max_tokens tokens (batch 1, 100 cached)."""
-  config, params = model.config, model.params
-
-  @functools.partial(jax.jit, donate_argnames=("cache",))
-  def step(params, tokens_BxT, cache):
-    logits_BxTxV, cache = forward(config, params, tokens_BxT, cache)
-    return logits_BxTxV.argmax(-1), cache
-
-  seconds = {}
-  for T in range(1, max_tokens + 1):
-    cache = init_cache(config, 1, 256).advance(jnp.full((1,), 100))
-    tokens_1xT = jnp.ones((1, T), jnp.int32)
-    out, cache = step(params, tokens_1xT, cache)
-    out.block_until_ready()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      out, cache = step(params, tokens_1xT, cache)
-      out.block_until_ready()
-      times.append(time.perf_counter() - start)
-    seconds[T] = float(np.median(times))
-  return seconds
-
-
 def run_specjax(args, log) -> dict:
   base = decode_config(args, "speculative", 1, 1)
   target, draft = pipeline.load_models(base, log)
-  result = {"target_forward_s": forward_costs(target, 9, args.repeats)}
-  result["draft_forward_s"] = forward_costs(draft, 2, args.repeats)
+  result = {"target_forward_s": costs.forward_seconds(target.config, target.params, range(1, 10),
+                                                      args.repeats)}
+  result["draft_forward_s"] = costs.forward_seconds(draft.config, draft.params, range(1, 3), args.repeats)
   t1 = result["target_forward_s"][1]
   result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
   c = result["draft_forward_s"][1] / t1

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 VARIANTS = {
     "default": "",
@@ -27,16 +26,11 @@ VARIANTS = {
 
 def measure(layers: int, tokens: list[int], repeats: int, cache_len: int) -> dict[int, float]:
   """Median seconds of one jitted forward of T tokens at a cache offset of 100."""
-  import functools
-
-  import jax
-  import jax.numpy as jnp
   import numpy as np
 
+  from specjax import costs
   from specjax.models.config import ModelConfig
-  from specjax.models.kv_cache import init_cache
   from specjax.models.param_tree import assemble_params, expected_shapes
-  from specjax.models.transformer import forward
 
   config = ModelConfig(arch="llama", vocab_size=151936, d_model=1536, n_layers=layers, n_heads=12,
                        n_kv_heads=2, head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6)
@@ -44,25 +38,7 @@ def measure(layers: int, tokens: list[int], repeats: int, cache_len: int) -> dic
   params = assemble_params(config, {path: rng.standard_normal(shape, dtype=np.float32) * 0.02
                                     for path, shape in expected_shapes(config).items()}, "random")
 
-  @functools.partial(jax.jit, donate_argnames=("cache",))
-  def step(params, tokens_BxT, cache):
-    logits_BxTxV, cache = forward(config, params, tokens_BxT, cache)
-    return logits_BxTxV.argmax(-1), cache
-
-  seconds = {}
-  for T in tokens:
-    cache = init_cache(config, 1, cache_len).advance(jnp.full((1,), 100))
-    tokens_1xT = jnp.ones((1, T), jnp.int32)
-    out, cache = step(params, tokens_1xT, cache)
-    out.block_until_ready()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      out, cache = step(params, tokens_1xT, cache)
-      out.block_until_ready()
-      times.append(time.perf_counter() - start)
-    seconds[T] = float(np.median(times))
-  return seconds
+  return costs.forward_seconds(config, params, tokens, repeats, cache_len=cache_len)
 
 
 def main():

@@ -1,0 +1,1 @@
+"""Sweep configs for `python -m experiments.sweep`: a base decode config, the axes of the grid, a table."""

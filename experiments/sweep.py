@@ -1,0 +1,232 @@
+"""Research sweeps: a grid of decode configs run on models loaded once, one JSONL line per finished point.
+
+  python -m experiments.sweep --config=configs/sweeps/qwen_coder_k.py [--config.field=value ...]
+
+A sweep config (configs/sweeps/) holds `base`, a full decode config as `python -m specjax.decode` takes
+it; `axes`, decode field -> tuple of values, whose cartesian product is the grid; `output`, the JSONL
+table; `measure_cost` and `cost_repeats`, for the draft/target cost ratio c (`specjax.costs`, timing the
+full draft: a `draft_vocab` head is cheaper than that), measured once per (target, draft, dtype, batch
+size). Autoregressive points do not use `SPECULATIVE_ONLY` fields (k, draft, the draft vocabulary): their
+axis values are recorded as null, so the baseline runs once per remaining setting however many K or
+drafts the grid has.
+
+Each table row holds the point's axis values (`point`, its identity), the main decode settings as
+columns and the full decode config, every stat of `pipeline.run`, c, the theoretical speedup of
+Leviathan et al. at the measured alpha_hat (when c is known) and the measured speedup over the point's
+autoregressive baseline (the point with the same axis values except mode and the speculative-only ones)
+when the table holds it. Rows are appended as soon as a point finishes; a rerun of the same command
+skips the points already in the table.
+
+Order: jit caches a compiled program per static shape (models, mode, K, batch size, cache size), while
+temperature, top-k, top-p and seed are arrays fed to the same program. Autoregressive baselines run first
+(so that every speculative row can state its speedup), then points are grouped by model, then by the
+other static axes, with the dynamic axes innermost, so consecutive points reuse one program. Hence
+`compile_time_s` (the time of a point's first, 1-token call) is a real compile only for the first point
+of each group; for the others it is one short call.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import ml_collections
+from absl import app, flags
+from ml_collections import config_flags
+
+from specjax import costs, metrics, pipeline
+from specjax.models.load import LoadedModel, load_model
+
+MODEL_AXES = ("target", "draft", "dtype")  # which models are loaded: outermost
+DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # arrays of one compiled program: innermost
+SPECULATIVE_ONLY = ("k", "draft", "draft_vocab", "draft_vocab_corpus")  # unused by autoregressive points
+SETTINGS = ("target", "draft", "mode", "k", "batch_size", "temperature", "top_k", "top_p", "seed",
+            "max_new_tokens", "chat", "dtype")  # decode fields copied into every row
+
+Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
+
+
+def check_axes(sweep: ml_collections.ConfigDict) -> dict[str, tuple]:
+  """The axes of `sweep` as tuples; fails, naming the key, on an axis that is not a decode field."""
+  fields = set(sweep.base.keys())
+  axes = {}
+  for name, values in sweep.axes.items():
+    if name not in fields:
+      raise ValueError(f"sweep axis {name!r} is not a field of the base decode config "
+                       f"(fields: {', '.join(sorted(fields))})")
+    if not isinstance(values, (tuple, list)) or not values:
+      raise ValueError(f"sweep axis {name!r} must be a non-empty tuple of values, got {values!r}")
+    axes[name] = tuple(values)
+  return axes
+
+
+def point_key(point: Point) -> str:
+  """The identity of a point in the table: its axis values as canonical JSON."""
+  return json.dumps(point, sort_keys=True)
+
+
+def _axis_rank(name: str) -> tuple[int, str]:
+  return (0 if name in MODEL_AXES else 2 if name in DYNAMIC_AXES else 1, name)
+
+
+def grid(sweep: ml_collections.ConfigDict) -> list[tuple[Point, ml_collections.ConfigDict]]:
+  """Every distinct point of the grid with its decode config, validated, in the run order (above).
+
+  Values are read back through the config, so `temperature=1` and `1.0` are one point."""
+  axes = check_axes(sweep)
+  names = sorted(axes, key=_axis_rank)
+  points = {}
+  for values in itertools.product(*(axes[name] for name in names)):
+    cfg = sweep.base.copy_and_resolve_references()
+    for name, value in zip(names, values):
+      try:
+        cfg[name] = value
+      except TypeError as error:
+        raise ValueError(f"sweep axis {name!r}: value {value!r} does not fit the decode field: {error}"
+                         ) from None
+    cfg.output = ""  # the table is the sweep's output
+    point = {name: cfg[name] for name in names}
+    try:
+      pipeline.validate(cfg)
+    except ValueError as error:
+      raise ValueError(f"sweep point {point}: {error}") from None
+    if cfg.mode == "autoregressive":  # one baseline, whatever K and draft came first in the product
+      point.update({name: None for name in SPECULATIVE_ONLY if name in point})
+      cfg.update({name: sweep.base[name] for name in SPECULATIVE_ONLY if name in point})
+    points.setdefault(point_key(point), (point, cfg))
+  return sorted(points.values(), key=lambda point_cfg: point_cfg[1].mode != "autoregressive")
+
+
+def read_table(path: str) -> list[dict]:
+  """The rows already written to a sweep table (none if the file does not exist)."""
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+          raise ValueError(f"{path}:{number}: not a JSON line ({error}); remove or fix it to resume")
+  return rows
+
+
+def baseline_point(point: Point) -> Point | None:
+  """The autoregressive point that a speculative point is compared with (None without a mode axis)."""
+  if "mode" not in point:
+    return None
+  return {**point, "mode": "autoregressive", **{name: None for name in SPECULATIVE_ONLY if name in point}}
+
+
+def make_row(point: Point, cfg: ml_collections.ConfigDict, stats: dict, c: float | None,
+             table: list[dict]) -> dict:
+  """One table row: axes, settings, `pipeline.run` stats, c, the theoretical and measured speedups,
+  machine and command."""
+  speculative = cfg.mode == "speculative"
+  row = {"point": point, **{field: cfg[field] for field in SETTINGS}, **stats}
+  if not speculative:
+    row.update({field: None for field in SPECULATIVE_ONLY if field in row})
+  alpha = stats.get("alpha_hat")
+  row["cost_ratio_c"] = c
+  row["theoretical_speedup"] = (metrics.theoretical_speedup(alpha, cfg.k, c)
+                                if c is not None and alpha is not None else None)
+  baseline = baseline_point(point) if speculative else None
+  by_key = {point_key(r["point"]): r for r in table}
+  ar_row = by_key.get(point_key(baseline)) if baseline else None
+  row["autoregressive_tokens_per_second"] = ar_row["tokens_per_second"] if ar_row else None
+  row["speedup_vs_autoregressive"] = (stats["tokens_per_second"] / ar_row["tokens_per_second"]
+                                      if ar_row else None)
+  row["config"] = cfg.to_dict()  # the full decode config of the point
+  row["environment"] = pipeline.environment()
+  row["command"] = " ".join([os.path.basename(sys.executable)] + sys.argv)
+  return row
+
+
+def _describe(point: Point) -> str:
+  return " ".join(f"{name}={value}" for name, value in point.items() if value is not None)
+
+
+def _summary(row: dict) -> str:
+  fmt = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)
+  text = f"{row['tokens_per_second']:.2f} tok/s, compile {row['compile_time_s']:.1f} s"
+  if row["mode"] == "speculative":
+    text += (f", acceptance {fmt(row['acceptance_rate'])}, alpha_hat {fmt(row['alpha_hat'])}, "
+             f"speedup {fmt(row['speedup_vs_autoregressive'], '.2f')} "
+             f"(theory {fmt(row['theoretical_speedup'], '.2f')})")
+  return text
+
+
+def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) -> list[dict]:
+  """Runs the points of `sweep` missing from its table, appending one row each; returns those rows."""
+  if not sweep.output:
+    raise ValueError("config.output (the JSONL table) is empty")
+  points = grid(sweep)
+  table = read_table(sweep.output)
+  done = {point_key(row["point"]) for row in table}
+  todo = [(point, cfg) for point, cfg in points if point_key(point) not in done]
+  if len(todo) < len(points):
+    log(f"skipping {len(points) - len(todo)} of {len(points)} points already in {sweep.output}")
+  if not todo:
+    log("nothing to run")
+    return []
+  os.makedirs(os.path.dirname(sweep.output) or ".", exist_ok=True)
+
+  @functools.cache
+  def load(name: str, dtype: str) -> LoadedModel:
+    start = time.perf_counter()
+    model = load_model(name, dtype=dtype)
+    log(f"loaded {name} ({dtype}) in {time.perf_counter() - start:.1f} s")
+    return model
+
+  @functools.cache
+  def models(target_name: str, draft_name: str | None, dtype: str) -> tuple[LoadedModel, LoadedModel | None]:
+    target = load(target_name, dtype)
+    if draft_name is None:
+      return target, None
+    draft = load(draft_name, dtype)
+    pipeline.check_compatible(target, draft)
+    return target, draft
+
+  @functools.cache
+  def cost_ratio(target_name: str, draft_name: str, dtype: str, batch_size: int) -> float:
+    c = costs.cost_ratio(*models(target_name, draft_name, dtype), batch_size, sweep.cost_repeats)
+    log(f"cost ratio c = {c:.3f} ({draft_name} / {target_name}, batch {batch_size})")
+    return c
+
+  written = []
+  for number, (point, cfg) in enumerate(todo, 1):
+    log(f"[{number}/{len(todo)}] {_describe(point)}")
+    draft_name = cfg.draft if cfg.mode == "speculative" else None
+    pair = models(cfg.target, draft_name, cfg.dtype)
+    c = (cost_ratio(cfg.target, draft_name, cfg.dtype, cfg.batch_size)
+         if sweep.measure_cost and draft_name else None)
+    result = pipeline.run(cfg, log=lambda message: log(f"  {message}"), models=pair)
+    row = make_row(point, cfg, result["stats"], c, table)
+    with open(sweep.output, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    table.append(row)
+    written.append(row)
+    log(f"[{number}/{len(todo)}] {_summary(row)}")
+  log(f"wrote {len(written)} rows to {sweep.output}")
+  return written
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if flags.FLAGS.config is None:
+    raise app.UsageError("--config=configs/sweeps/<name>.py is required")
+  run(flags.FLAGS.config, log=lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True))
+
+
+if __name__ == "__main__":
+  # Defined here rather than on import, so that tests can import this module next to other absl CLIs.
+  config_flags.DEFINE_config_file("config", None, "Sweep config file (see configs/sweeps/).",
+                                  lock_config=True)
+  app.run(main)

@@ -1,0 +1,204 @@
+"""`experiments.sweep` on tiny HF models (run, resume, config errors) and `experiments.plots` on a fixture
+table. The sweep runs in this process so that its compiled programs are reused across the tests."""
+
+import glob
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs.sweeps import tiny
+from experiments import plots, sweep
+from specjax import metrics, pipeline
+from tests.tiny_hf import save_char_tokenizer, save_hf_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC_POINT = {"k": 2, "mode": "speculative"}
+AR_POINT = {"k": None, "mode": "autoregressive"}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+  """Target and draft directories holding the same weights, so that greedy drafts are all accepted."""
+  dirs = []
+  for name in ("target", "draft"):
+    directory = str(tmp_path_factory.mktemp(name))
+    save_hf_model("qwen2", directory, seed=0)
+    save_char_tokenizer(directory)
+    dirs.append(directory)
+  return dirs
+
+
+def _sweep(model_dirs, output: str) -> ml_collections.ConfigDict:
+  cfg = tiny.get_config()
+  cfg.base.target, cfg.base.draft = model_dirs
+  cfg.output = output
+  return cfg
+
+
+def _lines(path) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+class _CountingRun:
+  """Stands in for pipeline.run and counts its calls."""
+
+  def __init__(self):
+    self.calls, self._run = 0, pipeline.run
+
+  def __call__(self, *args, **kwargs):
+    self.calls += 1
+    return self._run(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def finished_table(model_dirs, tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("sweep") / "table.jsonl")
+  messages = []
+  written = sweep.run(_sweep(model_dirs, path), log=messages.append)
+  return path, written, messages
+
+
+def test_two_point_sweep_writes_rows_consistent_with_pipeline_run(model_dirs, finished_table):
+  path, written, messages = finished_table
+  ar, spec = _lines(path)
+  assert json.loads(json.dumps(written)) == [ar, spec]  # the autoregressive baseline runs first
+  assert (ar["point"], spec["point"]) == (AR_POINT, SPEC_POINT)
+  assert any(m.startswith("[2/2]") for m in messages)
+  for column in ("tokens_per_second", "wall_time_s", "compile_time_s", "acceptance_rate", "alpha_hat",
+                 "mean_accepted_length", "per_position_acceptance", "target_calls", "draft_calls",
+                 "cost_ratio_c", "theoretical_speedup", "speedup_vs_autoregressive", "batch_size", "k",
+                 "temperature", "draft", "target", "config", "environment", "command"):
+    assert column in spec, column
+  assert ar["k"] is None and ar["draft"] is None and ar["speedup_vs_autoregressive"] is None
+
+  cfg = _sweep(model_dirs, path).base
+  cfg.k = 2
+  direct = pipeline.run(cfg, log=lambda m: None)["stats"]  # the same point, outside the sweep
+  for field in ("generated_tokens", "acceptance_rate", "alpha_hat", "mean_accepted_length",
+                "per_position_acceptance", "target_calls", "draft_calls", "acceptance"):
+    assert spec[field] == direct[field], field
+  assert spec["acceptance_rate"] == 1.0 and len(spec["per_position_acceptance"]) == 2  # same weights
+  assert spec["cost_ratio_c"] > 0
+  assert spec["theoretical_speedup"] == pytest.approx(metrics.theoretical_speedup(1.0, 2, spec["cost_ratio_c"]))
+  assert spec["speedup_vs_autoregressive"] == pytest.approx(spec["tokens_per_second"] / ar["tokens_per_second"])
+
+
+def test_rerun_skips_finished_points(model_dirs, finished_table, monkeypatch):
+  path, _, _ = finished_table
+  before = open(path).read()
+  counting = _CountingRun()
+  monkeypatch.setattr(pipeline, "run", counting)
+  messages = []
+  assert sweep.run(_sweep(model_dirs, path), log=messages.append) == []
+  assert counting.calls == 0 and open(path).read() == before
+  assert f"skipping 2 of 2 points already in {path}" in messages
+
+
+def test_partial_table_resumes_with_the_missing_point(model_dirs, finished_table, tmp_path, monkeypatch):
+  path = str(tmp_path / "partial.jsonl")
+  with open(finished_table[0]) as f:
+    ar_line = f.readline()
+  with open(path, "w") as f:
+    f.write(ar_line)
+  counting = _CountingRun()
+  monkeypatch.setattr(pipeline, "run", counting)
+  messages = []
+  written = sweep.run(_sweep(model_dirs, path), log=messages.append)
+  assert counting.calls == 1 and [r["point"] for r in written] == [SPEC_POINT]
+  assert "skipping 1 of 2 points already in " + path in messages
+  rows = _lines(path)
+  assert [r["point"] for r in rows] == [AR_POINT, SPEC_POINT]
+  assert rows[1]["autoregressive_tokens_per_second"] == rows[0]["tokens_per_second"]  # baseline from the file
+
+
+def test_cli_skips_a_finished_table_and_rejects_unknown_fields(model_dirs, finished_table, tmp_path):
+  table = str(tmp_path / "table.jsonl")
+  shutil.copy(finished_table[0], table)
+  base = [sys.executable, "-m", "experiments.sweep", "--config=configs/sweeps/tiny.py",
+          f"--config.base.target={model_dirs[0]}", f"--config.base.draft={model_dirs[1]}",
+          f"--config.output={table}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  ok = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True)
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert "skipping 2 of 2 points" in ok.stdout and len(_lines(table)) == 2
+  bad = subprocess.run(base + ["--config.axes.kk=(1,)"], cwd=ROOT, env=env, capture_output=True, text=True)
+  assert bad.returncode != 0 and "kk" in bad.stderr
+
+
+@pytest.mark.parametrize("axis, values, message", [
+    ("kk", (1, 2), "sweep axis 'kk' is not a field of the base decode config"),
+    ("k", 3, "sweep axis 'k' must be a non-empty tuple"),
+    ("k", (1.5,), "sweep axis 'k': value 1.5"),
+    ("k", (0, 1), "config.k"),
+])
+def test_bad_axes_fail_before_any_model_is_loaded(tmp_path, axis, values, message):
+  cfg = _sweep([str(tmp_path / "no-target"), str(tmp_path / "no-draft")], str(tmp_path / "t.jsonl"))
+  cfg.axes = ml_collections.ConfigDict({**cfg.axes.to_dict(), axis: values})  # any type, as a file may
+  with pytest.raises(ValueError, match=message):
+    sweep.run(cfg, log=lambda m: None)
+  assert not os.path.exists(tmp_path / "t.jsonl")
+
+
+def test_every_sweep_config_parses_into_a_valid_grid():
+  sizes = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "sweeps", "[!_]*.py"))):
+    name = os.path.basename(path).removesuffix(".py")
+    cfg = importlib.import_module(f"configs.sweeps.{name}").get_config()
+    sizes[name] = len(sweep.grid(cfg))  # validates axis names and every point's decode config
+  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 18, "tiny": 2}  # baselines counted once
+
+
+def _fixture_rows() -> list[dict]:
+  """A sweep table over draft x temperature x batch x K with its autoregressive baselines."""
+  rows = []
+  for batch in (1, 2):
+    for temperature in (0.0, 1.0):
+      rows.append({"point": {"batch_size": batch, "draft": None, "k": None, "mode": "autoregressive",
+                             "temperature": temperature}, "mode": "autoregressive", "k": None,
+                   "draft": None, "batch_size": batch, "temperature": temperature, "tokens_per_second": 5.0})
+      for draft, alpha in (("drafts/plain", 0.6), ("drafts/distilled", 0.8)):
+        for k in (1, 2, 3):
+          point = {"batch_size": batch, "draft": draft, "k": k, "mode": "speculative",
+                   "temperature": temperature}
+          rows.append({"point": point, **point, "acceptance_rate": alpha - 0.05 * k,
+                       "mean_accepted_length": metrics.expected_accepted_length(alpha, k),
+                       "per_position_acceptance": [alpha] * k, "speedup_vs_autoregressive": 1.0 + alpha / k,
+                       "theoretical_speedup": metrics.theoretical_speedup(alpha, k, 0.3)})
+  return rows
+
+
+def test_plots_render_every_figure(tmp_path):
+  table = tmp_path / "table.jsonl"
+  table.write_text("".join(json.dumps(row) + "\n" for row in _fixture_rows()))
+  out = tmp_path / "plots"
+  run = subprocess.run([sys.executable, "-m", "experiments.plots", str(table), "--out", str(out), "--k", "2",
+                        "--label", "drafts/plain=before", "--label", "drafts/distilled=after"],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "skipped" not in run.stdout
+  names = ("acceptance_vs_k", "speedup_vs_k", "per_position_acceptance", "speedup_vs_batch", "distillation")
+  for name in names:
+    data = (out / f"{name}.png").read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 1000, name
+
+
+def test_plots_skip_figures_whose_axes_are_missing(tmp_path):
+  rows = [r for r in _fixture_rows() if r["mode"] == "speculative" and r["batch_size"] == 1
+          and r["temperature"] == 0.0 and r["draft"] == "drafts/plain"]
+  for row in rows:  # a K-only sweep without baseline or cost ratio
+    row["point"] = {"k": row["k"]}
+    row["speedup_vs_autoregressive"] = row["theoretical_speedup"] = None
+  messages = []
+  written = plots.plot_all(rows, str(tmp_path), log=messages.append)
+  assert sorted(os.path.basename(p) for p in written) == ["acceptance_vs_k.png", "per_position_acceptance.png"]
+  skipped = "\n".join(m for m in messages if m.startswith("skipped"))
+  assert "speedup_vs_k: no speedups" in skipped
+  assert "speedup_vs_batch: needs a 'batch_size' axis" in skipped
+  assert "distillation: needs a 'draft' axis" in skipped
