@@ -17,6 +17,8 @@ def get_config():
   cfg.chat = True  # wrap each prompt in the tokenizer's chat template
   cfg.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
   cfg.k = 5  # draft tokens proposed per round
+  cfg.draft_vocab = 0  # > 0: the draft's head scores only this many most frequent tokens (0 = all)
+  cfg.draft_vocab_corpus = "stdlib"  # corpus ranking them: "stdlib", a directory, glob, text or JSONL
   cfg.temperature = 0.0  # 0 = greedy (output equals the target's own greedy output)
   cfg.top_k = 0  # 0 disables top-k
   cfg.top_p = 1.0  # 1 disables top-p

@@ -14,6 +14,8 @@ def get_config():
   cfg.chat = False  # tiny tokenizers have no chat template
   cfg.max_new_tokens = 12  # small budget
   cfg.k = 3  # draft tokens per round
+  cfg.draft_vocab = 0  # > 0: the draft's head scores only this many most frequent tokens (0 = all)
+  cfg.draft_vocab_corpus = "stdlib"  # corpus ranking them: "stdlib", a directory, glob, text or JSONL
   cfg.temperature = 0.0  # greedy
   cfg.top_k = 0  # disabled
   cfg.top_p = 1.0  # disabled

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -34,11 +35,12 @@ PROMPTS = [
 ]
 
 
-def decode_config(args, mode: str, k: int, batch_size: int) -> ml_collections.ConfigDict:
+def decode_config(args, mode: str, k: int, batch_size: int, draft_vocab: int = 0) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       target=args.target, draft=args.draft, mode=mode, prompts=PROMPTS[:args.num_prompts],
-      prompts_file="", chat=True, max_new_tokens=args.max_new_tokens, k=k, temperature=0.0, top_k=0,
-      top_p=1.0, seed=0, batch_size=batch_size, dtype=args.dtype, output=""))
+      prompts_file="", chat=True, max_new_tokens=args.max_new_tokens, k=k, draft_vocab=draft_vocab,
+      draft_vocab_corpus="stdlib", temperature=0.0, top_k=0, top_p=1.0, seed=0, batch_size=batch_size,
+      dtype=args.dtype, output=""))
 
 
 def run_specjax(args, log) -> dict:
@@ -49,10 +51,17 @@ def run_specjax(args, log) -> dict:
   result["draft_forward_s"] = costs.forward_seconds(draft.config, draft.params, range(1, 3), args.repeats)
   t1 = result["target_forward_s"][1]
   result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
-  c = result["draft_forward_s"][1] / t1
-  result["cost_ratio_c"] = c
+  c_by_vocab = {}  # draft/target cost ratio c per draft head size (0 = the full vocabulary)
+  for vocab in args.draft_vocabs:
+    head = None
+    if vocab:
+      head, _ = pipeline.restricted_draft_head(decode_config(args, "speculative", 1, 1, vocab), target, draft, log)
+    c_by_vocab[vocab] = costs.forward_seconds(draft.config, draft.params, [1], args.repeats, head=head)[1] / t1
+  result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)
+  result["cost_ratio_c_by_draft_vocab"] = c_by_vocab
   log(f"target T=1 {t1 * 1e3:.0f} ms; ratios " +
-      " ".join(f"{T}:{r:.2f}" for T, r in result["target_forward_ratio"].items()) + f"; c = {c:.3f}")
+      " ".join(f"{T}:{r:.2f}" for T, r in result["target_forward_ratio"].items()) +
+      "; c " + " ".join(f"(vocab {v or 'all'}) {c:.3f}" for v, c in c_by_vocab.items()))
   runs = []
   for batch_size in args.batch_sizes:
     ar = pipeline.run(decode_config(args, "autoregressive", 1, batch_size), log, (target, draft))
@@ -60,16 +69,17 @@ def run_specjax(args, log) -> dict:
     runs.append({"system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"],
                  "token_ids": ar_ids})
     log(f"specjax AR b{batch_size}: {ar['stats']['tokens_per_second']:.2f} tok/s")
-    for k in (args.ks if batch_size == 1 else args.batched_ks):
-      spec = pipeline.run(decode_config(args, "speculative", k, batch_size), log, (target, draft))
+    for k, vocab in itertools.product(args.ks if batch_size == 1 else args.batched_ks, args.draft_vocabs):
+      spec = pipeline.run(decode_config(args, "speculative", k, batch_size, vocab), log, (target, draft))
       stats = spec["stats"]
-      alpha = stats["alpha_hat"]
+      alpha, c = stats["alpha_hat"], c_by_vocab[vocab]
       runs.append({
-          "system": "specjax_speculative", "batch_size": batch_size, "k": k, **stats,
+          "system": "specjax_speculative", "batch_size": batch_size, "k": k, "draft_vocab": vocab, **stats,
+          "cost_ratio_c": c,
           "speedup_vs_specjax_autoregressive": stats["tokens_per_second"] / ar["stats"]["tokens_per_second"],
           "theoretical_speedup": None if alpha is None else metrics.theoretical_speedup(alpha, k, c),
           "outputs_match_autoregressive": [o["token_ids"] for o in spec["outputs"]] == ar_ids})
-      log(f"specjax spec b{batch_size} K={k}: {stats['tokens_per_second']:.2f} tok/s, alpha_hat "
+      log(f"specjax spec b{batch_size} K={k} vocab {vocab or 'all'}: {stats['tokens_per_second']:.2f} tok/s, alpha_hat "
           f"{alpha}, speedup {runs[-1]['speedup_vs_specjax_autoregressive']:.2f} "
           f"(theory {runs[-1]['theoretical_speedup']}), match {runs[-1]['outputs_match_autoregressive']}")
   result["runs"] = runs
@@ -148,6 +158,8 @@ def main():
   parser.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=list(range(1, 9)))
   parser.add_argument("--batched-ks", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5],
                       help="K values run at batch sizes > 1")
+  parser.add_argument("--draft-vocabs", type=lambda s: [int(x) for x in s.split(",")], default=[0, 32768],
+                      help="draft head sizes (config.draft_vocab; 0 = the full vocabulary), each run at every K")
   parser.add_argument("--hf-batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--systems", default="specjax,transformers")

@@ -28,23 +28,31 @@ def tables(result: dict) -> str:
     lines += ["Target forward cost of T tokens relative to one token (batch 1): " +
               ", ".join(f"T={t}: {_fmt(r)}" for t, r in ratios.items()) +
               f"; one token = {sj['target_forward_s']['1'] * 1e3:.0f} ms. "
-              f"Draft/target cost ratio c = {_fmt(sj['cost_ratio_c'], 3)}.", "",
-              "| system | batch | K | tokens/s | speedup vs specjax AR | theory | α̂ | acceptance rate | "
-              "mean accepted length | compile s | greedy output = AR |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Draft/target cost ratio c: " + ", ".join(
+                  f"{_fmt(c, 3)} (draft head {'full vocabulary' if v in ('0', 0) else f'{v} tokens'})"
+                  for v, c in sj.get("cost_ratio_c_by_draft_vocab", {0: sj["cost_ratio_c"]}).items()) + ".", "",
+              "| system | batch | K | draft head | tokens/s | speedup vs specjax AR | theory | α̂ | "
+              "acceptance rate | mean accepted length | compile s | greedy output = AR |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in sj["runs"]:
       lines.append("| " + " | ".join([
-          run["system"], str(run["batch_size"]), str(run.get("k", "")), _fmt(run["tokens_per_second"]),
+          run["system"], str(run["batch_size"]), str(run.get("k", "")),
+          {None: "", 0: "all"}.get(run.get("draft_vocab"), str(run.get("draft_vocab"))),
+          _fmt(run["tokens_per_second"]),
           _fmt(run.get("speedup_vs_specjax_autoregressive")), _fmt(run.get("theoretical_speedup")),
           _fmt(run.get("alpha_hat"), 3), _fmt(run.get("acceptance_rate"), 3),
           _fmt(run.get("mean_accepted_length")), _fmt(run["compile_time_s"], 1),
           _fmt(run.get("outputs_match_autoregressive", ""))]) + " |")
   hf = result.get("transformers")
   if hf:
-    lines += ["", "| transformers system | batch | tokens/s | greedy output = specjax AR |", "|---|---|---|---|"]
+    best = max((r for r in (sj or {}).get("runs", []) if r["system"] == "specjax_speculative"
+                and r["batch_size"] == 1), key=lambda r: r["tokens_per_second"], default=None)
+    lines += ["", "| transformers system | batch | tokens/s | greedy output = specjax AR | fastest specjax "
+              "speculative (batch 1) / this |", "|---|---|---|---|---|"]
     for run in hf:
+      ratio = best["tokens_per_second"] / run["tokens_per_second"] if best and run["batch_size"] == 1 else None
       lines.append(f"| {run['system']} | {run['batch_size']} | {_fmt(run['tokens_per_second'])} | "
-                   f"{_fmt(run['outputs_match_specjax_autoregressive'])} |")
+                   f"{_fmt(run['outputs_match_specjax_autoregressive'])} | {_fmt(ratio)} |")
   return "\n".join(lines)
 
 

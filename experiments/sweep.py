@@ -5,8 +5,8 @@
 A sweep config (configs/sweeps/) holds `base`, a full decode config as `python -m specjax.decode` takes
 it; `axes`, decode field -> tuple of values, whose cartesian product is the grid; `output`, the JSONL
 table; `measure_cost` and `cost_repeats`, for the draft/target cost ratio c (`specjax.costs`, timing the
-full draft: a `draft_vocab` head is cheaper than that), measured once per (target, draft, dtype, batch
-size). Autoregressive points do not use `SPECULATIVE_ONLY` fields (k, draft, the draft vocabulary): their
+draft through its `draft_vocab` head when it has one), measured once per (target, draft, dtype, batch
+size, draft vocabulary). Autoregressive points do not use `SPECULATIVE_ONLY` fields (k, draft, the draft vocabulary): their
 axis values are recorded as null, so the baseline runs once per remaining setting however many K or
 drafts the grid has.
 
@@ -194,9 +194,16 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
     return target, draft
 
   @functools.cache
-  def cost_ratio(target_name: str, draft_name: str, dtype: str, batch_size: int) -> float:
-    c = costs.cost_ratio(*models(target_name, draft_name, dtype), batch_size, sweep.cost_repeats)
-    log(f"cost ratio c = {c:.3f} ({draft_name} / {target_name}, batch {batch_size})")
+  def cost_ratio(target_name: str, draft_name: str, dtype: str, batch_size: int, draft_vocab: int,
+                 draft_vocab_corpus: str) -> float:
+    target, draft = models(target_name, draft_name, dtype)
+    head = None
+    if draft_vocab:
+      head, _ = pipeline.restricted_draft_head(ml_collections.ConfigDict(dict(
+          draft_vocab=draft_vocab, draft_vocab_corpus=draft_vocab_corpus)), target, draft, log)
+    c = costs.cost_ratio(target, draft, batch_size, sweep.cost_repeats, head)
+    vocab = f", {draft_vocab}-token head" if draft_vocab else ""
+    log(f"cost ratio c = {c:.3f} ({draft_name}{vocab} / {target_name}, batch {batch_size})")
     return c
 
   written = []
@@ -204,8 +211,8 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
     log(f"[{number}/{len(todo)}] {_describe(point)}")
     draft_name = cfg.draft if cfg.mode == "speculative" else None
     pair = models(cfg.target, draft_name, cfg.dtype)
-    c = (cost_ratio(cfg.target, draft_name, cfg.dtype, cfg.batch_size)
-         if sweep.measure_cost and draft_name else None)
+    c = (cost_ratio(cfg.target, draft_name, cfg.dtype, cfg.batch_size, cfg.draft_vocab,
+                    cfg.draft_vocab_corpus) if sweep.measure_cost and draft_name else None)
     result = pipeline.run(cfg, log=lambda message: log(f"  {message}"), models=pair)
     row = make_row(point, cfg, result["stats"], c, table)
     with open(sweep.output, "a") as f:

@@ -19,37 +19,43 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel
-from specjax.models.transformer import forward
+from specjax.models.transformer import forward_hidden, hidden_to_logits
+from specjax.speculative.draft_head import DraftHead
 
 
 def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats: int,
-                    batch_size: int = 1, cache_len: int = 256, offset: int = 100) -> dict[int, float]:
+                    batch_size: int = 1, cache_len: int = 256, offset: int = 100,
+                    head: DraftHead | None = None) -> dict[int, float]:
   """Median seconds of one jitted forward of [batch_size, T] tokens, for each T in `tokens`, with
-  `offset` positions already cached (each T and batch size compiles once, before the timed calls)."""
+  `offset` positions already cached (each T and batch size compiles once, before the timed calls);
+  through the restricted output `head` when one is given (a `draft_vocab` draft)."""
 
   @functools.partial(jax.jit, donate_argnames=("cache",))
-  def step(params, tokens_BxT, cache):
-    logits_BxTxV, cache = forward(config, params, tokens_BxT, cache)
+  def step(params, head, tokens_BxT, cache):
+    hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
+    logits_BxTxV = hidden_to_logits(config, params, hidden_BxTxD) if head is None else head.logits(hidden_BxTxD)
     return logits_BxTxV.argmax(-1), cache
 
   seconds = {}
   for T in tokens:
     cache = init_cache(config, batch_size, cache_len).advance(jnp.full((batch_size,), offset))
     tokens_BxT = jnp.ones((batch_size, T), jnp.int32)
-    out_BxT, cache = step(params, tokens_BxT, cache)  # compiles
+    out_BxT, cache = step(params, head, tokens_BxT, cache)  # compiles
     out_BxT.block_until_ready()
     times = []
     for _ in range(repeats):
       start = time.perf_counter()
-      out_BxT, cache = step(params, tokens_BxT, cache)
+      out_BxT, cache = step(params, head, tokens_BxT, cache)
       out_BxT.block_until_ready()
       times.append(time.perf_counter() - start)
     seconds[T] = float(np.median(times))
   return seconds
 
 
-def cost_ratio(target: LoadedModel, draft: LoadedModel, batch_size: int, repeats: int) -> float:
-  """c = (median seconds of a 1-token draft forward) / (same for the target), at `batch_size` rows."""
-  draft_s = forward_seconds(draft.config, draft.params, [1], repeats, batch_size)[1]
+def cost_ratio(target: LoadedModel, draft: LoadedModel, batch_size: int, repeats: int,
+               head: DraftHead | None = None) -> float:
+  """c = (median seconds of a 1-token draft forward, through `head` if given) / (same for the target),
+  at `batch_size` rows."""
+  draft_s = forward_seconds(draft.config, draft.params, [1], repeats, batch_size, head=head)[1]
   target_s = forward_seconds(target.config, target.params, [1], repeats, batch_size)[1]
   return draft_s / target_s

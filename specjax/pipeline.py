@@ -20,9 +20,11 @@ import ml_collections
 import numpy as np
 
 from specjax import autoregressive, generation, metrics
+from specjax.models import registry
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel, load_model
 from specjax.sampling import sampling_params
+from specjax.speculative import draft_head
 from specjax.speculative.loop import speculative_generate
 
 MODES = ("speculative", "autoregressive")
@@ -45,6 +47,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
   if cfg.batch_size < 1:
     raise ValueError(f"config.batch_size must be >= 1, got {cfg.batch_size}")
+  if int(cfg.draft_vocab) != cfg.draft_vocab or cfg.draft_vocab < 0:
+    raise ValueError(f"config.draft_vocab must be an integer >= 0 (0 = the full vocabulary), got "
+                     f"{cfg.draft_vocab}")
   if not cfg.prompts and not cfg.prompts_file:
     raise ValueError("no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
   sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)  # raises on bad sampling values
@@ -81,6 +86,7 @@ class _Runner:
   cfg: ml_collections.ConfigDict
   target: LoadedModel
   draft: LoadedModel | None
+  head: draft_head.DraftHead | None  # the draft's restricted output head (config.draft_vocab > 0)
   cache_len: int
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
@@ -95,7 +101,7 @@ class _Runner:
     return speculative_generate(self.target.config, self.target.params, self.draft.config,
                                 self.draft.params, prompts_BxP, lengths_B, target_cache,
                                 init_cache(self.draft.config, batch, self.cache_len), budget_B, eos,
-                                sampling, key, k=cfg.k, out_width=cfg.max_new_tokens)
+                                sampling, key, k=cfg.k, out_width=cfg.max_new_tokens, draft_head=self.head)
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
@@ -108,6 +114,20 @@ def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
     rows = [prompt_ids[i] for i in indices]
     rows += [rows[0]] * (batch_size - len(rows))
     yield indices, *generation.pad_prompts(rows, width=width)
+
+
+def restricted_draft_head(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedModel,
+                          log: Callable[[str], None] = print) -> tuple[draft_head.DraftHead, float]:
+  """The draft's head restricted to the `cfg.draft_vocab` tokens most frequent in
+  `cfg.draft_vocab_corpus` (stop tokens included), and the share of the corpus's tokens it covers."""
+  log(f"ranking tokens of {cfg.draft_vocab_corpus!r} for a {cfg.draft_vocab}-token draft head ...")
+  counts_V = draft_head.corpus_token_counts(target.tokenizer, cfg.draft_vocab_corpus,
+                                            draft.config.vocab_size, registry.cache_dir())
+  tokens_N = draft_head.most_frequent(counts_V, cfg.draft_vocab, always=target.tokenizer.eos_ids)
+  coverage = float(counts_V[tokens_N].sum() / max(counts_V.sum(), 1))
+  log(f"the draft head scores {len(tokens_N)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
+      f"the corpus's tokens")
+  return draft_head.restrict_head(draft.config, draft.params, tokens_N), coverage
 
 
 def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print
@@ -148,7 +168,10 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     prompt_ids = [tok.encode(t) for t in texts]
   longest = max(len(p) for p in prompt_ids)
   cache_len = -(-(longest + cfg.max_new_tokens + cfg.k + 1) // 64) * 64  # one shape for all batches
-  runner = _Runner(cfg, target, draft, cache_len)
+  head, coverage = None, None
+  if speculative and cfg.draft_vocab:
+    head, coverage = restricted_draft_head(cfg, target, draft, log)
+  runner = _Runner(cfg, target, draft, head, cache_len)
 
   key = jax.random.key(cfg.seed)
   batches = list(_batches(prompt_ids, cfg.batch_size))
@@ -187,7 +210,8 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     totals = metrics.summarize(jax.tree.map(lambda *a: np.concatenate(a), *acceptance))["total"]
     stats.update(acceptance_rate=totals["acceptance_rate"], alpha_hat=totals["alpha_hat"],
                  mean_accepted_length=totals["mean_accepted_length"],
-                 per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals)
+                 per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
+                 draft_vocab_coverage=coverage)
   results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
              "environment": environment()}
   if cfg.output:

@@ -51,14 +51,24 @@ def test_greedy_speculative_equals_autoregressive_through_the_pipeline(model_dir
   assert all(o["num_tokens"] == len(o["token_ids"]) > 0 for o in written["outputs"])
 
 
+def test_restricted_draft_vocabulary_keeps_greedy_output(model_dirs, tmp_path):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def f(x):\n    return x + 1\n\nabc abc abc\n")
+  cfg = _config(model_dirs, draft_vocab=12, draft_vocab_corpus=str(corpus))
+  spec = pipeline.run(cfg, log=lambda m: None)
+  ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
+  assert 0.5 < spec["stats"]["draft_vocab_coverage"] <= 1.0
+  with pytest.raises(ValueError, match=r"draft vocabulary size must be in \[1, 97\]"):
+    pipeline.run(_config(model_dirs, draft_vocab=98, draft_vocab_corpus=str(corpus)), log=lambda m: None)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(k=0), "config.k"), (dict(mode="beam"), "config.mode"), (dict(temperature=-0.5), "temperature"),
     (dict(top_p=0.0), "top_p"), (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(prompts=(), prompts_file=""), "no prompts"), (dict(max_new_tokens=10_000), None)])
+    (dict(prompts=(), prompts_file=""), "no prompts"), (dict(draft_vocab=-1), "config.draft_vocab")])
 def test_bad_config_values_fail_early(model_dirs, overrides, message):
   cfg = _config(model_dirs, **overrides)
-  if message is None:  # a budget that overflows the model's positions is still a clean error
-    return
   with pytest.raises(ValueError, match=message):
     pipeline.run(cfg, log=lambda m: None)
 

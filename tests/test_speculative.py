@@ -24,6 +24,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate, verify
+from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.drafters import ModelDrafter
 from tests.test_acceptance import chi_square_pvalue
 
@@ -114,6 +115,19 @@ def test_greedy_equals_target_greedy(draft_name, k):
     assert 0 < summary["total"]["accepted"] < summary["total"]["proposed"]
 
 
+def test_greedy_with_a_restricted_draft_head_equals_target_greedy():
+  """The target itself as the draft, scoring only the even ids: still the target's greedy output; it
+  proposes only even tokens, so it is accepted exactly while the target's next token is even."""
+  config, params = TARGET
+  out = _speculative(TARGET, k=3, draft_head=restrict_head(config, params, range(0, VOCAB, 2)))
+  expected = _target_greedy()
+  assert as_token_lists(out.tokens, out.counts) == expected
+  summary = metrics.summarize(out.acceptance)["total"]
+  assert 0 < summary["accepted"] < summary["proposed"]
+  odd_tokens = sum(t % 2 for row in expected for t in row[1:])  # each one ends a round's acceptance
+  assert odd_tokens > 0
+
+
 def test_returned_caches_can_be_passed_again():
   first = _speculative(DRAFTS["perturbed"], k=8)
   (target_config, target_params), (draft_config, draft_params) = TARGET, DRAFTS["perturbed"]
@@ -191,7 +205,7 @@ SMALL_DRAFT = _perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance 
 SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_STEPS, ALPHA = [3, 1, 4], 30_000, 3, 1e-3
 
 
-def _first_tokens(sampling, rule):
+def _first_tokens(sampling, rule, draft_head=None):
   """Counts [V^3] of the first three tokens over N = 30,000 rows of one call, K = 2."""
   (target_config, target_params), (draft_config, draft_params) = SMALL_TARGET, SMALL_DRAFT
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
@@ -199,7 +213,7 @@ def _first_tokens(sampling, rule):
   out = speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
                              init_cache(target_config, SAMPLE_ROWS, cache_len),
                              init_cache(draft_config, SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
-                             sampling, jax.random.key(1), k=2, rule=rule)
+                             sampling, jax.random.key(1), k=2, rule=rule, draft_head=draft_head)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
 
@@ -215,6 +229,15 @@ def test_sampled_tokens_follow_the_exact_target_distribution(name):
   exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLINGS[name], SAMPLE_STEPS).ravel()
   assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], verify), exact) > ALPHA
   assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], _accept_all), exact) < 1e-12
+
+
+def test_sampling_with_a_restricted_draft_head_follows_the_exact_target_distribution():
+  """A draft that can propose only 5 of the 8 tokens: the residual supplies the other three with the
+  target's probability. Chi-square at level 0.001 on N = 30,000 rows, temperature 1."""
+  sampling = SAMPLINGS["plain"]
+  head = restrict_head(*SMALL_DRAFT, [0, 2, 3, 5, 6])
+  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
+  assert chi_square_pvalue(_first_tokens(sampling, verify, head), exact) > ALPHA
 
 
 def test_draft_cache_tracks_the_committed_history():
@@ -256,6 +279,7 @@ def test_draft_cache_tracks_the_committed_history():
     (dict(draft_cache_len=30), r"\(draft\).*= 31 positions exceed the cache size 30"),
     (dict(budgets=0), "max_new_tokens must be >= 1"),
     (dict(budgets=[25, 6, 20]), "exceeds out_width"),
+    (dict(draft_head=restrict_head(*_model(3, d_model=16), [1, 2])), "draft_head rows have width 16"),
 ])
 def test_bad_inputs_fail_before_compiling(change, message):
   with pytest.raises(ValueError, match=message):

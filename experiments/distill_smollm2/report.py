@@ -19,7 +19,7 @@ import os
 import ml_collections
 
 from configs import distill_smollm2
-from specjax import metrics, pipeline
+from specjax import corpus, metrics, pipeline
 from specjax.distill import data, student, train
 from specjax.models.load import LoadedModel
 
@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def held_out_prompts(config: ml_collections.ConfigDict, tokenizer, count: int, prompt_tokens: int) -> list[str]:
   """Prefixes of held-out documents (the run's own split), long enough to be `prompt_tokens` tokens."""
-  docs = data.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
+  docs = corpus.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
   _, held = data.split_documents(docs, config.data.heldout_fraction, config.seed)
   prompts = []
   for doc in held:

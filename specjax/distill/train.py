@@ -25,6 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from specjax import corpus
 from specjax.distill import data, losses, steps, student
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
@@ -163,7 +164,7 @@ class _Setup:
 
 def _setup(config: ml_collections.ConfigDict) -> _Setup:
   """Reads the data (cheap failures first), loads the teacher, builds the student and the batches."""
-  docs = data.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
+  docs = corpus.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
   train_docs, held_docs = data.split_documents(docs, config.data.heldout_fraction, config.seed)
   teacher = load_model(config.target, config.dtype)
   tokenizer = teacher.tokenizer

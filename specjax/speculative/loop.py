@@ -23,6 +23,7 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward, prefill
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.speculative import acceptance
+from specjax.speculative.draft_head import DraftHead
 from specjax.speculative.drafters import Drafter, ModelDrafter
 
 AcceptanceRule = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
@@ -103,7 +104,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          draft_params: Params, prompts_BxP, prompt_lengths_B, target_cache: KVCache,
                          draft_cache: KVCache, max_new_tokens, eos_ids, sampling: SamplingParams,
                          key: jax.Array, *, k: int, out_width: int | None = None, pad_id: int = 0,
-                         rule: AcceptanceRule = acceptance.verify) -> SpeculativeOutput:
+                         rule: AcceptanceRule = acceptance.verify,
+                         draft_head: DraftHead | None = None) -> SpeculativeOutput:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, drafting K tokens per
   round with the draft model; the output is distributed exactly as the target's own sampling (equal
   to it token for token when greedy).
@@ -115,13 +117,17 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   nothing in its last round and keeps rewriting the same uncommitted positions while others run.
   `out_width` (static; defaults to the largest budget) fixes the output shape so that calls with
   smaller budgets reuse the compiled program. `rule` (static) is the acceptance rule, replaceable for
-  experiments (the tests inject broken ones to show the exactness tests can fail).
+  experiments (the tests inject broken ones to show the exactness tests can fail). `draft_head`
+  restricts the draft's output head to a frequent subset of the vocabulary (`draft_head.restrict_head`).
   """
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
   if draft_config.vocab_size != target_config.vocab_size:
     raise ValueError(f"draft vocabulary ({draft_config.vocab_size}) differs from the target's "
                      f"({target_config.vocab_size}): the acceptance ratio needs one token space")
+  if draft_head is not None and draft_head.weight_NxD.shape[1] != draft_config.d_model:
+    raise ValueError(f"draft_head rows have width {draft_head.weight_NxD.shape[1]}, the draft's "
+                     f"d_model is {draft_config.d_model}: restrict the draft's own head")
   batch = prompts_BxP.shape[0]
   for name, cache in (("target", target_cache), ("draft", draft_cache)):
     if cache.batch_size != batch:
@@ -132,7 +138,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                         target_cache.max_len, target_config.max_positions)
   generation.check_fits("speculative generate (draft)", prompt_lengths_B, largest, k - 1,
                         draft_cache.max_len, draft_config.max_positions)
-  return _generate(target_config, target_params, ModelDrafter(draft_config, draft_params),
+  return _generate(target_config, target_params, ModelDrafter(draft_config, draft_params, draft_head),
                    jnp.asarray(prompts_BxP, jnp.int32), jnp.asarray(prompt_lengths_B, jnp.int32),
                    target_cache, draft_cache, budget_B, jnp.asarray(eos_ids, jnp.int32).reshape(-1),
                    sampling, key, k=k, out_width=out_width, pad_id=pad_id, rule=rule)
