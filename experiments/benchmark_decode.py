@@ -6,7 +6,9 @@ budget, batch sizes as given. Also measured in the same run: the target's cost o
 (T = 1..9) relative to one step, and the draft/target cost ratio c, from which the theoretical speedup
 of Leviathan et al. is computed for every K with the measured alpha_hat. Compile time is reported
 separately and never counted in throughput. Greedy speculative outputs are checked token for token
-against specjax's autoregressive outputs.
+against specjax's autoregressive outputs. The machine's speed drifts over a long run, so the
+autoregressive baseline is rerun between speculative configs (`--ar-every`) and at the end; speedups
+divide by the mean of those runs, whose spread is recorded.
 
   python experiments/benchmark_decode.py --out experiments/results/decode_cpu_float32.json
   python experiments/benchmark_decode.py --dtype bfloat16 --systems specjax --out ...gpu.json  # GPU
@@ -24,6 +26,7 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
 
 from specjax import costs, metrics, pipeline
 
@@ -64,24 +67,45 @@ def run_specjax(args, log) -> dict:
       "; c " + " ".join(f"(vocab {v or 'all'}) {c:.3f}" for v, c in c_by_vocab.items()))
   runs = []
   for batch_size in args.batch_sizes:
-    ar = pipeline.run(decode_config(args, "autoregressive", 1, batch_size), log, (target, draft))
+    # The baseline runs first, after every `ar_every` speculative configs and last: speedups divide by
+    # the mean of these runs, and their spread shows how much the machine drifted during the sweep.
+    ar_speeds = []
+
+    def autoregressive():
+      ar = pipeline.run(decode_config(args, "autoregressive", 1, batch_size), log, (target, draft))
+      ar_speeds.append(ar["stats"]["tokens_per_second"])
+      log(f"specjax AR b{batch_size}: {ar_speeds[-1]:.2f} tok/s")
+      return ar
+
+    ar = autoregressive()
     ar_ids = [o["token_ids"] for o in ar["outputs"]]
-    runs.append({"system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"],
-                 "token_ids": ar_ids})
-    log(f"specjax AR b{batch_size}: {ar['stats']['tokens_per_second']:.2f} tok/s")
-    for k, vocab in itertools.product(args.ks if batch_size == 1 else args.batched_ks, args.draft_vocabs):
+    spec_runs = []
+    specs = list(itertools.product(args.ks if batch_size == 1 else args.batched_ks, args.draft_vocabs))
+    for number, (k, vocab) in enumerate(specs):
+      if number and number % args.ar_every == 0:
+        autoregressive()
       spec = pipeline.run(decode_config(args, "speculative", k, batch_size, vocab), log, (target, draft))
       stats = spec["stats"]
       alpha, c = stats["alpha_hat"], c_by_vocab[vocab]
-      runs.append({
+      spec_runs.append({
           "system": "specjax_speculative", "batch_size": batch_size, "k": k, "draft_vocab": vocab, **stats,
           "cost_ratio_c": c,
-          "speedup_vs_specjax_autoregressive": stats["tokens_per_second"] / ar["stats"]["tokens_per_second"],
           "theoretical_speedup": None if alpha is None else metrics.theoretical_speedup(alpha, k, c),
           "outputs_match_autoregressive": [o["token_ids"] for o in spec["outputs"]] == ar_ids})
-      log(f"specjax spec b{batch_size} K={k} vocab {vocab or 'all'}: {stats['tokens_per_second']:.2f} tok/s, alpha_hat "
-          f"{alpha}, speedup {runs[-1]['speedup_vs_specjax_autoregressive']:.2f} "
-          f"(theory {runs[-1]['theoretical_speedup']}), match {runs[-1]['outputs_match_autoregressive']}")
+      log(f"specjax spec b{batch_size} K={k} vocab {vocab or 'all'}: {stats['tokens_per_second']:.2f} tok/s, "
+          f"alpha_hat {alpha}, theory {spec_runs[-1]['theoretical_speedup']}, "
+          f"match {spec_runs[-1]['outputs_match_autoregressive']}")
+    autoregressive()
+    ar_mean = float(np.mean(ar_speeds))
+    runs.append({"system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"],
+                 "tokens_per_second": ar_mean, "tokens_per_second_runs": ar_speeds, "token_ids": ar_ids})
+    for run in spec_runs:
+      run["speedup_vs_specjax_autoregressive"] = run["tokens_per_second"] / ar_mean
+    runs += spec_runs
+    log(f"specjax AR b{batch_size}: mean {ar_mean:.2f} tok/s over {len(ar_speeds)} runs "
+        f"({min(ar_speeds):.2f}-{max(ar_speeds):.2f}); speedups " +
+        " ".join(f"K={r['k']}/{r['draft_vocab'] or 'all'}:{r['speedup_vs_specjax_autoregressive']:.2f}"
+                 for r in spec_runs))
   result["runs"] = runs
   result["prompt_ids"] = [target.tokenizer.encode(target.tokenizer.apply_chat_template(p),
                                                   add_special_tokens=False) for p in PROMPTS[:args.num_prompts]]
@@ -162,6 +186,8 @@ def main():
                       help="draft head sizes (config.draft_vocab; 0 = the full vocabulary), each run at every K")
   parser.add_argument("--hf-batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--ar-every", type=int, default=6,
+                      help="rerun the autoregressive baseline after this many speculative configs")
   parser.add_argument("--systems", default="specjax,transformers")
   parser.add_argument("--out", required=True)
   args = parser.parse_args()

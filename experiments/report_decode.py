@@ -38,7 +38,10 @@ def tables(result: dict) -> str:
       lines.append("| " + " | ".join([
           run["system"], str(run["batch_size"]), str(run.get("k", "")),
           {None: "", 0: "all"}.get(run.get("draft_vocab"), str(run.get("draft_vocab"))),
-          _fmt(run["tokens_per_second"]),
+          _fmt(run["tokens_per_second"]) + (
+              f" (mean of {len(run['tokens_per_second_runs'])}: " +
+              ", ".join(_fmt(v) for v in run["tokens_per_second_runs"]) + ")"
+              if "tokens_per_second_runs" in run else ""),
           _fmt(run.get("speedup_vs_specjax_autoregressive")), _fmt(run.get("theoretical_speedup")),
           _fmt(run.get("alpha_hat"), 3), _fmt(run.get("acceptance_rate"), 3),
           _fmt(run.get("mean_accepted_length")), _fmt(run["compile_time_s"], 1),

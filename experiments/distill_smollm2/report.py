@@ -3,7 +3,10 @@
 Compares, on the same held-out prompts (the first `--prompt_tokens` tokens of stdlib files the run never
 trained on, plain text, no chat template), the target's own autoregressive decoding with speculative
 decoding drafted by (a) the undistilled layer-truncated draft and (b) the draft at the run's latest
-checkpoint, greedy and at temperature 1. Also plots the run's held-out acceptance / agreement / loss
+checkpoint, greedy and at temperature 1, each with its full output head and with the head restricted
+to the `--draft_vocabs` most frequent tokens of the run's *training* files (`config.draft_vocab`;
+written once to `train_corpus.jsonl` in the work directory, so no held-out text ranks the tokens). The
+cost ratio c of each draft is timed by `specjax.costs` (1-token forwards). Also plots the run's held-out acceptance / agreement / loss
 curves from metrics.jsonl. Timings share the CPU with whatever else runs: stop the training first
 (or pause it: `kill -STOP PID`, later `kill -CONT PID`) for clean numbers.
 
@@ -19,17 +22,31 @@ import os
 import ml_collections
 
 from configs import distill_smollm2
-from specjax import corpus, metrics, pipeline
+from specjax import corpus, costs, metrics, pipeline
 from specjax.distill import data, student, train
 from specjax.models.load import LoadedModel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def held_out_prompts(config: ml_collections.ConfigDict, tokenizer, count: int, prompt_tokens: int) -> list[str]:
-  """Prefixes of held-out documents (the run's own split), long enough to be `prompt_tokens` tokens."""
+def split(config: ml_collections.ConfigDict) -> tuple[list[corpus.Document], list[corpus.Document]]:
+  """The run's own (train, held-out) documents."""
   docs = corpus.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
-  _, held = data.split_documents(docs, config.data.heldout_fraction, config.seed)
+  return data.split_documents(docs, config.data.heldout_fraction, config.seed)
+
+
+def write_train_corpus(train_docs: list[corpus.Document], path: str) -> str:
+  """The training documents as a JSONL corpus ("text" fields) for ranking the draft vocabulary."""
+  if not os.path.exists(path):
+    with open(f"{path}.tmp", "w") as f:
+      for doc in train_docs:
+        f.write(json.dumps({"text": doc.text}) + "\n")
+    os.replace(f"{path}.tmp", path)
+  return path
+
+
+def held_out_prompts(held: list[corpus.Document], tokenizer, count: int, prompt_tokens: int) -> list[str]:
+  """Prefixes of held-out documents, long enough to be `prompt_tokens` tokens."""
   prompts = []
   for doc in held:
     ids = tokenizer.encode(doc.text)
@@ -40,12 +57,12 @@ def held_out_prompts(config: ml_collections.ConfigDict, tokenizer, count: int, p
   raise ValueError(f"only {len(prompts)} held-out documents have more than {prompt_tokens} tokens")
 
 
-def decode(models, prompts, mode: str, temperature: float, args) -> dict:
-  cfg = ml_collections.ConfigDict(dict(
+def decode_config(prompts, mode: str, temperature: float, args, draft_vocab: int = 0,
+                  vocab_corpus: str = "") -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
       target="(loaded)", draft="(loaded)", mode=mode, prompts=tuple(prompts), prompts_file="", chat=False,
-      max_new_tokens=args.max_new_tokens, k=args.k, temperature=temperature, top_k=0, top_p=1.0, seed=0,
-      batch_size=1, dtype="float32", output=""))
-  return pipeline.run(cfg, log=lambda m: None, models=models)
+      max_new_tokens=args.max_new_tokens, k=args.k, draft_vocab=draft_vocab, draft_vocab_corpus=vocab_corpus,
+      temperature=temperature, top_k=0, top_p=1.0, seed=0, batch_size=1, dtype="float32", output=""))
 
 
 def plot(metrics_path: str, out: str) -> None:
@@ -81,6 +98,9 @@ def main() -> None:
   parser.add_argument("--prompt_tokens", type=int, default=128)
   parser.add_argument("--max_new_tokens", type=int, default=96)
   parser.add_argument("--k", type=int, default=3, help="draft tokens per round")
+  parser.add_argument("--draft_vocabs", type=lambda v: [int(x) for x in v.split(",") if x], default=[8192],
+                      help="restricted draft head sizes also run (comma-separated; empty = full head only)")
+  parser.add_argument("--repeats", type=int, default=10, help="timed forwards per cost ratio c")
   parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
   args = parser.parse_args()
 
@@ -90,24 +110,38 @@ def main() -> None:
   truncated = LoadedModel(f"{target.name}-truncated", *student.truncate(target.config, target.params,
                                                                          config.student.num_layers),
                           target.tokenizer)
-  prompts = held_out_prompts(config, target.tokenizer, args.num_prompts, args.prompt_tokens)
-  results = {"checkpoint_step": step, "k": args.k, "prompts": prompts, "runs": {}}
+  train_docs, held = split(config)
+  prompts = held_out_prompts(held, target.tokenizer, args.num_prompts, args.prompt_tokens)
+  vocab_corpus = write_train_corpus(train_docs, os.path.join(args.workdir, "train_corpus.jsonl"))
+  drafts = {"truncated": truncated, "distilled": distilled}
+  variants = [(name, vocab) for name in drafts for vocab in [0, *args.draft_vocabs]]
+  cost = {}  # (draft, vocabulary) -> c, timed once
+  for name, vocab in variants:
+    head = None
+    if vocab:
+      head, _ = pipeline.restricted_draft_head(decode_config(prompts, "speculative", 0.0, args, vocab, vocab_corpus),
+                                               target, drafts[name], print)
+    cost[name, vocab] = costs.cost_ratio(target, drafts[name], 1, args.repeats, head)
+  results = {"checkpoint_step": step, "k": args.k, "prompts": prompts, "runs": {},
+             "cost_ratio_c": {f"{name}/{vocab or 'all'}": c for (name, vocab), c in cost.items()}}
   for temperature in (0.0, 1.0):
-    baseline = decode((target, None), prompts, "autoregressive", temperature, args)["stats"]
+    baseline = pipeline.run(decode_config(prompts, "autoregressive", temperature, args), log=lambda m: None,
+                            models=(target, None))["stats"]
     runs = {"autoregressive": baseline}
-    for name, draft in (("truncated", truncated), ("distilled", distilled)):
-      stats = decode((target, draft), prompts, "speculative", temperature, args)["stats"]
-      draft_alone = decode((draft, None), prompts, "autoregressive", temperature, args)["stats"]
-      c = baseline["tokens_per_second"] / draft_alone["tokens_per_second"]  # draft / target step cost
-      alpha = stats["alpha_hat"]
-      runs[name] = {
+    for name, vocab in variants:
+      stats = pipeline.run(decode_config(prompts, "speculative", temperature, args, vocab, vocab_corpus),
+                           log=lambda m: None, models=(target, drafts[name]))["stats"]
+      alpha, c = stats["alpha_hat"], cost[name, vocab]
+      label = name if not vocab else f"{name}, {vocab}-token head"
+      runs[label] = {
+          "draft_vocab": vocab, "draft_vocab_coverage": stats["draft_vocab_coverage"],
           "acceptance_rate": stats["acceptance_rate"], "alpha_hat": alpha,
           "mean_accepted_length": stats["mean_accepted_length"], "tokens_per_second": stats["tokens_per_second"],
           "speedup": stats["tokens_per_second"] / baseline["tokens_per_second"], "cost_ratio_c": c,
           "theoretical_speedup": metrics.theoretical_speedup(alpha, args.k, c) if alpha is not None else None}
-      print(f"T={temperature}: {name:9s} alpha_hat {alpha:.3f}  {stats['tokens_per_second']:.1f} tok/s  "
-            f"speedup {runs[name]['speedup']:.2f}x (autoregressive {baseline['tokens_per_second']:.1f} tok/s)",
-            flush=True)
+      print(f"T={temperature}: {label:28s} alpha_hat {alpha:.3f}  c {c:.3f}  {stats['tokens_per_second']:.1f} "
+            f"tok/s  speedup {runs[label]['speedup']:.2f}x (autoregressive {baseline['tokens_per_second']:.1f} "
+            f"tok/s)", flush=True)
     results["runs"][f"temperature_{temperature:g}"] = runs
   with open(os.path.join(args.workdir, train.METRICS_FILE)) as f:
     evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
