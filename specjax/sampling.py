@@ -72,5 +72,17 @@ def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
-  """Tokens [...] drawn from float32 probabilities [..., V]; a point mass returns its token exactly."""
-  return jax.random.categorical(key, jnp.log(probs_xV), axis=-1).astype(jnp.int32)
+  """Tokens [...] drawn from float32 probabilities [..., V]; a point mass returns its token exactly.
+
+  When every distribution is a point mass (greedy decoding) the argmax is taken without drawing the
+  Gumbel noise: that noise costs ~8 ms per draw over a 152k vocabulary on a CPU, paid K + 1 times a
+  round. (Under `vmap` the branch becomes a select and both sides run; the result is the same.)
+  """
+  def draw():
+    return jax.random.categorical(key, jnp.log(probs_xV), axis=-1).astype(jnp.int32)
+
+  def argmax():
+    return jnp.argmax(probs_xV, axis=-1).astype(jnp.int32)
+
+  point_masses = jnp.all(jnp.sum(probs_xV > 0.0, axis=-1) == 1)  # one nonzero entry per row
+  return jax.lax.cond(point_masses, argmax, draw)

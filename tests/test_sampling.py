@@ -88,8 +88,11 @@ def test_sample_draws_from_the_given_distribution():
   """A point mass returns its token for every key; otherwise a chi-square test at level 0.001 on
   N = 100,000 draws."""
   point_NxV = jnp.asarray(np.eye(7, dtype=np.float32)[[3, 0, 6]])
+  mixed_NxV = jnp.asarray([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])  # one row is not a point mass: Gumbel path
   for seed in range(5):
     np.testing.assert_array_equal(sample(jax.random.key(seed), point_NxV), [3, 0, 6])
+    first, second = np.asarray(sample(jax.random.key(seed), mixed_NxV))
+    assert first == 1 and second in (0, 2)
   probs_V = np.array([0.05, 0.3, 0.0, 0.15, 0.4, 0.1], np.float32)
   draws = np.asarray(sample(jax.random.key(0), jnp.broadcast_to(probs_V, (100_000, 6))))
   assert chi_square_pvalue(np.bincount(draws, minlength=6), np.float64(probs_V)) > 1e-3

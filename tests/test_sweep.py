@@ -13,7 +13,7 @@ import ml_collections
 import pytest
 
 from configs.sweeps import tiny
-from experiments import plots, sweep
+from experiments import plots, report_sweep, sweep
 from specjax import metrics, pipeline
 from tests.tiny_hf import save_char_tokenizer, save_hf_model
 
@@ -152,7 +152,7 @@ def test_every_sweep_config_parses_into_a_valid_grid():
     name = os.path.basename(path).removesuffix(".py")
     cfg = importlib.import_module(f"configs.sweeps.{name}").get_config()
     sizes[name] = len(sweep.grid(cfg))  # validates axis names and every point's decode config
-  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 18, "tiny": 2}  # baselines counted once
+  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "tiny": 2}  # baselines counted once
 
 
 def _fixture_rows() -> list[dict]:
@@ -202,3 +202,13 @@ def test_plots_skip_figures_whose_axes_are_missing(tmp_path):
   assert "speedup_vs_k: no speedups" in skipped
   assert "speedup_vs_batch: needs a 'batch_size' axis" in skipped
   assert "distillation: needs a 'draft' axis" in skipped
+
+
+def test_report_prints_one_markdown_line_per_row():
+  rows = _fixture_rows()
+  for row in rows:
+    row.update(command="python -m experiments.sweep", environment={"jax": "x"}, draft_vocab=0)
+  text = report_sweep.markdown(rows).splitlines()
+  assert len(text) == 5 + len(rows) and text[3].startswith("| mode | batch | K | draft | draft head |")
+  spec = next(line for line in text if "| speculative | 2 | 3 | drafts/distilled | all | 1.0 |" in line)
+  assert f"| {1.0 + 0.8 / 3:.2f} |" in spec  # the distilled draft's speedup at K = 3

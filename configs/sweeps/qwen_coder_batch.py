@@ -1,5 +1,6 @@
 """Batch-size sweep on the real pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft): batch 1, 2, 4, 8,
-speculative K = 5 vs autoregressive, greedy; 8 chat coding prompts (one full batch of 8), 128 tokens.
+speculative K = 4 vs autoregressive, greedy; 8 chat coding prompts (one full batch of 8), 64 tokens.
+About 15 minutes alone on 2 CPU cores.
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_batch.py
   python -m experiments.plots experiments/results/sweep_qwen_coder_batch.jsonl --out experiments/results/plots
@@ -24,8 +25,8 @@ def get_config():
   cfg.base = qwen_coder.get_config()  # the real pair; configs/qwen_coder.py documents every field
   cfg.base.prompts = PROMPTS  # eight coding prompts
   cfg.base.chat = True  # through the tokenizer's chat template
-  cfg.base.max_new_tokens = 128  # budget per prompt
-  cfg.base.k = 5  # draft tokens per round
+  cfg.base.max_new_tokens = 64  # budget per prompt
+  cfg.base.k = 4  # draft tokens per round
   cfg.base.temperature = 0.0  # greedy: speculative outputs equal the autoregressive ones
   cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
   cfg.axes.mode = ("autoregressive", "speculative")  # the baseline at every batch size
