@@ -6,7 +6,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+from specjax import metrics  # noqa: E402
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -15,6 +19,14 @@ def _fmt(value, digits: int = 2) -> str:
   if isinstance(value, bool):
     return "yes" if value else "NO"
   return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _with_verify_cost(run: dict, ratios: dict) -> float | None:
+  """Leviathan's formula with the measured cost of the (K+1)-token verify pass (batch 1 ratios)."""
+  if run.get("alpha_hat") is None or run.get("batch_size") != 1 or str(run["k"] + 1) not in ratios:
+    return None
+  c = run.get("cost_ratio_c")
+  return metrics.theoretical_speedup(run["alpha_hat"], run["k"], c, verify_cost=ratios[str(run["k"] + 1)])
 
 
 def tables(result: dict) -> str:
@@ -31,9 +43,10 @@ def tables(result: dict) -> str:
               "Draft/target cost ratio c: " + ", ".join(
                   f"{_fmt(c, 3)} (draft head {'full vocabulary' if v in ('0', 0) else f'{v} tokens'})"
                   for v, c in sj.get("cost_ratio_c_by_draft_vocab", {0: sj["cost_ratio_c"]}).items()) + ".", "",
-              "| system | batch | K | draft head | tokens/s | speedup vs specjax AR | theory | α̂ | "
-              "acceptance rate | mean accepted length | compile s | greedy output = AR |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| system | batch | K | draft head | tokens/s | speedup vs specjax AR | theory | "
+              "theory with measured verify cost | α̂ | acceptance rate | mean accepted length | compile s | "
+              "greedy output = AR |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in sj["runs"]:
       lines.append("| " + " | ".join([
           run["system"], str(run["batch_size"]), str(run.get("k", "")),
@@ -43,6 +56,7 @@ def tables(result: dict) -> str:
               ", ".join(_fmt(v) for v in run["tokens_per_second_runs"]) + ")"
               if "tokens_per_second_runs" in run else ""),
           _fmt(run.get("speedup_vs_specjax_autoregressive")), _fmt(run.get("theoretical_speedup")),
+          _fmt(_with_verify_cost(run, ratios)),
           _fmt(run.get("alpha_hat"), 3), _fmt(run.get("acceptance_rate"), 3),
           _fmt(run.get("mean_accepted_length")), _fmt(run["compile_time_s"], 1),
           _fmt(run.get("outputs_match_autoregressive", ""))]) + " |")

@@ -49,6 +49,8 @@ def test_theory_formulas():
   assert metrics.expected_accepted_length(alpha, k) == pytest.approx(closed_form, rel=1e-12)
   assert metrics.theoretical_speedup(alpha, k, c) == pytest.approx(closed_form / (k * c + 1), rel=1e-12)
   assert metrics.theoretical_speedup(1.0, k, c) == (k + 1) / (k * c + 1)
+  assert metrics.theoretical_speedup(alpha, k, c, verify_cost=1.8) == pytest.approx(
+      closed_form / (k * c + 1.8), rel=1e-12)
   assert metrics.theoretical_speedup(1 - 1e-9, k, c) == pytest.approx((k + 1) / (k * c + 1), rel=1e-8)
   assert metrics.theoretical_speedup(0.0, k, c) == 1 / (k * c + 1)  # every round still emits a token
   for bad in [dict(alpha=1.5), dict(alpha=-0.1), dict(k=0), dict(k=2.5), dict(c=-1.0)]:
