@@ -18,8 +18,8 @@ COLUMNS = (  # (header, row field, digits)
 
 
 def _cell(row: dict, field: str, digits: int | None) -> str:
-  value = row.get(field)
-  if value is None:
+  value = row.get(field, row.get("config", {}).get(field))  # fields that were no axis: the decode config's
+  if value is None or (field == "draft_vocab" and row["mode"] != "speculative"):
     return ""
   if field == "draft_vocab":
     return "all" if value == 0 else str(value)
