@@ -37,12 +37,14 @@ PROMPTS = [
     "Write a Python function that parses a CSV file and returns the average of a numeric column.",
 ]
 
+VOCAB_CORPUS = "stdlib"  # ranks the tokens of restricted draft heads (--draft-vocabs)
+
 
 def decode_config(args, mode: str, k: int, batch_size: int, draft_vocab: int = 0) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       target=args.target, draft=args.draft, mode=mode, prompts=PROMPTS[:args.num_prompts],
       prompts_file="", chat=True, max_new_tokens=args.max_new_tokens, k=k, draft_vocab=draft_vocab,
-      draft_vocab_corpus="stdlib", temperature=0.0, top_k=0, top_p=1.0, seed=0, batch_size=batch_size,
+      draft_vocab_corpus=VOCAB_CORPUS, temperature=0.0, top_k=0, top_p=1.0, seed=0, batch_size=batch_size,
       dtype=args.dtype, output=""))
 
 
@@ -56,9 +58,7 @@ def run_specjax(args, log) -> dict:
   result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
   c_by_vocab = {}  # draft/target cost ratio c per draft head size (0 = the full vocabulary)
   for vocab in args.draft_vocabs:
-    head = None
-    if vocab:
-      head, _ = pipeline.restricted_draft_head(decode_config(args, "speculative", 1, 1, vocab), target, draft, log)
+    head, _ = pipeline.restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
     c_by_vocab[vocab] = costs.forward_seconds(draft.config, draft.params, [1], args.repeats, head=head)[1] / t1
   result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)
   result["cost_ratio_c_by_draft_vocab"] = c_by_vocab

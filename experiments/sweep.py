@@ -197,10 +197,7 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
   def cost_ratio(target_name: str, draft_name: str, dtype: str, batch_size: int, draft_vocab: int,
                  draft_vocab_corpus: str) -> float:
     target, draft = models(target_name, draft_name, dtype)
-    head = None
-    if draft_vocab:
-      head, _ = pipeline.restricted_draft_head(ml_collections.ConfigDict(dict(
-          draft_vocab=draft_vocab, draft_vocab_corpus=draft_vocab_corpus)), target, draft, log)
+    head, _ = pipeline.restricted_draft_head(draft_vocab, draft_vocab_corpus, target, draft, log)
     c = costs.cost_ratio(target, draft, batch_size, sweep.cost_repeats, head)
     vocab = f", {draft_vocab}-token head" if draft_vocab else ""
     log(f"cost ratio c = {c:.3f} ({draft_name}{vocab} / {target_name}, batch {batch_size})")

@@ -116,14 +116,18 @@ def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
     yield indices, *generation.pad_prompts(rows, width=width)
 
 
-def restricted_draft_head(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedModel,
-                          log: Callable[[str], None] = print) -> tuple[draft_head.DraftHead, float]:
-  """The draft's head restricted to the `cfg.draft_vocab` tokens most frequent in
-  `cfg.draft_vocab_corpus` (stop tokens included), and the share of the corpus's tokens it covers."""
-  log(f"ranking tokens of {cfg.draft_vocab_corpus!r} for a {cfg.draft_vocab}-token draft head ...")
-  counts_V = draft_head.corpus_token_counts(target.tokenizer, cfg.draft_vocab_corpus,
-                                            draft.config.vocab_size, registry.cache_dir())
-  tokens_N = draft_head.most_frequent(counts_V, cfg.draft_vocab, always=target.tokenizer.eos_ids)
+def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, draft: LoadedModel,
+                          log: Callable[[str], None] = print
+                          ) -> tuple[draft_head.DraftHead | None, float | None]:
+  """The draft's head restricted to the `size` tokens most frequent in `corpus_source` (stop tokens
+  included; `config.draft_vocab` and `draft_vocab_corpus`), and the share of the corpus's tokens it
+  covers; (None, None) for size 0, the full head."""
+  if not size:
+    return None, None
+  log(f"ranking tokens of {corpus_source!r} for a {size}-token draft head ...")
+  counts_V = draft_head.corpus_token_counts(target.tokenizer, corpus_source, draft.config.vocab_size,
+                                            registry.cache_dir())
+  tokens_N = draft_head.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
   coverage = float(counts_V[tokens_N].sum() / max(counts_V.sum(), 1))
   log(f"the draft head scores {len(tokens_N)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
       f"the corpus's tokens")
@@ -168,9 +172,8 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     prompt_ids = [tok.encode(t) for t in texts]
   longest = max(len(p) for p in prompt_ids)
   cache_len = -(-(longest + cfg.max_new_tokens + cfg.k + 1) // 64) * 64  # one shape for all batches
-  head, coverage = None, None
-  if speculative and cfg.draft_vocab:
-    head, coverage = restricted_draft_head(cfg, target, draft, log)
+  head, coverage = (restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
+                    if speculative else (None, None))
   runner = _Runner(cfg, target, draft, head, cache_len)
 
   key = jax.random.key(cfg.seed)

@@ -117,10 +117,7 @@ def main() -> None:
   variants = [(name, vocab) for name in drafts for vocab in [0, *args.draft_vocabs]]
   cost = {}  # (draft, vocabulary) -> c, timed once
   for name, vocab in variants:
-    head = None
-    if vocab:
-      head, _ = pipeline.restricted_draft_head(decode_config(prompts, "speculative", 0.0, args, vocab, vocab_corpus),
-                                               target, drafts[name], print)
+    head, _ = pipeline.restricted_draft_head(vocab, vocab_corpus, target, drafts[name], print)
     cost[name, vocab] = costs.cost_ratio(target, drafts[name], 1, args.repeats, head)
   results = {"checkpoint_step": step, "k": args.k, "prompts": prompts, "runs": {},
              "cost_ratio_c": {f"{name}/{vocab or 'all'}": c for (name, vocab), c in cost.items()}}
