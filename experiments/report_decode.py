@@ -6,11 +6,9 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
-from specjax import metrics  # noqa: E402
+from specjax import metrics
 
 
 def _fmt(value, digits: int = 2) -> str:

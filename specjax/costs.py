@@ -19,8 +19,8 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel
-from specjax.models.transformer import forward_hidden, hidden_to_logits
-from specjax.speculative.draft_head import DraftHead
+from specjax.models.transformer import forward_hidden
+from specjax.speculative.draft_head import DraftHead, draft_logits
 
 
 def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats: int,
@@ -33,8 +33,7 @@ def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats:
   @functools.partial(jax.jit, donate_argnames=("cache",))
   def step(params, head, tokens_BxT, cache):
     hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
-    logits_BxTxV = hidden_to_logits(config, params, hidden_BxTxD) if head is None else head.logits(hidden_BxTxD)
-    return logits_BxTxV.argmax(-1), cache
+    return draft_logits(config, params, head, hidden_BxTxD).argmax(-1), cache
 
   seconds = {}
   for T in tokens:

@@ -25,7 +25,7 @@ import numpy as np
 from specjax import corpus
 from specjax.models.config import ModelConfig
 from specjax.models.tokenizer import Tokenizer
-from specjax.models.transformer import Params
+from specjax.models.transformer import Params, hidden_to_logits
 
 
 @flax.struct.dataclass
@@ -41,6 +41,11 @@ class DraftHead:
     scores_xN = jnp.einsum("...d,nd->...n", hidden_xD, self.weight_NxD).astype(jnp.float32)
     logits_xV = jnp.full(hidden_xD.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
     return logits_xV.at[..., self.tokens_N].set(scores_xN)
+
+
+def draft_logits(config: ModelConfig, params: Params, head: DraftHead | None, hidden_xD: jax.Array) -> jax.Array:
+  """Float32 logits [..., V] of a draft: through its full output head, or through `head` when given."""
+  return hidden_to_logits(config, params, hidden_xD) if head is None else head.logits(hidden_xD)
 
 
 def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) -> DraftHead:

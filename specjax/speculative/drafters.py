@@ -24,9 +24,9 @@ import jax.numpy as jnp
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_hidden, hidden_to_logits, prefill
+from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.speculative.draft_head import DraftHead
+from specjax.speculative.draft_head import DraftHead, draft_logits
 
 
 class Drafter(Protocol):
@@ -108,13 +108,14 @@ class ModelDrafter:
 
     hidden_BxD, cache = jax.lax.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
     keys_K = jax.random.split(key, k)
-    probs_BxV = probabilities(self._logits(hidden_BxD), sampling)
+    probs_BxV = probabilities(draft_logits(self.config, self.params, self.head, hidden_BxD), sampling)
     token_B = sample(keys_K[0], probs_BxV)
 
     def step(carry, step_key):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache)
-      probs_BxV = probabilities(self._logits(hidden_Bx1xD[:, 0]), sampling)
+      logits_BxV = draft_logits(self.config, self.params, self.head, hidden_Bx1xD[:, 0])
+      probs_BxV = probabilities(logits_BxV, sampling)
       next_B = sample(step_key, probs_BxV)
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
@@ -125,12 +126,6 @@ class ModelDrafter:
     probs_BxKxV = jnp.concatenate([probs_BxV[:, None], rest_probs_RxBxV.transpose(1, 0, 2)], axis=1)
     # The cache now holds [d_K?, pending, d_1 .. d_{K-1}] beyond the history, uncommitted.
     return tokens_BxK, probs_BxKxV, state.replace(cache=cache.replace(lengths=state.cache.lengths))
-
-  def _logits(self, hidden_BxD: jax.Array) -> jax.Array:
-    """Float32 logits [B, V] through the full head or the restricted one."""
-    if self.head is None:
-      return hidden_to_logits(self.config, self.params, hidden_BxD)
-    return self.head.logits(hidden_BxD)
 
   def commit(self, state: ModelDraftState, draft_tokens_BxK: jax.Array,
              num_committed_B: jax.Array) -> ModelDraftState:
