@@ -83,11 +83,45 @@ class _Crash(Exception):
   pass
 
 
+def _tensorboard_scalars(workdir, split):
+  """({(tag, step): value} as TensorBoard shows the run `split`, [steps of its purge markers]): event
+  files read in the order written, a SessionLog START at step s hiding every earlier event at a step >= s."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  directory = os.path.join(workdir, "tensorboard", split)
+  scalars, purges = {}, []
+  for name in sorted(os.listdir(directory), key=lambda n: os.path.getmtime(os.path.join(directory, n))):
+    with open(os.path.join(directory, name), "rb") as f:
+      data = f.read()
+    offset = 0
+    while offset < len(data):  # TFRecord: length (8 bytes), its CRC (4), the record, its CRC (4)
+      (length,) = struct.unpack("<Q", data[offset:offset + 8])
+      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      offset += 16 + length
+      if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
+        scalars = {key: v for key, v in scalars.items() if key[1] < event.step}
+        purges.append(event.step)
+      for value in event.summary.value:
+        scalars[(value.tag, event.step)] = value.simple_value
+  return scalars, purges
+
+
+def _jsonl_scalars(workdir, split):
+  """metrics.jsonl's numeric fields of `split` as float32, keyed like `_tensorboard_scalars`."""
+  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+    records = [r for line in f if (r := json.loads(line))["split"] == split]
+  return {(k, r["step"]): float(np.float32(v)) for r in records for k, v in r.items()
+          if k not in ("step", "split", "mode")}
+
+
 def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
   """On-policy batches mixed in (draft-generated continuations sampled with per-step keys from the
   current params), killed between checkpoints, rerun: the same params, metrics and evaluations as an
-  uninterrupted run."""
-  changes = dict(data__modes__student=1.0)  # the tiny config checkpoints every 10 steps
+  uninterrupted run; the resumed run's TensorBoard scalars show exactly its metrics.jsonl (what the
+  killed run logged after its checkpoint is purged)."""
+  changes = dict(data__modes__student=1.0, tensorboard=True)  # the tiny config checkpoints every 10 steps
   whole = train.run(_config(target, tmp_path / "whole", **changes))
 
   def crash(step, metrics):
@@ -111,6 +145,12 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
   _, draft, step = train.latest_student(_config(target, tmp_path / "resumed", **changes))
   assert step == 40
+  for split, purge_from in (("train", 11), ("eval", 10)):  # metrics.jsonl's cut after resuming at step 10
+    shown, purges = _tensorboard_scalars(tmp_path / "resumed", split)
+    assert purges == [purge_from]
+    assert shown == _jsonl_scalars(tmp_path / "resumed", split)
+    assert {tag for tag, _ in shown} >= ({"loss", "grad_norm", "learning_rate"} if split == "train"
+                                          else {"loss", "acceptance", "greedy_agreement"})
   np.testing.assert_array_equal(draft.params["embed"]["embedding"], want["model.embed_tokens.weight"])
 
 

@@ -62,6 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.log_every = 10  # console progress every this many steps (every step goes to metrics.jsonl)
   c.eval_every = 100  # held-out evaluation every this many steps (and before the first, after the last)
   c.eval_batches = 8  # held-out batches per evaluation (fixed rows, in order)
+  c.tensorboard = False  # also write the metrics as TensorBoard scalars to WORKDIR/tensorboard (tensorboardX)
   c.eval_temperature = 1.0  # temperature of the expected-acceptance metric sum_x min(p, q)
   c.checkpoint_every = 100  # save a checkpoint every this many steps (and after the last)
   c.keep_checkpoints = 2  # newest checkpoints kept

@@ -4,6 +4,7 @@ Everything that defines the run lives in the config (see configs/distill_tiny.py
 work directory holds:
   checkpoints/<step>/   orbax checkpoints (train state + data position); rerunning resumes the latest
   metrics.jsonl         one JSON record per train step ("split": "train") and per evaluation ("eval")
+  tensorboard/          the same records as TensorBoard scalars (config.tensorboard, needs tensorboardX)
   summary.json          target, student, steps, held-out metrics before and after, wall time
   export/               the distilled draft as a Hugging Face directory (or config.export_dir)
 Killing the process at any moment and rerunning the same command continues from the last checkpoint
@@ -26,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from specjax import corpus
-from specjax.distill import data, losses, steps, student
+from specjax.distill import data, losses, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
 from specjax.models.config import ModelConfig
@@ -56,6 +57,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not config.target:
     raise ValueError("config.target is empty: pass --config.target=NAME_OR_PATH (the teacher model)")
   losses.check_divergence(config.loss.divergence, config.loss.beta)
+  if config.tensorboard:
+    tensorboard.require()
   if not config.loss.temperature > 0:
     raise ValueError(f"loss.temperature must be > 0, got {config.loss.temperature}")
   if config.student.init not in student.INITS:
@@ -191,9 +194,12 @@ class _Log:
   A train record's `tokens_per_s` is its valid tokens over the wall time since the previous record
   (evaluations excluded; the first one after a start includes compilation)."""
 
-  def __init__(self, path: str, config: ml_collections.ConfigDict, start: int, checkpoints: Checkpointer,
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict, start: int, checkpoints: Checkpointer,
                on_step: Callable[[int, dict], None]):
-    self.path, self.config, self.start, self.checkpoints, self.on_step = path, config, start, checkpoints, on_step
+    self.path = os.path.join(workdir, METRICS_FILE)
+    _rewind_metrics(self.path, start)
+    self.board = tensorboard.TensorBoard(workdir, start) if config.tensorboard else None
+    self.config, self.start, self.checkpoints, self.on_step = config, start, checkpoints, on_step
     self.pending = None  # (step, device metrics, host info) of a step not yet fetched
     self.t_start = self.t_last = self.t_previous = time.time()
     self.tokens_since = 0
@@ -215,7 +221,7 @@ class _Log:
     _check_finite(step, record, self.checkpoints)
     now = time.time()
     record["tokens_per_s"], self.t_previous = info["tokens"] / max(now - self.t_previous, 1e-9), now
-    _append(self.path, record)
+    self._write(record)
     self.on_step(step, record)
     self.tokens_since += info["tokens"]
     if step % self.config.log_every == 0 or step == self.config.num_steps:
@@ -227,10 +233,19 @@ class _Log:
       self.t_last, self.tokens_since = now, 0
 
   def eval(self, step: int, metrics: dict) -> None:
-    _append(self.path, {"step": step, "split": "eval", **metrics})
+    self._write({"step": step, "split": "eval", **metrics})
     print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
           f"greedy agreement {metrics['greedy_agreement']:.4f}", flush=True)
     self.t_previous = time.time()
+
+  def _write(self, record: dict) -> None:
+    _append(self.path, record)
+    if self.board:
+      self.board.write(record)
+
+  def close(self) -> None:
+    if self.board:
+      self.board.close()
 
 
 def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] = lambda step, m: None) -> dict:
@@ -254,9 +269,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
     state, meta = checkpoints.restore(start, state)
     setup.stream.restore(meta["data"])
     print(f"resuming from step {start} ({checkpoints.directory})", flush=True)
-  metrics_path = os.path.join(workdir, METRICS_FILE)
-  _rewind_metrics(metrics_path, start)
-  log = _Log(metrics_path, config, start, checkpoints, on_step)
+  log = _Log(workdir, config, start, checkpoints, on_step)
   evaluate = lambda step: log.eval(step, _evaluate(eval_step, state.params, teacher_params, setup.held_batches))
 
   try:
@@ -274,10 +287,11 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
         evaluate(step)
   finally:
     checkpoints.close()  # finishes saves already started: they hold good steps
+    log.close()
 
   export_dir = export_hf(config.export_dir or os.path.join(workdir, "export"), setup.student_config,
                          state.params, setup.teacher.tokenizer)
-  before, after = _first_and_last_eval(metrics_path)
+  before, after = _first_and_last_eval(log.path)
   summary = {
       "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),
       "init": config.student.init, "divergence": config.loss.divergence, "num_steps": config.num_steps,
