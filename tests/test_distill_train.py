@@ -204,3 +204,27 @@ def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
   assert "resuming from step 40" in again.stdout and "step     40/40" not in again.stdout
   bad = cli("--config.loss.divergence=l2")
   assert bad.returncode == 1 and "error: unknown divergence 'l2'" in bad.stderr
+
+
+def test_smollm2_report_prepares_both_drafts_and_the_prompts(target, tmp_path, compile_cache):
+  """experiments/distill_smollm2/report.prepare on a tiny run: drafts/step0 is the undistilled
+  (truncated) draft, drafts/step<N> the checkpoint's, both loadable; prompts come from held-out files."""
+  from experiments.distill_smollm2 import report
+
+  config = _config(target, tmp_path, num_steps=10)
+  summary = train.run(config)
+  paths = report.prepare(config, num_prompts=3, prompt_tokens=8)
+  assert paths["checkpoint_step"] == 10
+  teacher = load_model(target)
+  _, init_params = train.init_student(config, teacher)
+  undistilled, distilled = load_model(paths["undistilled"]), load_model(paths["distilled"])
+  assert paths["distilled"].endswith(os.path.join("drafts", "step10"))
+  for got, want in zip(jax.tree.leaves(undistilled.params), jax.tree.leaves(init_params)):
+    np.testing.assert_array_equal(got, want)
+  final = load_file(os.path.join(summary["export_dir"], "model.safetensors"))
+  np.testing.assert_array_equal(distilled.params["embed"]["embedding"], final["model.embed_tokens.weight"])
+  assert not np.array_equal(distilled.params["embed"]["embedding"], init_params["embed"]["embedding"])
+  with open(paths["prompts_file"]) as f:
+    prompts = [json.loads(line)["prompt"] for line in f]
+  _, held = report.split(config)
+  assert len(prompts) == 3 and all(any(doc.text.startswith(p) for doc in held) for p in prompts)

@@ -1,16 +1,16 @@
-"""Results of the SmolLM2 distillation (configs/distill_smollm2.py): does the distilled draft decode faster?
+"""Results of the SmolLM2 distillation (configs/distill_smollm2.py), and the inputs of its decode sweep.
 
-Compares, on the same held-out prompts (the first `--prompt_tokens` tokens of stdlib files the run never
-trained on, plain text, no chat template), the target's own autoregressive decoding with speculative
-decoding drafted by (a) the undistilled layer-truncated draft and (b) the draft at the run's latest
-checkpoint, greedy and at temperature 1, each with its full output head and with the head restricted
-to the `--draft_vocabs` most frequent tokens of the run's *training* files (`config.draft_vocab`;
-written once to `train_corpus.jsonl` in the work directory, so no held-out text ranks the tokens). The
-cost ratio c of each draft is timed by `specjax.costs` (1-token forwards). Also plots the run's held-out acceptance / agreement / loss
-curves from metrics.jsonl. Timings share the CPU with whatever else runs: stop the training first
-(or pause it: `kill -STOP PID`, later `kill -CONT PID`) for clean numbers.
+Writes into the work directory what `configs/sweeps/smollm2_distill.py` decodes: the draft the run
+started from (the layer-truncated target, undistilled) and the draft of its latest checkpoint as HF
+directories (`drafts/step0`, `drafts/step<N>`); held-out prompts (`heldout_prompts.jsonl`: the first
+`--prompt_tokens` tokens of stdlib files the run never trained on); and the training files as a JSONL
+corpus (`train_corpus.jsonl`) that ranks the restricted draft heads, so no held-out text ranks tokens.
+Here it writes results.json (held-out evaluations before and at the latest step) and curves.png (the
+run's held-out acceptance, agreement and loss from metrics.jsonl). Reading checkpoints while the
+training runs is safe (read-only).
 
   python -m experiments.distill_smollm2.report  # from the repo root; -> results.json, curves.png here
+  python -m experiments.sweep --config=configs/sweeps/smollm2_distill.py
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import os
 import ml_collections
 
 from configs import distill_smollm2
-from specjax import corpus, costs, metrics, pipeline
-from specjax.distill import data, student, train
+from specjax import corpus, pipeline
+from specjax.distill import data, train
+from specjax.distill.export import export_hf
 from specjax.models.load import LoadedModel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,12 +58,10 @@ def held_out_prompts(held: list[corpus.Document], tokenizer, count: int, prompt_
   raise ValueError(f"only {len(prompts)} held-out documents have more than {prompt_tokens} tokens")
 
 
-def decode_config(prompts, mode: str, temperature: float, args, draft_vocab: int = 0,
-                  vocab_corpus: str = "") -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      target="(loaded)", draft="(loaded)", mode=mode, prompts=tuple(prompts), prompts_file="", chat=False,
-      max_new_tokens=args.max_new_tokens, k=args.k, draft_vocab=draft_vocab, draft_vocab_corpus=vocab_corpus,
-      temperature=temperature, top_k=0, top_p=1.0, seed=0, batch_size=1, dtype="float32", output=""))
+def write_prompts(prompts: list[str], path: str) -> None:
+  with open(f"{path}.tmp", "w") as f:
+    f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
+  os.replace(f"{path}.tmp", path)
 
 
 def plot(metrics_path: str, out: str) -> None:
@@ -91,55 +90,34 @@ def plot(metrics_path: str, out: str) -> None:
   fig.savefig(out, dpi=120)
 
 
+def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: int) -> dict:
+  """Writes what the before/after sweep decodes with into `config.workdir`: drafts/step0 (the
+  undistilled draft the run started from) and drafts/step<N> (its latest checkpoint) as HF directories,
+  heldout_prompts.jsonl and train_corpus.jsonl. Returns the paths and N."""
+  teacher, distilled, step = train.latest_student(config)
+  undistilled = LoadedModel(f"{teacher.name}-draft-step0", *train.init_student(config, teacher), teacher.tokenizer)
+  train_docs, held = split(config)
+  drafts = os.path.join(config.workdir, "drafts")
+  paths = {"checkpoint_step": step,
+           "prompts_file": os.path.join(config.workdir, "heldout_prompts.jsonl"),
+           "vocab_corpus": write_train_corpus(train_docs, os.path.join(config.workdir, "train_corpus.jsonl")),
+           **{name: export_hf(os.path.join(drafts, f"step{s}"), model.config, model.params, teacher.tokenizer)
+              for name, s, model in (("undistilled", 0, undistilled), ("distilled", step, distilled))}}
+  write_prompts(held_out_prompts(held, teacher.tokenizer, num_prompts, prompt_tokens), paths["prompts_file"])
+  return paths
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default=os.path.join(HERE, "workdir"))
   parser.add_argument("--num_prompts", type=int, default=6)
   parser.add_argument("--prompt_tokens", type=int, default=128)
-  parser.add_argument("--max_new_tokens", type=int, default=96)
-  parser.add_argument("--k", type=int, default=3, help="draft tokens per round")
-  parser.add_argument("--draft_vocabs", type=lambda v: [int(x) for x in v.split(",") if x], default=[8192],
-                      help="restricted draft head sizes also run (comma-separated; empty = full head only)")
-  parser.add_argument("--repeats", type=int, default=10, help="timed forwards per cost ratio c")
   parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
   args = parser.parse_args()
 
   config = distill_smollm2.get_config()
   config.workdir = args.workdir
-  target, distilled, step = train.latest_student(config)
-  truncated = LoadedModel(f"{target.name}-truncated", *student.truncate(target.config, target.params,
-                                                                         config.student.num_layers),
-                          target.tokenizer)
-  train_docs, held = split(config)
-  prompts = held_out_prompts(held, target.tokenizer, args.num_prompts, args.prompt_tokens)
-  vocab_corpus = write_train_corpus(train_docs, os.path.join(args.workdir, "train_corpus.jsonl"))
-  drafts = {"truncated": truncated, "distilled": distilled}
-  variants = [(name, vocab) for name in drafts for vocab in [0, *args.draft_vocabs]]
-  cost = {}  # (draft, vocabulary) -> c, timed once
-  for name, vocab in variants:
-    head, _ = pipeline.restricted_draft_head(vocab, vocab_corpus, target, drafts[name], print)
-    cost[name, vocab] = costs.cost_ratio(target, drafts[name], 1, args.repeats, head)
-  results = {"checkpoint_step": step, "k": args.k, "prompts": prompts, "runs": {},
-             "cost_ratio_c": {f"{name}/{vocab or 'all'}": c for (name, vocab), c in cost.items()}}
-  for temperature in (0.0, 1.0):
-    baseline = pipeline.run(decode_config(prompts, "autoregressive", temperature, args), log=lambda m: None,
-                            models=(target, None))["stats"]
-    runs = {"autoregressive": baseline}
-    for name, vocab in variants:
-      stats = pipeline.run(decode_config(prompts, "speculative", temperature, args, vocab, vocab_corpus),
-                           log=lambda m: None, models=(target, drafts[name]))["stats"]
-      alpha, c = stats["alpha_hat"], cost[name, vocab]
-      label = name if not vocab else f"{name}, {vocab}-token head"
-      runs[label] = {
-          "draft_vocab": vocab, "draft_vocab_coverage": stats["draft_vocab_coverage"],
-          "acceptance_rate": stats["acceptance_rate"], "alpha_hat": alpha,
-          "mean_accepted_length": stats["mean_accepted_length"], "tokens_per_second": stats["tokens_per_second"],
-          "speedup": stats["tokens_per_second"] / baseline["tokens_per_second"], "cost_ratio_c": c,
-          "theoretical_speedup": metrics.theoretical_speedup(alpha, args.k, c) if alpha is not None else None}
-      print(f"T={temperature}: {label:28s} alpha_hat {alpha:.3f}  c {c:.3f}  {stats['tokens_per_second']:.1f} "
-            f"tok/s  speedup {runs[label]['speedup']:.2f}x (autoregressive {baseline['tokens_per_second']:.1f} "
-            f"tok/s)", flush=True)
-    results["runs"][f"temperature_{temperature:g}"] = runs
+  results = prepare(config, args.num_prompts, args.prompt_tokens)
   with open(os.path.join(args.workdir, train.METRICS_FILE)) as f:
     evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
@@ -147,7 +125,7 @@ def main() -> None:
   with open(args.out, "w") as f:
     json.dump(results, f, indent=1)
   plot(os.path.join(args.workdir, train.METRICS_FILE), os.path.join(os.path.dirname(args.out), "curves.png"))
-  print(f"wrote {args.out}")
+  print(f"wrote {args.out}; decode them with configs/sweeps/smollm2_distill.py", flush=True)
 
 
 if __name__ == "__main__":

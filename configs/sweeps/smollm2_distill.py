@@ -1,0 +1,44 @@
+"""Distillation before/after on SmolLM2-135M-Instruct (configs/distill_smollm2.py): the
+layer-truncated 4-block draft undistilled (step 0) and distilled (step 1000), K = 1, 2, 3, greedy and
+temperature 1, batch 1, each with its full head and with the head restricted to the 8,192 tokens most
+frequent in the run's training files, plus the target's autoregressive baseline. About 15 minutes
+alone on 2 CPU cores.
+
+Needs the distillation's work directory: the training run, then
+`python -m experiments.distill_smollm2.report`, which writes both drafts (`drafts/step0`,
+`drafts/step<N>` for the latest checkpoint N), the held-out prompts and the training-file corpus
+there. For a run stopped early: `--config.axes.draft='("WORKDIR/drafts/step0", "WORKDIR/drafts/stepN")'`.
+
+  python -m experiments.sweep --config=configs/sweeps/smollm2_distill.py
+  python -m experiments.plots experiments/results/sweep_smollm2_distill.jsonl \
+      --out experiments/results/plots/smollm2_distill --k 2 \
+      --label experiments/distill_smollm2/workdir/drafts/step0=undistilled \
+      --label experiments/distill_smollm2/workdir/drafts/step1000=distilled
+"""
+
+import ml_collections
+
+from configs import qwen_coder
+
+WORKDIR = "experiments/distill_smollm2/workdir"  # configs/distill_smollm2.py's run, as its README runs it
+
+
+def get_config():
+  cfg = ml_collections.ConfigDict()
+  cfg.base = qwen_coder.get_config()  # every decode field; configs/qwen_coder.py documents them
+  cfg.base.target = "smollm2-135m-instruct"  # the distillation's target (registry name)
+  cfg.base.draft = f"{WORKDIR}/drafts/step1000"  # replaced by the draft axis
+  cfg.base.prompts_file = f"{WORKDIR}/heldout_prompts.jsonl"  # 128-token prefixes of held-out stdlib files
+  cfg.base.chat = False  # plain code continuation, as in training
+  cfg.base.max_new_tokens = 96  # budget per prompt
+  cfg.base.draft_vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # restricted heads ranked on training files
+  cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
+  cfg.axes.mode = ("autoregressive", "speculative")  # the baseline runs once per temperature
+  cfg.axes.draft = (f"{WORKDIR}/drafts/step0", f"{WORKDIR}/drafts/step1000")  # before / after distillation
+  cfg.axes.draft_vocab = (0, 8192)  # full head (28M of the draft's 42M parameters) or 8,192 tokens
+  cfg.axes.k = (1, 2, 3)  # draft tokens per round (alpha ~ 0.3 favours small K)
+  cfg.axes.temperature = (0.0, 1.0)  # greedy and plain sampling
+  cfg.output = "experiments/results/sweep_smollm2_distill.jsonl"  # JSONL table, one row per point
+  cfg.measure_cost = True  # the draft/target cost ratio c, through the restricted head when there is one
+  cfg.cost_repeats = 10  # timed 1-token forwards per model (the median is kept)
+  return cfg
