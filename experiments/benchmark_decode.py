@@ -59,7 +59,7 @@ def run_specjax(args, log) -> dict:
   c_by_vocab = {}  # draft/target cost ratio c per draft head size (0 = the full vocabulary)
   for vocab in args.draft_vocabs:
     head, _ = pipeline.restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
-    c_by_vocab[vocab] = costs.forward_seconds(draft.config, draft.params, [1], args.repeats, head=head)[1] / t1
+    c_by_vocab[vocab] = costs.cost_ratio(target, draft, 1, args.repeats, head)
   result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)
   result["cost_ratio_c_by_draft_vocab"] = c_by_vocab
   log(f"target T=1 {t1 * 1e3:.0f} ms; ratios " +

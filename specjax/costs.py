@@ -1,16 +1,17 @@
 """Wall-clock cost of forward passes: the draft/target cost ratio c of the theory, and T-token costs.
 
 `metrics.theoretical_speedup(alpha, K, c)` needs c, the time of one draft pass relative to one target
-pass. It is measured, not derived from parameter counts, by timing jitted single-step forwards of each
-model at a fixed cache offset (compilation excluded: the first call of each shape is a warm-up). The
-benchmarks and sweeps in `experiments/` share these helpers so that every c is measured the same way.
+pass. It is measured, not derived from parameter counts, by timing jitted single-step forwards of the
+two models, alternating, at a fixed cache offset (compilation excluded: the first call of each shape is
+a warm-up). The benchmarks and sweeps in `experiments/` share these helpers so that every c is
+measured the same way.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -23,38 +24,49 @@ from specjax.models.transformer import forward_hidden
 from specjax.speculative.draft_head import DraftHead, draft_logits
 
 
-def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats: int,
-                    batch_size: int = 1, cache_len: int = 256, offset: int = 100,
-                    head: DraftHead | None = None) -> dict[int, float]:
-  """Median seconds of one jitted forward of [batch_size, T] tokens, for each T in `tokens`, with
-  `offset` positions already cached (each T and batch size compiles once, before the timed calls);
-  through the restricted output `head` when one is given (a `draft_vocab` draft)."""
+def _forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
+                   head: DraftHead | None) -> Callable[[], float]:
+  """Compiles (and runs once) a jitted forward of [batch_size, T] tokens with `offset` positions cached,
+  through the restricted output `head` when one is given; each call of the result times one more."""
 
   @functools.partial(jax.jit, donate_argnames=("cache",))
   def step(params, head, tokens_BxT, cache):
     hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
     return draft_logits(config, params, head, hidden_BxTxD).argmax(-1), cache
 
+  tokens_BxT = jnp.ones((batch_size, T), jnp.int32)
+  out_BxT, cache = step(params, head, tokens_BxT,
+                        init_cache(config, batch_size, cache_len).advance(jnp.full((batch_size,), offset)))
+  out_BxT.block_until_ready()  # compiled; the cache is written, not advanced: every call sees `offset`
+  state = {"cache": cache}
+
+  def timed() -> float:
+    start = time.perf_counter()
+    out_BxT, state["cache"] = step(params, head, tokens_BxT, state["cache"])
+    out_BxT.block_until_ready()
+    return time.perf_counter() - start
+
+  return timed
+
+
+def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats: int,
+                    batch_size: int = 1, cache_len: int = 256, offset: int = 100,
+                    head: DraftHead | None = None) -> dict[int, float]:
+  """Median seconds of one jitted forward of [batch_size, T] tokens, for each T in `tokens`, with
+  `offset` positions already cached (each T and batch size compiles once, before the timed calls);
+  through the restricted output `head` when one is given (a `draft_vocab` draft)."""
   seconds = {}
   for T in tokens:
-    cache = init_cache(config, batch_size, cache_len).advance(jnp.full((batch_size,), offset))
-    tokens_BxT = jnp.ones((batch_size, T), jnp.int32)
-    out_BxT, cache = step(params, head, tokens_BxT, cache)  # compiles
-    out_BxT.block_until_ready()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      out_BxT, cache = step(params, head, tokens_BxT, cache)
-      out_BxT.block_until_ready()
-      times.append(time.perf_counter() - start)
-    seconds[T] = float(np.median(times))
+    timed = _forward_timer(config, params, T, batch_size, cache_len, offset, head)
+    seconds[T] = float(np.median([timed() for _ in range(repeats)]))
   return seconds
 
 
 def cost_ratio(target: LoadedModel, draft: LoadedModel, batch_size: int, repeats: int,
-               head: DraftHead | None = None) -> float:
-  """c = (median seconds of a 1-token draft forward, through `head` if given) / (same for the target),
-  at `batch_size` rows."""
-  draft_s = forward_seconds(draft.config, draft.params, [1], repeats, batch_size, head=head)[1]
-  target_s = forward_seconds(target.config, target.params, [1], repeats, batch_size)[1]
-  return draft_s / target_s
+               head: DraftHead | None = None, cache_len: int = 256, offset: int = 100) -> float:
+  """c = the median over `repeats` back-to-back pairs of (seconds of a 1-token draft forward, through
+  `head` if given) / (seconds of a 1-token target forward), at `batch_size` rows. Pairing cancels the
+  machine's drift, which on a shared VM moves single timings by more than c's own spread."""
+  draft_timed = _forward_timer(draft.config, draft.params, 1, batch_size, cache_len, offset, head)
+  target_timed = _forward_timer(target.config, target.params, 1, batch_size, cache_len, offset, None)
+  return float(np.median([draft_timed() / target_timed() for _ in range(repeats)]))
