@@ -110,7 +110,7 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default=os.path.join(HERE, "workdir"))
-  parser.add_argument("--num_prompts", type=int, default=6)
+  parser.add_argument("--num_prompts", type=int, default=4)
   parser.add_argument("--prompt_tokens", type=int, default=128)
   parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
   args = parser.parse_args()
