@@ -117,7 +117,8 @@ def main() -> None:
 
   config = distill_smollm2.get_config()
   config.workdir = args.workdir
-  results = prepare(config, args.num_prompts, args.prompt_tokens)
+  results = {k: os.path.relpath(v) if isinstance(v, str) else v  # paths from the repo root
+             for k, v in prepare(config, args.num_prompts, args.prompt_tokens).items()}
   with open(os.path.join(args.workdir, train.METRICS_FILE)) as f:
     evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
