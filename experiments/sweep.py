@@ -144,7 +144,7 @@ def make_row(point: Point, cfg: ml_collections.ConfigDict, stats: dict, c: float
                                       if ar_row else None)
   row["config"] = cfg.to_dict()  # the full decode config of the point
   row["environment"] = pipeline.environment()
-  row["command"] = " ".join([os.path.basename(sys.executable)] + sys.argv)
+  row["command"] = " ".join(["python", "-m", "experiments.sweep", *sys.argv[1:]])  # as the README runs it
   return row
 
 
