@@ -12,7 +12,7 @@ there. For a run stopped early: `--config.axes.draft='("WORKDIR/drafts/step0", "
 
   python -m experiments.sweep --config=configs/sweeps/smollm2_distill.py
   python -m experiments.plots experiments/results/sweep_smollm2_distill.jsonl \
-      --out experiments/results/plots/smollm2_distill --k 2 \
+      --out experiments/results/plots/smollm2_distill --k 1 \
       --label experiments/distill_smollm2/workdir/drafts/step0=undistilled \
       --label experiments/distill_smollm2/workdir/drafts/step1000=distilled
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Iterable
 
 import ml_collections
 
@@ -36,14 +37,17 @@ def split(config: ml_collections.ConfigDict) -> tuple[list[corpus.Document], lis
   return data.split_documents(docs, config.data.heldout_fraction, config.seed)
 
 
+def write_jsonl(records: Iterable[dict], path: str) -> str:
+  """Writes one JSON record per line, through a temporary file (no half-written file); returns `path`."""
+  with open(f"{path}.tmp", "w") as f:
+    f.writelines(json.dumps(record) + "\n" for record in records)
+  os.replace(f"{path}.tmp", path)
+  return path
+
+
 def write_train_corpus(train_docs: list[corpus.Document], path: str) -> str:
   """The training documents as a JSONL corpus ("text" fields) for ranking the draft vocabulary."""
-  if not os.path.exists(path):
-    with open(f"{path}.tmp", "w") as f:
-      for doc in train_docs:
-        f.write(json.dumps({"text": doc.text}) + "\n")
-    os.replace(f"{path}.tmp", path)
-  return path
+  return path if os.path.exists(path) else write_jsonl(({"text": doc.text} for doc in train_docs), path)
 
 
 def held_out_prompts(held: list[corpus.Document], tokenizer, count: int, prompt_tokens: int) -> list[str]:
@@ -56,12 +60,6 @@ def held_out_prompts(held: list[corpus.Document], tokenizer, count: int, prompt_
     if len(prompts) == count:
       return prompts
   raise ValueError(f"only {len(prompts)} held-out documents have more than {prompt_tokens} tokens")
-
-
-def write_prompts(prompts: list[str], path: str) -> None:
-  with open(f"{path}.tmp", "w") as f:
-    f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
-  os.replace(f"{path}.tmp", path)
 
 
 def plot(metrics_path: str, out: str) -> None:
@@ -103,7 +101,8 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
            "vocab_corpus": write_train_corpus(train_docs, os.path.join(config.workdir, "train_corpus.jsonl")),
            **{name: export_hf(os.path.join(drafts, f"step{s}"), model.config, model.params, teacher.tokenizer)
               for name, s, model in (("undistilled", 0, undistilled), ("distilled", step, distilled))}}
-  write_prompts(held_out_prompts(held, teacher.tokenizer, num_prompts, prompt_tokens), paths["prompts_file"])
+  prompts = held_out_prompts(held, teacher.tokenizer, num_prompts, prompt_tokens)
+  write_jsonl(({"prompt": p} for p in prompts), paths["prompts_file"])
   return paths
 
 
