@@ -21,14 +21,13 @@ import gc
 import itertools
 import json
 import os
-import sys
 import time
 
 import jax
 import ml_collections
 import numpy as np
 
-from specjax import costs, metrics, pipeline
+from specjax import costs, metrics, pipeline, records
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome, with a docstring and tests.",
@@ -192,8 +191,9 @@ def main():
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
   log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-  results = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "args": vars(args),
-             "environment": pipeline.environment(), "prompts": PROMPTS[:args.num_prompts]}
+  results = {"command": records.command(),
+             "args": {k: records.relative(v) if isinstance(v, str) else v for k, v in vars(args).items()},
+             "environment": records.environment(), "prompts": PROMPTS[:args.num_prompts]}
   systems = args.systems.split(",")
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   if "specjax" in systems:

@@ -54,9 +54,9 @@ def main():
   if args.child:
     print(json.dumps(measure(args.layers, tokens, args.repeats, args.cache_len)))
     return
-  from specjax.pipeline import environment
+  from specjax.records import command, environment
 
-  results = {"command": " ".join(sys.argv), "layers": args.layers, "cache_len": args.cache_len,
+  results = {"command": command(), "layers": args.layers, "cache_len": args.cache_len,
              "variants": {}}
   for name in args.variants.split(","):
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + VARIANTS[name]).strip())

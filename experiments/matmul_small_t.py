@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import jax
@@ -41,7 +40,9 @@ def main():
   args = parser.parse_args()
   rng = np.random.default_rng(0)
   weights = [jnp.asarray(rng.standard_normal((8960, 1536), dtype=np.float32)) for _ in range(args.matrices)]
-  results = {"command": " ".join(sys.argv), "bytes": sum(w.nbytes for w in weights), "seconds": {}}
+  from specjax.records import command, environment
+
+  results = {"command": command(), "bytes": sum(w.nbytes for w in weights), "seconds": {}}
   for name, contract in FORMULATIONS.items():
     fn = jax.jit(lambda ws, x, contract=contract: [contract(w, x) for w in ws])
     results["seconds"][name] = {}
@@ -57,8 +58,6 @@ def main():
     row = results["seconds"][name]
     print(f"{name:10s} T=1 {row[1] * 1e3:6.1f} ms ({results['bytes'] / row[1] / 1e9:.1f} GB/s)  ratios " +
           " ".join(f"{t}:{s / row[1]:.2f}" for t, s in row.items()), flush=True)
-  from specjax.pipeline import environment
-
   results["environment"] = environment()
   if args.out:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -31,7 +31,6 @@ import functools
 import itertools
 import json
 import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -39,7 +38,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax import costs, metrics, pipeline
+from specjax import costs, metrics, pipeline, records
 from specjax.models.load import LoadedModel, load_model
 
 MODEL_AXES = ("target", "draft", "dtype")  # which models are loaded: outermost
@@ -143,8 +142,8 @@ def make_row(point: Point, cfg: ml_collections.ConfigDict, stats: dict, c: float
   row["speedup_vs_autoregressive"] = (stats["tokens_per_second"] / ar_row["tokens_per_second"]
                                       if ar_row else None)
   row["config"] = cfg.to_dict()  # the full decode config of the point
-  row["environment"] = pipeline.environment()
-  row["command"] = " ".join(["python", "-m", "experiments.sweep", *sys.argv[1:]])  # as the README runs it
+  row["environment"] = records.environment()
+  row["command"] = records.command()
   return row
 
 

@@ -132,6 +132,24 @@ def test_cli_skips_a_finished_table_and_rejects_unknown_fields(model_dirs, finis
   assert bad.returncode != 0 and "kk" in bad.stderr
 
 
+@pytest.mark.parametrize("main_spec, program", [(None, "experiments/sweep.py"),
+                                                (sweep.__spec__, "-m experiments.sweep")])
+def test_rows_name_the_command_and_paths_from_the_repository_root(monkeypatch, main_spec, program):
+  """Run as a script or with -m (argv[0] is then absolute), with absolute paths: the row holds none of
+  the repository's; paths outside it stay as given."""
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setattr(sys.modules["__main__"], "__spec__", main_spec)
+  outside = f"{ROOT}-elsewhere/prompts.jsonl"  # shares the root's prefix, not its directory
+  monkeypatch.setattr(sys, "argv", [os.path.join(ROOT, "experiments", "sweep.py"),
+                                    f"--config={ROOT}/configs/sweeps/tiny.py", f"--config.base.prompts_file={outside}",
+                                    "--config.output", os.path.join(ROOT, "experiments", "results", "t.jsonl")])
+  point, cfg = sweep.grid(_sweep(["target", "draft"], "t.jsonl"))[0]
+  row = sweep.make_row(point, cfg, {"tokens_per_second": 1.0}, None, [])
+  assert row["command"] == (f"python {program} --config=configs/sweeps/tiny.py --config.base.prompts_file={outside} "
+                            "--config.output experiments/results/t.jsonl")
+  assert ROOT + os.sep not in json.dumps(row).replace(outside, "")
+
+
 @pytest.mark.parametrize("axis, values, message", [
     ("kk", (1, 2), "sweep axis 'kk' is not a field of the base decode config"),
     ("k", 3, "sweep axis 'k' must be a non-empty tuple"),

@@ -23,7 +23,7 @@ from typing import Iterable
 import ml_collections
 
 from configs import distill_smollm2
-from specjax import corpus, pipeline
+from specjax import corpus, records
 from specjax.distill import data, train
 from specjax.distill.export import export_hf
 from specjax.models.load import LoadedModel
@@ -116,12 +116,12 @@ def main() -> None:
 
   config = distill_smollm2.get_config()
   config.workdir = args.workdir
-  results = {k: os.path.relpath(v) if isinstance(v, str) else v  # paths from the repo root
+  results = {k: records.relative(v) if isinstance(v, str) else v  # paths from the repo root
              for k, v in prepare(config, args.num_prompts, args.prompt_tokens).items()}
   with open(os.path.join(args.workdir, train.METRICS_FILE)) as f:
     evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
-  results["environment"] = pipeline.environment()
+  results["environment"] = records.environment()
   with open(args.out, "w") as f:
     json.dump(results, f, indent=1)
   plot(os.path.join(args.workdir, train.METRICS_FILE), os.path.join(os.path.dirname(args.out), "curves.png"))
