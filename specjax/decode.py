@@ -1,15 +1,17 @@
 """`python -m specjax.decode --config=configs/<name>.py [--config.field=value ...]`.
 
-A thin absl app: it parses the locked ml_collections config (unknown fields are rejected by the flag
-parser), hands it to `specjax.pipeline.run`, and prints the generated texts and a stats table.
+A thin absl app: it parses the locked ml_collections config, hands it to `specjax.pipeline.run`, and
+prints the generated texts and a stats table. Bad input (an unknown or invalid field, a missing or
+malformed prompts file, an unwritable output, a model that cannot be loaded) ends with one `error: ...`
+line (`specjax.cli`); `SPECJAX_DEBUG=1` shows the traceback instead.
 """
 
 from __future__ import annotations
 
-from absl import app
+import ml_collections
 from ml_collections import config_flags
 
-from specjax import pipeline
+from specjax import cli, pipeline
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
                                           lock_config=True)
@@ -31,17 +33,17 @@ def _print_stats(stats: dict) -> None:
     print(f"  {name:<{width}}  {value}")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  if _CONFIG.value is None:
-    raise app.UsageError("--config=configs/<name>.py is required")
-  results = pipeline.run(_CONFIG.value, log=lambda message: print(message, flush=True))
+def main(cfg: ml_collections.ConfigDict) -> None:
+  results = pipeline.run(cfg, log=lambda message: print(message, flush=True))
   for number, out in enumerate(results["outputs"], 1):
     print(f"\n=== prompt {number}: {out['prompt'][:70]!r}\n{out['text']}")
   print()
   _print_stats(results["stats"])
+  if cfg.output and results["written_to"] != cfg.output:
+    where = (f"they were written to {results['written_to']} instead" if results["written_to"] else
+             "nor could the fallback file be written; the texts are above")
+    cli.fail(f"could not write the results to config.output {cfg.output}; {where}", cli.DATA)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, _CONFIG)

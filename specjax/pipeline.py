@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
+import os
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -19,7 +20,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, generation, metrics
+from specjax import autoregressive, generation, metrics, records
+from specjax.errors import ConfigError
 from specjax.models import registry
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel, load_model
@@ -32,42 +34,88 @@ DTYPES = ("float32", "bfloat16")
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Fails early, naming the field, on values the engine would reject deep inside."""
-  if cfg.mode not in MODES:
-    raise ValueError(f"config.mode must be one of {MODES}, got {cfg.mode!r}")
-  if cfg.dtype not in DTYPES:
-    raise ValueError(f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
-  if not cfg.target:
-    raise ValueError("config.target is empty: give a registry name, a .gguf file or an HF directory")
-  if cfg.mode == "speculative" and not cfg.draft:
-    raise ValueError("config.draft is empty but mode is 'speculative'")
-  if int(cfg.k) != cfg.k or cfg.k < 1:
-    raise ValueError(f"config.k (draft tokens per round) must be an integer >= 1, got {cfg.k}")
-  if cfg.max_new_tokens < 1:
-    raise ValueError(f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-  if cfg.batch_size < 1:
-    raise ValueError(f"config.batch_size must be >= 1, got {cfg.batch_size}")
-  if int(cfg.draft_vocab) != cfg.draft_vocab or cfg.draft_vocab < 0:
-    raise ValueError(f"config.draft_vocab must be an integer >= 0 (0 = the full vocabulary), got "
-                     f"{cfg.draft_vocab}")
-  if not cfg.prompts and not cfg.prompts_file:
-    raise ValueError("no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
-  sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)  # raises on bad sampling values
+  """Fails early with a `ConfigError` naming the field, on values the engine would reject deep inside."""
+  def require(ok: bool, message: str) -> None:
+    if not ok:
+      raise ConfigError(message)
+
+  require(cfg.mode in MODES, f"config.mode must be one of {MODES}, got {cfg.mode!r}")
+  require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
+  require(bool(cfg.target), "config.target is empty: give a registry name, a .gguf file or an HF directory")
+  require(cfg.mode != "speculative" or bool(cfg.draft), "config.draft is empty but mode is 'speculative'")
+  require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
+          f"got {cfg.k}")
+  require(cfg.max_new_tokens >= 1, f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+  require(cfg.batch_size >= 1, f"config.batch_size must be >= 1, got {cfg.batch_size}")
+  require(int(cfg.draft_vocab) == cfg.draft_vocab and cfg.draft_vocab >= 0,
+          f"config.draft_vocab must be an integer >= 0 (0 = the full vocabulary), got {cfg.draft_vocab}")
+  require(bool(cfg.prompts) or bool(cfg.prompts_file),
+          "no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
+  for i, prompt in enumerate(() if cfg.prompts_file else cfg.prompts):
+    require(isinstance(prompt, str), f"config.prompts[{i}] must be a string, got {type(prompt).__name__} "
+            f"{prompt!r}")
+  try:
+    sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
 
 
 def read_prompts(path: str) -> list[str]:
-  """One prompt per line, or JSONL with a "prompt" field (`.jsonl` files)."""
-  with open(path) as f:
-    lines = [line.rstrip("\n") for line in f if line.strip()]
+  """One prompt per non-empty line, or (`.jsonl` files) one JSON object per non-empty line with a
+  "prompt" string. Errors name the file and the line (counting every line of the file)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(f"prompts file {path}: {getattr(e, 'strerror', None) or e}") from None
+  numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+  if not numbered:
+    raise ValueError(f"prompts file {path} holds no prompt")
   if not path.endswith(".jsonl"):
-    return lines
+    return [line for _, line in numbered]
   prompts = []
-  for number, line in enumerate(lines, 1):
-    record = json.loads(line)
-    if "prompt" not in record:
-      raise ValueError(f"{path}:{number}: JSONL record has no 'prompt' field")
+  for number, line in numbered:
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+      got = (f"a {type(record).__name__}" if not isinstance(record, dict) else
+             "no 'prompt' field" if "prompt" not in record else
+             f"a 'prompt' of type {type(record['prompt']).__name__}")
+      raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string, got {got}")
     prompts.append(record["prompt"])
   return prompts
+
+
+def check_output(path: str) -> None:
+  """Proves that results can be written to `path` (its directory exists and takes a file) before any
+  model loads; a missing or read-only location otherwise fails after all the generation."""
+  directory = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"config.output {path} is a directory; give a file path")
+  if not os.path.isdir(directory):
+    raise ValueError(f"config.output {path}: directory {directory} does not exist")
+  try:
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".specjax-write-test-"):
+      pass
+  except OSError as e:
+    raise ValueError(f"config.output {path}: cannot write in {directory} ({e.strerror or e})") from None
+
+
+def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
+  """Writes `results` as JSON to `path`; if that fails, to a fallback file in the temporary directory
+  (the generation is never lost). Returns the path written ("" if even the fallback failed)."""
+  for target in (path, os.path.join(tempfile.gettempdir(), f"specjax-results-{time.strftime('%Y%m%d-%H%M%S')}"
+                                    f"-{os.getpid()}.json")):
+    try:
+      with open(target, "w") as f:
+        json.dump(results, f, indent=1)
+      log(f"wrote {target}")
+      return target
+    except OSError as e:
+      log(f"could not write {target}: {e.strerror or e}")
+  return ""
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
@@ -151,10 +199,15 @@ def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = pri
 
 def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None) -> dict[str, Any]:
-  """Decodes every prompt of `cfg`; returns the JSON-ready results (also written to `cfg.output`).
+  """Decodes every prompt of `cfg`; returns the JSON-ready results, also written to `cfg.output` (or,
+  when that fails at the end, to the fallback file named by `results["written_to"]`).
 
   `models` = (target, draft) already loaded (benchmarks and sweeps reuse them across runs)."""
   validate(cfg)
+  # Everything that can fail cheaply fails before the models load (up to minutes for real ones).
+  texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
+  if cfg.output:
+    check_output(cfg.output)
   speculative = cfg.mode == "speculative"
   load_start = time.perf_counter()
   target, draft = models or load_models(cfg, log)
@@ -162,9 +215,6 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     raise ValueError("mode is 'speculative' but no draft model was given")
   load_time = time.perf_counter() - load_start
 
-  texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
-  if not texts:
-    raise ValueError(f"no prompts in {cfg.prompts_file}")
   tok = target.tokenizer
   if cfg.chat:
     prompt_ids = [tok.encode(tok.apply_chat_template(t), add_special_tokens=False) for t in texts]
@@ -216,20 +266,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
                  per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
                  draft_vocab_coverage=coverage)
   results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
-             "environment": environment()}
+             "environment": records.environment()}
   if cfg.output:
-    with open(cfg.output, "w") as f:
-      json.dump(results, f, indent=1)
-    log(f"wrote {cfg.output}")
+    results["written_to"] = write_results(results, cfg.output, log)
   return results
-
-
-def environment() -> dict[str, Any]:
-  """Machine and versions, recorded with every result."""
-  import flax
-  import transformers
-
-  return {"jax": jax.__version__, "flax": flax.__version__, "transformers": transformers.__version__,
-          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-          "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-          "python": platform.python_version()}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import ml_collections
 import pytest
 
 from configs import tiny
-from specjax import pipeline
+from specjax import decode, pipeline
 from tests.tiny_hf import save_char_tokenizer, save_hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,13 +88,113 @@ def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
     pipeline.run(_config(model_dirs, draft=str(other)), log=lambda m: None)
 
 
-def test_cli_runs_and_rejects_unknown_keys(model_dirs, tmp_path):
-  base = [sys.executable, "-m", "specjax.decode", "--config=configs/tiny.py",
-          f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  ok = subprocess.run(base + ["--config.max_new_tokens=5", "--config.k=2"], cwd=ROOT, env=env,
-                      capture_output=True, text=True)
-  assert ok.returncode == 0, ok.stderr[-3000:]
-  assert "acceptance rate" in ok.stdout and "tokens / s" in ok.stdout
-  bad = subprocess.run(base + ["--config.kk=2"], cwd=ROOT, env=env, capture_output=True, text=True)
-  assert bad.returncode != 0 and "kk" in bad.stderr
+def _cli(arguments, debug=False):
+  """Starts `python -m specjax.decode ARGUMENTS` from the repository root (returns the process)."""
+  env = {name: value for name, value in os.environ.items() if name != "SPECJAX_DEBUG"}
+  env.update(JAX_PLATFORMS="cpu", **({"SPECJAX_DEBUG": "1"} if debug else {}))
+  return subprocess.Popen([sys.executable, "-m", "specjax.decode", *arguments], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_cli_runs_without_log_noise(model_dirs):
+  ok = _cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+             "--config.max_new_tokens=5", "--config.k=2"])
+  stdout, stderr = ok.communicate()
+  assert ok.returncode == 0, stderr[-3000:]
+  assert "acceptance rate" in stdout and "tokens / s" in stdout
+  assert stderr == ""  # no absl INFO line ("Unable to initialize backend 'tpu'") nor anything else
+
+
+def _bad_inputs(tmp_path):
+  """(command-line arguments after the tiny config and models, exit status, message regex) per bad input."""
+  files = {"invalid.jsonl": '{"prompt": "a"}\n\n{"prompt": "b"\n', "string.jsonl": '"just a string"\n',
+           "number.jsonl": '{"prompt": "a"}\n{"prompt": 3}\n', "no_field.jsonl": '{"text": "a"}\n',
+           "empty.txt": "\n\n"}
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+  prompts = lambda name: f"--config.prompts_file={tmp_path / name}"
+  return [
+      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: batch_size, "),
+      (["--config.k=0"], 2, r"config.k \(draft tokens per round\) must be an integer >= 1, got 0"),
+      (["--config.k=abc"], 2, r"flag --config.k=abc: invalid literal"),
+      (["--config.temperature=-0.5"], 2, r"config.temperature must be >= 0"),
+      (["--config.top_p=0"], 2, r"config.top_p must be in \(0, 1\]"),
+      (["--config.mode=beam"], 2, r"config.mode must be one of"),
+      (["--config.prompts=3"], 2, r"config.prompts\[0\] must be a string, got int 3"),
+      (["unexpected"], 2, r"unexpected arguments \['unexpected'\]"),
+      ([prompts("missing.txt")], 1, r"prompts file .*missing.txt: No such file or directory"),
+      ([prompts("empty.txt")], 1, r"prompts file .*empty.txt holds no prompt"),
+      ([prompts("invalid.jsonl")], 1, r"invalid.jsonl:3: invalid JSON \(Expecting ',' delimiter"),
+      ([prompts("string.jsonl")], 1, r"string.jsonl:1: expected a JSON object with a 'prompt' string, got a str"),
+      ([prompts("number.jsonl")], 1, r"number.jsonl:2: .* got a 'prompt' of type int"),
+      ([prompts("no_field.jsonl")], 1, r"no_field.jsonl:1: .* got no 'prompt' field"),
+      ([f"--config.output={tmp_path / 'missing' / 'out.json'}"], 1, r"config.output .*out.json: directory .* "
+       r"does not exist"),
+      ([f"--config.output={tmp_path}"], 1, r"config.output .* is a directory"),
+      ([f"--config.target={tmp_path / 'no-model'}"], 1, r"no-model: no such file or directory, and not a "
+       r"registry model"),
+  ]
+
+
+def test_cli_reports_each_bad_input_in_one_line(model_dirs, tmp_path):
+  """Every user error: one `error: ...` line on stderr naming the field or file, exit status 2 (config)
+  or 1 (files, models), no traceback. The processes run concurrently (each is mostly Python start-up)."""
+  cases = _bad_inputs(tmp_path)
+  base = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}"]
+  running = [_cli(base + arguments) for arguments, _, _ in cases]
+  for (arguments, status, message), process in zip(cases, running):
+    stdout, stderr = process.communicate()
+    lines = stderr.strip().splitlines()
+    assert (process.returncode, len(lines)) == (status, 1), (arguments, stderr[-2000:])
+    assert re.fullmatch(f"error: .*{message}.*", lines[0]), (arguments, lines[0])
+    assert "Traceback" not in stdout + stderr
+
+
+def test_cli_debug_switch_shows_the_traceback(model_dirs):
+  process = _cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", "--config.k=0"], debug=True)
+  _, stderr = process.communicate()
+  assert process.returncode != 0 and "Traceback" in stderr and "ConfigError: config.k" in stderr
+
+
+def test_prompts_and_output_are_checked_before_any_model_loads(model_dirs, tmp_path):
+  """With a target that does not exist, the error is still the prompts file's or the output's: they are
+  checked first (a real pair takes up to ~130 s to load)."""
+  missing_model = str(tmp_path / "no-model")
+  with pytest.raises(ValueError, match="prompts file .*nope.txt"):
+    pipeline.run(_config([missing_model] * 2, prompts_file=str(tmp_path / "nope.txt")), log=lambda m: None)
+  with pytest.raises(ValueError, match="config.output .* does not exist"):
+    pipeline.run(_config([missing_model] * 2, output=str(tmp_path / "no" / "out.json")), log=lambda m: None)
+
+
+def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_path, capsys):
+  """The output directory is removed while decoding: the texts are still printed, the results land in a
+  fallback file named in the error line, and the exit status is 1."""
+  out_dir = tmp_path / "out"
+  out_dir.mkdir()
+  output = str(out_dir / "results.json")
+
+  def remove_output_dir(message):
+    if message.startswith("compiling") and out_dir.exists():
+      out_dir.rmdir()
+
+  cfg = _config(model_dirs, output=output)
+  results = pipeline.run(cfg, log=remove_output_dir)
+  fallback = results["written_to"]
+  assert fallback and fallback != output and not os.path.exists(output)
+  with open(fallback) as f:
+    assert [o["text"] for o in json.load(f)["outputs"]] == [o["text"] for o in results["outputs"]]
+  os.remove(fallback)
+
+  out_dir.mkdir()
+  original_run = pipeline.run
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(pipeline, "run", lambda c, log: original_run(c, log=lambda m: remove_output_dir(m) or log(m)))
+    with pytest.raises(SystemExit) as exit_info:
+      decode.main(cfg)
+  captured = capsys.readouterr()
+  assert exit_info.value.code == 1
+  assert all(o["text"] in captured.out for o in results["outputs"])  # the texts were printed
+  error = captured.err.strip().splitlines()[-1]
+  assert re.fullmatch(r"error: could not write the results to config.output .*results.json; they were written "
+                      r"to (\S+) instead", error)
+  os.remove(error.split(" to ")[-1].removesuffix(" instead"))
