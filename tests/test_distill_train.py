@@ -202,8 +202,16 @@ def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
   again = cli()  # a finished run resumes at its last step: it re-evaluates and re-exports only
   assert again.returncode == 0, again.stderr
   assert "resuming from step 40" in again.stdout and "step     40/40" not in again.stdout
-  bad = cli("--config.loss.divergence=l2")
-  assert bad.returncode == 1 and "error: unknown divergence 'l2'" in bad.stderr
+  bad = cli("--config.loss.divergence=l2")  # a config value: a usage error, exit status 2
+  assert bad.returncode == 2 and bad.stderr.strip() == (
+      "error: config.loss: unknown divergence 'l2'; expected one of ('forward_kl', 'reverse_kl', 'jsd', 'tvd')")
+  unknown = cli("--config.student.nm_layers=2")
+  assert unknown.returncode == 2 and unknown.stderr.strip().startswith(
+      "error: unknown config field 'student.nm_layers' (did you mean 'student.num_layers'?); known fields of "
+      "'student': ")
+  missing = cli(f"--config.target={tmp_path / 'no-model'}")  # data: exit status 1
+  assert missing.returncode == 1 and missing.stderr.startswith("error: ") and "no-model" in missing.stderr
+  assert "Traceback" not in bad.stderr + unknown.stderr + missing.stderr
 
 
 def test_smollm2_report_prepares_both_drafts_and_the_prompts(target, tmp_path, compile_cache):

@@ -67,5 +67,6 @@ def default_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 100  # save a checkpoint every this many steps (and after the last)
   c.keep_checkpoints = 2  # newest checkpoints kept
   c.keep_every = 0  # also keep every checkpoint whose step is a multiple of this (0 = none)
+  c.on_damaged_checkpoint = "fallback"  # unreadable/mismatching checkpoint: "fallback" (warn, resume) or "refuse"
   c.export_dir = ""  # where the HF-format draft is written at the end ("" = WORKDIR/export)
   return c

@@ -2,7 +2,9 @@
 
 Everything that defines the run lives in the config (see configs/distill_tiny.py for every field). The
 work directory holds:
-  checkpoints/<step>/   orbax checkpoints (train state + data position); rerunning resumes the latest
+  checkpoints/<step>/   orbax checkpoints (train state + data position, with checksums); rerunning resumes
+                        the newest that verifies (damaged newer ones are set aside as <step>.damaged,
+                        or the run refuses: config.on_damaged_checkpoint)
   metrics.jsonl         one JSON record per train step ("split": "train") and per evaluation ("eval")
   tensorboard/          the same records as TensorBoard scalars (config.tensorboard, needs tensorboardX)
   summary.json          target, student, steps, held-out metrics before and after, wall time
@@ -27,6 +29,7 @@ import ml_collections
 import numpy as np
 
 from specjax import corpus
+from specjax.errors import ConfigError
 from specjax.distill import data, losses, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
@@ -36,6 +39,7 @@ from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
+ON_DAMAGED_CHECKPOINT = ("fallback", "refuse")  # config.on_damaged_checkpoint's values
 
 
 def prepare_workdir(workdir: str) -> str:
@@ -55,21 +59,27 @@ def prepare_workdir(workdir: str) -> str:
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Fails fast, with the field's name, on settings that would otherwise fail deep inside a run."""
   if not config.target:
-    raise ValueError("config.target is empty: pass --config.target=NAME_OR_PATH (the teacher model)")
-  losses.check_divergence(config.loss.divergence, config.loss.beta)
-  if config.tensorboard:
-    tensorboard.require()
+    raise ConfigError("config.target is empty: pass --config.target=NAME_OR_PATH (the teacher model)")
+  try:
+    losses.check_divergence(config.loss.divergence, config.loss.beta)
+    if config.tensorboard:
+      tensorboard.require()
+  except (ValueError, ImportError) as e:
+    raise ConfigError(f"config.loss: {e}" if isinstance(e, ValueError) else str(e)) from None
   if not config.loss.temperature > 0:
-    raise ValueError(f"loss.temperature must be > 0, got {config.loss.temperature}")
+    raise ConfigError(f"loss.temperature must be > 0, got {config.loss.temperature}")
   if config.student.init not in student.INITS:
-    raise ValueError(f"unknown student.init {config.student.init!r}; expected one of {student.INITS}")
+    raise ConfigError(f"unknown student.init {config.student.init!r}; expected one of {student.INITS}")
+  if config.on_damaged_checkpoint not in ON_DAMAGED_CHECKPOINT:
+    raise ConfigError(f"unknown on_damaged_checkpoint {config.on_damaged_checkpoint!r}; expected one of "
+                      f"{ON_DAMAGED_CHECKPOINT}")
   for name in ("num_steps", "eval_every", "checkpoint_every", "eval_batches", "log_every"):
     if config[name] < 1:
-      raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
+      raise ConfigError(f"config.{name} must be >= 1, got {config[name]}")
   generates = config.data.modes.target > 0 or config.data.modes.student > 0
   if generates and not 1 <= config.data.prompt_len < config.data.seq_len:
-    raise ValueError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
-                     f"generated mode has weight, got {config.data.prompt_len}")
+    raise ConfigError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
+                      f"generated mode has weight, got {config.data.prompt_len}")
 
 
 def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel) -> tuple[ModelConfig, Params]:
@@ -121,20 +131,31 @@ def _evaluate(eval_step: Callable, student_params: Params, teacher_params: Param
 
 
 def _check_finite(step: int, metrics: dict, checkpoints: Checkpointer) -> None:
+  """Stops the run on a non-finite loss or gradient norm, naming the step, the checkpoint this run
+  started from (a damaged one would be the culprit, not the learning rate; restores are verified) and
+  the last checkpoint saved."""
   if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
     checkpoints.wait()
+    if checkpoints.restored is None:
+      origin = "this run started from scratch"
+    else:
+      restored, verified = checkpoints.restored
+      origin = (f"this run resumed from {'verified' if verified else 'unverified (no checksums)'} checkpoint "
+                f"step {restored} in {checkpoints.step_path(restored)}")
     last = checkpoints.latest_step()
-    kept = f"the last good checkpoint is step {last} in {checkpoints.directory}" if last is not None else \
-        "no checkpoint was saved yet"
+    kept = f"the last good checkpoint is step {last} in {checkpoints.step_path(last)}" if last is not None \
+        else "no checkpoint was saved yet"
     raise FloatingPointError(
         f"non-finite training loss {metrics['loss']} / gradient norm {metrics['grad_norm']} at step {step}; "
-        f"stopping ({kept}). Rerunning resumes from it and will diverge again: lower "
+        f"stopping ({origin}; {kept}). Rerunning resumes from it and will diverge again: lower "
         "optim.learning_rate, tighten optim.grad_clip or inspect the data first.")
 
 
 def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel, int]:
-  """(teacher, draft at the latest checkpoint of `config.workdir`, its step): for measuring or
-  exporting a run that is still going or was stopped. Raises if the workdir has no checkpoint."""
+  """(teacher, draft at the newest good checkpoint of `config.workdir`, its step): for measuring or
+  exporting a run that is still going or was stopped. Damaged newer checkpoints are skipped with a
+  warning (and left in place: the run owns them), or refused per `config.on_damaged_checkpoint`. Raises
+  if the workdir has no checkpoint, or only damaged ones."""
   teacher = load_model(config.target, config.dtype)
   student_config, student_params = init_student(config, teacher)
   labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
@@ -142,11 +163,14 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
   optimizer, _ = steps.make_optimizer(config.optim, config.num_steps, labels)
   checkpoints = Checkpointer(os.path.join(config.workdir, CHECKPOINT_DIR), config.keep_checkpoints,
                             read_only=True)
-  step = checkpoints.latest_step()
-  if step is None:
+  try:
+    restored = checkpoints.restore_newest(steps.init_state(student_params, optimizer, config.seed),
+                                          fallback=config.on_damaged_checkpoint == "fallback")
+  finally:
+    checkpoints.close()
+  if restored is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}")
-  state, _ = checkpoints.restore(step, steps.init_state(student_params, optimizer, config.seed))
-  checkpoints.close()
+  step, state, _ = restored
   draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config, state.params, teacher.tokenizer)
   return teacher, draft, step
 
@@ -251,7 +275,12 @@ class _Log:
 def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] = lambda step, m: None) -> dict:
   """Runs (or resumes) the distillation described by `config`, exports the draft, and returns the
   summary it also writes. `on_step(step, metrics)` sees each step's fetched metrics (a progress hook;
-  the tests use it to interrupt a run)."""
+  the tests use it to interrupt a run).
+
+  It resumes from the newest checkpoint that restores and matches its checksums. Damaged newer ones are
+  reported by step and path and set aside as `<step>.damaged` (config.on_damaged_checkpoint="fallback"),
+  or stop the run with a `CorruptCheckpointError` ("refuse"). If checkpoints exist but every one is
+  damaged, the run raises instead of silently restarting from step 0."""
   check_config(config)
   workdir = prepare_workdir(config.workdir)
   setup = _setup(config)
@@ -264,11 +293,17 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   state = steps.init_state(setup.student_params, optimizer, config.seed)
 
   checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
-  start = checkpoints.latest_step() or 0
+  start = 0
+  try:
+    restored = checkpoints.restore_newest(state, fallback=config.on_damaged_checkpoint == "fallback")
+    if restored:
+      start, state, meta = restored
+      setup.stream.restore(meta["data"])
+  except BaseException:
+    checkpoints.close()  # nothing is being saved yet
+    raise
   if start:
-    state, meta = checkpoints.restore(start, state)
-    setup.stream.restore(meta["data"])
-    print(f"resuming from step {start} ({checkpoints.directory})", flush=True)
+    print(f"resuming from step {start} ({checkpoints.step_path(start)})", flush=True)
   log = _Log(workdir, config, start, checkpoints, on_step)
   evaluate = lambda step: log.eval(step, _evaluate(eval_step, state.params, teacher_params, setup.held_batches))
 
