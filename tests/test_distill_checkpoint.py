@@ -105,8 +105,8 @@ def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, 
   summary = train.run(_config(target, workdir, **_SHORT))
   out, err = capsys.readouterr()
   step4 = os.path.join(checkpoints, "4")
-  assert f"warning: checkpoint step 4 in {step4} is damaged: its state cannot be read (" in err
-  assert "; trying step 2\n" in err
+  assert re.search(rf"warning: checkpoint step 4 in {re.escape(step4)} is damaged: file state/\S+ has \d+ bytes, "
+                   r"\d+ were saved; trying step 2\n", err)
   assert f"warning: set the damaged checkpoint aside as {step4}.damaged;" in err
   assert f"resuming from step 2 ({os.path.join(checkpoints, '2')})" in out
   assert sorted(os.listdir(checkpoints)) == ["2", "4", "4.damaged"]
@@ -119,16 +119,30 @@ def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, 
   assert "warning: checkpoint" not in capsys.readouterr().err
 
 
-_DAMAGES = {"truncated": (_truncate, "its state cannot be read"), "flipped": (_flip, "checksum mismatch in "),
-            "missing file": (_remove, "its state cannot be read"),
-            "edited metadata": (_edit_metadata, "its metadata does not match its checksum")}
+_DAMAGES = {  # damage -> (harm, reason found by the file manifest, reason found by orbax and the leaf sums)
+    "truncated": (_truncate, r"file state/\S+ has \d+ bytes, \d+ were saved", r"its state cannot be read \("),
+    "flipped": (_flip, r"file state/\S+ does not match its checksum", "checksum mismatch in "),
+    "missing file": (_remove, r"file state/\S+ is missing", r"its state cannot be read \("),
+    "edited metadata": (_edit_metadata, "file meta/metadata does not match its checksum",
+                        "its metadata does not match its checksum")}
 
 
+def _drop_manifest(checkpoints, step):
+  """As if the run had stopped before the save finished (or an older version wrote it)."""
+  os.remove(os.path.join(checkpoints, str(step), checkpoint.FILES))
+
+
+@pytest.mark.parametrize("manifest", [True, False])
 @pytest.mark.parametrize("damage", sorted(_DAMAGES))
-def test_damage_is_detected_and_skipped_read_only(damage, finished, target, tmp_path, capsys):
-  """`latest_student` (read-only) skips the damaged step 4 for step 2 and leaves it in place."""
+def test_damage_is_detected_and_skipped_read_only(damage, manifest, finished, target, tmp_path, capsys):
+  """`latest_student` (read-only) skips the damaged step 4 for step 2 and leaves it in place. With its
+  file manifest the damage is found before orbax reads anything; without it, by orbax's error or the
+  checksums of the restored leaves."""
   workdir, checkpoints = _copy(finished, tmp_path)
-  harm, reason = _DAMAGES[damage]
+  harm, by_manifest, by_leaves = _DAMAGES[damage]
+  reason = by_manifest if manifest else by_leaves
+  if not manifest:
+    _drop_manifest(checkpoints, 4)
   harm(checkpoints, 4)
   if damage == "flipped":  # orbax alone restores the flipped data without complaint, but not as saved
     good = _raw_state(os.path.join(finished[0], train.CHECKPOINT_DIR), 4)
@@ -136,7 +150,8 @@ def test_damage_is_detected_and_skipped_read_only(damage, finished, target, tmp_
   _, _, step = train.latest_student(_config(target, workdir, **_SHORT))
   assert step == 2
   err = capsys.readouterr().err
-  assert f"warning: checkpoint step 4 in {os.path.join(checkpoints, '4')} is damaged: {reason}" in err
+  assert re.search(f"warning: checkpoint step 4 in {re.escape(os.path.join(checkpoints, '4'))} is damaged: "
+                   f"{reason}", err), err
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
 
 
@@ -145,7 +160,7 @@ def test_refuse_option_stops_on_a_damaged_checkpoint(finished, target, tmp_path)
   _flip(checkpoints, 4)
   step4 = os.path.join(checkpoints, "4")
   with pytest.raises(CorruptCheckpointError, match=rf"^checkpoint step 4 in {re.escape(step4)} is damaged: "
-                     r"checksum mismatch in .*; not falling back to an older checkpoint") as error:
+                     r"file state/\S+ does not match its checksum; not falling back to an older checkpoint") as error:
     train.run(_config(target, workdir, on_damaged_checkpoint="refuse", **_SHORT))
   assert (error.value.step, error.value.path) == (4, step4)
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
@@ -168,6 +183,7 @@ def test_unverified_old_checkpoint_restores_with_a_warning(finished, target, tmp
   path = os.path.join(checkpoints, "4", "meta", "metadata")
   with open(path) as f:
     meta = json.load(f)
+  _drop_manifest(checkpoints, 4)
   del meta[checkpoint.STATE_SUMS], meta[checkpoint.JSON_SUM]
   with open(path, "w") as f:
     json.dump(meta, f)
@@ -210,6 +226,6 @@ def test_cli_refusing_a_damaged_checkpoint_prints_one_error_line(finished, targe
   errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
   assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
   step4 = os.path.join(checkpoints, "4")
-  assert len(errors) == 1, done.stderr
-  assert errors[0].startswith(f"error: checkpoint step 4 in {step4} is damaged: its state cannot be read ("), \
-      errors
+  assert len(errors) == 1 and done.stderr.strip().splitlines() == errors, done.stderr  # nothing else
+  assert re.match(rf"error: checkpoint step 4 in {re.escape(step4)} is damaged: file state/\S+ has \d+ bytes",
+                  errors[0]), errors

@@ -12,8 +12,12 @@ Orbax does not verify what it reads back: a truncated or missing data file fails
 and flipped bytes in an array's data are restored silently (its zarr chunks carry no checksum). So each
 checkpoint's JSON item also records a SHA-256 of every state leaf (its bytes, with its key path, dtype and
 shape), taken at save time from a host copy of the state, and a SHA-256 of the rest of the JSON item; a
-restore checks the JSON first, then recomputes the leaves' from the restored arrays. Any failure to read
-step N, or any mismatch, is a `CorruptCheckpointError` naming the step and its directory.
+restore checks the JSON first, then recomputes the leaves' from the restored arrays. Once a save has
+finished (checked when the next save starts, and on `wait`/`close`), the size and SHA-256 of every file
+it wrote are recorded in `<step>/files.sha256.json`, and a restore checks them before orbax reads
+anything: damage is then found without orbax failing mid-read (whose abandoned reads print tracebacks
+from TensorStore's threads long after the error). Any failure to read step N, or any mismatch, is a
+`CorruptCheckpointError` naming the step and its directory (and the damaged file when known).
 `restore_newest` falls back past damaged checkpoints to the newest good one. Checkpoints written before
 checksums were recorded restore with a warning that they are unverified.
 """
@@ -31,6 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as ocp_policy
 
+FILES = "files.sha256.json"  # in each step directory once its save finished: {relative path: [size, sha256]}
 DAMAGED_SUFFIX = ".damaged"  # a damaged checkpoint set aside is renamed <step>.damaged (orbax ignores it)
 STATE_SUMS = "state_sha256"  # JSON item field: {key path: {"dtype", "shape", "sha256"}} of the state's leaves
 JSON_SUM = "json_sha256"  # JSON item field: SHA-256 of the rest of the JSON item (STATE_SUMS included)
@@ -79,6 +84,19 @@ def _json_sha256(metadata: dict) -> str:
   return hashlib.sha256(json.dumps(metadata, sort_keys=True).encode()).hexdigest()
 
 
+def _file_records(directory: str) -> dict[str, list]:
+  """{path relative to `directory`: [size, sha256]} of every file below it but the file manifest."""
+  records = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      relative = os.path.relpath(path, directory)
+      if not relative.startswith(FILES):  # the manifest, and its temporary file while it is written
+        with open(path, "rb") as f:
+          records[relative] = [os.path.getsize(path), hashlib.file_digest(f, "sha256").hexdigest()]
+  return records
+
+
 def _listed(names: list[str], limit: int = 3) -> str:
   return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -116,6 +134,7 @@ class Checkpointer:
     of the train state per checkpoint, small next to the train steps between checkpoints."""
     summed = {**metadata, STATE_SUMS: _leaf_records(state)}
     meta = {**summed, JSON_SUM: _json_sha256(summed)}
+    self.wait()  # the previous save (long finished, normally): its files get their manifest first
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     meta=ocp.args.JsonSave(meta)), force=True)
 
@@ -130,6 +149,9 @@ class Checkpointer:
     path = self.step_path(step)
     damaged = lambda reason: CorruptCheckpointError(f"checkpoint step {step} in {path} is damaged: {reason}",
                                                     step, path)
+    bad_file = self._check_files(path)
+    if bad_file:
+      raise damaged(bad_file)
     try:
       metadata = dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
     except Exception as e:  # orbax raises bare Exceptions, ValueErrors, OSErrors, JSON errors...
@@ -205,9 +227,44 @@ class Checkpointer:
       _warn(f"set the damaged checkpoint aside as {target}; the run saves that step again when it gets there")
     self.manager.reload()
 
+  def _check_files(self, path: str) -> str | None:
+    """Why the files of the step directory `path` differ from its manifest; None when they match or
+    it has none (a save that had not finished when the run stopped, or an older version's)."""
+    manifest = os.path.join(path, FILES)
+    if not os.path.exists(manifest):
+      return None
+    try:
+      with open(manifest) as f:
+        recorded = json.load(f)
+    except (OSError, ValueError) as e:
+      return f"its file manifest {FILES} cannot be read ({e})"
+    found = _file_records(path)
+    for relative, (size, digest) in sorted(recorded.items()):
+      if relative not in found:
+        return f"file {relative} is missing"
+      if found[relative][0] != size:
+        return f"file {relative} has {found[relative][0]} bytes, {size} were saved"
+      if found[relative][1] != digest:
+        return f"file {relative} does not match its checksum"
+    return None
+
+  def _seal_finished(self) -> None:
+    """Writes the file manifest of every finished step that lacks one (atomically)."""
+    for step in self.manager.all_steps():
+      path = self.step_path(step)
+      manifest = os.path.join(path, FILES)
+      if os.path.isdir(path) and not os.path.exists(manifest):
+        records = _file_records(path)
+        with open(manifest + ".tmp", "w") as f:
+          json.dump(records, f, indent=0, sort_keys=True)
+        os.replace(manifest + ".tmp", manifest)
+
   def wait(self) -> None:
-    """Blocks until every started save is on disk."""
+    """Blocks until every started save is on disk, then records its files' checksums."""
     self.manager.wait_until_finished()
+    if not self.read_only:
+      self._seal_finished()
 
   def close(self) -> None:
+    self.wait()
     self.manager.close()
