@@ -27,7 +27,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import costs, metrics, pipeline, records
+from specjax import costs, drafting, metrics, pipeline, records
+from specjax.decode_config import default_config
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome, with a docstring and tests.",
@@ -40,11 +41,11 @@ VOCAB_CORPUS = "stdlib"  # ranks the tokens of restricted draft heads (--draft-v
 
 
 def decode_config(args, mode: str, k: int, batch_size: int, draft_vocab: int = 0) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      target=args.target, draft=args.draft, mode=mode, prompts=PROMPTS[:args.num_prompts],
-      prompts_file="", chat=True, max_new_tokens=args.max_new_tokens, k=k, draft_vocab=draft_vocab,
-      draft_vocab_corpus=VOCAB_CORPUS, temperature=0.0, top_k=0, top_p=1.0, seed=0, batch_size=batch_size,
-      dtype=args.dtype, output=""))
+  cfg = default_config()
+  cfg.update(target=args.target, draft=args.draft, mode=mode, prompts=tuple(PROMPTS[:args.num_prompts]),
+             chat=True, max_new_tokens=args.max_new_tokens, k=k, draft_vocab=draft_vocab,
+             draft_vocab_corpus=VOCAB_CORPUS, temperature=0.0, batch_size=batch_size, dtype=args.dtype)
+  return cfg
 
 
 def run_specjax(args, log) -> dict:
@@ -57,8 +58,9 @@ def run_specjax(args, log) -> dict:
   result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
   c_by_vocab = {}  # draft/target cost ratio c per draft head size (0 = the full vocabulary)
   for vocab in args.draft_vocabs:
-    head, _ = pipeline.restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
-    c_by_vocab[vocab] = costs.cost_ratio(target, draft, 1, args.repeats, head)
+    head, _ = drafting.restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
+    c_by_vocab[vocab] = costs.cost_ratio(target.config, target.params, draft.config, draft.params, 1,
+                                         args.repeats, head)
   result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)
   result["cost_ratio_c_by_draft_vocab"] = c_by_vocab
   log(f"target T=1 {t1 * 1e3:.0f} ms; ratios " +

@@ -4,9 +4,11 @@
 
 A sweep config (configs/sweeps/) holds `base`, a full decode config as `python -m specjax.decode` takes
 it; `axes`, decode field -> tuple of values, whose cartesian product is the grid; `output`, the JSONL
-table; `measure_cost` and `cost_repeats`, for the draft/target cost ratio c (`specjax.costs`, timing the
-draft through its `draft_vocab` head when it has one), measured once per (target, draft, dtype, batch
-size, draft vocabulary). Autoregressive points do not use `SPECULATIVE_ONLY` fields (k, draft, the draft vocabulary): their
+table; `measure_cost` and `cost_repeats`, for the draft/target cost ratio c (`drafting.cost_ratio`:
+timed for a draft model through its `draft_vocab` head when it has one and for a layer-skip draft
+through its layers, 0 for n-gram lookup), measured once per drafter setting and batch size.
+`drafter` and its fields are axes like any other. Autoregressive points do not use `SPECULATIVE_ONLY`
+fields (k, the drafter and its settings): their
 axis values are recorded as null, so the baseline runs once per remaining setting however many K or
 drafts the grid has.
 
@@ -38,13 +40,14 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax import costs, metrics, pipeline, records
+from specjax import drafting, metrics, pipeline, records
 from specjax.models.load import LoadedModel, load_model
 
-MODEL_AXES = ("target", "draft", "dtype")  # which models are loaded: outermost
+MODEL_AXES = ("target", "drafter", "draft", "dtype")  # which models are loaded: outermost
 DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # arrays of one compiled program: innermost
-SPECULATIVE_ONLY = ("k", "draft", "draft_vocab", "draft_vocab_corpus")  # unused by autoregressive points
-SETTINGS = ("target", "draft", "mode", "k", "batch_size", "temperature", "top_k", "top_p", "seed",
+SPECULATIVE_ONLY = ("k", "drafter", "draft", "draft_vocab", "draft_vocab_corpus", "ngram_min", "ngram_max",
+                    "draft_layers")  # unused by autoregressive points
+SETTINGS = ("target", "drafter", "draft", "mode", "k", "batch_size", "temperature", "top_k", "top_p", "seed",
             "max_new_tokens", "chat", "dtype")  # decode fields copied into every row
 
 Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
@@ -189,26 +192,28 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
     if draft_name is None:
       return target, None
     draft = load(draft_name, dtype)
-    pipeline.check_compatible(target, draft)
+    drafting.check_compatible(target, draft)
     return target, draft
 
-  @functools.cache
-  def cost_ratio(target_name: str, draft_name: str, dtype: str, batch_size: int, draft_vocab: int,
-                 draft_vocab_corpus: str) -> float:
-    target, draft = models(target_name, draft_name, dtype)
-    head, _ = pipeline.restricted_draft_head(draft_vocab, draft_vocab_corpus, target, draft, log)
-    c = costs.cost_ratio(target, draft, batch_size, sweep.cost_repeats, head)
-    vocab = f", {draft_vocab}-token head" if draft_vocab else ""
-    log(f"cost ratio c = {c:.3f} ({draft_name}{vocab} / {target_name}, batch {batch_size})")
-    return c
+  costs_measured = {}
+
+  def cost_ratio(cfg: ml_collections.ConfigDict, pair: tuple[LoadedModel, LoadedModel | None]) -> float:
+    """The drafter's c at the point's batch size, measured once per drafter setting."""
+    fields = ("target", "drafter", "draft", "dtype", "batch_size", "draft_vocab", "draft_vocab_corpus",
+              "draft_layers")
+    key = tuple(cfg[field] for field in fields)
+    if key not in costs_measured:
+      drafter, _ = drafting.build(cfg, *pair, log)
+      costs_measured[key] = drafting.cost_ratio(drafter, pair[0], cfg.batch_size, sweep.cost_repeats)
+      log(f"cost ratio c = {costs_measured[key]:.3f} (drafter {cfg.drafter}: {_describe(dict(zip(fields, key)))})")
+    return costs_measured[key]
 
   written = []
   for number, (point, cfg) in enumerate(todo, 1):
     log(f"[{number}/{len(todo)}] {_describe(point)}")
-    draft_name = cfg.draft if cfg.mode == "speculative" else None
-    pair = models(cfg.target, draft_name, cfg.dtype)
-    c = (cost_ratio(cfg.target, draft_name, cfg.dtype, cfg.batch_size, cfg.draft_vocab,
-                    cfg.draft_vocab_corpus) if sweep.measure_cost and draft_name else None)
+    pair = models(cfg.target, cfg.draft if drafting.needs_draft_model(cfg) else None, cfg.dtype)
+    speculative = cfg.mode == "speculative"
+    c = cost_ratio(cfg, pair) if sweep.measure_cost and speculative else None
     result = pipeline.run(cfg, log=lambda message: log(f"  {message}"), models=pair)
     row = make_row(point, cfg, result["stats"], c, table)
     with open(sweep.output, "a") as f:

@@ -19,19 +19,19 @@ import numpy as np
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
-from specjax.models.load import LoadedModel
 from specjax.models.transformer import forward_hidden
 from specjax.speculative.draft_head import DraftHead, draft_logits
 
 
 def _forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
-                   head: DraftHead | None) -> Callable[[], float]:
+                   head: DraftHead | None, layers: tuple[int, ...] | None = None) -> Callable[[], float]:
   """Compiles (and runs once) a jitted forward of [batch_size, T] tokens with `offset` positions cached,
-  through the restricted output `head` when one is given; each call of the result times one more."""
+  through the restricted output `head` when one is given and the blocks `layers` only when given; each
+  call of the result times one more."""
 
   @functools.partial(jax.jit, donate_argnames=("cache",))
   def step(params, head, tokens_BxT, cache):
-    hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
+    hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache, layers)
     return draft_logits(config, params, head, hidden_BxTxD).argmax(-1), cache
 
   tokens_BxT = jnp.ones((batch_size, T), jnp.int32)
@@ -62,11 +62,14 @@ def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats:
   return seconds
 
 
-def cost_ratio(target: LoadedModel, draft: LoadedModel, batch_size: int, repeats: int,
-               head: DraftHead | None = None, cache_len: int = 256, offset: int = 100) -> float:
-  """c = the median over `repeats` back-to-back pairs of (seconds of a 1-token draft forward, through
-  `head` if given) / (seconds of a 1-token target forward), at `batch_size` rows. Pairing cancels the
-  machine's drift, which on a shared VM moves single timings by more than c's own spread."""
-  draft_timed = _forward_timer(draft.config, draft.params, 1, batch_size, cache_len, offset, head)
-  target_timed = _forward_timer(target.config, target.params, 1, batch_size, cache_len, offset, None)
+def cost_ratio(target_config: ModelConfig, target_params, draft_config: ModelConfig, draft_params,
+               batch_size: int, repeats: int, head: DraftHead | None = None,
+               draft_layers: tuple[int, ...] | None = None, cache_len: int = 256, offset: int = 100) -> float:
+  """c = the median over `repeats` back-to-back pairs of (seconds of a 1-token draft forward) / (seconds
+  of a 1-token target forward), at `batch_size` rows. The draft runs through `head` when given and
+  through the blocks `draft_layers` only when given (a layer-skip draft is the target's own subset).
+  Pairing cancels the machine's drift, which on a shared VM moves single timings by more than c's own
+  spread."""
+  draft_timed = _forward_timer(draft_config, draft_params, 1, batch_size, cache_len, offset, head, draft_layers)
+  target_timed = _forward_timer(target_config, target_params, 1, batch_size, cache_len, offset, None)
   return float(np.median([draft_timed() / target_timed() for _ in range(repeats)]))

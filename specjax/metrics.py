@@ -3,8 +3,10 @@
 `AcceptanceCounts` holds per-row counters that the jitted loop updates every round (`record`);
 `summarize` turns them into a JSON-ready dict on the host. Everything else is derived from three
 counters, so the loop carries no redundant state:
-  proposed = K * rounds; rejections = rounds that did not accept all K; a draft position i is
-  reached in every round whose positions 1 .. i-1 were all accepted.
+  a draft position i is reached in a round that proposed at least i tokens and accepted positions
+  1 .. i-1; each reached position is either accepted or the round's one rejection, so
+  rejections = sum_i (reached_i - accepted_i). Rows may propose fewer than K tokens in a round (an
+  n-gram drafter without a match, an early-stopped draft), so `proposed` is counted, not K * rounds.
 The theory is Leviathan et al. (2023): with an i.i.d. per-token acceptance probability alpha, a round
 emits (1 - alpha^(K+1)) / (1 - alpha) tokens on average, and with a draft pass costing c target
 passes the speedup over autoregressive decoding is that divided by (K c + 1).
@@ -21,22 +23,30 @@ import numpy as np
 @flax.struct.dataclass
 class AcceptanceCounts:
   rounds: jax.Array  # [B] int32: verify rounds (target passes after the prefill) while the row was live
+  proposed: jax.Array  # [B] int32: draft tokens proposed, summed over those rounds
   accepted: jax.Array  # [B] int32: draft tokens accepted, summed over those rounds
+  reached_at: jax.Array  # [B, K] int32: rounds in which draft position i + 1 was proposed and reached
   accepted_at: jax.Array  # [B, K] int32: rounds in which draft position i + 1 was accepted
 
 
 def zero_counts(batch_size: int, k: int) -> AcceptanceCounts:
-  return AcceptanceCounts(rounds=jnp.zeros((batch_size,), jnp.int32),
-                          accepted=jnp.zeros((batch_size,), jnp.int32),
-                          accepted_at=jnp.zeros((batch_size, k), jnp.int32))
+  zeros_B, zeros_BxK = jnp.zeros((batch_size,), jnp.int32), jnp.zeros((batch_size, k), jnp.int32)
+  return AcceptanceCounts(rounds=zeros_B, proposed=zeros_B, accepted=zeros_B, reached_at=zeros_BxK,
+                          accepted_at=zeros_BxK)
 
 
-def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, live_B: jax.Array) -> AcceptanceCounts:
-  """Adds one round in which each live row accepted `num_accepted_B[b]` draft tokens (jittable)."""
-  k = counts.accepted_at.shape[1]
-  accepted_BxK = live_B[:, None] & (jnp.arange(k)[None, :] < num_accepted_B[:, None])
+def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, num_proposed_B: jax.Array,
+           live_B: jax.Array) -> AcceptanceCounts:
+  """Adds one round in which each live row proposed `num_proposed_B[b]` draft tokens and accepted
+  the first `num_accepted_B[b]` of them (jittable)."""
+  position_K = jnp.arange(counts.accepted_at.shape[1])
+  accepted_BxK = live_B[:, None] & (position_K[None, :] < num_accepted_B[:, None])
+  reached_BxK = (live_B[:, None] & (position_K[None, :] <= num_accepted_B[:, None])
+                 & (position_K[None, :] < num_proposed_B[:, None]))
   return AcceptanceCounts(rounds=counts.rounds + live_B,
+                          proposed=counts.proposed + jnp.where(live_B, num_proposed_B, 0),
                           accepted=counts.accepted + jnp.where(live_B, num_accepted_B, 0),
+                          reached_at=counts.reached_at + reached_BxK,
                           accepted_at=counts.accepted_at + accepted_BxK)
 
 
@@ -44,17 +54,15 @@ def _ratio(numerator: float, denominator: float) -> float | None:
   return float(numerator) / float(denominator) if denominator else None
 
 
-def _summary(rounds: int, accepted: int, accepted_at_K: np.ndarray) -> dict:
+def _summary(rounds: int, proposed: int, accepted: int, reached_K: np.ndarray, accepted_at_K: np.ndarray) -> dict:
   """The statistics of one row, or of all rows when given their sums."""
-  k = accepted_at_K.shape[0]
-  reached_K = np.concatenate([[rounds], accepted_at_K[:-1]])
-  rejections = rounds - int(accepted_at_K[-1])
+  rejections = int((reached_K - accepted_at_K).sum())
   return {
       "rounds": int(rounds),
-      "proposed": int(k * rounds),
+      "proposed": int(proposed),
       "accepted": int(accepted),
       "rejections": rejections,
-      "acceptance_rate": _ratio(accepted, k * rounds),  # accepted / proposed
+      "acceptance_rate": _ratio(accepted, proposed),  # accepted / proposed
       "alpha_hat": _ratio(accepted, accepted + rejections),  # per-token acceptance estimate
       "mean_accepted_length": _ratio(accepted + rounds, rounds),  # tokens per verify round
       "accepted_at_position": [int(a) for a in accepted_at_K],
@@ -72,13 +80,10 @@ def summarize(counts: AcceptanceCounts) -> dict:
   verify round, the bonus or residual token included: block efficiency, before EOS or budget cuts),
   and per draft position how often it was accepted and reached. Ratios with a zero denominator are None.
   """
-  rounds_B, accepted_B, accepted_at_BxK = (np.asarray(a) for a in (counts.rounds, counts.accepted,
-                                                                   counts.accepted_at))
-  return {
-      "total": _summary(int(rounds_B.sum()), int(accepted_B.sum()), accepted_at_BxK.sum(axis=0)),
-      "per_row": [_summary(int(r), int(a), at_K) for r, a, at_K in zip(rounds_B, accepted_B,
-                                                                        accepted_at_BxK)],
-  }
+  arrays = [np.asarray(a) for a in (counts.rounds, counts.proposed, counts.accepted, counts.reached_at,
+                                      counts.accepted_at)]
+  return {"total": _summary(*(a.sum(axis=0) for a in arrays)),
+          "per_row": [_summary(*row) for row in zip(*arrays)]}
 
 
 def _check_theory_args(alpha: float, k: int) -> None:

@@ -20,13 +20,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, generation, metrics, records
+from specjax import autoregressive, drafting, generation, metrics, records
 from specjax.errors import ConfigError
-from specjax.models import registry
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel, load_model
 from specjax.sampling import sampling_params
-from specjax.speculative import draft_head
+from specjax.speculative.drafters import Drafter
 from specjax.speculative.loop import speculative_generate
 
 MODES = ("speculative", "autoregressive")
@@ -42,13 +41,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   require(cfg.mode in MODES, f"config.mode must be one of {MODES}, got {cfg.mode!r}")
   require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
   require(bool(cfg.target), "config.target is empty: give a registry name, a .gguf file or an HF directory")
-  require(cfg.mode != "speculative" or bool(cfg.draft), "config.draft is empty but mode is 'speculative'")
   require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
           f"got {cfg.k}")
   require(cfg.max_new_tokens >= 1, f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
   require(cfg.batch_size >= 1, f"config.batch_size must be >= 1, got {cfg.batch_size}")
-  require(int(cfg.draft_vocab) == cfg.draft_vocab and cfg.draft_vocab >= 0,
-          f"config.draft_vocab must be an integer >= 0 (0 = the full vocabulary), got {cfg.draft_vocab}")
   require(bool(cfg.prompts) or bool(cfg.prompts_file),
           "no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
   for i, prompt in enumerate(() if cfg.prompts_file else cfg.prompts):
@@ -58,6 +54,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  drafting.check_config(cfg)
 
 
 def read_prompts(path: str) -> list[str]:
@@ -118,23 +115,13 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
   return ""
 
 
-def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-  """The acceptance ratio compares probabilities of the same token ids: vocabularies must agree."""
-  if draft.config.vocab_size != target.config.vocab_size:
-    raise ValueError(f"draft {draft.name} has {draft.config.vocab_size} vocabulary rows, target "
-                     f"{target.name} has {target.config.vocab_size}: speculative decoding needs one vocabulary")
-  if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
-    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers")
-
-
 @dataclasses.dataclass
 class _Runner:
   """Runs one padded batch through the compiled program of the configured mode."""
 
   cfg: ml_collections.ConfigDict
   target: LoadedModel
-  draft: LoadedModel | None
-  head: draft_head.DraftHead | None  # the draft's restricted output head (config.draft_vocab > 0)
+  drafter: Drafter | None  # None in autoregressive mode
   cache_len: int
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
@@ -146,10 +133,9 @@ class _Runner:
       return autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
                                      target_cache, budget_B, eos, sampling, key,
                                      out_width=cfg.max_new_tokens)
-    return speculative_generate(self.target.config, self.target.params, self.draft.config,
-                                self.draft.params, prompts_BxP, lengths_B, target_cache,
-                                init_cache(self.draft.config, batch, self.cache_len), budget_B, eos,
-                                sampling, key, k=cfg.k, out_width=cfg.max_new_tokens, draft_head=self.head)
+    return speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
+                                target_cache, self.drafter.storage(batch, self.cache_len), budget_B, eos,
+                                sampling, key, k=cfg.k, out_width=cfg.max_new_tokens)
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
@@ -164,35 +150,17 @@ def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
     yield indices, *generation.pad_prompts(rows, width=width)
 
 
-def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, draft: LoadedModel,
-                          log: Callable[[str], None] = print
-                          ) -> tuple[draft_head.DraftHead | None, float | None]:
-  """The draft's head restricted to the `size` tokens most frequent in `corpus_source` (stop tokens
-  included; `config.draft_vocab` and `draft_vocab_corpus`), and the share of the corpus's tokens it
-  covers; (None, None) for size 0, the full head."""
-  if not size:
-    return None, None
-  log(f"ranking tokens of {corpus_source!r} for a {size}-token draft head ...")
-  counts_V = draft_head.corpus_token_counts(target.tokenizer, corpus_source, draft.config.vocab_size,
-                                            registry.cache_dir())
-  tokens_N = draft_head.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
-  coverage = float(counts_V[tokens_N].sum() / max(counts_V.sum(), 1))
-  log(f"the draft head scores {len(tokens_N)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
-      f"the corpus's tokens")
-  return draft_head.restrict_head(draft.config, draft.params, tokens_N), coverage
-
-
 def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print
                 ) -> tuple[LoadedModel, LoadedModel | None]:
-  """The target and (in speculative mode) the draft of `cfg`, checked compatible."""
+  """The target and (for the model drafter) the draft of `cfg`, checked compatible."""
   start = time.perf_counter()
   log(f"loading target {cfg.target} ({cfg.dtype}) ...")
   target = load_model(cfg.target, dtype=cfg.dtype)
   draft = None
-  if cfg.mode == "speculative":
+  if drafting.needs_draft_model(cfg):
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
     draft = load_model(cfg.draft, dtype=cfg.dtype)
-    check_compatible(target, draft)
+    drafting.check_compatible(target, draft)
   log(f"loaded in {time.perf_counter() - start:.1f} s")
   return target, draft
 
@@ -202,7 +170,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
   """Decodes every prompt of `cfg`; returns the JSON-ready results, also written to `cfg.output` (or,
   when that fails at the end, to the fallback file named by `results["written_to"]`).
 
-  `models` = (target, draft) already loaded (benchmarks and sweeps reuse them across runs)."""
+  `models` = (target, draft or None) already loaded (benchmarks and sweeps reuse them across runs)."""
   validate(cfg)
   # Everything that can fail cheaply fails before the models load (up to minutes for real ones).
   texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
@@ -211,9 +179,8 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
   speculative = cfg.mode == "speculative"
   load_start = time.perf_counter()
   target, draft = models or load_models(cfg, log)
-  if speculative and draft is None:
-    raise ValueError("mode is 'speculative' but no draft model was given")
   load_time = time.perf_counter() - load_start
+  drafter, drafter_info = drafting.build(cfg, target, draft, log) if speculative else (None, {})
 
   tok = target.tokenizer
   if cfg.chat:
@@ -222,9 +189,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     prompt_ids = [tok.encode(t) for t in texts]
   longest = max(len(p) for p in prompt_ids)
   cache_len = -(-(longest + cfg.max_new_tokens + cfg.k + 1) // 64) * 64  # one shape for all batches
-  head, coverage = (restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
-                    if speculative else (None, None))
-  runner = _Runner(cfg, target, draft, head, cache_len)
+  runner = _Runner(cfg, target, drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
   batches = list(_batches(prompt_ids, cfg.batch_size))
@@ -264,7 +229,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     stats.update(acceptance_rate=totals["acceptance_rate"], alpha_hat=totals["alpha_hat"],
                  mean_accepted_length=totals["mean_accepted_length"],
                  per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
-                 draft_vocab_coverage=coverage)
+                 **drafter_info)
   results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
              "environment": records.environment()}
   if cfg.output:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax.speculative import acceptance
+from specjax.speculative import acceptance, proposal
 
 V = 10
 ALPHA = 1e-3  # significance level of every chi-square test below
@@ -86,8 +86,8 @@ def test_verify_matches_q_at_every_position_by_monte_carlo(name):
   draft_BxK = np.stack([rng.choice(V, n_rows, p=np.float64(p) / np.float64(p).sum())
                         for p, _ in probs], axis=1)
   num_accepted, next_token = jax.jit(acceptance.verify)(
-      jax.random.key(2), jnp.asarray(draft_BxK, jnp.int32),
-      jnp.broadcast_to(draft_probs_KxV, (n_rows, k, V)),
+      jax.random.key(2), proposal.full(jnp.asarray(draft_BxK, jnp.int32),
+                                       jnp.broadcast_to(draft_probs_KxV, (n_rows, k, V))),
       jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   for i, (p, q) in enumerate(probs):
@@ -112,7 +112,39 @@ def test_greedy_one_hot_inputs_give_the_target_argmax():
   one_hot = lambda t: jnp.asarray(np.eye(V, dtype=np.float32)[t])
   verify = jax.jit(acceptance.verify)
   for seed in range(5):
-    num_accepted, next_token = verify(jax.random.key(seed), jnp.asarray(draft_BxK, jnp.int32),
-                                      one_hot(draft_BxK), one_hot(target_BxK1))
+    num_accepted, next_token = verify(jax.random.key(seed),
+                                      proposal.full(jnp.asarray(draft_BxK, jnp.int32), one_hot(draft_BxK)),
+                                      one_hot(target_BxK1))
     np.testing.assert_array_equal(num_accepted, [3, 1, 0, 3])
     np.testing.assert_array_equal(next_token, [4, 2, 1, 5])
+
+
+def test_point_masses_and_short_proposals_emit_q_at_every_position():
+  """Point-mass proposals (no [B, K, V] tensor) with per-row lengths 0, 1 or 2 of K = 2: each emitted
+  token i, over the N = 150,000 rows that reach it, follows q_i (chi-square at level 0.001), where the
+  token after a row's last proposed one is its bonus, drawn from the q at that position; a rejected
+  point mass x is never resampled (the residual is q without x); slots past a row's length are never
+  accepted."""
+  rng = np.random.default_rng(3)
+  n_rows, k = 150_000, 2
+  target_probs_K1xV = np.stack([_dirichlet(rng) for _ in range(k + 1)]).astype(np.float32)
+  draft_BxK = rng.integers(0, V, (n_rows, k)).astype(np.int32)  # any deterministic rule would do
+  lengths_B = rng.integers(0, k + 1, n_rows).astype(np.int32)
+  num_accepted, next_token = jax.jit(acceptance.verify)(
+      jax.random.key(4), proposal.Proposal(tokens=jnp.asarray(draft_BxK), lengths=jnp.asarray(lengths_B)),
+      jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
+  num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
+  assert (num_accepted <= lengths_B).all()
+  rejected = num_accepted < lengths_B
+  assert not (next_token[rejected] == draft_BxK[rejected, num_accepted[rejected]]).any()
+  emitted_BxK1 = np.where(np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))),
+                          next_token[:, None])
+  for i in range(k + 1):
+    rows = num_accepted >= i
+    observed = np.bincount(emitted_BxK1[rows, i], minlength=V)
+    assert chi_square_pvalue(observed, np.float64(target_probs_K1xV[i])) > ALPHA
+  # The bonus after a full acceptance of a 1-token proposal comes from q_2, not q_3 or the residual.
+  bonus_rows = (lengths_B == 1) & (num_accepted == 1)
+  assert bonus_rows.sum() > 1000
+  assert chi_square_pvalue(np.bincount(next_token[bonus_rows], minlength=V),
+                           np.float64(target_probs_K1xV[1])) > ALPHA

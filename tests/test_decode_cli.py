@@ -11,6 +11,7 @@ import pytest
 
 from configs import tiny
 from specjax import decode, pipeline
+from specjax.errors import ConfigError
 from tests.tiny_hf import save_char_tokenizer, save_hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,6 +73,41 @@ def test_bad_config_values_fail_early(model_dirs, overrides, message):
   cfg = _config(model_dirs, **overrides)
   with pytest.raises(ValueError, match=message):
     pipeline.run(cfg, log=lambda m: None)
+
+
+@pytest.mark.parametrize("drafter, settings", [
+    ("ngram", dict(ngram_min=1, ngram_max=2, k=4)), ("layer_skip", dict(draft_layers="0")),
+    ("model", dict(draft_stop_threshold=0.3, k=4))])
+def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, drafter, settings):
+  """Each drafter chosen by the config field `drafter` gives the target's greedy output; n-gram and
+  layer-skip need no draft model (an empty `draft`)."""
+  draft = model_dirs[1] if drafter == "model" else ""
+  spec = pipeline.run(_config([model_dirs[0], draft], drafter=drafter, **settings), log=lambda m: None)
+  ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
+  expected_calls = {"ngram": lambda calls: calls == 0, "layer_skip": lambda calls: calls > 0,
+                    "model": lambda calls: 0 < calls}[drafter]
+  assert expected_calls(spec["stats"]["draft_calls"]), spec["stats"]["draft_calls"]
+  if drafter == "layer_skip":
+    assert spec["stats"]["draft_layers"] == [0]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(drafter="medusa"), "unknown config.drafter 'medusa'; expected one of model, ngram, layer_skip"),
+    (dict(drafter="ngram", ngram_min=0), "config.ngram_min must be an integer >= 1, got 0"),
+    (dict(drafter="ngram", ngram_min=3, ngram_max=2), r"config.ngram_max must be an integer >= config.ngram_min"),
+    (dict(drafter="layer_skip", draft_layers=""), "config.draft_layers '' selects no layer"),
+    (dict(drafter="layer_skip", draft_layers="0-x"), "is not a layer index"),
+    (dict(drafter="layer_skip", draft_layers="0-5"), r"config.draft_layers '0-5' must lie in 0-1"),
+    (dict(draft_stop_threshold=1.0), r"config.draft_stop_threshold must be in \[0, 1\)"),
+    (dict(draft_stop_threshold=-0.1), r"config.draft_stop_threshold must be in \[0, 1\)"),
+    (dict(drafter="model", draft=""), "config.draft is empty but config.drafter is 'model'")])
+def test_bad_drafter_settings_fail_before_the_models_load(model_dirs, tmp_path, overrides, message):
+  """Every drafter setting is checked before a model loads (the target here does not exist), except the
+  layer range, which needs the target's depth (checked right after it loads, before compiling)."""
+  target = model_dirs[0] if overrides.get("draft_layers") == "0-5" else str(tmp_path / "no-model")
+  with pytest.raises(ConfigError, match=message):
+    pipeline.run(_config([target, model_dirs[1]], **overrides), log=lambda m: None)
 
 
 def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):

@@ -13,7 +13,8 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import forward, forward_hidden, init_params
 from specjax.sampling import probabilities, sampling_params
-from specjax.speculative.draft_head import corpus_token_counts, most_frequent, restrict_head, token_counts
+from specjax.draft_vocab import corpus_token_counts, most_frequent, token_counts
+from specjax.speculative.draft_head import restrict_head
 from tests.tiny_hf import save_char_tokenizer
 
 

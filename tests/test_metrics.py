@@ -9,11 +9,14 @@ import pytest
 from specjax import metrics
 
 
-def _recorded(num_accepted_RxB, live_RxB, k):
+def _recorded(num_accepted_RxB, live_RxB, k, num_proposed_RxB=None):
   counts = metrics.zero_counts(num_accepted_RxB.shape[1], k)
   record = jax.jit(metrics.record)
-  for num_accepted_B, live_B in zip(num_accepted_RxB, live_RxB):
-    counts = record(counts, np.asarray(num_accepted_B, np.int32), np.asarray(live_B))
+  if num_proposed_RxB is None:
+    num_proposed_RxB = np.full(num_accepted_RxB.shape, k)
+  for num_accepted_B, num_proposed_B, live_B in zip(num_accepted_RxB, num_proposed_RxB, live_RxB):
+    counts = record(counts, np.asarray(num_accepted_B, np.int32), np.asarray(num_proposed_B, np.int32),
+                    np.asarray(live_B))
   return counts
 
 
@@ -32,6 +35,20 @@ def test_record_and_summarize_by_hand():
   assert (total["rounds"], total["proposed"], total["accepted"], total["rejections"]) == (4, 12, 6, 3)
   assert total["alpha_hat"] == 6 / 9 and total["mean_accepted_length"] == 10 / 4
   assert total["reached_at_position"] == [4, 3, 2]
+
+
+def test_rounds_that_propose_fewer_than_k_tokens():
+  """Row 0 proposes 2 of K = 3 and accepts both (no rejection: the bonus follows), then proposes 0
+  (nothing to check: no rejection either), then 3 and accepts 1; row 1 proposes 1 and rejects it."""
+  counts = _recorded(np.array([[2, 0], [0, 0], [1, 0]]), np.ones((3, 2), bool), k=3,
+                     num_proposed_RxB=np.array([[2, 1], [0, 1], [3, 1]]))
+  row0, row1 = metrics.summarize(counts)["per_row"]
+  assert (row0["proposed"], row0["accepted"], row0["rejections"]) == (5, 3, 1)
+  assert row0["reached_at_position"] == [2, 2, 0] and row0["accepted_at_position"] == [2, 1, 0]
+  assert row0["acceptance_rate"] == 3 / 5 and row0["alpha_hat"] == 3 / 4
+  assert row0["mean_accepted_length"] == 6 / 3
+  assert (row1["proposed"], row1["accepted"], row1["rejections"]) == (3, 0, 3)
+  assert row1["position_acceptance_rate"] == [0.0, None, None]
 
 
 def test_rows_without_rounds_have_undefined_rates():

@@ -25,7 +25,7 @@ from specjax.models.transformer import forward, init_params
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.draft_head import restrict_head
-from specjax.speculative.drafters import ModelDrafter
+from specjax.speculative.model_drafter import ModelDrafter
 from tests.test_acceptance import chi_square_pvalue
 
 GREEDY = sampling_params(0.0)
@@ -76,12 +76,13 @@ DRAFTS = _drafts()
 
 
 def _speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
-                 target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, **kwargs):
+                 target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, **kwargs):
   (target_config, target_params), (draft_config, draft_params) = TARGET, draft
+  drafter = ModelDrafter(draft_config, draft_params, draft_head)
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
+  return speculative_generate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), target_cache_len),
-                              init_cache(draft_config, len(prompts), draft_cache_len), budgets, eos_ids,
+                              drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
                               sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
 
 
@@ -130,9 +131,9 @@ def test_greedy_with_a_restricted_draft_head_equals_target_greedy():
 
 def test_returned_caches_can_be_passed_again():
   first = _speculative(DRAFTS["perturbed"], k=8)
-  (target_config, target_params), (draft_config, draft_params) = TARGET, DRAFTS["perturbed"]
+  (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])
   padded, lengths = pad_prompts(PROMPTS)
-  again = speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
+  again = speculative_generate(target_config, target_params, drafter, padded, lengths,
                                first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
                                jax.random.key(0), k=8, out_width=OUT_WIDTH)
   np.testing.assert_array_equal(again.tokens, first.tokens)
@@ -193,10 +194,10 @@ def _exact_distribution(config, params, prompt, sampling, steps):
   return joint
 
 
-def _accept_all(key, draft_BxK, draft_probs_BxKxV, target_probs_BxK1xV):
+def _accept_all(key, proposal, target_probs_BxK1xV):
   """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
-  k = draft_BxK.shape[1]
-  return (jnp.full(draft_BxK.shape[:1], k, jnp.int32),
+  k = proposal.k
+  return (jnp.full(proposal.tokens.shape[:1], k, jnp.int32),
           jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
 
 
@@ -207,13 +208,13 @@ SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_STEPS, ALPHA = [3, 1, 4], 30_000, 3, 1e-3
 
 def _first_tokens(sampling, rule, draft_head=None):
   """Counts [V^3] of the first three tokens over N = 30,000 rows of one call, K = 2."""
-  (target_config, target_params), (draft_config, draft_params) = SMALL_TARGET, SMALL_DRAFT
+  (target_config, target_params), drafter = SMALL_TARGET, ModelDrafter(*SMALL_DRAFT, draft_head)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculative_generate(target_config, target_params, draft_config, draft_params, padded, lengths,
+  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
                              init_cache(target_config, SAMPLE_ROWS, cache_len),
-                             init_cache(draft_config, SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
-                             sampling, jax.random.key(1), k=2, rule=rule, draft_head=draft_head)
+                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
+                             sampling, jax.random.key(1), k=2, rule=rule)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
 
@@ -240,35 +241,52 @@ def test_sampling_with_a_restricted_draft_head_follows_the_exact_target_distribu
   assert chi_square_pvalue(_first_tokens(sampling, verify, head), exact) > ALPHA
 
 
-def test_draft_cache_tracks_the_committed_history():
-  """Proposals after forced outcomes (all K accepted, some, none, a row that commits nothing) use draft
-  distributions equal to a full forward pass over [history, pending, d_1 .. d_{i-1}]."""
+@pytest.mark.parametrize("stop_threshold", [0.0, 0.2])
+def test_draft_cache_tracks_the_committed_history(stop_threshold):
+  """Proposals after forced outcomes (all proposed tokens accepted, some, none, a row that commits
+  nothing) use draft distributions equal to a full forward pass over [history, pending, d_1 .. d_{i-1}].
+  With early stopping, each row proposes exactly its leading tokens whose distribution's top
+  probability reaches the threshold, the first unconfident one drawn is not proposed, and the draft
+  stops drawing once no row is drafting (here: proposals of 1, 2 and 3 passes, and rows accepting all
+  K tokens, whose d_K is caught up in the next round)."""
   config, params = _model(5, d_model=16)
-  drafter, k, sampling = ModelDrafter(config, params), 3, sampling_params(1.0)
+  drafter, k, sampling = ModelDrafter(config, params, stop_threshold=stop_threshold), 3, sampling_params(1.0)
   prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
   padded, lengths = pad_prompts(prompts)
-  state = jax.jit(ModelDrafter.init)(drafter, init_cache(config, 3, 32), padded, lengths)
+  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(3, 32), padded, lengths, None)
   propose = jax.jit(ModelDrafter.propose, static_argnames="k")
   commit = jax.jit(ModelDrafter.commit)
   score = jax.jit(lambda tokens_BxL: probabilities(forward(config, params, tokens_BxL,
                                                            init_cache(config, 3, 32))[0], sampling))
-  history, pending = [list(p) for p in prompts], [1, 2, 3]
-  for round_, committed in enumerate([[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4]]):
-    tokens_BxK, probs_BxKxV, state = propose(drafter, state, jnp.asarray(pending), sampling,
-                                             jax.random.key(round_), k=k)
+  history, pending, short_proposals, passes = [list(p) for p in prompts], [1, 2, 3], 0, set()
+  schedule = [[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4], [2, 3, 4]]
+  for round_, wanted in enumerate(schedule):
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling,
+                                 jax.random.key(round_), k=k)
+    tokens_BxK, probs_BxKxV, lengths_B = proposal.tokens, proposal.probs, np.asarray(proposal.lengths)
+    drawn = int(proposal.calls)  # draft passes = tokens drawn
+    passes.add(drawn)
     sequences_BxL = np.zeros((3, 32), np.int32)
     for b, row in enumerate(history):
       sequence = row + [pending[b]] + list(np.asarray(tokens_BxK[b]))
       sequences_BxL[b, :len(sequence)] = sequence
     want_BxLxV = np.asarray(score(jnp.asarray(sequences_BxL)))
     for b, row in enumerate(history):
-      np.testing.assert_allclose(probs_BxKxV[b], want_BxLxV[b, len(row):len(row) + k], atol=1e-5)
-    state = commit(drafter, state, tokens_BxK, jnp.asarray(committed))
+      want_KxV = want_BxLxV[b, len(row):len(row) + drawn]
+      np.testing.assert_allclose(probs_BxKxV[b, :drawn], want_KxV, atol=1e-5)
+      top_K = want_KxV.max(axis=-1)
+      assert (top_K[:lengths_B[b]] >= stop_threshold).all()
+      assert lengths_B[b] == k or lengths_B[b] == drawn or top_K[lengths_B[b]] < stop_threshold
+    short_proposals += int((lengths_B < k).sum())
+    committed = np.minimum(wanted, lengths_B + 1) * (np.array(wanted) > 0)  # what a rule can commit
+    state = commit(drafter, state, proposal, jnp.asarray(committed, jnp.int32), None)
     for b, c in enumerate(committed):
       if c:
         history[b] += ([pending[b]] + list(np.asarray(tokens_BxK[b])))[:c]
         pending[b] = (7 * round_ + b) % VOCAB  # whatever the target drew next
     np.testing.assert_array_equal(state.cache.lengths + state.behind, [len(row) for row in history])
+  assert (short_proposals > 3) == (stop_threshold > 0)  # the threshold did stop some rows early
+  assert passes == ({1, 2, 3} if stop_threshold else {3})
 
 
 @pytest.mark.parametrize("change, message", [

@@ -153,7 +153,11 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+  """`layers` (static) runs only those blocks, in order (self-speculation drafts with a subset of the
+  target's layers, reading and writing the target's own cache at those layers); None runs them all."""
+
   config: ModelConfig
+  layers: tuple[int, ...] | None = None
 
   def setup(self):
     cfg = self.config
@@ -162,7 +166,7 @@ class Transformer(nn.Module):
     if cfg.arch == "gpt2":
       self.pos_embed = nn.Embed(cfg.max_positions, cfg.d_model, embedding_init=_init,
                                 dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype)
-    self.layers = [Block(cfg, name=f"layers_{i}") for i in range(cfg.n_layers)]
+    self.blocks = [Block(cfg, name=f"layers_{i}") for i in range(cfg.n_layers)]
     self.final_norm = Norm(cfg)
     if not cfg.tie_embeddings:
       self.lm_head = Linear(cfg.vocab_size, False, cfg.jnp_dtype)
@@ -176,8 +180,8 @@ class Transformer(nn.Module):
     if cfg.arch == "gpt2":
       x_BxTxD = x_BxTxD + self.pos_embed(positions_BxT)
     mask_BxTxS = attention_mask(cache.lengths, T, cache.max_len, cfg.sliding_window)
-    for i, block in enumerate(self.layers):
-      x_BxTxD, cache = block(x_BxTxD, positions_BxT, mask_BxTxS, cache, i)
+    for i in range(cfg.n_layers) if self.layers is None else self.layers:
+      x_BxTxD, cache = self.blocks[i](x_BxTxD, positions_BxT, mask_BxTxS, cache, i)
     return self.final_norm(x_BxTxD), cache
 
   def logits(self, hidden_BxNxD: jax.Array) -> jax.Array:
@@ -193,10 +197,11 @@ class Transformer(nn.Module):
     return self.logits(hidden_BxTxD), cache
 
 
-def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
-                   cache: KVCache) -> tuple[jax.Array, KVCache]:
-  """Hidden states [B, T, D] (after the final norm) and the written (not advanced) cache."""
-  return Transformer(config).apply({"params": params}, tokens_BxT, cache)
+def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
+                   layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+  """Hidden states [B, T, D] (after the final norm) and the written (not advanced) cache; through the
+  blocks `layers` only (static) when given."""
+  return Transformer(config, layers).apply({"params": params}, tokens_BxT, cache)
 
 
 def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) -> jax.Array:

@@ -1,8 +1,12 @@
-"""Speculative decoding: the acceptance rule, drafters and the jitted generate loop."""
+"""Speculative decoding: the acceptance rule, the Drafter interface and its drafters, the jitted loop."""
 
 from specjax.speculative.acceptance import residual, verify
-from specjax.speculative.drafters import Drafter, ModelDrafter, ModelDraftState
+from specjax.speculative.drafters import Drafter
 from specjax.speculative.loop import SpeculativeOutput, speculative_generate
+from specjax.speculative.layer_skip import LayerSkipDrafter
+from specjax.speculative.model_drafter import ModelDrafter, ModelDraftState
+from specjax.speculative.ngram import NgramDrafter, NgramState
+from specjax.speculative.proposal import Proposal
 
-__all__ = ["Drafter", "ModelDraftState", "ModelDrafter", "SpeculativeOutput", "residual",
-           "speculative_generate", "verify"]
+__all__ = ["Drafter", "LayerSkipDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "NgramState",
+           "Proposal", "SpeculativeOutput", "residual", "speculative_generate", "verify"]

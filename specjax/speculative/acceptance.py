@@ -3,7 +3,10 @@ probabilities, in float32.
 
 For each row, draft token x_i (drawn from p_i) is accepted with probability min(1, q_i(x_i) / p_i(x_i))
 while every earlier one was; at the first rejection the next token is drawn from the residual
-norm(max(0, q_n - p_n)), and after K acceptances the bonus token is drawn from q_{K+1}. Every emitted
+norm(max(0, q_n - p_n)), and after K acceptances the bonus token is drawn from q_{K+1}. A row may
+propose fewer than K tokens (its later slots are never accepted, and the bonus comes from the q after
+its last proposed token), and a deterministic drafter proposes point masses (p(x) = 1: x is accepted
+with probability q(x), the residual is q without x). Every emitted
 token is then distributed exactly as the target's q, whatever the draft's p, provided p and q are the
 very distributions the samplers use (the same `sampling.probabilities` output).
 
@@ -19,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
+from specjax.speculative.proposal import Proposal
 
 
 def residual(target_probs_xV: jax.Array, draft_probs_xV: jax.Array) -> jax.Array:
@@ -32,35 +36,50 @@ def residual(target_probs_xV: jax.Array, draft_probs_xV: jax.Array) -> jax.Array
   return jnp.where(total_x1 > 0.0, excess_xV / jnp.where(total_x1 > 0.0, total_x1, 1.0), target_probs_xV)
 
 
-def _verify_row(key: jax.Array, tokens_K: jax.Array, draft_probs_KxV: jax.Array,
+def _verify_row(key: jax.Array, tokens_K: jax.Array, length: jax.Array, draft_probs_KxV: jax.Array | None,
                 target_probs_K1xV: jax.Array) -> tuple[jax.Array, jax.Array]:
   K = tokens_K.shape[0]
   uniform_key, residual_key = jax.random.split(key)
-  p_K = jnp.take_along_axis(draft_probs_KxV, tokens_K[:, None], axis=-1)[:, 0]
+  if K == 0:  # a verify pass of the pending token alone: the next token comes from q_1
+    return jnp.int32(0), sample(residual_key, target_probs_K1xV[0])
   q_K = jnp.take_along_axis(target_probs_K1xV[:K], tokens_K[:, None], axis=-1)[:, 0]
-  accepted_K = jax.random.uniform(uniform_key, (K,), jnp.float32) * p_K < q_K
+  if draft_probs_KxV is None:  # point masses: p(d_i) = 1
+    p_K = jnp.ones((K,), jnp.float32)
+  else:
+    p_K = jnp.take_along_axis(draft_probs_KxV, tokens_K[:, None], axis=-1)[:, 0]
+  accepted_K = (jax.random.uniform(uniform_key, (K,), jnp.float32) * p_K < q_K) & (jnp.arange(K) < length)
   num_accepted = jnp.sum(jnp.cumprod(accepted_K.astype(jnp.int32)))
-  # After a full acceptance there is no draft distribution at K+1: the residual against p = 0 is q.
-  draft_n_V = jnp.where(num_accepted < K, draft_probs_KxV[jnp.minimum(num_accepted, K - 1)], 0.0)
+  # After the last proposed token there is no draft distribution: the residual against p = 0 is q.
+  rejected = num_accepted < length
+  at = jnp.minimum(num_accepted, K - 1)
+  if draft_probs_KxV is None:
+    draft_n_V = jnp.where(rejected, jax.nn.one_hot(tokens_K[at], target_probs_K1xV.shape[-1],
+                                                   dtype=jnp.float32), 0.0)
+  else:
+    draft_n_V = jnp.where(rejected, draft_probs_KxV[at], 0.0)
   next_token = sample(residual_key, residual(target_probs_K1xV[num_accepted], draft_n_V))
   return num_accepted.astype(jnp.int32), next_token
 
 
-def verify(key: jax.Array, draft_tokens_BxK: jax.Array, draft_probs_BxKxV: jax.Array,
-           target_probs_BxK1xV: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Accepts a prefix of each row's K draft tokens and draws the token that follows it.
+def verify(key: jax.Array, proposal: Proposal, target_probs_BxK1xV: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Accepts a prefix of each row's proposed draft tokens and draws the token that follows it.
 
   Args:
     key: this round's PRNG key; row b uses `fold_in(key, b)`, so rows never share randomness and a
       row's draw does not depend on the batch size.
-    draft_tokens_BxK: int32 draft tokens, x_i drawn from `draft_probs_BxKxV[:, i]`.
-    draft_probs_BxKxV: float32 draft distributions p_1..p_K.
+    proposal: draft tokens [B, K], x_i drawn from p_i = `proposal.probs[:, i]` (or a point mass: then
+      x_i is accepted with probability q_i(x_i) and the residual is q_i without x_i, renormalised);
+      row b proposes only its first `proposal.lengths[b]` tokens.
     target_probs_BxK1xV: float32 target distributions q_1..q_{K+1}, q_i scored at the position of x_i.
 
   Returns:
-    num_accepted_B: int32 number n of leading draft tokens accepted (0..K).
+    num_accepted_B: int32 number n of leading draft tokens accepted (0..lengths[b]).
     next_token_B: int32 token emitted after them: from the residual of q_{n+1} and p_{n+1} when
-      n < K, from q_{K+1} when n = K.
+      n < lengths[b], from q_{n+1} itself (the bonus token) when every proposed token was accepted.
   """
-  row_keys_B = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(draft_tokens_BxK.shape[0]))
-  return jax.vmap(_verify_row)(row_keys_B, draft_tokens_BxK, draft_probs_BxKxV, target_probs_BxK1xV)
+  row_keys_B = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(proposal.tokens.shape[0]))
+  if proposal.probs is None:
+    return jax.vmap(lambda key, tokens, length, target: _verify_row(key, tokens, length, None, target))(
+        row_keys_B, proposal.tokens, proposal.lengths, target_probs_BxK1xV)
+  return jax.vmap(_verify_row)(row_keys_B, proposal.tokens, proposal.lengths, proposal.probs,
+                               target_probs_BxK1xV)

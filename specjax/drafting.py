@@ -1,0 +1,121 @@
+"""From a decode config to a Drafter, on the host: the config checks of each drafter (before anything
+loads), the draft model's compatibility and restricted head, and each drafter's cost ratio c.
+
+  drafter = "model"       a small model with the target's tokenizer (`draft`, `draft_vocab`,
+                          `draft_stop_threshold`)
+  drafter = "ngram"       prompt lookup: the continuation of the longest earlier match of the history's
+                          suffix (`ngram_min` .. `ngram_max`); no model, c = 0
+  drafter = "layer_skip"  the target's own layers `draft_layers` (self-speculation); no second model
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_collections
+
+from specjax import costs, draft_vocab
+from specjax.errors import ConfigError
+from specjax.models import registry
+from specjax.models.load import LoadedModel
+from specjax.speculative.draft_head import DraftHead, restrict_head
+from specjax.speculative.drafters import Drafter
+from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
+from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.ngram import NgramDrafter
+
+DRAFTERS = ("model", "ngram", "layer_skip")
+
+
+def check_config(cfg: ml_collections.ConfigDict) -> None:
+  """Raises `ConfigError` naming the field for drafter settings that cannot work (before any load)."""
+  if cfg.drafter not in DRAFTERS:
+    raise ConfigError(f"unknown config.drafter {cfg.drafter!r}; expected one of {', '.join(DRAFTERS)}")
+  if needs_draft_model(cfg) and not cfg.draft:
+    raise ConfigError("config.draft is empty but config.drafter is 'model' (or choose drafter 'ngram' or "
+                      "'layer_skip', which need no draft model)")
+  if int(cfg.draft_vocab) != cfg.draft_vocab or cfg.draft_vocab < 0:
+    raise ConfigError(f"config.draft_vocab must be an integer >= 0 (0 = the full vocabulary), got "
+                      f"{cfg.draft_vocab}")
+  if int(cfg.ngram_min) != cfg.ngram_min or cfg.ngram_min < 1:
+    raise ConfigError(f"config.ngram_min must be an integer >= 1, got {cfg.ngram_min}")
+  if int(cfg.ngram_max) != cfg.ngram_max or cfg.ngram_max < cfg.ngram_min:
+    raise ConfigError(f"config.ngram_max must be an integer >= config.ngram_min ({cfg.ngram_min}), got "
+                      f"{cfg.ngram_max}")
+  if not 0.0 <= cfg.draft_stop_threshold < 1.0:
+    raise ConfigError(f"config.draft_stop_threshold must be in [0, 1) (0 = off), got {cfg.draft_stop_threshold}")
+  if cfg.mode == "speculative" and cfg.drafter == "layer_skip":
+    try:
+      parse_layers(cfg.draft_layers, n_layers=2**31)  # the syntax now; the range once the target is known
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
+
+
+def needs_draft_model(cfg: ml_collections.ConfigDict) -> bool:
+  return cfg.mode == "speculative" and cfg.drafter == "model"
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+  """The acceptance ratio compares probabilities of the same token ids: vocabularies must agree."""
+  if draft.config.vocab_size != target.config.vocab_size:
+    raise ValueError(f"draft {draft.name} has {draft.config.vocab_size} vocabulary rows, target "
+                     f"{target.name} has {target.config.vocab_size}: speculative decoding needs one vocabulary")
+  if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
+    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers")
+
+
+def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, draft: LoadedModel,
+                          log: Callable[[str], None] = print) -> tuple[DraftHead | None, float | None]:
+  """The draft's head restricted to the `size` tokens most frequent in `corpus_source` (stop tokens
+  included; `config.draft_vocab` and `draft_vocab_corpus`), and the share of the corpus's tokens it
+  covers; (None, None) for size 0, the full head."""
+  if not size:
+    return None, None
+  log(f"ranking tokens of {corpus_source!r} for a {size}-token draft head ...")
+  counts_V = draft_vocab.corpus_token_counts(target.tokenizer, corpus_source, draft.config.vocab_size,
+                                             registry.cache_dir())
+  tokens_N = draft_vocab.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
+  coverage = float(counts_V[tokens_N].sum() / max(counts_V.sum(), 1))
+  log(f"the draft head scores {len(tokens_N)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
+      f"the corpus's tokens")
+  return restrict_head(draft.config, draft.params, tokens_N), coverage
+
+
+def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedModel | None,
+          log: Callable[[str], None] = print) -> tuple[Drafter, dict]:
+  """The drafter of `cfg` for `target` (with `draft` loaded when `needs_draft_model(cfg)`), and facts
+  to record with the results (the restricted head's corpus coverage)."""
+  if cfg.drafter == "model":
+    if draft is None:
+      raise ValueError("drafter 'model' needs a loaded draft model")
+    check_compatible(target, draft)
+    head, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
+    drafter = ModelDrafter(draft.config, draft.params, head, stop_threshold=cfg.draft_stop_threshold)
+    info = {"draft_vocab_coverage": coverage}
+  elif cfg.drafter == "ngram":
+    drafter = NgramDrafter(vocab_size=target.config.vocab_size, ngram_min=cfg.ngram_min,
+                           ngram_max=cfg.ngram_max)
+    info = {}
+  else:
+    try:
+      layers = parse_layers(cfg.draft_layers, target.config.n_layers)
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
+    drafter = LayerSkipDrafter(target.config, target.params, layers)
+    info = {"draft_layers": list(layers)}
+  drafter.check(target.config)
+  return drafter, info
+
+
+def cost_ratio(drafter: Drafter, target: LoadedModel, batch_size: int, repeats: int) -> float:
+  """The drafter's c: a draft forward's time over a target forward's (`costs.cost_ratio`), 0 for a
+  lookup that runs no model."""
+  if isinstance(drafter, NgramDrafter):
+    return 0.0
+  if isinstance(drafter, LayerSkipDrafter):
+    return costs.cost_ratio(target.config, target.params, target.config, target.params, batch_size, repeats,
+                            draft_layers=drafter.layers)
+  if isinstance(drafter, ModelDrafter):
+    return costs.cost_ratio(target.config, target.params, drafter.config, drafter.params, batch_size, repeats,
+                            head=drafter.head)
+  raise TypeError(f"no cost model for {type(drafter).__name__}")

@@ -1,0 +1,97 @@
+"""The self-speculative drafter (LayerSkip, SWIFT, Draft & Verify): the target drafts for itself with a
+subset of its own layers (the final norm and output head always), so there is no second model, no second
+copy of the weights, no second KV cache and no draft prefill.
+
+The draft reads the target's cache: at committed positions the selected layers hold the keys/values the
+full target computed there. Its own K passes (pending, d_1 .. d_{K-1}) write their keys/values into the
+same cache at the selected layers, at positions length .. length + K - 1 of each row: uncommitted
+positions, which the verify pass of [pending, d_1 .. d_K] overwrites at every layer before anything is
+committed. The state is therefore empty; exactness needs nothing else (the acceptance rule holds for any
+draft distribution). With every layer selected the draft equals the target and is always accepted.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
+from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.speculative.proposal import Proposal, full
+
+
+def parse_layers(spec: str, n_layers: int) -> tuple[int, ...]:
+  """"0-11" or "0,2,4-9,27" -> ascending distinct layer indices, each in [0, n_layers)."""
+  layers = set()
+  for part in filter(None, (p.strip() for p in spec.split(","))):
+    first, dash, last = part.partition("-")
+    try:
+      start, end = int(first), int(last if dash else first)
+    except ValueError:
+      raise ValueError(f"draft_layers {spec!r}: {part!r} is not a layer index or a range like 0-11") from None
+    if start > end:
+      raise ValueError(f"draft_layers {spec!r}: range {part!r} runs backwards")
+    layers.update(range(start, end + 1))
+  if not layers:
+    raise ValueError(f"draft_layers {spec!r} selects no layer")
+  if min(layers) < 0 or max(layers) >= n_layers:
+    raise ValueError(f"draft_layers {spec!r} must lie in 0-{n_layers - 1} (the target has {n_layers} layers)")
+  return tuple(sorted(layers))
+
+
+@flax.struct.dataclass
+class LayerSkipDrafter:
+  """The target (`config`, `params`: the target's own arrays, not a copy) run through `layers` only."""
+
+  config: ModelConfig = flax.struct.field(pytree_node=False)
+  params: Params
+  layers: tuple[int, ...] = flax.struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def verify_widths(self, k: int) -> tuple[int, ...]:
+    return (k + 1,)  # the verify pass must overwrite every speculative write: always the full block
+
+  def check(self, target_config: ModelConfig) -> None:
+    if target_config != self.config:
+      raise ValueError("a layer-skip drafter drafts with the target's own layers: its config must be the "
+                       "target's")
+    if not self.layers or list(self.layers) != sorted(set(self.layers)) or not (
+        0 <= self.layers[0] and self.layers[-1] < self.config.n_layers):
+      raise ValueError(f"draft layers {self.layers} must be ascending distinct indices in "
+                       f"[0, {self.config.n_layers})")
+
+  def storage(self, batch_size: int, max_len: int) -> None:
+    return None  # no cache of its own
+
+  def check_fits(self, storage: None, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
+    pass  # it writes only inside the target's K + 1 block, which the target's own check covers
+
+  def init(self, storage: None, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+           target_cache: KVCache) -> None:
+    return None  # the target's prefill filled every layer of the shared cache
+
+  def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
+              key: jax.Array, k: int) -> tuple[Proposal, None, KVCache]:
+    def step(carry, step_key):
+      cache, token_B = carry
+      hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
+      probs_BxV = probabilities(hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0]), sampling)
+      next_B = sample(step_key, probs_BxV)
+      return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
+
+    # K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.
+    (cache, _), (tokens_KxB, probs_KxBxV) = jax.lax.scan(step, (target_cache, pending_B),
+                                                          jax.random.split(key, k))
+    return (full(tokens_KxB.T, probs_KxBxV.transpose(1, 0, 2), calls=k), None,
+            cache.replace(lengths=target_cache.lengths))
+
+  def commit(self, state: None, proposal: Proposal, num_committed_B: jax.Array,
+             target_hidden_BxK1xD: jax.Array) -> None:
+    return None

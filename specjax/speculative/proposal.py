@@ -1,0 +1,40 @@
+"""What a drafter hands the verifier: K draft tokens per row, how many of them are real, and either the
+distributions they were drawn from or nothing (point masses, for deterministic drafters).
+
+A point-mass proposal never materialises `[B, K, V]`: prompt lookup over a 152k vocabulary would
+otherwise build a one-hot tensor of K x 152k floats per row and round.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class Proposal:
+  tokens: jax.Array  # [B, K] int32 draft tokens d_1 .. d_K (slots past `lengths` hold anything)
+  lengths: jax.Array  # [B] int32 in [0, K]: leading tokens actually proposed; later slots are never accepted
+  probs: jax.Array | None = None  # [B, K, V] float32 distributions each d_i was drawn from; None = point masses
+  calls: jax.Array | int = 0  # [] int32: draft forward passes this proposal cost (0 for a lookup), for metrics
+
+  @property
+  def k(self) -> int:
+    return self.tokens.shape[1]
+
+  @property
+  def point_masses(self) -> bool:
+    return self.probs is None
+
+  def truncated(self, width: int) -> "Proposal":
+    """The first `width` slots (static): what a verify pass of `width` + 1 tokens can check."""
+    return self.replace(tokens=self.tokens[:, :width], lengths=jnp.minimum(self.lengths, width),
+                        probs=None if self.probs is None else self.probs[:, :width])
+
+
+def full(tokens_BxK: jax.Array, probs_BxKxV: jax.Array | None = None, calls: int = 0) -> Proposal:
+  """A proposal of all K tokens in every row, made with `calls` draft forward passes."""
+  batch, k = tokens_BxK.shape
+  return Proposal(tokens=tokens_BxK, lengths=jnp.full((batch,), k, jnp.int32), probs=probs_BxKxV,
+                  calls=jnp.int32(calls))

@@ -1,0 +1,203 @@
+"""End-to-end exactness of speculative sampling away from temperature 1, bonus token included.
+
+What: the joint distribution of the first K + 2 generated tokens (the prefill's token, the K draft
+positions of the first round and the token after them) over many seeded rows, compared by a chi-square
+test with the target's exact distribution (enumerated over the vocabulary of 8), at temperatures 0.7
+and 1.5, plain and with top-k, top-p and both. K = 1 (3 tokens) and K = 2 (4 tokens).
+
+Why these shapes: two classes of engine bug pass tests run only at temperature 1 over the first
+K + 1 tokens. (1) Drafts sampled at one temperature while the acceptance rule is handed the
+probabilities at another: at temperature 1 the two coincide (the patch below, drafts drawn at
+temperature 1 whatever T, passes test_speculative's sampling tests, all at T = 1). (2) The bonus
+token (drawn after all K drafts are accepted) drawn from the wrong distribution: with K + 1 examined
+tokens it is never seen. A row shows its bonus token at index K + 1 exactly when it accepted all K
+drafts of its first round; with this draft (first-token acceptance 0.47-0.60) that is about half of
+the rows for K = 1 and a fifth to a third for K = 2, asserted below from the acceptance counters.
+
+Mutation checks, in the spirit of the broken-rule tests of test_speculative: for each class the same
+statistic must reject an injected faulty variant. (1) The drafter's `sample` is patched to draw from
+probs ** T renormalised (the draft at temperature 1 on the same top-k/top-p support) while the drafter
+still hands the probabilities at T to the rule. jit caches compiled programs by static arguments, so
+each mutated run passes a fresh copy of `verify` as the (static) rule: it is traced anew with the
+patch in place (asserted: the patched sampler runs at trace time) and no other test can reuse its
+program. (2) Rules that accept exactly like `verify` but draw the bonus from q_K instead of q_{K+1},
+or from the residual of q_{K+1} against p_K: with the same key their output equals the correct one
+except at the bonus of the rows that reach it (asserted), so only the bonus position can catch them.
+
+Level and sample sizes: every chi-square test of the correct engine is at level ALPHA = 0.001 on
+N = 30,000 rows of one call (fixed keys, so the outcome is deterministic; the correct engine gives
+p = 0.18-0.87); a mutated variant must give p < 1e-6. Cells expecting fewer than 5 draws are pooled
+(`chi_square_pvalue`). Power: at this N the weakest injected fault (bug 1 at T = 1.5, top-p 0.8)
+scores a statistic of 956 on 16 degrees of freedom (p = 3e-193); the others score 1734 on 52, 3410 on
+88 and 42707 on 52 (p underflows to 0). A fault with a tenth of that noncentrality (a third of the
+deviation, or a tenth of the rows) would still give p < 1e-15, so the margin to 1e-6 is wide.
+Run time: six compiles dominate (one per K for the correct engine, one per mutated run); each
+30,000-row run takes 0.5-1 s on 2 CPU cores; the module takes 40-60 s there (shared with other work).
+"""
+
+import functools
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.generation import pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.sampling import sampling_params
+from specjax.speculative import ModelDrafter, residual, speculative_generate, verify
+from tests.test_acceptance import chi_square_pvalue
+from tests.test_speculative import _exact_distribution, _model, _perturbed
+
+TARGET = _model(10, vocab=8, n_layers=2, scale=0.5)
+DRAFT = _perturbed(TARGET, 0.05, seed=11)  # first-token acceptance 0.47 (T = 0.7) to 0.60 (T = 1.5)
+PROMPT = [3, 1, 4]
+ROWS = 30_000
+ALPHA = 1e-3  # level of every chi-square test of the correct engine
+REJECTED = 1e-6  # a mutated variant must give a p-value below this
+NO_EOS = [-1]  # an id no model emits
+SEED = 1
+
+# Every knob at a temperature other than 1. The knobs are runtime arrays: one compiled program per K.
+SAMPLINGS = {"t0.7": sampling_params(0.7), "t0.7_top_k3": sampling_params(0.7, top_k=3),
+             "t1.5_top_p0.8": sampling_params(1.5, top_p=0.8),
+             "t1.5_top_k4_top_p0.9": sampling_params(1.5, top_k=4, top_p=0.9)}
+# The smallest share of rows that must show their bonus token, per K (measured: 0.47-0.60, 0.22-0.36).
+MIN_BONUS_SHARE = {1: 0.4, 2: 0.15}
+
+
+def _engine(sampling, k, rule, seed=SEED, stop_threshold=0.0):
+  """The one call into the engine: ROWS copies of PROMPT, K + 2 new tokens each (the prefill's token,
+  round one's K drafts, the token after them), with the target and draft caches sized exactly, the
+  draft stopping early at `stop_threshold`. Returns the [ROWS, K + 2] tokens and the acceptance
+  counters, as numpy."""
+  (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFT, stop_threshold=stop_threshold)
+  steps = k + 2
+  padded, lengths = pad_prompts([PROMPT] * ROWS)
+  cache_len = len(PROMPT) + steps + k - 1
+  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
+                             init_cache(target_config, ROWS, cache_len),
+                             drafter.storage(ROWS, cache_len), steps, NO_EOS, sampling,
+                             jax.random.key(seed), k=k, rule=rule)
+  return np.asarray(out.tokens), jax.tree.map(np.asarray, out.acceptance)
+
+
+@functools.cache
+def _correct(name, k):
+  """`_engine` with the real rule (cached: the mutation tests compare against the same run)."""
+  return _engine(SAMPLINGS[name], k, verify)
+
+
+@functools.cache
+def _exact(name, steps):
+  """The target's exact distribution of the first `steps` tokens, flattened to [V ** steps]."""
+  return _exact_distribution(*TARGET, PROMPT, SAMPLINGS[name], steps).ravel()
+
+
+def _pvalue(tokens_NxS, name):
+  """Chi-square p-value of the rows' first S tokens against the exact joint distribution."""
+  steps, vocab = tokens_NxS.shape[1], TARGET[0].vocab_size
+  counts = np.bincount(np.ravel_multi_index(tokens_NxS.T, [vocab] * steps), minlength=vocab ** steps)
+  return chi_square_pvalue(counts, _exact(name, steps))
+
+
+def _shows_bonus(acceptance, k):
+  """[N] bool: the row accepted all K drafts of its first round, so its token K + 1 (0-based) is the
+  bonus token; with a budget of K + 2 such a row is done after that one round."""
+  return (acceptance.rounds == 1) & (acceptance.accepted == k)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("name", sorted(SAMPLINGS))
+def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
+  """Chi-square at level 0.001 on N = 30,000 rows over the first K + 2 tokens, which include the
+  bonus token of every row that accepted its first K drafts (at least MIN_BONUS_SHARE of them)."""
+  tokens_NxS, acceptance = _correct(name, k)
+  assert tokens_NxS.shape == (ROWS, k + 2)
+  assert _shows_bonus(acceptance, k).mean() > MIN_BONUS_SHARE[k]
+  assert _pvalue(tokens_NxS, name) > ALPHA
+
+
+def _fresh_verify():
+  """A new rule object that behaves as `verify`: a new static argument, so the engine is traced and
+  compiled anew (seeing whatever is patched now) and no other run shares the program."""
+  def rule(*args):
+    return verify(*args)
+  return rule
+
+
+@pytest.mark.parametrize("name", ["t0.7", "t1.5_top_p0.8"])
+def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
+  """Bug class (1): the drafter draws from probs ** T renormalised (probs at T go as exp(logits / T):
+  this is temperature 1 on the same top-k/top-p support) but hands the probabilities at T to the rule.
+  At T = 1 the patch is the identity, which is why tests at T = 1 cannot see it. The correct engine
+  passes at level 0.001, the mutated one is rejected with p < 1e-6 (K = 1, N = 30,000)."""
+  temperature = float(SAMPLINGS[name].temperature)
+  drafter_module = sys.modules[ModelDrafter.__module__]  # where `propose` finds `sample`
+  real_sample, traced = drafter_module.sample, []
+
+  def sample_at_temperature_one(key, probs_xV):
+    traced.append(probs_xV.shape)
+    tempered_xV = probs_xV ** temperature
+    return real_sample(key, tempered_xV / tempered_xV.sum(axis=-1, keepdims=True))
+
+  monkeypatch.setattr(drafter_module, "sample", sample_at_temperature_one)
+  mutated_NxS, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
+  monkeypatch.undo()
+  correct_NxS, _ = _correct(name, 1)
+  assert traced  # the patched sampler was traced into the program that ran
+  # Same key: a tempered draw often keeps the same token, but thousands of rows must change.
+  assert (mutated_NxS != correct_NxS).any(axis=1).mean() > 0.02
+  assert _pvalue(correct_NxS, name) > ALPHA
+  assert _pvalue(mutated_NxS, name) < REJECTED
+
+
+def _bonus_from(wrong_bonus):
+  """A broken rule: `verify` with q_{K+1} replaced by `wrong_bonus(p_BxKxV, q_BxK1xV)` [B, V]. verify
+  reads q_{K+1} only after accepting every proposed token (the model drafter always proposes all K),
+  so this rule accepts exactly as verify does (same keys) and differs only in the bonus token's
+  distribution."""
+  def rule(key, proposal, target_probs_BxK1xV):
+    bonus_BxV = wrong_bonus(proposal.probs, target_probs_BxK1xV)
+    return verify(key, proposal, target_probs_BxK1xV.at[:, proposal.k].set(bonus_BxV))
+  return rule
+
+
+BONUS_BUGS = {  # module-level objects: one compiled program per (rule, K); each rule runs at one K
+    "q_K": _bonus_from(lambda p_BxKxV, q_BxK1xV: q_BxK1xV[:, -2]),
+    "residual_against_p_K": _bonus_from(lambda p_BxKxV, q_BxK1xV: residual(q_BxK1xV[:, -1],
+                                                                             p_BxKxV[:, -1])),
+}
+
+
+@pytest.mark.parametrize("bug, k", [("q_K", 1), ("residual_against_p_K", 2)])
+def test_bonus_drawn_from_the_wrong_distribution_fails(bug, k):
+  """Bug class (2): the bonus from q_K, or from the residual of q_{K+1} against p_K. Same key as the
+  correct run, so the tokens agree except at the bonus of the rows that reach it, where they differ
+  often; the correct engine passes at level 0.001, the mutated one gives p < 1e-6 (N = 30,000, T = 0.7,
+  plain sampling: full support, so the statistic itself rejects, not a draw outside the support)."""
+  name = "t0.7"
+  mutated_NxS, mutated_acceptance = _engine(SAMPLINGS[name], k, BONUS_BUGS[bug])
+  correct_NxS, acceptance = _correct(name, k)
+  shows_bonus_N = _shows_bonus(acceptance, k)
+  np.testing.assert_array_equal(mutated_acceptance.accepted, acceptance.accepted)
+  before_bonus = slice(0, k + 1)  # the prefill's token and round one's K drafts (or residual)
+  np.testing.assert_array_equal(mutated_NxS[:, before_bonus], correct_NxS[:, before_bonus])
+  np.testing.assert_array_equal(mutated_NxS[~shows_bonus_N, k + 1], correct_NxS[~shows_bonus_N, k + 1])
+  assert (mutated_NxS[shows_bonus_N, k + 1] != correct_NxS[shows_bonus_N, k + 1]).mean() > 0.05
+  assert _pvalue(correct_NxS, name) > ALPHA
+  assert _pvalue(mutated_NxS, name) < REJECTED
+
+
+@pytest.mark.parametrize("name", ["t0.7_top_k3", "t1.5_top_p0.8"])
+def test_early_stopped_drafts_keep_the_exact_distribution(name):
+  """The model drafter with `stop_threshold` = 0.75 (rows stop proposing at their first draft token
+  whose distribution's top probability is below it; the round's verify pass narrows to the longest
+  live proposal): chi-square at level 0.001 on N = 30,000 rows, K = 2, over the first 4 tokens, with a
+  real mix of short and full proposals. (Exactness is structural here: what is proposed was drawn from
+  p, and the rest is never accepted; this guards the bookkeeping of short proposals end to end.)"""
+  k, threshold = 2, 0.75
+  tokens_NxS, acceptance = _engine(SAMPLINGS[name], k, verify, stop_threshold=threshold)
+  short = 1.0 - acceptance.proposed.sum() / (k * acceptance.rounds.sum())
+  assert 0.1 < short < 0.9  # a real mix of short and full proposals
+  assert _pvalue(tokens_NxS, name) > ALPHA
