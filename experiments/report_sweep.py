@@ -10,7 +10,8 @@ import sys
 from experiments.sweep import read_table
 
 COLUMNS = (  # (header, row field, digits)
-    ("mode", "mode", None), ("batch", "batch_size", None), ("K", "k", None), ("draft", "draft", None),
+    ("mode", "mode", None), ("batch", "batch_size", None), ("K", "k", None), ("drafter", "drafter", None),
+    ("draft", "draft", None),
     ("draft head", "draft_vocab", None), ("temperature", "temperature", 1), ("tokens/s", "tokens_per_second", 2),
     ("speedup", "speedup_vs_autoregressive", 2), ("theory", "theoretical_speedup", 2), ("c", "cost_ratio_c", 3),
     ("α̂", "alpha_hat", 3), ("acceptance rate", "acceptance_rate", 3),
@@ -19,7 +20,10 @@ COLUMNS = (  # (header, row field, digits)
 
 def _cell(row: dict, field: str, digits: int | None) -> str:
   value = row.get(field, row.get("config", {}).get(field))  # fields that were no axis: the decode config's
-  if value is None or (field == "draft_vocab" and row["mode"] != "speculative"):
+  drafter = row.get("drafter", row.get("config", {}).get("drafter", "model"))  # rows older than drafters: model
+  if field == "drafter":
+    return drafter if row["mode"] == "speculative" else ""
+  if value is None or (field in ("draft", "draft_vocab") and (row["mode"] != "speculative" or drafter != "model")):
     return ""
   if field == "draft_vocab":
     return "all" if value == 0 else str(value)

@@ -90,6 +90,30 @@ def test_two_point_sweep_writes_rows_consistent_with_pipeline_run(model_dirs, fi
   assert spec["speedup_vs_autoregressive"] == pytest.approx(spec["tokens_per_second"] / ar["tokens_per_second"])
 
 
+def test_drafter_is_an_axis(model_dirs, tmp_path):
+  """A sweep over `drafter`: one autoregressive baseline for all of them, each drafter's c (0 for the
+  n-gram lookup, a timed ratio for the others), greedy outputs equal to the baseline's, and a report
+  that names the drafter (and the draft model only for the model drafter)."""
+  cfg = _sweep(model_dirs, str(tmp_path / "drafters.jsonl"))
+  cfg.axes.drafter = ("model", "ngram", "layer_skip")
+  cfg.base.draft_layers = "0"
+  rows = sweep.run(cfg, log=lambda m: None)
+  by_drafter = {row["point"]["drafter"]: row for row in rows}
+  assert set(by_drafter) == {None, "model", "ngram", "layer_skip"}  # None: the shared baseline
+  assert by_drafter["ngram"]["cost_ratio_c"] == 0.0 and by_drafter["ngram"]["draft_calls"] == 0
+  assert 0 < by_drafter["layer_skip"]["cost_ratio_c"] and 0 < by_drafter["model"]["cost_ratio_c"]
+  baseline = by_drafter[None]
+  for name in ("model", "ngram", "layer_skip"):
+    row = by_drafter[name]
+    assert row["drafter"] == name and row["autoregressive_tokens_per_second"] == baseline["tokens_per_second"]
+    assert row["generated_tokens"] == baseline["generated_tokens"]
+  table = report_sweep.markdown(rows).splitlines()
+  header = [cell.strip() for cell in table[3].split("|")]
+  drafter_at, draft_at = header.index("drafter"), header.index("draft")
+  cells = {line.split("|")[drafter_at].strip(): line.split("|")[draft_at].strip() for line in table[5:]}
+  assert cells["ngram"] == cells["layer_skip"] == "" and cells["model"] == model_dirs[1]
+
+
 def test_rerun_skips_finished_points(model_dirs, finished_table, monkeypatch):
   path, _, _ = finished_table
   before = open(path).read()
@@ -227,6 +251,6 @@ def test_report_prints_one_markdown_line_per_row():
   for row in rows:
     row.update(command="python -m experiments.sweep", environment={"jax": "x"}, draft_vocab=0)
   text = report_sweep.markdown(rows).splitlines()
-  assert len(text) == 5 + len(rows) and text[3].startswith("| mode | batch | K | draft | draft head |")
-  spec = next(line for line in text if "| speculative | 2 | 3 | drafts/distilled | all | 1.0 |" in line)
+  assert len(text) == 5 + len(rows) and text[3].startswith("| mode | batch | K | drafter | draft | draft head |")
+  spec = next(line for line in text if "| speculative | 2 | 3 | model | drafts/distilled | all | 1.0 |" in line)
   assert f"| {1.0 + 0.8 / 3:.2f} |" in spec  # the distilled draft's speedup at K = 3
