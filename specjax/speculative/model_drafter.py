@@ -30,6 +30,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.speculative.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters import short_proposal_widths
 from specjax.speculative.proposal import Proposal, full
 
 
@@ -55,10 +56,7 @@ class ModelDrafter:
     return self.config.vocab_size
 
   def verify_widths(self, k: int) -> tuple[int, ...]:
-    if not self.stop_threshold:
-      return (k + 1,)
-    # Early-stopped proposals are often short: narrow passes for 0 .. 3 tokens, then the full block.
-    return tuple(sorted(set(range(1, min(k + 1, 5))) | {k + 1}))
+    return short_proposal_widths(k) if self.stop_threshold else (k + 1,)
 
   def check(self, target_config: ModelConfig) -> None:
     if not 0.0 <= self.stop_threshold < 1.0:

@@ -8,7 +8,7 @@ ending at some earlier position j <= L - 2 (so at least one context token follow
 may overlap the suffix itself), the drafter proposes the tokens c[j + 1 ..], up to K of them and
 never past the end of the context: min(K, L - 1 - j) tokens. A row without a match proposes nothing
 (length 0), and a round in which no live row proposes anything runs a single-token target pass
-(`verify_widths` = (1, K + 1)).
+(`verify_widths`: also narrow passes for proposals of 1 to 3 tokens).
 
 Which occurrence: the earliest. Both references do this: HF's `PromptLookupCandidateGenerator` scans
 the match indices left to right and takes the first one with a continuation, and vLLM's
@@ -39,6 +39,7 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.sampling import SamplingParams
+from specjax.speculative.drafters import short_proposal_widths
 from specjax.speculative.proposal import Proposal
 
 
@@ -98,7 +99,7 @@ class NgramDrafter:
                        f"ngram_max={self.ngram_max}")
 
   def verify_widths(self, k: int) -> tuple[int, ...]:
-    return (1, k + 1)  # a round in which no live row found a match runs the pending token alone
+    return short_proposal_widths(k)  # 1: no live row found a match; the pending token runs alone
 
   def check(self, target_config: ModelConfig) -> None:
     if self.vocab_size != target_config.vocab_size:
