@@ -108,14 +108,10 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
 
 
 def cost_ratio(drafter: Drafter, target: LoadedModel, batch_size: int, repeats: int) -> float:
-  """The drafter's c: a draft forward's time over a target forward's (`costs.cost_ratio`), 0 for a
-  lookup that runs no model."""
-  if isinstance(drafter, NgramDrafter):
+  """The drafter's c: one draft pass's time over one target pass's (`costs.cost_ratio`), from what the
+  drafter says a pass runs (`Drafter.draft_pass`); 0 for a lookup that runs no model."""
+  draft = drafter.draft_pass()
+  if draft is None:
     return 0.0
-  if isinstance(drafter, LayerSkipDrafter):
-    return costs.cost_ratio(target.config, target.params, target.config, target.params, batch_size, repeats,
-                            draft_layers=drafter.layers)
-  if isinstance(drafter, ModelDrafter):
-    return costs.cost_ratio(target.config, target.params, drafter.config, drafter.params, batch_size, repeats,
-                            head=drafter.head)
-  raise TypeError(f"no cost model for {type(drafter).__name__}")
+  return costs.cost_ratio(target.config, target.params, draft.config, draft.params, batch_size, repeats,
+                          head=draft.head, draft_layers=draft.layers)

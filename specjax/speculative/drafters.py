@@ -26,7 +26,7 @@ whatever it writes there is overwritten by the verify pass before any of it is c
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -35,6 +35,15 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.sampling import SamplingParams
 from specjax.speculative.proposal import Proposal
+
+
+class DraftPass(NamedTuple):
+  """One draft forward pass: a model, optionally through a restricted head or a subset of its layers."""
+
+  config: ModelConfig
+  params: Any
+  head: Any = None  # a `draft_head.DraftHead`, or None for the full output head
+  layers: tuple[int, ...] | None = None  # the blocks run, None for all
 
 
 class Drafter(Protocol):
@@ -50,6 +59,9 @@ class Drafter(Protocol):
 
   def check(self, target_config: ModelConfig) -> None:
     """Raises ValueError unless the drafter can draft for this target."""
+
+  def draft_pass(self) -> DraftPass | None:
+    """What one draft forward pass runs, for its cost model (`specjax.costs`); None for a lookup."""
 
   def storage(self, batch_size: int, max_len: int) -> Any:
     """Preallocated storage for `batch_size` rows of up to `max_len` positions (donated to the loop)."""

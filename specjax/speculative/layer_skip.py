@@ -21,6 +21,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
 from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.speculative.drafters import DraftPass
 from specjax.speculative.proposal import Proposal, full
 
 
@@ -66,6 +67,9 @@ class LayerSkipDrafter:
         0 <= self.layers[0] and self.layers[-1] < self.config.n_layers):
       raise ValueError(f"draft layers {self.layers} must be ascending distinct indices in "
                        f"[0, {self.config.n_layers})")
+
+  def draft_pass(self) -> DraftPass:
+    return DraftPass(self.config, self.params, layers=self.layers)
 
   def storage(self, batch_size: int, max_len: int) -> None:
     return None  # no cache of its own

@@ -30,7 +30,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.speculative.draft_head import DraftHead, draft_logits
-from specjax.speculative.drafters import short_proposal_widths
+from specjax.speculative.drafters import DraftPass, short_proposal_widths
 from specjax.speculative.proposal import Proposal, full
 
 
@@ -67,6 +67,9 @@ class ModelDrafter:
     if self.head is not None and self.head.weight_NxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_NxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
+
+  def draft_pass(self) -> DraftPass:
+    return DraftPass(self.config, self.params, self.head)
 
   def storage(self, batch_size: int, max_len: int) -> KVCache:
     return init_cache(self.config, batch_size, max_len)

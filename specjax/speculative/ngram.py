@@ -101,6 +101,9 @@ class NgramDrafter:
   def verify_widths(self, k: int) -> tuple[int, ...]:
     return short_proposal_widths(k)  # 1: no live row found a match; the pending token runs alone
 
+  def draft_pass(self) -> None:
+    return None  # a lookup: no forward pass, c = 0
+
   def check(self, target_config: ModelConfig) -> None:
     if self.vocab_size != target_config.vocab_size:
       raise ValueError(f"n-gram drafter vocabulary ({self.vocab_size}) differs from the target's "
