@@ -27,6 +27,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments import hf_reference
 from specjax import costs, drafting, metrics, pipeline, records
 from specjax.decode_config import default_config
 
@@ -108,45 +109,20 @@ def run_specjax(args, log) -> dict:
         " ".join(f"K={r['k']}/{r['draft_vocab'] or 'all'}:{r['speedup_vs_specjax_autoregressive']:.2f}"
                  for r in spec_runs))
   result["runs"] = runs
-  result["prompt_ids"] = [target.tokenizer.encode(target.tokenizer.apply_chat_template(p),
-                                                  add_special_tokens=False) for p in PROMPTS[:args.num_prompts]]
+  result["prompt_ids"] = pipeline.encode_prompts(target.tokenizer, PROMPTS[:args.num_prompts], chat=True)
   result["eos_ids"] = list(target.tokenizer.eos_ids)
   return result
 
 
-def _hf_model(name: str):
-  import transformers
-
-  from specjax.models import registry
-
-  path = registry.model_path(registry.get_spec(name)) if name in registry.MODELS else name
-  return transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype="float32").eval()
-
-
 def run_transformers(args, prompt_ids, eos_ids, reference_ids, log) -> list[dict]:
   """`generate` with and without the assistant, timed per call (the first call is a warm-up)."""
-  import torch
-
   start = time.perf_counter()
-  target = _hf_model(args.target)
+  target = hf_reference.hf_model(args.target)
   log(f"transformers loaded the target in {time.perf_counter() - start:.0f} s")
   runs = []
 
-  def timed(batch_ids, **kwargs):
-    width = max(len(p) for p in batch_ids)
-    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in batch_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch_ids])
-    begin = time.perf_counter()
-    with torch.no_grad():
-      out = target.generate(input_ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
-                            do_sample=False, eos_token_id=eos_ids, pad_token_id=0, **kwargs)
-    elapsed = time.perf_counter() - begin
-    rows = []
-    for row in out[:, width:].tolist():
-      cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
-      rows.append(row[:cut])
-    return rows, elapsed
+  timed = lambda batch_ids, **kwargs: hf_reference.generate(target, batch_ids, eos_ids, args.max_new_tokens,
+                                                            **kwargs)
 
   def system(name, batch_size, **kwargs):
     timed([prompt_ids[0]], **kwargs)  # warm-up
@@ -166,7 +142,7 @@ def run_transformers(args, prompt_ids, eos_ids, reference_ids, log) -> list[dict
     system("transformers_generate", batch_size)
   if args.draft:
     start = time.perf_counter()
-    assistant = _hf_model(args.draft)
+    assistant = hf_reference.hf_model(args.draft)
     log(f"transformers loaded the draft in {time.perf_counter() - start:.0f} s")
     system("transformers_assisted", 1, assistant_model=assistant)  # batch 1 only in transformers
   return runs

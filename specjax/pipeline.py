@@ -24,6 +24,7 @@ from specjax import autoregressive, drafting, generation, metrics, records
 from specjax.errors import ConfigError
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel, load_model
+from specjax.models.tokenizer import Tokenizer
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters import Drafter
 from specjax.speculative.loop import speculative_generate
@@ -138,6 +139,14 @@ class _Runner:
                                 sampling, key, k=cfg.k, out_width=cfg.max_new_tokens)
 
 
+def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
+  """The input ids decoded for `texts`: through the tokenizer's chat template when `chat` (whose
+  special tokens are part of it), else with the tokenizer's own special tokens."""
+  if chat:
+    return [tokenizer.encode(tokenizer.apply_chat_template(t), add_special_tokens=False) for t in texts]
+  return [tokenizer.encode(t) for t in texts]
+
+
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
   """(indices, padded prompts [B, P], lengths [B]) with one shape for every batch, so the program
   compiles once: P = the longest prompt overall, B = batch_size (a short last batch is filled with
@@ -183,10 +192,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
   drafter, drafter_info = drafting.build(cfg, target, draft, log) if speculative else (None, {})
 
   tok = target.tokenizer
-  if cfg.chat:
-    prompt_ids = [tok.encode(tok.apply_chat_template(t), add_special_tokens=False) for t in texts]
-  else:
-    prompt_ids = [tok.encode(t) for t in texts]
+  prompt_ids = encode_prompts(tok, texts, cfg.chat)
   longest = max(len(p) for p in prompt_ids)
   cache_len = -(-(longest + cfg.max_new_tokens + cfg.k + 1) // 64) * 64  # one shape for all batches
   runner = _Runner(cfg, target, drafter, cache_len)

@@ -1,0 +1,95 @@
+"""The drafter benchmark (`python -m experiments.benchmark_drafters --config=configs/benchmarks/drafters.py`):
+specjax autoregressive decoding against each drafter (n-gram prompt lookup, the 0.5B draft model at fixed
+K and with early stopping, the target's own layers) on three prompt sets, plus `transformers` `generate`
+and its prompt lookup on the input-grounded set, in one process, one JSON file.
+
+Systems are named per prompt set and regime:
+  "ngram"              prompt lookup, K = ngram_k, suffixes of ngram_min .. ngram_max tokens
+  "layer_skip"         the target's layers `draft_layers` draft, K = layer_skip_k (skipped while
+                       draft_layers is "")
+  "model"              the draft model at every K of model_ks, then at threshold_k with every threshold
+  "model_k5"           the draft model at K = 5 (any K); "model_k8_t0.5": K = 8, draft_stop_threshold 0.5
+  ("ngram_k4", "layer_skip_k6": the same with another K.)
+Each (prompt set, batch size, temperature) group runs specjax autoregressive first, again after every
+`ar_every` systems and last; speedups divide by the mean of those runs.
+
+Defaults: about 40 minutes alone on 2 CPU cores for the Qwen pair (2 prompts per set, 128 new tokens;
+~7 minutes more with draft_layers set). `--config.sets.chat.num_prompts=4` etc. for more prompts.
+
+`get_config("tiny")`: a small plan for tests on tiny HF directories (pass --config.target and
+--config.draft; plain-text prompts, 8 new tokens).
+"""
+
+import ml_collections
+
+
+def _prompt_set(chat: bool, num_prompts: int, greedy: tuple, sampled: tuple, batched: tuple
+                ) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  s.chat = chat  # apply the tokenizer's chat template (False for raw text, and for tiny test tokenizers)
+  s.num_prompts = num_prompts  # prompts of the set run at batch 1 (batched runs: at least one full batch)
+  s.greedy = greedy  # systems run at batch 1, temperature 0 (greedy outputs checked against autoregressive)
+  s.sampled = sampled  # systems run at batch 1, temperature `sampled_temperature`
+  s.batched = batched  # systems run at batch `batched_size`, temperature 0
+  return s
+
+
+def get_config(variant: str = ""):
+  cfg = ml_collections.ConfigDict()
+  cfg.target = "qwen2.5-coder-1.5b-instruct"  # registry name, .gguf file or HF directory
+  cfg.draft = "qwen2.5-coder-0.5b-instruct"  # the model drafter's draft (same tokenizer); "" if no "model"
+  cfg.dtype = "float32"  # "float32" on CPU
+  cfg.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
+  cfg.seed = 0  # sampling seed of the temperature > 0 runs
+  cfg.model_ks = (5, 8)  # "model": fixed-K runs of the draft model
+  cfg.thresholds = (0.3, 0.5, 0.7)  # "model": draft_stop_threshold runs, at K = threshold_k
+  cfg.threshold_k = 8  # K of the "model" threshold runs
+  cfg.ngram_k = 8  # K of "ngram" (tokens copied per round at most)
+  # Shortest and longest suffix looked up. 3..5 rather than the library's 1..3: on the chat prompts a
+  # 1- or 2-token suffix matches often and wrongly, and every match pays a (K+1)-token verify pass
+  # (~2 target steps on this CPU); replaying the greedy outputs of experiments/results/
+  # decode_cpu_float32_v2.json gives a modelled 0.83x at 1..3 and 1.01x at 3..5 (K = 8), while copying
+  # from an edited function loses almost nothing.
+  cfg.ngram_min = 3
+  cfg.ngram_max = 5  # also transformers' max_matching_ngram_size (it has no minimum)
+  cfg.draft_layers = ""  # "layer_skip": the target's drafting layers, e.g. "0-13"; "" skips layer_skip
+  cfg.layer_skip_k = 4  # K of "layer_skip"
+  cfg.sampled_temperature = 1.0  # temperature of the sets' `sampled` runs (top-k/top-p off)
+  cfg.batched_size = 4  # batch size of the sets' `batched` runs
+  cfg.prompt_sets = ("code_edit", "chat", "raw")  # which sets run, in this order
+  cfg.continuation_lines = 8  # "raw": lines of each function given as the prompt
+  cfg.sets = ml_collections.ConfigDict()
+  # Input-grounded: edit a standard-library function and return it whole (experiments/code_edit_prompts.py).
+  cfg.sets.code_edit = _prompt_set(True, 2, greedy=("ngram", "layer_skip"), sampled=(),
+                                   batched=("ngram", "model_k5", "layer_skip"))
+  # Open-ended coding requests (experiments/benchmark_decode.py PROMPTS).
+  cfg.sets.chat = _prompt_set(True, 2, greedy=("ngram", "model_k8", "model_k8_t0.5", "layer_skip"),
+                              sampled=("model_k8", "model_k8_t0.5"), batched=())
+  # Raw continuation of standard-library function sources, no chat template.
+  cfg.sets.raw = _prompt_set(False, 2, greedy=("model", "layer_skip"), sampled=("model_k8", "model_k8_t0.5"),
+                             batched=())
+  cfg.ar_every = 3  # rerun the autoregressive baseline after this many systems (and always first and last)
+  cfg.cost_repeats = 5  # timed forwards per cost measurement (c, verify cost); the median is kept
+  cfg.transformers = True  # also time transformers generate, plain and with prompt lookup (batch 1, greedy)
+  cfg.transformers_set = "code_edit"  # the prompt set transformers runs (same input ids as specjax)
+  cfg.output = "experiments/results/drafters_cpu_float32.json"  # rewritten after every measurement
+  cfg.report = ""  # a results file to print the tables of, instead of running anything
+
+  if variant == "tiny":
+    cfg.target = cfg.draft = "tests-will-override"  # HF directories of a tiny target and draft
+    cfg.max_new_tokens = 8
+    cfg.model_ks, cfg.thresholds, cfg.threshold_k = (2,), (0.5,), 2
+    cfg.ngram_k, cfg.ngram_min, cfg.ngram_max = 3, 1, 2
+    cfg.draft_layers, cfg.layer_skip_k = "0", 2
+    cfg.batched_size = 2
+    cfg.continuation_lines = 2
+    cfg.prompt_sets = ("code_edit", "raw")  # chat, like raw, would only add compile time to the tests
+    cfg.sets.code_edit = _prompt_set(False, 2, greedy=("ngram", "layer_skip"), sampled=(), batched=("ngram",))
+    cfg.sets.chat = _prompt_set(False, 1, greedy=("model_k2_t0.5",), sampled=(), batched=())
+    cfg.sets.raw = _prompt_set(False, 2, greedy=("model",), sampled=("model_k2",), batched=())
+    cfg.ar_every = 2
+    cfg.cost_repeats = 2
+    cfg.output = "tests-will-override"
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/drafters.py (known: 'tiny')")
+  return cfg

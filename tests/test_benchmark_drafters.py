@@ -1,0 +1,169 @@
+"""`experiments.benchmark_drafters` end to end on tiny HF directories (its `tiny` config: every prompt set,
+regime and drafter, and transformers plain and with prompt lookup, in one subprocess run), its plan and
+config errors, and the standard-library prompt sets it decodes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs.benchmarks import drafters
+from experiments import benchmark_drafters, code_edit_prompts
+from experiments.benchmark_drafters import AUTOREGRESSIVE, System
+from specjax.errors import ConfigError
+from tests.tiny_hf import make_hf_model, save_char_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _save_tiny(directory: str, seed: int) -> None:
+  """A tiny qwen2 directory whose positions hold a whole code-edit prompt in characters (~1,300)."""
+  model = make_hf_model("qwen2", seed)
+  model.config.max_position_embeddings = 2048
+  model.save_pretrained(directory)
+  save_char_tokenizer(directory)
+
+
+@pytest.fixture(scope="module")
+def benchmark(tmp_path_factory):
+  """One run of the CLI on the tiny config: (results, stdout, output path)."""
+  target, draft = (str(tmp_path_factory.mktemp(name)) for name in ("target", "draft"))
+  _save_tiny(target, seed=0)
+  _save_tiny(draft, seed=1)  # another model: drafts are rejected too
+  output = str(tmp_path_factory.mktemp("results") / "drafters.json")
+  command = [sys.executable, "-m", "experiments.benchmark_drafters", "--config=configs/benchmarks/drafters.py:tiny",
+             f"--config.target={target}", f"--config.draft={draft}", f"--config.output={output}"]
+  done = subprocess.run(command, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                        text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(output) as f:
+    return json.load(f), done.stdout, output
+
+
+def test_one_run_records_every_group_system_and_cost(benchmark):
+  results, _, _ = benchmark
+  assert results["command"].startswith("python -m experiments.benchmark_drafters --config=configs/benchmarks/")
+  for field in ("jax", "transformers", "torch", "platform", "processor"):
+    assert field in results["environment"], field
+  systems = {}
+  for row in results["runs"]:
+    systems.setdefault(row["group"], []).append(row["system"])
+  # The baseline first, after every ar_every = 2 systems, and last; "model" = K 2, then K 2 stopping below 0.5.
+  assert systems == {
+      "code_edit/greedy": [AUTOREGRESSIVE, "ngram_k3", "layer_skip_k2", AUTOREGRESSIVE],
+      "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
+      "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.5", AUTOREGRESSIVE],
+      "raw/sampled": [AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE]}
+  assert results["prompts"]["code_edit/greedy"] == code_edit_prompts.code_edit_prompts()[:2]
+  assert len(results["prompts"]["code_edit/batched"]) == 2 and len(results["prompts"]["raw/greedy"]) == 2
+
+  cost = results["costs"]
+  assert set(cost["verify_cost"]) == {"1", "2"} and set(cost["verify_cost"]["1"]) == {"2", "3"}
+  assert cost["cost_ratio_c"]["1"]["ngram"] == 0.0
+  assert cost["cost_ratio_c"]["1"]["model"] > 0 and cost["cost_ratio_c"]["1"]["layer_skip"] > 0
+  for row in results["runs"]:
+    assert row["tokens_per_second"] > 0 and row["compile_time_s"] > 0
+    assert row["batch_size"] == (2 if row["regime"] == "batched" else 1)
+    assert row["temperature"] == (1.0 if row["regime"] == "sampled" else 0.0)
+    if row["system"] == AUTOREGRESSIVE:
+      continue
+    group = results["groups"][row["group"]]
+    assert row["speedup_vs_autoregressive"] == pytest.approx(
+        row["tokens_per_second"] / group["autoregressive_tokens_per_second"])
+    assert row["cost_ratio_c"] == cost["cost_ratio_c"][str(row["batch_size"])][row["drafter"]]
+    assert row["verify_cost"] == cost["verify_cost"][str(row["batch_size"])][str(row["k"])]
+    assert row["alpha_hat"] is not None and 0 < row["mean_accepted_length"] <= row["k"] + 1
+    assert row["modelled_speedup"] == pytest.approx(row["theoretical_speedup"] * (row["k"] * row["cost_ratio_c"] + 1)
+                                                    / (row["k"] * row["cost_ratio_c"] + row["verify_cost"]))
+
+
+def test_greedy_outputs_equal_autoregressive_and_transformers(benchmark):
+  results, _, _ = benchmark
+  for key, group in results["groups"].items():
+    assert group["autoregressive_outputs_agree"], key
+    assert len(group["autoregressive_runs"]) >= 2
+  for row in results["runs"]:
+    if row["system"] != AUTOREGRESSIVE:
+      assert row["outputs_match_autoregressive"] is (True if row["temperature"] == 0 else None), row["system"]
+  plain, lookup = results["transformers"]
+  assert (plain["system"], lookup["system"]) == ("transformers_generate", "transformers_prompt_lookup")
+  assert lookup["generate_kwargs"] == {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2}
+  for row in (plain, lookup):
+    assert row["group"] == "code_edit/greedy" and len(row["token_ids"]) == 2
+    assert row["outputs_match_autoregressive"] is True and row["speedup_vs_autoregressive"] > 0
+
+
+def test_tables_are_printed_and_reprinted_from_the_file(benchmark):
+  results, stdout, output = benchmark
+  printed = benchmark_drafters.tables(results)
+  assert printed in stdout
+  for heading in ("#### code_edit, greedy: batch 1, temperature 0", "#### raw, sampled: batch 1, temperature 1",
+                  "#### code_edit, batched: batch 2"):
+    assert heading in printed
+  assert "| ngram K=3 (n=1..2) |" in printed and "| model K=2, stop below 0.5 |" in printed
+  assert "transformers prompt lookup / transformers generate:" in printed
+  assert "differ from specjax autoregressive: none." in printed
+  report = subprocess.run([sys.executable, "-m", "experiments.benchmark_drafters",
+                           "--config=configs/benchmarks/drafters.py:tiny", f"--config.report={output}"],
+                          cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+  assert report.returncode == 0 and report.stdout.strip() == printed.strip(), report.stderr[-2000:]
+
+
+def test_systems_expand_and_baselines_interleave():
+  cfg = drafters.get_config()
+  assert benchmark_drafters.parse_systems(("model", "ngram", "layer_skip_k6", "model_k5"), cfg, "x") == [
+      System("model", 5), System("model", 8), System("model", 8, 0.3), System("model", 8, 0.5),
+      System("model", 8, 0.7), System("ngram", 8), System("layer_skip", 6)]  # model_k5 once
+  group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",),
+                                   [System("model", k) for k in (1, 2, 3, 4)])
+  assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
+      AUTOREGRESSIVE, "model_k1", "model_k2", "model_k3", AUTOREGRESSIVE, "model_k4", AUTOREGRESSIVE]
+
+
+def test_default_plan_skips_layer_skip_until_layers_are_given():
+  cfg, messages = drafters.get_config(), []
+  groups = benchmark_drafters.plan(cfg, messages.append)
+  assert [g.key for g in groups] == ["code_edit/greedy", "code_edit/batched", "chat/greedy", "chat/sampled",
+                                     "raw/greedy", "raw/sampled"]
+  assert all(s.drafter != "layer_skip" for g in groups for s in g.systems)
+  assert any("skipping layer_skip" in m for m in messages)
+  batched = groups[1]
+  assert (batched.batch_size, len(batched.prompts), batched.chat) == (4, 4, True)
+  cfg.draft_layers = "0-13"
+  assert any(s.drafter == "layer_skip" for g in benchmark_drafters.plan(cfg, print) for s in g.systems)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("sets.chat.greedy", ("model_k8_t1.5",), r"config.sets.chat.greedy, system model_k8_t1.5: .*draft_stop_threshold"),
+    ("sets.raw.sampled", ("ngram_t0.5",), r"config.sets.raw.sampled: unknown system 'ngram_t0.5'"),
+    ("prompt_sets", ("code_edit", "prose"), r"unknown set 'prose'"),
+    ("sets.chat.num_prompts", 5, r"config.sets.chat.greedy: 5 prompts needed .* the set has 4"),
+    ("transformers_set", "chat", r"config.transformers_set 'chat' is not among"),
+    ("draft", "", r"config.draft is empty")])
+def test_bad_configs_fail_before_loading(field, value, message):
+  cfg = drafters.get_config()
+  if field == "transformers_set":
+    cfg.prompt_sets = ("raw",)
+  *path, name = field.split(".")
+  node = cfg
+  for part in path:
+    node = node[part]
+  node[name] = value
+  with pytest.raises(ConfigError, match=message):
+    benchmark_drafters.plan(cfg, print)
+
+
+def test_prompt_sets_are_stdlib_sources_deterministically():
+  edits, raw = code_edit_prompts.code_edit_prompts(), code_edit_prompts.continuation_prompts(8)
+  assert edits == code_edit_prompts.code_edit_prompts() and len(edits) >= 8 and len(raw) >= 8
+  for (name, instruction), prompt in zip(code_edit_prompts.CODE_EDITS, edits):
+    source = code_edit_prompts.source(name)
+    assert 15 <= len(source.splitlines()) <= 40, name
+    assert prompt.startswith(instruction) and f"```python\n{source}```" in prompt  # the whole function
+  for name, prompt in zip(code_edit_prompts.CONTINUATIONS, raw):
+    source = code_edit_prompts.source(name)
+    assert source.startswith(prompt) and len(prompt.splitlines()) == 8 < len(source.splitlines())
+  with pytest.raises(ValueError, match="at least 1 line"):
+    code_edit_prompts.continuation_prompts(0)
