@@ -76,9 +76,10 @@ DRAFTS = _drafts()
 
 
 def _speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
-                 target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, **kwargs):
+                 target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, stop_threshold=0.0,
+                 **kwargs):
   (target_config, target_params), (draft_config, draft_params) = TARGET, draft
-  drafter = ModelDrafter(draft_config, draft_params, draft_head)
+  drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold)
   padded, lengths = pad_prompts(prompts)
   return speculative_generate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), target_cache_len),
@@ -114,6 +115,20 @@ def test_greedy_equals_target_greedy(draft_name, k):
     np.testing.assert_array_equal(rounds, np.array(BUDGETS) - 1)  # one token per round
   elif draft_name == "perturbed":
     assert 0 < summary["total"]["accepted"] < summary["total"]["proposed"]
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_early_stopping_keeps_greedy_output_and_stops_drafting(k):
+  """Greedy with draft_stop_threshold 0.3 (confidence from the draft's softmax, not from its greedy
+  point mass, which is always 1): the target's greedy output, fewer tokens proposed and fewer draft
+  passes than K per round, and some rounds whose proposal was cut short."""
+  out = _speculative(DRAFTS["independent"], k=k, stop_threshold=0.3)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  total = metrics.summarize(out.acceptance)["total"]
+  rounds = int(np.asarray(out.acceptance.rounds).max())
+  assert total["proposed"] < k * total["rounds"]
+  if k > 1:
+    assert int(out.draft_calls) < k * rounds
 
 
 def test_greedy_with_a_restricted_draft_head_equals_target_greedy():

@@ -7,7 +7,8 @@ K forward passes per proposal, never an extra pass just to catch up (and a 1-tok
 no row is behind). Only the position a pass samples from goes through the output head.
 
 Early stopping (`stop_threshold` > 0, HF's `assistant_confidence_threshold`): a row proposes its draft
-tokens only while the draft's top probability for them reaches the threshold; the first unconfident
+tokens only while the top probability of the draft's own distribution (softmax of its logits, before
+temperature, top-k and top-p) reaches the threshold; the first unconfident
 token and everything after it are not proposed (never accepted). Once no row is drafting the proposal
 stops (fewer draft passes), and the loop verifies with the narrowest pass that holds the longest live
 proposal (`verify_widths`). Exactness is unchanged: what is proposed was drawn from p, and a row's
@@ -106,9 +107,13 @@ class ModelDrafter:
       return hidden_Bx1xD[:, 0], cache
 
     def draw(hidden_BxD, step_key):
-      probs_BxV = probabilities(draft_logits(self.config, self.params, self.head, hidden_BxD), sampling)
-      # Confident: the draft's top probability reaches the threshold (always, when it is 0).
-      return sample(step_key, probs_BxV), probs_BxV, jnp.max(probs_BxV, axis=-1) >= self.stop_threshold
+      logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
+      probs_BxV = probabilities(logits_BxV, sampling)
+      # Confident: the top probability of the draft's own distribution, softmax(logits) before
+      # temperature, top-k and top-p, reaches the threshold (always, when it is 0). The processed
+      # distribution would not do: greedy decoding makes it a point mass, always "confident".
+      top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
+      return sample(step_key, probs_BxV), probs_BxV, top_B >= self.stop_threshold
 
     hidden_BxD, cache = jax.lax.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
     keys_K = jax.random.split(key, k)
@@ -119,23 +124,25 @@ class ModelDrafter:
     # Then d_i is fed (i = 1 .. K-1) to draw d_{i+1}, while some row is still drafting: a row stops at
     # its first draft token whose distribution's top probability is below `stop_threshold` (that token
     # is not proposed). `fed` counts the draft tokens fed, the same for every row.
+    # `confident_BxK` [B, K]: d_1 .. d_i confident (False past the drawn tokens); row b is still drafting
+    # while its last drawn token is.
     def more(carry):
-      fed, _, _, _, drafting_B = carry
-      return (fed < k - 1) & jnp.any(drafting_B)
+      fed, _, _, _, confident_BxK = carry
+      return (fed < k - 1) & jnp.any(confident_BxK[:, fed])
 
     def step(carry):
-      fed, cache, tokens_BxK, probs_BxKxV, drafting_B = carry
+      fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, tokens_BxK[:, fed, None], cache)
       next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1])
       return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
-              probs_BxKxV.at[:, fed + 1].set(probs_BxV), drafting_B & confident_B)
+              probs_BxKxV.at[:, fed + 1].set(probs_BxV),
+              confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))
 
-    fed, cache, tokens_BxK, probs_BxKxV, _ = jax.lax.while_loop(
-        more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_B))
+    confident_BxK = jnp.zeros((len(pending_B), k), bool).at[:, 0].set(confident_B)
+    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = jax.lax.while_loop(
+        more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
     # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
-    drawn_K = jnp.arange(k) <= fed
-    confident_BxK = jnp.max(probs_BxKxV, axis=-1) >= self.stop_threshold
-    lengths_B = jnp.sum(jnp.cumprod(confident_BxK & drawn_K[None, :], axis=1), axis=1).astype(jnp.int32)
+    lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
     # The cache now holds [d_K?, pending, d_1 .. d_fed] beyond the history, uncommitted.
     proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV, calls=fed + 1)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
