@@ -11,6 +11,7 @@ import pytest
 
 from configs import tiny
 from specjax import decode, pipeline
+from specjax.decode_config import default_config
 from specjax.errors import ConfigError
 from tests.tiny_hf import save_char_tokenizer, save_hf_model
 
@@ -108,6 +109,16 @@ def test_bad_drafter_settings_fail_before_the_models_load(model_dirs, tmp_path, 
   target = model_dirs[0] if overrides.get("draft_layers") == "0-5" else str(tmp_path / "no-model")
   with pytest.raises(ConfigError, match=message):
     pipeline.run(_config([target, model_dirs[1]], **overrides), log=lambda m: None)
+
+
+@pytest.mark.parametrize("name", ["qwen_coder", "qwen_coder_ngram", "qwen_coder_layer_skip", "tiny"])
+def test_every_decode_config_is_valid(name):
+  """Each decode config in configs/ passes the checks that run before any model loads."""
+  import importlib
+
+  cfg = importlib.import_module(f"configs.{name}").get_config()
+  assert set(cfg.keys()) == set(default_config().keys())  # extends the one default, adds nothing
+  pipeline.validate(cfg)
 
 
 def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):

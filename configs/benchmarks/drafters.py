@@ -52,7 +52,9 @@ def get_config(variant: str = ""):
   # from an edited function loses almost nothing.
   cfg.ngram_min = 3
   cfg.ngram_max = 5  # also transformers' max_matching_ngram_size (it has no minimum)
-  cfg.draft_layers = ""  # "layer_skip": the target's drafting layers, e.g. "0-13"; "" skips layer_skip
+  # "layer_skip": the target's drafting layers ("" skips layer_skip); the default is the set that
+  # experiments/layer_skip_search.py found for the Qwen 1.5B target (21 of 28 layers, alpha_hat 0.87).
+  cfg.draft_layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"
   cfg.layer_skip_k = 4  # K of "layer_skip"
   cfg.sampled_temperature = 1.0  # temperature of the sets' `sampled` runs (top-k/top-p off)
   cfg.batched_size = 4  # batch size of the sets' `batched` runs
@@ -63,10 +65,10 @@ def get_config(variant: str = ""):
   cfg.sets.code_edit = _prompt_set(True, 2, greedy=("ngram", "layer_skip"), sampled=(),
                                    batched=("ngram", "model_k5", "layer_skip"))
   # Open-ended coding requests (experiments/benchmark_decode.py PROMPTS).
-  cfg.sets.chat = _prompt_set(True, 2, greedy=("ngram", "model_k8", "model_k8_t0.5", "layer_skip"),
+  cfg.sets.chat = _prompt_set(True, 2, greedy=("ngram", "model_k5", "model_k8", "model_k8_t0.5", "layer_skip"),
                               sampled=("model_k8", "model_k8_t0.5"), batched=())
   # Raw continuation of standard-library function sources, no chat template.
-  cfg.sets.raw = _prompt_set(False, 2, greedy=("model", "layer_skip"), sampled=("model_k8", "model_k8_t0.5"),
+  cfg.sets.raw = _prompt_set(False, 2, greedy=("model",), sampled=("model_k8", "model_k8_t0.5"),
                              batched=())
   cfg.ar_every = 3  # rerun the autoregressive baseline after this many systems (and always first and last)
   cfg.cost_repeats = 5  # timed forwards per cost measurement (c, verify cost); the median is kept
