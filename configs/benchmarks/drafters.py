@@ -80,7 +80,7 @@ def get_config(variant: str = ""):
   if variant == "tiny":
     cfg.target = cfg.draft = "tests-will-override"  # HF directories of a tiny target and draft
     cfg.max_new_tokens = 8
-    cfg.model_ks, cfg.thresholds, cfg.threshold_k = (2,), (0.5,), 2
+    cfg.model_ks, cfg.thresholds, cfg.threshold_k = (2,), (0.06,), 2  # tiny models: top probability ~0.05
     cfg.ngram_k, cfg.ngram_min, cfg.ngram_max = 3, 1, 2
     cfg.draft_layers, cfg.layer_skip_k = "0", 2
     cfg.batched_size = 2
