@@ -34,5 +34,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0  # PRNG seed for sampling
   c.batch_size = 1  # prompts decoded together; each row accepts its own number of tokens
   c.dtype = "float32"  # "float32" on CPU; "bfloat16" on GPU/TPU
+  c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);
+  #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see README)
+  c.attention_block = 256  # keys per block of the live-length attention (0 = dense over the cache)
+  c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)
   c.output = ""  # path of a JSON results file; empty = print only
   return c

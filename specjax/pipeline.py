@@ -23,7 +23,7 @@ import numpy as np
 from specjax import autoregressive, drafting, generation, metrics, records
 from specjax.errors import ConfigError
 from specjax.models.kv_cache import init_cache
-from specjax.models.load import LoadedModel, load_model
+from specjax.models.load import SCAN_LAYERS, LoadedModel, load_model, scan_layers_for, with_execution
 from specjax.models.tokenizer import Tokenizer
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters import Drafter
@@ -41,6 +41,12 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 
   require(cfg.mode in MODES, f"config.mode must be one of {MODES}, got {cfg.mode!r}")
   require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
+  require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got "
+          f"{cfg.scan_layers!r}")
+  require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,
+          f"config.attention_block must be an integer >= 0 (0 = dense), got {cfg.attention_block}")
+  require(int(cfg.prefill_chunk) == cfg.prefill_chunk and cfg.prefill_chunk >= 1,
+          f"config.prefill_chunk must be an integer >= 1, got {cfg.prefill_chunk}")
   require(bool(cfg.target), "config.target is empty: give a registry name, a .gguf file or an HF directory")
   require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
           f"got {cfg.k}")
@@ -163,12 +169,14 @@ def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = pri
                 ) -> tuple[LoadedModel, LoadedModel | None]:
   """The target and (for the model drafter) the draft of `cfg`, checked compatible."""
   start = time.perf_counter()
+  execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
+                   prefill_chunk=cfg.prefill_chunk)
   log(f"loading target {cfg.target} ({cfg.dtype}) ...")
-  target = load_model(cfg.target, dtype=cfg.dtype)
+  target = with_execution(load_model(cfg.target, dtype=cfg.dtype), **execution)
   draft = None
   if drafting.needs_draft_model(cfg):
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
-    draft = load_model(cfg.draft, dtype=cfg.dtype)
+    draft = with_execution(load_model(cfg.draft, dtype=cfg.dtype), **execution)
     drafting.check_compatible(target, draft)
   log(f"loaded in {time.perf_counter() - start:.1f} s")
   return target, draft

@@ -35,6 +35,10 @@ class ModelConfig:
   tie_embeddings: bool = False  # output head = token embedding (GPT-2, small Qwen2 models)
   sliding_window: int = 0  # Mistral-style local attention window; 0 = full causal attention
   dtype: str = "float32"  # compute and parameter dtype ("bfloat16" on GPU/TPU)
+  # How to run it (static, no effect on the numbers beyond float rounding):
+  scan_layers: bool = False  # params stacked under `layers` with a leading [L] axis, run by `lax.scan`
+  attention_block: int = 256  # keys per block of the live-length attention; 0 = dense over S_max
+  prefill_chunk: int = 512  # prompt tokens fed per prefill pass (peak memory ~ chunk x live keys)
 
   def __post_init__(self):
     if self.arch not in ARCHITECTURES:
@@ -46,6 +50,9 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+    if self.attention_block < 0 or self.prefill_chunk < 1:
+      raise ValueError(f"attention_block must be >= 0 and prefill_chunk >= 1, got {self.attention_block} "
+                       f"and {self.prefill_chunk}")
     if self.arch == "gpt2" and self.max_positions < 1:
       raise ValueError("gpt2 needs max_positions >= 1 (rows of its learned position table)")
 

@@ -23,6 +23,7 @@ import safetensors.numpy
 from specjax.models import gguf_loader, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
+from specjax.models.param_tree import to_layout
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 
@@ -35,6 +36,26 @@ class LoadedModel:
   config: ModelConfig
   params: Params  # nested dict of arrays in config.dtype
   tokenizer: Tokenizer
+
+
+SCAN_LAYERS = ("auto", "on", "off")
+
+
+def scan_layers_for(setting: str, backend: str | None = None) -> bool:
+  """`scan_layers` "on" / "off", or "auto": on for GPU/TPU (compile time flat in depth), off on CPU."""
+  if setting not in SCAN_LAYERS:
+    raise ValueError(f"scan_layers must be one of {SCAN_LAYERS}, got {setting!r}")
+  if setting == "auto":
+    return (backend or jax.default_backend()) != "cpu"
+  return setting == "on"
+
+
+def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int,
+                   prefill_chunk: int) -> LoadedModel:
+  """`model` set up to run with these execution settings (its params restacked if the layout changes)."""
+  config = model.config.replace(scan_layers=scan_layers, attention_block=attention_block,
+                                prefill_chunk=prefill_chunk)
+  return dataclasses.replace(model, config=config, params=to_layout(config, model.params))
 
 
 def load_model(name_or_path: str, dtype: str = "float32") -> LoadedModel:
