@@ -11,13 +11,15 @@ import subprocess
 import sys
 
 import jax
+import ml_dtypes
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import transformers
 from safetensors.numpy import load_file
 
 from configs import distill_tiny
-from specjax.distill import train
+from specjax.distill import checkpoint, train
 from specjax.models.load import load_model
 from tests.test_distill_tiny import save_tiny_target, tiny_tokenizer
 
@@ -152,6 +154,41 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
     assert {tag for tag, _ in shown} >= ({"loss", "grad_norm", "learning_rate"} if split == "train"
                                           else {"loss", "acceptance", "greedy_agreement"})
   np.testing.assert_array_equal(draft.params["embed"]["embedding"], want["model.embed_tokens.weight"])
+
+
+def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(target, tmp_path, compile_cache):
+  """A bfloat16 run (on-policy batches from the bfloat16 draft) killed after its first checkpoint resumes
+  to the uninterrupted run's metrics and export; its checkpoints hold float32 params and moments, and the
+  export is the master rounded to bfloat16 (the draft that was evaluated)."""
+  changes = dict(dtype="bfloat16", num_steps=6, checkpoint_every=2, eval_every=6, data__modes__student=0.5)
+  whole = train.run(_config(target, tmp_path / "whole", **changes))
+
+  def crash(step, metrics):
+    if step == 3:
+      raise _Crash()
+
+  with pytest.raises(_Crash):
+    train.run(_config(target, tmp_path / "resumed", **changes), on_step=crash)
+  resumed = train.run(_config(target, tmp_path / "resumed", **changes))
+  assert _records(tmp_path / "resumed") == _records(tmp_path / "whole")
+  assert {r["mode"] for r in _records(tmp_path / "whole") if r["split"] == "train"} == {"fixed", "student"}
+  want = load_file(os.path.join(whole["export_dir"], "model.safetensors"))
+  got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))
+  assert want.keys() == got.keys()
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    np.testing.assert_array_equal(got[name].astype(ml_dtypes.bfloat16).astype(np.float32), got[name])
+  saved = checkpoint.Checkpointer(str(tmp_path / "resumed" / train.CHECKPOINT_DIR), 2, read_only=True)
+  try:
+    sums = saved.manager.restore(6, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta[checkpoint.STATE_SUMS]
+  finally:
+    saved.close()
+  assert {r["dtype"] for name, r in sums.items() if name.startswith((".params", ".opt_state"))
+          and r["shape"]} == {"float32"}
+  _, draft, step = train.latest_student(_config(target, tmp_path / "resumed", **changes))
+  assert step == 6 and draft.config.dtype == "bfloat16"
+  np.testing.assert_array_equal(np.asarray(draft.params["embed"]["embedding"], np.float32),
+                                want["model.embed_tokens.weight"])
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(target, tmp_path, compile_cache):

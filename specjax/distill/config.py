@@ -14,7 +14,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.workdir = ""  # checkpoints, metrics.jsonl, summary.json and the export go here (required)
   c.seed = 0  # data split and order, generation modes, sampling keys, fresh-student init
   c.target = ""  # the teacher: a registry name, HF directory or GGUF file for specjax.models.load
-  c.dtype = "float32"  # parameter/compute dtype of both models ("bfloat16" on GPU/TPU)
+  c.dtype = "float32"  # compute dtype of both models ("bfloat16" on GPU/TPU); the student trains a float32 master
 
   c.student = ml_collections.ConfigDict()
   c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint" or "fresh"

@@ -4,6 +4,13 @@ The train step is one `jax.jit` program: the teacher's logits (under `stop_gradi
 differentiated), the student's logits, the masked divergence, its gradient, and the optax update, with
 the previous state's buffers donated. Frozen parameters get `optax.set_to_zero()` through
 `optax.multi_transform`, so their gradients are never needed and XLA drops their computation.
+
+The state keeps float32 master parameters and float32 Adam moments whatever the model's dtype: an Adam
+step of ~lr = 5e-5 is below half the spacing of bfloat16 numbers of magnitude >= 2^-6, so bfloat16
+weights updated in place would not move there (~44% of std-0.02 weights). The step casts the master to
+the model dtype inside the differentiated function (`model_params`): the forward and backward compute in
+that dtype and the cast's transpose hands float32 gradients to the optimizer. The teacher runs in its
+own dtype. (float16 gets no loss scaling: its small gradients may underflow in the backward.)
 """
 
 from __future__ import annotations
@@ -27,8 +34,8 @@ from specjax.models.transformer import Params, forward
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # [] int32: optimizer steps taken (= batches consumed)
-  params: Params  # the student's parameters
-  opt_state: optax.OptState  # the multi_transform(AdamW, set_to_zero) state
+  params: Params  # the student's float32 master parameters
+  opt_state: optax.OptState  # the multi_transform(AdamW, set_to_zero) state, float32 moments
   key: jax.Array  # [2] uint32 raw PRNG key of the run; batch i samples with fold_in(key, i)
 
 
@@ -46,8 +53,17 @@ def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
-  return TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params),
+  """Step 0 of a run from the student's initial `params` (any float dtype): a float32 master copy and
+  float32 optimizer moments."""
+  master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+  return TrainState(step=jnp.int32(0), params=master, opt_state=optimizer.init(master),
                     key=jax.random.key_data(jax.random.key(seed)))
+
+
+def model_params(config: ModelConfig, master: Params) -> Params:
+  """The master parameters as the model runs them, in `config.dtype`: what the train and eval steps compute
+  with, and what decoding and export receive."""
+  return jax.tree.map(lambda p: p.astype(config.jnp_dtype), master)
 
 
 def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Array:
@@ -68,8 +84,8 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
   def train_step(state: TrainState, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     teacher_BxTxV = jax.lax.stop_gradient(logits(teacher_config, teacher_params, tokens_BxT))
 
-    def loss_fn(params):
-      student_BxTxV = logits(student_config, params, tokens_BxT)
+    def loss_fn(master):
+      student_BxTxV = logits(student_config, model_params(student_config, master), tokens_BxT)
       per_token_BxT = losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV,
                                               loss.temperature, loss.beta)
       return losses.masked_mean(per_token_BxT, mask_BxT)
@@ -88,14 +104,15 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
 
 def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, loss: ml_collections.ConfigDict,
                    acceptance_temperature: float) -> Callable:
-  """`eval_step(student_params, teacher_params, tokens_BxT, mask_BxT) -> sums`, jitted: masked sums of
+  """`eval_step(student_master, teacher_params, tokens_BxT, mask_BxT) -> sums`, jitted: masked sums of
   the training loss, the expected acceptance sum_x min(p, q) at `acceptance_temperature`, and the
-  greedy (argmax) agreement, plus the number of valid tokens, to be summed over batches."""
+  greedy (argmax) agreement, plus the number of valid tokens, to be summed over batches. The student's
+  float32 master runs in its dtype, as in training."""
 
   @jax.jit
-  def eval_step(student_params: Params, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
+  def eval_step(student_master: Params, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     teacher_BxTxV = logits(teacher_config, teacher_params, tokens_BxT)
-    student_BxTxV = logits(student_config, student_params, tokens_BxT)
+    student_BxTxV = logits(student_config, model_params(student_config, student_master), tokens_BxT)
     weight_BxT = mask_BxT.astype(jnp.float32)
     per_token = {
         "loss": losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV, loss.temperature,

@@ -2,13 +2,14 @@
 
 Everything that defines the run lives in the config (see configs/distill_tiny.py for every field). The
 work directory holds:
-  checkpoints/<step>/   orbax checkpoints (train state + data position, with checksums); rerunning resumes
-                        the newest that verifies (damaged newer ones are set aside as <step>.damaged,
-                        or the run refuses: config.on_damaged_checkpoint)
+  checkpoints/<step>/   orbax checkpoints (train state: float32 master params and moments; data position;
+                        checksums); rerunning resumes the newest that verifies (damaged newer ones are
+                        set aside as <step>.damaged, or the run refuses: config.on_damaged_checkpoint)
   metrics.jsonl         one JSON record per train step ("split": "train") and per evaluation ("eval")
   tensorboard/          the same records as TensorBoard scalars (config.tensorboard, needs tensorboardX)
   summary.json          target, student, steps, held-out metrics before and after, wall time
-  export/               the distilled draft as a Hugging Face directory (or config.export_dir)
+  export/               the distilled draft (its master params rounded to the model dtype: the draft that
+                        was evaluated) as a Hugging Face directory (or config.export_dir)
 Killing the process at any moment and rerunning the same command continues from the last checkpoint
 and ends with exactly the parameters of an uninterrupted run: batch i, its generation mode and its
 sampling key are pure functions of (seed, i), and the state carries everything else.
@@ -171,7 +172,8 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}")
   step, state, _ = restored
-  draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config, state.params, teacher.tokenizer)
+  draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config,
+                      steps.model_params(student_config, state.params), teacher.tokenizer)
   return teacher, draft, step
 
 
@@ -312,7 +314,8 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
       evaluate(start)
     for step in range(start + 1, config.num_steps + 1):
       gen_key = jax.random.fold_in(jax.random.wrap_key_data(state.key), setup.stream.position)
-      tokens_BxT, mask_BxT, mode = setup.batches.next(state.params, gen_key)
+      tokens_BxT, mask_BxT, mode = setup.batches.next(steps.model_params(setup.student_config, state.params),
+                                                       gen_key)
       state, device_metrics = train_step(state, teacher_params, tokens_BxT, mask_BxT)
       log.train(step, device_metrics, {"mode": mode, "tokens": int(mask_BxT.sum())})
       if step % config.checkpoint_every == 0 or step == config.num_steps:
@@ -325,7 +328,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
     log.close()
 
   export_dir = export_hf(config.export_dir or os.path.join(workdir, "export"), setup.student_config,
-                         state.params, setup.teacher.tokenizer)
+                         steps.model_params(setup.student_config, state.params), setup.teacher.tokenizer)
   before, after = _first_and_last_eval(log.path)
   summary = {
       "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),

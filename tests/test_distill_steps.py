@@ -1,0 +1,67 @@
+"""The train step of a bfloat16 student keeps float32 master weights: one small step moves every trainable
+weight, where the same step applied to bfloat16 weights leaves many of them where they were."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.distill import steps, student
+from specjax.distill.config import default_config
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import init_params
+
+TEACHER = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8,
+                      d_ff=24, dtype="bfloat16")  # untied: embedding rows of absent tokens move by decay only
+TOKENS_BxT = np.asarray(jax.random.randint(jax.random.key(2), (4, 16), 0, TEACHER.vocab_size), np.int32)
+MASK_BxT = np.ones(TOKENS_BxT.shape, bool)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  """(teacher params, student config, student params (bfloat16), labels with layer 1 frozen, train step
+  at learning rate 5e-5 without warmup, with the default weight decay and clipping)."""
+  teacher_params = init_params(TEACHER, jax.random.key(0))
+  config, params = student.truncate(TEACHER, teacher_params, 2)
+  labels = student.frozen_labels(config, params, False, False, (1,))
+  optim = default_config().optim
+  optim.learning_rate, optim.warmup_steps = 5e-5, 0
+  optimizer, schedule = steps.make_optimizer(optim, 10, labels)
+  train_step = steps.make_train_step(TEACHER, config, optimizer, schedule, labels, default_config().loss)
+  return teacher_params, params, labels, optimizer, train_step
+
+
+def _changed(before, after, labels, label):
+  """Elements of the `label` leaves that differ between the two trees: (changed, total)."""
+  pairs = [(np.asarray(b), np.asarray(a)) for b, a, l in
+           zip(jax.tree.leaves(before), jax.tree.leaves(after), jax.tree.leaves(labels)) if l == label]
+  return sum(int(np.sum(b != a)) for b, a in pairs), sum(b.size for b, _ in pairs)
+
+
+def test_one_small_step_moves_every_trainable_float32_master_weight(setup):
+  teacher_params, params, labels, optimizer, train_step = setup
+  state = steps.init_state(params, optimizer, seed=0)
+  assert {p.dtype for p in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+  assert {p.dtype for p in jax.tree.leaves(state.opt_state) if p.ndim} == {jnp.dtype(jnp.float32)}
+  before = jax.device_get(state.params)
+  state, metrics = train_step(state, teacher_params, TOKENS_BxT, MASK_BxT)
+  assert metrics["loss"].dtype == jnp.float32 and float(metrics["learning_rate"]) == pytest.approx(5e-5)
+  changed, total = _changed(before, state.params, labels, student.TRAIN)
+  assert changed == total > 0
+  assert _changed(before, state.params, labels, student.FROZEN) == (0, sum(p.size for p in jax.tree.leaves(
+      params["layers_1"])))
+  assert {p.dtype for p in jax.tree.leaves(steps.model_params(TEACHER, state.params))} == {TEACHER.jnp_dtype}
+
+
+def test_the_same_step_on_bfloat16_weights_leaves_many_unchanged(setup):
+  """The measurement detects the bug it guards against: Adam's first step is ~lr = 5e-5 per element,
+  below half the bfloat16 spacing (2^-15) of every weight of magnitude >= 2^-6."""
+  teacher_params, params, labels, optimizer, train_step = setup
+  bf16_params = jax.tree.map(jnp.copy, params)  # the step donates them
+  state = steps.TrainState(step=jnp.int32(0), params=bf16_params, opt_state=optimizer.init(bf16_params),
+                           key=jax.random.key_data(jax.random.key(0)))
+  state, _ = train_step(state, teacher_params, TOKENS_BxT, MASK_BxT)
+  assert {p.dtype for p in jax.tree.leaves(state.params)} == {TEACHER.jnp_dtype}
+  changed, total = _changed(params, state.params, labels, student.TRAIN)
+  assert (total - changed) / total > 0.1
+
