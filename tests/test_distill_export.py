@@ -1,8 +1,11 @@
 """Exported drafts load in `transformers` with specjax's logits, and read back into specjax unchanged."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 import torch
 import transformers
 
@@ -11,6 +14,7 @@ from specjax.distill.steps import logits
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
 from specjax.models.load import load_model
+from specjax.models.param_tree import stack_layers
 from specjax.models.transformer import init_params
 from tests.test_distill_tiny import save_tiny_target
 from tests.tiny_hf import FAMILIES, VOCAB, save_hf_model
@@ -57,3 +61,18 @@ def test_export_writes_a_tokenizer_transformers_and_specjax_read(tmp_path):
   reloaded = load_model(out)
   assert reloaded.tokenizer.fingerprint() == target.tokenizer.fingerprint()
   assert reloaded.tokenizer.eos_ids == target.tokenizer.eos_ids
+
+
+def test_stacked_params_export_one_tensor_per_layer(tmp_path):
+  """Params in the scanned layout (`layers` with a leading [L] axis) write the same files as per layer."""
+  config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                       head_dim=8, d_ff=48)
+  params = init_params(config, jax.random.key(0))
+  export_hf(str(tmp_path / "layers"), config, params)
+  export_hf(str(tmp_path / "stacked"), config.replace(scan_layers=True), stack_layers(params, 3))
+  want, got = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("layers", "stacked"))
+  assert sorted(got) == sorted(want) and "model.layers.2.mlp.up_proj.weight" in got
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  read = lambda name: json.loads((tmp_path / name / "config.json").read_text())
+  assert read("stacked") == read("layers")

@@ -1,5 +1,6 @@
 """The train step of a bfloat16 student keeps float32 master weights: one small step moves every trainable
-weight, where the same step applied to bfloat16 weights leaves many of them where they were."""
+weight, where the same step applied to bfloat16 weights leaves many of them where they were. The model
+receives the master in its dtype and layout."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 from specjax.distill import steps, student
 from specjax.distill.config import default_config
 from specjax.models.config import ModelConfig
+from specjax.models.param_tree import stack_layers
 from specjax.models.transformer import init_params
 
 TEACHER = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8,
@@ -65,3 +67,13 @@ def test_the_same_step_on_bfloat16_weights_leaves_many_unchanged(setup):
   changed, total = _changed(params, state.params, labels, student.TRAIN)
   assert (total - changed) / total > 0.1
 
+
+def test_the_model_gets_the_master_in_its_dtype_and_layout(setup):
+  """A scanning student config gets the per-layer master stacked (bfloat16 -> float32 -> bfloat16 is exact)."""
+  _, params, *_ = setup
+  master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+  got = steps.model_params(TEACHER.replace(n_layers=2, scan_layers=True), master)
+  want = stack_layers(params, 2)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  assert {p.dtype for p in jax.tree.leaves(got)} == {TEACHER.jnp_dtype}

@@ -1,4 +1,5 @@
-"""Student initialisation (layer-truncated, fresh) and freezing through the optimizer."""
+"""Student initialisation (layer-truncated, fresh) from either parameter layout, and freezing through the
+optimizer."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 from specjax.distill import steps, student
 from specjax.distill.config import default_config
 from specjax.models.config import ModelConfig
+from specjax.models.param_tree import stack_layers
 from specjax.models.transformer import init_params
 
 TARGET = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8,
@@ -28,6 +30,21 @@ def test_truncate_keeps_first_layers_embeddings_norm_and_head_as_copies(target_p
   assert params["embed"]["embedding"] is not target_params["embed"]["embedding"]  # donation-safe
   with pytest.raises(ValueError, match=r"num_layers must be in \[1, 3\]"):
     student.truncate(TARGET, target_params, 4)
+
+
+def test_a_stacked_target_truncates_to_the_same_per_layer_student(target_params):
+  """A target loaded for scanned layers (one `layers` subtree with a leading [L] axis) gives the same
+  student, per layer, which `frozen_labels` accepts and the stacked layout it refuses."""
+  stacked = stack_layers(target_params, TARGET.n_layers)
+  config, params = student.truncate(TARGET.replace(scan_layers=True), stacked, 2)
+  assert config == TARGET.replace(n_layers=2, scan_layers=True)
+  _, want = student.truncate(TARGET, target_params, 2)
+  assert jax.tree.structure(params) == jax.tree.structure(want)
+  jax.tree.map(np.testing.assert_array_equal, params, want)
+  labels = student.frozen_labels(config, params, False, False, (1,))
+  assert set(jax.tree.leaves(labels["layers_1"])) == {student.FROZEN}
+  with pytest.raises(ValueError, match="needs the per-layer layout"):
+    student.frozen_labels(config, stack_layers(params, 2), False, False, ())
 
 
 def test_fresh_student_has_the_targets_vocabulary_and_architecture():

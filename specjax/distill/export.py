@@ -15,6 +15,7 @@ from safetensors.numpy import save_file
 
 from specjax.models import hf
 from specjax.models.config import ModelConfig
+from specjax.models.param_tree import to_layout
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 
@@ -24,11 +25,14 @@ def export_hf(directory: str, config: ModelConfig, params: Params, tokenizer: To
   """Writes the model (and `tokenizer`, when given) to `directory`; returns its absolute path.
 
   Weights are stored in float32 (bfloat16 params are widened: safetensors' numpy writer has no
-  bfloat16). The tokenizer becomes `tokenizer.json` + `tokenizer_config.json` (special tokens, chat
-  template) and its stop ids the config's `eos_token_id` / `bos_token_id`.
+  bfloat16), one tensor per layer whichever layout `params` has (stacked ones are split). The tokenizer
+  becomes `tokenizer.json` + `tokenizer_config.json` (special tokens, chat template) and its stop ids the
+  config's `eos_token_id` / `bos_token_id`.
   """
   path = os.path.abspath(directory)
   os.makedirs(path, exist_ok=True)
+  config = config.replace(scan_layers=False)  # Hugging Face names one tensor per layer
+  params = to_layout(config, params)
   hf_config = hf.config_to_hf_dict(config.replace(dtype="float32"), max_positions)
   if tokenizer is not None:
     _write_tokenizer(path, tokenizer)

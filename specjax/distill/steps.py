@@ -28,13 +28,14 @@ from specjax.distill import losses
 from specjax.distill.student import FROZEN, TRAIN
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
+from specjax.models.param_tree import to_layout
 from specjax.models.transformer import Params, forward
 
 
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # [] int32: optimizer steps taken (= batches consumed)
-  params: Params  # the student's float32 master parameters
+  params: Params  # the student's float32 master parameters, per-layer layout (`layers_{i}`)
   opt_state: optax.OptState  # the multi_transform(AdamW, set_to_zero) state, float32 moments
   key: jax.Array  # [2] uint32 raw PRNG key of the run; batch i samples with fold_in(key, i)
 
@@ -53,17 +54,17 @@ def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
-  """Step 0 of a run from the student's initial `params` (any float dtype): a float32 master copy and
-  float32 optimizer moments."""
+  """Step 0 of a run from the student's initial per-layer `params` (any float dtype): a float32 master
+  copy and float32 optimizer moments."""
   master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
   return TrainState(step=jnp.int32(0), params=master, opt_state=optimizer.init(master),
                     key=jax.random.key_data(jax.random.key(seed)))
 
 
 def model_params(config: ModelConfig, master: Params) -> Params:
-  """The master parameters as the model runs them, in `config.dtype`: what the train and eval steps compute
-  with, and what decoding and export receive."""
-  return jax.tree.map(lambda p: p.astype(config.jnp_dtype), master)
+  """The master parameters as the model runs them: in `config.dtype`, in the layout `config.scan_layers`
+  asks for. What the train and eval steps compute with, and what decoding and export receive."""
+  return to_layout(config, jax.tree.map(lambda p: p.astype(config.jnp_dtype), master))
 
 
 def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Array:

@@ -7,6 +7,12 @@ Three initialisations (`config.student.init`):
                 whose vocabulary and tokenizer are the target's;
   "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised.
 Freezing is by parameter subtree: embeddings, output head, chosen layers.
+
+The student is trained, labelled and checkpointed in the per-layer layout (`layers_{i}` subtrees) even
+when its config scans layers (`ModelConfig.scan_layers`, one stacked `layers` subtree): a stacked leaf
+holds every layer, so it could not freeze some of them, and checkpoints do not depend on how the model
+runs. Stacked params are split on the way in (`per_layer`) and restacked where the model runs
+(`steps.model_params`, inside the compiled step: one copy of the student's weights per step).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from specjax.models.config import ModelConfig
+from specjax.models.param_tree import unstack_layers
 from specjax.models.transformer import Params, init_params
 
 INITS = ("truncate", "checkpoint", "fresh")
@@ -31,29 +38,39 @@ def check_vocab(student: ModelConfig, teacher: ModelConfig, student_name: str = 
                      "so the draft needs the target's tokenizer and vocabulary")
 
 
+def per_layer(params: Params) -> Params:
+  """`params` in the per-layer layout: a stacked `layers` subtree split into `layers_{i}` subtrees."""
+  return unstack_layers(params) if "layers" in params else params
+
+
 def truncate(teacher_config: ModelConfig, teacher_params: Params, num_layers: int) -> tuple[ModelConfig, Params]:
-  """The target's first `num_layers` blocks with its embeddings, final norm and head (copied arrays,
-  so that donating the student's buffers never frees the teacher's)."""
+  """The target's first `num_layers` blocks with its embeddings, final norm and head, per layer (copied
+  arrays, so that donating the student's buffers never frees the teacher's); either layout of the
+  target's params."""
   if not 1 <= num_layers <= teacher_config.n_layers:
     raise ValueError(f"student.num_layers must be in [1, {teacher_config.n_layers}] (the target's "
                      f"layers), got {num_layers}")
-  kept = {name: tree for name, tree in teacher_params.items()
+  kept = {name: tree for name, tree in per_layer(teacher_params).items()
           if not name.startswith("layers_") or int(name.removeprefix("layers_")) < num_layers}
   return teacher_config.replace(n_layers=num_layers), jax.tree.map(jnp.copy, kept)
 
 
 def fresh(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax.Array) -> tuple[ModelConfig, Params]:
-  """A random model of the target's architecture, vocabulary and positional settings, sized by `spec`."""
+  """A random model of the target's architecture, vocabulary and positional settings, sized by `spec`
+  (per layer)."""
   config = teacher_config.replace(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
                                   n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, d_ff=spec.d_ff,
                                   tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
-  return config, init_params(config, key)
+  return config, per_layer(init_params(config, key))
 
 
 def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, freeze_head: bool,
                   freeze_layers: Sequence[int]) -> Any:
-  """A pytree like `params` of TRAIN / FROZEN labels. A tied head is the embedding: freezing either
-  freezes both. The final norm always trains."""
+  """A pytree like `params` (per-layer layout) of TRAIN / FROZEN labels. A tied head is the embedding:
+  freezing either freezes both. The final norm always trains."""
+  if "layers" in params:
+    raise ValueError("frozen_labels needs the per-layer layout (`student.per_layer`): a stacked `layers` "
+                     "leaf holds every layer, so single layers cannot be frozen in it")
   bad = [i for i in freeze_layers if not 0 <= i < config.n_layers]
   if bad:
     raise ValueError(f"student.freeze_layers {bad} out of range for a {config.n_layers}-layer student")

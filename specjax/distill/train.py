@@ -84,7 +84,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel) -> tuple[ModelConfig, Params]:
-  """The draft's config and initial params, per `config.student.init` (see `specjax.distill.student`)."""
+  """The draft's config and initial params (per-layer layout), per `config.student.init` (see
+  `specjax.distill.student`)."""
   spec = config.student
   if spec.init == "truncate":
     return student.truncate(teacher.config, teacher.params, spec.num_layers)
@@ -94,7 +95,7 @@ def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel) -> tup
   student.check_vocab(draft.config, teacher.config, f"student {spec.checkpoint}")
   if draft.tokenizer.fingerprint() != teacher.tokenizer.fingerprint():
     raise ValueError(f"student {spec.checkpoint} has a different tokenizer than the target {teacher.name}")
-  return draft.config, draft.params
+  return draft.config, student.per_layer(draft.params)
 
 
 def _append(path: str, record: dict) -> None:
