@@ -14,7 +14,7 @@ from specjax.distill.steps import logits
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
 from specjax.models.load import load_model
-from specjax.models.param_tree import stack_layers
+from specjax.models.layout import stack_layers
 from specjax.models.transformer import init_params
 from tests.test_distill_tiny import save_tiny_target
 from tests.tiny_hf import FAMILIES, VOCAB, save_hf_model

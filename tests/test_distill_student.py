@@ -10,7 +10,7 @@ import pytest
 from specjax.distill import steps, student
 from specjax.distill.config import default_config
 from specjax.models.config import ModelConfig
-from specjax.models.param_tree import stack_layers
+from specjax.models.layout import stack_layers
 from specjax.models.transformer import init_params
 
 TARGET = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8,

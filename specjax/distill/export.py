@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 
 from specjax.models import hf
 from specjax.models.config import ModelConfig
-from specjax.models.param_tree import to_layout
+from specjax.models.layout import to_layout
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 

@@ -28,7 +28,7 @@ from specjax.distill import losses
 from specjax.distill.student import FROZEN, TRAIN
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
-from specjax.models.param_tree import to_layout
+from specjax.models.layout import to_layout
 from specjax.models.transformer import Params, forward
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from specjax.models.config import ModelConfig
-from specjax.models.param_tree import unstack_layers
+from specjax.models.layout import unstack_layers
 from specjax.models.transformer import Params, init_params
 
 INITS = ("truncate", "checkpoint", "fresh")
