@@ -77,3 +77,21 @@ def test_the_model_gets_the_master_in_its_dtype_and_layout(setup):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   jax.tree.map(np.testing.assert_array_equal, got, want)
   assert {p.dtype for p in jax.tree.leaves(got)} == {TEACHER.jnp_dtype}
+
+
+def test_a_stacked_train_step_equals_the_per_layer_one():
+  """float32 teacher and student, one step: the scanning layout trains the same weights."""
+  teacher = TEACHER.replace(dtype="float32")
+  teacher_params = init_params(teacher, jax.random.key(0))
+  results = []
+  for scan in (False, True):
+    teacher_config = teacher.replace(scan_layers=scan)
+    config, params = student.truncate(teacher_config, stack_layers(teacher_params, 3) if scan else teacher_params, 2)
+    labels = student.frozen_labels(config, params, False, False, ())
+    optimizer, schedule = steps.make_optimizer(default_config().optim, 10, labels)
+    train_step = steps.make_train_step(teacher_config, config, optimizer, schedule, labels, default_config().loss)
+    state, metrics = train_step(steps.init_state(params, optimizer, seed=0),
+                                steps.model_params(teacher_config, teacher_params), TOKENS_BxT, MASK_BxT)
+    results.append((jax.device_get(state.params), float(metrics["loss"])))
+  assert results[1][1] == pytest.approx(results[0][1], rel=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), results[1][0], results[0][0])
