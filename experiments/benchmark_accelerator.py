@@ -13,7 +13,8 @@ in the config's dtype. Each cell is one compiled program (`autoregressive.genera
   2. with the whole budget, once, as a warm-up (`warmup_s`): a 1-token budget never runs the loop's
      body, and its first run was 5-20x slower than later ones on CPU (lazily prepared kernels; CUDA
      loads modules lazily on first launch too);
-  3. with a 1-token budget again: `prefill_s`, both models' prefill and the first token;
+  3. with a 1-token budget, `repeats` times: `prefill_s` (the median), both models' prefill and the
+     first token;
   4. with the whole budget, `repeats` times: `wall_s` (the median), from which decoding alone is
      `wall_s - prefill_s`, over `max_new_tokens - 1` target steps (autoregressive: `step_s`) or the
      loop's rounds (speculative: `round_s`).
@@ -44,14 +45,15 @@ command (from the repository root), the machine and versions, the device kind, t
 shapes, every cost ratio, one row per cell (memory per device: JAX's `memory_stats`, whose peak covers
 the process so far, and the cell's KV-cache bytes) and the skipped cells.
 
-Time on one H200 (bfloat16, default grid; an estimate, not yet a measurement): 24 programs at an assumed
-5-15 s of compilation each (scan over layers: flat in depth) ~ 4-5 min, plus 12 pairs of 1-token
-forward programs for c ~ 30 s; running them ~ 1.5 min: at 4.3 TB/s the target's 3.6 GB of weights
-take ~0.8 ms a step and the draft's 1.3 GB ~0.3 ms, padded to ~2-3 ms by per-layer launches, so 128
-tokens ~ 0.4 s per autoregressive call and, at one token per round, ~1-2.5 s per speculative call
-(K = 3..8), two timed calls each; with 2048-token prompts at batch 32 the caches (target 28 KiB,
-draft 12 KiB per token) add ~1 ms a step. About 6-7 minutes in all; `deadline_s` (390 s by default)
-keeps the total under 8 if compilation is slower than assumed.
+Time on one H200 (bfloat16, default grid; an estimate from the hardware's numbers, not yet a
+measurement): 24 programs at an assumed 5-15 s of compilation each (layers under `lax.scan`: flat in
+depth) plus 12 pairs of 1-token forward programs for c, ~4-5 min; running them ~2 min: at ~4 TB/s the
+target's 3.6 GB of weights take ~0.8 ms a step and the draft's 1.3 GB ~0.3 ms, ~2-3 ms each with
+per-layer launches, so 128 tokens take ~0.4 s per autoregressive call and, at one token per round
+(random weights), ~1-2.5 s per speculative call (K = 3..8), three whole-budget calls per cell; at 2048
+tokens and batch 32 the caches (target 28 KiB, draft 12 KiB per token and row in bfloat16) add ~1 ms a
+step. About 7 minutes in all; `deadline_s` (390 s by default) keeps the total under 8 if compilation is
+slower than assumed, skipping the last cells (2048 tokens, batch 32).
 """
 
 from __future__ import annotations
@@ -70,7 +72,6 @@ from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import SCAN_LAYERS, load_model, scan_layers_for, with_execution
-from specjax.models.param_tree import to_layout
 from specjax.models.transformer import init_params
 from specjax.sampling import sampling_params
 from specjax.speculative.loop import speculative_generate
@@ -124,9 +125,8 @@ def check(cfg: ml_collections.ConfigDict) -> None:
 
 
 def _random_model(config: ModelConfig, seed: int):
-  """Random params of `config` (normal, std 0.02, made in its dtype on the device) in its layer layout."""
-  params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed))
-  return to_layout(config, params)
+  """Random params of `config` (normal, std 0.02), made in its dtype on the device by one jitted call."""
+  return jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed))
 
 
 def load_pair(cfg: ml_collections.ConfigDict, log: Log):
@@ -216,7 +216,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
 
   compile_s = call(1)[0]
   warmup_s = call(cfg.max_new_tokens)[0]
-  prefill_s = call(1)[0]
+  prefill_s = float(np.median([call(1)[0] for _ in range(cfg.repeats)]))
   runs = [call(cfg.max_new_tokens) for _ in range(cfg.repeats)]
   wall_s = float(np.median([seconds for seconds, *_ in runs]))
   _, out, tokens_BxN, counts_B = runs[-1]
