@@ -23,7 +23,7 @@ from specjax.models.transformer import forward_hidden
 from specjax.speculative.draft_head import DraftHead, draft_logits
 
 
-def _forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
+def forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
                    head: DraftHead | None, layers: tuple[int, ...] | None = None) -> Callable[[], float]:
   """Compiles (and runs once) a jitted forward of [batch_size, T] tokens with `offset` positions cached,
   through the restricted output `head` when one is given and the blocks `layers` only when given; each
@@ -57,7 +57,7 @@ def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats:
   through the restricted output `head` when one is given (a `draft_vocab` draft)."""
   seconds = {}
   for T in tokens:
-    timed = _forward_timer(config, params, T, batch_size, cache_len, offset, head)
+    timed = forward_timer(config, params, T, batch_size, cache_len, offset, head)
     seconds[T] = float(np.median([timed() for _ in range(repeats)]))
   return seconds
 
@@ -70,6 +70,6 @@ def cost_ratio(target_config: ModelConfig, target_params, draft_config: ModelCon
   through the blocks `draft_layers` only when given (a layer-skip draft is the target's own subset).
   Pairing cancels the machine's drift, which on a shared VM moves single timings by more than c's own
   spread."""
-  draft_timed = _forward_timer(draft_config, draft_params, 1, batch_size, cache_len, offset, head, draft_layers)
-  target_timed = _forward_timer(target_config, target_params, 1, batch_size, cache_len, offset, None)
+  draft_timed = forward_timer(draft_config, draft_params, 1, batch_size, cache_len, offset, head, draft_layers)
+  target_timed = forward_timer(target_config, target_params, 1, batch_size, cache_len, offset, None)
   return float(np.median([draft_timed() / target_timed() for _ in range(repeats)]))

@@ -51,8 +51,11 @@ def init_state(params: Params, optimizer: optax.GradientTransformation, seed: in
 
 
 def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Array:
-  """Float32 logits [B, T, V] of a full sequence (a fresh cache of exactly T positions)."""
+  """Float32 logits [B, T, V] of a full sequence (a fresh cache of exactly T positions), with dense
+  attention: every key is live, and the blockwise loop's data-dependent trip count cannot be
+  reverse-differentiated."""
   B, T = tokens_BxT.shape
+  config = config.replace(attention_block=0)
   logits_BxTxV, _ = forward(config, params, tokens_BxT, init_cache(config, B, T))
   return logits_BxTxV
 

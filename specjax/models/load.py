@@ -23,7 +23,7 @@ import safetensors.numpy
 from specjax.models import gguf_loader, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
-from specjax.models.param_tree import to_layout
+from specjax.models.layout import to_layout
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 

@@ -45,31 +45,3 @@ def assemble_params(config: ModelConfig, arrays: Mapping[str, np.ndarray], sourc
     node[leaf] = jax.numpy.asarray(array, dtype=config.jnp_dtype)
   return params
 
-
-def stack_layers(params: Params, n_layers: int) -> Params:
-  """Per-layer subtrees `layers_{i}` -> one `layers` subtree whose leaves gain a leading [L] axis (the
-  `scan_layers` layout). Each layer's arrays are dropped as soon as they are stacked."""
-  params = dict(params)
-  per_layer = [params.pop(f"layers_{i}") for i in range(n_layers)]
-  params["layers"] = jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *per_layer)
-  return params
-
-
-def unstack_layers(params: Params) -> Params:
-  """The inverse of `stack_layers`: a stacked `layers` subtree back to `layers_{i}` subtrees."""
-  params = dict(params)
-  stacked = params.pop("layers")
-  n_layers = jax.tree.leaves(stacked)[0].shape[0]
-  for i in range(n_layers):
-    params[f"layers_{i}"] = jax.tree.map(lambda leaf: leaf[i], stacked)
-  return params
-
-
-def to_layout(config: ModelConfig, params: Params) -> Params:
-  """`params` (either layout) in the layout `config.scan_layers` asks for."""
-  stacked = "layers" in params
-  if config.scan_layers and not stacked:
-    return stack_layers(params, config.n_layers)
-  if not config.scan_layers and stacked:
-    return unstack_layers(params)
-  return params

@@ -1,8 +1,14 @@
-"""The decoder-only transformer (Llama / Qwen2 / Mistral and GPT-2) as Flax linen modules.
+"""The decoder-only transformer (Llama / Qwen2 / Mistral and GPT-2): blocks as Flax linen modules, the
+model around them as pure functions.
 
 Pure forward: `forward(config, params, tokens_BxT, cache) -> (logits_BxTxV, cache)`. Token t of row b
 sits at position `cache.lengths[b] + t`; its keys/values are written there and it attends to every
-position <= its own. `cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
+position <= its own (see `attention`: only the live part of the cache is read unless
+`attention_block` is 0). `cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
+
+Precision: norms and the attention softmax run in float32; the output head multiplies the final norm's
+output with float32 accumulation and returns float32 logits, on every path (prefill, decode, verify,
+draft, restricted heads, distillation): logits are never rounded to bfloat16.
 
 Parameter tree (the loaders in this package produce it). Linear weights keep the Hugging Face
 `[out, in]` layout, named `weight`, and are contracted on `in`: on XLA CPU this was measurably faster
@@ -13,9 +19,9 @@ plain copy.
   layers_{i}/attn/{q_proj, k_proj, v_proj, o_proj}/{weight [out, in], bias? [out]}
   layers_{i}/mlp/{gate_proj (llama only), up_proj, down_proj}/{weight, bias? (gpt2)}
   final_norm/{scale, bias?}; lm_head/weight [V, D] (absent when tie_embeddings)
-Layers are separate subtrees run by a Python loop: on XLA CPU a first probe of `lax.scan` over stacked
-weights ran 3.6-4.5x slower (a later one at width 512 only ~1.25x slower, with compile time flat in
-depth where the unrolled loop grows ~0.4 s per layer; measure before switching).
+With `scan_layers` the `layers_{i}` subtrees are one stacked `layers` subtree (leading [L] axis, see
+`layout`) and the blocks run as a `lax.scan`: compile time stays flat in depth, where the unrolled
+Python loop grows ~0.4 s per layer.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specjax.models import attention
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
+from specjax.models.layout import to_layout
 
 Params = Any
 _init = nn.initializers.normal(stddev=0.02)
@@ -86,23 +94,13 @@ def rotate_by_position(x_BxTxHxD: jax.Array, positions_BxT: jax.Array, theta: fl
   return rotated.astype(x_BxTxHxD.dtype)
 
 
-def attention_mask(lengths_B: jax.Array, num_queries: int, max_len: int, window: int) -> jax.Array:
-  """[B, T, S] True where query t of row b (at position lengths[b] + t) may attend to key s."""
-  query_pos_BxT = lengths_B[:, None] + jnp.arange(num_queries)[None, :]
-  key_pos_S = jnp.arange(max_len)
-  mask_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
-  if window:
-    mask_BxTxS &= key_pos_S[None, None, :] > query_pos_BxT[:, :, None] - window
-  return mask_BxTxS
-
-
 class Attention(nn.Module):
   """Grouped-query attention over the static cache of one layer."""
 
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache: KVCache, layer: int):
+  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache, layer):
     cfg = self.config
     B, T, _ = x_BxTxD.shape
     H, K, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -116,12 +114,8 @@ class Attention(nn.Module):
     cache = cache.write(layer, k, v)
     k_cache_BxSxKxD, v_cache_BxSxKxD = cache.k[layer], cache.v[layer]
 
-    q_BxTxKxGxD = q.reshape(B, T, K, H // K, Dh)
-    scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_cache_BxSxKxD,
-                                  preferred_element_type=jnp.float32) * (Dh ** -0.5)
-    scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, -jnp.inf)
-    weights = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(cfg.jnp_dtype)
-    out_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights, v_cache_BxSxKxD)
+    out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), k_cache_BxSxKxD, v_cache_BxSxKxD,
+                                     cache.lengths, cfg.sliding_window, cfg.attention_block)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
         out_BxTxKxGxD.reshape(B, T, H * Dh))
     return out, cache
@@ -146,92 +140,115 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache: KVCache, layer: int):
+  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache, layer):
+    """`layer` (an int, or a traced index under `scan_layers`) selects this block's cache slice."""
     attn_out, cache = Attention(self.config, name="attn")(
-        Norm(self.config, name="attn_norm")(x_BxTxD), positions_BxT, mask_BxTxS, cache, layer)
+        Norm(self.config, name="attn_norm")(x_BxTxD), positions_BxT, cache, layer)
     x_BxTxD = x_BxTxD + attn_out
     x_BxTxD = x_BxTxD + MLP(self.config, name="mlp")(Norm(self.config, name="mlp_norm")(x_BxTxD))
     return x_BxTxD, cache
 
 
-class Transformer(nn.Module):
-  """`layers` (static) runs only those blocks, in order (self-speculation drafts with a subset of the
-  target's layers, reading and writing the target's own cache at those layers); None runs them all."""
+def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
+  x_BxTxD = jnp.take(params["embed"]["embedding"], tokens_BxT, axis=0)
+  if config.arch == "gpt2":
+    x_BxTxD = x_BxTxD + jnp.take(params["pos_embed"]["embedding"], positions_BxT, axis=0)
+  return x_BxTxD
 
-  config: ModelConfig
-  layers: tuple[int, ...] | None = None
 
-  def setup(self):
-    cfg = self.config
-    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=_init, dtype=cfg.jnp_dtype,
-                          param_dtype=cfg.jnp_dtype)
-    if cfg.arch == "gpt2":
-      self.pos_embed = nn.Embed(cfg.max_positions, cfg.d_model, embedding_init=_init,
-                                dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype)
-    self.blocks = [Block(cfg, name=f"layers_{i}") for i in range(cfg.n_layers)]
-    self.final_norm = Norm(cfg)
-    if not cfg.tie_embeddings:
-      self.lm_head = Linear(cfg.vocab_size, False, cfg.jnp_dtype)
+def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, positions_BxT: jax.Array,
+            cache: KVCache, layers: tuple[int, ...]) -> tuple[jax.Array, KVCache]:
+  """Runs the blocks `layers` in order: a Python loop over `layers_{i}`, or a `lax.scan` over the
+  stacked `layers` (indexing weights and cache by the scanned layer index)."""
+  block = Block(config)
+  if not config.scan_layers:
+    for i in layers:
+      x_BxTxD, cache = block.apply({"params": params[f"layers_{i}"]}, x_BxTxD, positions_BxT, cache, i)
+    return x_BxTxD, cache
 
-  def __call__(self, tokens_BxT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-    """Final-norm hidden states [B, T, D] and the cache with this chunk's keys/values written."""
-    cfg = self.config
-    T = tokens_BxT.shape[1]
-    positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    x_BxTxD = self.embed(tokens_BxT)
-    if cfg.arch == "gpt2":
-      x_BxTxD = x_BxTxD + self.pos_embed(positions_BxT)
-    mask_BxTxS = attention_mask(cache.lengths, T, cache.max_len, cfg.sliding_window)
-    for i in range(cfg.n_layers) if self.layers is None else self.layers:
-      x_BxTxD, cache = self.blocks[i](x_BxTxD, positions_BxT, mask_BxTxS, cache, i)
-    return self.final_norm(x_BxTxD), cache
+  def step(carry, i):
+    x_BxTxD, cache = carry
+    layer_params = jax.tree.map(lambda stacked: stacked[i], params["layers"])
+    return block.apply({"params": layer_params}, x_BxTxD, positions_BxT, cache, i), None
 
-  def logits(self, hidden_BxNxD: jax.Array) -> jax.Array:
-    """Output-head logits in float32 for any [..., D] hidden states."""
-    if self.config.tie_embeddings:
-      logits = self.embed.attend(hidden_BxNxD)
-    else:
-      logits = self.lm_head(hidden_BxNxD)
-    return logits.astype(jnp.float32)
-
-  def logits_and_cache(self, tokens_BxT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-    hidden_BxTxD, cache = self(tokens_BxT, cache)
-    return self.logits(hidden_BxTxD), cache
+  (x_BxTxD, cache), _ = jax.lax.scan(step, (x_BxTxD, cache), jnp.asarray(layers, jnp.int32))
+  return x_BxTxD, cache
 
 
 def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
                    layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
-  """Hidden states [B, T, D] (after the final norm) and the written (not advanced) cache; through the
-  blocks `layers` only (static) when given."""
-  return Transformer(config, layers).apply({"params": params}, tokens_BxT, cache)
+  """Final-norm hidden states [B, T, D] and the written (not advanced) cache; through the
+  blocks `layers` only (static; self-speculation drafts with a subset of the target's layers, reading
+  and writing the target's own cache at those layers) when given."""
+  T = tokens_BxT.shape[1]
+  positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
+  x_BxTxD, cache = _blocks(config, params, x_BxTxD, positions_BxT, cache,
+                           tuple(range(config.n_layers)) if layers is None else layers)
+  return Norm(config).apply({"params": params["final_norm"]}, x_BxTxD), cache
 
 
 def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) -> jax.Array:
-  """Float32 logits [..., V] for hidden states [..., D]."""
-  return Transformer(config).apply({"params": params}, hidden_xD, method=Transformer.logits)
+  """Float32 logits [..., V] for hidden states [..., D]: the head's matmul in the model dtype with
+  float32 accumulation (a float32 copy of a [V, D] head per call would cost more than the matmul)."""
+  weight_VxD = params["embed"]["embedding"] if config.tie_embeddings else params["lm_head"]["weight"]
+  return jax.lax.dot_general(hidden_xD.astype(weight_VxD.dtype), weight_VxD,
+                             (((hidden_xD.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
             cache: KVCache) -> tuple[jax.Array, KVCache]:
   """Logits [B, T, V] (float32) of every position and the written (not advanced) cache."""
-  return Transformer(config).apply({"params": params}, tokens_BxT, cache,
-                                   method=Transformer.logits_and_cache)
+  hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
+  return hidden_to_logits(config, params, hidden_BxTxD), cache
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
-  """Random parameters (normal, std 0.02) in the tree the loaders produce; for tests and fresh drafts."""
+  """Random parameters (normal, std 0.02; norms 1, biases 0) in the tree the loaders produce, in the
+  layout of `config.scan_layers`; for tests and fresh drafts."""
+  embed_key, pos_key, head_key, *layer_keys = jax.random.split(key, config.n_layers + 3)
+  table = lambda key, rows: _init(key, (rows, config.d_model), config.jnp_dtype)
+  x_1x1xD = jnp.zeros((1, 1, config.d_model), config.jnp_dtype)
   cache = init_cache(config, batch_size=1, max_len=1)
-  tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
-  return Transformer(config).init(key, tokens_1x1, cache, method=Transformer.logits_and_cache)["params"]
+  params = {"embed": {"embedding": table(embed_key, config.vocab_size)}}
+  if config.arch == "gpt2":
+    params["pos_embed"] = {"embedding": table(pos_key, config.max_positions)}
+  for i, layer_key in enumerate(layer_keys):
+    params[f"layers_{i}"] = Block(config).init(layer_key, x_1x1xD, jnp.zeros((1, 1), jnp.int32), cache,
+                                               i)["params"]
+  params["final_norm"] = Norm(config).init(head_key, x_1x1xD)["params"]
+  if not config.tie_embeddings:
+    params["lm_head"] = {"weight": table(head_key, config.vocab_size)}
+  return to_layout(config, params)
 
 
 def prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
             cache: KVCache) -> tuple[jax.Array, KVCache]:
-  """Feeds right-padded prompts of different lengths in one call.
+  """Feeds right-padded prompts of different lengths, `config.prefill_chunk` positions per pass.
 
   Returns the float32 logits [B, V] at each row's last prompt token and the cache advanced by each
   row's own prompt length (the padding's keys lie beyond the length: masked, later overwritten).
+  Chunk c feeds positions [c C, (c + 1) C) of every row and advances each row by its real tokens in
+  it, so peak memory is that of one C-token pass (scores ~ C x live keys), not of a P-token one; the
+  result equals a one-shot prefill up to float rounding. The chunks run as a `lax.scan` (P is padded to
+  a multiple of C inside; a row's padding writes beyond its length or is dropped past the cache).
   """
-  hidden_BxPxD, cache = forward_hidden(config, params, prompts_BxP, cache)
-  last_BxD = jnp.take_along_axis(hidden_BxPxD, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
-  return hidden_to_logits(config, params, last_BxD), cache.advance(prompt_lengths_B)
+  B, P = prompts_BxP.shape
+  chunk = min(config.prefill_chunk, P)
+  num_chunks = -(-P // chunk)
+  chunks_NxBxC = jnp.pad(prompts_BxP, ((0, 0), (0, num_chunks * chunk - P))).reshape(
+      B, num_chunks, chunk).transpose(1, 0, 2)
+
+  def feed(carry, chunk_index_and_tokens):
+    cache, last_BxD = carry
+    index, tokens_BxC = chunk_index_and_tokens
+    hidden_BxCxD, cache = forward_hidden(config, params, tokens_BxC, cache)
+    real_B = jnp.clip(prompt_lengths_B - index * chunk, 0, chunk)  # this chunk's prompt tokens per row
+    # The last chunk holding prompt tokens of a row holds its last one, at index real - 1.
+    last_here_BxD = jnp.take_along_axis(hidden_BxCxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
+    return (cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)), None
+
+  last_BxD = jnp.zeros((B, config.d_model), config.jnp_dtype)
+  (cache, last_BxD), _ = jax.lax.scan(feed, (cache, last_BxD),
+                                      (jnp.arange(num_chunks, dtype=jnp.int32), chunks_NxBxC))
+  return hidden_to_logits(config, params, last_BxD), cache

@@ -34,7 +34,8 @@ class DraftHead:
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
     """Float32 logits [..., V]: the subset's scores, -inf (probability 0) everywhere else."""
-    scores_xN = jnp.einsum("...d,nd->...n", hidden_xD, self.weight_NxD).astype(jnp.float32)
+    scores_xN = jnp.einsum("...d,nd->...n", hidden_xD.astype(self.weight_NxD.dtype), self.weight_NxD,
+                           preferred_element_type=jnp.float32)  # accumulated in float32, never rounded
     logits_xV = jnp.full(hidden_xD.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
     return logits_xV.at[..., self.tokens_N].set(scores_xN)
 

@@ -1,0 +1,174 @@
+"""What long caches, long prompts and deep models cost: the numbers behind the accelerator-readiness work.
+
+Three parts, each measured in fresh subprocesses (so peak memory and compile caches are per case) and
+written into one JSON file:
+
+  decode   one decode step of the Qwen2.5-Coder-1.5B target (real weights when installed, else random
+           ones of its shape; float32) with 512 live tokens per row, in caches of S_max = 1k and 32k
+           positions: live-length attention (`attention_block` 256) vs the dense reference (0). Timers
+           alternate, and each ratio is the median of back-to-back pairs (the machine drifts).
+  prefill  peak resident memory and time of prefilling one long prompt into a tiny-width model
+           (d_model 64, 2 layers), chunked (`prefill_chunk` 512, live-length attention) vs one shot with
+           dense attention (the former behaviour), for prompts of 2k-16k tokens.
+  compile  compile time of the speculative program (tiny width: d_model 64) for targets of 8, 32 and
+           80 layers with a 16-layer draft model, per-layer loop vs `scan_layers`.
+
+  python experiments/benchmark_scaling.py --out experiments/results/scaling_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+QWEN_1_5B = dict(arch="llama", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+                 head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6, tie_embeddings=True)
+TINY = dict(arch="llama", vocab_size=512, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)
+
+
+def _random_params(config):
+  import jax
+
+  from specjax.models.transformer import init_params
+  return jax.jit(lambda: init_params(config, jax.random.key(0)))()
+
+
+def decode(repeats: int) -> dict:
+  """Per-step seconds at 512 live tokens for each (S_max, attention_block), alternating timers."""
+  import numpy as np
+
+  from specjax import costs
+  from specjax.models import registry
+  from specjax.models.config import ModelConfig
+  from specjax.models.load import load_model
+
+  name = "qwen2.5-coder-1.5b-instruct"
+  if registry.is_installed(registry.MODELS[name]):
+    loaded = load_model(name)
+    config, params, weights = loaded.config, loaded.params, "real"
+  else:
+    config = ModelConfig(**QWEN_1_5B)
+    params, weights = _random_params(config), "random"
+  cases = {f"S{s}_block{b}": (s, b) for s in (1024, 32768) for b in (256, 0)}
+  timers = {case: costs.forward_timer(config.replace(attention_block=b), params, 1, 1, s, 512, None)
+            for case, (s, b) in cases.items()}
+  samples = {case: [] for case in cases}
+  for _ in range(repeats):
+    for case, timed in timers.items():
+      samples[case].append(timed())
+  base = samples["S1024_block256"]
+  return {"weights": weights, "live_tokens": 512, "repeats": repeats,
+          "seconds": {case: float(np.median(s)) for case, s in samples.items()},
+          "ratio_to_S1024_block256": {case: float(np.median(np.array(s) / np.array(base)))
+                                      for case, s in samples.items()}}
+
+
+def prefill(prompt_len: int, chunk: int, block: int) -> dict:
+  """Seconds and peak RSS of one jitted prefill of a `prompt_len`-token prompt (after a warm-up call)."""
+  import resource
+
+  import jax
+  import jax.numpy as jnp
+
+  from specjax.models.config import ModelConfig
+  from specjax.models.kv_cache import init_cache
+  from specjax.models.transformer import prefill as run_prefill
+
+  config = ModelConfig(**TINY, n_layers=2, prefill_chunk=chunk, attention_block=block)
+  params = _random_params(config)
+  baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  step = jax.jit(run_prefill, static_argnums=0, donate_argnums=4)
+  prompt_1xP = jnp.ones((1, prompt_len), jnp.int32) % config.vocab_size
+  lengths = jnp.array([prompt_len], jnp.int32)
+  start = time.perf_counter()
+  logits, cache = step(config, params, prompt_1xP, lengths, init_cache(config, 1, prompt_len + 64))
+  logits.block_until_ready()
+  first = time.perf_counter() - start
+  start = time.perf_counter()
+  logits, cache = step(config, params, prompt_1xP, lengths, cache)
+  logits.block_until_ready()
+  return {"prompt_tokens": prompt_len, "prefill_chunk": chunk, "attention_block": block,
+          "seconds": time.perf_counter() - start, "first_call_seconds": first,
+          "cache_bytes": int(cache.k.nbytes + cache.v.nbytes),
+          "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "rss_before_first_call_mib": baseline_kib / 1024}
+
+
+def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
+  """Seconds to trace and compile the speculative program (greedy, K = 5, batch 2, cache 128)."""
+  import jax
+  import numpy as np
+
+  from specjax.generation import pad_prompts
+  from specjax.models.config import ModelConfig
+  from specjax.models.kv_cache import init_cache
+  from specjax.sampling import sampling_params
+  from specjax.speculative import loop
+  from specjax.speculative.model_drafter import ModelDrafter
+
+  target = ModelConfig(**TINY, n_layers=target_layers, scan_layers=scan)
+  draft = ModelConfig(**TINY, n_layers=draft_layers, scan_layers=scan)
+  drafter = ModelDrafter(draft, _random_params(draft))
+  padded, lengths = pad_prompts([[1, 2, 3], [4, 5]])
+  args = (target, _random_params(target), drafter, padded, lengths, init_cache(target, 2, 128),
+          drafter.storage(2, 128), np.array([16, 16], np.int32), np.array([-1], np.int32),
+          sampling_params(0.0), jax.random.key(0))
+  start = time.perf_counter()
+  lowered = loop._generate.lower(*args, k=5, out_width=16, pad_id=0, rule=loop.acceptance.verify)
+  traced = time.perf_counter() - start
+  compiled = lowered.compile()
+  total = time.perf_counter() - start
+  return {"target_layers": target_layers, "draft_layers": draft_layers, "scan_layers": scan,
+          "trace_seconds": traced, "compile_seconds": total,
+          "hlo_bytes": len(compiled.as_text() or "")}
+
+
+def _child(call: str) -> dict:
+  run = subprocess.run([sys.executable, __file__, "--child", call], capture_output=True, text=True)
+  if run.returncode:
+    return {"call": call, "error": run.stderr[-1500:]}
+  return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--parts", default="decode,prefill,compile")
+  parser.add_argument("--repeats", type=int, default=15)
+  parser.add_argument("--out", default="")
+  parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:  # "function(arg, ...)" evaluated in this fresh process
+    print(json.dumps(eval(args.child, {"decode": decode, "prefill": prefill, "compile_time": compile_time})))
+    return
+  from specjax.records import command, environment
+
+  results = {"command": command()}
+  parts = args.parts.split(",")
+  if "decode" in parts:
+    results["decode"] = _child(f"decode({args.repeats})")
+    print("decode", json.dumps(results["decode"], indent=1), flush=True)
+  if "prefill" in parts:
+    results["prefill"] = []
+    for prompt_len, chunk, block in [(2048, 512, 256), (4096, 512, 256), (8192, 512, 256), (16384, 512, 256),
+                                     (2048, 2048, 0), (4096, 4096, 0), (8192, 8192, 0)]:
+      results["prefill"].append(_child(f"prefill({prompt_len}, {chunk}, {block})"))
+      print("prefill", results["prefill"][-1], flush=True)
+  if "compile" in parts:
+    results["compile"] = []
+    for layers in (8, 32, 80):
+      for scan in (True, False):
+        results["compile"].append(_child(f"compile_time({layers}, 16, {scan})"))
+        print("compile", results["compile"][-1], flush=True)
+  results["environment"] = environment()
+  if args.out:
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,95 @@
+"""Grouped-query attention of a chunk of T queries over one layer's static KV cache.
+
+Query t of row b sits at position `lengths[b] + t` and sees every key at a position <= its own (and,
+with a sliding window W, > its own - W). Two implementations of that one function:
+
+- `dense` (`attention_block = 0`): the portable reference. Scores against all S_max cache positions,
+  masked: cost and the float32 score tensor [B, H_kv, G, T, S_max] grow with the cache's capacity,
+  whatever the rows hold.
+- `blockwise` (`attention_block = N`): walks key blocks of N positions with an online softmax (running
+  max, running sum, float32 accumulator), only over the blocks that some row's queries can see: from
+  the window's start (0 without a window) up to the batch's longest live length + T. Cost and memory
+  follow what the rows hold; peak scores are [B, H_kv, G, T, N]. The number of blocks is data: a
+  `lax.fori_loop` with a dynamic trip count (on GPU each block costs one read of the loop predicate by
+  the host; on CPU nothing). It is not reverse-differentiable: training uses `dense`.
+
+Both compute scores in float32 and feed the softmax weights to the value product in the model dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window: int) -> jax.Array:
+  """[B, T, S] True where a query at query_pos may attend to a key at key_pos."""
+  visible_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
+  if window:
+    visible_BxTxS &= key_pos_S[None, None, :] > query_pos_BxT[:, :, None] - window
+  return visible_BxTxS
+
+
+def _scores(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array) -> jax.Array:
+  scale = q_BxTxKxGxD.shape[-1] ** -0.5
+  return jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32) * scale
+
+
+def dense(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, lengths_B: jax.Array,
+          window: int) -> jax.Array:
+  """Attention output [B, T, H_kv, G, D] over every cache position, masked (the reference)."""
+  T, S = q_BxTxKxGxD.shape[1], k_BxSxKxD.shape[1]
+  query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
+  visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window)
+  scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxKxGxD, k_BxSxKxD), -jnp.inf)
+  weights = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxD.dtype)
+  return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxKxD)
+
+
+def blockwise(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, lengths_B: jax.Array,
+              window: int, block: int) -> jax.Array:
+  """Attention output [B, T, H_kv, G, D] over the live key blocks only (online softmax)."""
+  B, T, K, G, D = q_BxTxKxGxD.shape
+  S = k_BxSxKxD.shape[1]
+  block = min(block, S)
+  query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
+  end = jnp.minimum(jnp.max(lengths_B) + T, S)  # one past the last key any query sees
+  start = jnp.maximum(jnp.min(lengths_B) - window + 1, 0) if window else jnp.int32(0)
+  first_block, last_block = start // block, (end + block - 1) // block
+
+  def step(i, carry):
+    max_BxKxGxT, sum_BxKxGxT, acc_BxKxGxTxD = carry
+    # The last block may overhang S_max: it is read from S - block and its keys below i * block (already
+    # seen by the previous block) are masked.
+    begin = jnp.minimum(i * block, S - block)
+    key_pos_N = begin + jnp.arange(block)
+    k_BxNxKxD = jax.lax.dynamic_slice_in_dim(k_BxSxKxD, begin, block, axis=1)
+    v_BxNxKxD = jax.lax.dynamic_slice_in_dim(v_BxSxKxD, begin, block, axis=1)
+    visible_BxTxN = _visible(query_pos_BxT, key_pos_N, window) & (key_pos_N >= i * block)[None, None, :]
+    visible_Bx1x1xTxN = visible_BxTxN[:, None, None]
+    scores_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, _scores(q_BxTxKxGxD, k_BxNxKxD), -jnp.inf)
+    new_max_BxKxGxT = jnp.maximum(max_BxKxGxT, scores_BxKxGxTxN.max(axis=-1))
+    # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
+    shift_BxKxGxT = jnp.where(jnp.isfinite(new_max_BxKxGxT), new_max_BxKxGxT, 0.0)
+    rescale_BxKxGxT = jnp.exp(max_BxKxGxT - shift_BxKxGxT)
+    weights_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, jnp.exp(scores_BxKxGxTxN - shift_BxKxGxT[..., None]), 0.0)
+    sum_BxKxGxT = sum_BxKxGxT * rescale_BxKxGxT + weights_BxKxGxTxN.sum(axis=-1)
+    acc_BxKxGxTxD = acc_BxKxGxTxD * rescale_BxKxGxT[..., None] + jnp.einsum(
+        "bkgtn,bnkd->bkgtd", weights_BxKxGxTxN.astype(v_BxSxKxD.dtype), v_BxNxKxD,
+        preferred_element_type=jnp.float32)
+    return new_max_BxKxGxT, sum_BxKxGxT, acc_BxKxGxTxD
+
+  init = (jnp.full((B, K, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+          jnp.zeros((B, K, G, T, D), jnp.float32))
+  _, sum_BxKxGxT, acc_BxKxGxTxD = jax.lax.fori_loop(first_block, last_block, step, init)
+  # Every query sees at least its own key, so the sum is > 0.
+  out_BxKxGxTxD = acc_BxKxGxTxD / sum_BxKxGxT[..., None]
+  return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).astype(v_BxSxKxD.dtype)
+
+
+def attend(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, lengths_B: jax.Array,
+           window: int, block: int) -> jax.Array:
+  """`blockwise` with `block` keys per step, or `dense` when `block` is 0."""
+  if block:
+    return blockwise(q_BxTxKxGxD, k_BxSxKxD, v_BxSxKxD, lengths_B, window, block)
+  return dense(q_BxTxKxGxD, k_BxSxKxD, v_BxSxKxD, lengths_B, window)

@@ -1,0 +1,75 @@
+"""Live-length attention and chunked prefill against their dense, one-shot references.
+
+`blockwise` must equal `dense` for ragged lengths, sliding windows, one query or a K + 1 block, caches
+whose size is not a multiple of the block (the overhanging last block) and blocks larger than the
+cache; and it must not read past the live blocks (NaNs there would poison a dense pass). Chunked
+prefill must give the one-shot prefill's logits and cache, whatever the chunk size.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.generation import pad_prompts
+from specjax.models import attention
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import prefill
+from tests.test_speculative import _model
+
+B, H_KV, GROUPS, D = 3, 2, 2, 8
+
+
+def _inputs(seed, T, S, lengths):
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  return (normal(B, T, H_KV, GROUPS, D), normal(B, S, H_KV, D), normal(B, S, H_KV, D),
+          jnp.asarray(lengths, jnp.int32))
+
+
+@pytest.mark.parametrize("T, S, block, window", [(1, 37, 8, 0), (6, 37, 8, 0), (6, 64, 16, 5),
+                                                  (1, 64, 16, 5), (6, 37, 64, 0), (4, 40, 8, 3)])
+def test_blockwise_equals_dense(T, S, block, window):
+  for seed in range(4):
+    lengths = np.random.default_rng(100 + seed).integers(0, S - T + 1, size=B)
+    q, k, v, lengths_B = _inputs(seed, T, S, lengths)
+    expected = attention.dense(q, k, v, lengths_B, window)
+    got = jax.jit(attention.blockwise, static_argnums=(4, 5))(q, k, v, lengths_B, window, block)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"lengths {lengths}")
+
+
+@pytest.mark.parametrize("window", [0, 6])
+def test_blockwise_reads_only_the_live_blocks(window):
+  """NaN keys and values outside the blocks the batch's queries can see change nothing."""
+  T, S, block = 3, 96, 8
+  lengths = np.array([30, 41, 35])
+  q, k, v, lengths_B = _inputs(0, T, S, lengths)
+  expected = attention.dense(q, k, v, lengths_B, window)
+  first = (lengths.min() - window + 1) // block * block if window else 0
+  last = -(-(lengths.max() + T) // block) * block
+  outside_S = (np.arange(S) < first) | (np.arange(S) >= last)
+  poison = lambda x: jnp.where(outside_S[None, :, None, None], jnp.nan, x)
+  got = attention.blockwise(q, poison(k), poison(v), lengths_B, window, block)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  # The same poison reaches a dense pass: the test would see a blockwise pass that reads everything.
+  assert np.isnan(attention.dense(q, poison(k), poison(v), lengths_B, window)).any()
+
+
+PROMPTS = [[5, 17, 3, 44, 9, 8, 1], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+
+
+@pytest.mark.parametrize("chunk, block", list(itertools.product([1, 3, 4, 11], [0, 4])))
+def test_chunked_prefill_equals_one_shot(chunk, block):
+  config, params = _model(0, n_layers=2)
+  padded, lengths = pad_prompts(PROMPTS)
+  run = lambda cfg: jax.jit(prefill, static_argnums=0)(cfg, params, padded, lengths,
+                                                       init_cache(cfg, len(PROMPTS), 24))
+  one_shot_logits, one_shot_cache = run(config.replace(prefill_chunk=padded.shape[1], attention_block=0))
+  logits, cache = run(config.replace(prefill_chunk=chunk, attention_block=block))
+  np.testing.assert_allclose(logits, one_shot_logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(cache.lengths, lengths)
+  for b, n in enumerate(lengths):  # committed positions hold the same keys and values
+    np.testing.assert_allclose(cache.k[:, b, :n], one_shot_cache.k[:, b, :n], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cache.v[:, b, :n], one_shot_cache.v[:, b, :n], rtol=1e-5, atol=1e-5)
