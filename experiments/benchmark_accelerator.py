@@ -1,0 +1,394 @@
+"""The accelerator run kit: one prepared script for the minutes a GPU or TPU is lent.
+
+  python -m experiments.benchmark_accelerator --config=configs/benchmarks/accelerator.py \
+      --config.weights=random --config.output=experiments/results/accelerator_h200.json
+  python -m experiments.benchmark_accelerator --config=configs/benchmarks/accelerator.py \
+      --config.report=experiments/results/accelerator_h200.json   # the table of a results file
+
+The Qwen2.5-Coder pair (1.5B target, 0.5B draft), autoregressive decoding against speculative decoding
+(the draft model proposing K tokens per round) over a grid of prompt lengths x batch sizes x K, greedy,
+in the config's dtype. Each cell is one compiled program (`autoregressive.generate` or
+`speculative_generate` with a `ModelDrafter`), called four ways:
+  1. with a 1-token budget: the compile (plus one prefill), reported as `compile_time_s`;
+  2. with the whole budget, once, as a warm-up (`warmup_s`): a 1-token budget never runs the loop's
+     body, and its first run was 5-20x slower than later ones on CPU (lazily prepared kernels; CUDA
+     loads modules lazily on first launch too);
+  3. with a 1-token budget, `repeats` times: `prefill_s` (the median), both models' prefill and the
+     first token;
+  4. with the whole budget, `repeats` times: `wall_s` (the median), from which decoding alone is
+     `wall_s - prefill_s`, over `max_new_tokens - 1` target steps (autoregressive: `step_s`) or the
+     loop's rounds (speculative: `round_s`).
+Caches are allocated before each timer starts and every timer stops on the tokens reaching the host.
+EOS is ignored, so every row generates exactly `max_new_tokens` tokens in every cell. Before the cells
+of a (prompt length, batch size) the draft/target cost ratio c is timed there (`costs.cost_ratio`:
+1-token forwards with the prompt cached). Every speculative cell's greedy tokens are compared with the
+autoregressive cell's of the same prompts (`greedy_equals_autoregressive`; recorded, never asserted: in
+bfloat16 a verify pass of K + 1 tokens may round differently from single steps and flip a near tie).
+
+Two weight sources (`weights`):
+  real    the registry models (or any .gguf / HF directory) and prompts cut from the standard library's
+          sources to exactly the prompt length: acceptance (alpha_hat) and speedups are measured.
+  random  random parameters with the pair's exact shapes (`SHAPES`) and prompts of random token ids: no
+          checkpoint or tokenizer needs to travel. Acceptance is meaningless (two unrelated random models
+          agree on almost nothing, so every round emits one token), so only timings are measured:
+          autoregressive tokens/s, the round time per K and batch size, c; the speedup is *modelled*
+          at the acceptance rates of the real pair measured on CPU (`modelled_alphas`), two ways:
+            leviathan   (1 - a^(K+1)) / ((1 - a)(K c + 1))  (Leviathan et al.: verify costs one step)
+            round_time  E[tokens per round] x step_s / round_s, E = (1 - a^(K+1)) / (1 - a): the
+                        measured round, verify pass and loop overhead included. Rounds that accept all
+                        K tokens start the next proposal with a 2-token draft pass, which random
+                        weights never do: a small underestimate of the round's cost.
+With real weights both models are computed at the measured alpha_hat too, next to the measured speedup.
+
+The JSON (`output`) is rewritten after every cell (a killed run keeps what it measured) and holds the
+command (from the repository root), the machine and versions, the device kind, the config, the models'
+shapes, every cost ratio, one row per cell (memory per device: JAX's `memory_stats`, whose peak covers
+the process so far, and the cell's KV-cache bytes) and the skipped cells.
+
+Time on one H200 (bfloat16, default grid; an estimate from the hardware's numbers, not yet a
+measurement): 24 programs at an assumed 5-15 s of compilation each (layers under `lax.scan`: flat in
+depth) plus 12 pairs of 1-token forward programs for c, ~4-5 min; running them ~2 min: at ~4 TB/s the
+target's 3.6 GB of weights take ~0.8 ms a step and the draft's 1.3 GB ~0.3 ms, ~2-3 ms each with
+per-layer launches, so 128 tokens take ~0.4 s per autoregressive call and, at one token per round
+(random weights), ~1-2.5 s per speculative call (K = 3..8), three whole-budget calls per cell; at 2048
+tokens and batch 32 the caches (target 28 KiB, draft 12 KiB per token and row in bfloat16) add ~1 ms a
+step. About 7 minutes in all; `deadline_s` (390 s by default) keeps the total under 8 if compilation is
+slower than assumed, skipping the last cells (2048 tokens, batch 32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from specjax import autoregressive, cli, corpus, costs, drafting, metrics, records
+from specjax.errors import ConfigError
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import init_cache
+from specjax.models.load import SCAN_LAYERS, load_model, scan_layers_for, with_execution
+from specjax.models.transformer import init_params
+from specjax.sampling import sampling_params
+from specjax.speculative.loop import speculative_generate
+from specjax.speculative.model_drafter import ModelDrafter
+
+Log = Callable[[str], None]
+AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"
+
+# (target, draft) shapes for weights=random. "qwen2.5-coder": Qwen2.5-Coder-1.5B-Instruct and
+# 0.5B-Instruct exactly as specjax loads them from the registry GGUFs (the "config" metadata of their
+# converted caches, $SPECJAX_CACHE/converted/*/params.safetensors; 1.78B and 0.63B parameters; the
+# draft's head is untied in these files). tests/test_benchmark_accelerator.py compares them with the
+# installed caches.
+_QWEN = dict(arch="llama", vocab_size=151936, norm_eps=1e-6, rope_theta=1e6, qkv_bias=True, tie_embeddings=False)
+_TINY = dict(arch="llama", vocab_size=97, n_heads=4, n_kv_heads=2, head_dim=16, rope_theta=1e4, qkv_bias=True)
+SHAPES: dict[str, tuple[ModelConfig, ModelConfig]] = {
+    "qwen2.5-coder": (ModelConfig(**_QWEN, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128,
+                                  d_ff=8960),
+                      ModelConfig(**_QWEN, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64,
+                                  d_ff=4864)),
+    "tiny": (ModelConfig(**_TINY, d_model=64, n_layers=2, d_ff=128),  # for tests on CPU
+             ModelConfig(**_TINY, d_model=64, n_layers=1, d_ff=96)),
+}
+
+
+def check(cfg: ml_collections.ConfigDict) -> None:
+  """Fails with a `ConfigError` naming the field before anything loads or compiles."""
+  def require(ok: bool, message: str) -> None:
+    if not ok:
+      raise ConfigError(message)
+
+  require(cfg.weights in ("real", "random"), f"config.weights must be 'real' or 'random', got {cfg.weights!r}")
+  require(cfg.weights == "real" or cfg.shapes in SHAPES,
+          f"config.shapes must be one of {', '.join(SHAPES)}, got {cfg.shapes!r}")
+  require(cfg.dtype in ("float32", "bfloat16"), f"config.dtype must be float32 or bfloat16, got {cfg.dtype!r}")
+  require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got {cfg.scan_layers!r}")
+  for field in ("prompt_lengths", "batch_sizes", "ks"):
+    values = cfg[field]
+    require(len(values) > 0 and all(int(v) == v and v >= 1 for v in values),
+            f"config.{field} must be a non-empty tuple of integers >= 1, got {values}")
+  for field in ("max_new_tokens", "repeats", "cost_repeats"):
+    require(int(cfg[field]) == cfg[field] and cfg[field] >= 1, f"config.{field} must be an integer >= 1, "
+            f"got {cfg[field]}")
+  require(cfg.max_new_tokens >= 2, f"config.max_new_tokens must be >= 2 (one token comes from the prefill), "
+          f"got {cfg.max_new_tokens}")
+  for name, alpha in cfg.modelled_alphas.items():
+    require(0.0 <= alpha < 1.0, f"config.modelled_alphas.{name} must be in [0, 1), got {alpha}")
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def _random_model(config: ModelConfig, seed: int):
+  """Random params of `config` (normal, std 0.02), made in its dtype on the device by one jitted call."""
+  return jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed))
+
+
+def load_pair(cfg: ml_collections.ConfigDict, log: Log):
+  """(target config, target params, draft config, draft params, tokenizer or None) of `cfg`."""
+  execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
+                   prefill_chunk=cfg.prefill_chunk)
+  start = time.perf_counter()
+  if cfg.weights == "real":
+    log(f"loading {cfg.target} and {cfg.draft} ({cfg.dtype}) ...")
+    target, draft = (with_execution(load_model(name, cfg.dtype), **execution) for name in (cfg.target, cfg.draft))
+    drafting.check_compatible(target, draft)
+    pair = (target.config, target.params, draft.config, draft.params, target.tokenizer)
+  else:
+    log(f"random parameters of the {cfg.shapes} pair ({cfg.dtype}) ...")
+    target_config, draft_config = (c.replace(dtype=cfg.dtype, **execution) for c in SHAPES[cfg.shapes])
+    pair = (target_config, _random_model(target_config, cfg.seed), draft_config,
+            _random_model(draft_config, cfg.seed + 1), None)
+  jax.block_until_ready((pair[1], pair[3]))
+  log(f"models ready in {time.perf_counter() - start:.1f} s")
+  return pair
+
+
+def prompt_ids(tokenizer, vocab_size: int, batch_size: int, length: int, seed: int) -> np.ndarray:
+  """[batch_size, length] int32 prompts of exactly `length` tokens: random ids (no tokenizer), or the
+  first `length` tokens of standard-library sources long enough, one file per row in name order."""
+  if tokenizer is None:
+    return np.random.default_rng(seed).integers(0, vocab_size, (batch_size, length), dtype=np.int32)
+  rows = []
+  for doc in corpus.read_documents(corpus.STDLIB):
+    ids = tokenizer.encode(doc.text[:16 * length])
+    if len(ids) >= length:
+      rows.append(ids[:length])
+      if len(rows) == batch_size:
+        return np.asarray(rows, np.int32)
+  raise ValueError(f"the standard library has only {len(rows)} sources of {length} tokens or more")
+
+
+# ----------------------------------------------------------------------------------------------- cells
+
+
+def _memory() -> list[dict]:
+  """Per local device: JAX's allocator statistics where the backend keeps them (None on CPU)."""
+  rows = []
+  for device in jax.local_devices():
+    stats = device.memory_stats() or {}
+    rows.append({"device": str(device), **{field: stats.get(field) for field in
+                                           ("peak_bytes_in_use", "bytes_in_use", "bytes_limit")}})
+  return rows
+
+
+def _cache_bytes(config: ModelConfig, batch_size: int, cache_len: int) -> int:
+  """Bytes of one model's K and V cache: 2 x [layers, B, S, H_kv, D_h] in its dtype."""
+  return (2 * config.n_layers * batch_size * cache_len * config.n_kv_heads * config.head_dim *
+          config.jnp_dtype.itemsize)
+
+
+def modelled(alpha: float, k: int, c: float, step_s: float, round_s: float) -> dict:
+  """The speedup of K-token speculation at acceptance rate `alpha`, modelled two ways (module docstring):
+  Leviathan et al.'s formula (verify costing one target step) and the measured round time."""
+  return {"alpha": alpha, "leviathan": metrics.theoretical_speedup(alpha, k, c),
+          "round_time": metrics.expected_accepted_length(alpha, k) * step_s / round_s}
+
+
+def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: int,
+             log: Log) -> tuple[dict, np.ndarray]:
+  """One program, compiled, warmed up and timed (module docstring); returns its row and its greedy tokens
+  [B, max_new_tokens]."""
+  target_config, target_params, draft_config, draft_params, _ = pair
+  batch, length = prompts_BxP.shape
+  lengths_B = np.full((batch,), length, np.int32)
+  drafter = ModelDrafter(draft_config, draft_params) if mode == SPECULATIVE else None
+  sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
+
+  def call(budget: int):
+    target_cache = init_cache(target_config, batch, cache_len)
+    storage = drafter.storage(batch, cache_len) if drafter else None
+    jax.block_until_ready((target_cache, storage))
+    start = time.perf_counter()
+    if drafter:
+      out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
+                                 storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens)
+    else:
+      out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
+                                    (), sampling, key, out_width=cfg.max_new_tokens)
+    tokens_BxN, counts_B = jax.device_get((out.tokens, out.counts))
+    return time.perf_counter() - start, out, tokens_BxN, counts_B
+
+  compile_s = call(1)[0]
+  warmup_s = call(cfg.max_new_tokens)[0]
+  prefill_s = float(np.median([call(1)[0] for _ in range(cfg.repeats)]))
+  runs = [call(cfg.max_new_tokens) for _ in range(cfg.repeats)]
+  wall_s = float(np.median([seconds for seconds, *_ in runs]))
+  _, out, tokens_BxN, counts_B = runs[-1]
+  decode_s = wall_s - prefill_s
+  calls = int(out.target_calls) - 1  # target passes after the prefill: steps, or rounds
+  row = {"prompt_tokens": length, "batch_size": batch, "mode": mode, "k": k if drafter else None,
+         "cache_len": cache_len, "compile_time_s": compile_s, "warmup_s": warmup_s, "prefill_s": prefill_s,
+         "wall_s": wall_s, "wall_s_runs": [seconds for seconds, *_ in runs], "generated_tokens": int(counts_B.sum()),
+         "decode_s": decode_s, "target_calls_after_prefill": calls,
+         "kv_cache_bytes": _cache_bytes(target_config, batch, cache_len) +
+                           (_cache_bytes(draft_config, batch, cache_len) if drafter else 0)}
+  if drafter:
+    totals = metrics.summarize(jax.device_get(out.acceptance))["total"]
+    row.update(round_s=decode_s / calls, draft_calls=int(out.draft_calls), alpha_hat=totals["alpha_hat"],
+               acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
+  else:
+    row["step_s"] = decode_s / calls
+  row.update(tokens_per_second=row["generated_tokens"] / wall_s,
+             decode_tokens_per_second=(row["generated_tokens"] - batch) / decode_s, memory=_memory())
+  log(f"P={length} B={batch} {mode}{f' K={k}' if drafter else ''}: compile {compile_s:.1f} s, prefill "
+      f"{prefill_s * 1e3:.1f} ms, " + (f"round {row['round_s'] * 1e3:.2f} ms" if drafter else
+                                        f"step {row['step_s'] * 1e3:.2f} ms, {row['tokens_per_second']:.1f} tok/s"))
+  return row, tokens_BxN
+
+
+def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxN: np.ndarray, tokens_BxN: np.ndarray,
+           c: float) -> None:
+  """Adds to a speculative row what compares it with its autoregressive baseline: c, the round's cost in
+  target steps, the greedy comparison, the modelled speedups and (real weights) the measured ones."""
+  equal_B = (tokens_BxN == baseline_tokens_BxN).all(axis=1)
+  k, step_s, round_s = row["k"], baseline["step_s"], row["round_s"]
+  row.update(cost_ratio_c=c, round_in_target_steps=round_s / step_s,
+             greedy_equals_autoregressive=bool(equal_B.all()), rows_equal_autoregressive=int(equal_B.sum()),
+             modelled_speedup={name: modelled(alpha, k, c, step_s, round_s)
+                               for name, alpha in cfg.modelled_alphas.items()})
+  if cfg.weights == "real":
+    alpha = row["alpha_hat"]
+    row.update(speedup=row["tokens_per_second"] / baseline["tokens_per_second"],
+               decode_speedup=row["decode_tokens_per_second"] / baseline["decode_tokens_per_second"])
+    row["modelled_speedup"]["measured_alpha"] = None if alpha is None else modelled(alpha, k, c, step_s, round_s)
+  else:  # every round emitted one token: nothing here measures acceptance or a speedup
+    for field in ("alpha_hat", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
+                  "decode_tokens_per_second"):
+      row.pop(field)
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def _save(results: dict, path: str) -> None:
+  """Writes the JSON through a temporary file, so a run killed mid-write leaves the previous version."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(results, f, indent=1)
+  os.replace(tmp, path)
+
+
+def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
+  """Runs the grid of `cfg` until done or past `deadline_s`; returns the results, also in `cfg.output`."""
+  start = time.perf_counter()
+  check(cfg)
+  if os.path.isdir(cfg.output) or not os.path.isdir(os.path.dirname(os.path.abspath(cfg.output))):
+    raise ValueError(f"config.output {cfg.output}: not a file in an existing directory")
+  config = cfg.to_dict()
+  config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
+  environment = {**records.environment(), "device_kind": jax.devices()[0].device_kind}
+  results = {"command": records.command(), "environment": environment, "config": config, "costs": [],
+             "cells": [], "skipped": [], "finished": False}
+  save = lambda: _save(results, cfg.output)
+  save()
+  pair = load_pair(cfg, log)
+  target_config, target_params, draft_config, draft_params, tokenizer = pair
+  results["models"] = {name: {"num_params": config.num_params(), **{
+      field: getattr(config, field) for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                                                  "head_dim", "d_ff", "dtype", "scan_layers")}}
+                       for name, config in (("target", target_config), ("draft", draft_config))}
+  results["prompt_source"] = "random token ids" if tokenizer is None else "standard-library sources"
+  cells = [(length, batch, mode, k) for length in cfg.prompt_lengths for batch in cfg.batch_sizes
+           for mode, k in [(AUTOREGRESSIVE, None), *((SPECULATIVE, k) for k in cfg.ks)]]
+  # Every batch size takes the first rows of the same prompts.
+  prompts = {length: prompt_ids(tokenizer, target_config.vocab_size, max(cfg.batch_sizes), length, cfg.seed)
+             for length in cfg.prompt_lengths}
+  log(f"{len(cells)} cells, deadline {cfg.deadline_s:.0f} s")
+  baseline = None
+  for number, (length, batch, mode, k) in enumerate(cells):
+    elapsed = time.perf_counter() - start
+    if elapsed > cfg.deadline_s:
+      results["skipped"] += [{"prompt_tokens": p, "batch_size": b, "mode": m, "k": kk,
+                              "reason": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"}
+                             for p, b, m, kk in cells[number:]]
+      log(f"deadline passed at {elapsed:.0f} s: {len(cells) - number} cells skipped")
+      break
+    cache_len = -(-(length + cfg.max_new_tokens + max(cfg.ks) + 1) // 64) * 64  # one size per (P, B)
+    if mode == AUTOREGRESSIVE:
+      jax.clear_caches()  # the previous (P, B)'s programs are done with
+      prompts_BxP = prompts[length][:batch]
+      c = costs.cost_ratio(target_config, target_params, draft_config, draft_params, batch, cfg.cost_repeats,
+                           cache_len=cache_len, offset=length)
+      results["costs"].append({"prompt_tokens": length, "batch_size": batch, "cost_ratio_c": c})
+      log(f"P={length} B={batch}: c = {c:.3f}")
+    row, tokens_BxN = run_cell(cfg, pair, mode, k, prompts_BxP, cache_len, log)
+    if mode == AUTOREGRESSIVE:
+      baseline = (row, tokens_BxN)
+    else:
+      derive(cfg, row, *baseline, tokens_BxN, c)
+    results["cells"].append(row)
+    save()
+  results["finished"] = not results["skipped"]
+  results["elapsed_s"] = time.perf_counter() - start
+  save()
+  log(f"wrote {cfg.output} after {results['elapsed_s']:.0f} s")
+  return results
+
+
+def _fmt(x, spec: str = ".2f") -> str:
+  return "" if x is None else format(x, spec)
+
+
+def table(results: dict) -> str:
+  """The cells as markdown, one row each; speedups labelled measured (real weights) or modelled."""
+  env, cfg = results["environment"], results["config"]
+  alphas = cfg["modelled_alphas"]
+  lines = [f"Command: `{results['command']}`  ",
+           f"Device: {env.get('device_kind')} ({env['backend']}); jax {env['jax']}, flax {env['flax']}; "
+           f"weights {cfg['weights']}, {cfg['dtype']}, {cfg['max_new_tokens']} new tokens; prompts: "
+           f"{results.get('prompt_source', '')}.", "",
+           "| prompt | batch | mode | K | compile s | prefill ms | step / round ms | round / step | c | tokens/s "
+           "| decode tokens/s | α̂ | measured speedup | " +
+           " | ".join(f"modelled at α {a:g} ({name}): Leviathan / round time" for name, a in alphas.items()) +
+           " | greedy = AR | peak GiB |",
+           "|" + "---|" * (15 + len(alphas))]
+  for row in results["cells"]:
+    peaks = [m["peak_bytes_in_use"] for m in row["memory"] if m["peak_bytes_in_use"] is not None]
+    model = row.get("modelled_speedup", {})
+    match = row.get("greedy_equals_autoregressive")
+    cells = [row["prompt_tokens"], row["batch_size"], row["mode"], _fmt(row["k"], "d"),
+             _fmt(row["compile_time_s"], ".1f"), _fmt(row["prefill_s"] * 1e3, ".1f"),
+             _fmt(row.get("step_s", row.get("round_s")) * 1e3), _fmt(row.get("round_in_target_steps")),
+             _fmt(row.get("cost_ratio_c"), ".3f"), _fmt(row.get("tokens_per_second"), ".1f"),
+             _fmt(row.get("decode_tokens_per_second"), ".1f"), _fmt(row.get("alpha_hat"), ".3f"),
+             _fmt(row.get("decode_speedup")),
+             *(f"{model[name]['leviathan']:.2f} / {model[name]['round_time']:.2f}" if name in model else ""
+               for name in alphas),
+             "" if match is None else "yes" if match else f"NO ({row['rows_equal_autoregressive']} rows equal)",
+             _fmt(max(peaks) / 2**30 if peaks else None)]
+    lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+  for skipped in results["skipped"]:
+    lines.append(f"| {skipped['prompt_tokens']} | {skipped['batch_size']} | {skipped['mode']} | "
+                 f"{_fmt(skipped['k'], 'd')} | skipped: {skipped['reason']} |" + " |" * (10 + len(alphas)))
+  lines += ["", "Measured speedup: decode tokens/s over the autoregressive cell's (real weights only). Modelled: "
+            "Leviathan et al. at the measured c; round time = expected tokens per round x step / round. "
+            "Peak memory: JAX's peak since the process started."]
+  return "\n".join(lines)
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  if cfg.report:
+    try:
+      with open(cfg.report) as f:
+        results = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"config.report {cfg.report}: not a results file ({e})") from None
+    print(table(results))
+    return
+  results = run(cfg, log=lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True))
+  print("\n" + table(results), flush=True)
+
+
+if __name__ == "__main__":
+  # Defined here rather than on import, so that tests can import this module next to other absl CLIs.
+  from ml_collections import config_flags
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Kit config (configs/benchmarks/accelerator.py).",
+                                            lock_config=True)
+  cli.run(main, _CONFIG)

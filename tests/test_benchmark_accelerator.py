@@ -1,0 +1,165 @@
+"""`experiments.benchmark_accelerator`, the accelerator run kit, dry-run on CPU: its `tiny` config end to end
+through the CLI (random tiny models, float32, 2 prompt lengths x batch 2 x (autoregressive, K = 2, 3)), the
+real-weights path on tiny HF directories, the deadline, config errors, and the constants the kit
+hard-codes (the Qwen pair's shapes, the CPU acceptance rates it models speedups at)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs.benchmarks import accelerator
+from experiments import benchmark_accelerator as kit
+from specjax.errors import ConfigError
+from specjax.models import registry
+from tests.tiny_hf import make_hf_model, save_char_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "experiments", "results")
+
+
+def leviathan(alpha: float, k: int, c: float) -> float:
+  return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+  """One CLI run of the tiny config: (results, stdout)."""
+  output = str(tmp_path_factory.mktemp("results") / "accelerator.json")
+  command = [sys.executable, "-m", "experiments.benchmark_accelerator",
+             "--config=configs/benchmarks/accelerator.py:tiny", f"--config.output={output}"]
+  # Unoptimised XLA CPU code compiles ~1.5x faster; this test checks records and exactness, not speed.
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+  done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(output) as f:
+    return json.load(f), done.stdout
+
+
+def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
+  results, stdout = dry_run
+  cfg = accelerator.get_config("tiny")
+  assert results["command"].startswith("python -m experiments.benchmark_accelerator "
+                                       "--config=configs/benchmarks/accelerator.py:tiny")
+  assert ROOT not in json.dumps(results)  # no path of this machine's checkout
+  for field in ("jax", "flax", "backend", "devices", "device_kind"):
+    assert results["environment"][field], field
+  assert results["finished"] and results["skipped"] == []
+  assert results["models"]["target"]["n_layers"] == kit.SHAPES["tiny"][0].n_layers
+  assert [(r["prompt_tokens"], r["mode"], r["k"]) for r in results["cells"]] == [
+      (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("speculative", 3))]
+  assert [(c["prompt_tokens"], c["batch_size"]) for c in results["costs"]] == [(8, 2), (20, 2)]
+  target, draft = kit.SHAPES["tiny"]
+  for row in results["cells"]:
+    assert row["batch_size"] == 2 and row["generated_tokens"] == 2 * cfg.max_new_tokens
+    assert row["compile_time_s"] > 0 and row["warmup_s"] > 0 and len(row["wall_s_runs"]) == 2
+    assert 0 < row["prefill_s"] < row["wall_s"] == pytest.approx(sum(row["wall_s_runs"]) / 2)
+    assert row["memory"] and all("peak_bytes_in_use" in m for m in row["memory"])
+    kv_bytes = 2 * 2 * row["cache_len"] * 2 * 16 * 4  # 2 (k, v) x B x S x H_kv x D_h x float32, per layer
+    assert row["kv_cache_bytes"] == kv_bytes * (target.n_layers + (draft.n_layers if row["k"] else 0))
+    if row["mode"] == "autoregressive":
+      assert row["tokens_per_second"] > 0 and row["decode_tokens_per_second"] > 0
+      assert row["target_calls_after_prefill"] == cfg.max_new_tokens - 1
+      assert row["step_s"] == pytest.approx(row["decode_s"] / row["target_calls_after_prefill"])
+  assert kit.table(results) in stdout
+
+
+def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
+  results, _ = dry_run
+  cfg = accelerator.get_config("tiny")
+  baseline = {}
+  for row in results["cells"]:
+    if row["mode"] == "autoregressive":
+      baseline = row
+      continue
+    assert row["greedy_equals_autoregressive"] is True and row["rows_equal_autoregressive"] == 2
+    c = next(cost["cost_ratio_c"] for cost in results["costs"] if cost["prompt_tokens"] == row["prompt_tokens"])
+    assert row["cost_ratio_c"] == c > 0
+    assert row["round_s"] > 0 and row["round_in_target_steps"] == pytest.approx(row["round_s"] / baseline["step_s"])
+    assert row["draft_calls"] > 0
+    # Random weights: acceptance and measured throughput are not recorded, only modelled speedups.
+    assert not {"alpha_hat", "tokens_per_second", "speedup"} & set(row)
+    assert set(row["modelled_speedup"]) == set(cfg.modelled_alphas)
+    for name, alpha in cfg.modelled_alphas.items():
+      model, k = row["modelled_speedup"][name], row["k"]
+      assert model["alpha"] == alpha
+      assert model["leviathan"] == pytest.approx(leviathan(alpha, k, c))
+      tokens_per_round = (1 - alpha ** (k + 1)) / (1 - alpha)
+      assert model["round_time"] == pytest.approx(tokens_per_round * baseline["step_s"] / row["round_s"])
+
+
+def test_real_weights_measure_acceptance_and_speedup(tmp_path):
+  """weights=real on tiny HF directories (two different random models: drafts get rejected) and
+  standard-library prompts through their character tokenizer."""
+  for name, seed in (("target", 0), ("draft", 1)):
+    make_hf_model("qwen2", seed).save_pretrained(tmp_path / name)
+    save_char_tokenizer(str(tmp_path / name))
+  cfg = accelerator.get_config("tiny")
+  cfg.update(weights="real", target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), prompt_lengths=(24,),
+             ks=(2,), repeats=1, output=str(tmp_path / "real.json"))
+  results = kit.run(cfg, log=lambda message: None)
+  assert results["prompt_source"] == "standard-library sources" and results["finished"]
+  baseline, spec = results["cells"]
+  assert spec["greedy_equals_autoregressive"] is True
+  assert 0 <= spec["alpha_hat"] <= 1 and 1 <= spec["mean_accepted_length"] <= 3
+  assert spec["decode_speedup"] == pytest.approx(spec["decode_tokens_per_second"] /
+                                                 baseline["decode_tokens_per_second"])
+  measured = spec["modelled_speedup"]["measured_alpha"]
+  assert measured["leviathan"] == pytest.approx(leviathan(spec["alpha_hat"], 2, spec["cost_ratio_c"]))
+  with open(cfg.output) as f:
+    assert json.load(f)["cells"] == json.loads(json.dumps(results["cells"]))
+
+
+def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
+  cfg = accelerator.get_config("tiny")
+  cfg.update(deadline_s=0.0, output=str(tmp_path / "late.json"))
+  results = kit.run(cfg, log=lambda message: None)
+  assert results["cells"] == [] and not results["finished"]
+  assert [(s["prompt_tokens"], s["k"]) for s in results["skipped"]] == [
+      (p, k) for p in (8, 20) for k in (None, 2, 3)]
+  assert all(s["reason"].startswith("deadline_s 0 passed") for s in results["skipped"])
+  report = accelerator.get_config("tiny")
+  report.report = cfg.output
+  kit.main(report)
+  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 6
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("weights", "fake", "config.weights"), ("shapes", "gpt-5", "config.shapes"), ("ks", (), "config.ks"),
+    ("batch_sizes", (0,), "config.batch_sizes"), ("max_new_tokens", 1, "config.max_new_tokens"),
+    ("scan_layers", "yes", "config.scan_layers")])
+def test_bad_config_values_fail_naming_the_field(field, value, message):
+  cfg = accelerator.get_config("tiny")
+  cfg[field] = value
+  with pytest.raises(ConfigError, match=message):
+    kit.check(cfg)
+
+
+def test_modelled_alphas_are_the_committed_cpu_measurements():
+  alphas = accelerator.get_config().modelled_alphas
+  with open(os.path.join(RESULTS, "decode_cpu_float32_v2.json")) as f:
+    runs = json.load(f)["specjax"]["runs"]
+  chat = next(r["alpha_hat"] for r in runs if r["system"] == "specjax_speculative" and r["batch_size"] == 1
+              and r["k"] == 5 and r["draft_vocab"] == 0)
+  with open(os.path.join(RESULTS, "drafters_cpu_float32_part2.json")) as f:
+    rows = json.load(f)["runs"]
+  raw = next(r["alpha_hat"] for r in rows if r["group"] == "raw/greedy" and r["system"] == "model_k5")
+  assert (alphas.chat_code, alphas.raw_code) == (round(chat, 3), round(raw, 3))
+
+
+@pytest.mark.parametrize("index, name", [(0, "qwen2.5-coder-1.5b-instruct"), (1, "qwen2.5-coder-0.5b-instruct")])
+def test_random_shapes_equal_the_converted_qwen_models(index, name):
+  """The hard-coded shapes against the config specjax stored when it converted the registry GGUF."""
+  spec = registry.get_spec(name)
+  params_file = os.path.join(registry.cache_dir(), "converted", spec.sha256[:32], "params.safetensors")
+  if not os.path.isfile(params_file):
+    pytest.skip(f"{name} has not been loaded on this machine (no {params_file})")
+  with open(params_file, "rb") as f:
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+  stored = json.loads(header["__metadata__"]["config"])
+  shapes = kit.SHAPES["qwen2.5-coder"][index]
+  assert {field: getattr(shapes, field) for field in stored if field != "dtype"} == {
+      field: value for field, value in stored.items() if field != "dtype"}
