@@ -484,16 +484,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:
-  if cfg.report:
-    try:
-      with open(cfg.report) as f:
-        results = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"config.report {cfg.report}: not a results file ({e})") from None
-    print(tables(results))
-    return
-  results = run(cfg, log=lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True))
-  print("\n" + tables(results), flush=True)
+  cli.report_or_run(cfg, run, tables)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -144,7 +143,7 @@ def main():
   if args.child:  # "function(arg, ...)" evaluated in this fresh process
     print(json.dumps(eval(args.child, {"decode": decode, "prefill": prefill, "compile_time": compile_time})))
     return
-  from specjax.records import command, environment
+  from specjax.records import command, save
 
   results = {"command": command()}
   parts = args.parts.split(",")
@@ -163,11 +162,8 @@ def main():
       for scan in (True, False):
         results["compile"].append(_child(f"compile_time({layers}, 16, {scan})"))
         print("compile", results["compile"][-1], flush=True)
-  results["environment"] = environment()
   if args.out:
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
+    save(results, args.out)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def main():
   if args.child:
     print(json.dumps(measure(args.layers, tokens, args.repeats, args.cache_len)))
     return
-  from specjax.records import command, environment
+  from specjax.records import command, save
 
   results = {"command": command(), "layers": args.layers, "cache_len": args.cache_len,
              "variants": {}}
@@ -72,11 +72,8 @@ def main():
     results["variants"][name] = {"flags": VARIANTS[name], "seconds": seconds, "ratio_to_T1": ratio}
     print(f"{name:10s} T=1 {seconds[1] * 1e3:7.1f} ms  ratios " +
           " ".join(f"{t}:{r:.2f}" for t, r in ratio.items()), flush=True)
-  results["environment"] = environment()
   if args.out:
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
+    save(results, args.out)
 
 
 if __name__ == "__main__":

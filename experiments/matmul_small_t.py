@@ -15,8 +15,6 @@ Eight 1536 x 8960 matrices (one Qwen-1.5B MLP's worth x ~2.7), float32, median o
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
@@ -40,7 +38,7 @@ def main():
   args = parser.parse_args()
   rng = np.random.default_rng(0)
   weights = [jnp.asarray(rng.standard_normal((8960, 1536), dtype=np.float32)) for _ in range(args.matrices)]
-  from specjax.records import command, environment
+  from specjax.records import command, save
 
   results = {"command": command(), "bytes": sum(w.nbytes for w in weights), "seconds": {}}
   for name, contract in FORMULATIONS.items():
@@ -58,11 +56,8 @@ def main():
     row = results["seconds"][name]
     print(f"{name:10s} T=1 {row[1] * 1e3:6.1f} ms ({results['bytes'] / row[1] / 1e9:.1f} GB/s)  ratios " +
           " ".join(f"{t}:{s / row[1]:.2f}" for t, s in row.items()), flush=True)
-  results["environment"] = environment()
   if args.out:
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
+    save(results, args.out)
 
 
 if __name__ == "__main__":
