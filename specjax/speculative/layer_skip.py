@@ -77,6 +77,9 @@ class LayerSkipDrafter:
   def check_fits(self, storage: None, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     pass  # it writes only inside the target's K + 1 block, which the target's own check covers
 
+  def storage_of(self, state: None) -> None:
+    return None
+
   def init(self, storage: None, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> None:
     return None  # the target's prefill filled every layer of the shared cache

@@ -82,6 +82,9 @@ class ModelDrafter:
     generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens, k - 1,
                           storage.max_len, self.config.max_positions)
 
+  def storage_of(self, state: ModelDraftState) -> KVCache:
+    return state.cache
+
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> ModelDraftState:
     batch = prompts_BxP.shape[0]
