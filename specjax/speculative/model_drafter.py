@@ -14,6 +14,8 @@ stops (fewer draft passes), and the loop verifies with the narrowest pass that h
 proposal (`verify_widths`). Exactness is unchanged: what is proposed was drawn from p, and a row's
 later slots are simply never accepted.
 
+Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distributions are built).
+
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
 """
