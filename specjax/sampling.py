@@ -27,13 +27,15 @@ CANDIDATES = 256  # default static bound on the tokens top-k / top-p examine wit
 
 @flax.struct.dataclass
 class SamplingParams:
+  """Made by `sampling_params`, which derives the static fields from the values."""
+
   temperature: jax.Array  # [] float32; 0 means greedy (the argmax)
   top_k: jax.Array  # [] int32; keep the k most likely tokens, 0 disables
   top_p: jax.Array  # [] float32; keep the smallest set of mass >= top_p (nucleus), 1 disables
-  greedy: bool = flax.struct.field(pytree_node=False, default=True)  # temperature <= 0
-  use_top_k: bool = flax.struct.field(pytree_node=False, default=False)  # top_k > 0
-  use_top_p: bool = flax.struct.field(pytree_node=False, default=False)  # top_p < 1
-  candidates: int = flax.struct.field(pytree_node=False, default=CANDIDATES)  # >= top_k
+  greedy: bool = flax.struct.field(pytree_node=False)  # temperature <= 0
+  use_top_k: bool = flax.struct.field(pytree_node=False)  # top_k > 0
+  use_top_p: bool = flax.struct.field(pytree_node=False)  # top_p < 1
+  candidates: int = flax.struct.field(pytree_node=False)  # static bound, >= top_k
 
 
 def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -51,8 +53,8 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
   if int(candidates) != candidates or candidates < 1:
     raise ValueError(f"candidates must be an integer >= 1, got {candidates}")
   return SamplingParams(temperature=jnp.float32(temperature), top_k=jnp.int32(top_k),
-                        top_p=jnp.float32(top_p), greedy=temperature <= 0.0, use_top_k=top_k > 0,
-                        use_top_p=top_p < 1.0, candidates=max(int(candidates), int(top_k)))
+                        top_p=jnp.float32(top_p), greedy=bool(temperature <= 0.0), use_top_k=bool(top_k > 0),
+                        use_top_p=bool(top_p < 1.0), candidates=max(int(candidates), int(top_k)))
 
 
 def greedy_tokens(logits_xV: jax.Array) -> jax.Array:
