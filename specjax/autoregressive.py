@@ -2,7 +2,9 @@
 
 One `jax.jit` program: a batched, ragged prefill, then a `lax.while_loop` of single-token target
 steps. Each row stops on its own (EOS or its budget); no host round trip per token. Static:
-the model config, cache size and output width; runtime: prompts, budgets, sampling knobs, keys.
+the model config, cache size, output width and sampling mode (greedy takes the argmax, sampled draws
+from `probabilities`; `SamplingParams`' static flags); runtime: prompts, budgets, the sampling knobs'
+values, keys.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from specjax import generation
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward, prefill
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams, next_tokens
 
 
 @flax.struct.dataclass
@@ -45,7 +47,7 @@ def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, promp
   cache = cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   logits_BxV, cache = prefill(config, params, prompts_BxP, prompt_lengths_B, cache)
   key, first_key = jax.random.split(key)
-  first_B = sample(first_key, probabilities(logits_BxV, sampling))
+  first_B = next_tokens(first_key, logits_BxV, sampling)
   buffer, _ = generation.append(generation.empty_buffer(batch, out_width), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
 
@@ -56,7 +58,7 @@ def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, promp
     logits_Bx1xV, cache = forward(config, params, state.last_token[:, None], state.cache)
     cache = cache.advance(jnp.where(state.buffer.done, 0, 1))
     key, step_key = jax.random.split(state.key)
-    next_B = sample(step_key, probabilities(logits_Bx1xV[:, 0], sampling))
+    next_B = next_tokens(step_key, logits_Bx1xV[:, 0], sampling)
     buffer, _ = generation.append(state.buffer, next_B[:, None], jnp.ones((batch,), jnp.int32),
                                   eos_ids_E, budget_B)
     return _LoopState(cache=cache, buffer=buffer, last_token=next_B, key=key, steps=state.steps + 1)

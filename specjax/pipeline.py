@@ -22,7 +22,7 @@ import numpy as np
 
 from specjax import autoregressive, drafting, generation, metrics, records
 from specjax.errors import ConfigError
-from specjax.models.kv_cache import init_cache
+from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import SCAN_LAYERS, LoadedModel, load_model, scan_layers_for, with_execution
 from specjax.models.tokenizer import Tokenizer
 from specjax.sampling import sampling_params
@@ -124,25 +124,37 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
 
 @dataclasses.dataclass
 class _Runner:
-  """Runs one padded batch through the compiled program of the configured mode."""
+  """Runs one padded batch through the compiled program of the configured mode.
+
+  Every batch has one shape, so the caches a call returns (its donated ones, updated) are passed to
+  the next call: the target cache and the drafter's storage are allocated once, by the first call."""
 
   cfg: ml_collections.ConfigDict
   target: LoadedModel
   drafter: Drafter | None  # None in autoregressive mode
   cache_len: int
+  target_cache: KVCache | None = None  # [L, B, S, H_kv, D_h] returned by the last call; None before
+  draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
     cfg, batch = self.cfg, prompts_BxP.shape[0]
     sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
     eos = self.target.tokenizer.eos_ids
-    target_cache = init_cache(self.target.config, batch, self.cache_len)
+    if self.target_cache is None:
+      self.target_cache = init_cache(self.target.config, batch, self.cache_len)
+      if self.drafter is not None:
+        self.draft_storage = self.drafter.storage(batch, self.cache_len)
     if cfg.mode == "autoregressive":
-      return autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
-                                     target_cache, budget_B, eos, sampling, key,
-                                     out_width=cfg.max_new_tokens)
-    return speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
-                                target_cache, self.drafter.storage(batch, self.cache_len), budget_B, eos,
-                                sampling, key, k=cfg.k, out_width=cfg.max_new_tokens)
+      out = autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
+                                    self.target_cache, budget_B, eos, sampling, key,
+                                    out_width=cfg.max_new_tokens)
+      self.target_cache = out.cache
+      return out
+    out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
+                               self.target_cache, self.draft_storage, budget_B, eos, sampling, key,
+                               k=cfg.k, out_width=cfg.max_new_tokens)
+    self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
+    return out
 
 
 def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:

@@ -1,6 +1,7 @@
 """The acceptance rule alone: its output distribution equals the target's q exactly (by enumeration, for
 random, equal, disjoint and sparse p and q), the jitted `verify` matches that by Monte Carlo at every
-draft position, and greedy (one-hot) inputs give the target's argmax deterministically."""
+draft position, and greedy (one-hot) inputs give the target's argmax deterministically, which is what
+`verify_greedy` computes from token ids."""
 
 import jax
 import jax.numpy as jnp
@@ -148,3 +149,28 @@ def test_point_masses_and_short_proposals_emit_q_at_every_position():
   assert bonus_rows.sum() > 1000
   assert chi_square_pvalue(np.bincount(next_token[bonus_rows], minlength=V),
                            np.float64(target_probs_K1xV[1])) > ALPHA
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_verify_greedy_on_ids_equals_verify_on_one_hot_distributions(k):
+  """On 2,000 random rows (draft tokens agreeing with the target's argmax at random, per-row proposal
+  lengths 0..K): `verify_greedy` on token ids gives exactly what `verify` gives on one-hot p and q, for
+  one-hot and point-mass proposals and any key."""
+  rng = np.random.default_rng(5)
+  rows, vocab = 2_000, 7
+  target_BxK1 = rng.integers(0, vocab, (rows, k + 1)).astype(np.int32)
+  agree_BxK = rng.random((rows, k)) < 0.7
+  draft_BxK = np.where(agree_BxK, target_BxK1[:, :k], rng.integers(0, vocab, (rows, k))).astype(np.int32)
+  lengths_B = rng.integers(0, k + 1, rows).astype(np.int32)
+  one_hot = lambda t: jnp.asarray(np.eye(vocab, dtype=np.float32)[t])
+  tokens, lengths = jnp.asarray(draft_BxK), jnp.asarray(lengths_B)
+  greedy = jax.jit(acceptance.verify_greedy)(proposal.Proposal(tokens=tokens, lengths=lengths),
+                                             jnp.asarray(target_BxK1))
+  assert 0 < int((greedy[0] > 0).sum()) < rows and int((greedy[0] == lengths_B).sum()) > 100
+  for seed in range(3):
+    for probs in (one_hot(draft_BxK), None):
+      want = jax.jit(acceptance.verify)(jax.random.key(seed),
+                                        proposal.Proposal(tokens=tokens, lengths=lengths, probs=probs),
+                                        one_hot(target_BxK1))
+      np.testing.assert_array_equal(greedy[0], want[0])
+      np.testing.assert_array_equal(greedy[1], want[1])

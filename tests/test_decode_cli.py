@@ -6,11 +6,13 @@ import re
 import subprocess
 import sys
 
+import jax
 import ml_collections
+import numpy as np
 import pytest
 
 from configs import tiny
-from specjax import decode, pipeline
+from specjax import decode, drafting, generation, pipeline
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
 from tests.tiny_hf import save_char_tokenizer, save_hf_model
@@ -91,6 +93,36 @@ def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, draf
   assert expected_calls(spec["stats"]["draft_calls"]), spec["stats"]["draft_calls"]
   if drafter == "layer_skip":
     assert spec["stats"]["draft_layers"] == [0]
+
+
+@pytest.mark.parametrize("mode, drafter", [("autoregressive", "model"), ("speculative", "model"),
+                                            ("speculative", "ngram"), ("speculative", "layer_skip")])
+def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
+  """Two batches through one runner give the tokens that fresh runners give, sampled at T = 0.8; the
+  second call gets the caches the first returned (donated: the first call's key/value buffers, of the
+  target and of a draft model, are gone; the n-gram history is rewritten by `init`, never read)."""
+  cfg = _config(model_dirs, mode=mode, drafter=drafter, temperature=0.8, max_new_tokens=10)
+  target, draft = pipeline.load_models(cfg, log=lambda m: None)
+  drafter_ = drafting.build(cfg, target, draft, log=lambda m: None)[0] if mode == "speculative" else None
+  ids = pipeline.encode_prompts(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
+  batches = [generation.pad_prompts(ids[:2], width=max(map(len, ids))),
+             generation.pad_prompts(ids[2:], width=max(map(len, ids)))]
+  budget, keys = np.array([10, 7], np.int32), [jax.random.key(1), jax.random.key(2)]
+  runner = pipeline._Runner(cfg, target, drafter_, 64)
+  reused, first_caches = [], None
+  for (padded, lengths), key in zip(batches, keys):
+    out = runner(padded, lengths, budget, key)
+    reused.append((np.asarray(out.tokens), np.asarray(out.counts)))
+    first_caches = first_caches or [runner.target_cache] + (
+        [runner.draft_storage] if mode == "speculative" and drafter == "model" else [])
+    if mode == "speculative":
+      assert runner.draft_storage is runner.drafter.storage_of(out.draft_state)
+  for cache in first_caches:
+    assert cache.k.is_deleted() and cache.v.is_deleted()
+  for (padded, lengths), key, (tokens, counts) in zip(batches, keys, reused):
+    fresh = pipeline._Runner(cfg, target, drafter_, 64)(padded, lengths, budget, key)
+    np.testing.assert_array_equal(tokens, fresh.tokens)
+    np.testing.assert_array_equal(counts, fresh.counts)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -26,7 +26,7 @@ from specjax import autoregressive
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify
+from specjax.speculative import speculative_generate, verify, verify_greedy
 from specjax.speculative.ngram import NgramDrafter
 from tests.test_acceptance import chi_square_pvalue
 from tests.test_speculative import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
@@ -162,14 +162,15 @@ BUDGETS = [13, 6, 20]  # the longest prompt has the largest budget: the history 
 HISTORY_LEN = max(map(len, PROMPTS)) + max(BUDGETS) - 1  # the size `check_fits` demands, exactly
 FREE_WIDTH = 32  # free-running greedy tokens: room for a budget of 20 and a block of K + 1 = 9 after it
 DRAFTER = NgramDrafter(VOCAB, ngram_min=1, ngram_max=3)
-_verify_widths = []  # the width - 1 of every verify pass that ran, appended by `_recording_verify`
+_verify_widths = []  # the width - 1 of every verify pass that ran, appended by `_recording_verify_greedy`
 
 
-def _recording_verify(key, proposal, target_probs_BxK1xV):
-  """`verify`, recording the (static) number of draft slots of each verify pass that actually runs."""
+def _recording_verify_greedy(proposal, target_tokens_BxK1):
+  """`verify_greedy`, recording the (static) number of draft slots of each verify pass that actually
+  runs."""
   width = proposal.k
   jax.debug.callback(lambda: _verify_widths.append(width))
-  return verify(key, proposal, target_probs_BxK1xV)
+  return verify_greedy(proposal, target_tokens_BxK1)
 
 
 def _free_greedy(model):
@@ -210,7 +211,8 @@ def _ngram_generate(model, k, eos_ids=NO_EOS):
   _verify_widths.clear()
   out = speculative_generate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
                              DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
-                             jax.random.key(0), k=k, out_width=OUT_WIDTH, rule=_recording_verify)
+                             jax.random.key(0), k=k, out_width=OUT_WIDTH,
+                             greedy_rule=_recording_verify_greedy)
   jax.effects_barrier()
   return out
 

@@ -1,6 +1,8 @@
 """`sampling.probabilities` equals a float64 numpy reference written from the definitions (temperature,
-then top-k, then top-p on the renormalized top-k distribution); greedy is the one-hot argmax; `sample`
-draws from the distribution it is given.
+then top-k, then top-p on the renormalized top-k distribution), also when the vocabulary exceeds the
+`candidates` bound (top-k above it, a nucleus outside it: the full-sort fallback) and with many ties;
+greedy is the argmax (one-hot in `probabilities`); `sample` draws from the distribution it is given;
+the knobs' values are runtime arrays (one compiled program), the modes static flags.
 
 Ties, as implemented and checked here: top-k keeps every token whose logit equals the k-th largest
 (possibly more than k tokens); top-p keeps every token whose probability equals the smallest kept one;
@@ -12,10 +14,10 @@ import numpy as np
 import pytest
 
 from specjax import sampling
-from specjax.sampling import sample, sampling_params
+from specjax.sampling import greedy_tokens, next_tokens, sample, sampling_params
 from tests.test_acceptance import chi_square_pvalue
 
-probabilities = jax.jit(sampling.probabilities)  # one compile per shape; eager calls recompile the conds
+probabilities = jax.jit(sampling.probabilities)  # one compile per shape and mode
 
 
 def _reference(logits, temperature, top_k=0, top_p=1.0):
@@ -52,6 +54,73 @@ def test_probabilities_match_float64_reference(setting):
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
+BOUNDED = [dict(temperature=1.0, top_k=3), dict(temperature=0.8, top_k=20), dict(temperature=1.0, top_k=700),
+           dict(temperature=1.0, top_p=0.5), dict(temperature=2.5, top_p=0.95),
+           dict(temperature=0.9, top_k=12, top_p=0.8), dict(temperature=3.0, top_k=600, top_p=0.9)]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("setting", BOUNDED, ids=str)
+def test_bounded_candidates_match_the_float64_reference(setting, quantized):
+  """V = 600 > candidates = 16: top-k within and beyond the bound (k = 700 raises the bound past V),
+  nuclei inside the candidates (peaked rows) and outside them (flat rows at T = 2.5 and 3: the
+  full-sort fallback), both knobs combined. Quantized logits tie in large groups, at the k-th largest
+  and at the nucleus' edge."""
+  rng = np.random.default_rng(3)
+  logits_NxV = rng.normal(0.0, 3.0, size=(24, 600))
+  if quantized:
+    logits_NxV = np.round(logits_NxV)
+  logits_NxV = logits_NxV.astype(np.float32)
+  params = sampling_params(**setting, candidates=16)
+  got = np.asarray(probabilities(jnp.asarray(logits_NxV), params))
+  want = np.stack([_reference(row, **setting) for row in logits_NxV])
+  np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+  np.testing.assert_array_equal(got > 0, want > 0)
+
+
+def test_nucleus_outside_the_candidates_falls_back_to_the_full_sort():
+  """Rows whose 16 candidates hold less than top_p are exact too, with or without peaked rows in the
+  same call (the fallback is per call); a 16-candidate nucleus alone would keep at most 16 tokens."""
+  rng = np.random.default_rng(4)
+  flat_V = rng.normal(0.0, 0.1, size=600).astype(np.float32)
+  peaked_V = (10.0 * np.eye(600)[5]).astype(np.float32)
+  for rows in ([flat_V], [flat_V, peaked_V], [peaked_V]):
+    logits_NxV = np.stack(rows)
+    got = np.asarray(probabilities(jnp.asarray(logits_NxV), sampling_params(1.0, top_p=0.9, candidates=16)))
+    want = np.stack([_reference(row, 1.0, top_p=0.9) for row in logits_NxV])
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+  assert (got[0] > 0).sum() == 1 and (np.asarray(probabilities(
+      jnp.asarray(flat_V[None]), sampling_params(1.0, top_p=0.9, candidates=16))) > 0).sum() > 400
+
+
+def test_knob_values_share_one_program_and_modes_are_static():
+  """Changing temperature, top_k or top_p within a mode reuses the compiled program; greedy <-> sampled
+  and top-k / top-p on <-> off are static flags (a new program); top_k above the default bound raises
+  the static `candidates` to it."""
+  traces = []
+
+  @jax.jit
+  def traced(logits_NxV, params):
+    traces.append(params)
+    return sampling.probabilities(logits_NxV, params)
+
+  logits_NxV = jnp.asarray(np.random.default_rng(5).normal(size=(2, 300)), jnp.float32)
+  for settings in ([dict(temperature=1.0, top_k=40), dict(temperature=0.7, top_k=50)],
+                   [dict(temperature=1.0, top_p=0.9), dict(temperature=1.2, top_p=0.5)],
+                   [dict(temperature=1.0, top_k=40, top_p=0.9), dict(temperature=0.5, top_k=5, top_p=0.3)]):
+    traces.clear()
+    for setting in settings:
+      traced(logits_NxV, sampling_params(**setting))
+    assert len(traces) == 1
+  modes = [sampling_params(0.0), sampling_params(1.0), sampling_params(1.0, top_k=40),
+           sampling_params(1.0, top_p=0.9)]
+  assert [(p.greedy, p.use_top_k, p.use_top_p) for p in modes] == [
+      (True, False, False), (False, False, False), (False, True, False), (False, False, True)]
+  assert len({jax.tree.structure(p) for p in modes}) == 4
+  assert sampling_params(1.0, top_k=40).candidates == sampling.CANDIDATES
+  assert sampling_params(1.0, top_k=1000).candidates == 1000
+
+
 def test_shape_is_kept_for_any_leading_axes():
   logits_BxTxV = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 11)), jnp.float32)
   got = probabilities(logits_BxTxV, sampling_params(1.0, top_k=4))
@@ -77,18 +146,31 @@ def test_ties():
           _reference(np.asarray(logits)[row], **setting), atol=1e-6)
 
 
-def test_greedy_is_one_hot_argmax_whatever_top_k_and_top_p():
+def test_greedy_is_the_argmax_whatever_top_k_and_top_p():
+  """`probabilities` gives the one-hot argmax, `greedy_tokens` and `next_tokens` the argmax itself (any
+  key), the first of tied maxima included."""
   logits_NxV = np.random.default_rng(2).normal(size=(16, 30)).astype(np.float32)
+  logits_NxV[0, [4, 9]] = logits_NxV[0].max() + 1.0  # a tie: index 4 wins
   for top_k, top_p in [(0, 1.0), (3, 1.0), (0, 0.5), (2, 0.1)]:
-    got = np.asarray(probabilities(logits_NxV, sampling_params(0.0, top_k=top_k, top_p=top_p)))
+    params = sampling_params(0.0, top_k=top_k, top_p=top_p)
+    got = np.asarray(probabilities(logits_NxV, params))
     np.testing.assert_array_equal(got, np.eye(30, dtype=np.float32)[np.argmax(logits_NxV, -1)])
+    for seed in range(3):
+      np.testing.assert_array_equal(jax.jit(next_tokens)(jax.random.key(seed), logits_NxV, params),
+                                    np.argmax(logits_NxV, -1))
+  assert int(greedy_tokens(jnp.asarray(logits_NxV))[0]) == 4
+  logits_NxV[1, [7, 3]] = np.nan  # like jnp.argmax: the first NaN
+  np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_NxV)), jnp.argmax(logits_NxV, -1))
+  assert int(greedy_tokens(jnp.asarray(logits_NxV))[1]) == 3
+  np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_NxV, jnp.bfloat16)),
+                                np.argmax(np.float32(jnp.asarray(logits_NxV, jnp.bfloat16)), -1))
 
 
 def test_sample_draws_from_the_given_distribution():
-  """A point mass returns its token for every key; otherwise a chi-square test at level 0.001 on
-  N = 100,000 draws."""
+  """A point mass returns its token for every key (drawn like any distribution: log 0 = -inf);
+  otherwise a chi-square test at level 0.001 on N = 100,000 draws."""
   point_NxV = jnp.asarray(np.eye(7, dtype=np.float32)[[3, 0, 6]])
-  mixed_NxV = jnp.asarray([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])  # one row is not a point mass: Gumbel path
+  mixed_NxV = jnp.asarray([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])  # one row is not a point mass
   for seed in range(5):
     np.testing.assert_array_equal(sample(jax.random.key(seed), point_NxV), [3, 0, 6])
     first, second = np.asarray(sample(jax.random.key(seed), mixed_NxV))

@@ -144,6 +144,29 @@ def test_greedy_with_a_restricted_draft_head_equals_target_greedy():
   assert odd_tokens > 0
 
 
+ONE_HOT = sampling_params(1.0, top_k=1)  # the argmax's one-hot distribution, through the sampled program
+
+
+@pytest.mark.parametrize("draft_name", ["never", "perturbed", "independent"])
+def test_greedy_on_ids_equals_the_rule_on_one_hot_distributions(draft_name):
+  """Greedy rounds (target argmaxes compared with draft tokens, point-mass proposals) emit what the
+  sampled program emits when every distribution is the one-hot argmax (top-k 1: drafts drawn from
+  one-hot p, the generic rule on one-hot p and q), token for token, with the same acceptance counts;
+  the greedy drafter proposes no distributions."""
+  greedy = _speculative(DRAFTS[draft_name], k=3)
+  one_hot = _speculative(DRAFTS[draft_name], k=3, sampling=ONE_HOT)
+  assert as_token_lists(greedy.tokens, greedy.counts) == as_token_lists(one_hot.tokens, one_hot.counts)
+  np.testing.assert_array_equal(greedy.acceptance.accepted_at, one_hot.acceptance.accepted_at)
+  config, params = DRAFTS[draft_name]
+  drafter = ModelDrafter(config, params)
+  padded, lengths = pad_prompts(PROMPTS)
+  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(3, CACHE_LEN), padded, lengths, None)
+  for sampling, has_probs in ((GREEDY, False), (ONE_HOT, True)):
+    proposal, _, _ = jax.jit(ModelDrafter.propose, static_argnames="k")(
+        drafter, state, None, jnp.asarray([1, 2, 3]), sampling, jax.random.key(0), k=3)
+    assert (proposal.probs is not None) == has_probs
+
+
 def test_returned_caches_can_be_passed_again():
   first = _speculative(DRAFTS["perturbed"], k=8)
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])

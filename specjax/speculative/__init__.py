@@ -1,6 +1,6 @@
 """Speculative decoding: the acceptance rule, the Drafter interface and its drafters, the jitted loop."""
 
-from specjax.speculative.acceptance import residual, verify
+from specjax.speculative.acceptance import residual, verify, verify_greedy
 from specjax.speculative.drafters import Drafter
 from specjax.speculative.loop import SpeculativeOutput, speculative_generate
 from specjax.speculative.layer_skip import LayerSkipDrafter
@@ -9,4 +9,4 @@ from specjax.speculative.ngram import NgramDrafter, NgramState
 from specjax.speculative.proposal import Proposal
 
 __all__ = ["Drafter", "LayerSkipDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "NgramState",
-           "Proposal", "SpeculativeOutput", "residual", "speculative_generate", "verify"]
+           "Proposal", "SpeculativeOutput", "residual", "speculative_generate", "verify", "verify_greedy"]

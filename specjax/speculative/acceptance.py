@@ -10,10 +10,11 @@ with probability q(x), the residual is q without x). Every emitted
 token is then distributed exactly as the target's q, whatever the draft's p, provided p and q are the
 very distributions the samplers use (the same `sampling.probabilities` output).
 
-Greedy decoding needs no separate path: at temperature 0 both p and q are one-hot, so u * p(x) < q(x)
-(with u in [0, 1)) holds exactly when x is the target's argmax, the residual max(0, q - p) after a
-rejection is the target's one-hot, and `sample` returns a point mass's token exactly. The output is
-therefore the target's greedy token, bit for bit.
+Greedy decoding compares token ids instead (`verify_greedy`): a row accepts its leading draft tokens
+equal to the target's argmax and emits the target's argmax after them. That is what `verify` does on
+one-hot p and q (u * p(x) < q(x), with u in [0, 1), holds exactly when x is the target's argmax, and
+the residual after a rejection is the target's one-hot), without building any [B, K, V] or [B, V]
+tensor.
 """
 
 from __future__ import annotations
@@ -83,3 +84,21 @@ def verify(key: jax.Array, proposal: Proposal, target_probs_BxK1xV: jax.Array) -
         row_keys_B, proposal.tokens, proposal.lengths, target_probs_BxK1xV)
   return jax.vmap(_verify_row)(row_keys_B, proposal.tokens, proposal.lengths, proposal.probs,
                                target_probs_BxK1xV)
+
+
+def verify_greedy(proposal: Proposal, target_tokens_BxK1: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The greedy rule on token ids: `verify` for one-hot distributions, without them.
+
+  Args:
+    proposal: draft tokens [B, K]; row b proposes its first `proposal.lengths[b]` (`probs` is unused).
+    target_tokens_BxK1: int32 target argmaxes t_1..t_{K+1}, t_i scored at the position of d_i.
+
+  Returns:
+    num_accepted_B: int32 number n of leading proposed draft tokens equal to the target's argmax.
+    next_token_B: int32 t_{n+1}, the target's argmax after them.
+  """
+  k = proposal.k
+  proposed_BxK = jnp.arange(k)[None, :] < proposal.lengths[:, None]
+  matches_BxK = (proposal.tokens == target_tokens_BxK1[:, :k]) & proposed_BxK
+  num_accepted_B = jnp.sum(jnp.cumprod(matches_BxK.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  return num_accepted_B, jnp.take_along_axis(target_tokens_BxK1, num_accepted_B[:, None], axis=1)[:, 0]

@@ -8,6 +8,7 @@ the jitted loop. Host side, before anything compiles:
   check(target_config)                  the drafter fits this target (vocabulary, layers, ...)
   storage(batch, max_len)               its preallocated, donated storage (a KV cache, a token buffer)
   check_fits(storage, lengths, budget, k)   the storage holds the longest prompt + budget + look-ahead
+  storage_of(state)                     the storage inside a returned final state, for the next call
 Inside the jitted loop:
   init(storage, prompts, lengths, target_cache) -> state
   propose(state, target_cache, pending, sampling, key, k) -> (Proposal, state, target_cache)
@@ -68,6 +69,10 @@ class Drafter(Protocol):
 
   def check_fits(self, storage: Any, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     """Raises ValueError unless `storage` holds the longest prompt, the budget and the look-ahead."""
+
+  def storage_of(self, state: Any) -> Any:
+    """The storage held by a state the loop returned (`SpeculativeOutput.draft_state`): passed to the
+    next call of the same shapes instead of allocating new storage (it is donated again)."""
 
   def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> Any:

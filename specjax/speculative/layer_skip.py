@@ -20,7 +20,7 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams, greedy_tokens, probabilities, sample
 from specjax.speculative.drafters import DraftPass
 from specjax.speculative.proposal import Proposal, full
 
@@ -77,6 +77,9 @@ class LayerSkipDrafter:
   def check_fits(self, storage: None, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     pass  # it writes only inside the target's K + 1 block, which the target's own check covers
 
+  def storage_of(self, state: None) -> None:
+    return None
+
   def init(self, storage: None, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> None:
     return None  # the target's prefill filled every layer of the shared cache
@@ -86,14 +89,19 @@ class LayerSkipDrafter:
     def step(carry, step_key):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
-      probs_BxV = probabilities(hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0]), sampling)
-      next_B = sample(step_key, probs_BxV)
+      logits_BxV = hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0])
+      if sampling.greedy:  # point masses: no [K, B, V] distributions
+        next_B, probs_BxV = greedy_tokens(logits_BxV), None
+      else:
+        probs_BxV = probabilities(logits_BxV, sampling)
+        next_B = sample(step_key, probs_BxV)
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
     # K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.
     (cache, _), (tokens_KxB, probs_KxBxV) = jax.lax.scan(step, (target_cache, pending_B),
                                                           jax.random.split(key, k))
-    return (full(tokens_KxB.T, probs_KxBxV.transpose(1, 0, 2), calls=k), None,
+    probs_BxKxV = None if probs_KxBxV is None else probs_KxBxV.transpose(1, 0, 2)
+    return (full(tokens_KxB.T, probs_BxKxV, calls=k), None,
             cache.replace(lengths=target_cache.lengths))
 
   def commit(self, state: None, proposal: Proposal, num_committed_B: jax.Array,

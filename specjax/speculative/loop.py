@@ -5,9 +5,13 @@
 advances by its own n + 1 tokens. Rows stop on their own (EOS or budget) and then stop changing; no
 host round trip per round.
 
+Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
+sampled rounds apply the acceptance rule to the processed distributions.
+
 Static (changing them recompiles): the model config, the drafter's static fields, K, the output
-width, the cache and storage sizes (array shapes) and the acceptance rule. Runtime: prompts, budgets,
-EOS ids, sampling knobs, keys, and every array of the drafter (a draft model's weights).
+width, the cache and storage sizes (array shapes), the acceptance rules and the sampling mode (greedy
+or sampled, top-k / top-p on or off: `SamplingParams`' static flags). Runtime: prompts, budgets, EOS
+ids, the sampling knobs' values, keys, and every array of the drafter (a draft model's weights).
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from specjax import generation, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits, prefill
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance
 from specjax.speculative.drafters import Drafter
 from specjax.speculative.proposal import Proposal
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
+GreedyRule = Callable[[Proposal, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 @flax.struct.dataclass
@@ -53,33 +58,38 @@ class SpeculativeOutput:
   draft_state: Any  # the drafter's final state (ModelDraftState.cache is the draft cache)
 
 
-def _verify_pass(target_config: ModelConfig, target_params: Params, rule: AcceptanceRule, k: int,
-                 width: int, pending_B: jax.Array, proposal: Proposal, sampling: SamplingParams,
-                 key: jax.Array, target_cache: KVCache):
-  """Scores [pending, d_1 .. d_{width-1}] and applies the rule to that many draft tokens per row.
+def _verify_pass(target_config: ModelConfig, target_params: Params, rule: AcceptanceRule,
+                 greedy_rule: GreedyRule, k: int, width: int, pending_B: jax.Array, proposal: Proposal,
+                 sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
+  """Scores [pending, d_1 .. d_{width-1}] and applies the rule (`greedy_rule` on the target's argmaxes
+  when greedy) to that many draft tokens per row.
   Returns (accepted [B], next token [B], target hidden states [B, K + 1, D] zero-padded, cache)."""
   checked = proposal.truncated(width - 1)
   block_BxW = jnp.concatenate([pending_B[:, None], checked.tokens], axis=1)
   hidden_BxWxD, target_cache = forward_hidden(target_config, target_params, block_BxW, target_cache)
-  target_probs_BxWxV = probabilities(hidden_to_logits(target_config, target_params, hidden_BxWxD), sampling)
-  num_accepted_B, next_B = rule(key, checked, target_probs_BxWxV)
+  logits_BxWxV = hidden_to_logits(target_config, target_params, hidden_BxWxD)
+  if sampling.greedy:
+    num_accepted_B, next_B = greedy_rule(checked, greedy_tokens(logits_BxWxV))
+  else:
+    num_accepted_B, next_B = rule(key, checked, probabilities(logits_BxWxV, sampling))
   return (num_accepted_B, next_B, jnp.pad(hidden_BxWxD, ((0, 0), (0, k + 1 - width), (0, 0))),
           target_cache)
 
 
-@functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule"),
+@functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule",
+                                             "greedy_rule"),
                    donate_argnames=("target_cache", "draft_storage"))
 def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
               eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int,
-              pad_id: int, rule: AcceptanceRule) -> SpeculativeOutput:
+              pad_id: int, rule: AcceptanceRule, greedy_rule: GreedyRule) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   logits_BxV, target_cache = prefill(target_config, target_params, prompts_BxP, prompt_lengths_B,
                                      target_cache)
   draft_state = drafter.init(draft_storage, prompts_BxP, prompt_lengths_B, target_cache)
   key, first_key = jax.random.split(key)
-  first_B = sample(first_key, probabilities(logits_BxV, sampling))
+  first_B = next_tokens(first_key, logits_BxV, sampling)
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
   buffer, _ = generation.append(generation.empty_buffer(batch, out_width + k + 1), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
@@ -93,8 +103,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache,
                                                           state.pending, sampling, draft_key, k)
     live_B = ~state.buffer.done
-    passes = [functools.partial(_verify_pass, target_config, target_params, rule, k, width, state.pending,
-                                proposal, sampling, accept_key) for width in widths]
+    passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
+                                state.pending, proposal, sampling, accept_key) for width in widths]
     if len(passes) == 1:
       num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
     else:  # the narrowest pass that checks every live row's whole proposal
@@ -126,7 +136,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
 def speculative_generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP,
                          prompt_lengths_B, target_cache: KVCache, draft_storage: Any, max_new_tokens, eos_ids,
                          sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int | None = None,
-                         pad_id: int = 0, rule: AcceptanceRule = acceptance.verify) -> SpeculativeOutput:
+                         pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
+                         greedy_rule: GreedyRule = acceptance.verify_greedy) -> SpeculativeOutput:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
   (equal to it token for token when greedy).
@@ -138,8 +149,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   d_1 .. d_K] before the end; a finished row commits nothing in its last round and keeps rewriting the
   same uncommitted positions while others run. The drafter checks its own storage. `out_width`
   (static; defaults to the largest budget) fixes the output shape so that calls with smaller budgets
-  reuse the compiled program. `rule` (static) is the acceptance rule, replaceable for experiments (the
-  tests inject broken ones to show the exactness tests can fail).
+  reuse the compiled program. `rule` (static) is the acceptance rule of sampled runs, replaceable for
+  experiments (the tests inject broken ones to show the exactness tests can fail); `greedy_rule`
+  (static) is the one of greedy runs, on token ids. Greedy and sampled runs are separate programs.
   """
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
@@ -158,4 +170,4 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   return _generate(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
                    jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
                    jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, k=k, out_width=out_width,
-                   pad_id=pad_id, rule=rule)
+                   pad_id=pad_id, rule=rule, greedy_rule=greedy_rule)

@@ -14,6 +14,8 @@ stops (fewer draft passes), and the loop verifies with the narrowest pass that h
 proposal (`verify_widths`). Exactness is unchanged: what is proposed was drawn from p, and a row's
 later slots are simply never accepted.
 
+Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distributions are built).
+
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
 """
@@ -29,7 +31,7 @@ from specjax import generation
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import Params, forward_hidden, prefill
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams, greedy_tokens, probabilities, sample
 from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters import DraftPass, short_proposal_widths
 from specjax.speculative.proposal import Proposal, full
@@ -82,6 +84,9 @@ class ModelDrafter:
     generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens, k - 1,
                           storage.max_len, self.config.max_positions)
 
+  def storage_of(self, state: ModelDraftState) -> KVCache:
+    return state.cache
+
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> ModelDraftState:
     batch = prompts_BxP.shape[0]
@@ -107,19 +112,29 @@ class ModelDrafter:
       return hidden_Bx1xD[:, 0], cache
 
     def draw(hidden_BxD, step_key):
+      """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
       logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
-      probs_BxV = probabilities(logits_BxV, sampling)
+      if sampling.greedy:
+        token_B, probs_BxV = greedy_tokens(logits_BxV), None
+      else:
+        probs_BxV = probabilities(logits_BxV, sampling)
+        token_B = sample(step_key, probs_BxV)
       # Confident: the top probability of the draft's own distribution, softmax(logits) before
-      # temperature, top-k and top-p, reaches the threshold (always, when it is 0). The processed
-      # distribution would not do: greedy decoding makes it a point mass, always "confident".
+      # temperature, top-k and top-p, reaches the threshold (always, when it is 0: static, so no
+      # softmax is spent on it). The processed distribution would not do: greedy decoding makes it a
+      # point mass, always "confident".
+      if not self.stop_threshold:
+        return token_B, probs_BxV, jnp.ones(token_B.shape, bool)
       top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
-      return sample(step_key, probs_BxV), probs_BxV, top_B >= self.stop_threshold
+      return token_B, probs_BxV, top_B >= self.stop_threshold
 
     hidden_BxD, cache = jax.lax.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
     keys_K = jax.random.split(key, k)
     token_B, probs_BxV, confident_B = draw(hidden_BxD, keys_K[0])
     tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
-    probs_BxKxV = jnp.zeros((len(pending_B), k, self.vocab_size), jnp.float32).at[:, 0].set(probs_BxV)
+    # Greedy proposals are point masses: no [B, K, V] buffer.
+    probs_BxKxV = None if probs_BxV is None else jnp.zeros(
+        (len(pending_B), k, self.vocab_size), jnp.float32).at[:, 0].set(probs_BxV)
 
     # Then d_i is fed (i = 1 .. K-1) to draw d_{i+1}, while some row is still drafting: a row stops at
     # its first draft token whose distribution's top probability is below `stop_threshold` (that token
@@ -135,7 +150,7 @@ class ModelDrafter:
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, tokens_BxK[:, fed, None], cache)
       next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1])
       return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
-              probs_BxKxV.at[:, fed + 1].set(probs_BxV),
+              None if probs_BxV is None else probs_BxKxV.at[:, fed + 1].set(probs_BxV),
               confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))
 
     confident_BxK = jnp.zeros((len(pending_B), k), bool).at[:, 0].set(confident_B)

@@ -133,6 +133,9 @@ class NgramDrafter:
                        f"max_new_tokens ({max_new_tokens}) - 1 = {need} positions exceed the history size "
                        f"{max_len}; raise its max_len or shorten the prompt/budget")
 
+  def storage_of(self, state: NgramState) -> NgramState:
+    return state  # `init` overwrites all of it
+
   def init(self, storage: NgramState, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> NgramState:
     batch, width = prompts_BxP.shape

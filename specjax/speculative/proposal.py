@@ -1,5 +1,6 @@
 """What a drafter hands the verifier: K draft tokens per row, how many of them are real, and either the
-distributions they were drawn from or nothing (point masses, for deterministic drafters).
+distributions they were drawn from or nothing (point masses: deterministic drafters, and every drafter
+when decoding greedily, whose tokens are argmaxes).
 
 A point-mass proposal never materialises `[B, K, V]`: prompt lookup over a 152k vocabulary would
 otherwise build a one-hot tensor of K x 152k floats per row and round.
