@@ -20,11 +20,13 @@ when the table holds it. Rows are appended as soon as a point finishes; a rerun 
 skips the points already in the table.
 
 Order: jit caches a compiled program per static shape (models, mode, K, batch size, cache size), while
-temperature, top-k, top-p and seed are arrays fed to the same program. Autoregressive baselines run first
-(so that every speculative row can state its speedup), then points are grouped by model, then by the
-other static axes, with the dynamic axes innermost, so consecutive points reuse one program. Hence
-`compile_time_s` (the time of a point's first, 1-token call) is a real compile only for the first point
-of each group; for the others it is one short call.
+temperature, top-k, top-p and seed are arrays fed to one program, except that greedy and sampled
+decoding, and top-k / top-p on or off, are separate programs (`SamplingParams`' static flags).
+Autoregressive baselines run first (so that every speculative row can state its speedup), then points are
+grouped by model, then by the other static axes, with the sampling axes innermost, so consecutive points
+mostly reuse one program. Hence `compile_time_s` (the time of a point's first, 1-token call) is a real
+compile for the first point of each group and for a point that switches one of those flags; for the
+others it is one short call.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from specjax import drafting, metrics, pipeline, records
 from specjax.models.load import LoadedModel, load_model
 
 MODEL_AXES = ("target", "drafter", "draft", "dtype")  # which models are loaded: outermost
-DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # arrays of one compiled program: innermost
+DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # sampling axes (mostly one program): innermost
 SPECULATIVE_ONLY = ("k", "drafter", "draft", "draft_vocab", "draft_vocab_corpus", "ngram_min", "ngram_max",
                     "draft_layers")  # unused by autoregressive points
 SETTINGS = ("target", "drafter", "draft", "mode", "k", "batch_size", "temperature", "top_k", "top_p", "seed",
