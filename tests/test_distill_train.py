@@ -92,16 +92,20 @@ def _tensorboard_scalars(workdir, split):
 
   from tensorboardX.proto import event_pb2
 
-  directory = os.path.join(workdir, "tensorboard", split)
-  scalars, purges = {}, []
-  for name in sorted(os.listdir(directory), key=lambda n: os.path.getmtime(os.path.join(directory, n))):
+  def events(name):
     with open(os.path.join(directory, name), "rb") as f:
       data = f.read()
-    offset = 0
+    offset, events = 0, []
     while offset < len(data):  # TFRecord: length (8 bytes), its CRC (4), the record, its CRC (4)
       (length,) = struct.unpack("<Q", data[offset:offset + 8])
-      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      events.append(event_pb2.Event.FromString(data[offset + 12:offset + 12 + length]))
       offset += 16 + length
+    return events
+
+  directory = os.path.join(workdir, "tensorboard", split)
+  scalars, purges = {}, []
+  for file_events in map(events, sorted(os.listdir(directory))):  # TensorBoard reads them in name order
+    for event in file_events:
       if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
         scalars = {key: v for key, v in scalars.items() if key[1] < event.step}
         purges.append(event.step)

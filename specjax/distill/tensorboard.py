@@ -3,12 +3,16 @@
 Two runs under WORKDIR/tensorboard, `train/` and `eval/`, so TensorBoard overlays train and held-out
 `loss` under one tag. A resumed run hides what the killed run logged after its checkpoint, with the
 same cut as metrics.jsonl (train records after the resume step, evaluations from it): each writer
-starts with TensorBoard's purge marker (a SessionLog START at that step).
+starts with TensorBoard's purge marker (a SessionLog START at that step). Event file names end in the
+writer's start time in nanoseconds: tensorboardX names them by the second, so a run resumed within the
+second of its killed predecessor's start would overwrite that file, and TensorBoard reads files in name
+order.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -29,9 +33,12 @@ class TensorBoard:
     SummaryWriter = require()
     root = os.path.join(workdir, TENSORBOARD_DIR)
     resumed = resume_step > 0
+    suffix = f".{time.time_ns()}"
     self.writers = {
-        "train": SummaryWriter(os.path.join(root, "train"), purge_step=resume_step + 1 if resumed else None),
-        "eval": SummaryWriter(os.path.join(root, "eval"), purge_step=resume_step if resumed else None),
+        "train": SummaryWriter(os.path.join(root, "train"), purge_step=resume_step + 1 if resumed else None,
+                               filename_suffix=suffix),
+        "eval": SummaryWriter(os.path.join(root, "eval"), purge_step=resume_step if resumed else None,
+                              filename_suffix=suffix),
     }
 
   def write(self, record: dict) -> None:
