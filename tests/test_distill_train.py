@@ -16,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import transformers
+from jax.experimental.compilation_cache import compilation_cache
 from safetensors.numpy import load_file
 
 from configs import distill_tiny
@@ -36,6 +37,9 @@ def compile_cache(tmp_path_factory):
   yield directory
   for name, value in saved.items():
     jax.config.update(name, value)
+  # Once used, the cache stays on for the process until reset: later modules' programs would be written
+  # to it too (and serializing some of them aborted the process).
+  compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="module")
