@@ -117,7 +117,8 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
           drafter.storage(2, 128), np.array([16, 16], np.int32), np.array([-1], np.int32),
           sampling_params(0.0), jax.random.key(0))
   start = time.perf_counter()
-  lowered = loop._generate.lower(*args, k=5, out_width=16, pad_id=0, rule=loop.acceptance.verify)
+  lowered = loop._generate.lower(*args, k=5, out_width=16, pad_id=0, rule=loop.acceptance.verify,
+                                 greedy_rule=loop.acceptance.verify_greedy)
   traced = time.perf_counter() - start
   compiled = lowered.compile()
   total = time.perf_counter() - start

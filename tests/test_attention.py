@@ -25,7 +25,8 @@ B, H_KV, GROUPS, D = 3, 2, 2, 8
 def _inputs(seed, T, S, lengths):
   rng = np.random.default_rng(seed)
   normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
-  return (normal(B, T, H_KV, GROUPS, D), normal(B, S, H_KV, D), normal(B, S, H_KV, D),
+  # A 3-layer cache; the tests attend to layer 1.
+  return (normal(B, T, H_KV, GROUPS, D), normal(3, B, S, H_KV, D), normal(3, B, S, H_KV, D),
           jnp.asarray(lengths, jnp.int32))
 
 
@@ -35,8 +36,8 @@ def test_blockwise_equals_dense(T, S, block, window):
   for seed in range(4):
     lengths = np.random.default_rng(100 + seed).integers(0, S - T + 1, size=B)
     q, k, v, lengths_B = _inputs(seed, T, S, lengths)
-    expected = attention.dense(q, k, v, lengths_B, window)
-    got = jax.jit(attention.blockwise, static_argnums=(4, 5))(q, k, v, lengths_B, window, block)
+    expected = attention.dense(q, k, v, 1, lengths_B, window)
+    got = jax.jit(attention.blockwise, static_argnums=(5, 6))(q, k, v, 1, lengths_B, window, block)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"lengths {lengths}")
 
 
@@ -46,15 +47,15 @@ def test_blockwise_reads_only_the_live_blocks(window):
   T, S, block = 3, 96, 8
   lengths = np.array([30, 41, 35])
   q, k, v, lengths_B = _inputs(0, T, S, lengths)
-  expected = attention.dense(q, k, v, lengths_B, window)
+  expected = attention.dense(q, k, v, 1, lengths_B, window)
   first = (lengths.min() - window + 1) // block * block if window else 0
   last = -(-(lengths.max() + T) // block) * block
   outside_S = (np.arange(S) < first) | (np.arange(S) >= last)
-  poison = lambda x: jnp.where(outside_S[None, :, None, None], jnp.nan, x)
-  got = attention.blockwise(q, poison(k), poison(v), lengths_B, window, block)
+  poison = lambda x: jnp.where(outside_S[None, None, :, None, None], jnp.nan, x)
+  got = attention.blockwise(q, poison(k), poison(v), 1, lengths_B, window, block)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   # The same poison reaches a dense pass: the test would see a blockwise pass that reads everything.
-  assert np.isnan(attention.dense(q, poison(k), poison(v), lengths_B, window)).any()
+  assert np.isnan(attention.dense(q, poison(k), poison(v), 1, lengths_B, window)).any()
 
 
 PROMPTS = [[5, 17, 3, 44, 9, 8, 1], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]

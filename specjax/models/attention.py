@@ -13,7 +13,10 @@ with a sliding window W, > its own - W). Two implementations of that one functio
   `lax.fori_loop` with a dynamic trip count (on GPU each block costs one read of the loop predicate by
   the host; on CPU nothing). It is not reverse-differentiable: training uses `dense`.
 
-Both compute scores in float32 and feed the softmax weights to the value product in the model dtype.
+Both read one layer of the stacked cache `[L, B, S, H_kv, D]` by index: slicing the layer out first
+would copy all of its S_max positions every pass (at S_max = 32k that copy cost more than the live
+attention). Both compute scores in float32 and feed the softmax weights to the value product in the
+model dtype.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ def _scores(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array) -> jax.Array:
   return jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32) * scale
 
 
-def dense(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, lengths_B: jax.Array,
+def dense(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
           window: int) -> jax.Array:
-  """Attention output [B, T, H_kv, G, D] over every cache position, masked (the reference)."""
+  """Attention output [B, T, H_kv, G, D] over every cache position of `layer`, masked (the reference)."""
+  k_BxSxKxD, v_BxSxKxD = k_LxBxSxKxD[layer], v_LxBxSxKxD[layer]
   T, S = q_BxTxKxGxD.shape[1], k_BxSxKxD.shape[1]
   query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
   visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window)
@@ -46,11 +50,11 @@ def dense(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, le
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxKxD)
 
 
-def blockwise(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, lengths_B: jax.Array,
-              window: int, block: int) -> jax.Array:
-  """Attention output [B, T, H_kv, G, D] over the live key blocks only (online softmax)."""
+def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer,
+              lengths_B: jax.Array, window: int, block: int) -> jax.Array:
+  """Attention output [B, T, H_kv, G, D] over the live key blocks of `layer` only (online softmax)."""
   B, T, K, G, D = q_BxTxKxGxD.shape
-  S = k_BxSxKxD.shape[1]
+  S = k_LxBxSxKxD.shape[2]
   block = min(block, S)
   query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
   end = jnp.minimum(jnp.max(lengths_B) + T, S)  # one past the last key any query sees
@@ -63,8 +67,9 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array
     # seen by the previous block) are masked.
     begin = jnp.minimum(i * block, S - block)
     key_pos_N = begin + jnp.arange(block)
-    k_BxNxKxD = jax.lax.dynamic_slice_in_dim(k_BxSxKxD, begin, block, axis=1)
-    v_BxNxKxD = jax.lax.dynamic_slice_in_dim(v_BxSxKxD, begin, block, axis=1)
+    start, size = (layer, 0, begin, 0, 0), (1, B, block, K, D)
+    k_BxNxKxD = jax.lax.dynamic_slice(k_LxBxSxKxD, start, size)[0]
+    v_BxNxKxD = jax.lax.dynamic_slice(v_LxBxSxKxD, start, size)[0]
     visible_BxTxN = _visible(query_pos_BxT, key_pos_N, window) & (key_pos_N >= i * block)[None, None, :]
     visible_Bx1x1xTxN = visible_BxTxN[:, None, None]
     scores_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, _scores(q_BxTxKxGxD, k_BxNxKxD), -jnp.inf)
@@ -75,7 +80,7 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array
     weights_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, jnp.exp(scores_BxKxGxTxN - shift_BxKxGxT[..., None]), 0.0)
     sum_BxKxGxT = sum_BxKxGxT * rescale_BxKxGxT + weights_BxKxGxTxN.sum(axis=-1)
     acc_BxKxGxTxD = acc_BxKxGxTxD * rescale_BxKxGxT[..., None] + jnp.einsum(
-        "bkgtn,bnkd->bkgtd", weights_BxKxGxTxN.astype(v_BxSxKxD.dtype), v_BxNxKxD,
+        "bkgtn,bnkd->bkgtd", weights_BxKxGxTxN.astype(v_LxBxSxKxD.dtype), v_BxNxKxD,
         preferred_element_type=jnp.float32)
     return new_max_BxKxGxT, sum_BxKxGxT, acc_BxKxGxTxD
 
@@ -84,12 +89,13 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array
   _, sum_BxKxGxT, acc_BxKxGxTxD = jax.lax.fori_loop(first_block, last_block, step, init)
   # Every query sees at least its own key, so the sum is > 0.
   out_BxKxGxTxD = acc_BxKxGxTxD / sum_BxKxGxT[..., None]
-  return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).astype(v_BxSxKxD.dtype)
+  return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxKxD.dtype)
 
 
-def attend(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.Array, lengths_B: jax.Array,
+def attend(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
            window: int, block: int) -> jax.Array:
-  """`blockwise` with `block` keys per step, or `dense` when `block` is 0."""
+  """`blockwise` with `block` keys per step, or `dense` when `block` is 0, over cache layer `layer` (an
+  int or a traced index)."""
   if block:
-    return blockwise(q_BxTxKxGxD, k_BxSxKxD, v_BxSxKxD, lengths_B, window, block)
-  return dense(q_BxTxKxGxD, k_BxSxKxD, v_BxSxKxD, lengths_B, window)
+    return blockwise(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, block)
+  return dense(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window)

@@ -112,9 +112,8 @@ class Attention(nn.Module):
       q = rotate_by_position(q, positions_BxT, cfg.rope_theta)
       k = rotate_by_position(k, positions_BxT, cfg.rope_theta)
     cache = cache.write(layer, k, v)
-    k_cache_BxSxKxD, v_cache_BxSxKxD = cache.k[layer], cache.v[layer]
 
-    out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), k_cache_BxSxKxD, v_cache_BxSxKxD,
+    out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer,
                                      cache.lengths, cfg.sliding_window, cfg.attention_block)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
         out_BxTxKxGxD.reshape(B, T, H * Dh))
