@@ -117,9 +117,17 @@ def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
   return jax.random.categorical(key, jnp.log(probs_xV), axis=-1).astype(jnp.int32)
 
 
+def tokens_and_probabilities(key: jax.Array, logits_xV: jax.Array,
+                             params: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+  """Tokens [...] int32 after logits [..., V] and the float32 distribution [..., V] they were drawn
+  from; when greedy, the argmax and None (a point mass: no distribution is built)."""
+  if params.greedy:
+    return greedy_tokens(logits_xV), None
+  probs_xV = probabilities(logits_xV, params)
+  return sample(key, probs_xV), probs_xV
+
+
 def next_tokens(key: jax.Array, logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
   """Tokens [...] int32 after logits [..., V]: the argmax when greedy, else a draw from
   `probabilities` (how the autoregressive loop and every first token are chosen)."""
-  if params.greedy:
-    return greedy_tokens(logits_xV)
-  return sample(key, probabilities(logits_xV, params))
+  return tokens_and_probabilities(key, logits_xV, params)[0]

@@ -15,14 +15,15 @@ drafts of its first round; with this draft (first-token acceptance 0.47-0.60) th
 the rows for K = 1 and a fifth to a third for K = 2, asserted below from the acceptance counters.
 
 Mutation checks, in the spirit of the broken-rule tests of test_speculative: for each class the same
-statistic must reject an injected faulty variant. (1) The drafter's `sample` is patched to draw from
-probs ** T renormalised (the draft at temperature 1 on the same top-k/top-p support) while the drafter
-still hands the probabilities at T to the rule. jit caches compiled programs by static arguments, so
-each mutated run passes a fresh copy of `verify` as the (static) rule: it is traced anew with the
-patch in place (asserted: the patched sampler runs at trace time) and no other test can reuse its
-program. (2) Rules that accept exactly like `verify` but draw the bonus from q_K instead of q_{K+1},
-or from the residual of q_{K+1} against p_K: with the same key their output equals the correct one
-except at the bonus of the rows that reach it (asserted), so only the bonus position can catch them.
+statistic must reject an injected faulty variant. (1) The drafter's sampler (`tokens_and_probabilities`)
+is patched to draw from probs ** T renormalised (the draft at temperature 1 on the same top-k/top-p
+support) while the drafter still hands the probabilities at T to the rule. jit caches compiled programs
+by static arguments, so each mutated run passes a fresh copy of `verify` as the (static) rule: it is
+traced anew with the patch in place (asserted: the patched sampler runs at trace time) and no other
+test can reuse its program. (2) Rules that accept exactly like `verify` but draw the bonus from q_K
+instead of q_{K+1}, or from the residual of q_{K+1} against p_K: with the same key their output equals
+the correct one except at the bonus of the rows that reach it (asserted), so only the bonus position
+can catch them.
 
 Level and sample sizes: every chi-square test of the correct engine is at level ALPHA = 0.001 on
 N = 30,000 rows of one call (fixed keys, so the outcome is deterministic; the correct engine gives
@@ -44,7 +45,7 @@ import pytest
 
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
-from specjax.sampling import sampling_params
+from specjax.sampling import probabilities, sample, sampling_params
 from specjax.speculative import ModelDrafter, residual, speculative_generate, verify
 from tests.test_acceptance import chi_square_pvalue
 from tests.test_speculative import _exact_distribution, _model, _perturbed
@@ -133,15 +134,16 @@ def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
   At T = 1 the patch is the identity, which is why tests at T = 1 cannot see it. The correct engine
   passes at level 0.001, the mutated one is rejected with p < 1e-6 (K = 1, N = 30,000)."""
   temperature = float(SAMPLINGS[name].temperature)
-  drafter_module = sys.modules[ModelDrafter.__module__]  # where `propose` finds `sample`
-  real_sample, traced = drafter_module.sample, []
+  drafter_module = sys.modules[ModelDrafter.__module__]  # where `propose` finds its sampler
+  traced = []
 
-  def sample_at_temperature_one(key, probs_xV):
+  def draw_at_temperature_one(key, logits_xV, params):
+    probs_xV = probabilities(logits_xV, params)
     traced.append(probs_xV.shape)
     tempered_xV = probs_xV ** temperature
-    return real_sample(key, tempered_xV / tempered_xV.sum(axis=-1, keepdims=True))
+    return sample(key, tempered_xV / tempered_xV.sum(axis=-1, keepdims=True)), probs_xV
 
-  monkeypatch.setattr(drafter_module, "sample", sample_at_temperature_one)
+  monkeypatch.setattr(drafter_module, "tokens_and_probabilities", draw_at_temperature_one)
   mutated_NxS, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
   monkeypatch.undo()
   correct_NxS, _ = _correct(name, 1)

@@ -187,10 +187,15 @@ def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, c
   return Norm(config).apply({"params": params["final_norm"]}, x_BxTxD), cache
 
 
+def output_head(config: ModelConfig, params: Params) -> jax.Array:
+  """The output head's weight [V, D]: the token embedding when tied, else `lm_head`."""
+  return params["embed"]["embedding"] if config.tie_embeddings else params["lm_head"]["weight"]
+
+
 def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) -> jax.Array:
   """Float32 logits [..., V] for hidden states [..., D]: the head's matmul in the model dtype with
   float32 accumulation (a float32 copy of a [V, D] head per call would cost more than the matmul)."""
-  weight_VxD = params["embed"]["embedding"] if config.tie_embeddings else params["lm_head"]["weight"]
+  weight_VxD = output_head(config, params)
   return jax.lax.dot_general(hidden_xD.astype(weight_VxD.dtype), weight_VxD,
                              (((hidden_xD.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 

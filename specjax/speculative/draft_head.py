@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.config import ModelConfig
-from specjax.models.transformer import Params, hidden_to_logits
+from specjax.models.transformer import Params, hidden_to_logits, output_head
 
 
 @flax.struct.dataclass
@@ -52,7 +52,7 @@ def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) ->
     raise ValueError("a restricted draft head needs at least one token")
   if tokens_N[0] < 0 or tokens_N[-1] >= config.vocab_size:
     raise ValueError(f"head token ids must be in [0, {config.vocab_size}), got {tokens_N[0]}..{tokens_N[-1]}")
-  full_VxD = params["embed"]["embedding"] if config.tie_embeddings else params["lm_head"]["weight"]
+  full_VxD = output_head(config, params)
   tokens_N = jnp.asarray(tokens_N, jnp.int32)
   return DraftHead(tokens_N=tokens_N, weight_NxD=jnp.take(full_VxD, tokens_N, axis=0),
                    vocab_size=config.vocab_size)

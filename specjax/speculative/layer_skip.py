@@ -20,7 +20,7 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
-from specjax.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters import DraftPass
 from specjax.speculative.proposal import Proposal, full
 
@@ -89,12 +89,9 @@ class LayerSkipDrafter:
     def step(carry, step_key):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
-      logits_BxV = hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0])
-      if sampling.greedy:  # point masses: no [K, B, V] distributions
-        next_B, probs_BxV = greedy_tokens(logits_BxV), None
-      else:
-        probs_BxV = probabilities(logits_BxV, sampling)
-        next_B = sample(step_key, probs_BxV)
+      # Greedy: point masses (probs None), no [K, B, V] distributions.
+      next_B, probs_BxV = tokens_and_probabilities(
+          step_key, hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0]), sampling)
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
     # K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.

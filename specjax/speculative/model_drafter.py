@@ -31,7 +31,7 @@ from specjax import generation
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import Params, forward_hidden, prefill
-from specjax.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters import DraftPass, short_proposal_widths
 from specjax.speculative.proposal import Proposal, full
@@ -114,11 +114,7 @@ class ModelDrafter:
     def draw(hidden_BxD, step_key):
       """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
       logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
-      if sampling.greedy:
-        token_B, probs_BxV = greedy_tokens(logits_BxV), None
-      else:
-        probs_BxV = probabilities(logits_BxV, sampling)
-        token_B = sample(step_key, probs_BxV)
+      token_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       # Confident: the top probability of the draft's own distribution, softmax(logits) before
       # temperature, top-k and top-p, reaches the threshold (always, when it is 0: static, so no
       # softmax is spent on it). The processed distribution would not do: greedy decoding makes it a
