@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_flags
 
-from specjax import cli, pipeline
+from specjax import cli, mesh, pipeline
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
                                           lock_config=True)
@@ -34,7 +34,10 @@ def _print_stats(stats: dict) -> None:
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:
+  mesh.initialize_distributed()  # a multi-process launch (coordinator, SLURM, TPU pod) joins here
   results = pipeline.run(cfg, log=lambda message: print(message, flush=True))
+  if not mesh.is_main_process():  # process 0 prints and writes for all
+    return
   for number, out in enumerate(results["outputs"], 1):
     print(f"\n=== prompt {number}: {out['prompt'][:70]!r}\n{out['text']}")
   print()

@@ -38,5 +38,10 @@ def default_config() -> ml_collections.ConfigDict:
   #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see README)
   c.attention_block = 256  # keys per block of the live-length attention (0 = dense over the cache)
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)
+  c.mesh = ""  # devices as "data=2,model=4" (batch rows over data, weights' heads/MLP/vocabulary over
+  #              model; -1 = the remaining devices); "" = one device (see README, "Several devices")
+  c.mesh_indivisible = "error"  # a weight axis (heads, MLP, vocabulary) that does not split over its mesh
+  #                               axis: "error", or "replicate" it on every device
+  c.draft_sharding = "same"  # the draft model's weights: "same" rules as the target, or "replicated"
   c.output = ""  # path of a JSON results file; empty = print only
   return c

@@ -14,7 +14,7 @@ from typing import Callable
 
 import ml_collections
 
-from specjax import costs, draft_vocab
+from specjax import costs, draft_vocab, partitioning
 from specjax.errors import ConfigError
 from specjax.models import registry
 from specjax.models.load import LoadedModel
@@ -90,7 +90,8 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
       raise ValueError("drafter 'model' needs a loaded draft model")
     check_compatible(target, draft)
     head, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
-    drafter = ModelDrafter(draft.config, draft.params, head, stop_threshold=cfg.draft_stop_threshold)
+    drafter = ModelDrafter(draft.config, draft.params, head, stop_threshold=cfg.draft_stop_threshold,
+                           cache_spec=partitioning.cache_spec(draft.config, draft.part))
     info = {"draft_vocab_coverage": coverage}
   elif cfg.drafter == "ngram":
     drafter = NgramDrafter(vocab_size=target.config.vocab_size, ngram_min=cfg.ngram_min,

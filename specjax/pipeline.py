@@ -5,6 +5,11 @@ It loads the models, checks that draft and target speak the same token language,
 (speculative or autoregressive), and gathers per-prompt outputs and aggregate statistics. The first
 call of each program runs with a 1-token budget to compile it, so throughput excludes compilation and
 compile time is reported on its own.
+
+With `mesh` set the weights load straight into their shards on a `jax.sharding.Mesh`, the caches are
+allocated sharded, prompts and per-row state are split over `data`, and the programs run under
+`jax.set_mesh` (GSPMD partitions them; see `specjax.partitioning`). In a multi-process run every
+process runs the same calls; only process 0 logs and writes results.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, drafting, generation, metrics, records
+from specjax import autoregressive, drafting, generation, mesh as meshes, metrics, partitioning, records
 from specjax.errors import ConfigError
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import SCAN_LAYERS, LoadedModel, load_model, scan_layers_for, with_execution
@@ -31,6 +36,7 @@ from specjax.speculative.loop import speculative_generate
 
 MODES = ("speculative", "autoregressive")
 DTYPES = ("float32", "bfloat16")
+DRAFT_SHARDINGS = ("same", "replicated")
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -62,6 +68,16 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
   drafting.check_config(cfg)
+  require(cfg.mesh_indivisible in partitioning.INDIVISIBLE, f"config.mesh_indivisible must be one of "
+          f"{partitioning.INDIVISIBLE}, got {cfg.mesh_indivisible!r}")
+  require(cfg.draft_sharding in DRAFT_SHARDINGS, f"config.draft_sharding must be one of {DRAFT_SHARDINGS}, "
+          f"got {cfg.draft_sharding!r}")
+  try:
+    data = meshes.axis_sizes(cfg.mesh, jax.device_count())[0] if cfg.mesh.strip() else 1
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  require(cfg.batch_size % data == 0, f"config.batch_size {cfg.batch_size} does not split over the mesh's "
+          f"data axis of size {data}: use a multiple of {data}")
 
 
 def read_prompts(path: str) -> list[str]:
@@ -137,13 +153,27 @@ class _Runner:
   draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
-    cfg, batch = self.cfg, prompts_BxP.shape[0]
-    sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
-    eos = self.target.tokenizer.eos_ids
+    batch, part = prompts_BxP.shape[0], self.target.part
     if self.target_cache is None:
-      self.target_cache = init_cache(self.target.config, batch, self.cache_len)
+      self.target_cache = init_cache(self.target.config, batch, self.cache_len,
+                                     partitioning.cache_spec(self.target.config, part))
       if self.drafter is not None:
         self.draft_storage = self.drafter.storage(batch, self.cache_len)
+        if part is not None:  # caches are born sharded; rows of any other storage go to `data`
+          self.draft_storage = jax.tree.map(
+              lambda leaf: leaf if leaf.sharding.num_devices > 1 else jax.device_put(
+                  leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
+              self.draft_storage)
+    if part is None:
+      return self._generate(prompts_BxP, lengths_B, budget_B, key)
+    with jax.set_mesh(part.mesh):
+      return self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
+                            key)
+
+  def _generate(self, prompts_BxP, lengths_B, budget_B, key):
+    cfg = self.cfg
+    sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+    eos = self.target.tokenizer.eos_ids
     if cfg.mode == "autoregressive":
       out = autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
                                     self.target_cache, budget_B, eos, sampling, key,
@@ -183,15 +213,32 @@ def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = pri
   start = time.perf_counter()
   execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
                    prefill_chunk=cfg.prefill_chunk)
+  mesh = meshes.make_mesh(cfg.mesh)
+  target_part = draft_part = None
+  if mesh is not None:
+    target_part = partitioning.Partitioning(mesh, partitioning.DECODE_RULES, cfg.mesh_indivisible, "target")
+    draft_part = dataclasses.replace(target_part, name="draft")
+    draft_part = draft_part.replicated() if cfg.draft_sharding == "replicated" else draft_part
+    log(f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices")
   log(f"loading target {cfg.target} ({cfg.dtype}) ...")
-  target = with_execution(load_model(cfg.target, dtype=cfg.dtype), **execution)
+  target = with_execution(load_model(cfg.target, cfg.dtype, target_part), **execution, part=target_part)
   draft = None
   if drafting.needs_draft_model(cfg):
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
-    draft = with_execution(load_model(cfg.draft, dtype=cfg.dtype), **execution)
+    draft = with_execution(load_model(cfg.draft, cfg.dtype, draft_part), **execution, part=draft_part)
     drafting.check_compatible(target, draft)
   log(f"loaded in {time.perf_counter() - start:.1f} s")
   return target, draft
+
+
+def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, Any]:
+  """The devices a run used, for its results: mesh, device kind and count, processes, and the bytes
+  of each model's parameters per device (the most any device holds)."""
+  record = meshes.describe(target.part.mesh if target.part else None)
+  for role, model in (("target", target), ("draft", draft)):
+    if model is not None:
+      record[f"{role}_param_bytes_per_device"] = max(partitioning.bytes_per_device(model.params).values())
+  return record
 
 
 def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
@@ -201,6 +248,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
 
   `models` = (target, draft or None) already loaded (benchmarks and sweeps reuse them across runs)."""
   validate(cfg)
+  log = log if meshes.is_main_process() else lambda message: None
   # Everything that can fail cheaply fails before the models load (up to minutes for real ones).
   texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
   if cfg.output:
@@ -232,12 +280,12 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     budget = np.where(np.arange(len(lengths)) < len(indices), cfg.max_new_tokens, 1).astype(np.int32)
     start = time.perf_counter()
     out = runner(padded, lengths, budget, jax.random.fold_in(key, batch_number))
-    tokens, counts = jax.device_get((out.tokens, out.counts))
+    tokens, counts = meshes.to_host((out.tokens, out.counts))
     wall_time += time.perf_counter() - start
     calls["target_calls"] += int(out.target_calls)
     if speculative:
       calls["draft_calls"] += int(out.draft_calls)
-      acceptance.append(jax.tree.map(lambda a: np.asarray(a)[:len(indices)], out.acceptance))
+      acceptance.append(jax.tree.map(lambda a: a[:len(indices)], meshes.to_host(out.acceptance)))
       per_row = metrics.summarize(acceptance[-1])["per_row"]
     for row, i in enumerate(indices):
       ids = [int(t) for t in tokens[row, :counts[row]]]
@@ -257,7 +305,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
                  per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
                  **drafter_info)
   results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
-             "environment": records.environment()}
-  if cfg.output:
+             "environment": {**records.environment(), **devices_record(target, draft)}}
+  if cfg.output and meshes.is_main_process():
     results["written_to"] = write_results(results, cfg.output, log)
   return results

@@ -13,7 +13,9 @@ Top-k and top-p look only at the `candidates` largest logits of each row (`jax.l
 sort) instead of sorting the whole vocabulary: the k-th largest logit is among them whenever
 k <= candidates, which `sampling_params` ensures by raising `candidates` to k, and the nucleus is
 among them whenever they hold at least top_p of the mass; a row where they do not (a flat distribution)
-makes the call fall back to the full sort, so the result is always that of the full sort.
+makes the call fall back to an exact search of the nucleus' edge over the whole vocabulary, so the
+result is always that of a full sort. Nothing here gathers a vocabulary that a device mesh splits
+(`_top_candidates`, `_nucleus_threshold_by_search`): sampling runs on vocabulary-sharded logits.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 CANDIDATES = 256  # default static bound on the tokens top-k / top-p examine without a full sort
 
@@ -81,6 +84,56 @@ def _nucleus_threshold(sorted_NxC: jax.Array, p: jax.Array) -> tuple[jax.Array, 
           mass_NxC[:, -1] >= p)
 
 
+def _nucleus_threshold_by_search(probs_NxV: jax.Array, p: jax.Array) -> jax.Array:
+  """The threshold of `_nucleus_threshold` over the whole vocabulary [N, 1], without sorting it.
+
+  It is the largest t with mass(probs >= t) >= p: the mass of the tokens above the smallest kept one
+  is < p, and with it >= p. Non-negative float32 values order like their bit patterns, so a
+  bisection over the 2^31 patterns finds t exactly in 31 masked sums over V (reductions, which a
+  mesh splitting the vocabulary computes shard by shard; a sort would gather it)."""
+  def mass_at_least(bits_Nx1):
+    threshold_Nx1 = jax.lax.bitcast_convert_type(bits_Nx1, jnp.float32)
+    return jnp.sum(jnp.where(probs_NxV >= threshold_Nx1, probs_NxV, 0.0), axis=-1, keepdims=True) >= p
+
+  def halve(_, bounds):
+    low_Nx1, high_Nx1 = bounds  # mass_at_least(low) holds, mass_at_least(high) does not
+    middle_Nx1 = low_Nx1 + (high_Nx1 - low_Nx1) // 2
+    holds_Nx1 = mass_at_least(middle_Nx1)
+    return jnp.where(holds_Nx1, middle_Nx1, low_Nx1), jnp.where(holds_Nx1, high_Nx1, middle_Nx1)
+
+  high_Nx1 = jax.lax.bitcast_convert_type(jnp.max(probs_NxV, axis=-1, keepdims=True), jnp.int32) + 1
+  low_Nx1, _ = jax.lax.fori_loop(0, 31, halve, (jnp.zeros_like(high_Nx1), high_Nx1))
+  return jax.lax.bitcast_convert_type(low_Nx1, jnp.float32)
+
+
+def _top_candidates(scores_NxV: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+  """`jax.lax.top_k(scores_NxV, count)`, without gathering the vocabulary when a mesh splits it.
+
+  Under a mesh (`jax.set_mesh`) each device takes the `count` best of its own rows and vocabulary
+  shard (a `shard_map` of a local top_k: XLA does not partition top_k, it would gather the whole
+  [N, V] first), then the S x count survivors of the S vocabulary shards compete (the global best
+  `count` are among them). Without a mesh it is the plain top_k."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return jax.lax.top_k(scores_NxV, count)
+  N, V = scores_NxV.shape
+  rows = "data" if N % mesh.shape["data"] == 0 else None
+  shards = mesh.shape["model"] if V % mesh.shape["model"] == 0 else 1
+  vocab = "model" if shards > 1 else None
+  per_shard = V // shards
+
+  def local_top(block_nxW):
+    values_nxC, index_nxC = jax.lax.top_k(block_nxW, min(count, per_shard))
+    return values_nxC, index_nxC + (jax.lax.axis_index("model") * per_shard if vocab else 0)
+
+  spec = PartitionSpec(rows, vocab)
+  values_NxSC, index_NxSC = jax.shard_map(local_top, in_specs=spec, out_specs=(spec, spec))(scores_NxV)
+  if shards == 1:
+    return values_NxSC, index_NxSC
+  top_NxC, survivor_NxC = jax.lax.top_k(values_NxSC, count)
+  return top_NxC, jnp.take_along_axis(index_NxSC, survivor_NxC, axis=-1)
+
+
 def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
   """Float32 probabilities [..., V] after temperature, then top-k, then top-p (the HF order).
 
@@ -93,7 +146,7 @@ def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
     return jax.nn.one_hot(greedy_tokens(logits_NxV), vocab, dtype=jnp.float32).reshape(logits_xV.shape)
   scaled_NxV = logits_NxV / params.temperature
   if params.use_top_k or params.use_top_p:
-    top_NxC, index_NxC = jax.lax.top_k(scaled_NxV, min(params.candidates, vocab))
+    top_NxC, index_NxC = _top_candidates(scaled_NxV, min(params.candidates, vocab))
   if params.use_top_k:  # k <= candidates: the k-th largest is a candidate (k >= V keeps everything)
     kth_Nx1 = jnp.take_along_axis(top_NxC, jnp.broadcast_to(jnp.minimum(params.top_k, vocab) - 1,
                                                             (len(top_NxC), 1)), axis=-1)
@@ -101,12 +154,12 @@ def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
   probs_NxV = jax.nn.softmax(scaled_NxV, axis=-1)
   if params.use_top_p:
     # The candidates' probabilities in descending order (softmax is monotonic); when they hold at
-    # least top_p of the mass the nucleus lies inside them, else (rarely) every row is sorted: a cond,
-    # so that the full sort (~60 ms over 151,936 tokens on a CPU) runs only then.
+    # least top_p of the mass the nucleus lies inside them, else (rarely: a flat distribution) the
+    # threshold is searched over the whole vocabulary, in a cond so that it runs only then.
     threshold_Nx1, holds_N = _nucleus_threshold(jnp.take_along_axis(probs_NxV, index_NxC, axis=-1),
                                                 params.top_p)
     threshold_Nx1 = jax.lax.cond(jnp.all(holds_N), lambda: threshold_Nx1,
-                                 lambda: _nucleus_threshold(-jnp.sort(-probs_NxV, axis=-1), params.top_p)[0])
+                                 lambda: _nucleus_threshold_by_search(probs_NxV, params.top_p))
     probs_NxV = jax.nn.softmax(jnp.where(probs_NxV >= threshold_Nx1, scaled_NxV, -jnp.inf), axis=-1)
   return probs_NxV.reshape(logits_xV.shape)
 

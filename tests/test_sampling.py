@@ -78,7 +78,7 @@ def test_bounded_candidates_match_the_float64_reference(setting, quantized):
   np.testing.assert_array_equal(got > 0, want > 0)
 
 
-def test_nucleus_outside_the_candidates_falls_back_to_the_full_sort():
+def test_nucleus_outside_the_candidates_falls_back_to_a_search_of_the_whole_vocabulary():
   """Rows whose 16 candidates hold less than top_p are exact too, with or without peaked rows in the
   same call (the fallback is per call); a 16-candidate nucleus alone would keep at most 16 tokens."""
   rng = np.random.default_rng(4)
@@ -178,3 +178,16 @@ def test_sample_draws_from_the_given_distribution():
   probs_V = np.array([0.05, 0.3, 0.0, 0.15, 0.4, 0.1], np.float32)
   draws = np.asarray(sample(jax.random.key(0), jnp.broadcast_to(probs_V, (100_000, 6))))
   assert chi_square_pvalue(np.bincount(draws, minlength=6), np.float64(probs_V)) > 1e-3
+
+
+def test_nucleus_edge_search_equals_the_sorted_threshold_bit_for_bit():
+  """The sort-free search over the whole vocabulary (the fallback; it never gathers a vocabulary split
+  over a mesh) finds exactly the smallest kept probability that the sorted cumulative mass gives,
+  for 200 rows of flat and peaked distributions and nucleus sizes from 0.05 to 0.99."""
+  rng = np.random.default_rng(8)
+  logits_NxV = rng.normal(0.0, rng.uniform(0.1, 4.0, size=(200, 1)), size=(200, 600))
+  probs_NxV = jax.nn.softmax(jnp.asarray(logits_NxV, jnp.float32), axis=-1)
+  for p in (0.05, 0.5, 0.9, 0.99):
+    want_Nx1, _ = sampling._nucleus_threshold(-jnp.sort(-probs_NxV, axis=-1), jnp.float32(p))
+    got_Nx1 = sampling._nucleus_threshold_by_search(probs_NxV, jnp.float32(p))
+    np.testing.assert_array_equal(np.asarray(got_Nx1), np.asarray(want_Nx1))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any, Callable
+from typing import Any
 
 import gguf
 import numpy as np
 
 from specjax.models.config import ModelConfig
-from specjax.models.param_tree import assemble_params
+from specjax.models.param_tree import LazyTensor, Placement, assemble_params
 from specjax.models.transformer import Params
 
 # GGUF architecture -> (specjax arch, q/k rows permuted by llama.cpp's converter)
@@ -113,18 +113,6 @@ def unpermute_rows(w_OxI: np.ndarray, num_heads: int) -> np.ndarray:
   return (w_OxI.reshape(num_heads, half, 2, *w_OxI.shape[1:]).swapaxes(1, 2).reshape(w_OxI.shape))
 
 
-class _LazyTensor:
-  """A tensor of the file that is dequantized (and transformed) only when converted to an array."""
-
-  def __init__(self, shape: tuple[int, ...], make: Callable[[], np.ndarray]):
-    self.shape = shape
-    self._make = make
-
-  def __array__(self, dtype=None, copy=None):
-    array = self._make()
-    return array if dtype is None else array.astype(dtype, copy=False)
-
-
 def _target_paths(config: ModelConfig, name: str) -> list[str] | None:
   """specjax paths a GGUF tensor maps to (three for GPT-2's fused qkv); None if it maps nowhere."""
   if name in _TOP:
@@ -141,9 +129,10 @@ def _target_paths(config: ModelConfig, name: str) -> list[str] | None:
   return [f"layers_{layer}/{table[module]}/{kind}"] if module in table else None
 
 
-def load_gguf(path: str, dtype: str = "float32",
-              reader: gguf.GGUFReader | None = None) -> tuple[ModelConfig, Params]:
-  """(config, params) from a GGUF file; pass an open `reader` to avoid parsing the file twice."""
+def load_gguf(path: str, dtype: str = "float32", reader: gguf.GGUFReader | None = None,
+              placement: Placement | None = None) -> tuple[ModelConfig, Params]:
+  """(config, params) from a GGUF file; pass an open `reader` to avoid parsing the file twice, and
+  `placement` as in `assemble_params` (tensors are dequantized one at a time, when placed)."""
   reader = reader or open_gguf(path)
   config = config_from_gguf(reader, path, dtype)
   permuted = _ARCHS[metadata(reader, "general.architecture")][1]
@@ -170,9 +159,9 @@ def load_gguf(path: str, dtype: str = "float32",
     shape = tuple(reversed(tensor.shape.tolist()))
     for i, target in enumerate(paths):
       if len(paths) == 1:
-        arrays[target] = _LazyTensor(shape, functools.partial(dequantized, name))
+        arrays[target] = LazyTensor(shape, functools.partial(dequantized, name))
       else:  # fused q/k/v rows, equal thirds
         third = (shape[0] // 3, *shape[1:])
-        arrays[target] = _LazyTensor(third, functools.partial(
+        arrays[target] = LazyTensor(third, functools.partial(
             lambda n, i: np.split(dequantized(n), 3, axis=0)[i], name, i))
-  return config, assemble_params(config, arrays, source=path)
+  return config, assemble_params(config, arrays, source=path, placement=placement)

@@ -5,6 +5,7 @@ The inverse mapping (`config_to_hf_dict`, `params_to_hf_tensors`) writes specjax
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import jax
 import numpy as np
 
 from specjax.models.config import ModelConfig
-from specjax.models.param_tree import assemble_params
+from specjax.models.param_tree import LazyTensor, Placement, assemble_params
 from specjax.models.transformer import Params
 
 _LLAMA_FAMILY = ("llama", "qwen2", "mistral")
@@ -63,8 +64,9 @@ def config_from_hf_dict(hf: dict[str, Any], dtype: str = "float32") -> ModelConf
                    f"supported: {_LLAMA_FAMILY + ('gpt2',)}")
 
 
-def _iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
-  """(name, numpy array) for every tensor of the checkpoint files in `path`."""
+def _iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray | LazyTensor]]:
+  """(name, array) for every tensor of the checkpoint files in `path`; safetensors tensors are lazy
+  (read when placed), so loading holds one tensor at a time on the host."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
     with open(index) as f:
@@ -84,8 +86,16 @@ def _iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
     if not os.path.exists(file):
       raise FileNotFoundError(f"{path}: shard {name} named in the index is missing")
     with safe_open(file, framework="numpy") as f:
-      for key in f.keys():
-        yield key, f.get_tensor(key)
+      shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    for key, shape in shapes.items():
+      yield key, LazyTensor(shape, functools.partial(_read_tensor, file, key))
+
+
+def _read_tensor(file: str, key: str) -> np.ndarray:
+  from safetensors import safe_open
+
+  with safe_open(file, framework="numpy") as f:
+    return f.get_tensor(key)
 
 
 def _iter_torch_bin(file: str) -> Iterator[tuple[str, np.ndarray]]:
@@ -120,6 +130,7 @@ def _llama_path(name: str) -> str | None:
 
 def _gpt2_arrays(name: str, array: np.ndarray) -> dict[str, np.ndarray] | None:
   """GPT-2 tensors; its Conv1D weights are `[in, out]` and get transposed, c_attn gets split."""
+  array = np.asarray(array)  # read now: transposed and split below
   name = name.removeprefix("transformer.")
   simple = {"wte.weight": "embed/embedding", "wpe.weight": "pos_embed/embedding",
             "ln_f.weight": "final_norm/scale", "ln_f.bias": "final_norm/bias"}
@@ -142,8 +153,8 @@ def _gpt2_arrays(name: str, array: np.ndarray) -> dict[str, np.ndarray] | None:
   return None
 
 
-def load_hf_dir(path: str, dtype: str = "float32") -> tuple[ModelConfig, Params]:
-  """(config, params) from a Hugging Face model directory."""
+def load_hf_dir(path: str, dtype: str = "float32", placement: Placement | None = None) -> tuple[ModelConfig, Params]:
+  """(config, params) from a Hugging Face model directory; `placement` as in `assemble_params`."""
   config_file = os.path.join(path, "config.json")
   if not os.path.isfile(config_file):
     raise FileNotFoundError(f"{path}: not a Hugging Face model directory (no config.json)")
@@ -163,7 +174,7 @@ def load_hf_dir(path: str, dtype: str = "float32") -> tuple[ModelConfig, Params]
     if mapped is None:
       raise ValueError(f"{path}: unexpected tensor {name!r} for a {config.arch} model")
     arrays.update(mapped)
-  return config, assemble_params(config, arrays, source=path)
+  return config, assemble_params(config, arrays, source=path, placement=placement)
 
 
 # Writing: the inverse of the mapping above, for exporting specjax models as Hugging Face directories.

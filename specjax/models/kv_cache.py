@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models.config import ModelConfig
+from specjax.partitioning import constrain
 
 
 @flax.struct.dataclass
@@ -20,6 +21,9 @@ class KVCache:
   k: jax.Array  # [L, B, S_max, H_kv, D_h] keys of every layer
   v: jax.Array  # [L, B, S_max, H_kv, D_h] values of every layer
   lengths: jax.Array  # [B] int32: committed tokens per row (= position of the row's next token)
+  # Static: the mesh axes of k/v's dimensions (`partitioning.cache_spec`), () on one device. Every
+  # write pins the arrays there, so a loop carrying the cache never moves it between devices.
+  spec: tuple = flax.struct.field(pytree_node=False, default=())
 
   @property
   def max_len(self) -> int:
@@ -42,18 +46,30 @@ class KVCache:
     Positions past S_max are dropped, never clamped onto valid entries; callers check capacity.
     """
     T = k_BxTxKxD.shape[1]
-    rows_Bx1 = jnp.arange(self.batch_size)[:, None]
     positions_BxT = self.lengths[:, None] + jnp.arange(T)[None, :]
-    k = self.k.at[layer, rows_Bx1, positions_BxT].set(k_BxTxKxD.astype(self.k.dtype), mode="drop")
-    v = self.v.at[layer, rows_Bx1, positions_BxT].set(v_BxTxKxD.astype(self.v.dtype), mode="drop")
+
+    # One row's write, vmapped over the rows: a scatter whose rows are a batch dimension, which
+    # GSPMD keeps on each row's own device (indexing the rows explicitly gathered every update
+    # over the data axis).
+    def write_row(cache_LxSxKxD, positions_T, update_TxKxD):
+      return cache_LxSxKxD.at[layer, positions_T].set(update_TxKxD.astype(cache_LxSxKxD.dtype), mode="drop")
+
+    write = jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)
+    k = constrain(write(self.k, positions_BxT, k_BxTxKxD), *self.spec)
+    v = constrain(write(self.v, positions_BxT, v_BxTxKxD), *self.spec)
     return self.replace(k=k, v=v)
 
 
-def init_cache(config: ModelConfig, batch_size: int, max_len: int) -> KVCache:
-  """An empty cache for `batch_size` rows of up to `max_len` positions (both static)."""
+def init_cache(config: ModelConfig, batch_size: int, max_len: int, spec: tuple = ()) -> KVCache:
+  """An empty cache for `batch_size` rows of up to `max_len` positions (both static), laid out by
+  `spec` (mesh axes of [L, B, S, H_kv, D] under the ambient mesh, see `partitioning.cache_spec`):
+  each device allocates only its own shard."""
   shape = (config.n_layers, batch_size, max_len, config.n_kv_heads, config.head_dim)
-  return KVCache(
-      k=jnp.zeros(shape, config.jnp_dtype),
-      v=jnp.zeros(shape, config.jnp_dtype),
-      lengths=jnp.zeros((batch_size,), jnp.int32),
-  )
+
+  def empty():
+    zeros = lambda: constrain(jnp.zeros(shape, config.jnp_dtype), *spec)  # k and v: two buffers
+    rows = spec[1:2] if spec else ()
+    return KVCache(k=zeros(), v=zeros(), lengths=constrain(jnp.zeros((batch_size,), jnp.int32), *rows),
+                   spec=spec)
+
+  return jax.jit(empty)() if spec else empty()

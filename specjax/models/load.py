@@ -5,6 +5,10 @@ Converting a GGUF is slow (parsing the metadata of a 150k-token vocabulary takes
 (safetensors, config in its metadata) and the tokenizer to `$SPECJAX_CACHE/converted/KEY/`; later loads
 read them back tensor by tensor. KEY is the registry sha256 for named models and a hash of path, size
 and mtime for other files. Registry models are never fetched implicitly: the error names the command.
+
+With a `Partitioning` every loader places each tensor straight into its shards as it reads it
+(`partitioning.placer`): no device ever holds a whole sharded weight and the host holds one tensor
+at a time (a GGUF's first conversion dequantizes on the host and writes the cache, which is then read).
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 
+from specjax import partitioning
 from specjax.models import gguf_loader, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
@@ -36,6 +40,7 @@ class LoadedModel:
   config: ModelConfig
   params: Params  # nested dict of arrays in config.dtype
   tokenizer: Tokenizer
+  part: partitioning.Partitioning | None = None  # how params (and its caches) lie on a mesh; None: one device
 
 
 SCAN_LAYERS = ("auto", "on", "off")
@@ -50,42 +55,38 @@ def scan_layers_for(setting: str, backend: str | None = None) -> bool:
   return setting == "on"
 
 
-def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int,
-                   prefill_chunk: int) -> LoadedModel:
-  """`model` set up to run with these execution settings (its params restacked if the layout changes)."""
+def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int, prefill_chunk: int,
+                   part: partitioning.Partitioning | None = None) -> LoadedModel:
+  """`model` set up to run with these execution settings (its params restacked if the layout changes,
+  and laid out by `part` on its mesh)."""
   config = model.config.replace(scan_layers=scan_layers, attention_block=attention_block,
                                 prefill_chunk=prefill_chunk)
-  return dataclasses.replace(model, config=config, params=to_layout(config, model.params))
+  params = partitioning.shard_params(config, to_layout(config, model.params), part)
+  return dataclasses.replace(model, config=config, params=params, part=part)
 
 
-def load_model(name_or_path: str, dtype: str = "float32") -> LoadedModel:
-  """Loads a registry model (fetched beforehand), a `.gguf` file or a Hugging Face directory."""
+def load_model(name_or_path: str, dtype: str = "float32",
+               part: partitioning.Partitioning | None = None) -> LoadedModel:
+  """Loads a registry model (fetched beforehand), a `.gguf` file or a Hugging Face directory; with
+  `part`, every weight straight into its shards on `part.mesh`."""
+  placement = lambda config: partitioning.placer(config, part)
   if name_or_path in registry.MODELS:
     spec = registry.MODELS[name_or_path]
     if not registry.is_installed(spec):
       raise FileNotFoundError(f"model {spec.name!r} is not installed in {registry.cache_dir()}; "
                               f"run `{registry.fetch_command(spec.name)}` first")
-    return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype)
+    return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype, placement, part)
   path = os.path.abspath(os.path.expanduser(name_or_path))
   name = os.path.basename(path.rstrip(os.sep))
   if os.path.isdir(path):
-    config, params = load_hf_dir(path, dtype)
-    return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path))
+    config, params = load_hf_dir(path, dtype, placement)
+    return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
   if os.path.isfile(path):
     stat = os.stat(path)
     key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype)
+    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype, placement, part)
   raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
                           f"(known: {', '.join(registry.MODELS)})")
-
-
-def _cast_in_place(tree: dict, dtype: str) -> None:
-  """Casts every leaf, dropping each float32 original as soon as its copy exists (peak + 1 tensor)."""
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      _cast_in_place(value, dtype)
-    else:
-      tree[key] = value.astype(dtype)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -96,37 +97,39 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
   return flat
 
 
-def _load_gguf_cached(path: str, name: str, key: str, dtype: str) -> LoadedModel:
+def _load_gguf_cached(path: str, name: str, key: str, dtype: str,
+                      placement: Callable[[ModelConfig], Callable[[str, Any], jax.Array]],
+                      part: partitioning.Partitioning | None) -> LoadedModel:
   directory = os.path.join(registry.cache_dir(), "converted", key[:32])
   params_file, tokenizer_file = (os.path.join(directory, f) for f in ("params.safetensors", "tokenizer.json"))
-  if os.path.isfile(params_file) and os.path.isfile(tokenizer_file):
-    meta, tensors = _read_safetensors(params_file)
-    if meta.get("version") == _CACHE_VERSION:
-      config = ModelConfig(**{**json.loads(meta["config"]), "dtype": dtype})
-      params: dict = {}
-      for tensor_path, array in tensors:
-        *parents, leaf = tensor_path.split("/")
-        node = params
-        for parent in parents:
-          node = node.setdefault(parent, {})
-        # float32: an aligned host buffer becomes the array without a copy
-        node[leaf] = jax.device_put(array) if dtype == "float32" else jnp.asarray(array, dtype)
-      with open(tokenizer_file) as f:
-        return LoadedModel(name, config, params, Tokenizer.from_dict(json.load(f)))
+  if not (os.path.isfile(params_file) and os.path.isfile(tokenizer_file)
+          and _read_safetensors(params_file)[0].get("version") == _CACHE_VERSION):
+    _convert(path, directory, params_file, tokenizer_file)
+  meta, tensors = _read_safetensors(params_file)
+  config = ModelConfig(**{**json.loads(meta["config"]), "dtype": dtype})
+  place = placement(config)
+  params: dict = {}
+  for tensor_path, array in tensors:
+    *parents, leaf = tensor_path.split("/")
+    node = params
+    for parent in parents:
+      node = node.setdefault(parent, {})
+    node[leaf] = place(tensor_path, array)
+  with open(tokenizer_file) as f:
+    return LoadedModel(name, config, params, Tokenizer.from_dict(json.load(f)), part)
 
+
+def _convert(path: str, directory: str, params_file: str, tokenizer_file: str) -> None:
+  """Dequantizes the GGUF at `path` to float32 on the host and writes the converted cache."""
   reader = gguf_loader.open_gguf(path)
   tokenizer = Tokenizer.from_gguf(reader)
-  config, params = gguf_loader.load_gguf(path, "float32", reader)
+  config, params = gguf_loader.load_gguf(path, "float32", reader,
+                                         placement=lambda config: lambda _, array: np.asarray(array, np.float32))
   del reader
   os.makedirs(directory, exist_ok=True)
   _write_atomically(tokenizer_file, lambda tmp: _dump_json(tokenizer.to_dict(), tmp))
   meta = {"version": _CACHE_VERSION, "source": path, "config": json.dumps(dataclasses.asdict(config))}
-  _write_atomically(params_file, lambda tmp: safetensors.numpy.save_file(  # views, no copies
-      {k: np.asarray(v) for k, v in _flatten(params).items()}, tmp, metadata=meta))
-  if dtype != "float32":
-    _cast_in_place(params, dtype)
-    config = config.replace(dtype=dtype)
-  return LoadedModel(name, config, params, tokenizer)
+  _write_atomically(params_file, lambda tmp: safetensors.numpy.save_file(_flatten(params), tmp, metadata=meta))
 
 
 def _read_safetensors(file: str) -> tuple[dict[str, str], Iterator[tuple[str, np.ndarray]]]:

@@ -3,11 +3,13 @@
 Every loader maps its own tensor names to slash-separated specjax paths (`layers_3/attn/q_proj/weight`)
 and hands the arrays to `assemble_params`, which checks them against the shapes that `ModelConfig`
 implies: a missing tensor, an unexpected extra one, or a shape mismatch fails before any compute.
+It then places them one at a time (`place`, e.g. `partitioning.placer`: each device receives its own
+shard): with lazy arrays the host holds one tensor at a time.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -23,8 +25,27 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
   return {"/".join(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
-def assemble_params(config: ModelConfig, arrays: Mapping[str, np.ndarray], source: str) -> Params:
-  """Nested params (in `config.dtype`) from path -> array; `source` names the checkpoint in errors."""
+class LazyTensor:
+  """A checkpoint tensor read (dequantized, transformed) only when converted to an array."""
+
+  def __init__(self, shape: tuple[int, ...], make: Callable[[], np.ndarray]):
+    self.shape = shape
+    self._make = make
+
+  def __array__(self, dtype=None, copy=None):
+    array = self._make()
+    return array if dtype is None else array.astype(dtype, copy=False)
+
+
+# (config) -> (parameter path, host array) -> the placed array, e.g. `partitioning.placer`.
+Placement = Callable[[ModelConfig], Callable[[str, Any], Any]]
+
+
+def assemble_params(config: ModelConfig, arrays: Mapping[str, np.ndarray], source: str,
+                    placement: Placement | None = None) -> Params:
+  """Nested params from path -> array (numpy, or lazy: read when placed), each made by
+  `placement(config)` (default: an array in `config.dtype` on the default device); `source` names the
+  checkpoint in errors. Every name and shape is checked before the first tensor is read."""
   expected = expected_shapes(config)
   missing = sorted(set(expected) - set(arrays))
   extra = sorted(set(arrays) - set(expected))
@@ -32,16 +53,18 @@ def assemble_params(config: ModelConfig, arrays: Mapping[str, np.ndarray], sourc
     raise ValueError(f"{source}: missing tensor(s) for {missing[:8]}{' ...' if len(missing) > 8 else ''}")
   if extra:
     raise ValueError(f"{source}: unexpected extra tensor(s) {extra[:8]}{' ...' if len(extra) > 8 else ''}")
-  params: dict = {}
   for path, shape in expected.items():
-    array = arrays[path]
-    if tuple(array.shape) != shape:
-      raise ValueError(f"{source}: shape mismatch for {path}: checkpoint has {tuple(array.shape)}, "
+    if tuple(arrays[path].shape) != shape:
+      raise ValueError(f"{source}: shape mismatch for {path}: checkpoint has {tuple(arrays[path].shape)}, "
                        f"the config implies {shape}")
+  place = placement(config) if placement else (
+      lambda path, array: jax.numpy.asarray(np.asarray(array), dtype=config.jnp_dtype))
+  params: dict = {}
+  for path in expected:
     node = params
     *parents, leaf = path.split("/")
     for name in parents:
       node = node.setdefault(name, {})
-    node[leaf] = jax.numpy.asarray(array, dtype=config.jnp_dtype)
+    node[leaf] = place(path, arrays[path])
   return params
 

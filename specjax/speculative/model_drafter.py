@@ -53,6 +53,7 @@ class ModelDrafter:
   params: Params
   head: DraftHead | None = None
   stop_threshold: float = flax.struct.field(pytree_node=False, default=0.0)  # in [0, 1); 0 = off
+  cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the draft cache's mesh axes
 
   @property
   def vocab_size(self) -> int:
@@ -75,7 +76,7 @@ class ModelDrafter:
     return DraftPass(self.config, self.params, self.head)
 
   def storage(self, batch_size: int, max_len: int) -> KVCache:
-    return init_cache(self.config, batch_size, max_len)
+    return init_cache(self.config, batch_size, max_len, self.cache_spec)
 
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):

@@ -1,0 +1,130 @@
+"""Decoding on a device mesh (8 simulated CPU devices, in a subprocess: `tests/mesh_worker.py`).
+
+Tokens on meshes (1,8), (2,4) and (8,1) equal the single-device tokens, greedy and sampled with a fixed
+seed, speculative and autoregressive; every weight is split as the rules say and a device holds about
+1/model of the bytes; the compiled speculative program moves no weight, cache or full-vocabulary array
+between devices (the same inspection flags programs that do); bad meshes fail with a clear message.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specjax import mesh as meshes
+
+WORKER = os.path.join(os.path.dirname(__file__), "mesh_worker.py")
+
+
+@functools.lru_cache(maxsize=None)
+def _worker(*args: str) -> dict:
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  done = subprocess.run([sys.executable, WORKER, *args], capture_output=True, text=True, env=env, timeout=900)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["speculative", "autoregressive"])
+@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
+@pytest.mark.parametrize("mesh", ["model=8", "data=2,model=4", "data=8"])
+def test_tokens_on_a_mesh_equal_the_single_device_tokens(mesh, sampling, mode):
+  results = _worker("decode")
+  assert results[f"{mesh}|{mode}|{sampling}"] == results[f"|{mode}|{sampling}"]
+
+
+def test_speculative_and_autoregressive_runs_differ_where_they_should():
+  """Guards the equality test against a worker that returns one constant: greedy speculative equals
+  greedy autoregressive (exactness), sampled runs differ from greedy ones."""
+  results = _worker("decode")
+  assert results["|speculative|greedy"] == results["|autoregressive|greedy"]
+  assert results["|speculative|sampled"] != results["|speculative|greedy"]
+
+
+def test_caches_split_rows_over_data_and_key_value_heads_over_model_when_they_divide():
+  """[L, B, S, H_kv, D] = [2, 8, 64, 4, 8]: H_kv = 4 splits over model=4 but not model=8 (replicated)."""
+  results = _worker("decode")
+  assert results["data=2,model=4|cache_shard"] == [2, 4, 64, 1, 8]
+  assert results["model=8|cache_shard"] == [2, 8, 64, 4, 8]
+  assert results["data=8|cache_shard"] == [2, 1, 64, 4, 8]
+
+
+def test_every_large_weight_is_split_and_a_device_holds_a_model_axis_share():
+  results = _worker("params")
+  shards = results["data=2,model=4"]["shards"]
+  assert shards["embed/embedding"] == [512 // 4, 64] and shards["lm_head/weight"] == [512 // 4, 64]
+  assert shards["layers_0/attn/q_proj/weight"] == [8 * 8 // 4, 64]
+  assert shards["layers_0/attn/k_proj/weight"] == [4 * 8 // 4, 64]
+  assert shards["layers_0/attn/o_proj/weight"] == [64, 8 * 8 // 4]
+  assert shards["layers_1/mlp/gate_proj/weight"] == [128 // 4, 64]
+  assert shards["layers_1/mlp/down_proj/weight"] == [64, 128 // 4]
+  assert shards["layers_0/attn_norm/scale"] == [64] and shards["final_norm/scale"] == [64]
+  # model=8 keeps the 4 key/value heads whole (replicated), splits the rest 8 ways.
+  assert results["model=8"]["shards"]["layers_0/attn/k_proj/weight"] == [32, 64]
+  assert results["model=8"]["shards"]["layers_0/attn/q_proj/weight"] == [8, 64]
+  for spec, model_axis in (("data=2,model=4", 4), ("model=8", 8)):
+    per_device = results[spec]["bytes_per_device"]
+    assert len(per_device) == 8
+    total = results[spec]["total_bytes"]
+    norms = 5 * 64 * 4  # 2 norms x 2 layers + the final norm, float32, on every device
+    replicated_kv = (2 * 2 * 32 * 64 * 4) if model_axis == 8 else 0
+    expected = (total - norms - replicated_kv) / model_axis + norms + replicated_kv
+    for held in per_device.values():
+      assert held == pytest.approx(expected, rel=1e-6)
+
+
+def _large(found, smallest_weight, vocab):
+  """The gathers / permutes (all-reduces of activations are the partitioned matmuls' own) that move a
+  full-vocabulary axis or as many elements as the smallest split weight."""
+  return [(op, shape) for op, shape in found if op != "all-reduce"
+          and (vocab in shape or _elements(shape) >= smallest_weight)]
+
+
+def _elements(shape):
+  out = 1
+  for d in shape:
+    out *= d
+  return out
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
+def test_the_compiled_program_gathers_no_weight_cache_or_vocabulary(sampling):
+  """No all-gather / all-to-all / collective-permute in the speculative program (data=2,model=4)
+  whose result has a full-vocabulary axis or as many elements as the smallest split weight (caches
+  are larger still); the small ones left are per-row reductions and the top-k survivors."""
+  results = _worker("hlo")
+  assert any(op == "all-reduce" for op, _ in results[sampling]), "the program is not partitioned"
+  assert _large(results[sampling], results["smallest_sharded_weight"], results["vocab"]) == []
+
+
+def test_the_inspection_flags_programs_that_gather_the_vocabulary():
+  results = _worker("hlo")
+  assert _large(results["control"], results["smallest_sharded_weight"], results["vocab"])
+
+
+def test_bad_meshes_fail_with_a_message_naming_the_problem():
+  results = _worker("errors")
+  assert "has 4 devices (2 x 2), but 8 are present" in results["product"]["error"]
+  assert "'tensor=4' is not AXIS=SIZE" in results["axis_name"]["error"]
+  assert "target: its 12 query heads do not split over mesh axis 'model' of size 8" in results["heads"]["error"]
+  assert "'heads': None" in results["heads_replicated"]["returned"]
+
+
+@pytest.mark.parametrize("spec, devices, want", [
+    ("data=2,model=4", 8, (2, 4)), ("model=-1", 8, (1, 8)), ("data=-1,model=2", 8, (4, 2)),
+    ("data=8", 8, (8, 1)), (" model = 2 , data = 1 ", 2, (1, 2))])
+def test_mesh_strings_resolve_to_axis_sizes(spec, devices, want):
+  assert meshes.axis_sizes(spec, devices) == want
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("data=2,data=4", "given twice"), ("data=-1,model=-1", "only one axis may be -1"),
+    ("model=x", "is not an integer"), ("model=0", "sizes are >= 1"), ("data=3,model=-1", "do not split"),
+    ("model", "is not AXIS=SIZE")])
+def test_bad_mesh_strings_name_the_bad_part(spec, message):
+  with pytest.raises(ValueError, match=message):
+    meshes.axis_sizes(spec, 8)
