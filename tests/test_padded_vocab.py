@@ -25,17 +25,22 @@ What is checked, from the rule to the pipeline:
   refused with one clear error.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tokenizers
 from scipy import stats
 
+from configs import tiny
 from specjax import metrics, pipeline
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import ModelDrafter, proposal, residual, speculative_generate, verify
+from tests import tiny_hf
 from tests.test_acceptance import chi_square_pvalue
 from tests.test_speculative import (TARGET, VOCAB, _exact_distribution, _model, _perturbed, _speculative,
                                     _target_greedy)
@@ -222,3 +227,62 @@ def test_a_wrong_extension_fails_the_same_test(direction):
   name = "t0.7_top_k3"
   tokens_NxS = _first_tokens(direction, SAMPLINGS[name], WRONG_EXTENSIONS[direction])
   assert _pvalue(direction, name, tokens_NxS) < REJECTED
+
+
+# --- the pipeline -----------------------------------------------------------------------------------
+
+PADDED_ROWS = tiny_hf.VOCAB + 7  # 104 rows for the character tokenizer's 97 ids
+
+
+def _hf_dir(root, name, seed, rows=tiny_hf.VOCAB, extra_tokens=(), swap=None):
+  """A tiny qwen2 HF directory with the character tokenizer: its head padded to `rows` by
+  `transformers`' `resize_token_embeddings`, its tokenizer naming `extra_tokens` after the 97 ids, or
+  with the ids of the two characters `swap` exchanged."""
+  directory = root / name
+  model = tiny_hf.make_hf_model("qwen2", seed)
+  if rows != tiny_hf.VOCAB:
+    model.resize_token_embeddings(rows)
+  model.save_pretrained(str(directory))
+  tiny_hf.save_char_tokenizer(str(directory))
+  backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+  backend.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in extra_tokens])
+  backend.save(str(directory / "tokenizer.json"))
+  if swap:
+    table = json.loads((directory / "tokenizer.json").read_text())
+    vocab = table["model"]["vocab"]
+    vocab[swap[0]], vocab[swap[1]] = vocab[swap[1]], vocab[swap[0]]
+    (directory / "tokenizer.json").write_text(json.dumps(table))
+  return str(directory)
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("padded")
+  return {"plain": _hf_dir(root, "plain", seed=0),
+          # padded head, and a tokenizer that names two more tokens inside the padding rows
+          "padded": _hf_dir(root, "padded", seed=1, rows=PADDED_ROWS, extra_tokens=("<x0>", "<x1>")),
+          "swapped": _hf_dir(root, "swapped", seed=1, rows=PADDED_ROWS, swap=("a", "b"))}
+
+
+def _run(target, draft, **overrides):
+  cfg = tiny.get_config()
+  cfg.target, cfg.draft = target, draft
+  cfg.update(overrides)
+  return pipeline.run(cfg, log=lambda message: None)
+
+
+@pytest.mark.parametrize("target, draft", [("padded", "plain"), ("plain", "padded")])
+def test_pipeline_decodes_a_pair_differing_in_padding_rows(hf_dirs, target, draft):
+  """Heads of 104 and 97 rows, tokenizers equal on the 97 shared ids (the padded one names 2 more):
+  accepted, and the greedy speculative output equals the target's autoregressive one."""
+  spec = _run(hf_dirs[target], hf_dirs[draft])
+  alone = _run(hf_dirs[target], hf_dirs[draft], mode="autoregressive")
+  assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in alone["outputs"]]
+  assert spec["stats"]["generated_tokens"] > 0
+
+
+def test_pipeline_refuses_tokenizers_that_differ_on_the_shared_range(hf_dirs):
+  """Two ids below 97 exchanged: refused before decoding, with one line naming the models and the range."""
+  with pytest.raises(ValueError, match=r"^draft swapped and target plain have different tokenizers: some id "
+                                       r"below 97 \(the range both heads score\) maps to different tokens$"):
+    _run(hf_dirs["plain"], hf_dirs["swapped"])
