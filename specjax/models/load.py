@@ -1,4 +1,9 @@
-"""`load_model`: a registry name, a `.gguf` file or a Hugging Face directory -> config, params, tokenizer.
+"""`load_model`: a local `.gguf` file or Hugging Face directory, a registry name or a Hugging Face hub
+name (`org/name[@revision]`, see `hub`) -> config, params, tokenizer.
+
+Precedence, for a name that could be several: an existing local path wins (a directory you made is
+never shadowed), then a registry name, then a hub name (resolved through the HF cache, downloading
+only when not offline).
 
 Converting a GGUF is slow (parsing the metadata of a 150k-token vocabulary takes ~12 s with
 `gguf.GGUFReader`, dequantizing the 1.5B model ~40 s), so the first load writes the float32 params
@@ -20,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 
-from specjax.models import gguf_loader, registry
+from specjax.models import gguf_loader, hub, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
 from specjax.models.layout import to_layout
@@ -32,7 +37,7 @@ _CACHE_VERSION = "1"  # bump when the converted layout changes
 
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
-  name: str  # registry name, or the file / directory name
+  name: str  # registry name, hub name, or the file / directory name
   config: ModelConfig
   params: Params  # nested dict of arrays in config.dtype
   tokenizer: Tokenizer
@@ -59,24 +64,31 @@ def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int,
 
 
 def load_model(name_or_path: str, dtype: str = "float32") -> LoadedModel:
-  """Loads a registry model (fetched beforehand), a `.gguf` file or a Hugging Face directory."""
+  """Loads a `.gguf` file or Hugging Face directory, a registry model (fetched beforehand) or a hub
+  model `org/name[@revision]`, in that order of precedence (see the module docstring)."""
+  path = os.path.abspath(os.path.expanduser(name_or_path))
+  name = os.path.basename(path.rstrip(os.sep))
+  if os.path.isdir(path):
+    return _load_hf_dir(path, name, dtype)
+  if os.path.isfile(path):
+    stat = os.stat(path)
+    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype)
   if name_or_path in registry.MODELS:
     spec = registry.MODELS[name_or_path]
     if not registry.is_installed(spec):
       raise FileNotFoundError(f"model {spec.name!r} is not installed in {registry.cache_dir()}; "
                               f"run `{registry.fetch_command(spec.name)}` first")
     return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype)
-  path = os.path.abspath(os.path.expanduser(name_or_path))
-  name = os.path.basename(path.rstrip(os.sep))
-  if os.path.isdir(path):
-    config, params = load_hf_dir(path, dtype)
-    return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path))
-  if os.path.isfile(path):
-    stat = os.stat(path)
-    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype)
+  if hub.parse(name_or_path):
+    return _load_hf_dir(hub.snapshot(name_or_path), name_or_path, dtype)
   raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
-                          f"(known: {', '.join(registry.MODELS)})")
+                          f"(known: {', '.join(registry.MODELS)}) nor a hub name org/name[@revision]")
+
+
+def _load_hf_dir(path: str, name: str, dtype: str) -> LoadedModel:
+  config, params = load_hf_dir(path, dtype)
+  return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path))
 
 
 def _cast_in_place(tree: dict, dtype: str) -> None:
