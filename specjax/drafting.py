@@ -56,12 +56,13 @@ def needs_draft_model(cfg: ml_collections.ConfigDict) -> bool:
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-  """The acceptance ratio compares probabilities of the same token ids: vocabularies must agree."""
-  if draft.config.vocab_size != target.config.vocab_size:
-    raise ValueError(f"draft {draft.name} has {draft.config.vocab_size} vocabulary rows, target "
-                     f"{target.name} has {target.config.vocab_size}: speculative decoding needs one vocabulary")
-  if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
-    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers")
+  """The acceptance ratio compares probabilities of the same token ids: the tokenizers must agree on
+  every id both heads score. The heads may differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936
+  against Qwen2.5-7B's 152,064): the acceptance rule gives the smaller one probability 0 beyond it."""
+  shared = min(draft.config.vocab_size, target.config.vocab_size)
+  if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
+    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers: some id "
+                     f"below {shared} (the range both heads score) maps to different tokens")
 
 
 def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, draft: LoadedModel,

@@ -53,7 +53,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
           f"config.attention_block must be an integer >= 0 (0 = dense), got {cfg.attention_block}")
   require(int(cfg.prefill_chunk) == cfg.prefill_chunk and cfg.prefill_chunk >= 1,
           f"config.prefill_chunk must be an integer >= 1, got {cfg.prefill_chunk}")
-  require(bool(cfg.target), "config.target is empty: give a registry name, a .gguf file or an HF directory")
+  require(bool(cfg.target), "config.target is empty: give a .gguf file, an HF directory, a registry name or a "
+          "hub name org/name[@revision]")
   require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
           f"got {cfg.k}")
   require(cfg.max_new_tokens >= 1, f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")

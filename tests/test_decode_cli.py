@@ -167,9 +167,11 @@ def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
     pipeline.run(_config(model_dirs, draft=str(other)), log=lambda m: None)
 
 
-def _cli(arguments, debug=False):
-  """Starts `python -m specjax.decode ARGUMENTS` from the repository root (returns the process)."""
-  env = {name: value for name, value in os.environ.items() if name != "SPECJAX_DEBUG"}
+def _cli(arguments, debug=False, env=None):
+  """Starts `python -m specjax.decode ARGUMENTS` from the repository root (returns the process), with
+  `env` added to the environment (a None value removes that variable)."""
+  env = {name: value for name, value in {**os.environ, **(env or {})}.items()
+         if name != "SPECJAX_DEBUG" and value is not None}
   env.update(JAX_PLATFORMS="cpu", **({"SPECJAX_DEBUG": "1"} if debug else {}))
   return subprocess.Popen([sys.executable, "-m", "specjax.decode", *arguments], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

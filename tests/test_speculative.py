@@ -329,7 +329,6 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
 
 @pytest.mark.parametrize("change, message", [
     (dict(k=0), r"k \(draft tokens per round\) must be an integer >= 1"),
-    (dict(draft=_model(3, vocab=VOCAB + 1)), "draft vocabulary"),
     (dict(k=8, budgets=[24, 6, 20], target_cache_len=39),
      r"\(target\).*9 tokens.*\+ look-ahead \(7\) = 40 positions exceed the cache size 39"),
     (dict(draft_cache_len=30), r"\(draft\).*= 31 positions exceed the cache size 30"),

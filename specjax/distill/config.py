@@ -13,7 +13,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = ""  # checkpoints, metrics.jsonl, summary.json and the export go here (required)
   c.seed = 0  # data split and order, generation modes, sampling keys, fresh-student init
-  c.target = ""  # the teacher: a registry name, HF directory or GGUF file for specjax.models.load
+  c.target = ""  # the teacher: an HF directory, GGUF file, registry name or hub name org/name (models.load)
   c.dtype = "float32"  # compute dtype of both models ("bfloat16" on GPU/TPU); the student trains a float32 master
 
   c.student = ml_collections.ConfigDict()

@@ -3,7 +3,7 @@
 Three initialisations (`config.student.init`):
   "truncate"    the target's first `num_layers` blocks plus its embeddings, final norm and head: a
                 draft that already speaks the target's language and shares its tokenizer by design;
-  "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry name)
+  "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry or hub name)
                 whose vocabulary and tokenizer are the target's;
   "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised.
 Freezing is by parameter subtree: embeddings, output head, chosen layers.

@@ -1,4 +1,9 @@
-"""`load_model`: a registry name, a `.gguf` file or a Hugging Face directory -> config, params, tokenizer.
+"""`load_model`: a local `.gguf` file or Hugging Face directory, a registry name or a Hugging Face hub
+name (`org/name[@revision]`, see `hub`) -> config, params, tokenizer.
+
+Precedence, for a name that could be several: an existing local path wins (a directory you made is
+never shadowed), then a registry name, then a hub name (resolved through the HF cache, downloading
+only when not offline).
 
 Converting a GGUF is slow (parsing the metadata of a 150k-token vocabulary takes ~12 s with
 `gguf.GGUFReader`, dequantizing the 1.5B model ~40 s), so the first load writes the float32 params
@@ -24,7 +29,7 @@ import numpy as np
 import safetensors.numpy
 
 from specjax import partitioning
-from specjax.models import gguf_loader, registry
+from specjax.models import gguf_loader, hub, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
 from specjax.models.layout import to_layout
@@ -36,7 +41,7 @@ _CACHE_VERSION = "1"  # bump when the converted layout changes
 
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
-  name: str  # registry name, or the file / directory name
+  name: str  # registry name, hub name, or the file / directory name
   config: ModelConfig
   params: Params  # nested dict of arrays in config.dtype
   tokenizer: Tokenizer
@@ -67,26 +72,33 @@ def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int, 
 
 def load_model(name_or_path: str, dtype: str = "float32",
                part: partitioning.Partitioning | None = None) -> LoadedModel:
-  """Loads a registry model (fetched beforehand), a `.gguf` file or a Hugging Face directory; with
-  `part`, every weight straight into its shards on `part.mesh`."""
+  """Loads a `.gguf` file or Hugging Face directory, a registry model (fetched beforehand) or a hub
+  model `org/name[@revision]`, in that order of precedence (see the module docstring); with `part`,
+  every weight straight into its shards on `part.mesh`."""
   placement = lambda config: partitioning.placer(config, part)
+  path = os.path.abspath(os.path.expanduser(name_or_path))
+  name = os.path.basename(path.rstrip(os.sep))
+  if os.path.isdir(path):
+    return _load_hf_dir(path, name, dtype, part)
+  if os.path.isfile(path):
+    stat = os.stat(path)
+    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype, placement, part)
   if name_or_path in registry.MODELS:
     spec = registry.MODELS[name_or_path]
     if not registry.is_installed(spec):
       raise FileNotFoundError(f"model {spec.name!r} is not installed in {registry.cache_dir()}; "
                               f"run `{registry.fetch_command(spec.name)}` first")
     return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype, placement, part)
-  path = os.path.abspath(os.path.expanduser(name_or_path))
-  name = os.path.basename(path.rstrip(os.sep))
-  if os.path.isdir(path):
-    config, params = load_hf_dir(path, dtype, placement)
-    return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
-  if os.path.isfile(path):
-    stat = os.stat(path)
-    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype, placement, part)
+  if hub.parse(name_or_path):
+    return _load_hf_dir(hub.snapshot(name_or_path), name_or_path, dtype, part)
   raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
-                          f"(known: {', '.join(registry.MODELS)})")
+                          f"(known: {', '.join(registry.MODELS)}) nor a hub name org/name[@revision]")
+
+
+def _load_hf_dir(path: str, name: str, dtype: str, part: partitioning.Partitioning | None) -> LoadedModel:
+  config, params = load_hf_dir(path, dtype, lambda config: partitioning.placer(config, part))
+  return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

@@ -105,14 +105,15 @@ class Tokenizer:
       messages = [{"role": "user", "content": messages}]
     return _render_chat(self.chat_template, messages, self.special_tokens)
 
-  def fingerprint(self) -> str:
+  def fingerprint(self, below: int | None = None) -> str:
     """sha256 of the id -> (token, kind) table, padding rows excluded: equal for an HF directory and
-    a GGUF file of the same model, different as soon as one id means something else."""
+    a GGUF file of the same model, different as soon as one id means something else. `below` limits
+    the table to ids < below: the range two models with differently padded heads share."""
     added = self.backend.get_added_tokens_decoder()
     unused = set(self.unused_ids)
     table = sorted((i, token, "special" if i in added and added[i].special else "added" if i in added
                     else "") for token, i in self.backend.get_vocab(with_added_tokens=True).items()
-                   if i not in unused)
+                   if i not in unused and (below is None or i < below))
     return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode()).hexdigest()
 
   def to_dict(self) -> dict[str, Any]:

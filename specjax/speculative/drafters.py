@@ -53,7 +53,9 @@ class Drafter(Protocol):
 
   @property
   def vocab_size(self) -> int:
-    """V: the width of the token space of the proposals; must equal the target's."""
+    """W: the ids the proposals' distributions span. A model drafter may differ from the target's V
+    (padding rows; the acceptance rule extends the smaller distribution with zeros); drafters that
+    propose the target's own ids (n-gram lookup, layer skip) have the target's V."""
 
   def verify_widths(self, k: int) -> tuple[int, ...]:
     """The verify-pass widths (static, ascending, the last one K + 1) the loop may run."""

@@ -65,7 +65,11 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
   when greedy) to that many draft tokens per row.
   Returns (accepted [B], next token [B], target hidden states [B, K + 1, D] zero-padded, cache)."""
   checked = proposal.truncated(width - 1)
-  block_BxW = jnp.concatenate([pending_B[:, None], checked.tokens], axis=1)
+  # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
+  # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
+  # rows, which would stay in the cache beyond the committed length): its last id.
+  fed_BxW1 = jnp.minimum(checked.tokens, target_config.vocab_size - 1)
+  block_BxW = jnp.concatenate([pending_B[:, None], fed_BxW1], axis=1)
   hidden_BxWxD, target_cache = forward_hidden(target_config, target_params, block_BxW, target_cache)
   logits_BxWxV = hidden_to_logits(target_config, target_params, hidden_BxWxD)
   if sampling.greedy:

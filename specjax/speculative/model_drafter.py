@@ -18,6 +18,11 @@ Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distrib
 
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
+
+The draft's head may have fewer or more rows than the target's (same tokenizer, padding rows): its
+distributions span its own W ids and the acceptance rule extends the smaller side with zeros. Ids the
+draft cannot embed (W <= id < V: prompt tokens or target draws there) are fed to it as its last id
+(`_embeddable`): its guesses after them may be poor, never inexact.
 """
 
 from __future__ import annotations
@@ -65,9 +70,6 @@ class ModelDrafter:
   def check(self, target_config: ModelConfig) -> None:
     if not 0.0 <= self.stop_threshold < 1.0:
       raise ValueError(f"draft_stop_threshold must be in [0, 1) (0 = off), got {self.stop_threshold}")
-    if self.config.vocab_size != target_config.vocab_size:
-      raise ValueError(f"draft vocabulary ({self.config.vocab_size}) differs from the target's "
-                       f"({target_config.vocab_size}): the acceptance ratio needs one token space")
     if self.head is not None and self.head.weight_NxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_NxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
@@ -88,11 +90,16 @@ class ModelDrafter:
   def storage_of(self, state: ModelDraftState) -> KVCache:
     return state.cache
 
+  def _embeddable(self, tokens: jax.Array) -> jax.Array:
+    """`tokens` with ids beyond the draft's vocabulary replaced by its last id: `jnp.take` would embed
+    them as NaN, which would poison the draft's cache (any finite guess keeps the rule exact)."""
+    return jnp.minimum(tokens, self.config.vocab_size - 1)
+
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> ModelDraftState:
     batch = prompts_BxP.shape[0]
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
-    _, cache = prefill(self.config, self.params, prompts_BxP, prompt_lengths_B, cache)
+    _, cache = prefill(self.config, self.params, self._embeddable(prompts_BxP), prompt_lengths_B, cache)
     return ModelDraftState(cache=cache, lagging_token=jnp.zeros((batch,), jnp.int32),
                            behind=jnp.zeros((batch,), bool), fed=jnp.int32(0))
 
@@ -102,14 +109,16 @@ class ModelDrafter:
     # First pass: [d_K, pending] for rows that are behind, [pending, (unused)] for the others; just
     # [pending] when no row is behind (a 2-token pass costs up to 1.8 single ones on a CPU).
     num_valid_B = 1 + state.behind.astype(jnp.int32)
+    fed_pending_B = self._embeddable(pending_B)  # the draft's own tokens (d_i, lagging_token) always are
 
     def two_tokens(cache):
-      chunk_Bx2 = jnp.stack([jnp.where(state.behind, state.lagging_token, pending_B), pending_B], axis=1)
+      chunk_Bx2 = jnp.stack([jnp.where(state.behind, state.lagging_token, fed_pending_B), fed_pending_B],
+                            axis=1)
       hidden_Bx2xD, cache = forward_hidden(self.config, self.params, chunk_Bx2, cache)
       return jnp.take_along_axis(hidden_Bx2xD, (num_valid_B - 1)[:, None, None], axis=1)[:, 0], cache
 
     def one_token(cache):
-      hidden_Bx1xD, cache = forward_hidden(self.config, self.params, pending_B[:, None], cache)
+      hidden_Bx1xD, cache = forward_hidden(self.config, self.params, fed_pending_B[:, None], cache)
       return hidden_Bx1xD[:, 0], cache
 
     def draw(hidden_BxD, step_key):

@@ -17,7 +17,9 @@ import jax.numpy as jnp
 class Proposal:
   tokens: jax.Array  # [B, K] int32 draft tokens d_1 .. d_K (slots past `lengths` hold anything)
   lengths: jax.Array  # [B] int32 in [0, K]: leading tokens actually proposed; later slots are never accepted
-  probs: jax.Array | None = None  # [B, K, V] float32 distributions each d_i was drawn from; None = point masses
+  probs: jax.Array | None = None  # [B, K, W] float32 distributions each d_i was drawn from, over the drafter's
+  #                                 W ids (the target's V, or another size: `acceptance` extends with zeros);
+  #                                 None = point masses
   calls: jax.Array | int = 0  # [] int32: draft forward passes this proposal cost (0 for a lookup), for metrics
 
   @property
