@@ -31,7 +31,6 @@ others it is one short call.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import os
@@ -43,14 +42,17 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax import drafting, metrics, pipeline, records
-from specjax.models.load import LoadedModel, load_model
+from specjax.models.load import LoadedModel
 
-MODEL_AXES = ("target", "drafter", "draft", "dtype")  # which models are loaded: outermost
+MODEL_AXES = ("target", "drafter", "draft", "dtype", "mesh")  # which models are loaded, and how: outermost
+# Every decode field that changes the loaded models or their layout (points differing in them reload).
+LOAD_FIELDS = ("target", "drafter", "draft", "dtype", "mode", "mesh", "mesh_indivisible", "draft_sharding",
+               "scan_layers", "attention_block", "prefill_chunk")
 DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # sampling axes (mostly one program): innermost
 SPECULATIVE_ONLY = ("k", "drafter", "draft", "draft_vocab", "draft_vocab_corpus", "ngram_min", "ngram_max",
                     "draft_layers")  # unused by autoregressive points
 SETTINGS = ("target", "drafter", "draft", "mode", "k", "batch_size", "temperature", "top_k", "top_p", "seed",
-            "max_new_tokens", "chat", "dtype")  # decode fields copied into every row
+            "max_new_tokens", "chat", "dtype", "mesh")  # decode fields copied into every row
 
 Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
 
@@ -181,21 +183,16 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
     return []
   os.makedirs(os.path.dirname(sweep.output) or ".", exist_ok=True)
 
-  @functools.cache
-  def load(name: str, dtype: str) -> LoadedModel:
-    start = time.perf_counter()
-    model = load_model(name, dtype=dtype)
-    log(f"loaded {name} ({dtype}) in {time.perf_counter() - start:.1f} s")
-    return model
+  loaded: dict[tuple, tuple[LoadedModel, LoadedModel | None]] = {}
 
-  @functools.cache
-  def models(target_name: str, draft_name: str | None, dtype: str) -> tuple[LoadedModel, LoadedModel | None]:
-    target = load(target_name, dtype)
-    if draft_name is None:
-      return target, None
-    draft = load(draft_name, dtype)
-    drafting.check_compatible(target, draft)
-    return target, draft
+  def models(cfg: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel | None]:
+    """The point's (target, draft or None), loaded as `pipeline.load_models` does (mesh and execution
+    settings included); one pair in memory at a time, reused while the load fields stay the same."""
+    key = tuple(cfg[field] for field in LOAD_FIELDS)
+    if key not in loaded:
+      loaded.clear()
+      loaded[key] = pipeline.load_models(cfg, lambda message: log(f"  {message}"))
+    return loaded[key]
 
   costs_measured = {}
 
@@ -213,7 +210,7 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
   written = []
   for number, (point, cfg) in enumerate(todo, 1):
     log(f"[{number}/{len(todo)}] {_describe(point)}")
-    pair = models(cfg.target, cfg.draft if drafting.needs_draft_model(cfg) else None, cfg.dtype)
+    pair = models(cfg)
     speculative = cfg.mode == "speculative"
     c = cost_ratio(cfg, pair) if sweep.measure_cost and speculative else None
     result = pipeline.run(cfg, log=lambda message: log(f"  {message}"), models=pair)

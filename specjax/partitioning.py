@@ -100,9 +100,10 @@ class Partitioning:
       if units[logical] % size == 0:
         continue
       if self.indivisible == "error":
-        fits = [d for d in range(1, min(units[logical], 64) + 1) if units[logical] % d == 0]
+        fits = [d for d in range(1, self.mesh.size + 1) if units[logical] % d == 0]
         raise ValueError(f"{self.name}: its {units[logical]} {_UNIT_NAMES[logical]} do not split over mesh "
-                         f"axis {rules[logical]!r} of size {size} (sizes that divide them: {fits}); choose "
+                         f"axis {rules[logical]!r} of size {size} (axis sizes up to {self.mesh.size} that "
+                         f"divide them: {fits}); choose "
                          f"another mesh, or keep them whole on every device (config.mesh_indivisible="
                          f"'replicate'; for a draft model also config.draft_sharding='replicated')")
       rules[logical] = None

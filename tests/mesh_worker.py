@@ -1,7 +1,8 @@
-"""Runs the multi-device checks in a process of its own with 8 simulated CPU devices and prints one JSON
-object of results; `tests/test_mesh.py` starts it (the rest of the suite keeps one device).
+"""Runs the multi-device checks in a process of its own with 8 simulated CPU devices (or
+$SPECJAX_TEST_DEVICES) and prints one JSON object of results; `tests/test_mesh.py` starts it (the rest
+of the suite keeps one device).
 
-  python tests/mesh_worker.py decode|params|hlo|errors|loading DIR|distill DIR
+  python tests/mesh_worker.py decode|params|hlo|errors|processes
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
+                           + os.environ.get("SPECJAX_TEST_DEVICES", "8"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
@@ -26,6 +28,8 @@ from specjax.models.transformer import init_params  # noqa: E402
 from specjax.sampling import sampling_params  # noqa: E402
 from specjax.speculative import acceptance, loop, speculative_generate  # noqa: E402
 from specjax.speculative.model_drafter import ModelDrafter  # noqa: E402
+
+STARTED = meshes.initialize_distributed()  # before anything touches a device; False unless launched so
 
 # Heads 8 and key/value heads 4: on model=8 the key/value heads are replicated, on model=4 split.
 TARGET = ModelConfig(arch="llama", vocab_size=512, d_model=64, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=8,
@@ -159,6 +163,16 @@ def errors() -> dict:
       results[name] = {"returned": str(case())}
     except ValueError as e:
       results[name] = {"error": str(e)}
+  return results
+
+
+def processes() -> dict:
+  """One of several processes (the environment names the coordinator, `mesh.initialize_distributed`):
+  greedy and sampled speculative tokens on the global data=2,model=4 mesh, gathered to every process."""
+  results = {"started": STARTED, "process": jax.process_index(), "processes": jax.process_count(),
+             "devices": jax.device_count(), "main": meshes.is_main_process()}
+  for name, sampling in (("greedy", sampling_params(0.0)), ("sampled", SAMPLED)):
+    results[name] = _run("data=2,model=4", "speculative", sampling)[0]
   return results
 
 

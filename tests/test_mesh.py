@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -35,6 +36,29 @@ def _worker(*args: str) -> dict:
 def test_tokens_on_a_mesh_equal_the_single_device_tokens(mesh, sampling, mode):
   results = _worker("decode")
   assert results[f"{mesh}|{mode}|{sampling}"] == results[f"|{mode}|{sampling}"]
+
+
+def test_two_processes_on_one_global_mesh_give_the_single_device_tokens():
+  """The multi-host path on one machine: two processes of 4 simulated devices each join through
+  `mesh.initialize_distributed` (the coordinator variables of the README's launch) and decode on the
+  global data=2,model=4 mesh; each process gets every row's tokens, equal to the single-device run."""
+  with socket.socket() as probe:
+    probe.bind(("localhost", 0))
+    port = probe.getsockname()[1]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(SPECJAX_TEST_DEVICES="4", JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2")
+  running = [subprocess.Popen([sys.executable, WORKER, "processes"], env={**env, "JAX_PROCESS_ID": str(i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outputs = [process.communicate(timeout=600) for process in running]
+  for process, (_, err) in zip(running, outputs):
+    assert process.returncode == 0, err[-3000:]
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+  single = _worker("decode")
+  for index, result in enumerate(results):
+    assert result["started"] and result["processes"] == 2 and result["devices"] == 8
+    assert result["process"] == index and result["main"] == (index == 0)
+    assert result["greedy"] == single["|speculative|greedy"]
+    assert result["sampled"] == single["|speculative|sampled"]
 
 
 def test_speculative_and_autoregressive_runs_differ_where_they_should():
@@ -128,3 +152,45 @@ def test_mesh_strings_resolve_to_axis_sizes(spec, devices, want):
 def test_bad_mesh_strings_name_the_bad_part(spec, message):
   with pytest.raises(ValueError, match=message):
     meshes.axis_sizes(spec, 8)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+  from tests.tiny_hf import save_char_tokenizer, save_hf_model
+  dirs = []
+  for name, seed in (("target", 0), ("draft", 1)):
+    directory = str(tmp_path_factory.mktemp(name))
+    save_hf_model("qwen2", directory, seed=seed)
+    save_char_tokenizer(directory)
+    dirs.append(directory)
+  return dirs
+
+
+def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_devices(model_dirs, tmp_path):
+  """`python -m specjax.decode --config.mesh=data=2,model=4` on 8 simulated devices: the tiny models'
+  97 vocabulary rows do not split over 4 (one clear line, exit status 1) unless they are replicated;
+  then the tokens equal the single-device run's and the results record the mesh and bytes per device."""
+  from specjax import pipeline
+  from tests.test_decode_cli import _cli, _config
+
+  base = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+          "--config.mesh=data=2,model=4"]
+  devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  output = str(tmp_path / "mesh.json")
+  ok = _cli(base + ["--config.mesh_indivisible=replicate", f"--config.output={output}"], env=devices)
+  refused = _cli(base, env=devices)
+  _, refused_err = refused.communicate(timeout=600)
+  _, ok_err = ok.communicate(timeout=600)
+  assert ok.returncode == 0, ok_err[-2000:]
+  assert refused.returncode == 1
+  assert refused_err.strip().splitlines() == [
+      "error: target: its 97 vocabulary rows do not split over mesh axis 'model' of size 4 (axis sizes up to 8 "
+      "that divide them: [1]); choose another mesh, or keep them whole on every device (config.mesh_indivisible="
+      "'replicate'; for a draft model also config.draft_sharding='replicated')"]
+  on_mesh = json.load(open(output))
+  alone = pipeline.run(_config(model_dirs), log=lambda message: None)
+  assert [o["token_ids"] for o in on_mesh["outputs"]] == [o["token_ids"] for o in alone["outputs"]]
+  environment = on_mesh["environment"]
+  assert environment["mesh"] == {"data": 2, "model": 4} and environment["device_count"] == 8
+  assert environment["process_count"] == 1
+  assert environment["target_param_bytes_per_device"] < alone["environment"]["target_param_bytes_per_device"]

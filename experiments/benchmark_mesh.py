@@ -1,0 +1,172 @@
+"""What a device mesh does to the Qwen2.5-Coder pair: bytes per device and compile time, on simulated CPUs.
+
+  python -m experiments.benchmark_mesh --config=configs/benchmarks/mesh.py \
+      --config.output=experiments/results/mesh_cpu.json
+  python -m experiments.benchmark_mesh --config=configs/benchmarks/mesh.py \
+      --config.report=experiments/results/mesh_cpu.json   # the table of a results file
+
+Each case (mesh, `mesh_indivisible`, `draft_sharding`) runs in a fresh subprocess with `devices`
+simulated CPU devices (so memory and compile caches are per case): it loads both models into their
+shards (`load_model(..., part)`), reports the bytes the fullest device holds of each model's
+parameters and of a `batch_size` x `cache_len` cache of each, compiles the speculative program (greedy,
+K = `k`) by calling it with a 1-token budget (`compile_s`: trace + compile + one prefill; `call_s`: the
+same call again, compiled), and decodes `run_tokens` tokens for `run_batch` prompts, whose tokens every
+case must share with the single-device baseline (`tokens`; compared in the table). Float32 throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import ml_collections
+from ml_collections import config_flags
+
+from specjax import cli, records
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Benchmark config (configs/benchmarks/mesh.py).",
+                                          lock_config=True)
+PROMPTS = ("def is_palindrome(s):", "Write a function that merges two sorted lists.")
+
+
+def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft_sharding: str) -> dict:
+  """One case, in this process (whose device count the parent set)."""
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from specjax import generation, mesh as meshes, partitioning
+  from specjax.models.kv_cache import init_cache
+  from specjax.models.load import load_model, with_execution
+  from specjax.sampling import sampling_params
+  from specjax.speculative import speculative_generate
+  from specjax.speculative.model_drafter import ModelDrafter
+
+  mesh = meshes.make_mesh(mesh_spec)
+  target_part = draft_part = None
+  if mesh is not None:
+    target_part = partitioning.Partitioning(mesh, partitioning.DECODE_RULES, indivisible, "target")
+    draft_part = dataclasses.replace(target_part, name="draft")
+    draft_part = draft_part.replicated() if draft_sharding == "replicated" else draft_part
+  start = time.perf_counter()
+  execution = dict(scan_layers=False, attention_block=256, prefill_chunk=512)
+  target = with_execution(load_model(cfg.target, "float32", target_part), **execution, part=target_part)
+  draft = with_execution(load_model(cfg.draft, "float32", draft_part), **execution, part=draft_part)
+  load_s = time.perf_counter() - start
+  result = {"mesh": mesh_spec, "mesh_indivisible": indivisible, "draft_sharding": draft_sharding,
+            "devices": jax.device_count(), "load_s": load_s}
+  for role, model in (("target", target), ("draft", draft)):
+    per_device = partitioning.bytes_per_device(model.params)
+    result[f"{role}_param_bytes"] = sum(leaf.nbytes for leaf in jax.tree.leaves(model.params))
+    result[f"{role}_param_bytes_per_device"] = max(per_device.values())
+    result[f"{role}_rules"] = model.part.resolve(model.config) if model.part else {}
+    spec = partitioning.cache_spec(model.config, model.part)
+    cache = init_cache(model.config, cfg.batch_size, cfg.cache_len, spec)
+    result[f"{role}_cache_bytes"] = cache.k.nbytes + cache.v.nbytes
+    result[f"{role}_cache_bytes_per_device"] = max(partitioning.bytes_per_device((cache.k, cache.v)).values())
+    del cache
+
+  prompts = [target.tokenizer.encode(p) for p in PROMPTS * (cfg.run_batch // len(PROMPTS) + 1)][:cfg.run_batch]
+  prompts_BxP, lengths_B = generation.pad_prompts(prompts)
+  cache_len = -(-(prompts_BxP.shape[1] + max(cfg.run_tokens, 1) + cfg.k + 1) // 64) * 64
+  drafter = ModelDrafter(draft.config, draft.params,
+                         cache_spec=partitioning.cache_spec(draft.config, draft.part))
+
+  def call(budget: int):
+    target_cache = init_cache(target.config, cfg.run_batch, cache_len,
+                              partitioning.cache_spec(target.config, target.part))
+    storage = drafter.storage(cfg.run_batch, cache_len)
+    rows = (prompts_BxP, lengths_B) if mesh is None else jax.device_put(
+        (prompts_BxP, lengths_B), partitioning.rows_sharding(target_part))
+    start = time.perf_counter()
+    out = speculative_generate(target.config, target.params, drafter, *rows, target_cache, storage, budget,
+                               target.tokenizer.eos_ids, sampling_params(0.0), jax.random.key(0), k=cfg.k,
+                               out_width=max(cfg.run_tokens, 1))
+    tokens = np.asarray(meshes.to_host(out.tokens)), np.asarray(meshes.to_host(out.counts))
+    return time.perf_counter() - start, tokens
+
+  with jax.set_mesh(mesh) if mesh is not None else _nothing():
+    result["compile_s"], _ = call(1)
+    result["call_s"], _ = call(1)
+    if cfg.run_tokens:
+      result["run_s"], (tokens, counts) = call(cfg.run_tokens)
+      result["tokens"] = generation.as_token_lists(tokens, counts)
+  return result
+
+
+class _nothing:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def run(cfg: ml_collections.ConfigDict, log=print) -> dict:
+  if not cfg.output:
+    raise ValueError("config.output is empty: name the results file (or config.report to print one)")
+  results = {"config": cfg.to_dict(), "cases": []}
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.devices}",
+         "JAX_PLATFORMS": "cpu"}
+  for spec in cfg.cases:
+    mesh_spec, indivisible, draft_sharding = spec.split("|")
+    log(f"case mesh={mesh_spec!r} mesh_indivisible={indivisible} draft_sharding={draft_sharding} ...")
+    done = subprocess.run([sys.executable, "-m", "experiments.benchmark_mesh", f"--config={_config_path()}",
+                           f"--config.target={cfg.target}", f"--config.draft={cfg.draft}",
+                           f"--config.batch_size={cfg.batch_size}", f"--config.cache_len={cfg.cache_len}",
+                           f"--config.k={cfg.k}", f"--config.run_batch={cfg.run_batch}",
+                           f"--config.run_tokens={cfg.run_tokens}", f"--config.case={spec}"],
+                          capture_output=True, text=True, env=env, cwd=_root())
+    if done.returncode:
+      results["cases"].append({"mesh": mesh_spec, "mesh_indivisible": indivisible,
+                               "draft_sharding": draft_sharding, "error": done.stderr.strip().splitlines()[-1]})
+    else:
+      results["cases"].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    records.save(results, cfg.output)
+  return results
+
+
+def _root() -> str:
+  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config_path() -> str:
+  return os.path.join(_root(), "configs", "benchmarks", "mesh.py")
+
+
+def table(results: dict) -> str:
+  mib = lambda b: f"{b / 2**20:,.0f}"
+  cases = results["cases"]
+  baseline = next((c for c in cases if not c["mesh"] and "tokens" in c), None)
+  lines = ["| mesh | indivisible | draft | target params MiB/device (total) | draft params MiB/device (total) | "
+           "target cache MiB/device (total) | draft cache MiB/device (total) | compile s | tokens = 1 device |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for c in cases:
+    if "error" in c:
+      lines.append(f"| {c['mesh'] or 'one device'} | {c['mesh_indivisible']} | {c['draft_sharding']} | "
+                   f"error: {c['error']} | | | | | |")
+      continue
+    same = "n/a" if baseline is None or "tokens" not in c else ("yes" if c["tokens"] == baseline["tokens"] else "NO")
+    lines.append(
+        f"| {c['mesh'] or 'one device'} | {c['mesh_indivisible']} | {c['draft_sharding']} | "
+        f"{mib(c['target_param_bytes_per_device'])} ({mib(c['target_param_bytes'])}) | "
+        f"{mib(c['draft_param_bytes_per_device'])} ({mib(c['draft_param_bytes'])}) | "
+        f"{mib(c['target_cache_bytes_per_device'])} ({mib(c['target_cache_bytes'])}) | "
+        f"{mib(c['draft_cache_bytes_per_device'])} ({mib(c['draft_cache_bytes'])}) | "
+        f"{c['compile_s'] - c['call_s']:.1f} | {same} |")
+  return "\n".join(lines)
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  if cfg.case:  # a subprocess of `run`
+    print(json.dumps(case(cfg, *cfg.case.split("|"))))
+    return
+  cli.report_or_run(cfg, run, table)
+
+
+if __name__ == "__main__":
+  cli.run(main, _CONFIG)
