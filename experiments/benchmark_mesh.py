@@ -64,8 +64,9 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
     result[f"{role}_param_bytes"] = sum(leaf.nbytes for leaf in jax.tree.leaves(model.params))
     result[f"{role}_param_bytes_per_device"] = max(per_device.values())
     result[f"{role}_rules"] = model.part.resolve(model.config) if model.part else {}
-    spec = partitioning.cache_spec(model.config, model.part)
-    cache = init_cache(model.config, cfg.batch_size, cfg.cache_len, spec)
+    with jax.set_mesh(mesh) if mesh is not None else _nothing():
+      cache = init_cache(model.config, cfg.batch_size, cfg.cache_len,
+                         partitioning.cache_spec(model.config, model.part))
     result[f"{role}_cache_bytes"] = cache.k.nbytes + cache.v.nbytes
     result[f"{role}_cache_bytes_per_device"] = max(partitioning.bytes_per_device((cache.k, cache.v)).values())
     del cache

@@ -154,25 +154,31 @@ class _Runner:
   draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
-    batch, part = prompts_BxP.shape[0], self.target.part
-    if self.target_cache is None:
-      self.target_cache = init_cache(self.target.config, batch, self.cache_len,
-                                     partitioning.cache_spec(self.target.config, part))
-      if self.drafter is not None:
-        self.draft_storage = self.drafter.storage(batch, self.cache_len)
-        if part is not None:  # caches are born sharded; rows of any other storage go to `data`
-          self.draft_storage = jax.tree.map(
-              lambda leaf: leaf if leaf.sharding.num_devices > 1 else jax.device_put(
-                  leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
-              self.draft_storage)
+    part = self.target.part
     if part is None:
       return self._generate(prompts_BxP, lengths_B, budget_B, key)
     with jax.set_mesh(part.mesh):
       return self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
                             key)
 
+  def _allocate(self, batch: int) -> None:
+    """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""
+    part = self.target.part
+    if self.target_cache is not None:
+      return
+    self.target_cache = init_cache(self.target.config, batch, self.cache_len,
+                                   partitioning.cache_spec(self.target.config, part))
+    if self.drafter is not None:
+      self.draft_storage = self.drafter.storage(batch, self.cache_len)
+      if part is not None:  # caches are born sharded; rows of any other storage go to `data`
+        self.draft_storage = jax.tree.map(
+            lambda leaf: leaf if leaf.sharding.num_devices > 1 else jax.device_put(
+                leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
+            self.draft_storage)
+
   def _generate(self, prompts_BxP, lengths_B, budget_B, key):
     cfg = self.cfg
+    self._allocate(prompts_BxP.shape[0])
     sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
     eos = self.target.tokenizer.eos_ids
     if cfg.mode == "autoregressive":

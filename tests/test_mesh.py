@@ -169,7 +169,8 @@ def model_dirs(tmp_path_factory):
 def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_devices(model_dirs, tmp_path):
   """`python -m specjax.decode --config.mesh=data=2,model=4` on 8 simulated devices: the tiny models'
   97 vocabulary rows do not split over 4 (one clear line, exit status 1) unless they are replicated;
-  then the tokens equal the single-device run's and the results record the mesh and bytes per device."""
+  then the tokens equal the single-device run's and the results record the mesh and bytes per device.
+  A batch that does not split over the data axis is refused before any model loads (status 2)."""
   from specjax import pipeline
   from tests.test_decode_cli import _cli, _config
 
@@ -179,7 +180,11 @@ def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_device
   output = str(tmp_path / "mesh.json")
   ok = _cli(base + ["--config.mesh_indivisible=replicate", f"--config.output={output}"], env=devices)
   refused = _cli(base, env=devices)
+  rows = _cli(base[:-1] + ["--config.mesh=data=8", "--config.batch_size=2"], env=devices)
   _, refused_err = refused.communicate(timeout=600)
+  _, rows_err = rows.communicate(timeout=600)
+  assert rows.returncode == 2 and rows_err.strip().splitlines() == [
+      "error: config.batch_size 2 does not split over the mesh's data axis of size 8: use a multiple of 8"]
   _, ok_err = ok.communicate(timeout=600)
   assert ok.returncode == 0, ok_err[-2000:]
   assert refused.returncode == 1
@@ -194,3 +199,13 @@ def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_device
   assert environment["mesh"] == {"data": 2, "model": 4} and environment["device_count"] == 8
   assert environment["process_count"] == 1
   assert environment["target_param_bytes_per_device"] < alone["environment"]["target_param_bytes_per_device"]
+
+
+def test_a_cache_laid_out_for_a_mesh_cannot_be_made_without_one():
+  """Without the mesh set, the layout's constraints would silently do nothing (an unsharded cache)."""
+  from specjax.models.config import ModelConfig
+  from specjax.models.kv_cache import init_cache
+  config = ModelConfig(arch="llama", vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=4,
+                       d_ff=8)
+  with pytest.raises(ValueError, match="lays the cache out on a mesh, but none is set"):
+    init_cache(config, 2, 8, spec=(None, "data", None, "model", None))

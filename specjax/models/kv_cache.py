@@ -62,9 +62,11 @@ class KVCache:
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, spec: tuple = ()) -> KVCache:
   """An empty cache for `batch_size` rows of up to `max_len` positions (both static), laid out by
-  `spec` (mesh axes of [L, B, S, H_kv, D] under the ambient mesh, see `partitioning.cache_spec`):
-  each device allocates only its own shard."""
+  `spec` (mesh axes of [L, B, S, H_kv, D] on the mesh set by `jax.set_mesh`, which must be set; see
+  `partitioning.cache_spec`): each device allocates only its own shard."""
   shape = (config.n_layers, batch_size, max_len, config.n_kv_heads, config.head_dim)
+  if spec and jax.sharding.get_abstract_mesh().empty:
+    raise ValueError(f"init_cache: spec {spec} lays the cache out on a mesh, but none is set (jax.set_mesh)")
 
   def empty():
     zeros = lambda: constrain(jnp.zeros(shape, config.jnp_dtype), *spec)  # k and v: two buffers
