@@ -150,7 +150,7 @@ def steps_() -> dict:
                                           for d in leaf.sharding.device_set})}
   for name, (accum, remat) in {"plain": (1, False), "remat": (1, True), "accum2": (2, False)}.items():
     text = _train("", accum, remat, jaxpr=True)
-    results[f"jaxpr_{name}"] = {"checkpoints": text.count("checkpoint["), "scans": text.count("scan["),
+    results[f"jaxpr_{name}"] = {"checkpoints": text.count("remat2["), "scans": text.count("scan["),
                                 "length=2": text.count("length=2")}
   results["remat_bit_equal"] = _bit_equal(kept["remat"], base_params)
   results["mesh_remat_bit_equal"] = _bit_equal(kept["data=2,model=4|remat"], kept["data=2,model=4"])
