@@ -158,13 +158,7 @@ def _on_mesh(jitted: Callable, mesh: Mesh | None) -> Callable:
     with jax.set_mesh(mesh):
       return jitted(*args, **kwargs)
 
-  call.lower = lambda *args, **kwargs: _lower(jitted, mesh, *args, **kwargs)
   return call
-
-
-def _lower(jitted, mesh, *args, **kwargs):
-  with jax.set_mesh(mesh):
-    return jitted.lower(*args, **kwargs)
 
 
 def model_params(config: ModelConfig, master: Params) -> Params:
