@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from ml_collections import config_flags
 
-from specjax import cli
+from specjax import cli, mesh
 from specjax.distill import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "distillation config file (configs/distill_*.py)",
                                           lock_config=True)
 
+
+def main(config):
+  mesh.initialize_distributed()  # a multi-process launch (coordinator, SLURM, TPU pod) joins here
+  return train.run(config)
+
+
 if __name__ == "__main__":
-  cli.run(train.run, _CONFIG)
+  cli.run(main, _CONFIG)

@@ -20,6 +20,17 @@ from TensorStore's threads long after the error). Any failure to read step N, or
 `CorruptCheckpointError` naming the step and its directory (and the damaged file when known).
 `restore_newest` falls back past damaged checkpoints to the newest good one. Checkpoints written before
 checksums were recorded restore with a warning that they are unverified.
+
+Sharded state (a run on a device mesh): orbax writes each array's shards (every process its own,
+process 0 the metadata) and restores into the shardings of the template's arrays, so a template laid
+out for another mesh shape (or one device) restores the same values onto it. The leaf checksums are of
+each array's global bytes in C order, independent of its sharding: a checkpoint saved on one mesh
+verifies on any other. They are computed on a host copy of the whole array (`specjax.mesh.to_host`):
+in one process that gathers the addressable shards; in several, every process gathers every array
+from all of them (a collective: all processes save and restore together, as orbax requires anyway),
+so each host needs memory for one copy of the train state at save and restore time. Only process 0
+writes the file manifests and sets damaged checkpoints aside (the step directories are on a file
+system every process sees). The multi-process path is untested (CI has one process).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as ocp_policy
+
+from specjax import mesh as meshes
 
 FILES = "files.sha256.json"  # in each step directory once its save finished: {relative path: [size, sha256]}
 DAMAGED_SUFFIX = ".damaged"  # a damaged checkpoint set aside is renamed <step>.damaged (orbax ignores it)
@@ -64,8 +77,9 @@ def _reason(error: BaseException) -> str:
 
 
 def _leaf_records(state: Any) -> dict[str, dict]:
-  """{key path: {"dtype", "shape", "sha256" of the bytes}} of every leaf of `state`, fetched to the host."""
-  leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(state))
+  """{key path: {"dtype", "shape", "sha256" of the bytes}} of every leaf of `state`, fetched to the host
+  (sharded arrays whole: the sums do not depend on the layout)."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(meshes.to_host(state))
   records = {}
   for path, leaf in leaves:
     array = np.asarray(leaf)
@@ -204,7 +218,7 @@ class Checkpointer:
         _warn(f"{e}; " + (f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older checkpoint"))
         damaged.append(e)
         continue
-      if damaged and not self.read_only:
+      if damaged and not self.read_only and meshes.is_main_process():
         self._set_aside([e.path for e in damaged])
       self.restored = (step, verified)
       return step, state, metadata
@@ -262,7 +276,7 @@ class Checkpointer:
   def wait(self) -> None:
     """Blocks until every started save is on disk, then records its files' checksums."""
     self.manager.wait_until_finished()
-    if not self.read_only:
+    if not self.read_only and meshes.is_main_process():
       self._seal_finished()
 
   def close(self) -> None:

@@ -15,6 +15,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0  # data split and order, generation modes, sampling keys, fresh-student init
   c.target = ""  # the teacher: an HF directory, GGUF file, registry name or hub name org/name (models.load)
   c.dtype = "float32"  # compute dtype of both models ("bfloat16" on GPU/TPU); the student trains a float32 master
+  c.mesh = ""  # device mesh "data=2,model=4" ("" = one device; -1 = the remaining devices): rows on data, the
+  #              student and its Adam moments FSDP (model by tensor-parallel rules + residual width on data),
+  #              the teacher tensor-parallel over model as a decode target
+  c.mesh_indivisible = "error"  # heads/MLP/vocabulary/width that do not split over their mesh axis: "error" or
+  #                               "replicate" (kept whole on every device: more memory, same numbers)
+  c.accum_steps = 1  # gradient accumulation: each step's batch runs as this many micro-batches (dividing
+  #                    data.batch_size; each micro-batch's rows must split over the mesh's data axis), one update
+  c.remat = False  # rematerialise each student block in the backward (jax.checkpoint): less memory, more compute
 
   c.student = ml_collections.ConfigDict()
   c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint" or "fresh"

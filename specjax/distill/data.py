@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from specjax import autoregressive
+from specjax import autoregressive, mesh as meshes, partitioning
 from specjax.corpus import Document
 from specjax.generation import pad_prompts
 from specjax.models.config import ModelConfig
@@ -115,21 +115,30 @@ class BatchStream:
 
 def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, mask_BxT: np.ndarray,
                   prompt_len: int, eos_ids: Sequence[int], sampling: SamplingParams,
-                  key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+                  key: jax.Array, part: partitioning.Partitioning | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Replaces everything after each row's first `prompt_len` tokens by the model's own continuation.
 
   Uses the project's autoregressive loop (one compiled program per model and shape). The returned mask
   covers the positions whose next-token distribution produced a generated token: the divergence is
   taken on the sequences the model (target, or the draft on-policy) actually emits, as in DistillSpec.
+  With `part` (the params' partitioning) the loop runs on its mesh: cache and rows split as in decoding.
   """
   B, T = tokens_BxT.shape
   if not 1 <= prompt_len < T:
     raise ValueError(f"prompt_len must be in [1, seq_len) = [1, {T}), got {prompt_len}")
   lengths_B = np.minimum(mask_BxT.sum(1), prompt_len)  # >= 1: a packed row holds at least one token
   prompts_BxP, _ = pad_prompts([row[:n] for row, n in zip(tokens_BxT, lengths_B)])
-  out = autoregressive.generate(config, params, prompts_BxP, lengths_B, init_cache(config, B, T),
-                                T - prompt_len, list(eos_ids), sampling, key, out_width=T - prompt_len)
-  generated_BxN, counts_B = np.asarray(out.tokens), np.asarray(out.counts)
+  generate = lambda *rows: autoregressive.generate(
+      config, params, *rows, init_cache(config, B, T, partitioning.cache_spec(config, part)), T - prompt_len,
+      list(eos_ids), sampling, key, out_width=T - prompt_len)
+  if part is None:
+    out = generate(prompts_BxP, lengths_B)
+  else:
+    rows = partitioning.rows_sharding(part)
+    with jax.set_mesh(part.mesh):
+      out = generate(*(jax.make_array_from_callback(x.shape, rows, lambda index, x=x: x[index])
+                       for x in (np.asarray(prompts_BxP), np.asarray(lengths_B, np.int32))))
+  generated_BxN, counts_B = meshes.to_host((out.tokens, out.counts))
   new_BxT = np.zeros_like(tokens_BxT)
   new_mask_BxT = np.zeros((B, T), bool)
   for b, (n, c) in enumerate(zip(lengths_B, counts_B)):
@@ -149,7 +158,9 @@ class DistillBatches:
 
   def __init__(self, stream: BatchStream, weights: Mapping[str, float], prompt_len: int, seed: int,
                eos_ids: Sequence[int], sampling: SamplingParams, target_config: ModelConfig,
-               target_params: Params, student_config: ModelConfig):
+               target_params: Params, student_config: ModelConfig,
+               target_part: partitioning.Partitioning | None = None,
+               student_part: partitioning.Partitioning | None = None):
     unknown = sorted(set(weights) - set(MODES))
     if unknown:
       raise ValueError(f"unknown generation mode(s) {unknown}; expected some of {MODES}")
@@ -161,6 +172,7 @@ class DistillBatches:
     self.probs = np.array([weights[m] for m in self.modes]) / total
     self.eos_ids, self.sampling = tuple(eos_ids), sampling
     self.target_config, self.target_params, self.student_config = target_config, target_params, student_config
+    self.target_part, self.student_part = target_part, student_part  # where each model's params lie (mesh)
 
   def mode(self, index: int) -> str:
     return self.modes[np.random.default_rng([self.seed, index]).choice(len(self.modes), p=self.probs)]
@@ -172,9 +184,9 @@ class DistillBatches:
     tokens_BxT, mask_BxT = self.stream.batch(index)
     mode = self.mode(index)
     if mode != "fixed":
-      config, params = ((self.target_config, self.target_params) if mode == "target"
-                        else (self.student_config, student_params))
+      config, params, part = ((self.target_config, self.target_params, self.target_part) if mode == "target"
+                              else (self.student_config, student_params, self.student_part))
       tokens_BxT, mask_BxT = continue_rows(config, params, tokens_BxT, mask_BxT, self.prompt_len,
-                                           self.eos_ids, self.sampling, key)
+                                           self.eos_ids, self.sampling, key, part)
     self.stream.position += 1
     return tokens_BxT, mask_BxT, mode

@@ -11,10 +11,26 @@ weights updated in place would not move there (~44% of std-0.02 weights). The st
 the model dtype inside the differentiated function (`model_params`): the forward and backward compute in
 that dtype and the cast's transpose hands float32 gradients to the optimizer. The teacher runs in its
 own dtype. (float16 gets no loss scaling: its small gradients may underflow in the backward.)
+
+On a device mesh (`Placement`): batch rows on `data`; the state's master parameters and Adam moments
+FSDP-style (`partitioning.FSDP_RULES`: split over `model` by the tensor-parallel rules and over `data`
+on their residual width); the teacher as a decode target (`DECODE_RULES`). The jitted steps declare
+these as `in_shardings` / `out_shardings` and run under `jax.set_mesh`; inside, the student's model
+params are pinned to the tensor-parallel layout (each weight gathered over `data` where it is used,
+its gradient reduce-scattered back: the transpose of that constraint), and GSPMD partitions the rest.
+Results equal one device's up to float rounding: sums split across devices add in another order.
+
+Gradient accumulation (`accum_steps` = A): the batch's B rows are split into A micro-batches of B/A
+rows (micro-batch a holds rows a, a + A, a + 2A, ...: each stays split over `data`), run one after
+the other in a `lax.scan`; each contributes its masked divergence sum divided by the *whole batch's*
+token count, so the summed gradient is the gradient of the full batch's masked mean (the same step as
+A = 1 up to float rounding, for any masks), with one optimizer update per step. Peak activation memory
+is that of B/A rows. `remat` wraps each student block in `jax.checkpoint` (`ModelConfig.remat`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -22,8 +38,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
+from jax.sharding import Mesh, NamedSharding
+
+from specjax import partitioning
 from specjax.distill import losses
 from specjax.distill.student import FROZEN, TRAIN
 from specjax.models.config import ModelConfig
@@ -53,12 +73,92 @@ def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
   return optax.multi_transform({TRAIN: train, FROZEN: optax.set_to_zero()}, labels), schedule
 
 
-def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int,
+               shardings: Any = None) -> TrainState:
   """Step 0 of a run from the student's initial per-layer `params` (any float dtype): a float32 master
-  copy and float32 optimizer moments."""
-  master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-  return TrainState(step=jnp.int32(0), params=master, opt_state=optimizer.init(master),
-                    key=jax.random.key_data(jax.random.key(seed)))
+  copy and float32 optimizer moments; laid out by `shardings` (a TrainState of `NamedSharding`s,
+  `Placement.state`) when given, each device building only its shards."""
+
+  def make(params):
+    master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+    return TrainState(step=jnp.int32(0), params=master, opt_state=optimizer.init(master),
+                      key=jax.random.key_data(jax.random.key(seed)))
+
+  return make(params) if shardings is None else jax.jit(make, out_shardings=shardings)(params)
+
+
+def _param_name(path) -> str:
+  """"layers_0/attn/q_proj/weight" from a state leaf's key path: its trailing dictionary keys (a
+  master parameter's, or an optimizer moment's, which optax keeps in trees shaped like the params)."""
+  keys = []
+  for key in reversed(path):
+    if not isinstance(key, jax.tree_util.DictKey):
+      break
+    keys.append(str(key.key))
+  return "/".join(reversed(keys))
+
+
+def state_shardings(config: ModelConfig, state: TrainState, part: partitioning.Partitioning) -> TrainState:
+  """A TrainState of `NamedSharding`s for `state` (arrays or shape structs): master params and every
+  optimizer leaf shaped like a parameter (Adam's moments) by `part`'s rules; scalars (step, Adam's
+  count) and the RNG key replicated."""
+  params = partitioning.param_shardings(config, state.params, part)
+  by_name = {_param_name(path): (sharding, leaf.shape) for (path, sharding), leaf in
+             zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(state.params))}
+
+  def sharding(path, leaf):
+    found = by_name.get(_param_name(path))
+    return found[0] if found and found[1] == leaf.shape else part.sharding()
+
+  return jax.tree_util.tree_map_with_path(sharding, state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where the train and eval steps' arrays live on a mesh (see the module docstring)."""
+
+  mesh: Mesh
+  state: Any  # TrainState of NamedShardings (FSDP rules; scalars and key replicated)
+  teacher: Any  # the teacher's params' shardings (decode rules), a tree like its params
+  compute: Any  # the student's model params as its forward uses them (decode rules, model layout)
+  rows: NamedSharding  # batches [B, T]: rows on `data`
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+
+def placement(student_config: ModelConfig, state: TrainState, teacher_params: Params,
+              student_part: partitioning.Partitioning, compute_part: partitioning.Partitioning) -> Placement:
+  """The `Placement` of a run: `state` (arrays or shape structs) laid out by `student_part` (FSDP
+  rules), the student's forward by `compute_part` (decode rules), the teacher where its params are."""
+  compute_shapes = jax.eval_shape(lambda p: model_params(student_config, p), state.params)
+  return Placement(mesh=student_part.mesh, state=state_shardings(student_config, state, student_part),
+                   teacher=jax.tree.map(lambda p: p.sharding, teacher_params),
+                   compute=partitioning.param_shardings(student_config, compute_shapes, compute_part),
+                   rows=partitioning.rows_sharding(student_part))
+
+
+def put_rows(array: Any, placement: Placement | None) -> jax.Array:
+  """A host batch [B, ...] as a global array with rows on `data` (each process places only the rows of
+  its own devices, cut from its identical host copy); unchanged without a placement."""
+  if placement is None:
+    return array
+  array = np.asarray(array)
+  return jax.make_array_from_callback(array.shape, placement.rows, lambda index: array[index])
+
+
+def _on_mesh(jitted: Callable, mesh: Mesh | None) -> Callable:
+  """`jitted`, called (and traced) under `jax.set_mesh(mesh)` when there is a mesh."""
+  if mesh is None:
+    return jitted
+
+  @functools.wraps(jitted)
+  def call(*args, **kwargs):
+    with jax.set_mesh(mesh):
+      return jitted(*args, **kwargs)
+
+  return call
 
 
 def model_params(config: ModelConfig, master: Params) -> Params:
@@ -79,22 +179,47 @@ def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Ar
 
 def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
                     optimizer: optax.GradientTransformation, schedule: optax.Schedule, labels: Any,
-                    loss: ml_collections.ConfigDict) -> Callable:
+                    loss: ml_collections.ConfigDict, accum_steps: int = 1, remat: bool = False,
+                    placement: Placement | None = None) -> Callable:
   """`train_step(state, teacher_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
   donated. Metrics (float32 scalars): the masked loss, the trainable gradients' global norm (before
-  clipping) and the learning rate of this step."""
+  clipping) and the learning rate of this step. `accum_steps` micro-batches per step (B must be a
+  multiple of it), `remat` per student block, `placement` on a mesh: see the module docstring."""
+  student_config = student_config.replace(remat=remat)
+  constrain = ((lambda tree, shardings: jax.lax.with_sharding_constraint(tree, shardings))
+               if placement is not None else (lambda tree, shardings: tree))
 
-  @functools.partial(jax.jit, donate_argnames=("state",))
-  def train_step(state: TrainState, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
+  def divergence_sum(master, teacher_params, tokens_BxT, mask_BxT):
+    """The masked sum of the per-token divergence over these rows (float32)."""
     teacher_BxTxV = jax.lax.stop_gradient(logits(teacher_config, teacher_params, tokens_BxT))
+    student = constrain(model_params(student_config, master), placement and placement.compute)
+    student_BxTxV = logits(student_config, student, tokens_BxT)
+    per_token_BxT = losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV,
+                                            loss.temperature, loss.beta)
+    return jnp.sum(per_token_BxT * mask_BxT)
 
-    def loss_fn(master):
-      student_BxTxV = logits(student_config, model_params(student_config, master), tokens_BxT)
-      per_token_BxT = losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV,
-                                              loss.temperature, loss.beta)
-      return losses.masked_mean(per_token_BxT, mask_BxT)
+  def loss_and_grads(master, teacher_params, tokens_BxT, mask_BxT):
+    """The full batch's masked mean divergence and its gradient, over `accum_steps` micro-batches."""
+    count = jnp.maximum(jnp.sum(mask_BxT), 1.0)  # of the whole batch: every micro-batch divides by it
+    mean = lambda master, tokens, mask: divergence_sum(master, teacher_params, tokens, mask) / count
+    if accum_steps == 1:
+      return jax.value_and_grad(mean)(master, tokens_BxT, mask_BxT)
+    B, T = tokens_BxT.shape
+    micro = lambda x_BxT: partitioning.constrain(  # [A, B/A, T]: micro-batch a = rows a, a + A, ...
+        x_BxT.reshape(B // accum_steps, accum_steps, T).transpose(1, 0, 2), None, "data", None)
 
-    value, grads = jax.value_and_grad(loss_fn)(state.params)
+    def add(carry, batch):
+      value, grads = jax.value_and_grad(mean)(master, *batch)
+      total, summed = carry
+      return (total + value, constrain(jax.tree.map(jnp.add, summed, grads),
+                                       placement and placement.state.params)), None
+
+    zeros = constrain(jax.tree.map(jnp.zeros_like, master), placement and placement.state.params)
+    (value, grads), _ = jax.lax.scan(add, (jnp.float32(0.0), zeros), (micro(tokens_BxT), micro(mask_BxT)))
+    return value, grads
+
+  def train_step(state: TrainState, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
+    value, grads = loss_and_grads(state.params, teacher_params, tokens_BxT, mask_BxT)
     trainable = jax.tree.map(lambda g, label: g if label == TRAIN else None, grads, labels)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
@@ -103,20 +228,26 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
                "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
     return new_state, metrics
 
-  return train_step
+  if placement is None:
+    return jax.jit(train_step, donate_argnames=("state",))
+  return _on_mesh(jax.jit(train_step, donate_argnames=("state",),
+                          in_shardings=(placement.state, placement.teacher, placement.rows, placement.rows),
+                          out_shardings=(placement.state, placement.replicated)), placement.mesh)
 
 
 def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, loss: ml_collections.ConfigDict,
-                   acceptance_temperature: float) -> Callable:
+                   acceptance_temperature: float, placement: Placement | None = None) -> Callable:
   """`eval_step(student_master, teacher_params, tokens_BxT, mask_BxT) -> sums`, jitted: masked sums of
   the training loss, the expected acceptance sum_x min(p, q) at `acceptance_temperature`, and the
   greedy (argmax) agreement, plus the number of valid tokens, to be summed over batches. The student's
   float32 master runs in its dtype, as in training."""
 
-  @jax.jit
   def eval_step(student_master: Params, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     teacher_BxTxV = logits(teacher_config, teacher_params, tokens_BxT)
-    student_BxTxV = logits(student_config, model_params(student_config, student_master), tokens_BxT)
+    student = model_params(student_config, student_master)
+    if placement is not None:
+      student = jax.lax.with_sharding_constraint(student, placement.compute)
+    student_BxTxV = logits(student_config, student, tokens_BxT)
     weight_BxT = mask_BxT.astype(jnp.float32)
     per_token = {
         "loss": losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV, loss.temperature,
@@ -127,4 +258,8 @@ def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, los
     sums = {name: jnp.sum(value_BxT * weight_BxT) for name, value_BxT in per_token.items()}
     return {**sums, "tokens": jnp.sum(weight_BxT)}
 
-  return eval_step
+  if placement is None:
+    return jax.jit(eval_step)
+  return _on_mesh(jax.jit(eval_step, in_shardings=(placement.state.params, placement.teacher, placement.rows,
+                                                   placement.rows), out_shardings=placement.replicated),
+                  placement.mesh)

@@ -13,6 +13,14 @@ work directory holds:
 Killing the process at any moment and rerunning the same command continues from the last checkpoint
 and ends with exactly the parameters of an uninterrupted run: batch i, its generation mode and its
 sampling key are pure functions of (seed, i), and the state carries everything else.
+
+On a device mesh (`config.mesh`, see `specjax.distill.steps` for the layout) the teacher loads straight
+into its shards, the state is born sharded, and checkpoints save and restore the shards (orbax): a run
+resumes bit for bit on the same mesh, and onto another mesh shape (or one device) with the saved
+values laid out by the new mesh (its steps then add sums in another order: equal up to float rounding).
+In a multi-process run (`specjax.mesh.initialize_distributed`) every process runs this same function
+on identical host batches and takes part in checkpoint saves and in the gathers of metrics and of the
+exported draft; only process 0 writes metrics.jsonl, TensorBoard, summary.json and the export.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import corpus
+from specjax import corpus, mesh as meshes, partitioning
 from specjax.errors import ConfigError
 from specjax.distill import data, losses, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
@@ -77,25 +85,67 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ("num_steps", "eval_every", "checkpoint_every", "eval_batches", "log_every"):
     if config[name] < 1:
       raise ConfigError(f"config.{name} must be >= 1, got {config[name]}")
+  if config.mesh_indivisible not in partitioning.INDIVISIBLE:
+    raise ConfigError(f"config.mesh_indivisible must be one of {partitioning.INDIVISIBLE}, got "
+                      f"{config.mesh_indivisible!r}")
+  batch, accum = config.data.batch_size, config.accum_steps
+  if batch < 1 or accum < 1:
+    raise ConfigError(f"config.data.batch_size and config.accum_steps must be >= 1, got {batch} and {accum}")
+  if batch % accum:
+    raise ConfigError(f"config.accum_steps {accum} does not divide config.data.batch_size {batch}: a step "
+                      "splits its batch into accum_steps micro-batches of equal size")
+  try:
+    data_axis = meshes.axis_sizes(config.mesh, jax.device_count())[0] if config.mesh.strip() else 1
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if (batch // accum) % data_axis:
+    raise ConfigError(f"config.data.batch_size {batch} / accum_steps {accum} = {batch // accum} rows per "
+                      f"micro-batch do not split over the mesh's data axis of size {data_axis}: use a batch "
+                      f"size that is a multiple of accum_steps x {data_axis} = {accum * data_axis}")
   generates = config.data.modes.target > 0 or config.data.modes.student > 0
   if generates and not 1 <= config.data.prompt_len < config.data.seq_len:
     raise ConfigError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
                       f"generated mode has weight, got {config.data.prompt_len}")
 
 
-def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel) -> tuple[ModelConfig, Params]:
+def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel,
+                 part: partitioning.Partitioning | None = None) -> tuple[ModelConfig, Params]:
   """The draft's config and initial params (per-layer layout), per `config.student.init` (see
-  `specjax.distill.student`)."""
+  `specjax.distill.student`); laid out by `part` when given (a checkpoint loads straight into it)."""
   spec = config.student
   if spec.init == "truncate":
-    return student.truncate(teacher.config, teacher.params, spec.num_layers)
+    student_config, params = student.truncate(teacher.config, teacher.params, spec.num_layers)
+    return student_config, partitioning.shard_params(student_config, params, part)
   if spec.init == "fresh":
-    return student.fresh(teacher.config, spec, jax.random.key(config.seed + 1))
-  draft = load_model(spec.checkpoint, config.dtype)
+    student_config, params = student.fresh(teacher.config, spec, jax.random.key(config.seed + 1))
+    return student_config, partitioning.shard_params(student_config, params, part)
+  draft = load_model(spec.checkpoint, config.dtype, part)
   student.check_vocab(draft.config, teacher.config, f"student {spec.checkpoint}")
   if draft.tokenizer.fingerprint() != teacher.tokenizer.fingerprint():
     raise ValueError(f"student {spec.checkpoint} has a different tokenizer than the target {teacher.name}")
   return draft.config, student.per_layer(draft.params)
+
+
+def _parts(config: ml_collections.ConfigDict) -> tuple[partitioning.Partitioning | None, ...]:
+  """(teacher's, student state's, student forward's) partitionings on `config.mesh`; Nones for one
+  device."""
+  mesh = meshes.make_mesh(config.mesh)
+  if mesh is None:
+    return None, None, None
+  teacher = partitioning.Partitioning(mesh, partitioning.DECODE_RULES, config.mesh_indivisible, "target")
+  state = partitioning.Partitioning(mesh, partitioning.FSDP_RULES, config.mesh_indivisible, "student")
+  return teacher, state, dataclasses.replace(teacher, name="student")
+
+
+def initial_state(config: ml_collections.ConfigDict, student_config: ModelConfig, student_params: Params,
+                  optimizer, teacher_params: Params, parts: tuple) -> tuple[steps.TrainState, Any]:
+  """(step-0 train state, its `steps.Placement` or None): on a mesh, the state is built in its shards."""
+  _, state_part, compute_part = parts
+  if state_part is None:
+    return steps.init_state(student_params, optimizer, config.seed), None
+  shapes = jax.eval_shape(lambda p: steps.init_state(p, optimizer, config.seed), student_params)
+  place = steps.placement(student_config, shapes, teacher_params, state_part, compute_part)
+  return steps.init_state(student_params, optimizer, config.seed, place.state), place
 
 
 def _append(path: str, record: dict) -> None:
@@ -125,8 +175,9 @@ def _eval_batches(held: data.Packed, batch_size: int, num_batches: int) -> list[
 
 
 def _evaluate(eval_step: Callable, student_params: Params, teacher_params: Params,
-              batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict:
-  totals = [eval_step(student_params, teacher_params, t, m) for t, m in batches]
+              batches: Sequence[tuple[np.ndarray, np.ndarray]], place: steps.Placement | None = None) -> dict:
+  totals = [meshes.to_host(eval_step(student_params, teacher_params, steps.put_rows(t, place),
+                                     steps.put_rows(m, place))) for t, m in batches]
   summed = {k: float(sum(t[k] for t in totals)) for k in totals[0]}
   count = max(summed.pop("tokens"), 1.0)
   return {**{k: v / count for k, v in summed.items()}, "tokens": int(count)}
@@ -158,23 +209,24 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
   exporting a run that is still going or was stopped. Damaged newer checkpoints are skipped with a
   warning (and left in place: the run owns them), or refused per `config.on_damaged_checkpoint`. Raises
   if the workdir has no checkpoint, or only damaged ones."""
-  teacher = load_model(config.target, config.dtype)
-  student_config, student_params = init_student(config, teacher)
+  parts = _parts(config)
+  teacher = load_model(config.target, config.dtype, parts[0])
+  student_config, student_params = init_student(config, teacher, parts[1])
   labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
                                  config.student.freeze_head, tuple(config.student.freeze_layers))
   optimizer, _ = steps.make_optimizer(config.optim, config.num_steps, labels)
+  template, _ = initial_state(config, student_config, student_params, optimizer, teacher.params, parts)
   checkpoints = Checkpointer(os.path.join(config.workdir, CHECKPOINT_DIR), config.keep_checkpoints,
                             read_only=True)
   try:
-    restored = checkpoints.restore_newest(steps.init_state(student_params, optimizer, config.seed),
-                                          fallback=config.on_damaged_checkpoint == "fallback")
+    restored = checkpoints.restore_newest(template, fallback=config.on_damaged_checkpoint == "fallback")
   finally:
     checkpoints.close()
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}")
   step, state, _ = restored
   draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config,
-                      steps.model_params(student_config, state.params), teacher.tokenizer)
+                      steps.model_params(student_config, state.params), teacher.tokenizer, parts[1])
   return teacher, draft, step
 
 
@@ -183,6 +235,7 @@ class _Setup:
   """Everything a run needs before its first step, built from the config alone."""
 
   teacher: LoadedModel
+  parts: tuple  # (teacher, student state, student forward) Partitionings; Nones on one device
   student_config: ModelConfig
   student_params: Params
   labels: Any  # TRAIN / FROZEN per student parameter
@@ -193,14 +246,16 @@ class _Setup:
 
 
 def _setup(config: ml_collections.ConfigDict) -> _Setup:
-  """Reads the data (cheap failures first), loads the teacher, builds the student and the batches."""
+  """Reads the data (cheap failures first), loads the teacher (into its shards on a mesh), builds the
+  student and the batches."""
   docs = corpus.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
   train_docs, held_docs = data.split_documents(docs, config.data.heldout_fraction, config.seed)
-  teacher = load_model(config.target, config.dtype)
+  parts = _parts(config)
+  teacher = load_model(config.target, config.dtype, parts[0])
   tokenizer = teacher.tokenizer
   if not tokenizer.eos_ids:
     raise ValueError(f"the target {teacher.name}'s tokenizer names no EOS token (needed between documents)")
-  student_config, student_params = init_student(config, teacher)
+  student_config, student_params = init_student(config, teacher, parts[1])
   labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
                                  config.student.freeze_head, tuple(config.student.freeze_layers))
   pack = lambda d, limit: data.pack(d, tokenizer.encode, config.data.seq_len, tokenizer.eos_ids[0], limit)
@@ -208,10 +263,10 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
   batches = data.DistillBatches(stream, dict(config.data.modes), config.data.prompt_len, config.seed,
                                 tokenizer.eos_ids, sampling_params(config.data.temperature),
-                                teacher.config, teacher.params, student_config)
+                                teacher.config, teacher.params, student_config, parts[0], parts[1])
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
-  return _Setup(teacher, student_config, student_params, labels, stream, batches, held_batches,
+  return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
                 int(train_rows.mask.sum()))
 
 
@@ -224,8 +279,10 @@ class _Log:
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, start: int, checkpoints: Checkpointer,
                on_step: Callable[[int, dict], None]):
     self.path = os.path.join(workdir, METRICS_FILE)
-    _rewind_metrics(self.path, start)
-    self.board = tensorboard.TensorBoard(workdir, start) if config.tensorboard else None
+    self.main = meshes.is_main_process()  # only process 0 writes and prints
+    if self.main:
+      _rewind_metrics(self.path, start)
+    self.board = tensorboard.TensorBoard(workdir, start) if config.tensorboard and self.main else None
     self.config, self.start, self.checkpoints, self.on_step = config, start, checkpoints, on_step
     self.pending = None  # (step, device metrics, host info) of a step not yet fetched
     self.t_start = self.t_last = self.t_previous = time.time()
@@ -244,14 +301,15 @@ class _Log:
       self.pending = None
 
   def _record(self, step: int, device_metrics: dict, info: dict) -> None:
-    record = {"step": step, "split": "train", **{k: float(v) for k, v in device_metrics.items()}, **info}
+    host_metrics = meshes.to_host(device_metrics)
+    record = {"step": step, "split": "train", **{k: float(v) for k, v in host_metrics.items()}, **info}
     _check_finite(step, record, self.checkpoints)
     now = time.time()
     record["tokens_per_s"], self.t_previous = info["tokens"] / max(now - self.t_previous, 1e-9), now
     self._write(record)
     self.on_step(step, record)
     self.tokens_since += info["tokens"]
-    if step % self.config.log_every == 0 or step == self.config.num_steps:
+    if self.main and (step % self.config.log_every == 0 or step == self.config.num_steps):
       rate = self.tokens_since / max(now - self.t_last, 1e-9)
       eta = (self.config.num_steps - step) * (now - self.t_start) / max(step - self.start, 1)
       print(f"step {step:6d}/{self.config.num_steps}  loss {record['loss']:.4f}  grad norm "
@@ -261,11 +319,14 @@ class _Log:
 
   def eval(self, step: int, metrics: dict) -> None:
     self._write({"step": step, "split": "eval", **metrics})
-    print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
-          f"greedy agreement {metrics['greedy_agreement']:.4f}", flush=True)
+    if self.main:
+      print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
+            f"greedy agreement {metrics['greedy_agreement']:.4f}", flush=True)
     self.t_previous = time.time()
 
   def _write(self, record: dict) -> None:
+    if not self.main:
+      return
     _append(self.path, record)
     if self.board:
       self.board.write(record)
@@ -289,11 +350,12 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   setup = _setup(config)
   teacher_params = setup.teacher.params
   optimizer, schedule = steps.make_optimizer(config.optim, config.num_steps, setup.labels)
+  state, place = initial_state(config, setup.student_config, setup.student_params, optimizer, teacher_params,
+                               setup.parts)
   train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
-                                     setup.labels, config.loss)
+                                     setup.labels, config.loss, config.accum_steps, config.remat, place)
   eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
-                                   config.eval_temperature)
-  state = steps.init_state(setup.student_params, optimizer, config.seed)
+                                   config.eval_temperature, place)
 
   checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
   start = 0
@@ -305,10 +367,11 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   except BaseException:
     checkpoints.close()  # nothing is being saved yet
     raise
-  if start:
+  if start and meshes.is_main_process():
     print(f"resuming from step {start} ({checkpoints.step_path(start)})", flush=True)
   log = _Log(workdir, config, start, checkpoints, on_step)
-  evaluate = lambda step: log.eval(step, _evaluate(eval_step, state.params, teacher_params, setup.held_batches))
+  evaluate = lambda step: log.eval(step, _evaluate(eval_step, state.params, teacher_params, setup.held_batches,
+                                                   place))
 
   try:
     if start == 0 or start % config.eval_every == 0 or start == config.num_steps:
@@ -317,7 +380,8 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
       gen_key = jax.random.fold_in(jax.random.wrap_key_data(state.key), setup.stream.position)
       tokens_BxT, mask_BxT, mode = setup.batches.next(steps.model_params(setup.student_config, state.params),
                                                        gen_key)
-      state, device_metrics = train_step(state, teacher_params, tokens_BxT, mask_BxT)
+      state, device_metrics = train_step(state, teacher_params, steps.put_rows(tokens_BxT, place),
+                                         steps.put_rows(mask_BxT, place))
       log.train(step, device_metrics, {"mode": mode, "tokens": int(mask_BxT.sum())})
       if step % config.checkpoint_every == 0 or step == config.num_steps:
         log.flush()
@@ -328,13 +392,16 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
     checkpoints.close()  # finishes saves already started: they hold good steps
     log.close()
 
-  export_dir = export_hf(config.export_dir or os.path.join(workdir, "export"), setup.student_config,
-                         steps.model_params(setup.student_config, state.params), setup.teacher.tokenizer)
+  export_dir = os.path.abspath(config.export_dir or os.path.join(workdir, "export"))
+  draft_params = meshes.to_host(steps.model_params(setup.student_config, state.params))  # every process
+  if not meshes.is_main_process():
+    return {"export_dir": export_dir}
+  export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)
   before, after = _first_and_last_eval(log.path)
   summary = {
       "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),
       "init": config.student.init, "divergence": config.loss.divergence, "num_steps": config.num_steps,
-      "train_tokens_available": setup.train_tokens, "heldout_tokens": after["tokens"],
+      "train_tokens_available": setup.train_tokens, "devices": meshes.describe(place and place.mesh), "heldout_tokens": after["tokens"],
       "before": before, "after": after, "acceptance_gain": after["acceptance"] - before["acceptance"],
       "export_dir": export_dir, "wall_s_this_run": time.time() - log.t_start,
   }

@@ -39,6 +39,7 @@ class ModelConfig:
   scan_layers: bool = False  # params stacked under `layers` with a leading [L] axis, run by `lax.scan`
   attention_block: int = 256  # keys per block of the live-length attention; 0 = dense over S_max
   prefill_chunk: int = 512  # prompt tokens fed per prefill pass (peak memory ~ chunk x live keys)
+  remat: bool = False  # `jax.checkpoint` around each block: a backward pass recomputes the block's activations
 
   def __post_init__(self):
     if self.arch not in ARCHITECTURES:

@@ -158,17 +158,23 @@ def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions
 def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, positions_BxT: jax.Array,
             cache: KVCache, layers: tuple[int, ...]) -> tuple[jax.Array, KVCache]:
   """Runs the blocks `layers` in order: a Python loop over `layers_{i}`, or a `lax.scan` over the
-  stacked `layers` (indexing weights and cache by the scanned layer index)."""
+  stacked `layers` (indexing weights and cache by the scanned layer index). With `config.remat` each
+  block is a `jax.checkpoint`: differentiating keeps only its input, and recomputes the rest of its
+  activations in the backward (training memory ~ one block's activations plus each block's input)."""
   block = Block(config)
   if not config.scan_layers:
     for i in layers:
-      x_BxTxD, cache = block.apply({"params": params[f"layers_{i}"]}, x_BxTxD, positions_BxT, cache, i)
+      apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD,
+                                                                     positions_BxT, cache, i)
+      x_BxTxD, cache = (jax.checkpoint(apply) if config.remat else apply)(params[f"layers_{i}"], x_BxTxD, cache)
     return x_BxTxD, cache
 
   def step(carry, i):
     x_BxTxD, cache = carry
     layer_params = jax.tree.map(lambda stacked: stacked[i], params["layers"])
     return block.apply({"params": layer_params}, x_BxTxD, positions_BxT, cache, i), None
+
+  step = jax.checkpoint(step) if config.remat else step
 
   (x_BxTxD, cache), _ = jax.lax.scan(step, (x_BxTxD, cache), jnp.asarray(layers, jnp.int32))
   return x_BxTxD, cache
