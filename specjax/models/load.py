@@ -102,7 +102,7 @@ def _load_gguf_cached(path: str, name: str, key: str, dtype: str) -> LoadedModel
   if os.path.isfile(params_file) and os.path.isfile(tokenizer_file):
     meta, tensors = _read_safetensors(params_file)
     if meta.get("version") == _CACHE_VERSION:
-      config = ModelConfig(**{**json.loads(meta["config"]), "dtype": dtype})
+      config = ModelConfig.from_dict({**json.loads(meta["config"]), "dtype": dtype})
       params: dict = {}
       for tensor_path, array in tensors:
         *parents, leaf = tensor_path.split("/")
