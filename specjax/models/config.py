@@ -48,7 +48,7 @@ class ModelConfig:
   sliding_window: int = 0  # local attention window W: a query sees the W positions up to its own; 0 = none
   layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES (Gemma); () = every layer windowed
   #                                    iff sliding_window (Mistral)
-  query_pre_attn_scalar: float = 0.0  # attention scores scaled by its ^(-1/2) (Gemma); 0 = head_dim
+  query_pre_attn_scalar: int = 0  # attention scores scaled by its ^(-1/2) (Gemma); 0 = head_dim
   attn_softcap: float = 0.0  # scores -> c tanh(scores / c) before the mask (Gemma 2); 0 = none
   final_softcap: float = 0.0  # logits -> c tanh(logits / c) (Gemma 2); 0 = none
   dtype: str = "float32"  # compute and parameter dtype ("bfloat16" on GPU/TPU)

@@ -154,7 +154,7 @@ def _gemma_config(hf: dict[str, Any], dtype: str) -> ModelConfig:
       d_ff=hf["intermediate_size"], norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
       rope_scaling=scaling, rope_local_theta=local_theta, qk_norm=gemma3,
       tie_embeddings=bool(hf.get("tie_word_embeddings", True)), sliding_window=hf.get("sliding_window", 4096) or 0,
-      layer_types=layer_types, query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+      layer_types=layer_types, query_pre_attn_scalar=int(hf.get("query_pre_attn_scalar", 256)),
       attn_softcap=0.0 if gemma3 else float(hf.get("attn_logit_softcapping", 50.0) or 0.0),
       final_softcap=float(hf.get("final_logit_softcapping", None if gemma3 else 30.0) or 0.0), dtype=dtype)
 
