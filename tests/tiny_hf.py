@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import transformers
 
+# and "gemma3_llama_cpp": Gemma 3 at the defaults llama.cpp assumes for its GGUF files (tests/test_gguf.py)
 FAMILIES = ("llama", "qwen2", "qwen2_tied", "mistral", "gpt2", "llama3", "llama_linear", "llama_dynamic",
             "llama_yarn", "qwen3", "gemma2", "gemma3")
 ROPE_SCALINGS = {  # family -> classic `rope_scaling` of a Llama config with max_position_embeddings 16
@@ -40,6 +41,11 @@ def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     config = transformers.Qwen3Config(**common, head_dim=24, rope_theta=1e6, tie_word_embeddings=False)
   elif family == "gemma2":
     config = transformers.Gemma2Config(**common, **GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+  elif family == "gemma3_llama_cpp":  # what a Gemma 3 GGUF implies: see specjax.models.gguf_loader
+    config = transformers.Gemma3TextConfig(
+        **{**common, "num_hidden_layers": 7}, **{**GEMMA, "query_pre_attn_scalar": GEMMA["head_dim"]},
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}})
   elif family == "gemma3":
     config = transformers.Gemma3TextConfig(
         **{**common, "num_hidden_layers": 3}, **GEMMA,
