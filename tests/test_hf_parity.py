@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from specjax import autoregressive
 from specjax.generation import as_token_lists, pad_prompts
@@ -160,3 +161,23 @@ def test_unknown_rope_type_is_named():
         "rope_scaling": {"rope_type": "longrope", "factor": 2.0}}
   with pytest.raises(ValueError, match="unsupported RoPE type 'longrope'"):
     config_from_hf_dict(hf)
+
+
+def test_multimodal_gemma3_checkpoint_loads_its_language_model(tmp_path):
+  """A `gemma3` (image-text) checkpoint: specjax reads its `text_config` and its language model's
+  tensors (`model.language_model.*`), skips the vision tower, and gives the multimodal model's text logits."""
+  text_model = save_hf_model("gemma3", str(tmp_path / "text"))
+  vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                patch_size=14)
+  config = transformers.Gemma3Config(text_config=text_model.config.to_dict(), vision_config=vision,
+                                     mm_tokens_per_image=4)
+  model = transformers.Gemma3ForConditionalGeneration(config).eval()
+  model.model.language_model.load_state_dict(text_model.model.state_dict())
+  model.save_pretrained(str(tmp_path / "multimodal"))
+  ours_config, params = load_hf_dir(str(tmp_path / "multimodal"))
+  assert ours_config == load_hf_dir(str(tmp_path / "text"))[0]
+  tokens = np.random.default_rng(0).integers(0, VOCAB, size=(1, 15))
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(tokens)).logits.numpy()
+  got, _ = forward(ours_config, params, jnp.asarray(tokens, jnp.int32), init_cache(ours_config, 1, 16))
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
