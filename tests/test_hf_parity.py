@@ -34,7 +34,7 @@ def _transformers_logits(hf_model, tokens: np.ndarray) -> np.ndarray:
   transformers' frequencies depend on the length of each call: there one token per call through its
   cache (generate's decode steps), the semantics specjax gives every position (see `models.rope`)."""
   with torch.no_grad():
-    if hf_model.config.rope_parameters.get("rope_type") != "dynamic":
+    if (getattr(hf_model.config, "rope_parameters", None) or {}).get("rope_type") != "dynamic":
       return hf_model(torch.tensor(tokens)).logits.numpy()
     cache, steps = None, []
     for t in range(tokens.shape[1]):

@@ -334,6 +334,9 @@ def _llama_model_type(config: ModelConfig) -> str:
   raises for settings none of them expresses."""
   if config.qkv_bias and config.qk_norm:
     raise ValueError("no Hugging Face model type has both q/k/v biases and QK-norm")
+  if config.rope_local_theta or config.attn_softcap or config.final_softcap or config.query_pre_attn_scalar:
+    raise ValueError("local RoPE bases, soft-capping and query_pre_attn_scalar are Gemma settings: no "
+                     "Llama-style Hugging Face model type expresses them")
   model_type = "qwen2" if config.qkv_bias else "qwen3" if config.qk_norm else "mistral" if config.sliding_window else "llama"
   if config.layer_types and model_type not in ("qwen2", "qwen3"):
     raise ValueError(f"per-layer windows {config.layer_types} need q/k/v biases (qwen2) or QK-norm (qwen3) "
