@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers
 
-from specjax.models import gguf_loader, registry
+from specjax.models import registry
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
 from specjax.models.tokenizer import Tokenizer
@@ -82,18 +82,21 @@ def test_logits_and_greedy_match_transformers(name):
   assert tokens == generated
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"])
 def test_tokenizer_matches_transformers(name):
   """SmolLM's digit split is absent from transformers' GGUF conversion; these texts avoid runs of
   spaces before digits, where the two differ (see tests/test_tokenizer.py)."""
   path = installed_or_skip(name)
   ours = Tokenizer.from_gguf(path)
   reference = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-  texts = TEXTS if name.startswith("qwen") else [re.sub(r"\s+(?=\d)", " ", t) for t in TEXTS]
+  texts = [re.sub(r"\s+(?=\d)", " ", t) for t in TEXTS] if name.startswith("smollm") else TEXTS
   for text in texts:
     ids = reference.encode(text)
     assert ours.encode(text) == ids
     assert ours.decode(ids) == reference.decode(ids)
+  if ours.chat_template is None:  # gemma-3-270m is a base model
+    assert reference.chat_template is None
+    return
   messages = [{"role": "system", "content": "You write code."}, {"role": "user", "content": CODE_PROMPT}]
   assert ours.apply_chat_template(messages) == reference.apply_chat_template(
       messages, tokenize=False, add_generation_prompt=True)
@@ -109,15 +112,15 @@ def test_qwen_pair_shares_one_tokenizer():
 
 def test_gemma3_270m_matches_transformers():
   """Gemma-3-270M (base, Q4_K_M GGUF) with a prompt longer than its 512-position sliding window, so the
-  local layers' window and the global layers both shape the logits. The prompt is tokenized by
-  transformers: specjax's GGUF tokenizer reads byte-level BPE files only, not Gemma's SentencePiece."""
+  local layers' window and the global layers both shape the logits."""
   path = installed_or_skip("gemma-3-270m")
-  config, params = gguf_loader.load_gguf(path)
+  ours = load_model("gemma-3-270m")
+  config = ours.config
   assert config.vocab_size == 262_144 and round(config.num_params() / 1e6) == 268
-  tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-  prompt = tokenizer("\n".join(TEXTS[:2] * 40))["input_ids"][:600]
+  tokenizer = ours.tokenizer
+  prompt = tokenizer.encode("\n".join(TEXTS[:2] * 40))[:600]
   assert len(prompt) > config.sliding_window
-  prompt_logits, tokens = specjax_greedy(config, params, prompt)
+  prompt_logits, tokens = specjax_greedy(config, ours.params, prompt)
   want, generated = transformers_reference(path, prompt)
   diff = float(np.max(np.abs(prompt_logits - want)))
   print(f"\ngemma-3-270m: {len(prompt)} prompt tokens, max |logit difference| {diff:.2e} "
