@@ -110,6 +110,7 @@ class ModelConfig:
     return (global_rope, (self.rope_local_theta, RopeScaling())) if self.rope_local_theta else (global_rope,)
 
   def attention_scale(self) -> float:
+    """The factor on q.k: query_pre_attn_scalar^(-1/2) (Gemma), else head_dim^(-1/2)."""
     return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
   @property
