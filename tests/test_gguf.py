@@ -25,16 +25,17 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
 from tests.tiny_hf import VOCAB, make_hf_model
 
-_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen2_tied": "qwen2", "gpt2": "gpt2", "gemma3_llama_cpp": "gemma3"}
+_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen2_tied": "qwen2", "gpt2": "gpt2", "qwen3": "qwen3",
+         "gemma3_llama_cpp": "gemma3"}
 _LLAMA_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
 _GEMMA_NAMES = {
     **_LLAMA_NAMES, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
 }
 _GPT2_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
                "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
@@ -111,9 +112,10 @@ def write_gguf(path: str, family: str, model, qtype=gguf.GGMLQuantizationType.F3
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: the global layers'
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-  if family.startswith("gemma"):  # what llama.cpp's Gemma 3 converter writes beyond the llama keys
+  if family.startswith(("gemma", "qwen3")):  # explicit head_dim, as llama.cpp's converters write it
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
+  if family.startswith("gemma"):  # what llama.cpp's Gemma 3 converter writes beyond the llama keys
     writer.add_sliding_window(cfg.sliding_window)
     if rope["rope_type"] == "linear":
       writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

@@ -5,8 +5,8 @@ head is tied when the file has no `output.weight`. Every tensor is dequantized t
 `gguf.quants.dequantize` only when `assemble_params` asks for it and converted to the requested dtype
 at once, so peak memory is the final parameters plus one float32 tensor (the 1.5B Qwen2 target is
 7 GB in float32). Llama-architecture files store q/k rows permuted for llama.cpp's interleaved RoPE;
-we undo it to get the Hugging Face rotate-half layout the transformer uses. Qwen2 and Gemma 3 files
-are not permuted (llama.cpp's converter permutes for its llama architectures only). GGUF shapes read in
+we undo it to get the Hugging Face rotate-half layout the transformer uses. Qwen2, Qwen3 (QK-norm
+when the file has `attn_q_norm`) and Gemma 3 files are not permuted (llama.cpp's converter permutes for its llama architectures only). GGUF shapes read in
 reverse give the Hugging Face `[out, in]` layout.
 
 Gemma 3 (`gemma3`): llama.cpp's converter stores every RMSNorm weight as 1 + w (the scale it applies),
@@ -35,17 +35,15 @@ from specjax.models.transformer import Params
 
 # GGUF architecture -> (specjax arch, q/k rows permuted by llama.cpp's converter)
 _ARCHS = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("llama", False),
-          "gemma3": ("gemma", False), "gpt2": ("gpt2", False)}
+          "qwen3": ("llama", False), "gemma3": ("gemma", False), "gpt2": ("gpt2", False)}
 _LLAMA_BLOCK = {
     "attn_norm.weight": "attn_norm/scale", "ffn_norm.weight": "mlp_norm/scale",
     "attn_q": "attn/q_proj", "attn_k": "attn/k_proj", "attn_v": "attn/v_proj",
     "attn_output": "attn/o_proj", "ffn_gate": "mlp/gate_proj", "ffn_up": "mlp/up_proj",
-    "ffn_down": "mlp/down_proj",
+    "ffn_down": "mlp/down_proj", "attn_q_norm.weight": "attn/q_norm/scale", "attn_k_norm.weight": "attn/k_norm/scale",
 }
 _GEMMA_BLOCK = {
-    **_LLAMA_BLOCK, "post_attention_norm.weight": "post_attn_norm/scale", "ffn_norm.weight": "mlp_norm/scale",
-    "post_ffw_norm.weight": "post_mlp_norm/scale", "attn_q_norm.weight": "attn/q_norm/scale",
-    "attn_k_norm.weight": "attn/k_norm/scale",
+    **_LLAMA_BLOCK, "post_attention_norm.weight": "post_attn_norm/scale", "post_ffw_norm.weight": "post_mlp_norm/scale",
 }
 _GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10000.0  # llama.cpp's hard-coded Gemma 3 values
 _GPT2_BLOCK = {
@@ -123,7 +121,8 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str, dtype: str = "float32
       else RopeScaling(), sliding_window=int(metadata(reader, f"{arch}.attention.sliding_window", 0)))
   if arch == "gemma3":
     return _gemma3_config(reader, common)
-  return ModelConfig(arch="llama", qkv_bias="blk.0.attn_q.bias" in shapes, **common)
+  return ModelConfig(arch="llama", qkv_bias="blk.0.attn_q.bias" in shapes,
+                     qk_norm="blk.0.attn_q_norm.weight" in shapes, **common)
 
 
 def _gemma3_config(reader: gguf.GGUFReader, common: dict[str, Any]) -> ModelConfig:
