@@ -41,6 +41,34 @@ def test_blockwise_equals_dense(T, S, block, window):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"lengths {lengths}")
 
 
+@pytest.mark.parametrize("softcap", [0.0, 1.5])
+def test_blockwise_equals_dense_with_softcap_and_traced_windows(softcap):
+  """Per-layer windows picked by a traced layer index (as under `scan_layers`), a non-default scale and
+  Gemma 2's score soft-capping: blockwise still equals dense, for a windowed and a global layer, and
+  the cap and the window change the result (so a dropped one would show)."""
+  T, S, block, scale = 4, 40, 8, 0.3
+  windows = jnp.asarray([5, 0, 5], jnp.int32)
+  lengths = np.array([3, 30, 17])
+  q, k, v, lengths_B = _inputs(7, T, S, lengths)
+  q = q * 4  # scores of a few units, where a cap of 1.5 bites
+
+  @jax.jit
+  def both(layer):
+    window = windows[layer]
+    return (attention.dense(q, k, v, layer, lengths_B, window, scale, softcap),
+            attention.blockwise(q, k, v, layer, lengths_B, window, block, scale, softcap))
+
+  for layer in (0, 1):
+    expected, got = both(jnp.int32(layer))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    static = attention.dense(q, k, v, layer, lengths_B, int(windows[layer]), scale, softcap)
+    np.testing.assert_allclose(expected, static, rtol=1e-6, atol=1e-6)
+  uncapped = attention.dense(q, k, v, 0, lengths_B, 5, scale)
+  global_layer = attention.dense(q, k, v, 0, lengths_B, 0, scale, softcap)
+  assert not np.allclose(both(jnp.int32(0))[0], global_layer, atol=1e-3)
+  assert softcap == 0 or not np.allclose(both(jnp.int32(0))[0], uncapped, atol=1e-3)
+
+
 @pytest.mark.parametrize("window", [0, 6])
 def test_blockwise_reads_only_the_live_blocks(window):
   """NaN keys and values outside the blocks the batch's queries can see change nothing."""

@@ -9,7 +9,10 @@ from safetensors.numpy import load_file
 import torch
 import transformers
 
+import ml_collections
+
 from specjax.distill.export import export_hf
+from specjax.distill.student import fresh, truncate
 from specjax.distill.steps import logits
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
@@ -51,6 +54,28 @@ def test_export_of_a_windowed_qwen2_config(tmp_path):
   export_hf(str(tmp_path), config, params)
   _assert_transformers_logits_match(str(tmp_path), config, params)
   assert load_hf_dir(str(tmp_path))[0] == config
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen3"])
+def test_truncated_and_fresh_students_export(family, tmp_path):
+  """Students of a Gemma / Qwen3 target keep its per-layer pattern: the kept layers' when truncated,
+  the target's continued when fresh and deeper; both load in `transformers` with specjax's logits."""
+  save_hf_model(family, str(tmp_path / "src"))
+  config, params = load_hf_dir(str(tmp_path / "src"))
+  short_config, short_params = truncate(config, params, 2)
+  assert short_config.layer_types == config.layer_types[:2]
+  spec = ml_collections.ConfigDict(dict(d_model=32, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=48,
+                                        tie_embeddings=True))
+  deep_config, deep_params = fresh(config, spec, jax.random.key(1))
+  assert deep_config.layer_types == tuple(config.layer_types[i % config.n_layers] for i in range(4)
+                                          if config.layer_types)
+  deep_params = jax.tree.map(lambda p: p + 0.1 * np.random.default_rng(2).normal(size=p.shape).astype(np.float32),
+                             deep_params)
+  for name, (student_config, student_params) in {"short": (short_config, short_params),
+                                                 "deep": (deep_config, deep_params)}.items():
+    export_hf(str(tmp_path / name), student_config, student_params)
+    _assert_transformers_logits_match(str(tmp_path / name), student_config, student_params)
+    assert load_hf_dir(str(tmp_path / name))[0] == student_config
 
 
 def test_export_writes_a_tokenizer_transformers_and_specjax_read(tmp_path):

@@ -18,10 +18,11 @@ from specjax.speculative.draft_head import restrict_head
 from tests.tiny_hf import save_char_tokenizer
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_restricted_logits_equal_the_full_head_on_the_subset(tied):
-  config = ModelConfig(arch="llama", vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                       head_dim=8, d_ff=32, tie_embeddings=tied)
+@pytest.mark.parametrize("tied, arch, final_softcap", [(False, "llama", 0.0), (True, "llama", 0.0),
+                                                     (True, "gemma", 0.05)])  # Gemma 2: capped logits
+def test_restricted_logits_equal_the_full_head_on_the_subset(tied, arch, final_softcap):
+  config = ModelConfig(arch=arch, vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                       head_dim=8, d_ff=32, tie_embeddings=tied, final_softcap=final_softcap)
   params = init_params(config, jax.random.key(0))
   tokens_1x4 = jnp.asarray([[3, 9, 27, 1]], jnp.int32)
   full_1x4xV, _ = forward(config, params, tokens_1x4, init_cache(config, 1, 8))

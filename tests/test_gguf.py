@@ -1,5 +1,6 @@
 """GGUF loading: tiny random `transformers` models written as GGUF the way llama.cpp's converter does
-(q/k rows permuted for llama, GPT-2's Conv1D weights transposed), read back by specjax.
+(q/k rows permuted for llama, GPT-2's Conv1D weights transposed, Gemma's norms stored as 1 + w), read
+back by specjax.
 
 F32 files are compared with the original torch model; F16 and Q8_0 files with `transformers` loading
 the same GGUF (so both sides see the same rounded weights). Logits within 1e-4, identical greedy
@@ -24,11 +25,17 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
 from tests.tiny_hf import VOCAB, make_hf_model
 
-_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen2_tied": "qwen2", "gpt2": "gpt2"}
+_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen2_tied": "qwen2", "gpt2": "gpt2", "qwen3": "qwen3",
+         "gemma3_llama_cpp": "gemma3"}
 _LLAMA_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+}
+_GEMMA_NAMES = {
+    **_LLAMA_NAMES, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
 }
 _GPT2_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
                "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
@@ -43,6 +50,7 @@ def llama_cpp_permute(w_OxI: np.ndarray, num_heads: int) -> np.ndarray:
 def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
   """GGUF tensor name -> float32 array in the file's layout, as llama.cpp's converter writes them."""
   cfg = model.config
+  gemma = family.startswith("gemma")
   out = {}
   for name, tensor in model.state_dict().items():
     array = tensor.numpy().astype(np.float32)
@@ -61,6 +69,8 @@ def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
       out[f"blk.{layer}.{_GPT2_NAMES[module]}.{kind}"] = array.T if transpose else array
       continue
     name = name.removeprefix("model.")
+    if gemma and name.endswith("norm.weight"):
+      array = array + 1.0  # llama.cpp's Gemma converter stores the applied scale 1 + w
     if name == "embed_tokens.weight":
       out["token_embd.weight"] = array
     elif name == "norm.weight":
@@ -74,7 +84,7 @@ def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
       if family == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
         heads = cfg.num_attention_heads if module == "self_attn.q_proj" else cfg.num_key_value_heads
         array = llama_cpp_permute(array, heads)
-      out[f"blk.{layer}.{_LLAMA_NAMES[module]}.{kind}"] = array
+      out[f"blk.{layer}.{(_GEMMA_NAMES if gemma else _LLAMA_NAMES)[module]}.{kind}"] = array
   if family == "gpt2":  # llama.cpp writes GPT-2's tied head as its own tensor
     out["output.weight"] = out["token_embd.weight"]
   return out
@@ -99,8 +109,17 @@ def write_gguf(path: str, family: str, model, qtype=gguf.GGMLQuantizationType.F3
     writer.add_layer_norm_eps(cfg.layer_norm_epsilon)
   else:
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: the global layers'
+    writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+  if family.startswith(("gemma", "qwen3")):  # explicit head_dim, as llama.cpp's converters write it
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+  if family.startswith("gemma"):  # what llama.cpp's Gemma 3 converter writes beyond the llama keys
+    writer.add_sliding_window(cfg.sliding_window)
+    if rope["rope_type"] == "linear":
+      writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+      writer.add_rope_scaling_factor(rope["factor"])
   add_metadata(writer)
   for name, array in (tensors if tensors is not None else gguf_tensors(family, model)).items():
     if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
@@ -129,7 +148,7 @@ def greedy(logits_fn, prompts_BxP: np.ndarray, num_new: int) -> np.ndarray:
 
 
 def rounded_like_gguf(model, qtype):
-  """GPT-2 with its 2-D weights rounded as the GGUF file stores them. (transformers' own GGUF path
+  """`model` with its 2-D weights rounded as the GGUF file stores them. (transformers' own GGUF path
   sizes GPT-2's position table from `n_ctx` instead of `n_positions`, so it cannot be the reference.)"""
   model = copy.deepcopy(model)
   with torch.no_grad():
@@ -157,7 +176,7 @@ def one_torch_thread():
 
 
 CASES = [(f, "F32") for f in _ARCH] + [("llama", "F16"), ("llama", "Q8_0"), ("qwen2", "Q8_0"),
-                                       ("gpt2", "Q8_0")]
+                                       ("gpt2", "Q8_0"), ("gemma3_llama_cpp", "Q8_0")]
 
 
 @pytest.mark.parametrize("family,qtype", CASES)
@@ -170,7 +189,8 @@ def test_gguf_matches_transformers(tmp_path, family, qtype):
   else:
     assert config == config_from_hf_dict(model.config.to_dict())
   if qtype != "F32":  # the reference sees the same rounded weights
-    model = (rounded_like_gguf(model, gguf.GGMLQuantizationType[qtype]) if family == "gpt2" else
+    # transformers reads neither GPT-2 (see below) nor this Gemma 3 (it assumes query_pre_attn_scalar 256)
+    model = (rounded_like_gguf(model, gguf.GGMLQuantizationType[qtype]) if family in ("gpt2", "gemma3_llama_cpp") else
              transformers.AutoModelForCausalLM.from_pretrained(
                  str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval())
   ours = lambda tokens: _logits(config, params, jnp.asarray(tokens, jnp.int32))

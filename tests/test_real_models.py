@@ -45,16 +45,27 @@ def _step(config, params, tokens_BxT, cache):
   return logits_BxTxV, cache.advance(jnp.full((tokens_BxT.shape[0],), tokens_BxT.shape[1]))
 
 
-def specjax_greedy(model, prompt: list[int]) -> tuple[np.ndarray, list[int]]:
+def specjax_greedy(config, params, prompt: list[int]) -> tuple[np.ndarray, list[int]]:
   """Prompt logits [T, V] and NUM_NEW greedy tokens through the KV cache (EOS not special)."""
-  cache = init_cache(model.config, 1, len(prompt) + NUM_NEW)
-  logits, cache = _step(model.config, model.params, jnp.asarray([prompt], jnp.int32), cache)
+  cache = init_cache(config, 1, len(prompt) + NUM_NEW)
+  logits, cache = _step(config, params, jnp.asarray([prompt], jnp.int32), cache)
   prompt_logits = np.asarray(logits[0])
   tokens = [int(np.argmax(prompt_logits[-1]))]
   while len(tokens) < NUM_NEW:
-    logits, cache = _step(model.config, model.params, jnp.asarray([[tokens[-1]]], jnp.int32), cache)
+    logits, cache = _step(config, params, jnp.asarray([[tokens[-1]]], jnp.int32), cache)
     tokens.append(int(jnp.argmax(logits[0, -1])))
   return prompt_logits, tokens
+
+
+def transformers_reference(path: str, prompt: list[int]) -> tuple[np.ndarray, list[int]]:
+  """transformers' logits [T, V] and NUM_NEW greedy tokens for `prompt`, from the same GGUF file."""
+  reference = transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  with torch.no_grad():
+    want = reference(torch.tensor([prompt])).logits[0].numpy()
+    generated = reference.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, min_new_tokens=NUM_NEW,
+                                   do_sample=False)[0, len(prompt):].tolist()
+  return want, generated
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
@@ -62,13 +73,8 @@ def test_logits_and_greedy_match_transformers(name):
   path = installed_or_skip(name)
   ours = load_model(name)
   prompt = ours.tokenizer.encode(ours.tokenizer.apply_chat_template(CODE_PROMPT), add_special_tokens=False)
-  prompt_logits, tokens = specjax_greedy(ours, prompt)
-  reference = transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
-  with torch.no_grad():
-    want = reference(torch.tensor([prompt])).logits[0].numpy()
-    generated = reference.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, min_new_tokens=NUM_NEW,
-                                   do_sample=False)[0, len(prompt):].tolist()
+  prompt_logits, tokens = specjax_greedy(ours.config, ours.params, prompt)
+  want, generated = transformers_reference(path, prompt)
   diff = float(np.max(np.abs(prompt_logits - want)))
   print(f"\n{name}: {len(prompt)} prompt tokens, max |logit difference| {diff:.2e} "
         f"(logits span {want.min():.1f}..{want.max():.1f})\n  specjax: {ours.tokenizer.decode(tokens)!r}")
@@ -76,18 +82,21 @@ def test_logits_and_greedy_match_transformers(name):
   assert tokens == generated
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"])
 def test_tokenizer_matches_transformers(name):
   """SmolLM's digit split is absent from transformers' GGUF conversion; these texts avoid runs of
   spaces before digits, where the two differ (see tests/test_tokenizer.py)."""
   path = installed_or_skip(name)
   ours = Tokenizer.from_gguf(path)
   reference = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-  texts = TEXTS if name.startswith("qwen") else [re.sub(r"\s+(?=\d)", " ", t) for t in TEXTS]
+  texts = [re.sub(r"\s+(?=\d)", " ", t) for t in TEXTS] if name.startswith("smollm") else TEXTS
   for text in texts:
     ids = reference.encode(text)
     assert ours.encode(text) == ids
     assert ours.decode(ids) == reference.decode(ids)
+  if ours.chat_template is None:  # gemma-3-270m is a base model
+    assert reference.chat_template is None
+    return
   messages = [{"role": "system", "content": "You write code."}, {"role": "user", "content": CODE_PROMPT}]
   assert ours.apply_chat_template(messages) == reference.apply_chat_template(
       messages, tokenize=False, add_generation_prompt=True)
@@ -99,3 +108,22 @@ def test_qwen_pair_shares_one_tokenizer():
   assert draft.fingerprint() == target.fingerprint()
   assert draft.eos_ids == target.eos_ids == (151643, 151645)
   assert Tokenizer.from_gguf(installed_or_skip("smollm2-135m-instruct")).fingerprint() != draft.fingerprint()
+
+
+def test_gemma3_270m_matches_transformers():
+  """Gemma-3-270M (base, Q4_K_M GGUF) with a prompt longer than its 512-position sliding window, so the
+  local layers' window and the global layers both shape the logits."""
+  path = installed_or_skip("gemma-3-270m")
+  ours = load_model("gemma-3-270m")
+  config = ours.config
+  assert config.vocab_size == 262_144 and round(config.num_params() / 1e6) == 268
+  tokenizer = ours.tokenizer
+  prompt = tokenizer.encode("\n".join(TEXTS[:2] * 40))[:600]
+  assert len(prompt) > config.sliding_window
+  prompt_logits, tokens = specjax_greedy(config, ours.params, prompt)
+  want, generated = transformers_reference(path, prompt)
+  diff = float(np.max(np.abs(prompt_logits - want)))
+  print(f"\ngemma-3-270m: {len(prompt)} prompt tokens, max |logit difference| {diff:.2e} "
+        f"(logits span {want.min():.1f}..{want.max():.1f})\n  specjax: {tokenizer.decode(tokens)!r}")
+  assert diff < 2e-3
+  assert tokens == generated

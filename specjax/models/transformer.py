@@ -1,5 +1,5 @@
-"""The decoder-only transformer (Llama / Qwen2 / Mistral and GPT-2): blocks as Flax linen modules, the
-model around them as pure functions.
+"""The decoder-only transformer (Llama 2/3.x / Qwen2 / Qwen3 / Mistral, Gemma 2 / 3 and GPT-2; see
+`config`): blocks as Flax linen modules, the model around them as pure functions.
 
 Pure forward: `forward(config, params, tokens_BxT, cache) -> (logits_BxTxV, cache)`. Token t of row b
 sits at position `cache.lengths[b] + t`; its keys/values are written there and it attends to every
@@ -15,13 +15,17 @@ Parameter tree (the loaders in this package produce it). Linear weights keep the
 for multi-token forwards (up to 1.5x at T = 5-9 in a 1536 x 8960 matmul, 2 cores) and makes loading a
 plain copy.
   embed/embedding [V, D]; pos_embed/embedding [P, D] (gpt2)
-  layers_{i}/attn_norm/{scale, bias?}, layers_{i}/mlp_norm/{scale, bias?}
+  layers_{i}/attn_norm/{scale, bias?}, layers_{i}/mlp_norm/{scale, bias?}  (before attention / MLP)
+  layers_{i}/post_attn_norm/scale, layers_{i}/post_mlp_norm/scale  (gemma: on attention / MLP outputs)
   layers_{i}/attn/{q_proj, k_proj, v_proj, o_proj}/{weight [out, in], bias? [out]}
-  layers_{i}/mlp/{gate_proj (llama only), up_proj, down_proj}/{weight, bias? (gpt2)}
+  layers_{i}/attn/{q_norm, k_norm}/scale [D_h]  (qk_norm: Qwen3, Gemma 3)
+  layers_{i}/mlp/{gate_proj (llama, gemma), up_proj, down_proj}/{weight, bias? (gpt2)}
   final_norm/{scale, bias?}; lm_head/weight [V, D] (absent when tie_embeddings)
+Gemma's norm scales are stored as transformers stores them: w, applied as (1 + w).
 With `scan_layers` the `layers_{i}` subtrees are one stacked `layers` subtree (leading [L] axis, see
 `layout`) and the blocks run as a `lax.scan`: compile time stays flat in depth, where the unrolled
-Python loop grows ~0.4 s per layer.
+Python loop grows ~0.4 s per layer. Per-layer settings (Gemma's sliding / global windows, Gemma 3's
+local / global RoPE) are static tuples in the config, indexed by the scanned layer index as arrays.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models import attention
+from specjax.models import attention, rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.layout import to_layout
@@ -64,34 +68,45 @@ class Linear(nn.Module):
 
 
 class Norm(nn.Module):
-  """RMSNorm (llama) or LayerNorm (gpt2), computed in float32 like the reference implementations."""
+  """RMSNorm (llama: w x; gemma: (1 + w) x, w initialised to 0) or LayerNorm (gpt2), computed in
+  float32 like the reference implementations, over the last axis of width `features` (0: d_model)."""
 
   config: ModelConfig
+  features: int = 0
 
   @nn.compact
-  def __call__(self, x_BxTxD):
+  def __call__(self, x_xF):
     cfg = self.config
-    x = x_BxTxD.astype(jnp.float32)
-    scale = _along_last(self.param("scale", nn.initializers.ones, (cfg.d_model,), cfg.jnp_dtype), x.ndim)
+    features = self.features or cfg.d_model
+    x = x_xF.astype(jnp.float32)
+    init = nn.initializers.zeros if cfg.arch == "gemma" else nn.initializers.ones
+    scale = _along_last(self.param("scale", init, (features,), cfg.jnp_dtype), x.ndim)
     if cfg.arch == "gpt2":
-      bias = _along_last(self.param("bias", nn.initializers.zeros, (cfg.d_model,), cfg.jnp_dtype), x.ndim)
+      bias = _along_last(self.param("bias", nn.initializers.zeros, (features,), cfg.jnp_dtype), x.ndim)
       x = x - x.mean(-1, keepdims=True)
       x = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps)
       return (x * scale + bias).astype(cfg.jnp_dtype)
     x = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps)
+    if cfg.arch == "gemma":  # Gemma scales in float32, then rounds; Llama rounds, then scales
+      return (x * (1.0 + scale.astype(jnp.float32))).astype(cfg.jnp_dtype)
     return scale * x.astype(cfg.jnp_dtype)
 
 
-def rotate_by_position(x_BxTxHxD: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.Array:
-  """RoPE in the Hugging Face "rotate half" convention (first half / second half pairs)."""
-  half = x_BxTxHxD.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / x_BxTxHxD.shape[-1]))
-  angles_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
-  cos = jnp.cos(angles_BxTxF)[:, :, None, :]  # [B, T, 1, D/2]
-  sin = jnp.sin(angles_BxTxF)[:, :, None, :]
-  x1, x2 = x_BxTxHxD[..., :half].astype(jnp.float32), x_BxTxHxD[..., half:].astype(jnp.float32)
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x_BxTxHxD.dtype)
+def per_layer(values: tuple, layer):
+  """`values[layer]` for an int layer, or a traced layer index (`scan_layers`); the static value itself
+  when every layer has the same one (then nothing is traced)."""
+  if len(set(values)) == 1:
+    return values[0]
+  return values[layer] if isinstance(layer, int) else jnp.asarray(values)[layer]
+
+
+def rotary_tables(config: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+  """cos and sin [R, B, T, D_h / 2] of every RoPE of the model (`config.ropes()`: R = 2 for Gemma 3's
+  global and local bases, else 1), computed once per forward and picked per layer; None for gpt2."""
+  if config.arch == "gpt2":
+    return None
+  tables = [rope.cos_sin(scaling, theta, config.head_dim, positions_BxT) for theta, scaling in config.ropes()]
+  return jnp.stack([cos for cos, _ in tables]), jnp.stack([sin for _, sin in tables])
 
 
 class Attention(nn.Module):
@@ -100,7 +115,7 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache, layer):
+  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer):
     cfg = self.config
     B, T, _ = x_BxTxD.shape
     H, K, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -108,13 +123,18 @@ class Attention(nn.Module):
     q = Linear(H * Dh, bias, cfg.jnp_dtype, name="q_proj")(x_BxTxD).reshape(B, T, H, Dh)
     k = Linear(K * Dh, bias, cfg.jnp_dtype, name="k_proj")(x_BxTxD).reshape(B, T, K, Dh)
     v = Linear(K * Dh, bias, cfg.jnp_dtype, name="v_proj")(x_BxTxD).reshape(B, T, K, Dh)
-    if cfg.arch == "llama":
-      q = rotate_by_position(q, positions_BxT, cfg.rope_theta)
-      k = rotate_by_position(k, positions_BxT, cfg.rope_theta)
+    if cfg.qk_norm:
+      q = Norm(cfg, Dh, name="q_norm")(q)
+      k = Norm(cfg, Dh, name="k_norm")(k)
+    if rotary is not None:
+      index = per_layer(cfg.layer_ropes(), layer)
+      cos_BxTxF, sin_BxTxF = rotary[0][index], rotary[1][index]
+      q, k = rope.rotate(q, cos_BxTxF, sin_BxTxF), rope.rotate(k, cos_BxTxF, sin_BxTxF)
     cache = cache.write(layer, k, v)
 
-    out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer,
-                                     cache.lengths, cfg.sliding_window, cfg.attention_block)
+    out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
+                                     per_layer(cfg.layer_windows(), layer), cfg.attention_block,
+                                     cfg.attention_scale(), cfg.attn_softcap)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
         out_BxTxKxGxD.reshape(B, T, H * Dh))
     return out, cache
@@ -132,47 +152,54 @@ class MLP(nn.Module):
       return Linear(cfg.d_model, True, cfg.jnp_dtype, name="down_proj")(hidden)
     gate = Linear(cfg.d_ff, False, cfg.jnp_dtype, name="gate_proj")(x_BxTxD)
     up = Linear(cfg.d_ff, False, cfg.jnp_dtype, name="up_proj")(x_BxTxD)
-    return Linear(cfg.d_model, False, cfg.jnp_dtype, name="down_proj")(jax.nn.silu(gate) * up)
+    # Gemma's "gelu_pytorch_tanh" (GeGLU), Llama's SiLU (SwiGLU)
+    activation = jax.nn.gelu(gate, approximate=True) if cfg.arch == "gemma" else jax.nn.silu(gate)
+    return Linear(cfg.d_model, False, cfg.jnp_dtype, name="down_proj")(activation * up)
 
 
 class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache, layer):
-    """`layer` (an int, or a traced index under `scan_layers`) selects this block's cache slice."""
-    attn_out, cache = Attention(self.config, name="attn")(
-        Norm(self.config, name="attn_norm")(x_BxTxD), positions_BxT, cache, layer)
-    x_BxTxD = x_BxTxD + attn_out
-    x_BxTxD = x_BxTxD + MLP(self.config, name="mlp")(Norm(self.config, name="mlp_norm")(x_BxTxD))
-    return x_BxTxD, cache
+  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer):
+    """`layer` (an int, or a traced index under `scan_layers`) selects this block's cache slice, window
+    and RoPE. Gemma also normalises each sublayer's output before adding it to the residual stream."""
+    cfg = self.config
+    post_norm = (lambda name, h: Norm(cfg, name=name)(h)) if cfg.arch == "gemma" else (lambda name, h: h)
+    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer)
+    x_BxTxD = x_BxTxD + post_norm("post_attn_norm", attn_out)
+    mlp_out = MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxTxD))
+    return x_BxTxD + post_norm("post_mlp_norm", mlp_out), cache
 
 
 def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
   x_BxTxD = jnp.take(params["embed"]["embedding"], tokens_BxT, axis=0)
   if config.arch == "gpt2":
     x_BxTxD = x_BxTxD + jnp.take(params["pos_embed"]["embedding"], positions_BxT, axis=0)
+  if config.arch == "gemma":  # sqrt(D) rounded to float32, then to the model dtype, as in transformers
+    x_BxTxD = x_BxTxD * jnp.asarray(config.d_model ** 0.5, jnp.float32).astype(x_BxTxD.dtype)
   return x_BxTxD
 
 
-def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, positions_BxT: jax.Array,
-            cache: KVCache, layers: tuple[int, ...]) -> tuple[jax.Array, KVCache]:
+def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cache: KVCache,
+            layers: tuple[int, ...]) -> tuple[jax.Array, KVCache]:
   """Runs the blocks `layers` in order: a Python loop over `layers_{i}`, or a `lax.scan` over the
-  stacked `layers` (indexing weights and cache by the scanned layer index). With `config.remat` each
-  block is a `jax.checkpoint`: differentiating keeps only its input, and recomputes the rest of its
-  activations in the backward (training memory ~ one block's activations plus each block's input)."""
+  stacked `layers` (indexing weights, cache, windows and RoPEs by the scanned layer index). With
+  `config.remat` each block is a `jax.checkpoint`: differentiating keeps only its input, and recomputes
+  the rest of its activations in the backward (training memory ~ one block's activations plus each
+  block's input)."""
   block = Block(config)
   if not config.scan_layers:
     for i in layers:
-      apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD,
-                                                                     positions_BxT, cache, i)
+      apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD, rotary,
+                                                                     cache, i)
       x_BxTxD, cache = (jax.checkpoint(apply) if config.remat else apply)(params[f"layers_{i}"], x_BxTxD, cache)
     return x_BxTxD, cache
 
   def step(carry, i):
     x_BxTxD, cache = carry
     layer_params = jax.tree.map(lambda stacked: stacked[i], params["layers"])
-    return block.apply({"params": layer_params}, x_BxTxD, positions_BxT, cache, i), None
+    return block.apply({"params": layer_params}, x_BxTxD, rotary, cache, i), None
 
   step = jax.checkpoint(step) if config.remat else step
 
@@ -188,7 +215,7 @@ def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, c
   T = tokens_BxT.shape[1]
   positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
-  x_BxTxD, cache = _blocks(config, params, x_BxTxD, positions_BxT, cache,
+  x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary_tables(config, positions_BxT), cache,
                            tuple(range(config.n_layers)) if layers is None else layers)
   return Norm(config).apply({"params": params["final_norm"]}, x_BxTxD), cache
 
@@ -200,10 +227,12 @@ def output_head(config: ModelConfig, params: Params) -> jax.Array:
 
 def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) -> jax.Array:
   """Float32 logits [..., V] for hidden states [..., D]: the head's matmul in the model dtype with
-  float32 accumulation (a float32 copy of a [V, D] head per call would cost more than the matmul)."""
+  float32 accumulation (a float32 copy of a [V, D] head per call would cost more than the matmul),
+  soft-capped by `config.final_softcap` (Gemma 2)."""
   weight_VxD = output_head(config, params)
-  return jax.lax.dot_general(hidden_xD.astype(weight_VxD.dtype), weight_VxD,
-                             (((hidden_xD.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  logits_xV = jax.lax.dot_general(hidden_xD.astype(weight_VxD.dtype), weight_VxD,
+                                  (((hidden_xD.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  return attention.soft_cap(logits_xV, config.final_softcap)
 
 
 def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
@@ -214,18 +243,18 @@ def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
-  """Random parameters (normal, std 0.02; norms 1, biases 0) in the tree the loaders produce, in the
+  """Random parameters (normal, std 0.02; norms 1 (gemma: 0, i.e. a scale of 1), biases 0) in the tree the loaders produce, in the
   layout of `config.scan_layers`; for tests and fresh drafts."""
   embed_key, pos_key, head_key, *layer_keys = jax.random.split(key, config.n_layers + 3)
   table = lambda key, rows: _init(key, (rows, config.d_model), config.jnp_dtype)
   x_1x1xD = jnp.zeros((1, 1, config.d_model), config.jnp_dtype)
   cache = init_cache(config, batch_size=1, max_len=1)
+  rotary = rotary_tables(config, jnp.zeros((1, 1), jnp.int32))
   params = {"embed": {"embedding": table(embed_key, config.vocab_size)}}
   if config.arch == "gpt2":
     params["pos_embed"] = {"embedding": table(pos_key, config.max_positions)}
   for i, layer_key in enumerate(layer_keys):
-    params[f"layers_{i}"] = Block(config).init(layer_key, x_1x1xD, jnp.zeros((1, 1), jnp.int32), cache,
-                                               i)["params"]
+    params[f"layers_{i}"] = Block(config).init(layer_key, x_1x1xD, rotary, cache, i)["params"]
   params["final_norm"] = Norm(config).init(head_key, x_1x1xD)["params"]
   if not config.tie_embeddings:
     params["lm_head"] = {"weight": table(head_key, config.vocab_size)}

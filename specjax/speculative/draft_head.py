@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.models.attention import soft_cap
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Params, hidden_to_logits, output_head
 
@@ -31,11 +32,13 @@ class DraftHead:
   tokens_N: jax.Array  # [N] int32 vocabulary ids this head scores, ascending and distinct
   weight_NxD: jax.Array  # [N, D] their rows of the output head (of the embedding when it is tied)
   vocab_size: int = flax.struct.field(pytree_node=False)  # V, the full vocabulary
+  softcap: float = flax.struct.field(pytree_node=False, default=0.0)  # the model's final soft-cap (Gemma 2)
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
-    """Float32 logits [..., V]: the subset's scores, -inf (probability 0) everywhere else."""
+    """Float32 logits [..., V]: the subset's (soft-capped) scores, -inf (probability 0) everywhere else."""
     scores_xN = jnp.einsum("...d,nd->...n", hidden_xD.astype(self.weight_NxD.dtype), self.weight_NxD,
                            preferred_element_type=jnp.float32)  # accumulated in float32, never rounded
+    scores_xN = soft_cap(scores_xN, self.softcap)
     logits_xV = jnp.full(hidden_xD.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
     return logits_xV.at[..., self.tokens_N].set(scores_xN)
 
@@ -55,4 +58,4 @@ def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) ->
   full_VxD = output_head(config, params)
   tokens_N = jnp.asarray(tokens_N, jnp.int32)
   return DraftHead(tokens_N=tokens_N, weight_NxD=jnp.take(full_VxD, tokens_N, axis=0),
-                   vocab_size=config.vocab_size)
+                   vocab_size=config.vocab_size, softcap=config.final_softcap)
