@@ -279,3 +279,22 @@ def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_
   assert re.fullmatch(r"error: could not write the results to config.output .*results.json; they were written "
                       r"to (\S+) instead", error)
   os.remove(error.split(" to ")[-1].removesuffix(" instead"))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_every_drafter_keeps_greedy_output_for_the_2026_families(family, tmp_path):
+  """Qwen3 (QK-norm, explicit head_dim) and Gemma 3 (its block, sliding and global layers with their
+  RoPE bases) pairs of tiny random checkpoints through the pipeline: the model, n-gram and layer-skip
+  drafters each give the target's greedy output. (Llama-3.x and Gemma 2 differ from these only inside
+  the model, whose logits and greedy continuations `tests/test_hf_parity.py` checks against
+  transformers; every drafter drives a model through the same forward.)"""
+  dirs = []
+  for name, seed in (("target", 0), ("draft", 1)):
+    directory = str(tmp_path / name)
+    save_hf_model(family, directory, seed=seed)
+    save_char_tokenizer(directory)
+    dirs.append(directory)
+  ar = pipeline.run(_config(dirs, mode="autoregressive"), log=lambda m: None)
+  for drafter, draft in (("model", dirs[1]), ("ngram", ""), ("layer_skip", "")):
+    spec = pipeline.run(_config([dirs[0], draft], drafter=drafter), log=lambda m: None)
+    assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]], drafter

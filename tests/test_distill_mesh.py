@@ -19,24 +19,18 @@ parameters differ).
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-WORKER = os.path.join(os.path.dirname(__file__), "distill_mesh_worker.py")
+from tests.multidevice import run_worker
+
 PARAM_TOLERANCE = 1e-6  # SGD parameters after 3 steps (float32 sums reordered across devices)
 METRIC_RTOL = 1e-5  # losses and gradient norms of the SGD steps
 
 
 @functools.lru_cache(maxsize=None)
 def _worker(*args: str) -> dict:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  done = subprocess.run([sys.executable, WORKER, *args], capture_output=True, text=True, env=env, timeout=900)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  return run_worker("distill_mesh_worker.py", *args)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,17 @@
+"""Running a worker script of the multi-device tests in its own process (it sets its own simulated
+device count; the test process keeps one device) and reading the JSON object it prints last."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def run_worker(script: str, *args: str, timeout: float = 900) -> dict:
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), *args],
+                        capture_output=True, text=True, env=env, timeout=timeout)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
