@@ -90,7 +90,14 @@ class Drafter(Protocol):
              target_hidden_BxK1xD: jax.Array) -> Any:
     """Appends the first `num_committed_B[b]` tokens of [pending, d_1 .. d_K] to row b's history (0
     leaves the row unchanged: done rows stop there). `target_hidden_BxK1xD` holds the target's
-    final-norm hidden states of the verified block (positions past the pass's width are zeros)."""
+    features of the verified block (positions past the pass's width are zeros): its final-norm hidden
+    states, or the residual streams after the blocks the drafter names in `feature_layers`."""
+
+
+def feature_layers(drafter: Drafter) -> tuple[int, ...]:
+  """The target blocks whose residual streams (concatenated) `commit` receives, from the drafter's
+  optional static `feature_layers` field; () (the default) = the target's final-norm hidden states."""
+  return getattr(drafter, "feature_layers", ())
 
 
 def short_proposal_widths(k: int) -> tuple[int, ...]:
