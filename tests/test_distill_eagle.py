@@ -1,6 +1,8 @@
 """Training EAGLE heads: the training-time-test unroll equals running the head step by step as the drafter
 does (its cache filled with the target's features, its own outputs fed back); a few optimizer steps on a
-tiny target lower the loss and raise the simulated acceptance length."""
+tiny target lower the loss and raise the simulated acceptance length; a head trained on the target's
+greedy output drafts most of it, and greedy decoding with it still equals the target's (long accepted
+blocks, an EOS inside one)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,11 +10,14 @@ import ml_collections
 import numpy as np
 import pytest
 
+from specjax import metrics
 from specjax.distill import eagle_steps, steps
 from specjax.distill.student import TRAIN
+from specjax.generation import as_token_lists
 from specjax.speculative.eagle import EagleDrafter, head_forward, head_logits
-from tests.test_eagle import _head
-from tests.test_layer_skip import TARGET
+from tests.test_eagle import _head, _run
+from tests.test_layer_skip import TARGET, _target_greedy_3
+from tests.test_speculative import PROMPTS
 
 TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
 NUM_STEPS = 3
@@ -37,17 +42,20 @@ def test_training_time_test_equals_the_head_run_step_by_step(feature_layers):
   assert not np.allclose(ttt[0], ttt[1])
 
 
-def test_training_lowers_the_loss_and_raises_the_acceptance_length():
-  config, params = _head(TARGET[0], (0, 1, 2), final_scale=1.0)
-  target_config, target_params = TARGET
-  optim = ml_collections.ConfigDict(dict(learning_rate=3e-3, warmup_steps=0, final_lr_fraction=1.0,
+def _train_step(config, params, learning_rate, num_steps):
+  optim = ml_collections.ConfigDict(dict(learning_rate=learning_rate, warmup_steps=0, final_lr_fraction=1.0,
                                          weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0))
-  labels = jax.tree.map(lambda _: TRAIN, params)
-  optimizer, schedule = steps.make_optimizer(optim, 30, labels)
-  train_step = eagle_steps.make_train_step(config, target_config, optimizer, schedule, NUM_STEPS)
+  optimizer, schedule = steps.make_optimizer(optim, num_steps, jax.tree.map(lambda _: TRAIN, params))
+  return (eagle_steps.make_train_step(config, TARGET[0], optimizer, schedule, NUM_STEPS),
+          steps.init_state(params, optimizer, seed=0))
+
+
+def test_training_lowers_the_loss_and_raises_the_acceptance_length():
+  config, params = _head(TARGET[0], (0, 1, 2))
+  target_config, target_params = TARGET
+  train_step, state = _train_step(config, params, 3e-3, 30)
   eval_step = eagle_steps.make_eval_step(config, target_config, NUM_STEPS)
   mask_BxT = jnp.ones(TOKENS_2x10.shape, bool)
-  state = steps.init_state(params, optimizer, seed=0)
   before = eval_step(state.params, target_params, TOKENS_2x10, mask_BxT)
   losses = []
   for _ in range(30):
@@ -57,3 +65,27 @@ def test_training_lowers_the_loss_and_raises_the_acceptance_length():
   assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0]
   assert float(after["acceptance_length"]) > float(before["acceptance_length"]) + 0.1 * float(after["tokens"])
   assert int(after["tokens"]) == 2 * (10 - NUM_STEPS)  # chains t whose last step has a target: t + NUM_STEPS <= 9
+
+
+def test_a_head_trained_on_the_targets_output_drafts_it_and_greedy_stays_exact():
+  """150 steps on the target's greedy continuations of the test prompts (over-fitting on purpose: long
+  accepted blocks exercise `commit` with many tokens, and an EOS inside an accepted block)."""
+  greedy = _target_greedy_3()
+  width = max(len(p) + len(g) for p, g in zip(PROMPTS, greedy))
+  tokens_BxT = jnp.asarray([(p + g + [0] * width)[:width] for p, g in zip(PROMPTS, greedy)])
+  mask_BxT = jnp.arange(width)[None, :] < jnp.asarray([len(p) + len(g) for p, g in zip(PROMPTS, greedy)])[:, None]
+  config, params = _head(TARGET[0], (0, 1, 2))
+  train_step, state = _train_step(config, params, 1e-2, 150)
+  for _ in range(150):
+    state, _ = train_step(state, TARGET[1], tokens_BxT, mask_BxT)
+  drafter = EagleDrafter(config, state.params, *TARGET)
+  one = _run(TARGET, drafter, 1)
+  assert as_token_lists(one.tokens, one.counts) == greedy
+  assert metrics.summarize(one.acceptance)["total"]["acceptance_rate"] > 0.6
+  eight = _run(TARGET, drafter, 8)
+  assert as_token_lists(eight.tokens, eight.counts) == greedy
+  assert metrics.summarize(eight.acceptance)["total"]["mean_accepted_length"] > 2.0
+  eos = [greedy[2][6]]
+  stopped = _run(TARGET, drafter, 8, eos_ids=eos)
+  assert as_token_lists(stopped.tokens, stopped.counts) == _target_greedy_3(eos_ids=eos)
+  assert as_token_lists(stopped.tokens, stopped.counts)[2] == greedy[2][:greedy[2].index(eos[0]) + 1]

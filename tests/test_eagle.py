@@ -40,14 +40,14 @@ def _drafter(target, feature_layers, vocab=None, seed=3, final_scale=1.0):
 
 
 def _run(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GREEDY, seed=0, rule=verify,
-         out_width=OUT_WIDTH, cache_len=CACHE_LEN):
+         out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS):
   config, params = target
   drafter.check(config)
   padded, lengths = pad_prompts(prompts)
   storage = drafter.storage(len(prompts), cache_len)
   drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
   return speculative_generate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                              storage, budgets, NO_EOS, sampling, jax.random.key(seed), k=k,
+                              storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
                               out_width=out_width, rule=rule)
 
 
