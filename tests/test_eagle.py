@@ -11,6 +11,7 @@ import pytest
 from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
+from specjax.models.layout import to_layout
 from specjax.models.transformer import Norm, forward_features, forward_hidden, prefill_features
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
@@ -67,6 +68,13 @@ def test_features_are_the_residual_streams_after_the_named_blocks():
   np.testing.assert_allclose(Norm(config).apply({"params": params["final_norm"]}, features_1x5x3D[..., :D]),
                              first_1x5xD, atol=1e-6)
   assert not np.allclose(features_1x5x3D[..., :D], features_1x5x3D[..., D:2 * D])
+  # Scanned layers run in segments ending at the feature layers: the same features.
+  scanned = config.replace(scan_layers=True)
+  for feature_layers in [(0, 1, 2), (1,), ()]:
+    _, want_1x5xF, _ = forward_features(config, params, tokens_1x5, init_cache(config, 1, 8), feature_layers)
+    _, got_1x5xF, _ = forward_features(scanned, to_layout(scanned, params), tokens_1x5, init_cache(config, 1, 8),
+                                       feature_layers)
+    np.testing.assert_allclose(got_1x5xF, want_1x5xF, rtol=1e-5, atol=1e-4)
   # Chunked prefill (2 positions per pass) gives each prompt position's features.
   chunked = config.replace(prefill_chunk=2)
   _, prefilled_1x5x3D, cache = prefill_features(chunked, params, tokens_1x5, jnp.asarray([5]),
