@@ -28,7 +28,8 @@ def test_training_time_test_equals_the_head_run_step_by_step(feature_layers):
   config, params = _head(TARGET[0], feature_layers)
   target_config, target_params = TARGET
   features_BxTxF, _ = eagle_steps.target_features(target_config, target_params, feature_layers, TOKENS_2x10)
-  ttt = eagle_steps.ttt_logits(config, params, target_config, target_params, TOKENS_2x10, features_BxTxF, NUM_STEPS)
+  ttt = [logits for _, logits in eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
+                                                        features_BxTxF, NUM_STEPS)]
   drafter = EagleDrafter(config, params, target_config, target_params)
   embedding_VxD = target_params["embed"]["embedding"]
   for n in (1, 2, 4, 6):  # history x_0 .. x_{n-1}, pending x_n: the chain starting at position n - 1
@@ -40,6 +41,23 @@ def test_training_time_test_equals_the_head_run_step_by_step(feature_layers):
       np.testing.assert_allclose(ttt[j][:, n - 1], logits_BxV, rtol=2e-4, atol=2e-4, err_msg=f"n={n} j={j}")
       cache, feature_BxD, token_B = written.advance(jnp.ones(2, jnp.int32)), out_Bx1xD[:, 0], TOKENS_2x10[:, n + 1 + j]
   assert not np.allclose(ttt[0], ttt[1])
+
+
+def test_eagle1_feature_regression_adds_to_the_loss():
+  config, params = _head(TARGET[0], ())
+  target_config, target_params = TARGET
+  mask_BxT = jnp.ones(TOKENS_2x10.shape, bool)
+  loss = lambda weight: eagle_steps.ttt_loss(config, params, target_config, target_params, TOKENS_2x10, mask_BxT,
+                                             NUM_STEPS, weight)[0]
+  features_BxTxD, _ = eagle_steps.target_features(target_config, target_params, (), TOKENS_2x10)
+  out_BxTxD = np.asarray(eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
+                                                features_BxTxD, 1)[0][0])
+  error = out_BxTxD[:, :-1] - np.asarray(features_BxTxD)[:, 1:]  # the output at t against the target's f_{t+1}
+  huber = np.where(np.abs(error) < 1, 0.5 * error ** 2, np.abs(error) - 0.5).mean()
+  np.testing.assert_allclose(loss(0.5), loss(0.0) + 0.5 * huber, rtol=1e-5)
+  with pytest.raises(ValueError, match="final hidden state"):
+    eagle_steps.ttt_loss(*_head(TARGET[0], (0, 1, 2)), target_config, target_params, TOKENS_2x10, mask_BxT,
+                         NUM_STEPS, 0.5)
 
 
 def _train_step(config, params, learning_rate, num_steps):

@@ -62,6 +62,8 @@ def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_pa
     train.run(config)
   with pytest.raises(ConfigError, match="'student' data mode"):
     train.run(_config(target, tmp_path / "student", **{**EAGLE, "data__modes__student": 1.0}))
+  with pytest.raises(ConfigError, match="feature_loss_weight"):
+    train.run(_config(target, tmp_path / "regression", **{**EAGLE, "student__feature_loss_weight": 1.0}))
   with pytest.raises(ValueError, match=r"after target layers \[5\]"):
     train.run(_config(target, tmp_path / "layers", **{**EAGLE, "student__feature_layers": "0,5"}))
 

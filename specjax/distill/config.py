@@ -41,6 +41,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.student.feature_layers = "eagle3"  # eagle_head: target features read: "eagle3" (low, middle, high
   #                                      blocks), "last" (EAGLE-1: the final-norm hidden state) or "1,5,9"
   c.student.ttt_steps = 7  # eagle_head: drafting steps unrolled by the training-time test (loss 0.8^j)
+  c.student.feature_loss_weight = 0.0  # eagle_head, feature_layers "last": weight of EAGLE-1's smooth-L1
+  #                                      regression of the head's output on the target's next hidden state
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "stdlib"  # "stdlib", a directory, a glob, a .jsonl file or a text file

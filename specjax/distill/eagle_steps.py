@@ -9,7 +9,9 @@ positions <= t (the target's features: the head's cache when drafting) and its o
 All T chains run at once, step by step: step j's keys are kept per chain (the "diagonal" of each step),
 so the unroll costs n passes of T tokens instead of T chains. The tokens fed are the data's (teacher
 forcing of tokens; the features are the head's own, as when drafting). The loss of step j is KL(target
-|| head) at every position, weighted 0.8^j (EAGLE-3's weights), averaged over valid positions.
+|| head) at every position, weighted 0.8^j (EAGLE-3's weights), averaged over valid positions; for a head
+reading the final hidden state, EAGLE-1's regression of the head's output on the target's next hidden
+state can be added (`feature_regression`).
 
 The held-out metric `acceptance_length` simulates drafting: with a_j the expected acceptance
 sum_x min(p, q) of step j at a chain's start, a chain accepts sum_j prod_{i <= j} a_i draft tokens on
@@ -77,17 +79,18 @@ def _attend(block: ModelConfig, q_BxTxHxDh, keys0_BxTxKxDh, values0_BxTxKxDh, di
   return out_BxTxHxDh.reshape(B, T, H * Dh)
 
 
-def ttt_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int) -> list[jax.Array]:
-  """The head's float32 logits [B, T, V] of each TTT step j < `num_steps` for the chains starting at
-  every position t (step j at t predicts x_{t+2+j}; fed tokens past the sequence are id 0, their
-  outputs are masked by the caller)."""
+def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
+               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int
+               ) -> list[tuple[jax.Array, jax.Array]]:
+  """The head's outputs [B, T, D] and float32 logits [B, T, V] of each TTT step j < `num_steps` for the
+  chains starting at every position t (step j at t predicts x_{t+2+j}; fed tokens past the sequence are
+  id 0, their outputs are masked by the caller)."""
   block, layer = config.block, params["layer"]
   B, T = tokens_BxT.shape
   embedding_VxD = target_params["embed"]["embedding"]
   hidden_BxTxD = fuse(config, params, features_BxTxF)
   keys0 = values0 = None
-  diag_keys, diag_values, logits = [], [], []
+  diag_keys, diag_values, unrolled = [], [], []
   for j in range(num_steps):
     fed_BxT = jnp.pad(tokens_BxT[:, 1 + j:], ((0, 0), (0, min(1 + j, T))))[:, :T]
     embed_BxTxD = jnp.take(embedding_VxD, fed_BxT, axis=0).astype(block.jnp_dtype)
@@ -102,8 +105,8 @@ def ttt_logits(config: EagleConfig, params: Params, target_config: ModelConfig, 
     h_BxTxD = hidden_BxTxD + attn_BxTxD
     hidden_BxTxD = h_BxTxD + MLP(block).apply({"params": layer["mlp"]},
                                               Norm(block).apply({"params": layer["mlp_norm"]}, h_BxTxD))
-    logits.append(head_logits(config, params, target_config, target_params, None, hidden_BxTxD))
-  return logits
+    unrolled.append((hidden_BxTxD, head_logits(config, params, target_config, target_params, None, hidden_BxTxD)))
+  return unrolled
 
 
 def target_features(target_config: ModelConfig, target_params: Params, feature_layers: tuple[int, ...],
@@ -125,14 +128,31 @@ def _step_targets(target_logits_BxTxV: jax.Array, mask_BxT: jax.Array, j: int):
   return shift(target_logits_BxTxV), shift(mask_BxT.astype(jnp.float32))
 
 
+def feature_regression(out_BxTxD: jax.Array, features_BxTxD: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+  """EAGLE-1's feature loss: the masked mean over positions t of smooth-L1(out_t - f_{t+1}) (Huber,
+  delta 1, averaged over D): the head's step-0 output regressed on the target's next hidden state."""
+  T = mask_BxT.shape[1]
+  next_BxTxD = jnp.pad(features_BxTxD[:, 1:], ((0, 0), (0, min(1, T)), (0, 0))).astype(jnp.float32)
+  valid_BxT = jnp.pad(mask_BxT[:, 1:], ((0, 0), (0, min(1, T)))).astype(jnp.float32)
+  per_token_BxT = jnp.mean(optax.huber_loss(out_BxTxD.astype(jnp.float32), next_BxTxD), axis=-1)
+  return losses.masked_mean(per_token_BxT, valid_BxT)
+
+
 def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-             tokens_BxT: jax.Array, mask_BxT: jax.Array, num_steps: int) -> tuple[jax.Array, dict]:
-  """sum_j 0.8^j masked-mean KL(target || head) of TTT step j, and per-step expected acceptances
+             tokens_BxT: jax.Array, mask_BxT: jax.Array, num_steps: int, feature_weight: float = 0.0
+             ) -> tuple[jax.Array, dict]:
+  """sum_j 0.8^j masked-mean KL(target || head) of TTT step j (plus `feature_weight` times EAGLE-1's
+  `feature_regression`, for heads reading the final hidden state), and per-step expected acceptances
   [B, T] with their masks (for `acceptance_length`)."""
+  if feature_weight and config.feature_layers:
+    raise ValueError("the feature regression needs a head reading the target's final hidden state "
+                     "(feature_layers 'last'): a fused EAGLE-3 feature is the head's own projection")
   features_BxTxF, target_BxTxV = target_features(target_config, target_params, config.feature_layers, tokens_BxT)
+  unrolled = ttt_unroll(config, params, target_config, target_params, tokens_BxT, features_BxTxF, num_steps)
   total, accepts = jnp.float32(0.0), []
-  for j, logits_BxTxV in enumerate(ttt_logits(config, params, target_config, target_params, tokens_BxT,
-                                              features_BxTxF, num_steps)):
+  if feature_weight:
+    total = feature_weight * feature_regression(unrolled[0][0], features_BxTxF, mask_BxT)
+  for j, (_, logits_BxTxV) in enumerate(unrolled):
     teacher_BxTxV, valid_BxT = _step_targets(target_BxTxV, mask_BxT, j)
     kl_BxT = losses.token_divergence("forward_kl", teacher_BxTxV, logits_BxTxV)
     total = total + STEP_WEIGHT ** j * losses.masked_mean(jnp.where(valid_BxT > 0, kl_BxT, 0.0), valid_BxT)
@@ -150,13 +170,15 @@ def acceptance_length(accepts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.A
 
 
 def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
-                    schedule: optax.Schedule, num_steps: int) -> Callable:
+                    schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
   """`train_step(state, target_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
-  donated; `state.params` are the head's float32 master weights (run in the block's dtype)."""
+  donated; `state.params` are the head's float32 master weights (run in the block's dtype); the loss is
+  `ttt_loss`'s."""
 
   def loss_fn(master, target_params, tokens_BxT, mask_BxT):
     params = jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
-    return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps)[0]
+    return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
+                    feature_weight)[0]
 
   def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     value, grads = jax.value_and_grad(loss_fn)(state.params, target_params, tokens_BxT, mask_BxT)
@@ -169,14 +191,16 @@ def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: 
   return jax.jit(train_step, donate_argnames=("state",))
 
 
-def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: int) -> Callable:
+def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: int,
+                   feature_weight: float = 0.0) -> Callable:
   """`eval_step(master, target_params, tokens_BxT, mask_BxT) -> sums`, jitted: the TTT loss times the
   valid chains, expected accepted length and first-step acceptance summed over chains, and the chains
   (`tokens`), to be summed over batches."""
 
   def eval_step(master, target_params, tokens_BxT, mask_BxT):
     params = jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
-    loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps)
+    loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
+                           feature_weight)
     length, first, chains = acceptance_length(extra["accepts"])
     return {"loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains}
 

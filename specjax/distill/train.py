@@ -110,6 +110,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("student.init 'eagle_head' trains on one device, without accum_steps, remat or the "
                       "'student' data mode (a head generates nothing alone): set mesh='', accum_steps=1, "
                       "remat=False, data.modes.student=0")
+  if config.student.feature_loss_weight and not (config.student.init == "eagle_head"
+                                                 and config.student.feature_layers == "last"):
+    raise ConfigError("student.feature_loss_weight (EAGLE-1's feature regression) needs student.init "
+                      "'eagle_head' with student.feature_layers 'last'")
   generates = config.data.modes.target > 0 or config.data.modes.student > 0
   if generates and not 1 <= config.data.prompt_len < config.data.seq_len:
     raise ConfigError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
@@ -376,8 +380,9 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   eagle = config.student.init == "eagle_head"
   if eagle:
     train_step = eagle_steps.make_train_step(setup.student_config, setup.teacher.config, optimizer, schedule,
-                                             config.student.ttt_steps)
-    eval_step = eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps)
+                                             config.student.ttt_steps, config.student.feature_loss_weight)
+    eval_step = eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
+                                           config.student.feature_loss_weight)
   else:
     train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
                                        setup.labels, config.loss, config.accum_steps, config.remat, place)
