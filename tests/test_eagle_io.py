@@ -146,3 +146,11 @@ def test_eagle_drafter_keeps_greedy_output_through_the_pipeline(tmp_path):
   ar = pipeline.run(cfg, log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert spec["stats"]["draft_calls"] > 0 and spec["stats"]["eagle_feature_layers"] == [0, 1]
+
+
+def test_an_eagle3_head_missing_a_tensor_fails(tmp_path):
+  tensors = _write_eagle3(str(tmp_path), np.random.default_rng(0))
+  save_file({k: v for k, v in tensors.items() if k not in ("norm.weight", "lm_head.weight")},
+            os.path.join(str(tmp_path), "model.safetensors"))
+  with pytest.raises(ValueError, match=r"lacks \['norm.weight', 'lm_head.weight'\]"):
+    load_head(str(tmp_path), EAGLE3_TARGET)

@@ -144,9 +144,10 @@ def _read_eagle3(directory: str, target_config: ModelConfig) -> tuple[EagleConfi
       flat[_EAGLE3_NAMES[name]] = np.asarray(array, np.float32)
     elif name not in _EAGLE3_UNUSED:
       raise ValueError(f"{directory}: unexpected tensor {name!r} for an EAGLE-3 head")
-  missing = sorted(set(_EAGLE3_NAMES) - {n for n, p in _EAGLE3_NAMES.items() if p in flat})
-  if missing or head_NxD is None:
-    raise ValueError(f"{directory}: EAGLE-3 head lacks {missing + ([] if head_NxD is not None else ['lm_head.weight'])}")
+  missing = sorted(name for name, path in _EAGLE3_NAMES.items() if path not in flat)
+  missing += [] if head_NxD is not None else ["lm_head.weight"]
+  if missing:
+    raise ValueError(f"{directory}: EAGLE-3 head lacks {missing}")
   tokens_N = np.arange(len(head_NxD)) + (0 if d2t_N is None else d2t_N)
   order = np.argsort(tokens_N, kind="stable")
   flat["vocab/tokens"], flat["vocab/weight"] = tokens_N[order].astype(np.int32), head_NxD[order]

@@ -110,7 +110,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                                                           state.pending, sampling, draft_key, k)
     live_B = ~state.buffer.done
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
-                                feature_layers(drafter), state.pending, proposal, sampling, accept_key) for width in widths]
+                                feature_layers(drafter), state.pending, proposal, sampling, accept_key)
+              for width in widths]
     if len(passes) == 1:
       num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
     else:  # the narrowest pass that checks every live row's whole proposal
