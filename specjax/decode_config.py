@@ -14,9 +14,10 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.target = ""  # .gguf file, HF directory, registry name or hub name org/name[@revision] (required)
   c.mode = "speculative"  # "speculative" or "autoregressive" (the target alone: the baseline)
-  c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" (see README)
-  c.draft = ""  # drafter "model": the draft model (as target; same tokenizer, head may be padded)
-  c.draft_vocab = 0  # drafter "model": > 0 scores only this many most frequent tokens (0 = all)
+  c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle" (see README)
+  c.draft = ""  # drafter "model": the draft model (as target; same tokenizer, head may be padded);
+  #               drafter "eagle": the head's directory (specjax's or EAGLE-3's layout)
+  c.draft_vocab = 0  # drafters "model", "eagle": > 0 scores only this many most frequent tokens (0 = all)
   c.draft_vocab_corpus = "stdlib"  # corpus ranking them: "stdlib", a directory, glob, text or JSONL file
   c.draft_stop_threshold = 0.0  # drafter "model": a row stops drafting when the draft's top probability
   #                               falls below this (0 = off; in [0, 1))

@@ -6,6 +6,9 @@ loads), the draft model's compatibility and restricted head, and each drafter's 
   drafter = "ngram"       prompt lookup: the continuation of the longest earlier match of the history's
                           suffix (`ngram_min` .. `ngram_max`); no model, c = 0
   drafter = "layer_skip"  the target's own layers `draft_layers` (self-speculation); no second model
+  drafter = "eagle"       a trained EAGLE head (`draft` = its directory, specjax's or EAGLE-3's layout,
+                          `speculative.eagle_io`) reading the target's hidden states; `draft_vocab` restricts
+                          the target's head it drafts through, unless the head brings its own vocabulary
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from specjax.models import registry
 from specjax.models.load import LoadedModel
 from specjax.speculative.draft_head import DraftHead, restrict_head
 from specjax.speculative.drafters import Drafter
+from specjax.speculative.eagle import EagleDrafter
+from specjax.speculative.eagle_io import load_head
 from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
 from specjax.speculative.model_drafter import ModelDrafter
 from specjax.speculative.ngram import NgramDrafter
 
-DRAFTERS = ("model", "ngram", "layer_skip")
+DRAFTERS = ("model", "ngram", "layer_skip", "eagle")
 
 
 def check_config(cfg: ml_collections.ConfigDict) -> None:
@@ -34,6 +39,8 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   if needs_draft_model(cfg) and not cfg.draft:
     raise ConfigError("config.draft is empty but config.drafter is 'model' (or choose drafter 'ngram' or "
                       "'layer_skip', which need no draft model)")
+  if cfg.mode == "speculative" and cfg.drafter == "eagle" and not cfg.draft:
+    raise ConfigError("config.draft is empty but config.drafter is 'eagle': give the head's directory")
   if int(cfg.draft_vocab) != cfg.draft_vocab or cfg.draft_vocab < 0:
     raise ConfigError(f"config.draft_vocab must be an integer >= 0 (0 = the full vocabulary), got "
                       f"{cfg.draft_vocab}")
@@ -98,6 +105,14 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
     drafter = NgramDrafter(vocab_size=target.config.vocab_size, ngram_min=cfg.ngram_min,
                            ngram_max=cfg.ngram_max)
     info = {}
+  elif cfg.drafter == "eagle":
+    config, params, vocab = load_head(cfg.draft, target.config)
+    coverage = None
+    if vocab is None:
+      vocab, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, target, log)
+    drafter = EagleDrafter(config, params, target.config, target.params, vocab,
+                           cache_spec=partitioning.cache_spec(config.block, target.part))
+    info = {"eagle_feature_layers": list(config.feature_layers), "draft_vocab_coverage": coverage}
   else:
     try:
       layers = parse_layers(cfg.draft_layers, target.config.n_layers)

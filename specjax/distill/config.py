@@ -25,7 +25,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.remat = False  # rematerialise each student block in the backward (jax.checkpoint): less memory, more compute
 
   c.student = ml_collections.ConfigDict()
-  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint" or "fresh"
+  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint", "fresh" or "eagle_head"
   c.student.num_layers = 2  # truncate: how many of the target's first blocks the draft keeps
   c.student.checkpoint = ""  # checkpoint: the draft to start from (same vocabulary and tokenizer)
   c.student.d_model = 64  # fresh: width of the residual stream
@@ -38,6 +38,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.student.freeze_embeddings = False  # keep the token (and position) embeddings fixed
   c.student.freeze_head = False  # keep the output head fixed (a tied head is the embedding)
   c.student.freeze_layers = ()  # indices of draft blocks kept fixed, e.g. (0, 1)
+  c.student.feature_layers = "eagle3"  # eagle_head: target features read: "eagle3" (low, middle, high
+  #                                      blocks), "last" (EAGLE-1: the final-norm hidden state) or "1,5,9"
+  c.student.ttt_steps = 7  # eagle_head: drafting steps unrolled by the training-time test (loss 0.8^j)
+  c.student.feature_loss_weight = 0.0  # eagle_head, feature_layers "last": weight of EAGLE-1's smooth-L1
+  #                                      regression of the head's output on the target's next hidden state
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "stdlib"  # "stdlib", a directory, a glob, a .jsonl file or a text file

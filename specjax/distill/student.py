@@ -5,7 +5,10 @@ Three initialisations (`config.student.init`):
                 draft that already speaks the target's language and shares its tokenizer by design;
   "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry or hub name)
                 whose vocabulary and tokenizer are the target's;
-  "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised.
+  "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised;
+  "eagle_head"  an EAGLE head (`specjax.speculative.eagle`) reading the target's features: not a model but one
+                block that shares the target's embedding and output head (which stay the target's, untrained)
+                and trains whole (`eagle_head`), by the training-time test (`specjax.distill.eagle_steps`).
 Freezing is by parameter subtree: embeddings, output head, chosen layers.
 
 The student is trained, labelled and checkpointed in the per-layer layout (`layers_{i}` subtrees) even
@@ -26,8 +29,9 @@ import ml_collections
 from specjax.models.config import ModelConfig
 from specjax.models.layout import unstack_layers
 from specjax.models.transformer import Params, init_params
+from specjax.speculative.eagle import EagleConfig, check_head, eagle3_layers, head_config, init_head_params
 
-INITS = ("truncate", "checkpoint", "fresh")
+INITS = ("truncate", "checkpoint", "fresh", "eagle_head")
 TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`
 
 
@@ -62,6 +66,29 @@ def fresh(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax
       d_model=spec.d_model, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim,
       d_ff=spec.d_ff, tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
   return config, per_layer(init_params(config, key))
+
+
+def feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
+  """`student.feature_layers`: "eagle3" (EAGLE-3's low, middle and high blocks), "last" (EAGLE-1: the
+  final-norm hidden state, ()) or comma-separated block indices."""
+  if spec == "eagle3":
+    return eagle3_layers(n_layers)
+  if spec == "last":
+    return ()
+  try:
+    return tuple(int(i) for i in spec.split(","))
+  except ValueError:
+    raise ValueError(f"student.feature_layers must be 'eagle3', 'last' or comma-separated block indices, "
+                     f"got {spec!r}") from None
+
+
+def eagle_head(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax.Array
+               ) -> tuple[EagleConfig, Params]:
+  """A random EAGLE head for the target (one block of its width; `spec.feature_layers`), every leaf trained."""
+  config = head_config(teacher_config, feature_layers(spec.feature_layers, teacher_config.n_layers))
+  params = init_head_params(config, key)
+  check_head(config, params, teacher_config)
+  return config, params
 
 
 def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, freeze_head: bool,

@@ -9,7 +9,9 @@ work directory holds:
   tensorboard/          the same records as TensorBoard scalars (config.tensorboard, needs tensorboardX)
   summary.json          target, student, steps, held-out metrics before and after, wall time
   export/               the distilled draft (its master params rounded to the model dtype: the draft that
-                        was evaluated) as a Hugging Face directory (or config.export_dir)
+                        was evaluated) as a Hugging Face directory (or config.export_dir); an EAGLE head
+                        (student.init = "eagle_head") in specjax's head layout (`speculative.eagle_io`),
+                        for `--config.drafter=eagle --config.draft=<export dir>`
 Killing the process at any moment and rerunning the same command continues from the last checkpoint
 and ends with exactly the parameters of an uninterrupted run: batch i, its generation mode and its
 sampling key are pure functions of (seed, i), and the state carries everything else.
@@ -39,13 +41,14 @@ import numpy as np
 
 from specjax import corpus, mesh as meshes, partitioning
 from specjax.errors import ConfigError
-from specjax.distill import data, losses, steps, student, tensorboard
+from specjax.distill import data, eagle_steps, losses, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
 from specjax.models.config import ModelConfig
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
+from specjax.speculative.eagle_io import save_head
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
 ON_DAMAGED_CHECKPOINT = ("fallback", "refuse")  # config.on_damaged_checkpoint's values
@@ -102,6 +105,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"config.data.batch_size {batch} / accum_steps {accum} = {batch // accum} rows per "
                       f"micro-batch do not split over the mesh's data axis of size {data_axis}: use a batch "
                       f"size that is a multiple of accum_steps x {data_axis} = {accum * data_axis}")
+  if config.student.init == "eagle_head" and (config.mesh.strip() or accum > 1 or config.remat
+                                              or config.data.modes.student > 0):
+    raise ConfigError("student.init 'eagle_head' trains on one device, without accum_steps, remat or the "
+                      "'student' data mode (a head generates nothing alone): set mesh='', accum_steps=1, "
+                      "remat=False, data.modes.student=0")
+  if config.student.feature_loss_weight and not (config.student.init == "eagle_head"
+                                                 and config.student.feature_layers == "last"):
+    raise ConfigError("student.feature_loss_weight (EAGLE-1's feature regression) needs student.init "
+                      "'eagle_head' with student.feature_layers 'last'")
   generates = config.data.modes.target > 0 or config.data.modes.student > 0
   if generates and not 1 <= config.data.prompt_len < config.data.seq_len:
     raise ConfigError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
@@ -113,6 +125,8 @@ def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel,
   """The draft's config and initial params (per-layer layout), per `config.student.init` (see
   `specjax.distill.student`); laid out by `part` when given (a checkpoint loads straight into it)."""
   spec = config.student
+  if spec.init == "eagle_head":
+    return student.eagle_head(teacher.config, spec, jax.random.key(config.seed + 1))
   if spec.init == "truncate":
     student_config, params = student.truncate(teacher.config, teacher.params, spec.num_layers)
     return student_config, partitioning.shard_params(student_config, params, part)
@@ -124,6 +138,14 @@ def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel,
   if draft.tokenizer.fingerprint() != teacher.tokenizer.fingerprint():
     raise ValueError(f"student {spec.checkpoint} has a different tokenizer than the target {teacher.name}")
   return draft.config, student.per_layer(draft.params)
+
+
+def _labels(config: ml_collections.ConfigDict, student_config, student_params: Params) -> Any:
+  """TRAIN / FROZEN per student parameter (`student.frozen_labels`); an EAGLE head trains whole."""
+  if config.student.init == "eagle_head":
+    return jax.tree.map(lambda _: student.TRAIN, student_params)
+  return student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
+                               config.student.freeze_head, tuple(config.student.freeze_layers))
 
 
 def _parts(config: ml_collections.ConfigDict) -> tuple[partitioning.Partitioning | None, ...]:
@@ -209,11 +231,12 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
   exporting a run that is still going or was stopped. Damaged newer checkpoints are skipped with a
   warning (and left in place: the run owns them), or refused per `config.on_damaged_checkpoint`. Raises
   if the workdir has no checkpoint, or only damaged ones."""
+  if config.student.init == "eagle_head":
+    raise ValueError("latest_student loads draft models; an EAGLE head's run exports it (speculative.eagle_io)")
   parts = _parts(config)
   teacher = load_model(config.target, config.dtype, parts[0])
   student_config, student_params = init_student(config, teacher, parts[1])
-  labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
-                                 config.student.freeze_head, tuple(config.student.freeze_layers))
+  labels = _labels(config, student_config, student_params)
   optimizer, _ = steps.make_optimizer(config.optim, config.num_steps, labels)
   template, _ = initial_state(config, student_config, student_params, optimizer, teacher.params, parts)
   checkpoints = Checkpointer(os.path.join(config.workdir, CHECKPOINT_DIR), config.keep_checkpoints,
@@ -256,14 +279,14 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   if not tokenizer.eos_ids:
     raise ValueError(f"the target {teacher.name}'s tokenizer names no EOS token (needed between documents)")
   student_config, student_params = init_student(config, teacher, parts[1])
-  labels = student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
-                                 config.student.freeze_head, tuple(config.student.freeze_layers))
+  labels = _labels(config, student_config, student_params)
   pack = lambda d, limit: data.pack(d, tokenizer.encode, config.data.seq_len, tokenizer.eos_ids[0], limit)
   train_rows = pack(train_docs, config.data.max_train_tokens)
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
   batches = data.DistillBatches(stream, dict(config.data.modes), config.data.prompt_len, config.seed,
                                 tokenizer.eos_ids, sampling_params(config.data.temperature),
-                                teacher.config, teacher.params, student_config, parts[0], parts[1])
+                                teacher.config, teacher.params,
+                                None if config.student.init == "eagle_head" else student_config, parts[0], parts[1])
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
   return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
@@ -320,8 +343,10 @@ class _Log:
   def eval(self, step: int, metrics: dict) -> None:
     self._write({"step": step, "split": "eval", **metrics})
     if self.main:
+      third = ("greedy agreement", "greedy_agreement") if "greedy_agreement" in metrics else (
+          "acceptance length", "acceptance_length")
       print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
-            f"greedy agreement {metrics['greedy_agreement']:.4f}", flush=True)
+            f"{third[0]} {metrics[third[1]]:.4f}", flush=True)
     self.t_previous = time.time()
 
   def _write(self, record: dict) -> None:
@@ -352,10 +377,19 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   optimizer, schedule = steps.make_optimizer(config.optim, config.num_steps, setup.labels)
   state, place = initial_state(config, setup.student_config, setup.student_params, optimizer, teacher_params,
                                setup.parts)
-  train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
-                                     setup.labels, config.loss, config.accum_steps, config.remat, place)
-  eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
-                                   config.eval_temperature, place)
+  eagle = config.student.init == "eagle_head"
+  if eagle:
+    train_step = eagle_steps.make_train_step(setup.student_config, setup.teacher.config, optimizer, schedule,
+                                             config.student.ttt_steps, config.student.feature_loss_weight)
+    eval_step = eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
+                                           config.student.feature_loss_weight)
+  else:
+    train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
+                                       setup.labels, config.loss, config.accum_steps, config.remat, place)
+    eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
+                                     config.eval_temperature, place)
+  compute_params = ((lambda master: jax.tree.map(lambda p: p.astype(setup.student_config.block.jnp_dtype), master))
+                    if eagle else (lambda master: steps.model_params(setup.student_config, master)))
 
   checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
   start = 0
@@ -378,8 +412,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
       evaluate(start)
     for step in range(start + 1, config.num_steps + 1):
       gen_key = jax.random.fold_in(jax.random.wrap_key_data(state.key), setup.stream.position)
-      tokens_BxT, mask_BxT, mode = setup.batches.next(steps.model_params(setup.student_config, state.params),
-                                                       gen_key)
+      tokens_BxT, mask_BxT, mode = setup.batches.next(None if eagle else compute_params(state.params), gen_key)
       state, device_metrics = train_step(state, teacher_params, steps.put_rows(tokens_BxT, place),
                                          steps.put_rows(mask_BxT, place))
       log.train(step, device_metrics, {"mode": mode, "tokens": int(mask_BxT.sum())})
@@ -393,10 +426,13 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
     log.close()
 
   export_dir = os.path.abspath(config.export_dir or os.path.join(workdir, "export"))
-  draft_params = meshes.to_host(steps.model_params(setup.student_config, state.params))  # every process
+  draft_params = meshes.to_host(compute_params(state.params))  # every process
   if not meshes.is_main_process():
     return {"export_dir": export_dir}
-  export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)
+  if eagle:
+    save_head(export_dir, setup.student_config, draft_params)
+  else:
+    export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)
   before, after = _first_and_last_eval(log.path)
   summary = {
       "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),
@@ -407,9 +443,9 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   }
   with open(os.path.join(workdir, SUMMARY_FILE), "w") as f:
     json.dump(summary, f, indent=2)
-  print(f"held-out acceptance {before['acceptance']:.4f} -> {after['acceptance']:.4f}; greedy agreement "
-        f"{before['greedy_agreement']:.4f} -> {after['greedy_agreement']:.4f}; draft exported to {export_dir}",
-        flush=True)
+  third = "greedy_agreement" if "greedy_agreement" in after else "acceptance_length"
+  print(f"held-out acceptance {before['acceptance']:.4f} -> {after['acceptance']:.4f}; {third.replace('_', ' ')} "
+        f"{before[third]:.4f} -> {after[third]:.4f}; draft exported to {export_dir}", flush=True)
   return summary
 
 

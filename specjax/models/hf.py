@@ -188,7 +188,7 @@ def config_from_hf_dict(hf: dict[str, Any], dtype: str = "float32") -> ModelConf
                    f"supported: {_LLAMA_FAMILY + _GEMMA_FAMILY + ('gpt2',)}")
 
 
-def _iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray | LazyTensor]]:
+def iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray | LazyTensor]]:
   """(name, array) for every tensor of the checkpoint files in `path`; safetensors tensors are lazy
   (read when placed), so loading holds one tensor at a time on the host."""
   index = os.path.join(path, "model.safetensors.index.json")
@@ -301,7 +301,7 @@ def load_hf_dir(path: str, dtype: str = "float32", placement: Placement | None =
     hf = json.load(f)
   config = config_from_hf_dict(hf, dtype)
   arrays: dict[str, np.ndarray] = {}
-  for name, array in _iter_tensors(path):
+  for name, array in iter_tensors(path):
     if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
       continue  # non-parameter buffers some checkpoints carry
     if hf.get("model_type") == "gemma3":

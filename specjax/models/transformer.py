@@ -212,12 +212,34 @@ def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, c
   """Final-norm hidden states [B, T, D] and the written (not advanced) cache; through the
   blocks `layers` only (static; self-speculation drafts with a subset of the target's layers, reading
   and writing the target's own cache at those layers) when given."""
+  hidden_BxTxD, _, cache = forward_features(config, params, tokens_BxT, cache, (), layers)
+  return hidden_BxTxD, cache
+
+
+def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
+                     feature_layers: tuple[int, ...], layers: tuple[int, ...] | None = None
+                     ) -> tuple[jax.Array, jax.Array, KVCache]:
+  """`forward_hidden`, also returning features [B, T, F] for a drafter that reads the target's hidden
+  states (EAGLE): the residual streams after the blocks `feature_layers` (static, ascending, among the
+  blocks run), concatenated (F = len(feature_layers) * D); the final-norm hidden states themselves
+  (F = D, nothing extra computed) when `feature_layers` is ()."""
   T = tokens_BxT.shape[1]
+  layers = tuple(range(config.n_layers)) if layers is None else layers
+  if list(feature_layers) != sorted(set(feature_layers)) or not set(feature_layers) <= set(layers):
+    raise ValueError(f"feature layers {feature_layers} must be ascending, distinct and among the blocks run "
+                     f"({layers[0]}..{layers[-1]} of a {config.n_layers}-layer model)")
   positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
-  x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary_tables(config, positions_BxT), cache,
-                           tuple(range(config.n_layers)) if layers is None else layers)
-  return Norm(config).apply({"params": params["final_norm"]}, x_BxTxD), cache
+  rotary = rotary_tables(config, positions_BxT)
+  streams = []  # the blocks run in segments ending at each feature layer: one segment when there are none
+  start = 0
+  for stop in [layers.index(i) + 1 for i in feature_layers]:
+    x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary, cache, layers[start:stop])
+    streams.append(x_BxTxD)
+    start = stop
+  x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary, cache, layers[start:])
+  hidden_BxTxD = Norm(config).apply({"params": params["final_norm"]}, x_BxTxD)
+  return hidden_BxTxD, jnp.concatenate(streams, axis=-1) if streams else hidden_BxTxD, cache
 
 
 def output_head(config: ModelConfig, params: Params) -> jax.Array:
@@ -272,6 +294,20 @@ def prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_
   result equals a one-shot prefill up to float rounding. The chunks run as a `lax.scan` (P is padded to
   a multiple of C inside; a row's padding writes beyond its length or is dropped past the cache).
   """
+  logits_BxV, _, cache = _prefill(config, params, prompts_BxP, prompt_lengths_B, cache, None)
+  return logits_BxV, cache
+
+
+def prefill_features(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+                     cache: KVCache, feature_layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, KVCache]:
+  """`prefill`, also returning the features [B, P, F] of every prompt position (`forward_features`;
+  positions past a row's length hold the padding's)."""
+  return _prefill(config, params, prompts_BxP, prompt_lengths_B, cache, feature_layers)
+
+
+def _prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+             cache: KVCache, feature_layers: tuple[int, ...] | None):
+  """`prefill`, with the features of `feature_layers` (None: none kept) as a middle result."""
   B, P = prompts_BxP.shape
   chunk = min(config.prefill_chunk, P)
   num_chunks = -(-P // chunk)
@@ -281,13 +317,17 @@ def prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_
   def feed(carry, chunk_index_and_tokens):
     cache, last_BxD = carry
     index, tokens_BxC = chunk_index_and_tokens
-    hidden_BxCxD, cache = forward_hidden(config, params, tokens_BxC, cache)
+    hidden_BxCxD, features_BxCxF, cache = forward_features(config, params, tokens_BxC, cache,
+                                                           feature_layers or ())
     real_B = jnp.clip(prompt_lengths_B - index * chunk, 0, chunk)  # this chunk's prompt tokens per row
     # The last chunk holding prompt tokens of a row holds its last one, at index real - 1.
     last_here_BxD = jnp.take_along_axis(hidden_BxCxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
-    return (cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)), None
+    return ((cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)),
+            None if feature_layers is None else features_BxCxF)
 
   last_BxD = jnp.zeros((B, config.d_model), config.jnp_dtype)
-  (cache, last_BxD), _ = jax.lax.scan(feed, (cache, last_BxD),
-                                      (jnp.arange(num_chunks, dtype=jnp.int32), chunks_NxBxC))
-  return hidden_to_logits(config, params, last_BxD), cache
+  (cache, last_BxD), features_NxBxCxF = jax.lax.scan(feed, (cache, last_BxD),
+                                                     (jnp.arange(num_chunks, dtype=jnp.int32), chunks_NxBxC))
+  features_BxPxF = None if feature_layers is None else features_NxBxCxF.transpose(1, 0, 2, 3).reshape(
+      B, num_chunks * chunk, -1)[:, :P]
+  return hidden_to_logits(config, params, last_BxD), features_BxPxF, cache

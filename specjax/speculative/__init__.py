@@ -2,11 +2,12 @@
 
 from specjax.speculative.acceptance import residual, verify, verify_greedy
 from specjax.speculative.drafters import Drafter
+from specjax.speculative.eagle import EagleDrafter, EagleState
 from specjax.speculative.loop import SpeculativeOutput, speculative_generate
 from specjax.speculative.layer_skip import LayerSkipDrafter
 from specjax.speculative.model_drafter import ModelDrafter, ModelDraftState
 from specjax.speculative.ngram import NgramDrafter, NgramState
 from specjax.speculative.proposal import Proposal
 
-__all__ = ["Drafter", "LayerSkipDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "NgramState",
+__all__ = ["Drafter", "EagleDrafter", "EagleState", "LayerSkipDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "NgramState",
            "Proposal", "SpeculativeOutput", "residual", "speculative_generate", "verify", "verify_greedy"]

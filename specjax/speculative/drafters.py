@@ -1,10 +1,10 @@
 """The Drafter interface: whatever proposes the tokens that the target verifies in one pass.
 
-A small model (`ModelDrafter`), a prompt-lookup n-gram table (`NgramDrafter`) and the target's own
-first layers (`LayerSkipDrafter`) plug into the same loop (`speculative_generate`), and so will
-trained heads that read the target's hidden states. A drafter is a pytree: arrays (weights) are
-pytree fields, its static configuration lives in non-pytree fields, so it is an ordinary argument of
-the jitted loop. Host side, before anything compiles:
+A small model (`ModelDrafter`), a prompt-lookup n-gram table (`NgramDrafter`), the target's own first
+layers (`LayerSkipDrafter`) and trained heads that read the target's hidden states (`EagleDrafter`) plug
+into the same loop (`speculative_generate`). A drafter is a pytree: arrays (weights) are pytree fields,
+its static configuration lives in non-pytree fields, so it is an ordinary argument of the jitted loop.
+Host side, before anything compiles:
   check(target_config)                  the drafter fits this target (vocabulary, layers, ...)
   storage(batch, max_len)               its preallocated, donated storage (a KV cache, a token buffer)
   check_fits(storage, lengths, budget, k)   the storage holds the longest prompt + budget + look-ahead
@@ -14,6 +14,8 @@ Inside the jitted loop:
   propose(state, target_cache, pending, sampling, key, k) -> (Proposal, state, target_cache)
   commit(state, proposal, num_committed, target_hidden) -> state
 A proposal counts the draft forward passes it cost (`Proposal.calls`, 0 for a lookup) for the metrics.
+Optional static field `feature_layers` (`feature_layers(drafter)`, default ()): the target blocks whose
+residual streams `commit` receives instead of the final-norm hidden states (EAGLE-3 heads).
 Static: `verify_widths(k)` (the verify-pass widths the loop chooses among: a round whose longest live proposal
 holds n tokens runs the narrowest width >= n + 1; a drafter that always proposes K tokens needs only K + 1).
 
@@ -90,7 +92,14 @@ class Drafter(Protocol):
              target_hidden_BxK1xD: jax.Array) -> Any:
     """Appends the first `num_committed_B[b]` tokens of [pending, d_1 .. d_K] to row b's history (0
     leaves the row unchanged: done rows stop there). `target_hidden_BxK1xD` holds the target's
-    final-norm hidden states of the verified block (positions past the pass's width are zeros)."""
+    features of the verified block (positions past the pass's width are zeros): its final-norm hidden
+    states, or the residual streams after the blocks the drafter names in `feature_layers`."""
+
+
+def feature_layers(drafter: Drafter) -> tuple[int, ...]:
+  """The target blocks whose residual streams (concatenated) `commit` receives, from the drafter's
+  optional static `feature_layers` field; () (the default) = the target's final-norm hidden states."""
+  return getattr(drafter, "feature_layers", ())
 
 
 def short_proposal_widths(k: int) -> tuple[int, ...]:

@@ -26,10 +26,10 @@ import jax.numpy as jnp
 from specjax import generation, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_hidden, hidden_to_logits, prefill
+from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance
-from specjax.speculative.drafters import Drafter
+from specjax.speculative.drafters import Drafter, feature_layers
 from specjax.speculative.proposal import Proposal
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
@@ -59,24 +59,26 @@ class SpeculativeOutput:
 
 
 def _verify_pass(target_config: ModelConfig, target_params: Params, rule: AcceptanceRule,
-                 greedy_rule: GreedyRule, k: int, width: int, pending_B: jax.Array, proposal: Proposal,
-                 sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
+                 greedy_rule: GreedyRule, k: int, width: int, features: tuple[int, ...], pending_B: jax.Array,
+                 proposal: Proposal, sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
   """Scores [pending, d_1 .. d_{width-1}] and applies the rule (`greedy_rule` on the target's argmaxes
   when greedy) to that many draft tokens per row.
-  Returns (accepted [B], next token [B], target hidden states [B, K + 1, D] zero-padded, cache)."""
+  Returns (accepted [B], next token [B], the target's features [B, K + 1, F] zero-padded (the final-norm
+  hidden states, or the residual streams after the blocks `features`: `forward_features`), cache)."""
   checked = proposal.truncated(width - 1)
   # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
   # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
   # rows, which would stay in the cache beyond the committed length): its last id.
   fed_BxW1 = jnp.minimum(checked.tokens, target_config.vocab_size - 1)
   block_BxW = jnp.concatenate([pending_B[:, None], fed_BxW1], axis=1)
-  hidden_BxWxD, target_cache = forward_hidden(target_config, target_params, block_BxW, target_cache)
+  hidden_BxWxD, features_BxWxF, target_cache = forward_features(target_config, target_params, block_BxW,
+                                                                target_cache, features)
   logits_BxWxV = hidden_to_logits(target_config, target_params, hidden_BxWxD)
   if sampling.greedy:
     num_accepted_B, next_B = greedy_rule(checked, greedy_tokens(logits_BxWxV))
   else:
     num_accepted_B, next_B = rule(key, checked, probabilities(logits_BxWxV, sampling))
-  return (num_accepted_B, next_B, jnp.pad(hidden_BxWxD, ((0, 0), (0, k + 1 - width), (0, 0))),
+  return (num_accepted_B, next_B, jnp.pad(features_BxWxF, ((0, 0), (0, k + 1 - width), (0, 0))),
           target_cache)
 
 
@@ -108,7 +110,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                                                           state.pending, sampling, draft_key, k)
     live_B = ~state.buffer.done
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
-                                state.pending, proposal, sampling, accept_key) for width in widths]
+                                feature_layers(drafter), state.pending, proposal, sampling, accept_key)
+              for width in widths]
     if len(passes) == 1:
       num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
     else:  # the narrowest pass that checks every live row's whole proposal

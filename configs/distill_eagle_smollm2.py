@@ -1,0 +1,44 @@
+"""Train an EAGLE-3-style head for SmolLM2-135M-Instruct (`python -m specjax.models fetch
+smollm2-135m-instruct` first) on the Python standard library's sources, with target-regenerated
+continuations mixed in (EAGLE trains on the target's own responses).
+
+The head is one block of the target's width (576, 9 heads / 3 KV heads, MLP 1536) reading the residual
+streams after target blocks 1, 14 and 26 (EAGLE-3's low / middle / high of 30), fused 1728 -> 576, with
+the target's tied embedding and head shared and untrained: ~5M trained parameters against the 4-block
+distilled draft's 42M. Loss: EAGLE-3's training-time test over 7 drafting steps (weights 0.8^j). Held-out
+`acceptance` (first-step expected acceptance at T = 1) and `acceptance_length` (simulated accepted draft
+tokens per round at K = 7) go to metrics.jsonl. Not measured yet: cost per step on this CPU (the target
+forward dominates, as in the distillation run; the head adds ~7 single-block passes), the acceptance
+reached. Decode with `python -m specjax.decode --config=... --config.drafter=eagle
+--config.draft=<workdir>/export`.
+"""
+
+from specjax.distill.config import default_config
+
+
+def get_config():
+  c = default_config()
+  c.target = "smollm2-135m-instruct"  # registry name (see `python -m specjax.models list`)
+  c.student.init = "eagle_head"
+  c.student.feature_layers = "eagle3"  # blocks 1, 14, 26 of 30
+  c.student.ttt_steps = 7  # EAGLE-3's training-time-test depth
+  c.data.source = "stdlib"
+  c.data.heldout_fraction = 0.05  # ~90 of ~1,800 files, never trained on
+  c.data.max_heldout_tokens = 65_536
+  c.data.seq_len = 256
+  c.data.batch_size = 4
+  c.data.modes.fixed = 1.0
+  c.data.modes.target = 1.0  # the target continues a 64-token prompt with 192 sampled tokens
+  c.data.modes.student = 0.0  # a head generates nothing alone
+  c.data.prompt_len = 64
+  c.data.temperature = 1.0
+  c.optim.learning_rate = 1e-3  # a fresh head (EAGLE-3 trains at 5e-5 on 8B targets with far larger batches)
+  c.optim.warmup_steps = 100
+  c.num_steps = 2000
+  c.log_every = 10
+  c.eval_every = 100
+  c.eval_batches = 8
+  c.checkpoint_every = 20
+  c.keep_checkpoints = 2
+  c.keep_every = 250
+  return c

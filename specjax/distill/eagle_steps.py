@@ -1,0 +1,207 @@
+"""Training an EAGLE head (`specjax.speculative.eagle`) on the target's own features: EAGLE-3's
+training-time test, its train step and its held-out evaluation.
+
+Training-time test (TTT). On a sequence x_0 .. x_{T-1} the target gives features f_t and logits. A draft
+chain starting at position t (what `EagleDrafter.propose` does after history x_0 .. x_t, pending x_{t+1})
+runs n steps: step 0 reads (f_t, x_{t+1}), step j >= 1 reads (the head's own output of step j - 1,
+x_{t+1+j}) at position t + j, and step j predicts x_{t+2+j}. Its attention sees the step-0 pairs of
+positions <= t (the target's features: the head's cache when drafting) and its own chain's steps 1 .. j.
+All T chains run at once, step by step: step j's keys are kept per chain (the "diagonal" of each step),
+so the unroll costs n passes of T tokens instead of T chains. The tokens fed are the data's (teacher
+forcing of tokens; the features are the head's own, as when drafting). The loss of step j is KL(target
+|| head) at every position, weighted 0.8^j (EAGLE-3's weights), averaged over valid positions; for a head
+reading the final hidden state, EAGLE-1's regression of the head's output on the target's next hidden
+state can be added (`feature_regression`).
+
+The held-out metric `acceptance_length` simulates drafting: with a_j the expected acceptance
+sum_x min(p, q) of step j at a chain's start, a chain accepts sum_j prod_{i <= j} a_i draft tokens on
+average (tokens after a rejection are not drafted from the data in reality: an estimate).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax.distill import losses
+from specjax.distill.steps import TrainState
+from specjax.models import rope
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import MLP, Norm, Params, forward_features, hidden_to_logits
+from specjax.speculative.eagle import EagleConfig, fuse, head_logits
+
+STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
+
+
+def _project(weight_OxI: jax.Array, x_xI: jax.Array) -> jax.Array:
+  return jnp.einsum("...i,oi->...o", x_xI, weight_OxI)
+
+
+def _qkv(block: ModelConfig, layer: Params, embed_BxTxD, fused_BxTxD, positions_BxT):
+  """The head block's queries [B, T, H, D_h] and keys / values [B, T, H_kv, D_h] (as `EagleLayer`)."""
+  if block.arch != "llama" or block.qkv_bias:
+    raise ValueError("training-time test supports llama-style heads without q/k/v bias")
+  B, T, _ = embed_BxTxD.shape
+  x_BxTx2D = jnp.concatenate([Norm(block).apply({"params": layer["input_norm"]}, embed_BxTxD),
+                              Norm(block).apply({"params": layer["hidden_norm"]}, fused_BxTxD)], axis=-1)
+  attn = layer["attn"]
+  q = _project(attn["q_proj"]["weight"], x_BxTx2D).reshape(B, T, block.n_heads, block.head_dim)
+  k = _project(attn["k_proj"]["weight"], x_BxTx2D).reshape(B, T, block.n_kv_heads, block.head_dim)
+  v = _project(attn["v_proj"]["weight"], x_BxTx2D).reshape(B, T, block.n_kv_heads, block.head_dim)
+  if block.qk_norm:
+    q = Norm(block, block.head_dim).apply({"params": attn["q_norm"]}, q)
+    k = Norm(block, block.head_dim).apply({"params": attn["k_norm"]}, k)
+  cos, sin = rope.cos_sin(block.rope_scaling, block.rope_theta, block.head_dim, positions_BxT)
+  return rope.rotate(q, cos, sin).astype(block.jnp_dtype), rope.rotate(k, cos, sin).astype(block.jnp_dtype), v
+
+
+def _attend(block: ModelConfig, q_BxTxHxDh, keys0_BxTxKxDh, values0_BxTxKxDh, diag_keys, diag_values):
+  """Step-j attention of every chain: causal over the step-0 keys, plus each chain's own keys of steps
+  1 .. j (lists of [B, T, H_kv, D_h]). Softmax in float32. Returns [B, T, H * D_h]."""
+  B, T, H, Dh = q_BxTxHxDh.shape
+  group = H // block.n_kv_heads
+  expand = lambda x_BxTxKxDh: jnp.repeat(x_BxTxKxDh, group, axis=2)
+  scale = block.attention_scale()
+  causal_BxHxTxS = jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxKxDh),
+                              preferred_element_type=jnp.float32) * scale
+  causal_BxHxTxS = jnp.where(jnp.tril(jnp.ones((T, T), bool)), causal_BxHxTxS, -jnp.inf)
+  diag_BxHxTxJ = jnp.stack([jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(k), preferred_element_type=jnp.float32)
+                            for k in diag_keys], axis=-1) * scale if diag_keys else jnp.zeros((B, H, T, 0))
+  weights_BxHxTxN = jax.nn.softmax(jnp.concatenate([causal_BxHxTxS, diag_BxHxTxJ], axis=-1), axis=-1)
+  out_BxTxHxDh = jnp.einsum("bhts,bshd->bthd", weights_BxHxTxN[..., :T].astype(values0_BxTxKxDh.dtype),
+                            expand(values0_BxTxKxDh))
+  for j, v in enumerate(diag_values):
+    out_BxTxHxDh = out_BxTxHxDh + weights_BxHxTxN[..., T + j].transpose(0, 2, 1)[..., None].astype(v.dtype) * expand(v)
+  return out_BxTxHxDh.reshape(B, T, H * Dh)
+
+
+def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
+               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int
+               ) -> list[tuple[jax.Array, jax.Array]]:
+  """The head's outputs [B, T, D] and float32 logits [B, T, V] of each TTT step j < `num_steps` for the
+  chains starting at every position t (step j at t predicts x_{t+2+j}; fed tokens past the sequence are
+  id 0, their outputs are masked by the caller)."""
+  block, layer = config.block, params["layer"]
+  B, T = tokens_BxT.shape
+  embedding_VxD = target_params["embed"]["embedding"]
+  hidden_BxTxD = fuse(config, params, features_BxTxF)
+  keys0 = values0 = None
+  diag_keys, diag_values, unrolled = [], [], []
+  for j in range(num_steps):
+    fed_BxT = jnp.pad(tokens_BxT[:, 1 + j:], ((0, 0), (0, min(1 + j, T))))[:, :T]
+    embed_BxTxD = jnp.take(embedding_VxD, fed_BxT, axis=0).astype(block.jnp_dtype)
+    positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) + j, (B, T))
+    q, k, v = _qkv(block, layer, embed_BxTxD, hidden_BxTxD, positions_BxT)
+    if j == 0:
+      keys0, values0 = k, v
+    else:
+      diag_keys, diag_values = diag_keys + [k], diag_values + [v]
+    attn_BxTxD = _project(layer["attn"]["o_proj"]["weight"], _attend(block, q, keys0, values0, diag_keys,
+                                                                      diag_values))
+    h_BxTxD = hidden_BxTxD + attn_BxTxD
+    hidden_BxTxD = h_BxTxD + MLP(block).apply({"params": layer["mlp"]},
+                                              Norm(block).apply({"params": layer["mlp_norm"]}, h_BxTxD))
+    unrolled.append((hidden_BxTxD, head_logits(config, params, target_config, target_params, None, hidden_BxTxD)))
+  return unrolled
+
+
+def target_features(target_config: ModelConfig, target_params: Params, feature_layers: tuple[int, ...],
+                    tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The target's features [B, T, F] and float32 logits [B, T, V] of full sequences (never
+  differentiated: the target is fixed)."""
+  B, T = tokens_BxT.shape
+  config = target_config.replace(attention_block=0)
+  hidden_BxTxD, features_BxTxF, _ = forward_features(config, target_params, tokens_BxT, init_cache(config, B, T),
+                                                     feature_layers)
+  return jax.lax.stop_gradient((features_BxTxF, hidden_to_logits(config, target_params, hidden_BxTxD)))
+
+
+def _step_targets(target_logits_BxTxV: jax.Array, mask_BxT: jax.Array, j: int):
+  """For TTT step j: the target's logits at t + 1 + j (its distribution of x_{t+2+j}) and where that is
+  a valid, masked-in position of the sequence."""
+  T = mask_BxT.shape[1]
+  shift = lambda x: jnp.pad(x[:, 1 + j:], ((0, 0), (0, min(1 + j, T))) + ((0, 0),) * (x.ndim - 2))[:, :T]
+  return shift(target_logits_BxTxV), shift(mask_BxT.astype(jnp.float32))
+
+
+def feature_regression(out_BxTxD: jax.Array, features_BxTxD: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+  """EAGLE-1's feature loss: the masked mean over positions t of smooth-L1(out_t - f_{t+1}) (Huber,
+  delta 1, averaged over D): the head's step-0 output regressed on the target's next hidden state."""
+  T = mask_BxT.shape[1]
+  next_BxTxD = jnp.pad(features_BxTxD[:, 1:], ((0, 0), (0, min(1, T)), (0, 0))).astype(jnp.float32)
+  valid_BxT = jnp.pad(mask_BxT[:, 1:], ((0, 0), (0, min(1, T)))).astype(jnp.float32)
+  per_token_BxT = jnp.mean(optax.huber_loss(out_BxTxD.astype(jnp.float32), next_BxTxD), axis=-1)
+  return losses.masked_mean(per_token_BxT, valid_BxT)
+
+
+def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
+             tokens_BxT: jax.Array, mask_BxT: jax.Array, num_steps: int, feature_weight: float = 0.0
+             ) -> tuple[jax.Array, dict]:
+  """sum_j 0.8^j masked-mean KL(target || head) of TTT step j (plus `feature_weight` times EAGLE-1's
+  `feature_regression`, for heads reading the final hidden state), and per-step expected acceptances
+  [B, T] with their masks (for `acceptance_length`)."""
+  if feature_weight and config.feature_layers:
+    raise ValueError("the feature regression needs a head reading the target's final hidden state "
+                     "(feature_layers 'last'): a fused EAGLE-3 feature is the head's own projection")
+  features_BxTxF, target_BxTxV = target_features(target_config, target_params, config.feature_layers, tokens_BxT)
+  unrolled = ttt_unroll(config, params, target_config, target_params, tokens_BxT, features_BxTxF, num_steps)
+  total, accepts = jnp.float32(0.0), []
+  if feature_weight:
+    total = feature_weight * feature_regression(unrolled[0][0], features_BxTxF, mask_BxT)
+  for j, (_, logits_BxTxV) in enumerate(unrolled):
+    teacher_BxTxV, valid_BxT = _step_targets(target_BxTxV, mask_BxT, j)
+    kl_BxT = losses.token_divergence("forward_kl", teacher_BxTxV, logits_BxTxV)
+    total = total + STEP_WEIGHT ** j * losses.masked_mean(jnp.where(valid_BxT > 0, kl_BxT, 0.0), valid_BxT)
+    accepts.append((losses.expected_acceptance(teacher_BxTxV, logits_BxTxV), valid_BxT))
+  return total, {"accepts": accepts}
+
+
+def acceptance_length(accepts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(sum over chains of the expected accepted draft tokens, sum of step 0's expected acceptance, chains):
+  chains are the positions where every step is valid; chain t accepts sum_j prod_{i <= j} a_i."""
+  valid_BxT = jnp.prod(jnp.stack([valid for _, valid in accepts]), axis=0)
+  prefix_NxBxT = jnp.cumprod(jnp.stack([a for a, _ in accepts]), axis=0)
+  return (jnp.sum(jnp.sum(prefix_NxBxT, axis=0) * valid_BxT), jnp.sum(accepts[0][0] * valid_BxT),
+          jnp.sum(valid_BxT))
+
+
+def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
+                    schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
+  """`train_step(state, target_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
+  donated; `state.params` are the head's float32 master weights (run in the block's dtype); the loss is
+  `ttt_loss`'s."""
+
+  def loss_fn(master, target_params, tokens_BxT, mask_BxT):
+    params = jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
+    return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
+                    feature_weight)[0]
+
+  def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
+    value, grads = jax.value_and_grad(loss_fn)(state.params, target_params, tokens_BxT, mask_BxT)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    metrics = {"loss": value, "grad_norm": optax.tree.norm(grads),
+               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
+    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), metrics
+
+  return jax.jit(train_step, donate_argnames=("state",))
+
+
+def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: int,
+                   feature_weight: float = 0.0) -> Callable:
+  """`eval_step(master, target_params, tokens_BxT, mask_BxT) -> sums`, jitted: the TTT loss times the
+  valid chains, expected accepted length and first-step acceptance summed over chains, and the chains
+  (`tokens`), to be summed over batches."""
+
+  def eval_step(master, target_params, tokens_BxT, mask_BxT):
+    params = jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
+    loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
+                           feature_weight)
+    length, first, chains = acceptance_length(extra["accepts"])
+    return {"loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains}
+
+  return jax.jit(eval_step)

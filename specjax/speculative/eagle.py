@@ -1,0 +1,251 @@
+"""EAGLE-style draft heads: one decoder block that drafts from the target's own hidden states (Li et al.,
+EAGLE 2024; EAGLE-3 2025), and the `EagleDrafter` that runs it inside the speculative loop.
+
+The head. At position t it reads the pair (target feature f_t, next token x_{t+1}) and predicts x_{t+2}:
+  fused_t = fc(f_t)                          EAGLE-3: f_t = [h_low ; h_mid ; h_high] [3D] -> [D]
+                                             EAGLE-1: f_t = the final-norm hidden state [D], no fc
+  x = [input_norm(embed(x_{t+1})) ; hidden_norm(fused_t)]        [2D]: the block's q/k/v read 2D
+  h = fused_t + attn(x);  out_t = h + mlp(mlp_norm(h))           [D]: the head's own next feature
+  logits = output head(final_norm(out_t))
+We keep EAGLE-3's block as it is (q/k/v projections of input width 2D, the residual stream starting at the
+fused feature) rather than projecting [2D] -> [D] first: published heads load as a plain copy
+(`eagle_io`). The token embedding and the output head are the target's (shared, never trained); the head
+may instead score a subset of the vocabulary through its own rows (`DraftHead`, EAGLE-3's `draft_vocab`).
+The feature layers name blocks of the target: f_t holds the residual stream *after* each of them
+(`forward_features`); EAGLE-3's (low, middle, high) choice for L layers is (1, L // 2 - 1, L - 4)
+(`eagle3_layers`: the streams entering its blocks 2, L // 2 and L - 3).
+
+Drafting. The target's cache holds x_0 .. x_{n-1} (x_n is pending); the head's cache holds the pairs
+t = 0 .. n - 2, built from the *target's* features, and `feature` holds fused f_{n-1}. A proposal
+feeds (f_{n-1}, x_n), draws d_1, then feeds its own output with each draft token (out, d_i) -> d_{i+1}:
+K head passes, written beyond the head's length and never committed. After the target verifies
+[x_n, d_1 .. d_K] (features g_0 .. g_K), `commit` feeds the pairs (f_{n-1}, x_n), (g_0, d_1) ..
+(g_{K-1}, d_K) in one pass and keeps the first n + 1 of a row that committed n + 1 tokens; g_n becomes
+the new `feature`. The head's history is always the target's features, never its own guesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import generation
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache, init_cache
+from specjax.models.transformer import MLP, Attention, Norm, Params, prefill_features, rotary_tables
+from specjax.sampling import SamplingParams, tokens_and_probabilities
+from specjax.speculative.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters import DraftPass
+from specjax.speculative.proposal import Proposal, full
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """The static shape of a head (hashable: a static argument under `jax.jit`)."""
+
+  block: ModelConfig  # its decoder block: 1 layer of the target's width, heads and MLP (q/k/v read 2D)
+  feature_layers: tuple[int, ...] = ()  # target blocks whose outputs are fused (EAGLE-3: 3); () = EAGLE-1
+
+  @property
+  def feature_width(self) -> int:
+    """F: the width of the target features the head reads (D when it reads the final-norm hidden state)."""
+    return self.block.d_model * max(len(self.feature_layers), 1)
+
+
+def eagle3_layers(n_layers: int) -> tuple[int, ...]:
+  """EAGLE-3's low, middle and high feature layers of an `n_layers`-layer target (blocks after which
+  the residual stream is read); at least 4 layers."""
+  if n_layers < 4:
+    raise ValueError(f"EAGLE-3 features need a target of at least 4 layers, got {n_layers}")
+  return tuple(sorted({1, n_layers // 2 - 1, n_layers - 4}))
+
+
+def head_config(target_config: ModelConfig, feature_layers: tuple[int, ...] = ()) -> EagleConfig:
+  """A head for `target_config`: one block like the target's (width, heads, MLP, norms, RoPE)."""
+  block = target_config.with_depth(1).replace(scan_layers=False, remat=False)
+  return EagleConfig(block=block, feature_layers=tuple(feature_layers))
+
+
+class EagleLayer(nn.Module):
+  """The head's block: attention over [embedding ; feature] (2D wide), residual stream from the feature."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, embed_BxTxD, fused_BxTxD, rotary, cache: KVCache):
+    cfg = self.config
+    x_BxTx2D = jnp.concatenate([Norm(cfg, name="input_norm")(embed_BxTxD),
+                                Norm(cfg, name="hidden_norm")(fused_BxTxD)], axis=-1)
+    attn_out, cache = Attention(cfg, name="attn")(x_BxTx2D, rotary, cache, 0)
+    h_BxTxD = fused_BxTxD + attn_out
+    return h_BxTxD + MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(h_BxTxD)), cache
+
+
+def init_head_params(config: EagleConfig, key: jax.Array) -> Params:
+  """Random head parameters: `fc/weight` [D, F] (EAGLE-3 only), `layer/...`, `final_norm/scale`."""
+  block = config.block
+  fc_key, layer_key, norm_key = jax.random.split(key, 3)
+  x_1x1xD = jnp.zeros((1, 1, block.d_model), block.jnp_dtype)
+  rotary = rotary_tables(block, jnp.zeros((1, 1), jnp.int32))
+  params = {"layer": EagleLayer(block).init(layer_key, x_1x1xD, x_1x1xD, rotary, init_cache(block, 1, 1))["params"],
+            "final_norm": Norm(block).init(norm_key, x_1x1xD)["params"]}
+  if config.feature_layers:
+    params["fc"] = {"weight": 0.02 * jax.random.normal(fc_key, (block.d_model, config.feature_width),
+                                                       block.jnp_dtype)}
+  return params
+
+
+def fuse(config: EagleConfig, params: Params, features_xF: jax.Array) -> jax.Array:
+  """Target features [..., F] -> the head's input features [..., D] (EAGLE-3's `fc`; EAGLE-1: as is)."""
+  if not config.feature_layers:
+    return features_xF.astype(config.block.jnp_dtype)
+  weight_DxF = params["fc"]["weight"]
+  return jnp.einsum("...f,df->...d", features_xF.astype(weight_DxF.dtype), weight_DxF)
+
+
+def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
+                 fused_BxTxD: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+  """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
+  token) at positions `cache.lengths[b] + t`, and its written (not advanced) cache."""
+  T = tokens_BxT.shape[1]
+  positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
+  return EagleLayer(config.block).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
+                                        rotary_tables(config.block, positions_BxT), cache)
+
+
+def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
+                vocab: DraftHead | None, out_xD: jax.Array) -> jax.Array:
+  """Float32 logits [..., V] of head outputs: its final norm, then the target's output head (or the
+  restricted `vocab` head)."""
+  normed_xD = Norm(config.block).apply({"params": params["final_norm"]}, out_xD)
+  return draft_logits(target_config, target_params, vocab, normed_xD)
+
+
+def check_head(config: EagleConfig, params: Params, target_config: ModelConfig,
+               vocab: DraftHead | None = None) -> None:
+  """Raises ValueError unless the head fits the target: widths, vocabulary and feature layers."""
+  if config.block.d_model != target_config.d_model:
+    raise ValueError(f"the EAGLE head is {config.block.d_model} wide, the target's d_model is "
+                     f"{target_config.d_model}: this head was trained for another target")
+  bad = [i for i in config.feature_layers if not 0 <= i < target_config.n_layers]
+  if bad:
+    raise ValueError(f"the EAGLE head reads features after target layers {bad}, but the target has "
+                     f"{target_config.n_layers} layers (0..{target_config.n_layers - 1})")
+  if list(config.feature_layers) != sorted(set(config.feature_layers)):
+    raise ValueError(f"EAGLE feature layers must be ascending and distinct, got {config.feature_layers}")
+  if config.feature_layers and params["fc"]["weight"].shape != (config.block.d_model, config.feature_width):
+    raise ValueError(f"the head's fc weight is {params['fc']['weight'].shape}, expected "
+                     f"{(config.block.d_model, config.feature_width)} for feature layers {config.feature_layers}")
+  if vocab is not None and (vocab.vocab_size != target_config.vocab_size
+                            or vocab.weight_NxD.shape[1] != target_config.d_model):
+    raise ValueError(f"the head's restricted vocabulary spans {vocab.vocab_size} ids of width "
+                     f"{vocab.weight_NxD.shape[1]}; the target has {target_config.vocab_size} of width "
+                     f"{target_config.d_model}")
+
+
+@flax.struct.dataclass
+class EagleState:
+  cache: KVCache  # [1, B, S, H_kv, D_h] head cache: pairs (f_t, x_{t+1}) for t < the target's length - 1
+  feature: jax.Array  # [B, D] fused target feature f_{n-1} of the target's last cached position
+  pending: jax.Array  # [B] int32: the pending token x_n of the last proposal (the first pair `commit` feeds)
+
+
+@flax.struct.dataclass
+class EagleDrafter:
+  """Drafts K tokens per round with an EAGLE head (see the module docstring)."""
+
+  config: EagleConfig = flax.struct.field(pytree_node=False)
+  params: Params  # the head's own weights (`init_head_params`)
+  target_config: ModelConfig = flax.struct.field(pytree_node=False)
+  target_params: Params  # the target's: its embedding and output head are shared
+  vocab: DraftHead | None = None  # a restricted output head (EAGLE-3's draft vocabulary), None = the target's
+  cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the head cache's mesh axes
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    return self.config.feature_layers
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target_config.vocab_size
+
+  def verify_widths(self, k: int) -> tuple[int, ...]:
+    return (k + 1,)
+
+  def check(self, target_config: ModelConfig) -> None:
+    check_head(self.config, self.params, target_config, self.vocab)
+
+  def draft_pass(self) -> DraftPass:
+    """Approximately one head pass: one block of the target's and its output head (the head's q/k/v
+    read 2D, not D: a few percent more in a block)."""
+    return DraftPass(self.target_config, self.target_params, self.vocab, layers=(0,))
+
+  def storage(self, batch_size: int, max_len: int) -> KVCache:
+    return init_cache(self.config.block, batch_size, max_len, self.cache_spec)
+
+  def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
+    if storage.batch_size != len(prompt_lengths_B):
+      raise ValueError(f"EAGLE head cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
+    # `commit` writes K + 1 pairs beyond a length one short of the target's.
+    generation.check_fits("speculative generate (EAGLE head)", prompt_lengths_B, max_new_tokens, k,
+                          storage.max_len, self.config.block.max_positions)
+
+  def storage_of(self, state: EagleState) -> KVCache:
+    return state.cache
+
+  def _embedding(self) -> jax.Array:
+    return self.target_params["embed"]["embedding"]
+
+  def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+           target_cache: KVCache) -> EagleState:
+    """Prefills the head with the target's features of the prompts, recomputed by a second target
+    prefill (the loop's own prefill does not hand its features to drafters; an extra target prefill
+    per call, with a temporary cache of the prompts' size)."""
+    batch, width = prompts_BxP.shape
+    scratch = init_cache(self.target_config, batch, width)
+    _, features_BxPxF, _ = prefill_features(self.target_config, self.target_params, prompts_BxP,
+                                            prompt_lengths_B, scratch, self.feature_layers)
+    fused_BxPxD = fuse(self.config, self.params, features_BxPxF)
+    cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
+    if width > 1:  # pairs (f_t, x_{t+1}), t < P - 1
+      _, cache = head_forward(self.config, self.params, self._embedding(), prompts_BxP[:, 1:],
+                              fused_BxPxD[:, :-1], cache)
+    last_B = jnp.maximum(prompt_lengths_B - 1, 0)
+    return EagleState(cache=cache.advance(last_B),
+                      feature=jnp.take_along_axis(fused_BxPxD, last_B[:, None, None], axis=1)[:, 0],
+                      pending=jnp.zeros((batch,), jnp.int32))
+
+  def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
+              key: jax.Array, k: int) -> tuple[Proposal, EagleState, KVCache]:
+    def step(carry, step_key):
+      cache, fused_BxD, token_B = carry
+      out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],
+                                      fused_BxD[:, None], cache)
+      logits_BxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
+                               out_Bx1xD[:, 0])
+      next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
+      return (cache.advance(jnp.ones_like(next_B)), out_Bx1xD[:, 0], next_B), (next_B, probs_BxV)
+
+    _, (tokens_KxB, probs_KxBxV) = jax.lax.scan(step, (state.cache, state.feature, pending_B),
+                                                jax.random.split(key, k))
+    probs_BxKxV = None if probs_KxBxV is None else probs_KxBxV.transpose(1, 0, 2)
+    # The K pairs written beyond the head's length are scratch: `commit` rewrites them from the target.
+    return full(tokens_KxB.T, probs_BxKxV, calls=k), state.replace(pending=pending_B), target_cache
+
+  def commit(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
+             target_hidden_BxK1xF: jax.Array) -> EagleState:
+    fused_BxK1xD = fuse(self.config, self.params, target_hidden_BxK1xF)
+    features_BxK1xD = jnp.concatenate([state.feature[:, None], fused_BxK1xD[:, :-1]], axis=1)
+    tokens_BxK1 = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
+    _, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxK1, features_BxK1xD,
+                            state.cache)
+    newest_BxD = jnp.take_along_axis(fused_BxK1xD, jnp.maximum(num_committed_B - 1, 0)[:, None, None],
+                                     axis=1)[:, 0]
+    return state.replace(cache=cache.advance(num_committed_B),
+                         feature=jnp.where((num_committed_B > 0)[:, None], newest_BxD, state.feature))

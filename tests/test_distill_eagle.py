@@ -1,0 +1,109 @@
+"""Training EAGLE heads: the training-time-test unroll equals running the head step by step as the drafter
+does (its cache filled with the target's features, its own outputs fed back); a few optimizer steps on a
+tiny target lower the loss and raise the simulated acceptance length; a head trained on the target's
+greedy output drafts most of it, and greedy decoding with it still equals the target's (long accepted
+blocks, an EOS inside one)."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from specjax import metrics
+from specjax.distill import eagle_steps, steps
+from specjax.distill.student import TRAIN
+from specjax.generation import as_token_lists
+from specjax.speculative.eagle import EagleDrafter, head_forward, head_logits
+from tests.test_eagle import _head, _run
+from tests.test_layer_skip import TARGET, _target_greedy_3
+from tests.test_speculative import PROMPTS
+
+TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
+NUM_STEPS = 3
+
+
+@pytest.mark.parametrize("feature_layers", [(0, 1, 2), ()])
+def test_training_time_test_equals_the_head_run_step_by_step(feature_layers):
+  config, params = _head(TARGET[0], feature_layers)
+  target_config, target_params = TARGET
+  features_BxTxF, _ = eagle_steps.target_features(target_config, target_params, feature_layers, TOKENS_2x10)
+  ttt = [logits for _, logits in eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
+                                                        features_BxTxF, NUM_STEPS)]
+  drafter = EagleDrafter(config, params, target_config, target_params)
+  embedding_VxD = target_params["embed"]["embedding"]
+  for n in (1, 2, 4, 6):  # history x_0 .. x_{n-1}, pending x_n: the chain starting at position n - 1
+    state = drafter.init(drafter.storage(2, 16), TOKENS_2x10[:, :n], jnp.full((2,), n), None)
+    cache, feature_BxD, token_B = state.cache, state.feature, TOKENS_2x10[:, n]
+    for j in range(NUM_STEPS):
+      out_Bx1xD, written = head_forward(config, params, embedding_VxD, token_B[:, None], feature_BxD[:, None], cache)
+      logits_BxV = head_logits(config, params, target_config, target_params, None, out_Bx1xD[:, 0])
+      np.testing.assert_allclose(ttt[j][:, n - 1], logits_BxV, rtol=2e-4, atol=2e-4, err_msg=f"n={n} j={j}")
+      cache, feature_BxD, token_B = written.advance(jnp.ones(2, jnp.int32)), out_Bx1xD[:, 0], TOKENS_2x10[:, n + 1 + j]
+  assert not np.allclose(ttt[0], ttt[1])
+
+
+def test_eagle1_feature_regression_adds_to_the_loss():
+  config, params = _head(TARGET[0], ())
+  target_config, target_params = TARGET
+  mask_BxT = jnp.ones(TOKENS_2x10.shape, bool)
+  loss = lambda weight: eagle_steps.ttt_loss(config, params, target_config, target_params, TOKENS_2x10, mask_BxT,
+                                             NUM_STEPS, weight)[0]
+  features_BxTxD, _ = eagle_steps.target_features(target_config, target_params, (), TOKENS_2x10)
+  out_BxTxD = np.asarray(eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
+                                                features_BxTxD, 1)[0][0])
+  error = out_BxTxD[:, :-1] - np.asarray(features_BxTxD)[:, 1:]  # the output at t against the target's f_{t+1}
+  huber = np.where(np.abs(error) < 1, 0.5 * error ** 2, np.abs(error) - 0.5).mean()
+  np.testing.assert_allclose(loss(0.5), loss(0.0) + 0.5 * huber, rtol=1e-5)
+  with pytest.raises(ValueError, match="final hidden state"):
+    eagle_steps.ttt_loss(*_head(TARGET[0], (0, 1, 2)), target_config, target_params, TOKENS_2x10, mask_BxT,
+                         NUM_STEPS, 0.5)
+
+
+def _train_step(config, params, learning_rate, num_steps):
+  optim = ml_collections.ConfigDict(dict(learning_rate=learning_rate, warmup_steps=0, final_lr_fraction=1.0,
+                                         weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0))
+  optimizer, schedule = steps.make_optimizer(optim, num_steps, jax.tree.map(lambda _: TRAIN, params))
+  return (eagle_steps.make_train_step(config, TARGET[0], optimizer, schedule, NUM_STEPS),
+          steps.init_state(params, optimizer, seed=0))
+
+
+def test_training_lowers_the_loss_and_raises_the_acceptance_length():
+  config, params = _head(TARGET[0], (0, 1, 2))
+  target_config, target_params = TARGET
+  train_step, state = _train_step(config, params, 3e-3, 30)
+  eval_step = eagle_steps.make_eval_step(config, target_config, NUM_STEPS)
+  mask_BxT = jnp.ones(TOKENS_2x10.shape, bool)
+  before = eval_step(state.params, target_params, TOKENS_2x10, mask_BxT)
+  losses = []
+  for _ in range(30):
+    state, metrics = train_step(state, target_params, TOKENS_2x10, mask_BxT)
+    losses.append(float(metrics["loss"]))
+  after = eval_step(state.params, target_params, TOKENS_2x10, mask_BxT)
+  assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0]
+  assert float(after["acceptance_length"]) > float(before["acceptance_length"]) + 0.1 * float(after["tokens"])
+  assert int(after["tokens"]) == 2 * (10 - NUM_STEPS)  # chains t whose last step has a target: t + NUM_STEPS <= 9
+
+
+def test_a_head_trained_on_the_targets_output_drafts_it_and_greedy_stays_exact():
+  """150 steps on the target's greedy continuations of the test prompts (over-fitting on purpose: long
+  accepted blocks exercise `commit` with many tokens, and an EOS inside an accepted block)."""
+  greedy = _target_greedy_3()
+  width = max(len(p) + len(g) for p, g in zip(PROMPTS, greedy))
+  tokens_BxT = jnp.asarray([(p + g + [0] * width)[:width] for p, g in zip(PROMPTS, greedy)])
+  mask_BxT = jnp.arange(width)[None, :] < jnp.asarray([len(p) + len(g) for p, g in zip(PROMPTS, greedy)])[:, None]
+  config, params = _head(TARGET[0], (0, 1, 2))
+  train_step, state = _train_step(config, params, 1e-2, 150)
+  for _ in range(150):
+    state, _ = train_step(state, TARGET[1], tokens_BxT, mask_BxT)
+  drafter = EagleDrafter(config, state.params, *TARGET)
+  one = _run(TARGET, drafter, 1)
+  assert as_token_lists(one.tokens, one.counts) == greedy
+  assert metrics.summarize(one.acceptance)["total"]["acceptance_rate"] > 0.6
+  eight = _run(TARGET, drafter, 8)
+  assert as_token_lists(eight.tokens, eight.counts) == greedy
+  assert metrics.summarize(eight.acceptance)["total"]["mean_accepted_length"] > 2.0
+  eos = [greedy[2][6]]
+  stopped = _run(TARGET, drafter, 8, eos_ids=eos)
+  assert as_token_lists(stopped.tokens, stopped.counts) == _target_greedy_3(eos_ids=eos)
+  assert as_token_lists(stopped.tokens, stopped.counts)[2] == greedy[2][:greedy[2].index(eos[0]) + 1]

@@ -1,0 +1,74 @@
+"""`specjax.distill` with student.init = "eagle_head" on a tiny target: the loss falls and the held-out
+simulated acceptance length rises (metrics.jsonl), the exported head loads as a drafter, a killed run
+resumes bit for bit, a NaN loss stops the run."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from configs import distill_eagle_smollm2
+from specjax.distill import student, train
+from specjax.errors import ConfigError
+from specjax.models.load import load_model
+from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head
+from tests.test_distill_train import _Crash, _config, _records, compile_cache, target  # noqa: F401 (fixtures)
+
+EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student__ttt_steps=3, num_steps=20,
+             eval_every=10, checkpoint_every=5, optim__learning_rate=3e-3, data__modes__fixed=0.5,
+             data__modes__target=0.5)
+
+
+def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, tmp_path, compile_cache):
+  summary = train.run(_config(target, tmp_path, **EAGLE))
+  records = _records(tmp_path)
+  train_losses = [r["loss"] for r in records if r["split"] == "train"]
+  evals = [r for r in records if r["split"] == "eval"]
+  assert [r["step"] for r in evals] == [0, 10, 20]
+  assert np.mean(train_losses[-5:]) < 0.8 * np.mean(train_losses[:5])
+  assert evals[-1]["loss"] < evals[0]["loss"]
+  assert evals[-1]["acceptance_length"] > evals[0]["acceptance_length"] + 0.05
+  assert {r["mode"] for r in records if r["split"] == "train"} == {"fixed", "target"}
+  config, params, vocab = load_head(summary["export_dir"], load_model(target).config)
+  assert config.feature_layers == (0, 1) and vocab is None
+  with open(os.path.join(tmp_path, train.SUMMARY_FILE)) as f:
+    assert json.load(f)["student"]["feature_layers"] == [0, 1]
+
+
+def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compile_cache):
+  whole = train.run(_config(target, tmp_path / "whole", **EAGLE))
+
+  def crash(step, metrics):
+    if step == 8:
+      raise _Crash()
+
+  with pytest.raises(_Crash):
+    train.run(_config(target, tmp_path / "resumed", **EAGLE), on_step=crash)
+  resumed = train.run(_config(target, tmp_path / "resumed", **EAGLE))
+  assert _records(tmp_path / "resumed") == _records(tmp_path / "whole")
+  want = load_file(os.path.join(whole["export_dir"], WEIGHTS_FILE))
+  got = load_file(os.path.join(resumed["export_dir"], WEIGHTS_FILE))
+  assert want.keys() == got.keys()
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path, compile_cache):
+  config = _config(target, tmp_path / "nan", **{**EAGLE, "optim__learning_rate": 1e30, "optim__warmup_steps": 0,
+                                                "checkpoint_every": 1})
+  with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2"):
+    train.run(config)
+  with pytest.raises(ConfigError, match="'student' data mode"):
+    train.run(_config(target, tmp_path / "student", **{**EAGLE, "data__modes__student": 1.0}))
+  with pytest.raises(ConfigError, match="feature_loss_weight"):
+    train.run(_config(target, tmp_path / "regression", **{**EAGLE, "student__feature_loss_weight": 1.0}))
+  with pytest.raises(ValueError, match=r"after target layers \[5\]"):
+    train.run(_config(target, tmp_path / "layers", **{**EAGLE, "student__feature_layers": "0,5"}))
+
+
+def test_the_smollm2_head_config_is_valid():
+  config = distill_eagle_smollm2.get_config()
+  train.check_config(config)
+  assert student.feature_layers(config.student.feature_layers, 30) == (1, 14, 26)

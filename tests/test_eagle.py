@@ -1,0 +1,159 @@
+"""EAGLE heads: the target's features (`forward_features`, `prefill_features`); the eagle drafter's greedy
+output equals the target's own for ragged batches at K = 1 and 8 (EAGLE-3 and EAGLE-1 features, a
+restricted vocabulary); sampled output follows the target's exact distribution (chi-square; a broken rule
+fails the same test); heads that do not fit the target fail early with a clear message."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import metrics
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.models.layout import to_layout
+from specjax.models.transformer import Norm, forward_features, forward_hidden, prefill_features
+from specjax.sampling import sampling_params
+from specjax.speculative import speculative_generate, verify
+from specjax.speculative.draft_head import restrict_head
+from specjax.speculative.eagle import EagleDrafter, eagle3_layers, head_config, init_head_params
+from tests.test_acceptance import chi_square_pvalue
+from tests.test_layer_skip import SMALL_TARGET, TARGET, _target_greedy_3
+from tests.test_speculative import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+                                    SAMPLE_STEPS, _accept_all, _exact_distribution)
+
+
+def _head(target_config, feature_layers, seed=3, final_scale=1.0):
+  """A random head (numpy draws, std 0.3 on matrices, norms 1) for `target_config`; its final norm's
+  scale `final_scale` (small: flat drafts, which a sampled target accepts more often)."""
+  config = head_config(target_config, feature_layers)
+  rng = np.random.default_rng(seed)
+  init = lambda path, leaf: jnp.asarray(
+      rng.normal(0.0, 0.3, leaf.shape) if leaf.ndim == 2 else
+      np.full(leaf.shape, final_scale if path[0].key == "final_norm" else 1.0), jnp.float32)
+  shapes = jax.eval_shape(lambda: init_head_params(config, jax.random.key(0)))
+  return config, jax.tree_util.tree_map_with_path(init, shapes)
+
+
+def _drafter(target, feature_layers, vocab=None, seed=3, final_scale=1.0):
+  config, params = _head(target[0], feature_layers, seed, final_scale)
+  return EagleDrafter(config, params, target[0], target[1], vocab)
+
+
+def _run(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GREEDY, seed=0, rule=verify,
+         out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS):
+  config, params = target
+  drafter.check(config)
+  padded, lengths = pad_prompts(prompts)
+  storage = drafter.storage(len(prompts), cache_len)
+  drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
+  return speculative_generate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
+                              storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
+                              out_width=out_width, rule=rule)
+
+
+def test_features_are_the_residual_streams_after_the_named_blocks():
+  config, params = TARGET
+  tokens_1x5 = jnp.asarray([[5, 17, 3, 44, 9]])
+  hidden_1x5xD, _ = forward_hidden(config, params, tokens_1x5, init_cache(config, 1, 8))
+  same_1x5xD, plain_1x5xD, _ = forward_features(config, params, tokens_1x5, init_cache(config, 1, 8), ())
+  np.testing.assert_array_equal(plain_1x5xD, hidden_1x5xD)
+  _, features_1x5x3D, _ = forward_features(config, params, tokens_1x5, init_cache(config, 1, 8), (0, 1, 2))
+  D = config.d_model
+  assert features_1x5x3D.shape == (1, 5, 3 * D)
+  # After the last block: the final norm's input. After block 0: a 1-layer forward's final norm's input.
+  last_1x5xD = Norm(config).apply({"params": params["final_norm"]}, features_1x5x3D[..., 2 * D:])
+  np.testing.assert_allclose(last_1x5xD, hidden_1x5xD, atol=1e-6)
+  first_1x5xD, _ = forward_hidden(config, params, tokens_1x5, init_cache(config, 1, 8), (0,))
+  np.testing.assert_allclose(Norm(config).apply({"params": params["final_norm"]}, features_1x5x3D[..., :D]),
+                             first_1x5xD, atol=1e-6)
+  assert not np.allclose(features_1x5x3D[..., :D], features_1x5x3D[..., D:2 * D])
+  # Scanned layers run in segments ending at the feature layers: the same features.
+  scanned = config.replace(scan_layers=True)
+  for feature_layers in [(0, 1, 2), (1,), ()]:
+    _, want_1x5xF, _ = forward_features(config, params, tokens_1x5, init_cache(config, 1, 8), feature_layers)
+    _, got_1x5xF, _ = forward_features(scanned, to_layout(scanned, params), tokens_1x5, init_cache(config, 1, 8),
+                                       feature_layers)
+    np.testing.assert_allclose(got_1x5xF, want_1x5xF, rtol=1e-5, atol=1e-4)
+  # Chunked prefill (2 positions per pass) gives each prompt position's features.
+  chunked = config.replace(prefill_chunk=2)
+  _, prefilled_1x5x3D, cache = prefill_features(chunked, params, tokens_1x5, jnp.asarray([5]),
+                                                init_cache(config, 1, 8), (0, 1, 2))
+  np.testing.assert_allclose(prefilled_1x5x3D, features_1x5x3D, rtol=1e-5, atol=1e-5)
+  assert int(cache.lengths[0]) == 5
+
+
+@pytest.mark.parametrize("k", [1, 8])
+@pytest.mark.parametrize("feature_layers", [(0, 1, 2), ()])
+def test_greedy_equals_target_greedy(feature_layers, k):
+  out = _run(TARGET, _drafter(TARGET, feature_layers), k)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  total = metrics.summarize(out.acceptance)["total"]
+  assert total["proposed"] > 0 and total["accepted"] < total["proposed"]
+  assert int(out.draft_calls) == k * int(jnp.max(out.acceptance.rounds))
+
+
+@pytest.mark.parametrize("feature_layers", [(0, 1, 2), ()])
+def test_the_head_history_is_the_targets_features(feature_layers):
+  """After sampled decoding with accepted and rejected blocks, the head's cache and feature equal a head
+  prefilled from scratch with the target's features of each row's committed tokens."""
+  drafter = _drafter(SMALL_TARGET, feature_layers, seed=4, final_scale=0.05)
+  prompts = [[3, 1, 4], [1, 5, 2, 6, 5, 3], [7]]
+  out = _run(SMALL_TARGET, drafter, 4, prompts=prompts, budgets=[9, 14, 11], sampling=sampling_params(1.0),
+             cache_len=32)
+  assert metrics.summarize(out.acceptance)["total"]["accepted"] >= 4
+  lengths_B = np.asarray(out.target_cache.lengths)
+  history = [(p + t)[:n] for p, t, n in zip(prompts, as_token_lists(out.tokens, out.counts), lengths_B)]
+  padded, _ = pad_prompts(history)
+  expected = drafter.init(drafter.storage(3, 32), padded, jnp.asarray(lengths_B), None)
+  state = out.draft_state
+  np.testing.assert_array_equal(state.cache.lengths, lengths_B - 1)
+  np.testing.assert_allclose(state.feature, expected.feature, rtol=1e-4, atol=1e-4)
+  for b, n in enumerate(lengths_B):
+    np.testing.assert_allclose(state.cache.k[:, b, :n - 1], expected.cache.k[:, b, :n - 1], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(state.cache.v[:, b, :n - 1], expected.cache.v[:, b, :n - 1], rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_with_a_restricted_vocabulary_equals_target_greedy():
+  config, params = TARGET
+  vocab = restrict_head(config, params, range(0, config.vocab_size, 2))
+  out = _run(TARGET, _drafter(TARGET, (0, 2), vocab), 4)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  assert np.all(np.asarray(out.tokens)[:, 1:] >= 0)
+
+
+@pytest.mark.parametrize("rule, passes", [(verify, True), (_accept_all, False)])
+def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
+  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 30,000 rows; chi-square at level 0.001 (the broken
+  rule must give p < 1e-12)."""
+  sampling, rows = sampling_params(0.7, top_k=5), 30_000
+  drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05)  # first-token acceptance ~0.36
+  out = _run(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
+             seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
+  config = SMALL_TARGET[0]
+  index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * SAMPLE_STEPS)
+  observed = np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS)
+  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
+  pvalue = chi_square_pvalue(observed, exact)
+  if passes:
+    total = metrics.summarize(out.acceptance)["total"]
+    assert 0.15 < total["acceptance_rate"] < 0.95 and pvalue > 1e-3
+  else:
+    assert pvalue < 1e-12
+
+
+def test_heads_that_do_not_fit_the_target_fail_early():
+  config, params = TARGET
+  with pytest.raises(ValueError, match=r"after target layers \[3\].*has 3 layers"):
+    _drafter(TARGET, (1, 3)).check(config)
+  other_width = config.replace(d_model=48, head_dim=12, d_ff=96)
+  with pytest.raises(ValueError, match="48 wide, the target's d_model is 32"):
+    EagleDrafter(*_head(other_width, (0, 1)), config, params).check(config)
+  with pytest.raises(ValueError, match="ascending and distinct"):
+    _drafter(TARGET, (2, 0)).check(config)
+  with pytest.raises(ValueError, match="at least 4 layers"):
+    eagle3_layers(3)
+  assert eagle3_layers(32) == (1, 15, 28)
+  drafter = _drafter(TARGET, ())
+  with pytest.raises(ValueError, match="exceed the cache size"):
+    drafter.check_fits(drafter.storage(1, 10), np.asarray([5]), 5, 4)
