@@ -4,7 +4,9 @@
 Pure forward: `forward(config, params, tokens_BxT, cache) -> (logits_BxTxV, cache)`. Token t of row b
 sits at position `cache.lengths[b] + t`; its keys/values are written there and it attends to every
 position <= its own (see `attention`: only the live part of the cache is read unless
-`attention_block` is 0). `cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
+`attention_block` is 0). A static draft `tree` moves token t to position `lengths[b] + depth[t]`,
+still written to slot `lengths[b] + t`, seeing the committed cache and its ancestors only.
+`cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
 
 Precision: norms and the attention softmax run in float32; the output head multiplies the final norm's
 output with float32 accumulation and returns float32 logits, on every path (prefill, decode, verify,
@@ -115,7 +117,7 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer):
+  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
     cfg = self.config
     B, T, _ = x_BxTxD.shape
     H, K, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -134,7 +136,7 @@ class Attention(nn.Module):
 
     out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
                                      per_layer(cfg.layer_windows(), layer), cfg.attention_block,
-                                     cfg.attention_scale(), cfg.attn_softcap)
+                                     cfg.attention_scale(), cfg.attn_softcap, tree)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
         out_BxTxKxGxD.reshape(B, T, H * Dh))
     return out, cache
@@ -161,12 +163,13 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer):
+  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
     """`layer` (an int, or a traced index under `scan_layers`) selects this block's cache slice, window
-    and RoPE. Gemma also normalises each sublayer's output before adding it to the residual stream."""
+    and RoPE; `tree` (static) masks a tree chunk (see `attention`). Gemma also normalises each sublayer's output before adding it to the residual stream."""
     cfg = self.config
     post_norm = (lambda name, h: Norm(cfg, name=name)(h)) if cfg.arch == "gemma" else (lambda name, h: h)
-    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer)
+    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer,
+                                                tree)
     x_BxTxD = x_BxTxD + post_norm("post_attn_norm", attn_out)
     mlp_out = MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxTxD))
     return x_BxTxD + post_norm("post_mlp_norm", mlp_out), cache
@@ -182,7 +185,7 @@ def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions
 
 
 def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cache: KVCache,
-            layers: tuple[int, ...]) -> tuple[jax.Array, KVCache]:
+            layers: tuple[int, ...], tree=None) -> tuple[jax.Array, KVCache]:
   """Runs the blocks `layers` in order: a Python loop over `layers_{i}`, or a `lax.scan` over the
   stacked `layers` (indexing weights, cache, windows and RoPEs by the scanned layer index). With
   `config.remat` each block is a `jax.checkpoint`: differentiating keeps only its input, and recomputes
@@ -192,14 +195,14 @@ def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cac
   if not config.scan_layers:
     for i in layers:
       apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD, rotary,
-                                                                     cache, i)
+                                                                     cache, i, tree)
       x_BxTxD, cache = (jax.checkpoint(apply) if config.remat else apply)(params[f"layers_{i}"], x_BxTxD, cache)
     return x_BxTxD, cache
 
   def step(carry, i):
     x_BxTxD, cache = carry
     layer_params = jax.tree.map(lambda stacked: stacked[i], params["layers"])
-    return block.apply({"params": layer_params}, x_BxTxD, rotary, cache, i), None
+    return block.apply({"params": layer_params}, x_BxTxD, rotary, cache, i, tree), None
 
   step = jax.checkpoint(step) if config.remat else step
 
@@ -208,15 +211,17 @@ def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cac
 
 
 def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
-                   layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+                   layers: tuple[int, ...] | None = None, tree=None) -> tuple[jax.Array, KVCache]:
   """Final-norm hidden states [B, T, D] and the written (not advanced) cache; through the
   blocks `layers` only (static; self-speculation drafts with a subset of the target's layers, reading
-  and writing the target's own cache at those layers) when given."""
+  and writing the target's own cache at those layers) when given. With a static `tree` (T = its
+  nodes; see `speculative.tree`) token t sits at position `lengths + depth[t]`, is written to slot
+  `lengths + t` and attends to the committed cache and its ancestors; None is a chain."""
   T = tokens_BxT.shape[1]
-  positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  positions_BxT = attention.query_positions(cache.lengths, T, tree)
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
   x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary_tables(config, positions_BxT), cache,
-                           tuple(range(config.n_layers)) if layers is None else layers)
+                           tuple(range(config.n_layers)) if layers is None else layers, tree)
   return Norm(config).apply({"params": params["final_norm"]}, x_BxTxD), cache
 
 
@@ -235,10 +240,11 @@ def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) 
   return attention.soft_cap(logits_xV, config.final_softcap)
 
 
-def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
-            cache: KVCache) -> tuple[jax.Array, KVCache]:
-  """Logits [B, T, V] (float32) of every position and the written (not advanced) cache."""
-  hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
+def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
+            tree=None) -> tuple[jax.Array, KVCache]:
+  """Logits [B, T, V] (float32) of every position and the written (not advanced) cache; `tree` as in
+  `forward_hidden`."""
+  hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache, tree=tree)
   return hidden_to_logits(config, params, hidden_BxTxD), cache
 
 
