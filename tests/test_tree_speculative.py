@@ -65,3 +65,19 @@ def test_chain_shaped_tree_equals_plain_k():
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
 
+
+
+def test_bad_tree_runs_fail_on_the_host():
+  tree = TREES["branching"]
+  with pytest.raises(ValueError, match="needs 11 free positions per round, the target cache holds 8"):
+    _tree_speculative(DRAFTS["same"], tree, cache_len=8)
+  with pytest.raises(ValueError, match="speculative generate"):  # prompt + budget + the tree's slack
+    _tree_speculative(DRAFTS["same"], tree, cache_len=36)
+  config, params = DRAFTS["same"]
+  drafter = ModelDrafter(config, params, tree=tree)
+  padded, lengths = pad_prompts(PROMPTS)
+  with pytest.raises(ValueError, match="pass k = 3"):
+    speculative_generate(*TARGET, drafter, padded, lengths, init_cache(TARGET[0], 3, CACHE_LEN),
+                         drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
+  with pytest.raises(ValueError, match="tree_children"):
+    ModelDrafter(config, params, tree=tree, tree_children="sorted").check(TARGET[0])
