@@ -52,3 +52,13 @@ def test_tree_larger_than_the_cache_fails():
   tree_lib.chain(3).check_fits(4)
   with pytest.raises(ValueError, match="needs 7 free positions"):
     tree_lib.from_branching((2, 2)).check_fits(6)
+
+
+def test_parse_config_strings():
+  assert tree_lib.parse("") is None and tree_lib.parse("  ") is None
+  assert tree_lib.parse("(4,2,2,1)") == tree_lib.from_branching((4, 2, 2, 1))
+  assert tree_lib.parse("3") == tree_lib.from_branching((3,))
+  assert tree_lib.parse("[[0], [1], [0, 0]]") == tree_lib.from_paths([[0], [1], [0, 0]])
+  for bad in ("(2,", "[0, 1]", "'abc'", "((0,), 1)"):
+    with pytest.raises(ValueError, match="neither a branching tuple"):
+      tree_lib.parse(bad)

@@ -13,6 +13,7 @@ included): `ancestor_mask()`. The model API reads `depth` and `ancestor_mask()` 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 from typing import Sequence
@@ -133,6 +134,26 @@ def from_branching(branching: Sequence[int]) -> Tree:
     level = [path + (rank,) for path in level for rank in range(width)]
     paths += level
   return _from_sorted_paths(paths)
+
+
+def parse(spec: str) -> Tree | None:
+  """The tree a config string names: a branching tuple "(4, 2, 2, 1)", a path list "[[0], [1], [0, 0]]",
+  or "" for none (a chain drafter). Raises ValueError naming the problem."""
+  if not spec.strip():
+    return None
+  try:
+    value = ast.literal_eval(spec.strip())
+  except (ValueError, SyntaxError):
+    raise ValueError(f"tree {spec!r} is neither a branching tuple like (4, 2, 2, 1) nor a path list like "
+                     f"[[0], [1], [0, 0]]") from None
+  if isinstance(value, int):
+    value = (value,)
+  if isinstance(value, tuple) and all(isinstance(b, int) for b in value):
+    return from_branching(value)
+  if isinstance(value, (list, tuple)) and all(isinstance(path, (list, tuple)) for path in value):
+    return from_paths(value)
+  raise ValueError(f"tree {spec!r} is neither a branching tuple like (4, 2, 2, 1) nor a path list like "
+                   f"[[0], [1], [0, 0]]")
 
 
 def chain(k: int) -> Tree:
