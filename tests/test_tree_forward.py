@@ -65,6 +65,11 @@ class _CausalTree:
   """A broken tree mask: a tree's depths, but every node sees every chunk slot before it."""
 
   depth: tuple[int, ...]
+  first = 0
+
+  @property
+  def key_depth(self):
+    return self.depth
 
   def ancestor_mask(self):
     return np.tril(np.ones((len(self.depth),) * 2, bool))
@@ -81,3 +86,31 @@ def test_a_sibling_changes_nothing_but_a_missing_mask_would():
   as_broken, _ = _prefilled_forward(config, params, padded, lengths, tokens_BxN, tree=_CausalTree(tree.depth))
   np.testing.assert_allclose(as_tree[:, :2], as_broken[:, :2], atol=1e-6)  # root, first child: same
   assert np.abs(np.asarray(as_tree[:, 2:] - as_broken[:, 2:])).max() > 1e-3
+
+
+@functools.partial(jax.jit, static_argnames=("config", "tree"))
+def _levels_forward(config, params, prompts_BxP, lengths_B, tokens_BxN, tree):
+  """The tree fed one depth level per pass (`Tree.level`), as the draft model feeds it."""
+  cache = init_cache(config, len(lengths_B), CACHE_LEN)
+  _, cache = prefill(config, params, prompts_BxP, lengths_B, cache)
+  logits = []
+  for depth in range(tree.max_depth + 1):
+    level = tree.level(depth)
+    level_logits, cache = forward(config, params, tokens_BxN[:, level.first:level.first + level.count], cache,
+                                  level)
+    logits.append(level_logits)
+  return jnp.concatenate(logits, axis=1), cache
+
+
+@pytest.mark.parametrize("variant", ["dense", "windows_blockwise", "scan"])
+def test_level_by_level_passes_equal_one_tree_pass(variant):
+  config, params = _variant(variant)
+  tree = TREES["paths"]
+  padded, lengths = pad_prompts(PROMPTS)
+  tokens_BxN = jnp.asarray(np.random.default_rng(1).integers(0, config.vocab_size, (3, tree.num_nodes)))
+  whole_logits, whole_cache = _prefilled_forward(config, params, padded, lengths, tokens_BxN, tree=tree)
+  level_logits, level_cache = _levels_forward(config, params, padded, lengths, tokens_BxN, tree)
+  np.testing.assert_allclose(level_logits, whole_logits, atol=1e-5, rtol=1e-5)
+  for row, length in enumerate(lengths):
+    end = length + tree.num_nodes
+    np.testing.assert_allclose(level_cache.k[:, row, :end], whole_cache.k[:, row, :end], atol=1e-5, rtol=1e-5)

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 
 def query_positions(lengths_B: jax.Array, T: int, tree=None) -> jax.Array:
   """[B, T] int32 positions of a chunk's tokens: `lengths[b] + t` for a chain, `lengths[b] + depth[t]`
-  for a tree (any static object with a `depth` tuple and an `ancestor_mask()`, see
-  `speculative.tree.Tree`)."""
+  for a tree chunk (a static object with `first`, `depth`, `key_depth` and `ancestor_mask()`: a
+  `speculative.tree.Tree` or one level of it, `TreeLevel`)."""
   offsets_T = jnp.arange(T, dtype=jnp.int32) if tree is None else jnp.asarray(tree.depth, jnp.int32)
   return lengths_B[:, None] + offsets_T[None, :]
 
@@ -50,18 +50,20 @@ def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window, lengths_B: 
   """[B, T, S] True where query t may attend to the key in cache slot key_pos.
 
   Chain: the key's position is its slot; causal (<= the query's position) and in the window.
-  Tree: slot `lengths[b] + j` holds chunk token j, at position `lengths[b] + depth[j]`; a query sees the
-  committed slots below `lengths[b]` and the chunk slots of its ancestors (itself included), each in the
-  window measured from its position."""
+  Tree: slot `lengths[b] + j` holds tree node j, at position `lengths[b] + key_depth[j]`, for j below
+  `first + T` (the chunk's nodes follow the `first` ones fed before); a query sees the committed slots
+  below `lengths[b]` and the slots of its ancestors (itself included; `ancestor_mask()` [T, first + T]),
+  each in the window measured from its position."""
   if tree is None:
     visible_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
     return visible_BxTxS & _in_window(query_pos_BxT, key_pos_S[None, :], window)
-  T = query_pos_BxT.shape[1]
-  slot_BxS = key_pos_S[None, :] - lengths_B[:, None]  # the chunk token a slot holds, if 0 <= slot < T
-  in_chunk_BxS = (slot_BxS >= 0) & (slot_BxS < T)
-  index_BxS = jnp.clip(slot_BxS, 0, T - 1)
+  width = tree.first + query_pos_BxT.shape[1]
+  slot_BxS = key_pos_S[None, :] - lengths_B[:, None]  # the tree node a slot holds, if 0 <= slot < width
+  in_chunk_BxS = (slot_BxS >= 0) & (slot_BxS < width)
+  index_BxS = jnp.clip(slot_BxS, 0, width - 1)
   ancestor_BxTxS = jnp.moveaxis(jnp.asarray(tree.ancestor_mask())[:, index_BxS], 0, 1)
-  key_pos_BxS = jnp.where(in_chunk_BxS, lengths_B[:, None] + jnp.asarray(tree.depth, jnp.int32)[index_BxS],
+  key_pos_BxS = jnp.where(in_chunk_BxS,
+                          lengths_B[:, None] + jnp.asarray(tree.key_depth, jnp.int32)[index_BxS],
                           key_pos_S[None, :])
   visible_BxTxS = jnp.where(in_chunk_BxS[:, None, :], ancestor_BxTxS, (slot_BxS < 0)[:, None, :])
   return visible_BxTxS & _in_window(query_pos_BxT, key_pos_BxS, window)
@@ -100,7 +102,8 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.A
   block = min(block, S)
   scale = D ** -0.5 if scale is None else scale
   query_pos_BxT = query_positions(lengths_B, T, tree)
-  end = jnp.minimum(jnp.max(lengths_B) + T, S)  # one past the last key any query sees
+  # One past the last key any query sees (a tree level also sees the `first` nodes before it).
+  end = jnp.minimum(jnp.max(lengths_B) + T + (0 if tree is None else tree.first), S)
   start = jnp.where(window > 0, jnp.maximum(jnp.min(lengths_B) - window + 1, 0), 0)
   first_block, last_block = start // block, (end + block - 1) // block
 

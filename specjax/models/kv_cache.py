@@ -39,15 +39,16 @@ class KVCache:
     """Commits `num_tokens_B[b]` more of the tokens last written to row b."""
     return self.replace(lengths=self.lengths + num_tokens_B.astype(jnp.int32))
 
-  def write(self, layer: int, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array) -> "KVCache":
-    """Writes one layer's chunk of T keys/values at each row's own offset `lengths[b]`.
+  def write(self, layer: int, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array, offset: int = 0) -> "KVCache":
+    """Writes one layer's chunk of T keys/values at each row's own offset `lengths[b]` (+ `offset`,
+    static: a tree level after the levels above it).
 
     A scatter straight into the stacked arrays, so XLA updates them in place (slicing out the
     layer and setting it back copied the whole cache per layer: 3x slower decode at S=2048).
     Positions past S_max are dropped, never clamped onto valid entries; callers check capacity.
     """
     T = k_BxTxKxD.shape[1]
-    positions_BxT = self.lengths[:, None] + jnp.arange(T)[None, :]
+    positions_BxT = self.lengths[:, None] + (offset + jnp.arange(T))[None, :]
 
     # One row's write, vmapped over the rows: a scatter whose rows are a batch dimension, which
     # GSPMD keeps on each row's own device (indexing the rows explicitly gathered every update

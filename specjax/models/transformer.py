@@ -132,7 +132,7 @@ class Attention(nn.Module):
       index = per_layer(cfg.layer_ropes(), layer)
       cos_BxTxF, sin_BxTxF = rotary[0][index], rotary[1][index]
       q, k = rope.rotate(q, cos_BxTxF, sin_BxTxF), rope.rotate(k, cos_BxTxF, sin_BxTxF)
-    cache = cache.write(layer, k, v)
+    cache = cache.write(layer, k, v, 0 if tree is None else tree.first)
 
     out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
                                      per_layer(cfg.layer_windows(), layer), cfg.attention_block,
@@ -216,7 +216,8 @@ def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, c
   blocks `layers` only (static; self-speculation drafts with a subset of the target's layers, reading
   and writing the target's own cache at those layers) when given. With a static `tree` (T = its
   nodes; see `speculative.tree`) token t sits at position `lengths + depth[t]`, is written to slot
-  `lengths + t` and attends to the committed cache and its ancestors; None is a chain."""
+  `lengths + t` and attends to the committed cache and its ancestors; a `TreeLevel` writes its nodes
+  after the `first` ones, already written by earlier passes; None is a chain."""
   T = tokens_BxT.shape[1]
   positions_BxT = attention.query_positions(cache.lengths, T, tree)
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)

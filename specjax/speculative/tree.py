@@ -8,7 +8,8 @@ contiguous and ordered by rank (child 0 = the draft's first choice). A chain of 
 
 A verify pass feeds the N + 1 nodes as one chunk: node i sits at RoPE position `length + depth[i]`, is
 written to cache slot `length + i` and attends to the committed cache and to its ancestors (itself
-included): `ancestor_mask()`. The model API reads `depth` and `ancestor_mask()` only.
+included): `ancestor_mask()`. A draft model may feed the tree one level at a time (`Tree.level`). The
+model API reads `first`, `depth`, `key_depth` and `ancestor_mask()` only.
 """
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ class Tree:
   def max_depth(self) -> int:
     """D: the most draft tokens one round can accept."""
     return max(self.depth)
+
+  @property
+  def first(self) -> int:
+    """As a verify chunk, the whole tree: its first node is the root (see `TreeLevel`)."""
+    return 0
+
+  @property
+  def key_depth(self) -> tuple[int, ...]:
+    """The depths of the chunk slots a pass of the whole tree attends to: every node's."""
+    return self.depth
 
   @property
   def is_chain(self) -> bool:
@@ -77,11 +88,41 @@ class Tree:
       table[i, :len(kids)] = kids
     return table
 
+  def level(self, depth: int) -> "TreeLevel":
+    """The nodes of one depth as a chunk fed after the levels above it (drafting level by level)."""
+    return TreeLevel(self, self.depth.index(depth), self.depth.count(depth))
+
   def check_fits(self, cache_len: int, name: str = "cache") -> None:
     """Raises ValueError unless a cache of `cache_len` positions can hold a verify chunk of this tree."""
     if self.num_nodes > cache_len:
       raise ValueError(f"a tree of {self.num_nodes - 1} nodes (depth {self.max_depth}) needs "
                        f"{self.num_nodes} free positions per round, the {name} holds {cache_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeLevel:
+  """The `count` nodes from `first` on (one depth level) as a chunk: written to slots `length + first ..`,
+  attending to the committed cache and to their ancestors among the nodes 0 .. first + count - 1 (the
+  earlier levels must already be written there, uncommitted). The model API reads `first`, `depth`,
+  `key_depth` and `ancestor_mask()`, as for a whole `Tree`."""
+
+  tree: Tree
+  first: int
+  count: int
+
+  @property
+  def depth(self) -> tuple[int, ...]:
+    """The chunk's nodes' depths."""
+    return self.tree.depth[self.first:self.first + self.count]
+
+  @property
+  def key_depth(self) -> tuple[int, ...]:
+    """The depths of the nodes in the chunk slots it attends to: 0 .. first + count - 1."""
+    return self.tree.depth[:self.first + self.count]
+
+  def ancestor_mask(self) -> np.ndarray:
+    """[count, first + count] bool: the rows of the chunk's nodes in the tree's ancestor mask."""
+    return self.tree.ancestor_mask()[self.first:self.first + self.count, :self.first + self.count]
 
 
 def _from_sorted_paths(paths: Sequence[tuple[int, ...]]) -> Tree:

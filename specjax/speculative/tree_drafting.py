@@ -10,12 +10,11 @@ Children of a node (`children`, static):
 Greedy decoding always takes the b largest logits (point masses). These are exactly the "drawn from"
 distributions `tree_acceptance` needs.
 
-Passes: level d is drawn from one tree-masked pass over the nodes of depth <= d (the first levels are
-recomputed: the chunk attends to the committed cache and its ancestors only, never to uncommitted
-slots); a last pass feeds the whole tree, so the draft cache holds every node's keys and the
-accepted path is compacted like the target's (no lagging token). D + 1 passes of growing width:
-cheap for a small draft, and a per-level pass over the earlier levels' slots would save the
-recomputation (not done yet).
+Passes: one tree-masked pass per depth level (`Tree.level`): level d's nodes are written after the
+levels above (uncommitted slots) and attend to the committed cache and their ancestors there; its
+hidden states give the next level's children. A last pass feeds the leaves, so the draft cache holds
+every node's keys and the accepted path is compacted like the target's (no lagging token): D + 1
+passes feeding N + 1 tokens in all.
 """
 
 from __future__ import annotations
@@ -31,12 +30,6 @@ from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.tree import Tree
 
 CHILDREN = ("iid", "without_replacement", "top")
-
-
-def _subtree(tree: Tree, depth: int) -> Tree:
-  """The nodes of depth <= `depth`: a prefix of the numbering, itself a tree."""
-  size = sum(d <= depth for d in tree.depth)
-  return Tree(parent=tree.parent[:size], depth=tree.depth[:size])
 
 
 def _next_level(tree: Tree, depth: int) -> tuple[list[int], list[int], list[int]]:
@@ -93,10 +86,10 @@ def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree
   tokens_BxN1 = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_B)
   probs_BxN1xW = None
   for depth, level_key in zip(range(tree.max_depth), jax.random.split(key, tree.max_depth)):
-    sub = _subtree(tree, depth)
-    hidden_BxSxD, _ = forward_hidden(config, params, tokens_BxN1[:, :sub.num_nodes], cache, tree=sub)
-    first = tree.depth.index(depth)
-    logits_BxLxW = draft_logits(config, params, head, hidden_BxSxD[:, first:])
+    level = tree.level(depth)
+    hidden_BxLxD, cache = forward_hidden(config, params, tokens_BxN1[:, level.first:level.first + level.count],
+                                         cache, tree=level)
+    logits_BxLxW = draft_logits(config, params, head, hidden_BxLxD)
     nodes, parents, ranks = _next_level(tree, depth)
     level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_key, logits_BxLxW, parents,
                                                          ranks)
@@ -105,5 +98,6 @@ def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree
       if probs_BxN1xW is None:
         probs_BxN1xW = jnp.zeros((batch, tree.num_nodes, logits_BxLxW.shape[-1]), jnp.float32)
       probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
-  _, cache = forward_hidden(config, params, tokens_BxN1, cache, tree=tree)
+  leaves = tree.level(tree.max_depth)
+  _, cache = forward_hidden(config, params, tokens_BxN1[:, leaves.first:], cache, tree=leaves)
   return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], cache
