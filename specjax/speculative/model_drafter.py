@@ -95,8 +95,8 @@ class ModelDrafter:
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):
       raise ValueError(f"draft cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
-    # The draft runs at most K tokens past the point where the target's block starts.
-    # A tree writes its N + 1 nodes there.
+    # The draft runs at most K tokens past the point where the target's block starts (a tree: writes
+    # its N + 1 nodes from there).
     if self.tree is not None:
       self.tree.check_fits(storage.max_len, "draft cache")
     generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens,
