@@ -132,7 +132,8 @@ class Attention(nn.Module):
       index = per_layer(cfg.layer_ropes(), layer)
       cos_BxTxF, sin_BxTxF = rotary[0][index], rotary[1][index]
       q, k = rope.rotate(q, cos_BxTxF, sin_BxTxF), rope.rotate(k, cos_BxTxF, sin_BxTxF)
-    cache = cache.write(layer, k, v, 0 if tree is None else tree.first)
+    # A tree level is written after the levels above it; a chain (or whole tree) at the row's length.
+    cache = cache.write(layer, k, v) if tree is None else cache.write(layer, k, v, tree.first)
 
     out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
                                      per_layer(cfg.layer_windows(), layer), cfg.attention_block,
