@@ -28,6 +28,9 @@ def _print_stats(stats: dict) -> None:
              ("alpha_hat", fmt(stats["alpha_hat"])),
              ("mean accepted length", fmt(stats["mean_accepted_length"])),
              ("per-position acceptance", " ".join(fmt(x) for x in stats["per_position_acceptance"]))]
+    if "nodes_verified_per_round" in stats:  # a tree: the positions above are its depths
+      rows += [("nodes verified / round", stats["nodes_verified_per_round"]),
+               ("accepted / verified node", fmt(stats["accepted_per_verified_node"]))]
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f"  {name:<{width}}  {value}")

@@ -28,6 +28,8 @@ from specjax.speculative.eagle_io import load_head
 from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
 from specjax.speculative.model_drafter import ModelDrafter
 from specjax.speculative.ngram import NgramDrafter
+from specjax.speculative.tree import Tree, parse
+from specjax.speculative.tree_drafting import CHILDREN
 
 DRAFTERS = ("model", "ngram", "layer_skip", "eagle")
 
@@ -51,11 +53,40 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
                       f"{cfg.ngram_max}")
   if not 0.0 <= cfg.draft_stop_threshold < 1.0:
     raise ConfigError(f"config.draft_stop_threshold must be in [0, 1) (0 = off), got {cfg.draft_stop_threshold}")
+  tree = config_tree(cfg)
+  if tree is not None and cfg.drafter != "model":
+    raise ConfigError(f"config.tree is set but config.drafter is {cfg.drafter!r}: only the model drafter drafts "
+                      f"trees")
+  if tree is not None and cfg.draft_stop_threshold:
+    raise ConfigError("config.tree and config.draft_stop_threshold exclude each other: a tree drafter does "
+                      "not stop early")
+  if cfg.tree_children not in CHILDREN:
+    raise ConfigError(f"config.tree_children must be one of {CHILDREN}, got {cfg.tree_children!r}")
   if cfg.mode == "speculative" and cfg.drafter == "layer_skip":
     try:
       parse_layers(cfg.draft_layers, n_layers=2**31)  # the syntax now; the range once the target is known
     except ValueError as e:
       raise ConfigError(f"config.{e}") from None
+
+
+def config_tree(cfg: ml_collections.ConfigDict) -> Tree | None:
+  """The static tree of `config.tree` (None for a chain); a malformed one is a `ConfigError`."""
+  try:
+    return parse(cfg.tree)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+
+
+def draft_tokens_per_round(cfg: ml_collections.ConfigDict) -> int:
+  """K: the most draft tokens a round can accept (the tree's depth when `config.tree` is set)."""
+  tree = config_tree(cfg)
+  return cfg.k if tree is None else tree.max_depth
+
+
+def verify_width(cfg: ml_collections.ConfigDict) -> int:
+  """The tokens one verify pass feeds: K + 1, or the tree's nodes and root."""
+  tree = config_tree(cfg)
+  return cfg.k + 1 if tree is None else tree.num_nodes
 
 
 def needs_draft_model(cfg: ml_collections.ConfigDict) -> bool:
@@ -98,9 +129,13 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
       raise ValueError("drafter 'model' needs a loaded draft model")
     check_compatible(target, draft)
     head, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
+    tree = config_tree(cfg)
     drafter = ModelDrafter(draft.config, draft.params, head, stop_threshold=cfg.draft_stop_threshold,
-                           cache_spec=partitioning.cache_spec(draft.config, draft.part))
+                           cache_spec=partitioning.cache_spec(draft.config, draft.part), tree=tree,
+                           tree_children=cfg.tree_children)
     info = {"draft_vocab_coverage": coverage}
+    if tree is not None:
+      info["tree_nodes"] = tree.num_nodes - 1
   elif cfg.drafter == "ngram":
     drafter = NgramDrafter(vocab_size=target.config.vocab_size, ngram_min=cfg.ngram_min,
                            ngram_max=cfg.ngram_max)

@@ -189,7 +189,7 @@ class _Runner:
       return out
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
                                self.target_cache, self.draft_storage, budget_B, eos, sampling, key,
-                               k=cfg.k, out_width=cfg.max_new_tokens)
+                               k=drafting.draft_tokens_per_round(cfg), out_width=cfg.max_new_tokens)
     self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
     return out
 
@@ -269,7 +269,8 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
   tok = target.tokenizer
   prompt_ids = encode_prompts(tok, texts, cfg.chat)
   longest = max(len(p) for p in prompt_ids)
-  cache_len = -(-(longest + cfg.max_new_tokens + cfg.k + 1) // 64) * 64  # one shape for all batches
+  # One shape for all batches, with room for a verify pass past the budget.
+  cache_len = -(-(longest + cfg.max_new_tokens + drafting.verify_width(cfg)) // 64) * 64
   runner = _Runner(cfg, target, drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
@@ -311,6 +312,11 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
                  mean_accepted_length=totals["mean_accepted_length"],
                  per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
                  **drafter_info)
+    if "tree_nodes" in drafter_info:  # a tree: positions are depths; every round verifies all its nodes
+      verified = drafter_info["tree_nodes"] + 1
+      mean = totals["mean_accepted_length"]
+      stats.update(nodes_verified_per_round=verified,
+                   accepted_per_verified_node=None if mean is None else mean / verified)
   results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
              "environment": {**records.environment(), **devices_record(target, draft)}}
   if cfg.output and meshes.is_main_process():

@@ -298,3 +298,25 @@ def test_every_drafter_keeps_greedy_output_for_the_2026_families(family, tmp_pat
   for drafter, draft in (("model", dirs[1]), ("ngram", ""), ("layer_skip", "")):
     spec = pipeline.run(_config([dirs[0], draft], drafter=drafter), log=lambda m: None)
     assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]], drafter
+
+
+@pytest.mark.parametrize("tree", ["(2,2)", "[[0], [1], [0, 0]]"])
+def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree):
+  """`config.tree` makes the model drafter draft that tree (k is its depth); greedy output is the
+  target's, and the stats say how many nodes each round verified."""
+  spec = pipeline.run(_config(model_dirs, tree=tree, k=7), log=lambda m: None)
+  ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
+  assert spec["stats"]["nodes_verified_per_round"] == {"(2,2)": 7, "[[0], [1], [0, 0]]": 4}[tree]
+  assert len(spec["stats"]["per_position_acceptance"]) == 2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(tree="(2,"), "config.tree .* neither"), (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
+    (dict(tree="()"), "config.tree: the branching tuple is empty"),
+    (dict(tree="(2,)", drafter="ngram"), "only the model drafter"),
+    (dict(tree="(2,)", draft_stop_threshold=0.3), "exclude each other"),
+    (dict(tree_children="sorted"), "config.tree_children")])
+def test_bad_tree_configs_fail_early(model_dirs, overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    pipeline.run(_config(model_dirs, **overrides), log=lambda m: None)

@@ -1,7 +1,8 @@
 """Grouped-query attention of a chunk of T queries over one layer's static KV cache.
 
 Query t of row b sits at position `lengths[b] + t` and sees every key at a position <= its own (and,
-with a sliding window W > 0, > its own - W). W may be a traced scalar: under `scan_layers` each layer's
+with a sliding window W > 0, > its own - W). A tree chunk (`tree`, static) puts query t at
+`lengths[b] + depth[t]` and lets it see the committed keys and its ancestors' slots (see `_visible`). W may be a traced scalar: under `scan_layers` each layer's
 window is looked up by the scanned layer index (Gemma's sliding and global layers). Scores are q.k
 times `scale`, optionally soft-capped (c tanh(s / c), Gemma 2) before the mask. Two implementations of
 that one function:
@@ -28,14 +29,44 @@ import jax
 import jax.numpy as jnp
 
 
-def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window) -> jax.Array:
-  """[B, T, S] True where a query at query_pos may attend to a key at key_pos (`window` an int or a
-  traced scalar; 0 = no window)."""
-  visible_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
+def query_positions(lengths_B: jax.Array, T: int, tree=None) -> jax.Array:
+  """[B, T] int32 positions of a chunk's tokens: `lengths[b] + t` for a chain, `lengths[b] + depth[t]`
+  for a tree chunk (a static object with `first`, `depth`, `key_depth` and `ancestor_mask()`: a
+  `speculative.tree.Tree` or one level of it, `TreeLevel`)."""
+  offsets_T = jnp.arange(T, dtype=jnp.int32) if tree is None else jnp.asarray(tree.depth, jnp.int32)
+  return lengths_B[:, None] + offsets_T[None, :]
+
+
+def _in_window(query_pos_BxT: jax.Array, key_pos_xS: jax.Array, window) -> jax.Array | bool:
+  """[B, T, S] True where a key (positions [B or 1, S]) lies inside the sliding window of a query
+  (`window` an int or a traced scalar; 0 = no window: True)."""
   if isinstance(window, int) and not window:
-    return visible_BxTxS
-  in_window_BxTxS = key_pos_S[None, None, :] > query_pos_BxT[:, :, None] - window
-  return visible_BxTxS & (in_window_BxTxS | (window <= 0))
+    return True
+  return (key_pos_xS[:, None, :] > query_pos_BxT[:, :, None] - window) | (window <= 0)
+
+
+def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window, lengths_B: jax.Array,
+             tree=None) -> jax.Array:
+  """[B, T, S] True where query t may attend to the key in cache slot key_pos.
+
+  Chain: the key's position is its slot; causal (<= the query's position) and in the window.
+  Tree: slot `lengths[b] + j` holds tree node j, at position `lengths[b] + key_depth[j]`, for j below
+  `first + T` (the chunk's nodes follow the `first` ones fed before); a query sees the committed slots
+  below `lengths[b]` and the slots of its ancestors (itself included; `ancestor_mask()` [T, first + T]),
+  each in the window measured from its position."""
+  if tree is None:
+    visible_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
+    return visible_BxTxS & _in_window(query_pos_BxT, key_pos_S[None, :], window)
+  width = tree.first + query_pos_BxT.shape[1]
+  slot_BxS = key_pos_S[None, :] - lengths_B[:, None]  # the tree node a slot holds, if 0 <= slot < width
+  in_chunk_BxS = (slot_BxS >= 0) & (slot_BxS < width)
+  index_BxS = jnp.clip(slot_BxS, 0, width - 1)
+  ancestor_BxTxS = jnp.moveaxis(jnp.asarray(tree.ancestor_mask())[:, index_BxS], 0, 1)
+  key_pos_BxS = jnp.where(in_chunk_BxS,
+                          lengths_B[:, None] + jnp.asarray(tree.key_depth, jnp.int32)[index_BxS],
+                          key_pos_S[None, :])
+  visible_BxTxS = jnp.where(in_chunk_BxS[:, None, :], ancestor_BxTxS, (slot_BxS < 0)[:, None, :])
+  return visible_BxTxS & _in_window(query_pos_BxT, key_pos_BxS, window)
 
 
 def soft_cap(x: jax.Array, cap: float) -> jax.Array:
@@ -49,12 +80,12 @@ def _scores(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, scale: float, softcap:
 
 
 def dense(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
-          window, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
+          window, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
   """Attention output [B, T, H_kv, G, D] over every cache position of `layer`, masked (the reference)."""
   k_BxSxKxD, v_BxSxKxD = k_LxBxSxKxD[layer], v_LxBxSxKxD[layer]
   T, S = q_BxTxKxGxD.shape[1], k_BxSxKxD.shape[1]
-  query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
-  visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window)
+  query_pos_BxT = query_positions(lengths_B, T, tree)
+  visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window, lengths_B, tree)
   scale = q_BxTxKxGxD.shape[-1] ** -0.5 if scale is None else scale
   scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxKxGxD, k_BxSxKxD, scale, softcap),
                                -jnp.inf)
@@ -64,14 +95,15 @@ def dense(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array
 
 def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer,
               lengths_B: jax.Array, window, block: int, scale: float | None = None,
-              softcap: float = 0.0) -> jax.Array:
+              softcap: float = 0.0, tree=None) -> jax.Array:
   """Attention output [B, T, H_kv, G, D] over the live key blocks of `layer` only (online softmax)."""
   B, T, K, G, D = q_BxTxKxGxD.shape
   S = k_LxBxSxKxD.shape[2]
   block = min(block, S)
   scale = D ** -0.5 if scale is None else scale
-  query_pos_BxT = lengths_B[:, None] + jnp.arange(T)[None, :]
-  end = jnp.minimum(jnp.max(lengths_B) + T, S)  # one past the last key any query sees
+  query_pos_BxT = query_positions(lengths_B, T, tree)
+  # One past the last key any query sees (a tree level also sees the `first` nodes before it).
+  end = jnp.minimum(jnp.max(lengths_B) + T + (0 if tree is None else tree.first), S)
   start = jnp.where(window > 0, jnp.maximum(jnp.min(lengths_B) - window + 1, 0), 0)
   first_block, last_block = start // block, (end + block - 1) // block
 
@@ -84,7 +116,8 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.A
     start, size = (layer, 0, begin, 0, 0), (1, B, block, K, D)
     k_BxNxKxD = jax.lax.dynamic_slice(k_LxBxSxKxD, start, size)[0]
     v_BxNxKxD = jax.lax.dynamic_slice(v_LxBxSxKxD, start, size)[0]
-    visible_BxTxN = _visible(query_pos_BxT, key_pos_N, window) & (key_pos_N >= i * block)[None, None, :]
+    visible_BxTxN = (_visible(query_pos_BxT, key_pos_N, window, lengths_B, tree)
+                     & (key_pos_N >= i * block)[None, None, :])
     visible_Bx1x1xTxN = visible_BxTxN[:, None, None]
     scores_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, _scores(q_BxTxKxGxD, k_BxNxKxD, scale, softcap), -jnp.inf)
     new_max_BxKxGxT = jnp.maximum(max_BxKxGxT, scores_BxKxGxTxN.max(axis=-1))
@@ -107,9 +140,11 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.A
 
 
 def attend(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
-           window, block: int, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
+           window, block: int, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
   """`blockwise` with `block` keys per step, or `dense` when `block` is 0, over cache layer `layer` (an
-  int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to D^(-1/2)."""
+  int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to D^(-1/2);
+  `tree` (static, None = a chain) makes the chunk a tree (see `_visible`)."""
   if block:
-    return blockwise(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, block, scale, softcap)
-  return dense(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, scale, softcap)
+    return blockwise(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, block, scale, softcap,
+                     tree)
+  return dense(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, scale, softcap, tree)

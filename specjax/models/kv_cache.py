@@ -3,7 +3,8 @@
 A forward pass writes its chunk of T keys/values at each row's own offset `lengths[b]` but does not
 advance `lengths`; the caller commits what it keeps with `advance`. Rolling back a rejected suffix is
 therefore free: the row's length does not move and the attention mask hides whatever lies beyond it,
-to be overwritten by the next write.
+to be overwritten by the next write. After a tree verify pass, `compact` gathers the accepted path into
+contiguous slots before the caller advances.
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ class KVCache:
     """Commits `num_tokens_B[b]` more of the tokens last written to row b."""
     return self.replace(lengths=self.lengths + num_tokens_B.astype(jnp.int32))
 
-  def write(self, layer: int, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array) -> "KVCache":
-    """Writes one layer's chunk of T keys/values at each row's own offset `lengths[b]`.
+  def write(self, layer: int, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array, offset: int = 0) -> "KVCache":
+    """Writes one layer's chunk of T keys/values at each row's own offset `lengths[b]` (+ `offset`,
+    static: a tree level after the levels above it).
 
     A scatter straight into the stacked arrays, so XLA updates them in place (slicing out the
     layer and setting it back copied the whole cache per layer: 3x slower decode at S=2048).
     Positions past S_max are dropped, never clamped onto valid entries; callers check capacity.
     """
     T = k_BxTxKxD.shape[1]
-    positions_BxT = self.lengths[:, None] + jnp.arange(T)[None, :]
+    positions_BxT = self.lengths[:, None] + (offset + jnp.arange(T))[None, :]
 
     # One row's write, vmapped over the rows: a scatter whose rows are a batch dimension, which
     # GSPMD keeps on each row's own device (indexing the rows explicitly gathered every update
@@ -58,6 +60,24 @@ class KVCache:
     k = constrain(write(self.k, positions_BxT, k_BxTxKxD), *self.spec)
     v = constrain(write(self.v, positions_BxT, v_BxTxKxD), *self.spec)
     return self.replace(k=k, v=v)
+
+  def compact(self, source_BxM: jax.Array) -> "KVCache":
+    """Moves each row's keys/values from slots `lengths[b] + source[b, j]` to `lengths[b] + j` (every
+    layer), j < M: after a tree verify pass, the accepted path (node indices, ascending, source[b, j] >= j)
+    becomes contiguous, ready to `advance`. Reads all M sources before writing, so overlapping moves are
+    safe. A chain's path is the identity: callers skip this statically for chains."""
+    M = source_BxM.shape[1]
+    targets_BxM = self.lengths[:, None] + jnp.arange(M)[None, :]
+    sources_BxM = self.lengths[:, None] + source_BxM.astype(jnp.int32)
+
+    # Vmapped over the rows like `write`: each row moves its own slots, on its own device.
+    def move_row(cache_LxSxKxD, sources_M, targets_M):
+      moved_LxMxKxD = jnp.take(cache_LxSxKxD, sources_M, axis=1, mode="clip")
+      return cache_LxSxKxD.at[:, targets_M].set(moved_LxMxKxD, mode="drop")
+
+    move = jax.vmap(move_row, in_axes=(1, 0, 0), out_axes=1)
+    return self.replace(k=constrain(move(self.k, sources_BxM, targets_BxM), *self.spec),
+                        v=constrain(move(self.v, sources_BxM, targets_BxM), *self.spec))
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, spec: tuple = ()) -> KVCache:

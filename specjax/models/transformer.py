@@ -4,7 +4,9 @@
 Pure forward: `forward(config, params, tokens_BxT, cache) -> (logits_BxTxV, cache)`. Token t of row b
 sits at position `cache.lengths[b] + t`; its keys/values are written there and it attends to every
 position <= its own (see `attention`: only the live part of the cache is read unless
-`attention_block` is 0). `cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
+`attention_block` is 0). A static draft `tree` moves token t to position `lengths[b] + depth[t]`,
+still written to slot `lengths[b] + t`, seeing the committed cache and its ancestors only.
+`cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
 
 Precision: norms and the attention softmax run in float32; the output head multiplies the final norm's
 output with float32 accumulation and returns float32 logits, on every path (prefill, decode, verify,
@@ -115,7 +117,7 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer):
+  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
     cfg = self.config
     B, T, _ = x_BxTxD.shape
     H, K, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -130,11 +132,12 @@ class Attention(nn.Module):
       index = per_layer(cfg.layer_ropes(), layer)
       cos_BxTxF, sin_BxTxF = rotary[0][index], rotary[1][index]
       q, k = rope.rotate(q, cos_BxTxF, sin_BxTxF), rope.rotate(k, cos_BxTxF, sin_BxTxF)
-    cache = cache.write(layer, k, v)
+    # A tree level is written after the levels above it; a chain (or whole tree) at the row's length.
+    cache = cache.write(layer, k, v) if tree is None else cache.write(layer, k, v, tree.first)
 
     out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
                                      per_layer(cfg.layer_windows(), layer), cfg.attention_block,
-                                     cfg.attention_scale(), cfg.attn_softcap)
+                                     cfg.attention_scale(), cfg.attn_softcap, tree)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
         out_BxTxKxGxD.reshape(B, T, H * Dh))
     return out, cache
@@ -161,12 +164,13 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer):
+  def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
     """`layer` (an int, or a traced index under `scan_layers`) selects this block's cache slice, window
-    and RoPE. Gemma also normalises each sublayer's output before adding it to the residual stream."""
+    and RoPE; `tree` (static) masks a tree chunk (see `attention`). Gemma also normalises each sublayer's output before adding it to the residual stream."""
     cfg = self.config
     post_norm = (lambda name, h: Norm(cfg, name=name)(h)) if cfg.arch == "gemma" else (lambda name, h: h)
-    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer)
+    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer,
+                                                tree)
     x_BxTxD = x_BxTxD + post_norm("post_attn_norm", attn_out)
     mlp_out = MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxTxD))
     return x_BxTxD + post_norm("post_mlp_norm", mlp_out), cache
@@ -182,7 +186,7 @@ def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions
 
 
 def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cache: KVCache,
-            layers: tuple[int, ...]) -> tuple[jax.Array, KVCache]:
+            layers: tuple[int, ...], tree=None) -> tuple[jax.Array, KVCache]:
   """Runs the blocks `layers` in order: a Python loop over `layers_{i}`, or a `lax.scan` over the
   stacked `layers` (indexing weights, cache, windows and RoPEs by the scanned layer index). With
   `config.remat` each block is a `jax.checkpoint`: differentiating keeps only its input, and recomputes
@@ -192,14 +196,14 @@ def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cac
   if not config.scan_layers:
     for i in layers:
       apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD, rotary,
-                                                                     cache, i)
+                                                                     cache, i, tree)
       x_BxTxD, cache = (jax.checkpoint(apply) if config.remat else apply)(params[f"layers_{i}"], x_BxTxD, cache)
     return x_BxTxD, cache
 
   def step(carry, i):
     x_BxTxD, cache = carry
     layer_params = jax.tree.map(lambda stacked: stacked[i], params["layers"])
-    return block.apply({"params": layer_params}, x_BxTxD, rotary, cache, i), None
+    return block.apply({"params": layer_params}, x_BxTxD, rotary, cache, i, tree), None
 
   step = jax.checkpoint(step) if config.remat else step
 
@@ -208,16 +212,19 @@ def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cac
 
 
 def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
-                   layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+                   layers: tuple[int, ...] | None = None, tree=None) -> tuple[jax.Array, KVCache]:
   """Final-norm hidden states [B, T, D] and the written (not advanced) cache; through the
   blocks `layers` only (static; self-speculation drafts with a subset of the target's layers, reading
-  and writing the target's own cache at those layers) when given."""
-  hidden_BxTxD, _, cache = forward_features(config, params, tokens_BxT, cache, (), layers)
+  and writing the target's own cache at those layers) when given. With a static `tree` (T = its
+  nodes; see `speculative.tree`) token t sits at position `lengths + depth[t]`, is written to slot
+  `lengths + t` and attends to the committed cache and its ancestors; a `TreeLevel` writes its nodes
+  after the `first` ones, already written by earlier passes; None is a chain."""
+  hidden_BxTxD, _, cache = forward_features(config, params, tokens_BxT, cache, (), layers, tree)
   return hidden_BxTxD, cache
 
 
 def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
-                     feature_layers: tuple[int, ...], layers: tuple[int, ...] | None = None
+                     feature_layers: tuple[int, ...], layers: tuple[int, ...] | None = None, tree=None
                      ) -> tuple[jax.Array, jax.Array, KVCache]:
   """`forward_hidden`, also returning features [B, T, F] for a drafter that reads the target's hidden
   states (EAGLE): the residual streams after the blocks `feature_layers` (static, ascending, among the
@@ -228,16 +235,16 @@ def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
   if list(feature_layers) != sorted(set(feature_layers)) or not set(feature_layers) <= set(layers):
     raise ValueError(f"feature layers {feature_layers} must be ascending, distinct and among the blocks run "
                      f"({layers[0]}..{layers[-1]} of a {config.n_layers}-layer model)")
-  positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  positions_BxT = attention.query_positions(cache.lengths, T, tree)
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
   rotary = rotary_tables(config, positions_BxT)
   streams = []  # the blocks run in segments ending at each feature layer: one segment when there are none
   start = 0
   for stop in [layers.index(i) + 1 for i in feature_layers]:
-    x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary, cache, layers[start:stop])
+    x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary, cache, layers[start:stop], tree)
     streams.append(x_BxTxD)
     start = stop
-  x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary, cache, layers[start:])
+  x_BxTxD, cache = _blocks(config, params, x_BxTxD, rotary, cache, layers[start:], tree)
   hidden_BxTxD = Norm(config).apply({"params": params["final_norm"]}, x_BxTxD)
   return hidden_BxTxD, jnp.concatenate(streams, axis=-1) if streams else hidden_BxTxD, cache
 
@@ -257,10 +264,11 @@ def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) 
   return attention.soft_cap(logits_xV, config.final_softcap)
 
 
-def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
-            cache: KVCache) -> tuple[jax.Array, KVCache]:
-  """Logits [B, T, V] (float32) of every position and the written (not advanced) cache."""
-  hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache)
+def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
+            tree=None) -> tuple[jax.Array, KVCache]:
+  """Logits [B, T, V] (float32) of every position and the written (not advanced) cache; `tree` as in
+  `forward_hidden`."""
+  hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache, tree=tree)
   return hidden_to_logits(config, params, hidden_BxTxD), cache
 
 

@@ -23,6 +23,8 @@ Bookkeeping shared with the loop: the *pending* token is the newest committed to
 target (its cache holds everything before it). A round feeds [pending, d_1 .. d_W-1] to the target; if
 row b accepts n draft tokens, the n + 1 tokens [pending, d_1 .. d_n] become history (`commit` receives
 num_committed = n + 1; 0 for a row that is done) and the target's next token becomes the new pending one.
+A proposal may be a static tree (`Proposal.tree`, e.g. `ModelDrafter(tree=...)`): the loop verifies its
+nodes in one pass and hands `commit` the accepted path as a chain (`Proposal.along`, with `path` set).
 `propose` may read and write the target's cache beyond each row's length (self-speculation shares it):
 whatever it writes there is overwritten by the verify pass before any of it is committed.
 """

@@ -5,6 +5,10 @@
 advances by its own n + 1 tokens. Rows stop on their own (EOS or budget) and then stop changing; no
 host round trip per round.
 
+A drafter may propose a static tree instead of a chain (`Proposal.tree`): the target then scores all its
+nodes in one tree-masked pass (`_verify_tree_pass`, `tree_acceptance`), the accepted path is compacted
+into contiguous cache slots, and the round continues with that path as the proposal.
+
 Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
 sampled rounds apply the acceptance rule to the processed distributions.
 
@@ -26,14 +30,15 @@ import jax.numpy as jnp
 from specjax import generation, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill
+from specjax.models.transformer import Params, forward_features, forward_hidden, hidden_to_logits, prefill
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
-from specjax.speculative import acceptance
+from specjax.speculative import acceptance, tree_acceptance
 from specjax.speculative.drafters import Drafter, feature_layers
 from specjax.speculative.proposal import Proposal
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
 GreedyRule = Callable[[Proposal, jax.Array], tuple[jax.Array, jax.Array]]
+TreeRule = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]  # `tree_acceptance.verify_tree`'s signature
 
 
 @flax.struct.dataclass
@@ -82,13 +87,39 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
           target_cache)
 
 
+def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_rule: TreeRule,
+                      pending_B: jax.Array, proposal: Proposal, sampling: SamplingParams, key: jax.Array,
+                      target_cache: KVCache):
+  """Scores the tree [pending, nodes 1..N] in one tree-masked pass, applies the tree rule (greedy on the
+  target's argmaxes) and compacts the accepted path's keys/values (not for a chain: statically free).
+  Returns (accepted [B], next token [B], the target's hidden states along the path [B, D + 1, D], cache,
+  the proposal's accepted path as a chain (`Proposal.along`))."""
+  tree = proposal.tree
+  fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
+  block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
+  hidden_BxN1xD, target_cache = forward_hidden(target_config, target_params, block_BxN1, target_cache,
+                                               tree=tree)
+  logits_BxN1xV = hidden_to_logits(target_config, target_params, hidden_BxN1xD)
+  if sampling.greedy:
+    path_BxD1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
+                                                                           greedy_tokens(logits_BxN1xV))
+  else:
+    path_BxD1, num_accepted_B, next_B = tree_rule(key, tree, proposal.tokens, proposal.probs,
+                                                  probabilities(logits_BxN1xV, sampling))
+  if not tree.is_chain:
+    target_cache = target_cache.compact(path_BxD1)
+  hidden_BxD1xD = jnp.take_along_axis(hidden_BxN1xD, path_BxD1[:, :, None], axis=1)
+  return num_accepted_B, next_B, hidden_BxD1xD, target_cache, proposal.along(path_BxD1)
+
+
 @functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule",
-                                             "greedy_rule"),
+                                             "greedy_rule", "tree_rule"),
                    donate_argnames=("target_cache", "draft_storage"))
 def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
               eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int,
-              pad_id: int, rule: AcceptanceRule, greedy_rule: GreedyRule) -> SpeculativeOutput:
+              pad_id: int, rule: AcceptanceRule, greedy_rule: GreedyRule,
+              tree_rule: TreeRule) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   logits_BxV, target_cache = prefill(target_config, target_params, prompts_BxP, prompt_lengths_B,
@@ -112,7 +143,10 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
                                 feature_layers(drafter), state.pending, proposal, sampling, accept_key)
               for width in widths]
-    if len(passes) == 1:
+    if proposal.tree is not None:  # static: K = the tree's depth; the accepted path becomes the proposal
+      num_accepted_B, next_B, hidden_BxK1xD, target_cache, proposal = _verify_tree_pass(
+          target_config, target_params, tree_rule, state.pending, proposal, sampling, accept_key, target_cache)
+    elif len(passes) == 1:
       num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
     else:  # the narrowest pass that checks every live row's whole proposal
       longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
@@ -144,7 +178,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          prompt_lengths_B, target_cache: KVCache, draft_storage: Any, max_new_tokens, eos_ids,
                          sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int | None = None,
                          pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
-                         greedy_rule: GreedyRule = acceptance.verify_greedy) -> SpeculativeOutput:
+                         greedy_rule: GreedyRule = acceptance.verify_greedy,
+                         tree_rule: TreeRule = tree_acceptance.verify_tree) -> SpeculativeOutput:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
   (equal to it token for token when greedy).
@@ -159,10 +194,19 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   reuse the compiled program. `rule` (static) is the acceptance rule of sampled runs, replaceable for
   experiments (the tests inject broken ones to show the exactness tests can fail); `greedy_rule`
   (static) is the one of greedy runs, on token ids. Greedy and sampled runs are separate programs.
+
+  A drafter with a static `tree` (a `tree.Tree` of N nodes and depth D; `ModelDrafter(tree=...)`)
+  proposes trees: K must be D, each round verifies the N + 1 nodes in one tree-masked target pass
+  (`tree_acceptance`, `tree_rule` static like `rule`), compacts the accepted path in the target cache
+  and commits it to the drafter as a chain. The target cache then needs N - 1 positions of slack
+  instead of K - 1.
   """
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
   drafter.check(target_config)
+  tree = getattr(drafter, "tree", None)
+  if tree is not None and k != tree.max_depth:
+    raise ValueError(f"k = {k}, but the drafter's tree has depth {tree.max_depth}: pass k = {tree.max_depth}")
   widths = drafter.verify_widths(k)
   if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] != k + 1:
     raise ValueError(f"the drafter's verify widths {widths} must ascend from >= 1 to K + 1 = {k + 1}")
@@ -171,10 +215,13 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
   budget_B, out_width = generation.budgets(max_new_tokens, batch, out_width)
   largest = int(jnp.max(budget_B))
-  generation.check_fits("speculative generate (target)", prompt_lengths_B, largest, k - 1,
-                        target_cache.max_len, target_config.max_positions)
+  if tree is not None:
+    tree.check_fits(target_cache.max_len, "target cache")
+  generation.check_fits("speculative generate (target)", prompt_lengths_B, largest,
+                        k - 1 if tree is None else tree.num_nodes - 2, target_cache.max_len,
+                        target_config.max_positions)
   drafter.check_fits(draft_storage, prompt_lengths_B, largest, k)
   return _generate(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
                    jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
                    jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, k=k, out_width=out_width,
-                   pad_id=pad_id, rule=rule, greedy_rule=greedy_rule)
+                   pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule)

@@ -16,6 +16,10 @@ later slots are simply never accepted.
 
 Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distributions are built).
 
+`tree` (optional, static) makes the drafter propose that static tree each round instead of a chain
+(`tree_drafting`: children i.i.d., without replacement or the top tokens, `tree_children`); the loop
+verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache.
+
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
 
@@ -40,6 +44,8 @@ from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters import DraftPass, short_proposal_widths
 from specjax.speculative.proposal import Proposal, full
+from specjax.speculative.tree import Tree
+from specjax.speculative.tree_drafting import CHILDREN, draft_tree
 
 
 @flax.struct.dataclass
@@ -59,6 +65,8 @@ class ModelDrafter:
   head: DraftHead | None = None
   stop_threshold: float = flax.struct.field(pytree_node=False, default=0.0)  # in [0, 1); 0 = off
   cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the draft cache's mesh axes
+  tree: Tree | None = flax.struct.field(pytree_node=False, default=None)  # draft this static tree; None = a chain
+  tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
 
   @property
   def vocab_size(self) -> int:
@@ -68,6 +76,10 @@ class ModelDrafter:
     return short_proposal_widths(k) if self.stop_threshold else (k + 1,)
 
   def check(self, target_config: ModelConfig) -> None:
+    if self.tree is not None and self.stop_threshold:
+      raise ValueError("a tree drafter does not stop early: set draft_stop_threshold to 0")
+    if self.tree_children not in CHILDREN:
+      raise ValueError(f"tree_children must be one of {CHILDREN}, got {self.tree_children!r}")
     if not 0.0 <= self.stop_threshold < 1.0:
       raise ValueError(f"draft_stop_threshold must be in [0, 1) (0 = off), got {self.stop_threshold}")
     if self.head is not None and self.head.weight_NxD.shape[1] != self.config.d_model:
@@ -83,9 +95,13 @@ class ModelDrafter:
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):
       raise ValueError(f"draft cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
-    # The draft runs at most K tokens past the point where the target's block starts.
-    generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens, k - 1,
-                          storage.max_len, self.config.max_positions)
+    # The draft runs at most K tokens past the point where the target's block starts (a tree: writes
+    # its N + 1 nodes from there).
+    if self.tree is not None:
+      self.tree.check_fits(storage.max_len, "draft cache")
+    generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens,
+                          k - 1 if self.tree is None else self.tree.num_nodes - 2, storage.max_len,
+                          self.config.max_positions)
 
   def storage_of(self, state: ModelDraftState) -> KVCache:
     return state.cache
@@ -106,6 +122,9 @@ class ModelDrafter:
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
               sampling: SamplingParams, key: jax.Array, k: int
               ) -> tuple[Proposal, ModelDraftState, KVCache]:
+    if self.tree is not None:
+      proposal, state = self._propose_tree(state, pending_B, sampling, key)
+      return proposal, state, target_cache
     # First pass: [d_K, pending] for rows that are behind, [pending, (unused)] for the others; just
     # [pending] when no row is behind (a 2-token pass costs up to 1.8 single ones on a CPU).
     num_valid_B = 1 + state.behind.astype(jnp.int32)
@@ -168,8 +187,22 @@ class ModelDrafter:
     proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV, calls=fed + 1)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
 
+  def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
+                    key: jax.Array) -> tuple[Proposal, ModelDraftState]:
+    """A tree proposal (`tree_drafting`) after [history, pending]; the draft cache then holds every node
+    beyond the history (uncommitted), for `commit` to compact the accepted path. Never behind."""
+    tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
+                                                self.tree_children, state.cache, self._embeddable(pending_B),
+                                                sampling, key)
+    proposal = Proposal(tokens=tokens_BxN, lengths=jnp.full(pending_B.shape, tokens_BxN.shape[1], jnp.int32),
+                        probs=probs_BxNxW, calls=jnp.int32(self.tree.max_depth + 1), tree=self.tree)
+    return proposal, state.replace(cache=cache)
+
   def commit(self, state: ModelDraftState, proposal: Proposal, num_committed_B: jax.Array,
              target_hidden_BxK1xD: jax.Array) -> ModelDraftState:
+    if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`)
+      cache = state.cache if self.tree.is_chain else state.cache.compact(proposal.path)
+      return state.replace(cache=cache.advance(num_committed_B))
     committed_B = num_committed_B > 0
     # Written beyond the history: d_K of last round (if behind), pending, d_1 .. d_fed. A row that
     # accepted n > fed draft tokens commits d_n without its keys: it is behind by that one token.

@@ -2,11 +2,16 @@
 distributions they were drawn from or nothing (point masses: deterministic drafters, and every drafter
 when decoding greedily, whose tokens are argmaxes).
 
+A tree proposal (`tree` set) holds the N nodes of a static draft tree instead of a chain; once verified,
+`along` turns it into the chain of its accepted path, which the loop and drafters commit like any chain.
+
 A point-mass proposal never materialises `[B, K, V]`: prompt lookup over a 152k vocabulary would
 otherwise build a one-hot tensor of K x 152k floats per row and round.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.struct
 import jax
@@ -21,6 +26,10 @@ class Proposal:
   #                                 W ids (the target's V, or another size: `acceptance` extends with zeros);
   #                                 None = point masses
   calls: jax.Array | int = 0  # [] int32: draft forward passes this proposal cost (0 for a lookup), for metrics
+  # Static: a `tree.Tree` when the K = N tokens are the nodes 1..N of a draft tree (probs[:, i] = what
+  # node i + 1 was drawn from, see `tree_acceptance`); None for a chain.
+  tree: Any = flax.struct.field(pytree_node=False, default=None)
+  path: jax.Array | None = None  # [B, D + 1] int32: the accepted tree path (node indices), set by `along`
 
   @property
   def k(self) -> int:
@@ -29,6 +38,15 @@ class Proposal:
   @property
   def point_masses(self) -> bool:
     return self.probs is None
+
+  def along(self, path_BxD1: jax.Array) -> "Proposal":
+    """The chain of a tree proposal's tokens along each row's accepted path (root excluded): D tokens,
+    all proposed, `path` kept for drafters that compact their own cache (point masses: the chain is
+    only read for its tokens)."""
+    tokens_BxN1 = jnp.pad(self.tokens, ((0, 0), (1, 0)))
+    tokens_BxD = jnp.take_along_axis(tokens_BxN1, path_BxD1[:, 1:], axis=1)
+    return Proposal(tokens=tokens_BxD, lengths=jnp.full(self.lengths.shape, tokens_BxD.shape[1], jnp.int32),
+                    calls=self.calls, path=path_BxD1)
 
   def truncated(self, width: int) -> "Proposal":
     """The first `width` slots (static): what a verify pass of `width` + 1 tokens can check."""

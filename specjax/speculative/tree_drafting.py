@@ -1,0 +1,103 @@
+"""A draft model proposing a static tree (`tree.Tree`): the children of each node are drawn from the
+draft's distribution there, level by level.
+
+Children of a node (`children`, static):
+- "iid": independent draws from the node's distribution p (each child's p is that distribution);
+- "without_replacement": distinct draws (Gumbel top-b: sequential sampling without replacement); child
+  r's distribution is p with its elder siblings removed, renormalised (a point mass on its token when
+  nothing is left: a top-k / top-p support smaller than the branching);
+- "top": the b most likely tokens, as point masses.
+Greedy decoding always takes the b largest logits (point masses). These are exactly the "drawn from"
+distributions `tree_acceptance` needs.
+
+Passes: one tree-masked pass per depth level (`Tree.level`): level d's nodes are written after the
+levels above (uncommitted slots) and attend to the committed cache and their ancestors there; its
+hidden states give the next level's children. A last pass feeds the leaves, so the draft cache holds
+every node's keys and the accepted path is compacted like the target's (no lagging token): D + 1
+passes feeding N + 1 tokens in all.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import Params, forward_hidden
+from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.speculative.draft_head import DraftHead, draft_logits
+from specjax.speculative.tree import Tree
+
+CHILDREN = ("iid", "without_replacement", "top")
+
+
+def _next_level(tree: Tree, depth: int) -> tuple[list[int], list[int], list[int]]:
+  """Static plan of level `depth + 1`: its nodes, their parents' offsets within level `depth`, ranks."""
+  first = tree.depth.index(depth)
+  nodes = [i for i, d in enumerate(tree.depth) if d == depth + 1]
+  parents = [tree.parent[i] - first for i in nodes]
+  ranks = [tree.children(tree.parent[i]).index(i) for i in nodes]
+  return nodes, parents, ranks
+
+
+def _without_elders(probs_BxCxW: jax.Array, order_BxCxR: jax.Array, ranks: list[int],
+                    tokens_BxC: jax.Array) -> jax.Array:
+  """Each child's distribution given its elder siblings: p without their tokens, renormalised (a point
+  mass on the child's token where nothing is left)."""
+  width = probs_BxCxW.shape[-1]
+  elder_CxR = jnp.arange(order_BxCxR.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
+  elders_BxCxW = jnp.any((order_BxCxR[..., None] == jnp.arange(width)[None, None, None, :])
+                         & elder_CxR[None, :, :, None], axis=2)
+  left_BxCxW = jnp.where(elders_BxCxW, 0.0, probs_BxCxW)
+  total_BxCx1 = left_BxCxW.sum(-1, keepdims=True)
+  return jnp.where(total_BxCx1 > 0.0, left_BxCxW / jnp.where(total_BxCx1 > 0.0, total_BxCx1, 1.0),
+                   jax.nn.one_hot(tokens_BxC, width, dtype=jnp.float32))
+
+
+def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logits_BxLxW: jax.Array,
+                   parents: list[int], ranks: list[int]) -> tuple[jax.Array, jax.Array | None]:
+  """Tokens [B, C] of the next level's C nodes and their distributions [B, C, W] (None: point masses)."""
+  most = max(ranks) + 1
+  pick = lambda order_BxLxR: order_BxLxR[:, jnp.asarray(parents), jnp.asarray(ranks)]
+  if sampling.greedy:
+    return pick(jax.lax.top_k(logits_BxLxW, most)[1]), None
+  probs_BxLxW = probabilities(logits_BxLxW, sampling)
+  if children == "top":
+    return pick(jax.lax.top_k(probs_BxLxW, most)[1]), None
+  probs_BxCxW = probs_BxLxW[:, jnp.asarray(parents)]
+  if children == "iid":
+    return sample(key, probs_BxCxW), probs_BxCxW
+  gumbel_BxLxW = jax.random.gumbel(key, probs_BxLxW.shape, jnp.float32)
+  order_BxLxR = jax.lax.top_k(jnp.log(probs_BxLxW) + gumbel_BxLxW, most)[1]
+  tokens_BxC = pick(order_BxLxR).astype(jnp.int32)
+  return tokens_BxC, _without_elders(probs_BxCxW, order_BxLxR[:, jnp.asarray(parents)], ranks, tokens_BxC)
+
+
+def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
+               cache: KVCache, root_B: jax.Array, sampling: SamplingParams,
+               key: jax.Array) -> tuple[jax.Array, jax.Array | None, KVCache]:
+  """Draws a tree after each row's history (in `cache`) and its root token `root_B`.
+
+  Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
+  point masses) and the cache with the whole tree written beyond each row's length (not advanced).
+  """
+  batch = root_B.shape[0]
+  tokens_BxN1 = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_B)
+  probs_BxN1xW = None
+  for depth, level_key in zip(range(tree.max_depth), jax.random.split(key, tree.max_depth)):
+    level = tree.level(depth)
+    hidden_BxLxD, cache = forward_hidden(config, params, tokens_BxN1[:, level.first:level.first + level.count],
+                                         cache, tree=level)
+    logits_BxLxW = draft_logits(config, params, head, hidden_BxLxD)
+    nodes, parents, ranks = _next_level(tree, depth)
+    level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_key, logits_BxLxW, parents,
+                                                         ranks)
+    tokens_BxN1 = tokens_BxN1.at[:, jnp.asarray(nodes)].set(level_tokens_BxC)
+    if level_probs_BxCxW is not None:
+      if probs_BxN1xW is None:
+        probs_BxN1xW = jnp.zeros((batch, tree.num_nodes, logits_BxLxW.shape[-1]), jnp.float32)
+      probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
+  leaves = tree.level(tree.max_depth)
+  _, cache = forward_hidden(config, params, tokens_BxN1[:, leaves.first:], cache, tree=leaves)
+  return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], cache

@@ -1,0 +1,64 @@
+"""Static trees: numbering, masks and tables from branching tuples and path lists; bad shapes fail."""
+
+import numpy as np
+import pytest
+
+from specjax.speculative import tree as tree_lib
+
+
+def test_branching_numbers_levels_in_parent_then_rank_order():
+  tree = tree_lib.from_branching((2, 2))
+  assert tree.parent == (-1, 0, 0, 1, 1, 2, 2)
+  assert tree.depth == (0, 1, 1, 2, 2, 2, 2)
+  assert tree.children(1) == (3, 4) and tree.max_depth == 2 and tree.num_nodes == 7
+  assert tree == tree_lib.from_paths([[1, 1], [0], [1], [0, 0], [0, 1], [1, 0]])
+  assert hash(tree) == hash(tree_lib.from_branching((2, 2)))
+
+
+def test_chain_is_the_tree_of_ones():
+  tree = tree_lib.chain(3)
+  assert tree.is_chain and tree.parent == (-1, 0, 1, 2)
+  np.testing.assert_array_equal(tree.ancestor_mask(), np.tril(np.ones((4, 4), bool)))
+  assert not tree_lib.from_branching((2,)).is_chain
+
+
+def test_masks_and_tables():
+  tree = tree_lib.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])  # nodes 1, 2, 3 (0,0), 4 (0,1), 5
+  assert tree.parent == (-1, 0, 0, 1, 1, 3)
+  mask = tree.ancestor_mask()
+  np.testing.assert_array_equal(np.flatnonzero(mask[5]), [0, 1, 3, 5])
+  np.testing.assert_array_equal(np.flatnonzero(mask[2]), [0, 2])
+  np.testing.assert_array_equal(tree.path_table()[5], [0, 1, 3, 5])
+  np.testing.assert_array_equal(tree.path_table()[2], [0, 2, 2, 2])
+  np.testing.assert_array_equal(tree.children_table()[:2], [[1, 2], [3, 4]])
+  np.testing.assert_array_equal(tree.children_table()[2], [-1, -1])
+
+
+@pytest.mark.parametrize("paths, message", [
+    ([], "empty"), ([[0], []], "empty path"), ([[0], [1, 0]], "prefix"), ([[1]], "elder sibling"),
+    ([[0], [-1]], "integer >= 0"), ([[0], [0]], "twice")])
+def test_malformed_path_lists_fail(paths, message):
+  with pytest.raises(ValueError, match=message):
+    tree_lib.from_paths(paths)
+
+
+@pytest.mark.parametrize("branching", [(), (2, 0), (1.5,)])
+def test_bad_branching_fails(branching):
+  with pytest.raises(ValueError, match="branching"):
+    tree_lib.from_branching(branching)
+
+
+def test_tree_larger_than_the_cache_fails():
+  tree_lib.chain(3).check_fits(4)
+  with pytest.raises(ValueError, match="needs 7 free positions"):
+    tree_lib.from_branching((2, 2)).check_fits(6)
+
+
+def test_parse_config_strings():
+  assert tree_lib.parse("") is None and tree_lib.parse("  ") is None
+  assert tree_lib.parse("(4,2,2,1)") == tree_lib.from_branching((4, 2, 2, 1))
+  assert tree_lib.parse("3") == tree_lib.from_branching((3,))
+  assert tree_lib.parse("[[0], [1], [0, 0]]") == tree_lib.from_paths([[0], [1], [0, 0]])
+  for bad in ("(2,", "[0, 1]", "'abc'", "((0,), 1)"):
+    with pytest.raises(ValueError, match="neither a branching tuple"):
+      tree_lib.parse(bad)

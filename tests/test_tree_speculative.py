@@ -1,0 +1,83 @@
+"""Tree speculative decoding end to end (the model drafter drafting a static tree, the loop verifying it).
+
+Greedy: the output equals the target's own greedy decoding token for token (ragged prompts, budgets that
+are not multiples of the round, an EOS inside an accepted path, two tree shapes, drafts that agree
+always, never or partly), and a chain-shaped tree behaves as plain K (same tokens, same acceptance).
+Sampling: see test_tree_exactness.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from specjax import metrics
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.speculative import speculative_generate
+from specjax.speculative import tree as tree_lib
+from specjax.speculative.model_drafter import ModelDrafter
+from tests.test_speculative import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET,
+                                    _speculative, _target_greedy)
+
+TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
+         "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])}
+
+
+def _tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS,
+                      sampling=GREEDY, children="iid", seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH,
+                      **kwargs):
+  (target_config, target_params), (draft_config, draft_params) = target, draft
+  drafter = ModelDrafter(draft_config, draft_params, tree=tree, tree_children=children)
+  padded, lengths = pad_prompts(prompts)
+  return speculative_generate(target_config, target_params, drafter, padded, lengths,
+                              init_cache(target_config, len(prompts), cache_len),
+                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                              jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
+
+
+@pytest.mark.parametrize("tree_name", sorted(TREES))
+def test_greedy_tree_decoding_equals_target_greedy(tree_name):
+  tree = TREES[tree_name]
+  for draft_name in ("same", "never", "perturbed", "independent"):
+    out = _tree_speculative(DRAFTS[draft_name], tree)
+    assert as_token_lists(out.tokens, out.counts) == _target_greedy(), draft_name
+    np.testing.assert_array_equal(out.counts, BUDGETS)
+    total = metrics.summarize(out.acceptance)["total"]
+    if draft_name == "same":
+      assert total["mean_accepted_length"] == tree.max_depth + 1
+
+
+def test_eos_inside_an_accepted_path_ends_the_row():
+  expected = _target_greedy()
+  eos = expected[0][4]  # row 0's fifth token, inside a round of the "same" draft
+  out = _tree_speculative(DRAFTS["same"], TREES["branching"], eos_ids=[eos])
+  got = as_token_lists(out.tokens, out.counts)
+  for row, tokens in enumerate(expected):
+    cut = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+    assert got[row] == tokens[:cut]
+
+
+def test_chain_shaped_tree_equals_plain_k():
+  chain = tree_lib.chain(3)
+  as_tree = _tree_speculative(DRAFTS["perturbed"], chain)
+  plain = _speculative(DRAFTS["perturbed"], k=3)
+  np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
+  for name in ("rounds", "proposed", "accepted"):
+    np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
+
+
+
+def test_bad_tree_runs_fail_on_the_host():
+  tree = TREES["branching"]
+  with pytest.raises(ValueError, match="needs 11 free positions per round, the target cache holds 8"):
+    _tree_speculative(DRAFTS["same"], tree, cache_len=8)
+  with pytest.raises(ValueError, match="speculative generate"):  # prompt + budget + the tree's slack
+    _tree_speculative(DRAFTS["same"], tree, cache_len=36)
+  config, params = DRAFTS["same"]
+  drafter = ModelDrafter(config, params, tree=tree)
+  padded, lengths = pad_prompts(PROMPTS)
+  with pytest.raises(ValueError, match="pass k = 3"):
+    speculative_generate(*TARGET, drafter, padded, lengths, init_cache(TARGET[0], 3, CACHE_LEN),
+                         drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
+  with pytest.raises(ValueError, match="tree_children"):
+    ModelDrafter(config, params, tree=tree, tree_children="sorted").check(TARGET[0])
