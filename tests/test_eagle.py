@@ -17,10 +17,9 @@ from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.eagle import EagleDrafter, eagle3_layers, head_config, init_head_params
-from tests.test_acceptance import chi_square_pvalue
 from tests.test_layer_skip import SMALL_TARGET, TARGET, _target_greedy_3
 from tests.test_speculative import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                    SAMPLE_STEPS, _accept_all, _exact_distribution)
+                                    SAMPLE_STEPS, _accept_all, first_tokens_pvalue)
 
 
 def _head(target_config, feature_layers, seed=3, final_scale=1.0):
@@ -130,11 +129,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05)  # first-token acceptance ~0.36
   out = _run(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
              seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
-  config = SMALL_TARGET[0]
-  index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * SAMPLE_STEPS)
-  observed = np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS)
-  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
-  pvalue = chi_square_pvalue(observed, exact)
+  pvalue = first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, out.tokens)
   if passes:
     total = metrics.summarize(out.acceptance)["total"]
     assert 0.15 < total["acceptance_rate"] < 0.95 and pvalue > 1e-3

@@ -232,6 +232,16 @@ def _exact_distribution(config, params, prompt, sampling, steps):
   return joint
 
 
+def first_tokens_pvalue(model, prompt, sampling, tokens_NxS) -> float:
+  """Chi-square p-value of the rows' first S generated tokens against `model`'s exact joint
+  distribution of them (`_exact_distribution`)."""
+  config = model[0]
+  steps = tokens_NxS.shape[1]
+  index = np.ravel_multi_index(np.asarray(tokens_NxS).T, [config.vocab_size] * steps)
+  observed = np.bincount(index, minlength=config.vocab_size ** steps)
+  return chi_square_pvalue(observed, _exact_distribution(*model, prompt, sampling, steps).ravel())
+
+
 def _accept_all(key, proposal, target_probs_BxK1xV):
   """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
   k = proposal.k
