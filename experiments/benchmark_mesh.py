@@ -16,6 +16,7 @@ case must share with the single-device baseline (`tokens`; compared in the table
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -64,7 +65,7 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
     result[f"{role}_param_bytes"] = sum(leaf.nbytes for leaf in jax.tree.leaves(model.params))
     result[f"{role}_param_bytes_per_device"] = max(per_device.values())
     result[f"{role}_rules"] = model.part.resolve(model.config) if model.part else {}
-    with jax.set_mesh(mesh) if mesh is not None else _nothing():
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
       cache = init_cache(model.config, cfg.batch_size, cfg.cache_len,
                          partitioning.cache_spec(model.config, model.part))
     result[f"{role}_cache_bytes"] = cache.k.nbytes + cache.v.nbytes
@@ -90,21 +91,13 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
     tokens = np.asarray(meshes.to_host(out.tokens)), np.asarray(meshes.to_host(out.counts))
     return time.perf_counter() - start, tokens
 
-  with jax.set_mesh(mesh) if mesh is not None else _nothing():
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     result["compile_s"], _ = call(1)
     result["call_s"], _ = call(1)
     if cfg.run_tokens:
       result["run_s"], (tokens, counts) = call(cfg.run_tokens)
       result["tokens"] = generation.as_token_lists(tokens, counts)
   return result
-
-
-class _nothing:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
 
 
 def run(cfg: ml_collections.ConfigDict, log=print) -> dict:

@@ -140,13 +140,9 @@ def param_spec(config: ModelConfig, part: Partitioning, path: str, ndim: int) ->
 
 def param_shardings(config: ModelConfig, params: Any, part: Partitioning) -> Any:
   """A tree of `NamedSharding`s matching `params` (arrays or shape structs, either layout)."""
-  rules = part.resolve(config)
-
-  def sharding(path, leaf):
-    axes = logical_axes(_path_string(path), leaf.ndim)
-    return part.sharding(*(rules.get(axis) if axis else None for axis in axes))
-
-  return jax.tree_util.tree_map_with_path(sharding, params)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: NamedSharding(part.mesh, param_spec(config, part, _path_string(path), leaf.ndim)),
+      params)
 
 
 def shard_params(config: ModelConfig, params: Any, part: Partitioning | None) -> Any:

@@ -14,6 +14,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
                            + os.environ.get("SPECJAX_TEST_DEVICES", "8"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 
@@ -68,7 +69,7 @@ def _placed(spec: str, seed_target: int = 0, seed_draft: int = 1):
 
 def _run(spec: str, mode: str, sampling, seed: int = 3):
   target, drafter, part, mesh = _placed(spec)
-  context = jax.set_mesh(mesh) if mesh else _nothing()
+  context = jax.set_mesh(mesh) if mesh else contextlib.nullcontext()
   with context:
     cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_spec(TARGET, part))
     key = jax.random.key(seed)
@@ -78,14 +79,6 @@ def _run(spec: str, mode: str, sampling, seed: int = 3):
       out = speculative_generate(TARGET, target, drafter, PROMPTS, LENGTHS, cache,
                                  drafter.storage(len(PROMPTS), CACHE), 20, [-1], sampling, key, k=3)
     return np.asarray(meshes.to_host(out.tokens)).tolist(), out
-
-
-class _nothing:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
 
 
 def decode() -> dict:
