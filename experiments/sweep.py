@@ -50,9 +50,9 @@ LOAD_FIELDS = ("target", "drafter", "draft", "dtype", "mode", "mesh", "mesh_indi
                "scan_layers", "attention_block", "prefill_chunk")
 DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # sampling axes (mostly one program): innermost
 SPECULATIVE_ONLY = ("k", "drafter", "draft", "draft_vocab", "draft_vocab_corpus", "ngram_min", "ngram_max",
-                    "draft_layers")  # unused by autoregressive points
-SETTINGS = ("target", "drafter", "draft", "mode", "k", "batch_size", "temperature", "top_k", "top_p", "seed",
-            "max_new_tokens", "chat", "dtype", "mesh")  # decode fields copied into every row
+                    "draft_layers", "tree", "tree_children")  # unused by autoregressive points
+SETTINGS = ("target", "drafter", "draft", "mode", "k", "tree", "tree_children", "batch_size", "temperature",
+            "top_k", "top_p", "seed", "max_new_tokens", "chat", "dtype", "mesh")  # decode fields copied into every row
 
 Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
 
@@ -101,6 +101,9 @@ def grid(sweep: ml_collections.ConfigDict) -> list[tuple[Point, ml_collections.C
       pipeline.validate(cfg)
     except ValueError as error:
       raise ValueError(f"sweep point {point}: {error}") from None
+    if cfg.mode == "speculative" and cfg.tree.strip():  # a tree's K is its depth, whatever the k axis says
+      cfg.k = drafting.draft_tokens_per_round(cfg)
+      point.update({"k": cfg.k} if "k" in point else {})
     if cfg.mode == "autoregressive":  # one baseline, whatever K and draft came first in the product
       point.update({name: None for name in SPECULATIVE_ONLY if name in point})
       cfg.update({name: sweep.base[name] for name in SPECULATIVE_ONLY if name in point})
@@ -140,8 +143,8 @@ def make_row(point: Point, cfg: ml_collections.ConfigDict, stats: dict, c: float
     row.update({field: None for field in SPECULATIVE_ONLY if field in row})
   alpha = stats.get("alpha_hat")
   row["cost_ratio_c"] = c
-  row["theoretical_speedup"] = (metrics.theoretical_speedup(alpha, cfg.k, c)
-                                if c is not None and alpha is not None else None)
+  row["theoretical_speedup"] = (metrics.theoretical_speedup(alpha, cfg.k, c)  # a chain's theory, not a tree's
+                                if c is not None and alpha is not None and not cfg.tree.strip() else None)
   baseline = baseline_point(point) if speculative else None
   by_key = {point_key(r["point"]): r for r in table}
   ar_row = by_key.get(point_key(baseline)) if baseline else None

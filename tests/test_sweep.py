@@ -13,7 +13,7 @@ import ml_collections
 import pytest
 
 from configs.sweeps import tiny
-from experiments import plots, report_sweep, sweep
+from experiments import plots, report_sweep, report_trees, sweep
 from specjax import metrics, pipeline
 from tests.tiny_hf import save_char_tokenizer, save_hf_model
 
@@ -114,6 +114,29 @@ def test_drafter_is_an_axis(model_dirs, tmp_path):
   assert cells["ngram"] == cells["layer_skip"] == "" and cells["model"] == model_dirs[1]
 
 
+def test_tree_is_an_axis_whose_k_is_its_depth(model_dirs, tmp_path):
+  """A sweep over `tree` x `k`: a tree's K is its depth (one point per tree, however many K), chains keep
+  the k axis; greedy outputs equal the baseline's; the tree report summarises the rows and its
+  predictions follow from the measured forward costs (a stand-in table of seconds here)."""
+  cfg = _sweep(model_dirs, str(tmp_path / "trees.jsonl"))
+  cfg.axes.k = (1, 3)
+  cfg.axes.tree = ("", "(2, 1)")
+  rows = sweep.run(cfg, log=lambda m: None)
+  points = sorted((row["point"]["tree"] or "", row["point"]["k"] or 0) for row in rows)
+  assert points == [("", 0), ("", 1), ("", 3), ("(2, 1)", 2)]
+  tree_row = next(row for row in rows if row["point"]["tree"] == "(2, 1)")
+  assert tree_row["k"] == 2 and tree_row["nodes_verified_per_round"] == 5 and tree_row["theoretical_speedup"] is None
+  assert {row["generated_tokens"] for row in rows} == {rows[0]["generated_tokens"]}
+  summary = report_trees.summarize_row(tree_row)
+  assert (summary["nodes"], summary["depth"], summary["draft_widths"]) == (4, 2, [1, 2, 2])
+  assert summary["accepted_per_round"] == pytest.approx(tree_row["mean_accepted_length"] - 1)
+  seconds = {"target": {1: 1.0, 5: 2.0}, "draft": {1: 0.25, 2: 0.5}}
+  report_trees.predict(summary, seconds)
+  assert summary["predicted_cpu"] == pytest.approx(summary["tokens_per_round"] / 3.25)
+  assert summary["predicted_accelerator"] == pytest.approx(
+      summary["tokens_per_round"] / (1 + 0.25 * summary["draft_passes_per_round"]))
+
+
 def test_rerun_skips_finished_points(model_dirs, finished_table, monkeypatch):
   path, _, _ = finished_table
   before = open(path).read()
@@ -194,7 +217,8 @@ def test_every_sweep_config_parses_into_a_valid_grid():
     name = os.path.basename(path).removesuffix(".py")
     cfg = importlib.import_module(f"configs.sweeps.{name}").get_config()
     sizes[name] = len(sweep.grid(cfg))  # validates axis names and every point's decode config
-  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "smollm2_distill": 14, "tiny": 2}  # baselines counted once
+  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "qwen_coder_trees": 18, "qwen_coder_trees_speed": 12,
+                   "smollm2_distill": 14, "tiny": 2}  # baselines counted once
 
 
 def _fixture_rows() -> list[dict]:

@@ -1,0 +1,142 @@
+"""Trees against chains: reads tree sweep tables (`configs/sweeps/qwen_coder_trees*.py`), measures the
+forward costs of the widths they used on this machine, and writes one JSON result with two cost models.
+
+  python -m experiments.report_trees experiments/results/sweep_qwen_coder_trees.jsonl \
+      experiments/results/sweep_qwen_coder_trees_speed.jsonl --out experiments/results/trees_cpu.json
+
+Per speculative row: the shape (N draft nodes verified per round, depth D), accepted draft tokens per
+round (tokens per round minus the target's own token), per-depth acceptance, draft passes per round,
+measured tokens/s and speedup. Then two predictions of the speedup over autoregressive decoding, from
+tokens per round and the passes each round costs:
+- `predicted_cpu`: with this machine's measured seconds of a T-token forward (target: the N + 1
+  verified tokens; draft: each level of a tree, one token per chain pass), checked against the
+  measured speedup;
+- `predicted_accelerator`: where a verify of up to 64 tokens costs one target step (memory-bound: the
+  weights are read once whatever T) and every draft pass costs c target steps, c = the 1-token cost
+  ratio measured here: tokens per round / (1 + c x draft passes per round).
+The comparison of the issue: at temperature 1, the best tree's accepted draft tokens per round against
+the chain whose K equals the tree's node count (or the longest chain measured, if none does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import ml_collections
+import numpy as np
+
+from experiments.sweep import read_table
+from specjax import costs, pipeline, records
+from specjax.speculative.tree import chain, parse
+
+
+def shape(row: dict):
+  """The row's static tree (a chain of K when it has none)."""
+  return parse(row["tree"]) if row.get("tree") else chain(row["k"])
+
+
+def draft_widths(row: dict) -> list[int]:
+  """Tokens fed by each draft pass of one round: a tree's levels (and its leaves), or a chain's 1s."""
+  tree = shape(row)
+  if row.get("tree"):
+    return [tree.depth.count(d) for d in range(tree.max_depth + 1)]
+  return [1] * max(1, round(row["draft_calls"] / max(1, row["target_calls"] - 1)))
+
+
+def label(row: dict) -> str:
+  return f"tree {row['tree']}" if row.get("tree") else f"chain K={row['k']}"
+
+
+def summarize_row(row: dict) -> dict:
+  tree = shape(row)
+  rounds = max(1, row["target_calls"] - 1)
+  return {"label": label(row), "tree": row.get("tree") or "", "k": row["k"], "nodes": tree.num_nodes - 1,
+          "depth": tree.max_depth, "temperature": row["temperature"], "batch_size": row["batch_size"],
+          "tokens_per_round": row["mean_accepted_length"],
+          "accepted_per_round": row["mean_accepted_length"] - 1.0,
+          "per_depth_acceptance": row["per_position_acceptance"],
+          "draft_passes_per_round": row["draft_calls"] / rounds, "draft_widths": draft_widths(row),
+          "tokens_per_second": row["tokens_per_second"],
+          "autoregressive_tokens_per_second": row["autoregressive_tokens_per_second"],
+          "speedup": row["speedup_vs_autoregressive"], "cost_ratio_c": row["cost_ratio_c"]}
+
+
+def measure_costs(rows: list[dict], config: dict, repeats: int) -> dict:
+  """{batch: {"target": {T: s}, "draft": {T: s}}} for every width the rows verify or draft, with the
+  models of the decode `config`."""
+  target, draft = pipeline.load_models(ml_collections.ConfigDict(config), lambda message: None)
+  out = {}
+  for batch in sorted({r["batch_size"] for r in rows}):
+    at = [r for r in rows if r["batch_size"] == batch]
+    verify = sorted({1} | {r["nodes"] + 1 for r in at})
+    drafted = sorted({1} | {w for r in at for w in r["draft_widths"]})
+    out[batch] = {"target": costs.forward_seconds(target.config, target.params, verify, repeats, batch),
+                  "draft": costs.forward_seconds(draft.config, draft.params, drafted, repeats, batch)}
+  return out
+
+
+def predict(row: dict, seconds: dict) -> None:
+  """Adds both predicted speedups (module docstring) to a summarized row."""
+  step = seconds["target"][1]
+  cpu_round = seconds["target"][row["nodes"] + 1] + sum(seconds["draft"][w] for w in row["draft_widths"])
+  row["predicted_cpu"] = row["tokens_per_round"] * step / cpu_round
+  c = seconds["draft"][1] / step
+  row["predicted_accelerator"] = row["tokens_per_round"] / (1.0 + c * row["draft_passes_per_round"])
+
+
+def comparison(rows: list[dict], temperature: float, batch: int) -> dict | None:
+  """The best tree of at most 16 nodes against the chain of as many verified tokens."""
+  at = [r for r in rows if r["temperature"] == temperature and r["batch_size"] == batch]
+  trees = [r for r in at if r["tree"] and r["nodes"] <= 16]
+  chains = [r for r in at if not r["tree"]]
+  if not trees or not chains:
+    return None
+  best = max(trees, key=lambda r: r["accepted_per_round"])
+  same = [c for c in chains if c["nodes"] == best["nodes"]] or [max(chains, key=lambda c: c["nodes"])]
+  return {"temperature": temperature, "batch_size": batch, "tree": best["label"], "chain": same[0]["label"],
+          "tree_accepted_per_round": best["accepted_per_round"],
+          "chain_accepted_per_round": same[0]["accepted_per_round"],
+          "ratio": best["accepted_per_round"] / same[0]["accepted_per_round"],
+          "best_chain_of_any_k": max(chains, key=lambda c: c["accepted_per_round"])["label"]}
+
+
+def markdown(rows: list[dict]) -> str:
+  fmt = lambda x, spec=".2f": "" if x is None else format(x, spec)
+  lines = ["| batch | T | drafter | N | D | accepted / round | draft passes | tok/s | speedup | predicted CPU "
+           "| predicted accelerator |", "|" + "---|" * 11]
+  for r in rows:
+    lines.append(f"| {r['batch_size']} | {r['temperature']:g} | {r['label']} | {r['nodes']} | {r['depth']} | "
+                 f"{r['accepted_per_round']:.2f} | {r['draft_passes_per_round']:.1f} | "
+                 f"{r['tokens_per_second']:.2f} | {fmt(r['speedup'])} | {fmt(r.get('predicted_cpu'))} | "
+                 f"{fmt(r.get('predicted_accelerator'))} |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("tables", nargs="+")
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args()
+  raw = [r for path in args.tables for r in read_table(path) if r["mode"] == "speculative"]
+  if not raw:
+    raise SystemExit(f"no speculative rows in {args.tables}")
+  rows = sorted((summarize_row(r) for r in raw), key=lambda r: (r["batch_size"], r["temperature"], r["nodes"]))
+  seconds = measure_costs(rows, raw[0]["config"], args.repeats)
+  for row in rows:
+    predict(row, seconds[row["batch_size"]])
+  result = {"rows": rows, "forward_seconds": seconds,
+            "comparisons": [c for c in (comparison(rows, t, b) for t in (0.0, 1.0)
+                                        for b in sorted({r["batch_size"] for r in rows})) if c],
+            "tables": args.tables, "environment": records.environment(), "command": records.command()}
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(markdown(rows))
+  for c in result["comparisons"]:
+    print(f"T={c['temperature']:g} batch {c['batch_size']}: {c['tree']} {c['tree_accepted_per_round']:.2f} vs "
+          f"{c['chain']} {c['chain_accepted_per_round']:.2f} accepted / round: {c['ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+  main()
