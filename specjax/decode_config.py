@@ -22,9 +22,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.draft_stop_threshold = 0.0  # drafter "model": a row stops drafting when the draft's top probability
   #                               falls below this (0 = off; in [0, 1))
   c.tree = ""  # drafter "model": draft a static tree each round, "(4,2,2,1)" (children per node at each
-  #              depth) or a path list "[[0],[1],[0,0]]"; "" = a chain of k tokens (k is then the depth)
-  c.tree_children = "iid"  # drafter "model" with a tree at T > 0: "iid" draws, "without_replacement",
-  #                          or the "top" tokens (point masses); greedy always takes the top tokens
+  #              depth) or a path list "[[0],[1],[0,0]]", or a dynamic (EAGLE-2) tree per row and round,
+  #              "dynamic(16,6,4)" (N nodes, depth D, b children per expanded node); "" = a chain of k
+  #              tokens (k is then the depth)
+  c.tree_children = "iid"  # drafter "model" with a static tree at T > 0: "iid" draws,
+  #                          "without_replacement", or the "top" tokens (point masses); greedy, and
+  #                          dynamic trees, always take the top tokens
   c.ngram_min = 1  # drafter "ngram": shortest suffix of the history looked up (>= 1)
   c.ngram_max = 3  # drafter "ngram": longest suffix looked up (>= ngram_min); the longest match wins
   c.draft_layers = ""  # drafter "layer_skip": the target's layers that draft, e.g. "0-11" or "0,2,4-9,27"

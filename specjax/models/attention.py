@@ -1,8 +1,8 @@
 """Grouped-query attention of a chunk of T queries over one layer's static KV cache.
 
 Query t of row b sits at position `lengths[b] + t` and sees every key at a position <= its own (and,
-with a sliding window W > 0, > its own - W). A tree chunk (`tree`, static) puts query t at
-`lengths[b] + depth[t]` and lets it see the committed keys and its ancestors' slots (see `_visible`). W may be a traced scalar: under `scan_layers` each layer's
+with a sliding window W > 0, > its own - W). A tree chunk (`tree`: static, or per row) puts query t
+at `lengths[b] + depth[t]` and lets it see the committed keys and its ancestors' slots (see `_visible`). W may be a traced scalar: under `scan_layers` each layer's
 window is looked up by the scanned layer index (Gemma's sliding and global layers). Scores are q.k
 times `scale`, optionally soft-capped (c tanh(s / c), Gemma 2) before the mask. Two implementations of
 that one function:
@@ -31,10 +31,20 @@ import jax.numpy as jnp
 
 def query_positions(lengths_B: jax.Array, T: int, tree=None) -> jax.Array:
   """[B, T] int32 positions of a chunk's tokens: `lengths[b] + t` for a chain, `lengths[b] + depth[t]`
-  for a tree chunk (a static object with `first`, `depth`, `key_depth` and `ancestor_mask()`: a
-  `speculative.tree.Tree` or one level of it, `TreeLevel`)."""
-  offsets_T = jnp.arange(T, dtype=jnp.int32) if tree is None else jnp.asarray(tree.depth, jnp.int32)
-  return lengths_B[:, None] + offsets_T[None, :]
+  for a tree chunk: an object with a static int `first` and `depth`, `key_depth`, `ancestor_mask()`,
+  either static (a `speculative.tree.Tree` or one level of it, `TreeLevel`: tuples / numpy, shared
+  by every row) or per row (`speculative.dynamic_tree`: arrays with a leading [B] axis)."""
+  if tree is None:
+    return lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  return lengths_B[:, None] + per_row(tree.depth, lengths_B.shape[0], 1)
+
+
+def per_row(table, batch: int, dims: int) -> jax.Array:
+  """A tree table as [B, ...]: a static one (`dims` axes, shared by every row) broadcast, a per-row one
+  (a leading [B] axis) as it is."""
+  table = jnp.asarray(table)
+  table = table.astype(jnp.int32) if table.dtype != bool else table
+  return jnp.broadcast_to(table, (batch,) + table.shape[-dims:]) if table.ndim == dims else table
 
 
 def _in_window(query_pos_BxT: jax.Array, key_pos_xS: jax.Array, window) -> jax.Array | bool:
@@ -61,10 +71,10 @@ def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window, lengths_B: 
   slot_BxS = key_pos_S[None, :] - lengths_B[:, None]  # the tree node a slot holds, if 0 <= slot < width
   in_chunk_BxS = (slot_BxS >= 0) & (slot_BxS < width)
   index_BxS = jnp.clip(slot_BxS, 0, width - 1)
-  ancestor_BxTxS = jnp.moveaxis(jnp.asarray(tree.ancestor_mask())[:, index_BxS], 0, 1)
-  key_pos_BxS = jnp.where(in_chunk_BxS,
-                          lengths_B[:, None] + jnp.asarray(tree.key_depth, jnp.int32)[index_BxS],
-                          key_pos_S[None, :])
+  batch = lengths_B.shape[0]
+  ancestor_BxTxS = jnp.take_along_axis(per_row(tree.ancestor_mask(), batch, 2), index_BxS[:, None, :], axis=2)
+  key_depth_BxS = jnp.take_along_axis(per_row(tree.key_depth, batch, 1), index_BxS, axis=1)
+  key_pos_BxS = jnp.where(in_chunk_BxS, lengths_B[:, None] + key_depth_BxS, key_pos_S[None, :])
   visible_BxTxS = jnp.where(in_chunk_BxS[:, None, :], ancestor_BxTxS, (slot_BxS < 0)[:, None, :])
   return visible_BxTxS & _in_window(query_pos_BxT, key_pos_BxS, window)
 

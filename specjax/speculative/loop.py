@@ -5,9 +5,10 @@
 advances by its own n + 1 tokens. Rows stop on their own (EOS or budget) and then stop changing; no
 host round trip per round.
 
-A drafter may propose a static tree instead of a chain (`Proposal.tree`): the target then scores all its
-nodes in one tree-masked pass (`_verify_tree_pass`, `tree_acceptance`), the accepted path is compacted
-into contiguous cache slots, and the round continues with that path as the proposal.
+A drafter may propose a tree instead of a chain (`Proposal.shape`: static, or one per row): the target
+then scores all its nodes in one tree-masked pass (`_verify_tree_pass`, `tree_acceptance`), the
+accepted path is compacted into contiguous cache slots, and the round continues with that path as the
+proposal.
 
 Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
 sampled rounds apply the acceptance rule to the processed distributions.
@@ -94,7 +95,7 @@ def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_ru
   target's argmaxes) and compacts the accepted path's keys/values (not for a chain: statically free).
   Returns (accepted [B], next token [B], the target's hidden states along the path [B, D + 1, D], cache,
   the proposal's accepted path as a chain (`Proposal.along`))."""
-  tree = proposal.tree
+  tree = proposal.shape
   fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
   block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
   hidden_BxN1xD, target_cache = forward_hidden(target_config, target_params, block_BxN1, target_cache,
@@ -143,7 +144,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
                                 feature_layers(drafter), state.pending, proposal, sampling, accept_key)
               for width in widths]
-    if proposal.tree is not None:  # static: K = the tree's depth; the accepted path becomes the proposal
+    if proposal.shape is not None:  # K = the tree's depth; the accepted path becomes the proposal
       num_accepted_B, next_B, hidden_BxK1xD, target_cache, proposal = _verify_tree_pass(
           target_config, target_params, tree_rule, state.pending, proposal, sampling, accept_key, target_cache)
     elif len(passes) == 1:

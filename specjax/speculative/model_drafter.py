@@ -18,7 +18,9 @@ Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distrib
 
 `tree` (optional, static) makes the drafter propose that static tree each round instead of a chain
 (`tree_drafting`: children i.i.d., without replacement or the top tokens, `tree_children`); the loop
-verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache.
+verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache. A
+`dynamic_tree.DynamicSpec` grows each row's own tree every round instead (EAGLE-2: the top tokens of
+the most confident nodes under a static node budget); its last accepted node lags like a chain's d_K.
 
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
@@ -43,6 +45,7 @@ from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters import DraftPass, short_proposal_widths
+from specjax.speculative.dynamic_tree import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.tree import Tree
 from specjax.speculative.tree_drafting import CHILDREN, draft_tree
@@ -54,6 +57,7 @@ class ModelDraftState:
   lagging_token: jax.Array  # [B] int32: the previous round's last accepted draft token d_n
   behind: jax.Array  # [B] bool: the cache lacks `lagging_token` (it was accepted but never fed)
   fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
+  node_slots: jax.Array | None = None  # [B, N + 1] int32, dynamic trees: each node's cache slot beyond the root
 
 
 @flax.struct.dataclass
@@ -65,7 +69,8 @@ class ModelDrafter:
   head: DraftHead | None = None
   stop_threshold: float = flax.struct.field(pytree_node=False, default=0.0)  # in [0, 1); 0 = off
   cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the draft cache's mesh axes
-  tree: Tree | None = flax.struct.field(pytree_node=False, default=None)  # draft this static tree; None = a chain
+  # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
+  tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
 
   @property
@@ -100,7 +105,7 @@ class ModelDrafter:
     if self.tree is not None:
       self.tree.check_fits(storage.max_len, "draft cache")
     generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens,
-                          k - 1 if self.tree is None else self.tree.num_nodes - 2, storage.max_len,
+                          k - 1 if self.tree is None else self.tree.draft_slots - 2, storage.max_len,
                           self.config.max_positions)
 
   def storage_of(self, state: ModelDraftState) -> KVCache:
@@ -117,16 +122,15 @@ class ModelDrafter:
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
     _, cache = prefill(self.config, self.params, self._embeddable(prompts_BxP), prompt_lengths_B, cache)
     return ModelDraftState(cache=cache, lagging_token=jnp.zeros((batch,), jnp.int32),
-                           behind=jnp.zeros((batch,), bool), fed=jnp.int32(0))
+                           behind=jnp.zeros((batch,), bool), fed=jnp.int32(0),
+                           node_slots=(jnp.zeros((batch, self.tree.num_nodes), jnp.int32)
+                                       if isinstance(self.tree, DynamicSpec) else None))
 
-  def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, k: int
-              ) -> tuple[Proposal, ModelDraftState, KVCache]:
-    if self.tree is not None:
-      proposal, state = self._propose_tree(state, pending_B, sampling, key)
-      return proposal, state, target_cache
-    # First pass: [d_K, pending] for rows that are behind, [pending, (unused)] for the others; just
-    # [pending] when no row is behind (a 2-token pass costs up to 1.8 single ones on a CPU).
+  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array) -> tuple[jax.Array, KVCache, jax.Array]:
+    """The first pass of a proposal: [d_K, pending] for rows that are behind, [pending, (unused)] for the
+    others; just [pending] when no row is behind (a 2-token pass costs up to 1.8 single ones on a CPU).
+    Returns the hidden state after pending [B, D], the cache written (not advanced) and the tokens fed
+    per row [B] (1 or 2)."""
     num_valid_B = 1 + state.behind.astype(jnp.int32)
     fed_pending_B = self._embeddable(pending_B)  # the draft's own tokens (d_i, lagging_token) always are
 
@@ -139,6 +143,19 @@ class ModelDrafter:
     def one_token(cache):
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, fed_pending_B[:, None], cache)
       return hidden_Bx1xD[:, 0], cache
+
+    hidden_BxD, cache = jax.lax.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
+    return hidden_BxD, cache, num_valid_B
+
+  def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
+              sampling: SamplingParams, key: jax.Array, k: int
+              ) -> tuple[Proposal, ModelDraftState, KVCache]:
+    if isinstance(self.tree, DynamicSpec):
+      return (*self._propose_dynamic_tree(state, pending_B, sampling), target_cache)
+    if self.tree is not None:
+      proposal, state = self._propose_tree(state, pending_B, sampling, key)
+      return proposal, state, target_cache
+    hidden_BxD, cache, num_valid_B = self._catch_up(state, pending_B)
 
     def draw(hidden_BxD, step_key):
       """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
@@ -153,7 +170,6 @@ class ModelDrafter:
       top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
       return token_B, probs_BxV, top_B >= self.stop_threshold
 
-    hidden_BxD, cache = jax.lax.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
     keys_K = jax.random.split(key, k)
     token_B, probs_BxV, confident_B = draw(hidden_BxD, keys_K[0])
     tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
@@ -198,8 +214,41 @@ class ModelDrafter:
                         probs=probs_BxNxW, calls=jnp.int32(self.tree.max_depth + 1), tree=self.tree)
     return proposal, state.replace(cache=cache)
 
+  def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
+                            sampling: SamplingParams) -> tuple[Proposal, ModelDraftState]:
+    """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
+    gives the root's distribution, then D - 1 frontier chunks. The state keeps the cache at its committed
+    length and each node's slot beyond the root, for `commit`."""
+    hidden_BxD, cache, num_valid_B = self._catch_up(state, pending_B)
+    root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
+    tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
+                                                             cache.advance(num_valid_B), root_logits_BxW,
+                                                             sampling)
+    proposal = Proposal(tokens=tokens_BxN, lengths=jnp.full(pending_B.shape, tokens_BxN.shape[1], jnp.int32),
+                        calls=jnp.int32(self.tree.max_depth), dynamic_tree=tree)
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
+
+  def _commit_dynamic_tree(self, state: ModelDraftState, path_BxD1: jax.Array, path_tokens_BxD: jax.Array,
+                           num_committed_B: jax.Array) -> ModelDraftState:
+    """After a dynamic tree's round the cache holds [(lagging,) root] then the frontier nodes at their
+    slots: the accepted nodes a_1 .. a_{n-1} (all expanded, so all fed) move behind the root and a_n,
+    perhaps never fed, becomes the lagging token, fed by the next catch-up pass."""
+    committed_B = num_committed_B > 0
+    accepted_B = jnp.maximum(num_committed_B - 1, 0)
+    cache = state.cache.advance(jnp.where(committed_B, 1 + state.behind.astype(jnp.int32), 0))
+    if path_BxD1.shape[1] > 2:  # depth >= 2: some accepted node may have been fed
+      sources_BxM = jnp.take_along_axis(state.node_slots, path_BxD1[:, 1:-1], axis=1)
+      cache = cache.compact(jnp.maximum(sources_BxM, 0))
+    lagging_B = committed_B & (accepted_B > 0)
+    last_accepted_B = jnp.take_along_axis(path_tokens_BxD, jnp.maximum(accepted_B - 1, 0)[:, None], axis=1)[:, 0]
+    return state.replace(cache=cache.advance(jnp.where(committed_B, jnp.maximum(accepted_B - 1, 0), 0)),
+                         lagging_token=jnp.where(lagging_B, last_accepted_B, state.lagging_token),
+                         behind=jnp.where(committed_B, lagging_B, state.behind))
+
   def commit(self, state: ModelDraftState, proposal: Proposal, num_committed_B: jax.Array,
              target_hidden_BxK1xD: jax.Array) -> ModelDraftState:
+    if isinstance(self.tree, DynamicSpec):  # `proposal` is the accepted path (`Proposal.along`)
+      return self._commit_dynamic_tree(state, proposal.path, proposal.tokens, num_committed_B)
     if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`)
       cache = state.cache if self.tree.is_chain else state.cache.compact(proposal.path)
       return state.replace(cache=cache.advance(num_committed_B))

@@ -2,7 +2,7 @@
 distributions they were drawn from or nothing (point masses: deterministic drafters, and every drafter
 when decoding greedily, whose tokens are argmaxes).
 
-A tree proposal (`tree` set) holds the N nodes of a static draft tree instead of a chain; once verified,
+A tree proposal (`tree` or `dynamic_tree` set) holds the N nodes of a draft tree instead of a chain; once verified,
 `along` turns it into the chain of its accepted path, which the loop and drafters commit like any chain.
 
 A point-mass proposal never materialises `[B, K, V]`: prompt lookup over a 152k vocabulary would
@@ -29,11 +29,17 @@ class Proposal:
   # Static: a `tree.Tree` when the K = N tokens are the nodes 1..N of a draft tree (probs[:, i] = what
   # node i + 1 was drawn from, see `tree_acceptance`); None for a chain.
   tree: Any = flax.struct.field(pytree_node=False, default=None)
+  dynamic_tree: Any = None  # a `dynamic_tree.DynamicTree` (arrays: one tree per row) instead of a static tree
   path: jax.Array | None = None  # [B, D + 1] int32: the accepted tree path (node indices), set by `along`
 
   @property
   def k(self) -> int:
     return self.tokens.shape[1]
+
+  @property
+  def shape(self) -> Any:
+    """The tree the K = N tokens are the nodes of (static or per row), or None for a chain."""
+    return self.tree if self.dynamic_tree is None else self.dynamic_tree
 
   @property
   def point_masses(self) -> bool:

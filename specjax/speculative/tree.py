@@ -21,6 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
+from specjax.speculative.dynamic_tree import DynamicSpec
+
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
@@ -48,6 +50,11 @@ class Tree:
   def key_depth(self) -> tuple[int, ...]:
     """The depths of the chunk slots a pass of the whole tree attends to: every node's."""
     return self.depth
+
+  @property
+  def draft_slots(self) -> int:
+    """Cache slots a draft model's proposal writes beyond the committed history: every node."""
+    return self.num_nodes
 
   @property
   def is_chain(self) -> bool:
@@ -177,11 +184,21 @@ def from_branching(branching: Sequence[int]) -> Tree:
   return _from_sorted_paths(paths)
 
 
-def parse(spec: str) -> Tree | None:
+def parse(spec: str) -> Tree | DynamicSpec | None:
   """The tree a config string names: a branching tuple "(4, 2, 2, 1)", a path list "[[0], [1], [0, 0]]",
-  or "" for none (a chain drafter). Raises ValueError naming the problem."""
+  a dynamic tree "dynamic(16, 6, 4)" (N nodes, depth D, b children per expanded node:
+  `dynamic_tree`), or "" for none (a chain drafter). Raises ValueError naming the problem."""
   if not spec.strip():
     return None
+  if spec.strip().startswith("dynamic"):
+    try:
+      budget = ast.literal_eval(spec.strip().removeprefix("dynamic"))
+    except (ValueError, SyntaxError):
+      budget = None
+    if not (isinstance(budget, tuple) and len(budget) == 3):
+      raise ValueError(f"tree {spec!r}: a dynamic tree is written dynamic(N, D, b): N nodes, depth D, "
+                       f"b children per expanded node, e.g. dynamic(16, 6, 4)")
+    return DynamicSpec(*budget)
   try:
     value = ast.literal_eval(spec.strip())
   except (ValueError, SyntaxError):

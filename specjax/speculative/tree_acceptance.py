@@ -1,7 +1,8 @@
 """Exact verification of a static draft tree (SpecInfer's multi-step speculative sampling): pure
 functions on probabilities, in float32.
 
-The proposal: draft token x_i at every node i = 1..N of a static `tree.Tree`, drawn from p_i, the
+The proposal: draft token x_i at every node i = 1..N of a tree (a static `tree.Tree`, or one per row:
+`dynamic_tree.DynamicTree`), drawn from p_i, the
 distribution it was actually drawn from given everything drawn before it: the draft's distribution at
 its parent for i.i.d. children; that distribution with the earlier siblings removed and renormalised
 for children drawn without replacement; a point mass for deterministic children (top-b, or every
@@ -38,8 +39,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.models.attention import per_row
 from specjax.sampling import sample
 from specjax.speculative.acceptance import _probability_of, residual
+from specjax.speculative.dynamic_tree import DynamicTree
 from specjax.speculative.tree import Tree
 
 
@@ -56,9 +59,8 @@ def _try_child(uniform, child, tokens_N, probs_NxW, q_V):
   return uniform * p_x < q_x, residual(q_V, p_W)
 
 
-def _verify_tree_row(key, tree: Tree, tokens_N, probs_NxW, target_probs_N1xV):
-  children_N1xC = jnp.asarray(tree.children_table())
-  depth, width = tree.max_depth, children_N1xC.shape[1]
+def _verify_tree_row(key, children_N1xC, path_N1xD1, depth_N1, tokens_N, probs_NxW, target_probs_N1xV):
+  depth, width = path_N1xD1.shape[1] - 1, children_N1xC.shape[1]
   uniform_key, sample_key = jax.random.split(key)
   uniforms_DxC = jax.random.uniform(uniform_key, (depth, width), jnp.float32)
   node, q_V, searching = jnp.int32(0), target_probs_N1xV[0], jnp.bool_(True)
@@ -74,11 +76,17 @@ def _verify_tree_row(key, tree: Tree, tokens_N, probs_NxW, target_probs_N1xV):
       found = found | (trying & accepted)
     node, searching = next_node, found
     q_V = jnp.where(found, target_probs_N1xV[node], q_V)
-  path_D1 = jnp.asarray(tree.path_table())[node]
-  return path_D1, jnp.asarray(tree.depth, jnp.int32)[node], sample(sample_key, q_V)
+  return path_N1xD1[node], depth_N1[node], sample(sample_key, q_V)
 
 
-def verify_tree(key: jax.Array, tree: Tree, tokens_BxN: jax.Array, probs_BxNxW: jax.Array | None,
+def _tables(tree, batch: int) -> tuple[jax.Array, ...]:
+  """Per-row [B, ...] tables of a static `tree.Tree` (broadcast) or a per-row `dynamic_tree.DynamicTree`:
+  parents [N + 1], depths [N + 1], children [N + 1, C], paths [N + 1, D + 1], ancestor mask [N + 1, N + 1]."""
+  return (per_row(tree.parent, batch, 1), per_row(tree.depth, batch, 1), per_row(tree.children_table(), batch, 2),
+          per_row(tree.path_table(), batch, 2), per_row(tree.ancestor_mask(), batch, 2))
+
+
+def verify_tree(key: jax.Array, tree: Tree | DynamicTree, tokens_BxN: jax.Array, probs_BxNxW: jax.Array | None,
                 target_probs_BxN1xV: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The tree rule of the module docstring, row b keyed by `fold_in(key, b)`.
 
@@ -95,15 +103,18 @@ def verify_tree(key: jax.Array, tree: Tree, tokens_BxN: jax.Array, probs_BxNxW: 
     num_accepted_B: int32 draft tokens accepted (the depth of the last accepted node).
     next_token_B: int32 the token drawn after them.
   """
-  row_keys_B = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(tokens_BxN.shape[0]))
-  row = lambda key, tokens, probs, target: _verify_tree_row(key, tree, tokens, probs, target)
+  batch = tokens_BxN.shape[0]
+  row_keys_B = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch))
+  _, depth_BxN1, children_BxN1xC, path_BxN1xD1, _ = _tables(tree, batch)
   if probs_BxNxW is None:
-    return jax.vmap(lambda key, tokens, target: row(key, tokens, None, target))(
-        row_keys_B, tokens_BxN, target_probs_BxN1xV)
-  return jax.vmap(row)(row_keys_B, tokens_BxN, probs_BxNxW, target_probs_BxN1xV)
+    return jax.vmap(lambda key, children, paths, depths, tokens, target: _verify_tree_row(
+        key, children, paths, depths, tokens, None, target))(
+            row_keys_B, children_BxN1xC, path_BxN1xD1, depth_BxN1, tokens_BxN, target_probs_BxN1xV)
+  return jax.vmap(_verify_tree_row)(row_keys_B, children_BxN1xC, path_BxN1xD1, depth_BxN1, tokens_BxN,
+                                    probs_BxNxW, target_probs_BxN1xV)
 
 
-def verify_tree_greedy(tree: Tree, tokens_BxN: jax.Array,
+def verify_tree_greedy(tree: Tree | DynamicTree, tokens_BxN: jax.Array,
                        target_tokens_BxN1: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The greedy tree rule on token ids: the deepest node whose path equals the target's argmax chain.
 
@@ -114,13 +125,11 @@ def verify_tree_greedy(tree: Tree, tokens_BxN: jax.Array,
 
   Returns: (path_BxD1, num_accepted_B, next_token_B) as `verify_tree`, next = t at the last accepted node.
   """
-  parent_N = jnp.asarray(tree.parent[1:], jnp.int32)
-  matches_BxN = tokens_BxN == target_tokens_BxN1[:, parent_N]
+  parent_BxN1, depth_BxN1, _, path_BxN1xD1, ancestors_BxN1xN1 = _tables(tree, tokens_BxN.shape[0])
+  matches_BxN = tokens_BxN == jnp.take_along_axis(target_tokens_BxN1, parent_BxN1[:, 1:], axis=1)
   matches_BxN1 = jnp.pad(matches_BxN, ((0, 0), (1, 0)), constant_values=True)
   # A node is reachable when every node on its path (ancestor mask row) matches.
-  ancestors_N1xN1 = jnp.asarray(tree.ancestor_mask())
-  reachable_BxN1 = ~jnp.any(ancestors_N1xN1[None] & ~matches_BxN1[:, None, :], axis=-1)
-  depth_N1 = jnp.asarray(tree.depth, jnp.int32)
-  node_B = jnp.argmax(jnp.where(reachable_BxN1, depth_N1[None], -1), axis=-1)  # the first deepest
-  next_B = jnp.take_along_axis(target_tokens_BxN1, node_B[:, None], axis=1)[:, 0]
-  return jnp.asarray(tree.path_table())[node_B], depth_N1[node_B], next_B
+  reachable_BxN1 = ~jnp.any(ancestors_BxN1xN1 & ~matches_BxN1[:, None, :], axis=-1)
+  node_B = jnp.argmax(jnp.where(reachable_BxN1, depth_BxN1, -1), axis=-1)  # the first deepest
+  row_B = jnp.arange(node_B.shape[0])
+  return path_BxN1xD1[row_B, node_B], depth_BxN1[row_B, node_B], target_tokens_BxN1[row_B, node_B]
