@@ -27,7 +27,7 @@ from specjax.speculative.eagle import EagleDrafter
 from specjax.speculative.eagle_io import load_head
 from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
 from specjax.speculative.model_drafter import ModelDrafter
-from specjax.speculative.ngram import NgramDrafter
+from specjax.speculative.ngram import NgramDrafter, is_spines
 from specjax.speculative.tree import Tree, parse
 from specjax.speculative.tree_drafting import CHILDREN
 
@@ -54,9 +54,12 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   if not 0.0 <= cfg.draft_stop_threshold < 1.0:
     raise ConfigError(f"config.draft_stop_threshold must be in [0, 1) (0 = off), got {cfg.draft_stop_threshold}")
   tree = config_tree(cfg)
-  if tree is not None and cfg.drafter != "model":
-    raise ConfigError(f"config.tree is set but config.drafter is {cfg.drafter!r}: only the model drafter drafts "
-                      f"trees")
+  if tree is not None and cfg.drafter not in ("model", "ngram"):
+    raise ConfigError(f"config.tree is set but config.drafter is {cfg.drafter!r}: only the model and n-gram "
+                      f"drafters draft trees")
+  if tree is not None and cfg.drafter == "ngram" and not (isinstance(tree, Tree) and is_spines(tree)):
+    raise ConfigError(f"config.tree {cfg.tree!r}: the n-gram drafter drafts spines, (b, 1, ..., 1): its b best "
+                      f"matches, each continued the tree's depth")
   if tree is not None and cfg.draft_stop_threshold:
     raise ConfigError("config.tree and config.draft_stop_threshold exclude each other: a tree drafter does "
                       "not stop early")
@@ -137,9 +140,10 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
     if tree is not None:
       info["tree_nodes"] = tree.num_nodes - 1
   elif cfg.drafter == "ngram":
+    tree = config_tree(cfg)
     drafter = NgramDrafter(vocab_size=target.config.vocab_size, ngram_min=cfg.ngram_min,
-                           ngram_max=cfg.ngram_max)
-    info = {}
+                           ngram_max=cfg.ngram_max, tree=tree)
+    info = {} if tree is None else {"tree_nodes": tree.num_nodes - 1}
   elif cfg.drafter == "eagle":
     config, params, vocab = load_head(cfg.draft, target.config)
     coverage = None

@@ -300,21 +300,26 @@ def test_every_drafter_keeps_greedy_output_for_the_2026_families(family, tmp_pat
     assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]], drafter
 
 
-@pytest.mark.parametrize("tree", ["(2,2)", "[[0], [1], [0, 0]]"])
-def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree):
+@pytest.mark.parametrize("tree, drafter", [("(2,2)", "model"), ("[[0], [1], [0, 0]]", "model"),
+                                           ("dynamic(4, 2, 2)", "model"), ("(2, 1)", "ngram")])
+def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree, drafter):
   """`config.tree` makes the model drafter draft that tree (k is its depth); greedy output is the
   target's, and the stats say how many nodes each round verified."""
-  spec = pipeline.run(_config(model_dirs, tree=tree, k=7), log=lambda m: None)
+  spec = pipeline.run(_config(model_dirs, tree=tree, k=7, drafter=drafter), log=lambda m: None)
   ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
-  assert spec["stats"]["nodes_verified_per_round"] == {"(2,2)": 7, "[[0], [1], [0, 0]]": 4}[tree]
+  assert spec["stats"]["nodes_verified_per_round"] == {"(2,2)": 7, "[[0], [1], [0, 0]]": 4, "dynamic(4, 2, 2)": 5,
+                                                       "(2, 1)": 5}[tree]
   assert len(spec["stats"]["per_position_acceptance"]) == 2
 
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(tree="(2,"), "config.tree .* neither"), (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
     (dict(tree="()"), "config.tree: the branching tuple is empty"),
-    (dict(tree="(2,)", drafter="ngram"), "only the model drafter"),
+    (dict(tree="(2,)", drafter="layer_skip", draft_layers="0"), "only the model and n-gram drafters"),
+    (dict(tree="(2, 2)", drafter="ngram"), r"spines, \(b, 1, ..., 1\)"),
+    (dict(tree="dynamic(4, 2, 2)", drafter="ngram"), "spines"),
+    (dict(tree="dynamic(4, 2)"), r"config.tree .*dynamic\(N, D, b\)"),
     (dict(tree="(2,)", draft_stop_threshold=0.3), "exclude each other"),
     (dict(tree_children="sorted"), "config.tree_children")])
 def test_bad_tree_configs_fail_early(model_dirs, overrides, message):

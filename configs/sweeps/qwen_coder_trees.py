@@ -1,7 +1,8 @@
 """Trees against chains on the real pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft), for the
-accepted tokens per round: chains of K = 4, 8 and 16 and five trees of 14-16 draft nodes, greedy and at
+accepted tokens per round: chains of K = 4, 8 and 16, five static trees of 14-16 draft nodes and two
+dynamic (EAGLE-2) trees of 16, greedy and at
 temperature 1 (children drawn without replacement), batch 4, 8 chat coding prompts, 128 tokens.
-About 40 minutes alone on 2 CPU cores; `qwen_coder_trees_speed.py` times a subset at batch 1.
+About 50 minutes alone on 2 CPU cores; `qwen_coder_trees_speed.py` times a subset at batch 1.
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_trees.py
   python -m experiments.report_trees experiments/results/sweep_qwen_coder_trees.jsonl \
@@ -29,6 +30,8 @@ TREES = (  # 14-16 draft nodes each
     "(3, 1, 1, 1, 1)",  # N = 15, D = 5
     "(2, 1, 1, 1, 1, 1, 1, 1)",  # 2 spines of 8: N = 16, D = 8
     spine(10, 6),  # N = 16, D = 10
+    "dynamic(16, 6, 4)",  # EAGLE-2: each row's 16 best of 4 + 5 x 16 candidates, depth 6
+    "dynamic(16, 8, 2)",  # narrower and deeper: 16 of 2 + 7 x 4
 )
 
 

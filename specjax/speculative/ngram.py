@@ -19,6 +19,11 @@ never cut shorter by the context's end than any other occurrence's: in a generat
 into a cycle of period p < K, the latest occurrence offers only p tokens, the earliest offers K. (The
 latest would adapt faster when a row's continuation changes after the prompt; that is the trade.)
 
+Trees (`tree = (b, 1, ..., 1)`, spines): branch r continues the r-th best match, ranked by the
+longest n, then the earliest position, skipping matches whose next token a better one already
+proposes (`ranked_matches`); the target verifies all branches in one tree-masked pass. Slots past a
+branch's continuation (or of a branch without a match) hold the id V, which is never accepted.
+
 Exactness: a proposal is a point mass (`Proposal.probs` None: no [B, K, V] tensor is ever built);
 the acceptance rule accepts d_i with probability q_i(d_i) and draws a rejection's replacement from q_i
 without d_i, so the output follows the target's distribution exactly at any temperature, and greedy
@@ -41,6 +46,7 @@ from specjax.models.kv_cache import KVCache
 from specjax.sampling import SamplingParams
 from specjax.speculative.drafters import short_proposal_widths
 from specjax.speculative.proposal import Proposal
+from specjax.speculative.tree import Tree, from_branching
 
 
 @flax.struct.dataclass
@@ -57,14 +63,15 @@ def _context(state: NgramState, pending_B: jax.Array) -> jax.Array:
   return jnp.where(position_1xS == state.lengths[:, None], pending_B[:, None], state.history)
 
 
-def longest_match(context_BxS: jax.Array, context_lengths_B: jax.Array, ngram_min: int,
-                  ngram_max: int) -> tuple[jax.Array, jax.Array]:
-  """For each row's context c = context_BxS[b, :L] (L = context_lengths_B[b]): the longest n in
-  [ngram_min, ngram_max] whose last-n-token suffix also ends at an earlier position j <= L - 2, and the
-  earliest such j. Returns (found [B] bool, j [B] int32; 0 where not found)."""
+def ranked_matches(context_BxS: jax.Array, context_lengths_B: jax.Array, ngram_min: int, ngram_max: int,
+                   count: int) -> tuple[jax.Array, jax.Array]:
+  """For each row's context c = context_BxS[b, :L] (L = context_lengths_B[b]): up to `count` earlier
+  positions j <= L - 2 where a suffix of n in [ngram_min, ngram_max] tokens also ends, ranked by the
+  longest n, then the earliest j, each with a next token c[j + 1] that no better-ranked one has.
+  Returns (found [B, count] bool, j [B, count] int32; 0 where not found)."""
   batch, width = context_BxS.shape
   position_1xS = jnp.arange(width)[None, :]
-  found_B, end_B = jnp.zeros((batch,), bool), jnp.zeros((batch,), jnp.int32)
+  longest_BxS = jnp.zeros((batch, width), jnp.int32)  # the longest n matching at each j (0: none)
   # matches_BxS[b, j]: c[j - m] == c[L - 1 - m] for every offset m < n (the window ending at j
   # matches the last n tokens), built one offset at a time.
   matches_BxS = jnp.ones((batch, width), bool)
@@ -78,10 +85,32 @@ def longest_match(context_BxS: jax.Array, context_lengths_B: jax.Array, ngram_mi
       continue
     # The window lies inside the context (j >= n - 1) and a context token follows it (j <= L - 2).
     valid_BxS = matches_BxS & (position_1xS >= n - 1) & (position_1xS <= context_lengths_B[:, None] - 2)
-    has_B = jnp.any(valid_BxS, axis=1)
-    found_B = found_B | has_B
-    end_B = jnp.where(has_B, jnp.argmax(valid_BxS, axis=1).astype(jnp.int32), end_B)  # longer n overrides
-  return found_B, end_B
+    longest_BxS = jnp.where(valid_BxS, n, longest_BxS)
+  next_BxS = jnp.pad(context_BxS[:, 1:], ((0, 0), (0, 1)))  # c[j + 1]
+  rank_BxS = jnp.where(longest_BxS > 0, longest_BxS * width + (width - 1 - position_1xS), -1)
+  found, ends = [], []
+  for _ in range(count):
+    end_B = jnp.argmax(rank_BxS, axis=1).astype(jnp.int32)
+    found.append(jnp.take_along_axis(rank_BxS, end_B[:, None], axis=1)[:, 0] >= 0)
+    ends.append(jnp.where(found[-1], end_B, 0))
+    taken_B = jnp.take_along_axis(next_BxS, end_B[:, None], axis=1)
+    rank_BxS = jnp.where(next_BxS == taken_B, -1, rank_BxS)  # the same next token: an identical branch head
+  return jnp.stack(found, axis=1), jnp.stack(ends, axis=1)
+
+
+def longest_match(context_BxS: jax.Array, context_lengths_B: jax.Array, ngram_min: int,
+                  ngram_max: int) -> tuple[jax.Array, jax.Array]:
+  """The best of `ranked_matches`: the longest n in [ngram_min, ngram_max] whose last-n-token suffix
+  also ends at an earlier position j <= L - 2, and the earliest such j. Returns (found [B] bool,
+  j [B] int32; 0 where not found)."""
+  found_Bx1, end_Bx1 = ranked_matches(context_BxS, context_lengths_B, ngram_min, ngram_max, 1)
+  return found_Bx1[:, 0], end_Bx1[:, 0]
+
+
+def is_spines(tree: Tree) -> bool:
+  """True for `(b, 1, ..., 1)`: b branches from the root, each a chain of the tree's depth."""
+  b = len(tree.children(0))
+  return tree == from_branching((b,) + (1,) * (tree.max_depth - 1))
 
 
 @flax.struct.dataclass
@@ -92,11 +121,15 @@ class NgramDrafter:
   vocab_size: int = flax.struct.field(pytree_node=False)
   ngram_min: int = flax.struct.field(pytree_node=False, default=1)
   ngram_max: int = flax.struct.field(pytree_node=False, default=3)
+  tree: Tree | None = flax.struct.field(pytree_node=False, default=None)  # spines (b, 1, ..., 1); None = a chain
 
   def __post_init__(self):
     if not 1 <= self.ngram_min <= self.ngram_max:
       raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got ngram_min={self.ngram_min}, "
                        f"ngram_max={self.ngram_max}")
+    if self.tree is not None and not (isinstance(self.tree, Tree) and is_spines(self.tree)):
+      raise ValueError("tree: the n-gram drafter drafts spines, (b, 1, ..., 1): its b best matches with "
+                       "distinct next tokens, each continued the tree's depth")
 
   def verify_widths(self, k: int) -> tuple[int, ...]:
     return short_proposal_widths(k)  # 1: no live row found a match; the pending token runs alone
@@ -155,12 +188,21 @@ class NgramDrafter:
     context_BxS = _context(state, pending_B)
     width = context_BxS.shape[1]
     context_lengths_B = state.lengths + 1
-    found_B, end_B = longest_match(context_BxS, context_lengths_B, self.ngram_min, self.ngram_max)
-    positions_BxK = end_B[:, None] + 1 + jnp.arange(k)[None, :]
-    tokens_BxK = jnp.take_along_axis(context_BxS, jnp.clip(positions_BxK, 0, width - 1), axis=1)
-    lengths_B = jnp.where(found_B, jnp.minimum(k, context_lengths_B - 1 - end_B), 0).astype(jnp.int32)
-    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B)  # probs None: point masses
-    return proposal, state.replace(pending=pending_B.astype(jnp.int32)), target_cache
+    branches = 1 if self.tree is None else len(self.tree.children(0))
+    found_BxR, end_BxR = ranked_matches(context_BxS, context_lengths_B, self.ngram_min, self.ngram_max, branches)
+    positions_BxRxK = end_BxR[:, :, None] + 1 + jnp.arange(k)[None, None, :]
+    tokens_BxRxK = jnp.take_along_axis(context_BxS[:, None, :], jnp.clip(positions_BxRxK, 0, width - 1), axis=2)
+    lengths_BxR = jnp.where(found_BxR, jnp.minimum(k, context_lengths_B[:, None] - 1 - end_BxR), 0)
+    lengths_B = jnp.max(lengths_BxR, axis=1).astype(jnp.int32)
+    pending_state = state.replace(pending=pending_B.astype(jnp.int32))
+    if self.tree is None:  # probs None: point masses
+      return Proposal(tokens=tokens_BxRxK[:, 0], lengths=lengths_B), pending_state, target_cache
+    # Spines: branch r's depth-d node is node (d - 1) b + r + 1. Slots past a branch's match hold the id
+    # V, which no target distribution gives probability (never accepted, never equal to an argmax).
+    unproposed_BxRxK = jnp.arange(k)[None, None, :] >= lengths_BxR[:, :, None]
+    tokens_BxRxK = jnp.where(unproposed_BxRxK, self.vocab_size, tokens_BxRxK)
+    tokens_BxN = jnp.swapaxes(tokens_BxRxK, 1, 2).reshape(len(pending_B), k * branches)
+    return Proposal(tokens=tokens_BxN, lengths=lengths_B, tree=self.tree), pending_state, target_cache
 
   def commit(self, state: NgramState, proposal: Proposal, num_committed_B: jax.Array,
              target_hidden_BxK1xD: jax.Array) -> NgramState:

@@ -47,11 +47,11 @@ class Proposal:
 
   def along(self, path_BxD1: jax.Array) -> "Proposal":
     """The chain of a tree proposal's tokens along each row's accepted path (root excluded): D tokens,
-    all proposed, `path` kept for drafters that compact their own cache (point masses: the chain is
+    as many proposed as the tree's longest proposed branch (`lengths`, at most D), `path` kept for drafters that compact their own cache (point masses: the chain is
     only read for its tokens)."""
     tokens_BxN1 = jnp.pad(self.tokens, ((0, 0), (1, 0)))
     tokens_BxD = jnp.take_along_axis(tokens_BxN1, path_BxD1[:, 1:], axis=1)
-    return Proposal(tokens=tokens_BxD, lengths=jnp.full(self.lengths.shape, tokens_BxD.shape[1], jnp.int32),
+    return Proposal(tokens=tokens_BxD, lengths=jnp.minimum(self.lengths, tokens_BxD.shape[1]),
                     calls=self.calls, path=path_BxD1)
 
   def truncated(self, width: int) -> "Proposal":

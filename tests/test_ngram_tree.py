@@ -1,0 +1,116 @@
+"""N-gram trees (spines): the ranked matches against a plain-Python statement, greedy decoding against a
+plain-Python replay of the loop (the deepest branch matching the target's greedy tokens wins) and the
+target's own greedy output, sampled exactness (chi-square, a broken tree rule failing), bad trees."""
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.sampling import sampling_params
+from specjax.speculative import speculative_generate
+from specjax.speculative import tree as tree_lib
+from specjax.speculative.ngram import NgramDrafter, longest_match, ranked_matches
+from tests.test_acceptance import chi_square_pvalue
+from tests.test_ngram import (BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, _free_greedy)
+from tests.test_speculative import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, _exact_distribution
+from tests.test_tree_exactness import _no_update_rule
+
+SPINES = tree_lib.from_branching((3, 1, 1))  # 3 matches, each continued 3 deep
+
+
+def _reference_matches(context, ngram_min, ngram_max, count):
+  """Match ends j <= L - 2 of the longest suffix n there, ranked by n (longest first), then j (earliest),
+  skipping a j whose next token a better-ranked match already has."""
+  length, ranked = len(context), []
+  for j in range(length - 1):
+    best = max((n for n in range(ngram_min, ngram_max + 1)
+                if j - n + 1 >= 0 and context[j - n + 1:j + 1] == context[length - n:]), default=0)
+    if best:
+      ranked.append((-best, j))
+  ends, heads = [], set()
+  for _, j in sorted(ranked):
+    if context[j + 1] not in heads and len(ends) < count:
+      heads.add(context[j + 1])
+      ends.append(j)
+  return ends
+
+
+@pytest.mark.parametrize("ngram_min, ngram_max", [(1, 1), (1, 3), (2, 4)])
+def test_ranked_matches_equal_the_reference_on_random_contexts(ngram_min, ngram_max):
+  rng = np.random.default_rng(ngram_max)
+  contexts = [list(map(int, rng.integers(0, 4, rng.integers(2, 17)))) for _ in range(64)]
+  padded, lengths = pad_prompts(contexts)
+  found, ends = (np.asarray(x) for x in ranked_matches(padded, lengths, ngram_min, ngram_max, 3))
+  first_found, first_end = (np.asarray(x) for x in longest_match(padded, lengths, ngram_min, ngram_max))
+  for row, context in enumerate(contexts):
+    want = _reference_matches(context, ngram_min, ngram_max, 3)
+    assert list(ends[row][found[row]]) == want and found[row].sum() == len(want), context
+    assert first_found[row] == bool(want) and (not want or first_end[row] == want[0])
+  sizes = {int(f.sum()) for f in found}  # misses, and rows with fewer matches than branches
+  assert {0, 1, 2} <= sizes and (3 in sizes or ngram_min > 1)
+
+
+def _replay(prompt, free, budget, k, branches):
+  """The greedy loop in plain Python for one row: each round's branches continue the ranked matches;
+  the round accepts the longest prefix of the target's greedy tokens any branch holds."""
+  emitted, accepted = [free[0]], []
+  while len(emitted) < budget:
+    context = prompt + free[:len(emitted)]
+    best = 0
+    for j in _reference_matches(context, 1, 3, branches):
+      branch = context[j + 1:j + 1 + k]
+      n = 0
+      while n < len(branch) and branch[n] == free[len(emitted) + n]:
+        n += 1
+      best = max(best, n)
+    accepted.append(best)
+    emitted += free[len(emitted):len(emitted) + best + 1][:budget - len(emitted)]
+  return emitted, accepted
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_greedy_spines_follow_the_replay_and_equal_target_greedy(model_name):
+  (config, params), batch = MODELS[model_name], len(PROMPTS)
+  drafter = NgramDrafter(VOCAB, 1, 3, tree=SPINES)
+  padded, lengths = pad_prompts(PROMPTS)
+  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
+                             drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
+                             k=SPINES.max_depth, out_width=OUT_WIDTH)
+  free = _free_greedy(MODELS[model_name])
+  replays = [_replay(p, f, b, SPINES.max_depth, 3) for p, f, b in zip(PROMPTS, free, BUDGETS)]
+  assert as_token_lists(out.tokens, out.counts) == [f[:b] for f, b in zip(free, BUDGETS)]
+  assert as_token_lists(out.tokens, out.counts) == [emitted for emitted, _ in replays]
+  np.testing.assert_array_equal(out.acceptance.accepted, [sum(a) for _, a in replays])
+  np.testing.assert_array_equal(out.acceptance.rounds, [len(a) for _, a in replays])
+  if model_name == "cycling":
+    assert int(np.asarray(out.acceptance.accepted).sum()) >= 10
+
+
+def test_sampled_spines_follow_the_exact_target_distribution():
+  """The first 3 tokens over N = 30,000 rows through spines (2, 1) at temperature 0.7 with top-k 3:
+  chi-square at level 0.001; a tree rule that forgets the rejected branch fails (p < 1e-6)."""
+  sampling, rows, steps = sampling_params(0.7, top_k=3), 30_000, 3
+  (config, params) = SMALL_TARGET
+  drafter = NgramDrafter(config.vocab_size, 1, 3, tree=tree_lib.from_branching((2, 1)))
+  padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
+  exact = _exact_distribution(config, params, SAMPLE_PROMPT, sampling, steps).ravel()
+
+  def counts(**kwargs):
+    cache_len = len(SAMPLE_PROMPT) + steps + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
+    out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
+                               drafter.storage(rows, cache_len), steps, NO_EOS, sampling, jax.random.key(1),
+                               k=2, **kwargs)
+    assert int(np.asarray(out.acceptance.accepted).sum()) > rows // 5
+    index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * steps)
+    return np.bincount(index, minlength=config.vocab_size ** steps)
+
+  assert chi_square_pvalue(counts(), exact) > 1e-3
+  assert chi_square_pvalue(counts(tree_rule=_no_update_rule), exact) < 1e-6
+
+
+@pytest.mark.parametrize("tree", [tree_lib.from_branching((2, 2)), tree_lib.from_paths([[0], [1], [0, 0]])])
+def test_only_spines_are_ngram_trees(tree):
+  with pytest.raises(ValueError, match=r"spines, \(b, 1, ..., 1\)"):
+    NgramDrafter(VOCAB, 1, 3, tree=tree)
