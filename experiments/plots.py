@@ -94,7 +94,7 @@ def _lines(ax, groups: dict[str, list[dict]], x: str, y: str, style: str = "-o",
   return drawn
 
 
-def _save(fig, out_dir: str, name: str) -> str:
+def save_figure(fig, out_dir: str, name: str) -> str:
   path = os.path.join(out_dir, name)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -110,7 +110,7 @@ def acceptance_vs_k(table: Table, out_dir: str) -> str:
   left.set(xlabel="K (draft tokens per round)", ylabel="acceptance rate (accepted / proposed)", ylim=(0, 1.05))
   right.set(xlabel="K (draft tokens per round)", ylabel="mean accepted length (tokens per round)")
   left.legend(fontsize=8)
-  return _save(fig, out_dir, "acceptance_vs_k.png")
+  return save_figure(fig, out_dir, "acceptance_vs_k.png")
 
 
 def _speedup(table: Table, out_dir: str, x: str, xlabel: str, name: str) -> str:
@@ -126,7 +126,7 @@ def _speedup(table: Table, out_dir: str, x: str, xlabel: str, name: str) -> str:
   ax.set(xlabel=xlabel, ylabel="speedup over autoregressive decoding",
          title="measured (solid, o) and theoretical (dashed, x)")
   ax.legend(fontsize=8)
-  return _save(fig, out_dir, name)
+  return save_figure(fig, out_dir, name)
 
 
 def speedup_vs_k(table: Table, out_dir: str) -> str:
@@ -147,7 +147,7 @@ def per_position_acceptance(table: Table, out_dir: str) -> str:
   ax.set(xlabel="draft position", ylabel="acceptance rate given the position was reached",
          title=f"K = {table.k}", ylim=(0, 1.05), xticks=range(1, table.k + 1))
   ax.legend(fontsize=8)
-  return _save(fig, out_dir, "per_position_acceptance.png")
+  return save_figure(fig, out_dir, "per_position_acceptance.png")
 
 
 def distillation(table: Table, out_dir: str) -> str:
@@ -166,7 +166,7 @@ def distillation(table: Table, out_dir: str) -> str:
                   [table.label("draft", d) for d in drafts])
     ax.set(ylabel=ylabel, title=f"K = {table.k}")
   axes[0].legend(fontsize=8)
-  return _save(fig, out_dir, "distillation.png")
+  return save_figure(fig, out_dir, "distillation.png")
 
 
 FIGURES: tuple[Callable[[Table, str], str], ...] = (

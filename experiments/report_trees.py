@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -101,6 +102,32 @@ def comparison(rows: list[dict], temperature: float, batch: int) -> dict | None:
           "best_chain_of_any_k": max(chains, key=lambda c: c["accepted_per_round"])["label"]}
 
 
+def figure(rows: list[dict], batch: int, path: str) -> str:
+  """Accepted draft tokens per round against tokens verified per round, greedy and at T = 1: chains as
+  a line, static trees as dots, dynamic trees as stars (each labelled)."""
+  from experiments import plots  # matplotlib, only when plotting
+
+  temperatures = sorted({r["temperature"] for r in rows if r["batch_size"] == batch})
+  fig, axes = plots.plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.5), squeeze=False)
+  for ax, temperature in zip(axes[0], temperatures):
+    at = [r for r in rows if r["batch_size"] == batch and r["temperature"] == temperature]
+    chains = sorted((r for r in at if not r["tree"]), key=lambda r: r["nodes"])
+    ax.plot([r["nodes"] + 1 for r in chains], [r["accepted_per_round"] for r in chains], "-o", color="gray",
+            label="chains (K = " + ", ".join(str(r["k"]) for r in chains) + ")")
+    for r in at:
+      if r["tree"]:
+        dynamic = r["tree"].startswith("dynamic")
+        ax.plot(r["nodes"] + 1, r["accepted_per_round"], "*" if dynamic else "o", markersize=11 if dynamic else 7)
+        name = r["tree"] if len(r["tree"]) < 24 else f"spine, D = {r['depth']}"
+        ax.annotate(name, (r["nodes"] + 1, r["accepted_per_round"]), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
+    ax.set(xlabel="tokens verified per round (N + 1)", ylabel="accepted draft tokens per round",
+           title=f"temperature {temperature:g}, batch {batch}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+  return plots.save_figure(fig, os.path.dirname(path) or ".", os.path.basename(path))
+
+
 def markdown(rows: list[dict]) -> str:
   fmt = lambda x, spec=".2f": "" if x is None else format(x, spec)
   lines = ["| batch | T | drafter | N | D | accepted / round | draft passes | tok/s | speedup | predicted CPU "
@@ -118,6 +145,7 @@ def main() -> None:
   parser.add_argument("tables", nargs="+")
   parser.add_argument("--out", required=True)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--plot", default="experiments/results/plots/trees.png", help="the figure (batch 4 rows)")
   args = parser.parse_args()
   raw = [r for path in args.tables for r in read_table(path) if r["mode"] == "speculative"]
   if not raw:
@@ -133,6 +161,9 @@ def main() -> None:
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
   print(markdown(rows))
+  if any(r["batch_size"] == 4 for r in rows):
+    os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
+    print("figure:", figure(rows, 4, args.plot))
   for c in result["comparisons"]:
     print(f"T={c['temperature']:g} batch {c['batch_size']}: {c['tree']} {c['tree_accepted_per_round']:.2f} vs "
           f"{c['chain']} {c['chain_accepted_per_round']:.2f} accepted / round: {c['ratio']:.2f}x")

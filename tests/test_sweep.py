@@ -135,6 +135,11 @@ def test_tree_is_an_axis_whose_k_is_its_depth(model_dirs, tmp_path):
   assert summary["predicted_cpu"] == pytest.approx(summary["tokens_per_round"] / 3.25)
   assert summary["predicted_accelerator"] == pytest.approx(
       summary["tokens_per_round"] / (1 + 0.25 * summary["draft_passes_per_round"]))
+  summaries = [report_trees.summarize_row(row) for row in rows if row["mode"] == "speculative"]
+  figure = report_trees.figure(summaries, summary["batch_size"], str(tmp_path / "trees.png"))
+  assert open(figure, "rb").read().startswith(b"\x89PNG")
+  comparison = report_trees.comparison(summaries, 0.0, summary["batch_size"])
+  assert comparison["tree"] == "tree (2, 1)" and comparison["chain"] == "chain K=3"  # no chain of 4 nodes
 
 
 def test_rerun_skips_finished_points(model_dirs, finished_table, monkeypatch):
