@@ -13,7 +13,7 @@ from configs import distill_eagle_smollm2
 from specjax.distill import student, train
 from specjax.errors import ConfigError
 from specjax.models.load import load_model
-from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head
+from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head, save_head
 from tests.test_distill_train import _Crash, _config, _records, compile_cache, target  # noqa: F401 (fixtures)
 
 EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student__ttt_steps=3, num_steps=20,
@@ -53,6 +53,13 @@ def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compi
   assert want.keys() == got.keys()
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  # The newest checkpoint, read back as the report does, is the exported head.
+  _, head_config, head_params, step = train.latest_head(_config(target, tmp_path / "whole", **EAGLE))
+  save_head(str(tmp_path / "latest"), head_config, head_params)
+  latest = load_file(str(tmp_path / "latest" / WEIGHTS_FILE))
+  assert step == 20 and latest.keys() == want.keys()
+  for name in want:
+    np.testing.assert_array_equal(latest[name], want[name], err_msg=name)
 
 
 def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path, compile_cache):

@@ -169,6 +169,11 @@ def acceptance_length(accepts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.A
           jnp.sum(valid_BxT))
 
 
+def run_params(config: EagleConfig, master: Params) -> Params:
+  """The head's float32 master weights in the dtype it runs (and is exported) in."""
+  return jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
+
+
 def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
                     schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
   """`train_step(state, target_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
@@ -176,7 +181,7 @@ def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: 
   `ttt_loss`'s."""
 
   def loss_fn(master, target_params, tokens_BxT, mask_BxT):
-    params = jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
+    params = run_params(config, master)
     return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
                     feature_weight)[0]
 
@@ -198,7 +203,7 @@ def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: i
   (`tokens`), to be summed over batches."""
 
   def eval_step(master, target_params, tokens_BxT, mask_BxT):
-    params = jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
+    params = run_params(config, master)
     loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
                            feature_weight)
     length, first, chains = acceptance_length(extra["accepts"])

@@ -28,6 +28,7 @@ exported draft; only process 0 writes metrics.jsonl, TensorBoard, summary.json a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -48,6 +49,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
+from specjax.speculative.eagle import EagleConfig
 from specjax.speculative.eagle_io import save_head
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
@@ -226,13 +228,11 @@ def _check_finite(step: int, metrics: dict, checkpoints: Checkpointer) -> None:
         "optim.learning_rate, tighten optim.grad_clip or inspect the data first.")
 
 
-def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel, int]:
-  """(teacher, draft at the newest good checkpoint of `config.workdir`, its step): for measuring or
-  exporting a run that is still going or was stopped. Damaged newer checkpoints are skipped with a
+def _restore_newest(config: ml_collections.ConfigDict):
+  """(teacher, student config, train state, step, partitionings) at the newest good checkpoint of
+  `config.workdir`, read-only (safe while the run goes on). Damaged newer checkpoints are skipped with a
   warning (and left in place: the run owns them), or refused per `config.on_damaged_checkpoint`. Raises
   if the workdir has no checkpoint, or only damaged ones."""
-  if config.student.init == "eagle_head":
-    raise ValueError("latest_student loads draft models; an EAGLE head's run exports it (speculative.eagle_io)")
   parts = _parts(config)
   teacher = load_model(config.target, config.dtype, parts[0])
   student_config, student_params = init_student(config, teacher, parts[1])
@@ -248,9 +248,27 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoints.directory}")
   step, state, _ = restored
+  return teacher, student_config, state, step, parts
+
+
+def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel, int]:
+  """(teacher, draft at the newest good checkpoint of `config.workdir`, its step): for measuring or
+  exporting a run that is still going or was stopped (see `_restore_newest`)."""
+  if config.student.init == "eagle_head":
+    raise ValueError("latest_student loads draft models; for an EAGLE head's run use latest_head")
+  teacher, student_config, state, step, parts = _restore_newest(config)
   draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config,
                       steps.model_params(student_config, state.params), teacher.tokenizer, parts[1])
   return teacher, draft, step
+
+
+def latest_head(config: ml_collections.ConfigDict) -> tuple[LoadedModel, EagleConfig, Params, int]:
+  """(teacher, EAGLE head config, its params in the head's dtype, step) at the newest good checkpoint of
+  an `eagle_head` run (see `_restore_newest`): what `save_head` exports."""
+  if config.student.init != "eagle_head":
+    raise ValueError("latest_head loads EAGLE heads; for a draft model's run use latest_student")
+  teacher, head_config, state, step, _ = _restore_newest(config)
+  return teacher, head_config, eagle_steps.run_params(head_config, state.params), step
 
 
 @dataclasses.dataclass
@@ -388,8 +406,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
                                        setup.labels, config.loss, config.accum_steps, config.remat, place)
     eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
                                      config.eval_temperature, place)
-  compute_params = ((lambda master: jax.tree.map(lambda p: p.astype(setup.student_config.block.jnp_dtype), master))
-                    if eagle else (lambda master: steps.model_params(setup.student_config, master)))
+  compute_params = functools.partial(eagle_steps.run_params if eagle else steps.model_params, setup.student_config)
 
   checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
   start = 0

@@ -1,0 +1,40 @@
+"""The EAGLE head of configs/distill_eagle_smollm2.py decoding for SmolLM2-135M-Instruct: K = 1-4,
+greedy and temperature 1, batch 1, the head scoring through the target's output head restricted to the
+8,192 tokens most frequent in the run's training files (as the distilled drafts of
+`smollm2_distill.py`, so that c compares), plus the target's autoregressive baseline, on the 4 held-out
+prompts that `smollm2_distill.py` decodes (the same corpus split). About 10 minutes alone on 2 CPU cores.
+
+Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.report`, which exports
+the newest checkpoint's head to `heads/step<N>` and writes the prompts and the corpus. For a run stopped
+early: `--config.base.draft=WORKDIR/heads/stepN`.
+
+  python -m experiments.sweep --config=configs/sweeps/smollm2_eagle.py
+"""
+
+import ml_collections
+
+from configs import distill_eagle_smollm2, qwen_coder
+
+WORKDIR = "experiments/distill_eagle_smollm2/workdir"  # the training run, as its README runs it
+
+
+def get_config():
+  cfg = ml_collections.ConfigDict()
+  cfg.base = qwen_coder.get_config()  # every decode field; configs/qwen_coder.py documents them
+  cfg.base.target = "smollm2-135m-instruct"  # the head's target (registry name)
+  cfg.base.drafter = "eagle"  # a head reading the target's features
+  cfg.base.draft = f"{WORKDIR}/heads/step{distill_eagle_smollm2.get_config().num_steps}"  # the finished run
+  cfg.base.prompts_file = f"{WORKDIR}/heldout_prompts.jsonl"  # 128-token prefixes of held-out stdlib files
+  cfg.base.chat = False  # plain code continuation, as in training
+  cfg.base.max_new_tokens = 96  # budget per prompt
+  cfg.base.batch_size = 1  # one prompt at a time: the latency regime of speculative decoding
+  cfg.base.draft_vocab = 8192  # the head scores the 8,192 most frequent tokens of ...
+  cfg.base.draft_vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # ... the training files
+  cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
+  cfg.axes.mode = ("autoregressive", "speculative")  # the baseline runs once per temperature
+  cfg.axes.k = (1, 2, 3, 4)  # draft tokens per round
+  cfg.axes.temperature = (0.0, 1.0)  # greedy and plain sampling
+  cfg.output = "experiments/results/sweep_smollm2_eagle.jsonl"  # JSONL table, one row per point
+  cfg.measure_cost = True  # the head/target cost ratio c
+  cfg.cost_repeats = 10  # timed 1-token forwards (the median is kept)
+  return cfg

@@ -1,0 +1,86 @@
+"""Results of the EAGLE head training on SmolLM2-135M (configs/distill_eagle_smollm2.py), and the inputs
+of its decode sweep (`configs/sweeps/smollm2_eagle.py`).
+
+Writes into the work directory: the head of the newest checkpoint (`heads/step<N>`, specjax's head
+layout, for `--config.drafter=eagle --config.draft=...`), held-out prompts (`heldout_prompts.jsonl`, the
+first 128 tokens of stdlib files the run never trained on: the same split, hence the same prompts, as
+the distilled-draft run of `experiments/distill_smollm2/`) and the training files as the corpus that
+ranks restricted heads. Here: results.json (held-out evaluations at step 0 and the newest) and
+curves.png (held-out first-step acceptance, simulated accepted length at K = ttt_steps and the loss,
+from metrics.jsonl). Reading checkpoints while the run goes on is safe (read-only).
+
+  python -m experiments.distill_eagle_smollm2.report
+  python -m experiments.sweep --config=configs/sweeps/smollm2_eagle.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from configs import distill_eagle_smollm2
+from experiments.distill_smollm2.report import held_out_prompts, split, write_jsonl, write_train_corpus
+from specjax import records
+from specjax.distill import train
+from specjax.speculative.eagle_io import save_head
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def plot(metrics_path: str, out: str, depth: int) -> None:
+  from experiments import plots  # matplotlib, only here
+
+  with open(metrics_path) as f:
+    records_ = [json.loads(line) for line in f]
+  evals = [r for r in records_ if r["split"] == "eval"]
+  trains = [r for r in records_ if r["split"] == "train"]
+  fig, (left, right) = plots.plt.subplots(1, 2, figsize=(11, 4))
+  steps = [r["step"] for r in evals]
+  left.plot(steps, [r["acceptance"] for r in evals], "o-", label="first-step expected acceptance, T = 1")
+  left.plot(steps, [r["acceptance_length"] / depth for r in evals], "s-",
+            label=f"simulated accepted tokens per round / {depth} (K = {depth})")
+  left.set(xlabel="step", ylabel="held-out", ylim=(0, 1), title="EAGLE head on SmolLM2-135M")
+  left.legend(fontsize=8)
+  window = 20
+  smooth = [sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window)
+            for i in range(len(trains))]
+  right.plot([r["step"] for r in trains], smooth, label=f"train TTT loss ({window}-step mean)")
+  right.plot(steps, [r["loss"] for r in evals], "o", label="held-out TTT loss")
+  right.set(xlabel="step", ylabel="sum_j 0.8^j KL (nats / token)", yscale="log", title="training-time test loss")
+  right.legend(fontsize=8)
+  plots.save_figure(fig, os.path.dirname(out) or ".", os.path.basename(out))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", default=os.path.join(HERE, "workdir"))
+  parser.add_argument("--num_prompts", type=int, default=4)
+  parser.add_argument("--prompt_tokens", type=int, default=128)
+  parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
+  args = parser.parse_args()
+
+  config = distill_eagle_smollm2.get_config()
+  config.workdir = args.workdir
+  teacher, head_config, head_params, step = train.latest_head(config)
+  head_dir = os.path.join(args.workdir, "heads", f"step{step}")
+  save_head(head_dir, head_config, head_params)
+  train_docs, held = split(config)
+  prompts_file = write_jsonl(({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, args.num_prompts,
+                                                                       args.prompt_tokens)),
+                             os.path.join(args.workdir, "heldout_prompts.jsonl"))
+  corpus_file = write_train_corpus(train_docs, os.path.join(args.workdir, "train_corpus.jsonl"))
+  metrics_path = os.path.join(args.workdir, train.METRICS_FILE)
+  with open(metrics_path) as f:
+    evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
+  results = {"checkpoint_step": step, "head": records.relative(head_dir), "prompts_file": records.relative(prompts_file),
+             "vocab_corpus": records.relative(corpus_file), "heldout": {"before": evals[0], "latest": evals[-1]},
+             "evals": evals, "environment": records.environment()}
+  with open(args.out, "w") as f:
+    json.dump(results, f, indent=1)
+  plot(metrics_path, os.path.join(os.path.dirname(args.out), "curves.png"), config.student.ttt_steps)
+  print(f"wrote {args.out}; head of step {step} in {head_dir}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
