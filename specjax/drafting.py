@@ -54,9 +54,12 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   if not 0.0 <= cfg.draft_stop_threshold < 1.0:
     raise ConfigError(f"config.draft_stop_threshold must be in [0, 1) (0 = off), got {cfg.draft_stop_threshold}")
   tree = config_tree(cfg)
-  if tree is not None and cfg.drafter not in ("model", "ngram"):
-    raise ConfigError(f"config.tree is set but config.drafter is {cfg.drafter!r}: only the model and n-gram "
-                      f"drafters draft trees")
+  if tree is not None and cfg.drafter not in ("model", "ngram", "eagle"):
+    raise ConfigError(f"config.tree is set but config.drafter is {cfg.drafter!r}: only the model, n-gram and "
+                      f"eagle drafters draft trees")
+  if tree is not None and cfg.drafter == "eagle" and not isinstance(tree, Tree):
+    raise ConfigError(f"config.tree {cfg.tree!r}: the eagle drafter drafts static trees (a branching tuple or "
+                      f"a path list), not dynamic ones yet")
   if tree is not None and cfg.drafter == "ngram" and not (isinstance(tree, Tree) and is_spines(tree)):
     raise ConfigError(f"config.tree {cfg.tree!r}: the n-gram drafter drafts spines, (b, 1, ..., 1): its b best "
                       f"matches, each continued the tree's depth")
@@ -126,31 +129,29 @@ def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, dr
 def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedModel | None,
           log: Callable[[str], None] = print) -> tuple[Drafter, dict]:
   """The drafter of `cfg` for `target` (with `draft` loaded when `needs_draft_model(cfg)`), and facts
-  to record with the results (the restricted head's corpus coverage)."""
+  to record with the results (the restricted head's corpus coverage, a tree's node count)."""
+  tree = config_tree(cfg)
   if cfg.drafter == "model":
     if draft is None:
       raise ValueError("drafter 'model' needs a loaded draft model")
     check_compatible(target, draft)
     head, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
-    tree = config_tree(cfg)
     drafter = ModelDrafter(draft.config, draft.params, head, stop_threshold=cfg.draft_stop_threshold,
                            cache_spec=partitioning.cache_spec(draft.config, draft.part), tree=tree,
                            tree_children=cfg.tree_children)
     info = {"draft_vocab_coverage": coverage}
-    if tree is not None:
-      info["tree_nodes"] = tree.num_nodes - 1
   elif cfg.drafter == "ngram":
-    tree = config_tree(cfg)
     drafter = NgramDrafter(vocab_size=target.config.vocab_size, ngram_min=cfg.ngram_min,
                            ngram_max=cfg.ngram_max, tree=tree)
-    info = {} if tree is None else {"tree_nodes": tree.num_nodes - 1}
+    info = {}
   elif cfg.drafter == "eagle":
     config, params, vocab = load_head(cfg.draft, target.config)
     coverage = None
     if vocab is None:
       vocab, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, target, log)
     drafter = EagleDrafter(config, params, target.config, target.params, vocab,
-                           cache_spec=partitioning.cache_spec(config.block, target.part))
+                           cache_spec=partitioning.cache_spec(config.block, target.part), tree=tree,
+                           tree_children=cfg.tree_children)
     info = {"eagle_feature_layers": list(config.feature_layers), "draft_vocab_coverage": coverage}
   else:
     try:
@@ -160,6 +161,8 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
     drafter = LayerSkipDrafter(target.config, target.params, layers)
     info = {"draft_layers": list(layers)}
   drafter.check(target.config)
+  if tree is not None:
+    info["tree_nodes"] = tree.num_nodes - 1
   return drafter, info
 
 

@@ -316,7 +316,7 @@ def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree,
 @pytest.mark.parametrize("overrides, message", [
     (dict(tree="(2,"), "config.tree .* neither"), (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
     (dict(tree="()"), "config.tree: the branching tuple is empty"),
-    (dict(tree="(2,)", drafter="layer_skip", draft_layers="0"), "only the model and n-gram drafters"),
+    (dict(tree="(2,)", drafter="layer_skip", draft_layers="0"), "only the model, n-gram and eagle drafters"),
     (dict(tree="(2, 2)", drafter="ngram"), r"spines, \(b, 1, ..., 1\)"),
     (dict(tree="dynamic(4, 2, 2)", drafter="ngram"), "spines"),
     (dict(tree="dynamic(4, 2)"), r"config.tree .*dynamic\(N, D, b\)"),

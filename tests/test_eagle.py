@@ -16,10 +16,12 @@ from specjax.models.transformer import Norm, forward_features, forward_hidden, p
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.draft_head import restrict_head
+from specjax.speculative import tree as tree_lib
 from specjax.speculative.eagle import EagleDrafter, eagle3_layers, head_config, init_head_params
 from tests.test_layer_skip import SMALL_TARGET, TARGET, _target_greedy_3
 from tests.test_speculative import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                     SAMPLE_STEPS, _accept_all, first_tokens_pvalue)
+from tests.test_tree_exactness import _no_update_rule
 
 
 def _head(target_config, feature_layers, seed=3, final_scale=1.0):
@@ -34,13 +36,13 @@ def _head(target_config, feature_layers, seed=3, final_scale=1.0):
   return config, jax.tree_util.tree_map_with_path(init, shapes)
 
 
-def _drafter(target, feature_layers, vocab=None, seed=3, final_scale=1.0):
+def _drafter(target, feature_layers, vocab=None, seed=3, final_scale=1.0, tree=None, children="iid"):
   config, params = _head(target[0], feature_layers, seed, final_scale)
-  return EagleDrafter(config, params, target[0], target[1], vocab)
+  return EagleDrafter(config, params, target[0], target[1], vocab, tree=tree, tree_children=children)
 
 
 def _run(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GREEDY, seed=0, rule=verify,
-         out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS):
+         out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS, **kwargs):
   config, params = target
   drafter.check(config)
   padded, lengths = pad_prompts(prompts)
@@ -48,7 +50,7 @@ def _run(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GREEDY, 
   drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
   return speculative_generate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
                               storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
-                              out_width=out_width, rule=rule)
+                              out_width=out_width, rule=rule, **kwargs)
 
 
 def test_features_are_the_residual_streams_after_the_named_blocks():
@@ -135,6 +137,47 @@ def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
     assert 0.15 < total["acceptance_rate"] < 0.95 and pvalue > 1e-3
   else:
     assert pvalue < 1e-12
+
+
+EAGLE_TREE = tree_lib.from_branching((2, 2, 1))
+
+
+@pytest.mark.parametrize("feature_layers", [(0, 1, 2), ()])
+def test_greedy_tree_drafting_equals_target_greedy(feature_layers):
+  """A tree drafted by the head (its nodes reading their parents' head outputs) keeps greedy output
+  exact, and a head whose chain proposals are accepted sometimes has its tree accepted at least as
+  often per round."""
+  tree_out = _run(TARGET, _drafter(TARGET, feature_layers, tree=EAGLE_TREE), EAGLE_TREE.max_depth)
+  assert as_token_lists(tree_out.tokens, tree_out.counts) == _target_greedy_3()
+  chain_out = _run(TARGET, _drafter(TARGET, feature_layers), EAGLE_TREE.max_depth)
+  tree_total, chain_total = (metrics.summarize(o.acceptance)["total"] for o in (tree_out, chain_out))
+  assert tree_total["accepted"] > 0 and tree_total["mean_accepted_length"] >= chain_total["mean_accepted_length"]
+
+
+def test_a_chain_shaped_tree_drafts_what_the_chain_drafts():
+  """The tree passes (level masks, positions, parents' outputs as features) equal the chain's scan."""
+  chain = tree_lib.chain(3)
+  as_tree = _run(TARGET, _drafter(TARGET, (0, 1, 2), tree=chain), 3)
+  plain = _run(TARGET, _drafter(TARGET, (0, 1, 2)), 3)
+  np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
+  for name in ("rounds", "proposed", "accepted"):
+    np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
+
+
+def test_sampled_tree_drafting_follows_the_exact_target_distribution():
+  """The tree (2, 1) with children drawn without replacement, T = 0.7, top-k 5, first 3 tokens of
+  N = 30,000 rows: chi-square at level 0.001; a tree rule that forgets rejections fails (p < 1e-6)."""
+  sampling, rows = sampling_params(0.7, top_k=5), 30_000
+  tree = tree_lib.from_branching((2, 1))
+  drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05, tree=tree, children="without_replacement")
+  run = lambda **kwargs: _run(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS,
+                              sampling=sampling, seed=1, out_width=SAMPLE_STEPS,
+                              cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 4, **kwargs)
+  out = run()
+  assert metrics.summarize(out.acceptance)["total"]["accepted"] > rows // 10
+  assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, out.tokens) > 1e-3
+  broken = run(tree_rule=_no_update_rule)
+  assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, broken.tokens) < 1e-6
 
 
 def test_heads_that_do_not_fit_the_target_fail_early():

@@ -22,6 +22,10 @@ K head passes, written beyond the head's length and never committed. After the t
 [x_n, d_1 .. d_K] (features g_0 .. g_K), `commit` feeds the pairs (f_{n-1}, x_n), (g_0, d_1) ..
 (g_{K-1}, d_K) in one pass and keeps the first n + 1 of a row that committed n + 1 tokens; g_n becomes
 the new `feature`. The head's history is always the target's features, never its own guesses.
+
+Trees (`tree`, static): the head drafts the tree level by level (a node reads its parent's head output
+and its own token, attending to the head's history and its ancestors); after verification the accepted
+path is committed like a chain, from the target's features along it, so nothing needs compacting.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import generation
+from specjax.models import attention
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import MLP, Attention, Norm, Params, prefill_features, rotary_tables
@@ -42,6 +47,8 @@ from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters import DraftPass
 from specjax.speculative.proposal import Proposal, full
+from specjax.speculative.tree import Tree
+from specjax.speculative.tree_drafting import CHILDREN, grow_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +84,11 @@ class EagleLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, embed_BxTxD, fused_BxTxD, rotary, cache: KVCache):
+  def __call__(self, embed_BxTxD, fused_BxTxD, rotary, cache: KVCache, tree=None):
     cfg = self.config
     x_BxTx2D = jnp.concatenate([Norm(cfg, name="input_norm")(embed_BxTxD),
                                 Norm(cfg, name="hidden_norm")(fused_BxTxD)], axis=-1)
-    attn_out, cache = Attention(cfg, name="attn")(x_BxTx2D, rotary, cache, 0)
+    attn_out, cache = Attention(cfg, name="attn")(x_BxTx2D, rotary, cache, 0, tree)
     h_BxTxD = fused_BxTxD + attn_out
     return h_BxTxD + MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(h_BxTxD)), cache
 
@@ -109,14 +116,14 @@ def fuse(config: EagleConfig, params: Params, features_xF: jax.Array) -> jax.Arr
 
 
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+                 fused_BxTxD: jax.Array, cache: KVCache, tree=None) -> tuple[jax.Array, KVCache]:
   """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
-  token) at positions `cache.lengths[b] + t`, and its written (not advanced) cache."""
-  T = tokens_BxT.shape[1]
-  positions_BxT = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
+  written (not advanced) cache."""
+  positions_BxT = attention.query_positions(cache.lengths, tokens_BxT.shape[1], tree)
   embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
   return EagleLayer(config.block).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
-                                        rotary_tables(config.block, positions_BxT), cache)
+                                        rotary_tables(config.block, positions_BxT), cache, tree)
 
 
 def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
@@ -166,6 +173,8 @@ class EagleDrafter:
   target_params: Params  # the target's: its embedding and output head are shared
   vocab: DraftHead | None = None  # a restricted output head (EAGLE-3's draft vocabulary), None = the target's
   cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the head cache's mesh axes
+  tree: Tree | None = flax.struct.field(pytree_node=False, default=None)  # draft this static tree; None = a chain
+  tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
 
   @property
   def feature_layers(self) -> tuple[int, ...]:
@@ -180,6 +189,10 @@ class EagleDrafter:
 
   def check(self, target_config: ModelConfig) -> None:
     check_head(self.config, self.params, target_config, self.vocab)
+    if self.tree is not None and not isinstance(self.tree, Tree):
+      raise ValueError("the EAGLE drafter drafts static trees only (a branching tuple or a path list)")
+    if self.tree_children not in CHILDREN:
+      raise ValueError(f"tree_children must be one of {CHILDREN}, got {self.tree_children!r}")
 
   def draft_pass(self) -> DraftPass:
     """Approximately one head pass: one block of the target's and its output head (the head's q/k/v
@@ -192,9 +205,10 @@ class EagleDrafter:
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):
       raise ValueError(f"EAGLE head cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
-    # `commit` writes K + 1 pairs beyond a length one short of the target's.
-    generation.check_fits("speculative generate (EAGLE head)", prompt_lengths_B, max_new_tokens, k,
-                          storage.max_len, self.config.block.max_positions)
+    # `commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1 nodes).
+    generation.check_fits("speculative generate (EAGLE head)", prompt_lengths_B, max_new_tokens,
+                          k if self.tree is None else max(k, self.tree.num_nodes - 1), storage.max_len,
+                          self.config.block.max_positions)
 
   def storage_of(self, state: EagleState) -> KVCache:
     return state.cache
@@ -221,8 +235,35 @@ class EagleDrafter:
                       feature=jnp.take_along_axis(fused_BxPxD, last_B[:, None, None], axis=1)[:, 0],
                       pending=jnp.zeros((batch,), jnp.int32))
 
+  def _propose_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams,
+                    key: jax.Array) -> Proposal:
+    """A static tree drawn level by level: the root pairs (f_{n-1}, x_n), every other node (its parent's
+    head output, its token), each level one tree-masked head pass written beyond the head's length
+    (scratch: `commit` rewrites the accepted path from the target's features)."""
+    tree, batch = self.tree, pending_B.shape[0]
+    parent_N1 = np.maximum(np.asarray(tree.parent), 0)
+
+    def score_level(carry, tokens_BxL, level, depth):
+      cache, outs_BxN1xD = carry
+      nodes = np.arange(level.first, level.first + level.count)
+      fused_BxLxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
+      out_BxLxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxL, fused_BxLxD, cache,
+                                      tree=level)
+      logits_BxLxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
+                                 out_BxLxD)
+      return logits_BxLxV, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLxD))
+
+    outs_BxN1xD = jnp.zeros((batch, tree.num_nodes, self.config.block.d_model), self.config.block.jnp_dtype)
+    tokens_BxN, probs_BxNxW, _ = grow_tree(tree, self.tree_children, pending_B, sampling, key, score_level,
+                                           (state.cache, outs_BxN1xD))
+    return Proposal(tokens=tokens_BxN, lengths=jnp.full((batch,), tokens_BxN.shape[1], jnp.int32),
+                    probs=probs_BxNxW, calls=jnp.int32(tree.max_depth), tree=tree)
+
   def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, k: int) -> tuple[Proposal, EagleState, KVCache]:
+    if self.tree is not None:
+      return self._propose_tree(state, pending_B, sampling, key), state.replace(pending=pending_B), target_cache
+
     def step(carry, step_key):
       cache, fused_BxD, token_B = carry
       out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from specjax import generation, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_features, forward_hidden, hidden_to_logits, prefill
+from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance, tree_acceptance
 from specjax.speculative.drafters import Drafter, feature_layers
@@ -89,17 +89,18 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
 
 
 def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_rule: TreeRule,
-                      pending_B: jax.Array, proposal: Proposal, sampling: SamplingParams, key: jax.Array,
-                      target_cache: KVCache):
+                      features: tuple[int, ...], pending_B: jax.Array, proposal: Proposal,
+                      sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
   """Scores the tree [pending, nodes 1..N] in one tree-masked pass, applies the tree rule (greedy on the
   target's argmaxes) and compacts the accepted path's keys/values (not for a chain: statically free).
-  Returns (accepted [B], next token [B], the target's hidden states along the path [B, D + 1, D], cache,
+  Returns (accepted [B], next token [B], the target's features along the path [B, D + 1, F] (as
+  `_verify_pass`), cache,
   the proposal's accepted path as a chain (`Proposal.along`))."""
   tree = proposal.shape
   fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
   block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
-  hidden_BxN1xD, target_cache = forward_hidden(target_config, target_params, block_BxN1, target_cache,
-                                               tree=tree)
+  hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(target_config, target_params, block_BxN1,
+                                                                   target_cache, features, tree=tree)
   logits_BxN1xV = hidden_to_logits(target_config, target_params, hidden_BxN1xD)
   if sampling.greedy:
     path_BxD1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
@@ -109,8 +110,8 @@ def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_ru
                                                   probabilities(logits_BxN1xV, sampling))
   if not tree.is_chain:
     target_cache = target_cache.compact(path_BxD1)
-  hidden_BxD1xD = jnp.take_along_axis(hidden_BxN1xD, path_BxD1[:, :, None], axis=1)
-  return num_accepted_B, next_B, hidden_BxD1xD, target_cache, proposal.along(path_BxD1)
+  features_BxD1xF = jnp.take_along_axis(features_BxN1xF, path_BxD1[:, :, None], axis=1)
+  return num_accepted_B, next_B, features_BxD1xF, target_cache, proposal.along(path_BxD1)
 
 
 @functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule",
@@ -146,7 +147,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
               for width in widths]
     if proposal.shape is not None:  # K = the tree's depth; the accepted path becomes the proposal
       num_accepted_B, next_B, hidden_BxK1xD, target_cache, proposal = _verify_tree_pass(
-          target_config, target_params, tree_rule, state.pending, proposal, sampling, accept_key, target_cache)
+          target_config, target_params, tree_rule, feature_layers(drafter), state.pending, proposal, sampling,
+          accept_key, target_cache)
     elif len(passes) == 1:
       num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
     else:  # the narrowest pass that checks every live row's whole proposal

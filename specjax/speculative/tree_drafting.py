@@ -19,6 +19,8 @@ passes feeding N + 1 tokens in all.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -74,22 +76,21 @@ def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logi
   return tokens_BxC, _without_elders(probs_BxCxW, order_BxLxR[:, jnp.asarray(parents)], ranks, tokens_BxC)
 
 
-def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
-               cache: KVCache, root_B: jax.Array, sampling: SamplingParams,
-               key: jax.Array) -> tuple[jax.Array, jax.Array | None, KVCache]:
-  """Draws a tree after each row's history (in `cache`) and its root token `root_B`.
+def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+              score_level: Callable, carry: Any) -> tuple[jax.Array, jax.Array | None, Any]:
+  """Draws a static tree level by level: `score_level(carry, tokens_BxL, level, depth)` feeds level
+  `depth`'s tokens (a `TreeLevel` chunk) and returns their logits [B, L, W] and the new carry; each
+  node's children are drawn from its logits (`children`).
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
-  point masses) and the cache with the whole tree written beyond each row's length (not advanced).
+  point masses) and the last carry.
   """
   batch = root_B.shape[0]
   tokens_BxN1 = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_B)
   probs_BxN1xW = None
   for depth, level_key in zip(range(tree.max_depth), jax.random.split(key, tree.max_depth)):
     level = tree.level(depth)
-    hidden_BxLxD, cache = forward_hidden(config, params, tokens_BxN1[:, level.first:level.first + level.count],
-                                         cache, tree=level)
-    logits_BxLxW = draft_logits(config, params, head, hidden_BxLxD)
+    logits_BxLxW, carry = score_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, depth)
     nodes, parents, ranks = _next_level(tree, depth)
     level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_key, logits_BxLxW, parents,
                                                          ranks)
@@ -98,6 +99,22 @@ def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree
       if probs_BxN1xW is None:
         probs_BxN1xW = jnp.zeros((batch, tree.num_nodes, logits_BxLxW.shape[-1]), jnp.float32)
       probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
+  return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], carry
+
+
+def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
+               cache: KVCache, root_B: jax.Array, sampling: SamplingParams,
+               key: jax.Array) -> tuple[jax.Array, jax.Array | None, KVCache]:
+  """Draws a tree with a draft model after each row's history (in `cache`) and its root token `root_B`.
+
+  Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
+  point masses) and the cache with the whole tree written beyond each row's length (not advanced).
+  """
+  def score_level(cache, tokens_BxL, level, depth):
+    hidden_BxLxD, cache = forward_hidden(config, params, tokens_BxL, cache, tree=level)
+    return draft_logits(config, params, head, hidden_BxLxD), cache
+
+  tokens_BxN, probs_BxNxW, cache = grow_tree(tree, children, root_B, sampling, key, score_level, cache)
   leaves = tree.level(tree.max_depth)
-  _, cache = forward_hidden(config, params, tokens_BxN1[:, leaves.first:], cache, tree=leaves)
-  return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], cache
+  _, cache = forward_hidden(config, params, tokens_BxN[:, leaves.first - 1:], cache, tree=leaves)
+  return tokens_BxN, probs_BxNxW, cache
