@@ -29,6 +29,7 @@ import numpy as np
 
 from experiments.sweep import read_table
 from specjax import costs, pipeline, records
+from specjax.speculative.dynamic_tree import DynamicSpec
 from specjax.speculative.tree import chain, parse
 
 
@@ -38,15 +39,27 @@ def shape(row: dict):
 
 
 def draft_widths(row: dict) -> list[int]:
-  """Tokens fed by each draft pass of one round: a tree's levels (and its leaves), or a chain's 1s."""
+  """Tokens fed by each draft pass of one round: none for a lookup; a dynamic tree's root and its
+  frontiers; a static tree's levels (and its leaves, for a draft model); a chain's 1s."""
   tree = shape(row)
+  if row.get("drafter") == "ngram":
+    return []
+  if isinstance(tree, DynamicSpec):
+    return [1] + [tree.expand] * (tree.depth - 1)
   if row.get("tree"):
-    return [tree.depth.count(d) for d in range(tree.max_depth + 1)]
+    levels = tree.max_depth + (1 if row.get("drafter", "model") == "model" else 0)
+    return [tree.depth.count(d) for d in range(levels)]
   return [1] * max(1, round(row["draft_calls"] / max(1, row["target_calls"] - 1)))
 
 
 def label(row: dict) -> str:
-  return f"tree {row['tree']}" if row.get("tree") else f"chain K={row['k']}"
+  """"chain K=k", "tree (4, 1, 1, 1)", or for a long path list its size ("paths N=16 D=10")."""
+  if not row.get("tree"):
+    return f"chain K={row['k']}"
+  if len(row["tree"]) <= 24:
+    return f"tree {row['tree']}"
+  tree = shape(row)
+  return f"paths N={tree.num_nodes - 1} D={tree.max_depth}"
 
 
 def summarize_row(row: dict) -> dict:
@@ -96,6 +109,7 @@ def comparison(rows: list[dict], temperature: float, batch: int) -> dict | None:
   best = max(trees, key=lambda r: r["accepted_per_round"])
   same = [c for c in chains if c["nodes"] == best["nodes"]] or [max(chains, key=lambda c: c["nodes"])]
   return {"temperature": temperature, "batch_size": batch, "tree": best["label"], "chain": same[0]["label"],
+          "same_verified_tokens": same[0]["nodes"] == best["nodes"],
           "tree_accepted_per_round": best["accepted_per_round"],
           "chain_accepted_per_round": same[0]["accepted_per_round"],
           "ratio": best["accepted_per_round"] / same[0]["accepted_per_round"],
@@ -118,8 +132,7 @@ def figure(rows: list[dict], batch: int, path: str) -> str:
       if r["tree"]:
         dynamic = r["tree"].startswith("dynamic")
         ax.plot(r["nodes"] + 1, r["accepted_per_round"], "*" if dynamic else "o", markersize=11 if dynamic else 7)
-        name = r["tree"] if len(r["tree"]) < 24 else f"spine, D = {r['depth']}"
-        ax.annotate(name, (r["nodes"] + 1, r["accepted_per_round"]), fontsize=7, xytext=(4, 3),
+        ax.annotate(r["label"].removeprefix("tree "), (r["nodes"] + 1, r["accepted_per_round"]), fontsize=7, xytext=(4, 3),
                     textcoords="offset points")
     ax.set(xlabel="tokens verified per round (N + 1)", ylabel="accepted draft tokens per round",
            title=f"temperature {temperature:g}, batch {batch}")
@@ -145,13 +158,19 @@ def main() -> None:
   parser.add_argument("tables", nargs="+")
   parser.add_argument("--out", required=True)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--reuse_costs", action="store_true", help="take the forward costs from --out (re-render)")
   parser.add_argument("--plot", default="experiments/results/plots/trees.png", help="the figure (batch 4 rows)")
   args = parser.parse_args()
   raw = [r for path in args.tables for r in read_table(path) if r["mode"] == "speculative"]
   if not raw:
     raise SystemExit(f"no speculative rows in {args.tables}")
   rows = sorted((summarize_row(r) for r in raw), key=lambda r: (r["batch_size"], r["temperature"], r["nodes"]))
-  seconds = measure_costs(rows, raw[0]["config"], args.repeats)
+  if args.reuse_costs:  # re-render a result: the forward costs it measured
+    with open(args.out) as f:
+      seconds = {int(b): {m: {int(t): v for t, v in at.items()} for m, at in by_model.items()}
+                 for b, by_model in json.load(f)["forward_seconds"].items()}
+  else:
+    seconds = measure_costs(rows, raw[0]["config"], args.repeats)
   for row in rows:
     predict(row, seconds[row["batch_size"]])
   result = {"rows": rows, "forward_seconds": seconds,
@@ -165,8 +184,9 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
     print("figure:", figure(rows, 4, args.plot))
   for c in result["comparisons"]:
+    chain = c["chain"] + ("" if c["same_verified_tokens"] else " (the longest chain measured: fewer tokens verified)")
     print(f"T={c['temperature']:g} batch {c['batch_size']}: {c['tree']} {c['tree_accepted_per_round']:.2f} vs "
-          f"{c['chain']} {c['chain_accepted_per_round']:.2f} accepted / round: {c['ratio']:.2f}x")
+          f"{chain} {c['chain_accepted_per_round']:.2f} accepted / round: {c['ratio']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ def test_every_sweep_config_parses_into_a_valid_grid():
     cfg = importlib.import_module(f"configs.sweeps.{name}").get_config()
     sizes[name] = len(sweep.grid(cfg))  # validates axis names and every point's decode config
   assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "qwen_coder_trees": 22, "qwen_coder_trees_speed": 14,
-                   "smollm2_distill": 14, "smollm2_eagle": 10, "tiny": 2}  # baselines counted once
+                   "smollm2_distill": 14, "smollm2_eagle": 14, "tiny": 2}  # baselines counted once
 
 
 def _fixture_rows() -> list[dict]:

@@ -15,6 +15,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.speculative import speculative_generate
 from specjax.speculative import tree as tree_lib
+from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.model_drafter import ModelDrafter
 from tests.test_speculative import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET,
                                     _speculative, _target_greedy)
@@ -25,9 +26,9 @@ TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
 
 def _tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS,
                       sampling=GREEDY, children="iid", seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH,
-                      **kwargs):
+                      head=None, **kwargs):
   (target_config, target_params), (draft_config, draft_params) = target, draft
-  drafter = ModelDrafter(draft_config, draft_params, tree=tree, tree_children=children)
+  drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children)
   padded, lengths = pad_prompts(prompts)
   return speculative_generate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), cache_len),
@@ -45,6 +46,19 @@ def test_greedy_tree_decoding_equals_target_greedy(tree_name):
     total = metrics.summarize(out.acceptance)["total"]
     if draft_name == "same":
       assert total["mean_accepted_length"] == tree.max_depth + 1
+
+
+def test_a_restricted_draft_head_drafts_trees_inside_its_subset():
+  """A draft scoring every other token id: greedy output stays the target's, and every drafted node
+  (children are the head's top tokens) lies in the subset."""
+  config, params = DRAFTS["perturbed"]
+  head = restrict_head(config, params, range(0, config.vocab_size, 2))
+  out = _tree_speculative(DRAFTS["perturbed"], TREES["branching"], head=head)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  assert metrics.summarize(out.acceptance)["total"]["accepted"] > 0
+  proposal, _, _ = ModelDrafter(config, params, head, tree=TREES["branching"]).propose(
+      out.draft_state, None, jax.numpy.asarray([4, 6, 8]), GREEDY, jax.random.key(0), 3)
+  assert np.all(np.asarray(proposal.tokens) % 2 == 0)
 
 
 def test_eos_inside_an_accepted_path_ends_the_row():
