@@ -187,27 +187,27 @@ def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | No
   parents, depths = [jnp.zeros((batch, b), jnp.int32)], [jnp.ones((batch, b), jnp.int32)]
   slots = [jnp.full((batch, b), -1, jnp.int32)]
   fed_mask = jnp.zeros((batch, b, (D - 1) * b), bool)  # [B, M_d, F]: each new candidate's fed ancestors
-  frontier_B_b = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (batch, b))  # candidate indices
+  frontier_Bxb = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (batch, b))  # candidate indices
   created = b
   for d in range(1, D):
     first = (d - 1) * b
     level_start = created - tokens[-1].shape[1]  # candidates of depth d: the last created block
-    local_Bxb = frontier_B_b - level_start
+    local_Bxb = frontier_Bxb - level_start
     own_BxbxF = jax.nn.one_hot(first + jnp.arange(b), (D - 1) * b, dtype=bool)[None]
     mask_BxbxF = jnp.take_along_axis(fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxF
-    chunk_Bxb = jnp.take_along_axis(jnp.concatenate(tokens, 1), frontier_B_b, axis=1)
+    chunk_Bxb = jnp.take_along_axis(jnp.concatenate(tokens, 1), frontier_Bxb, axis=1)
     hidden_BxbxD, cache = forward_hidden(config, params, jnp.minimum(chunk_Bxb, config.vocab_size - 1), cache,
                                          tree=_Frontier(first, b, mask_BxbxF[:, :, :first + b]))
     slots[-1] = slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(first + jnp.arange(b, dtype=jnp.int32)[None])
     child_tokens_Bxbxb, child_logp_Bxbxb = _children(draft_logits(config, params, head, hidden_BxbxD), sampling, b)
-    frontier_scores_Bxb = jnp.take_along_axis(jnp.concatenate(scores, 1), frontier_B_b, axis=1)
+    frontier_scores_Bxb = jnp.take_along_axis(jnp.concatenate(scores, 1), frontier_Bxb, axis=1)
     tokens.append(child_tokens_Bxbxb.reshape(batch, b * b))
     scores.append((frontier_scores_Bxb[:, :, None] + child_logp_Bxbxb).reshape(batch, b * b))
-    parents.append(jnp.repeat(frontier_B_b + 1, b, axis=1))
+    parents.append(jnp.repeat(frontier_Bxb + 1, b, axis=1))
     depths.append(jnp.full((batch, b * b), d + 1, jnp.int32))
     slots.append(jnp.full((batch, b * b), -1, jnp.int32))
     fed_mask = jnp.repeat(mask_BxbxF, b, axis=1)
-    frontier_B_b = created + _best(scores[-1], b)
+    frontier_Bxb = created + _best(scores[-1], b)
     created += b * b
   # The N best candidates, renumbered in creation order (node = rank among the chosen + 1).
   chosen_BxN = jnp.sort(_best(jnp.concatenate(scores, 1), spec.nodes), axis=-1)
