@@ -15,12 +15,12 @@ from metrics.jsonl). Reading checkpoints while the run goes on is safe (read-onl
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 from configs import distill_eagle_smollm2
-from experiments.distill_smollm2.report import held_out_prompts, split, write_jsonl, write_train_corpus
+from experiments.distill_smollm2.report import (held_out_prompts, heldout_evals, loss_panel, parse_args, split,
+                                                write_jsonl, write_train_corpus)
 from specjax import records
 from specjax.distill import train
 from specjax.speculative.eagle_io import save_head
@@ -42,24 +42,13 @@ def plot(metrics_path: str, out: str, depth: int) -> None:
             label=f"simulated accepted tokens per round / {depth} (K = {depth})")
   left.set(xlabel="step", ylabel="held-out", ylim=(0, 1), title="EAGLE head on SmolLM2-135M")
   left.legend(fontsize=8)
-  window = 20
-  smooth = [sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window)
-            for i in range(len(trains))]
-  right.plot([r["step"] for r in trains], smooth, label=f"train TTT loss ({window}-step mean)")
-  right.plot(steps, [r["loss"] for r in evals], "o", label="held-out TTT loss")
-  right.set(xlabel="step", ylabel="sum_j 0.8^j KL (nats / token)", yscale="log", title="training-time test loss")
-  right.legend(fontsize=8)
+  loss_panel(right, trains, evals, "train TTT loss", "held-out TTT loss")
+  right.set(ylabel="sum_j 0.8^j KL (nats / token)", title="training-time test loss")
   plots.save_figure(fig, os.path.dirname(out) or ".", os.path.basename(out))
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", default=os.path.join(HERE, "workdir"))
-  parser.add_argument("--num_prompts", type=int, default=4)
-  parser.add_argument("--prompt_tokens", type=int, default=128)
-  parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
-  args = parser.parse_args()
-
+  args = parse_args(__doc__, HERE)
   config = distill_eagle_smollm2.get_config()
   config.workdir = args.workdir
   teacher, head_config, head_params, step = train.latest_head(config)
@@ -71,8 +60,7 @@ def main() -> None:
                              os.path.join(args.workdir, "heldout_prompts.jsonl"))
   corpus_file = write_train_corpus(train_docs, os.path.join(args.workdir, "train_corpus.jsonl"))
   metrics_path = os.path.join(args.workdir, train.METRICS_FILE)
-  with open(metrics_path) as f:
-    evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
+  evals = heldout_evals(args.workdir)
   results = {"checkpoint_step": step, "head": records.relative(head_dir), "prompts_file": records.relative(prompts_file),
              "vocab_corpus": records.relative(corpus_file), "heldout": {"before": evals[0], "latest": evals[-1]},
              "evals": evals, "environment": records.environment()}

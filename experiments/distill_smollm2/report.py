@@ -62,6 +62,16 @@ def held_out_prompts(held: list[corpus.Document], tokenizer, count: int, prompt_
   raise ValueError(f"only {len(prompts)} held-out documents have more than {prompt_tokens} tokens")
 
 
+def loss_panel(ax, trains: list[dict], evals: list[dict], train_label: str, eval_label: str, window: int = 20) -> None:
+  """The train loss (a `window`-record running mean) and the held-out loss against step, log scale."""
+  smooth = [sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window)
+            for i in range(len(trains))]
+  ax.plot([r["step"] for r in trains], smooth, label=f"{train_label} ({window}-step mean)")
+  ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o", label=eval_label)
+  ax.set(xlabel="step", yscale="log")
+  ax.legend(fontsize=8)
+
+
 def plot(metrics_path: str, out: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
@@ -77,13 +87,8 @@ def plot(metrics_path: str, out: str) -> None:
   left.plot(steps, [r["greedy_agreement"] for r in evals], "s-", label="greedy agreement")
   left.set(xlabel="step", ylabel="held-out rate", ylim=(0, 1), title="SmolLM2-135M draft (4 of 30 layers)")
   left.legend()
-  window = 20
-  smooth = [sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window)
-            for i in range(len(trains))]
-  right.plot([r["step"] for r in trains], smooth, label=f"train forward KL, fixed-text batches ({window}-batch mean)")
-  right.plot(steps, [r["loss"] for r in evals], "o", label="held-out forward KL")
-  right.set(xlabel="step", ylabel="nats / token", yscale="log", title="distillation loss")
-  right.legend()
+  loss_panel(right, trains, evals, "train forward KL, fixed-text batches", "held-out forward KL")
+  right.set(ylabel="nats / token", title="distillation loss")
   fig.tight_layout()
   fig.savefig(out, dpi=120)
 
@@ -106,20 +111,30 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
   return paths
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", default=os.path.join(HERE, "workdir"))
+def parse_args(description: str, here: str) -> argparse.Namespace:
+  """A run report's options: its work directory (default `here`/workdir), the held-out prompts to write
+  (how many, how many tokens) and the results file (default `here`/results.json)."""
+  parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", default=os.path.join(here, "workdir"))
   parser.add_argument("--num_prompts", type=int, default=4)
   parser.add_argument("--prompt_tokens", type=int, default=128)
-  parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
-  args = parser.parse_args()
+  parser.add_argument("--out", default=os.path.join(here, "results.json"))
+  return parser.parse_args()
 
+
+def heldout_evals(workdir: str) -> list[dict]:
+  """The run's held-out evaluation records (metrics.jsonl), in step order."""
+  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+    return [r for line in f if (r := json.loads(line))["split"] == "eval"]
+
+
+def main() -> None:
+  args = parse_args(__doc__, HERE)
   config = distill_smollm2.get_config()
   config.workdir = args.workdir
   results = {k: records.relative(v) if isinstance(v, str) else v  # paths from the repo root
              for k, v in prepare(config, args.num_prompts, args.prompt_tokens).items()}
-  with open(os.path.join(args.workdir, train.METRICS_FILE)) as f:
-    evals = [r for line in f if (r := json.loads(line))["split"] == "eval"]
+  evals = heldout_evals(args.workdir)
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
   results["environment"] = records.environment()
   with open(args.out, "w") as f:
