@@ -142,6 +142,17 @@ def test_tree_is_an_axis_whose_k_is_its_depth(model_dirs, tmp_path):
   assert comparison["tree"] == "tree (2, 1)" and comparison["chain"] == "chain K=3"  # no chain of 4 nodes
 
 
+def test_tree_report_counts_each_drafters_passes():
+  """Draft passes per round as the drafters run them: a dynamic tree's root and D - 1 frontiers of b, a
+  static tree's levels plus the leaves for a draft model (not for an EAGLE head), none for a lookup."""
+  row = lambda tree, drafter: {"tree": tree, "drafter": drafter, "k": 0, "draft_calls": 0, "target_calls": 1}
+  assert report_trees.draft_widths(row("dynamic(16, 6, 4)", "model")) == [1, 4, 4, 4, 4, 4]
+  assert report_trees.draft_widths(row("(2, 1)", "model")) == [1, 2, 2]
+  assert report_trees.draft_widths(row("(2, 1)", "eagle")) == [1, 2]
+  assert report_trees.draft_widths(row("(2, 1)", "ngram")) == []
+  assert report_trees.label(row(str([[0] * d for d in range(1, 9)]), "model")) == "paths N=8 D=8"
+
+
 def test_rerun_skips_finished_points(model_dirs, finished_table, monkeypatch):
   path, _, _ = finished_table
   before = open(path).read()
