@@ -82,7 +82,10 @@ class Drafter(Protocol):
 
   def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> Any:
-    """The state after the right-padded prompts (the target's cache already holds them)."""
+    """The state after the right-padded prompts (the target's cache already holds them). A drafter that
+    reads the target's features may define `init_from_features(storage, prompts_BxP, prompt_lengths_B,
+    features_BxPxF)` instead: the loop then prefills the target with `prefill_features` (its
+    `feature_layers`) and hands it the prompts' features, so no second target prefill runs."""
 
   def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, k: int) -> tuple[Proposal, Any, KVCache]:

@@ -218,13 +218,19 @@ class EagleDrafter:
 
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> EagleState:
-    """Prefills the head with the target's features of the prompts, recomputed by a second target
-    prefill (the loop's own prefill does not hand its features to drafters; an extra target prefill
-    per call, with a temporary cache of the prompts' size)."""
-    batch, width = prompts_BxP.shape
-    scratch = init_cache(self.target_config, batch, width)
+    """Prefills the head with the target's features of the prompts, recomputed by a target prefill of
+    its own (with a temporary cache of the prompts' size). The loop does not call this: its prefill
+    hands the features to `init_from_features`."""
+    scratch = init_cache(self.target_config, *prompts_BxP.shape)
     _, features_BxPxF, _ = prefill_features(self.target_config, self.target_params, prompts_BxP,
                                             prompt_lengths_B, scratch, self.feature_layers)
+    return self.init_from_features(storage, prompts_BxP, prompt_lengths_B, features_BxPxF)
+
+  def init_from_features(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+                         features_BxPxF: jax.Array) -> EagleState:
+    """The state after the right-padded prompts, from the target's features of every prompt position
+    [B, P, F] (`prefill_features`): the head's cache holds the pairs (f_t, x_{t+1}), t < length - 1."""
+    batch, width = prompts_BxP.shape
     fused_BxPxD = fuse(self.config, self.params, features_BxPxF)
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
     if width > 1:  # pairs (f_t, x_{t+1}), t < P - 1

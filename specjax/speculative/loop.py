@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from specjax import generation, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill
+from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance, tree_acceptance
 from specjax.speculative.drafters import Drafter, feature_layers
@@ -124,9 +124,15 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
               tree_rule: TreeRule) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
-  logits_BxV, target_cache = prefill(target_config, target_params, prompts_BxP, prompt_lengths_B,
-                                     target_cache)
-  draft_state = drafter.init(draft_storage, prompts_BxP, prompt_lengths_B, target_cache)
+  if hasattr(drafter, "init_from_features"):  # a drafter reading the target's features of the prompts
+    logits_BxV, features_BxPxF, target_cache = prefill_features(target_config, target_params, prompts_BxP,
+                                                                prompt_lengths_B, target_cache,
+                                                                feature_layers(drafter))
+    draft_state = drafter.init_from_features(draft_storage, prompts_BxP, prompt_lengths_B, features_BxPxF)
+  else:
+    logits_BxV, target_cache = prefill(target_config, target_params, prompts_BxP, prompt_lengths_B,
+                                       target_cache)
+    draft_state = drafter.init(draft_storage, prompts_BxP, prompt_lengths_B, target_cache)
   key, first_key = jax.random.split(key)
   first_B = next_tokens(first_key, logits_BxV, sampling)
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
