@@ -262,8 +262,7 @@ class EagleDrafter:
     outs_BxN1xD = jnp.zeros((batch, tree.num_nodes, self.config.block.d_model), self.config.block.jnp_dtype)
     tokens_BxN, probs_BxNxW, _ = grow_tree(tree, self.tree_children, pending_B, sampling, key, score_level,
                                            (state.cache, outs_BxN1xD))
-    return Proposal(tokens=tokens_BxN, lengths=jnp.full((batch,), tokens_BxN.shape[1], jnp.int32),
-                    probs=probs_BxNxW, calls=jnp.int32(tree.max_depth), tree=tree)
+    return full(tokens_BxN, probs_BxNxW, calls=tree.max_depth).replace(tree=tree)
 
   def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, k: int) -> tuple[Proposal, EagleState, KVCache]:

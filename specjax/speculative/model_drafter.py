@@ -210,8 +210,7 @@ class ModelDrafter:
     tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
                                                 self.tree_children, state.cache, self._embeddable(pending_B),
                                                 sampling, key)
-    proposal = Proposal(tokens=tokens_BxN, lengths=jnp.full(pending_B.shape, tokens_BxN.shape[1], jnp.int32),
-                        probs=probs_BxNxW, calls=jnp.int32(self.tree.max_depth + 1), tree=self.tree)
+    proposal = full(tokens_BxN, probs_BxNxW, calls=self.tree.max_depth + 1).replace(tree=self.tree)
     return proposal, state.replace(cache=cache)
 
   def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
@@ -224,8 +223,7 @@ class ModelDrafter:
     tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
                                                              cache.advance(num_valid_B), root_logits_BxW,
                                                              sampling)
-    proposal = Proposal(tokens=tokens_BxN, lengths=jnp.full(pending_B.shape, tokens_BxN.shape[1], jnp.int32),
-                        calls=jnp.int32(self.tree.max_depth), dynamic_tree=tree)
+    proposal = full(tokens_BxN, calls=self.tree.max_depth).replace(dynamic_tree=tree)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
 
   def _commit_dynamic_tree(self, state: ModelDraftState, path_BxD1: jax.Array, path_tokens_BxD: jax.Array,
