@@ -19,6 +19,10 @@ in the config's dtype. Each cell is one compiled program (`autoregressive.genera
      `wall_s - prefill_s`, over `max_new_tokens - 1` target steps (autoregressive: `step_s`) or the
      loop's rounds (speculative: `round_s`).
 Caches are allocated before each timer starts and every timer stops on the tokens reaching the host.
+At the first prompt length, each batch size also times target forwards of T = `verify_widths` tokens
+(`verify_costs`: seconds and multiples of the 1-token step), the cost of verifying a chain of K = T - 1
+or a tree of T - 1 nodes, which the tree cost model of `experiments/report_trees.py` assumes is about
+one step on an accelerator up to T = 65.
 EOS is ignored, so every row generates exactly `max_new_tokens` tokens in every cell. Before the cells
 of a (prompt length, batch size) the draft/target cost ratio c is timed there (`costs.cost_ratio`:
 1-token forwards with the prompt cached). Every speculative cell's greedy tokens are compared with the
@@ -47,12 +51,13 @@ the process so far, and the cell's KV-cache bytes) and the skipped cells.
 
 Time on one H200 (bfloat16, default grid; an estimate from the hardware's numbers, not yet a
 measurement): 24 programs at an assumed 5-15 s of compilation each (layers under `lax.scan`: flat in
-depth) plus 12 pairs of 1-token forward programs for c, ~4-5 min; running them ~2 min: at ~4 TB/s the
+depth) plus 12 pairs of 1-token forward programs for c and 18 target forwards of `verify_costs` (6 widths x
+3 batch sizes, 1-2 s each), ~5-6 min; running them ~2 min: at ~4 TB/s the
 target's 3.6 GB of weights take ~0.8 ms a step and the draft's 1.3 GB ~0.3 ms, ~2-3 ms each with
 per-layer launches, so 128 tokens take ~0.4 s per autoregressive call and, at one token per round
 (random weights), ~1-2.5 s per speculative call (K = 3..8), three whole-budget calls per cell; at 2048
 tokens and batch 32 the caches (target 28 KiB, draft 12 KiB per token and row in bfloat16) add ~1 ms a
-step. About 7 minutes in all; `deadline_s` (390 s by default) keeps the total under 8 if compilation is
+step. About 7-8 minutes in all; `deadline_s` (390 s by default) keeps the total under 8 if compilation is
 slower than assumed, skipping the last cells (2048 tokens, batch 32).
 """
 
@@ -117,6 +122,9 @@ def check(cfg: ml_collections.ConfigDict) -> None:
             f"got {cfg[field]}")
   require(cfg.max_new_tokens >= 2, f"config.max_new_tokens must be >= 2 (one token comes from the prefill), "
           f"got {cfg.max_new_tokens}")
+  widths = cfg.verify_widths
+  require(not widths or (1 in widths and all(int(w) == w and w >= 1 for w in widths)),
+          f"config.verify_widths must be () or integers >= 1 that include 1 (the step), got {widths}")
   for name, alpha in cfg.modelled_alphas.items():
     require(0.0 <= alpha < 1.0, f"config.modelled_alphas.{name} must be in [0, 1), got {alpha}")
 
@@ -263,6 +271,16 @@ def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxN: np.ndarray, toke
       row.pop(field)
 
 
+def verify_costs(cfg, target_config: ModelConfig, target_params, batch: int, length: int) -> dict:
+  """Median seconds of a T-token target forward for each T of `verify_widths`, `length` tokens cached, and
+  each as a multiple of the 1-token step: what a chain of T - 1 or a tree of T - 1 nodes costs to verify."""
+  cache_len = -(-(length + max(cfg.verify_widths)) // 64) * 64
+  seconds = costs.forward_seconds(target_config, target_params, sorted(cfg.verify_widths), cfg.cost_repeats,
+                                  batch, cache_len=cache_len, offset=length)
+  return {"prompt_tokens": length, "batch_size": batch, "seconds": seconds,
+          "in_target_steps": {t: s / seconds[1] for t, s in seconds.items()}}
+
+
 # ------------------------------------------------------------------------------------------------- run
 
 
@@ -284,7 +302,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
   environment = {**records.environment(), "device_kind": jax.devices()[0].device_kind}
   results = {"command": records.command(), "environment": environment, "config": config, "costs": [],
-             "cells": [], "skipped": [], "finished": False}
+             "verify_costs": [], "cells": [], "skipped": [], "finished": False}
   save = lambda: _save(results, cfg.output)
   save()
   pair = load_pair(cfg, log)
@@ -317,6 +335,10 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
                            cache_len=cache_len, offset=length)
       results["costs"].append({"prompt_tokens": length, "batch_size": batch, "cost_ratio_c": c})
       log(f"P={length} B={batch}: c = {c:.3f}")
+      if cfg.verify_widths and length == cfg.prompt_lengths[0]:
+        results["verify_costs"].append(verify_costs(cfg, target_config, target_params, batch, length))
+        log(f"P={length} B={batch}: T-token verify / step " + ", ".join(
+            f"{t}: {v:.2f}" for t, v in results["verify_costs"][-1]["in_target_steps"].items()))
     row, tokens_BxN = run_cell(cfg, pair, mode, k, prompts_BxP, cache_len, log)
     if mode == AUTOREGRESSIVE:
       baseline = (row, tokens_BxN)
@@ -369,6 +391,13 @@ def table(results: dict) -> str:
   lines += ["", "Measured speedup: decode tokens/s over the autoregressive cell's (real weights only). Modelled: "
             "Leviathan et al. at the measured c; round time = expected tokens per round x step / round. "
             "Peak memory: JAX's peak since the process started."]
+  verify = results.get("verify_costs", [])
+  if verify:
+    widths = list(verify[0]["in_target_steps"])
+    lines += ["", "Target forward of T tokens / 1-token step (the verify of T - 1 draft tokens or tree nodes):", "",
+              "| prompt | batch | " + " | ".join(f"T = {t}" for t in widths) + " |", "|" + "---|" * (2 + len(widths))]
+    lines += [f"| {v['prompt_tokens']} | {v['batch_size']} | " +
+              " | ".join(f"{v['in_target_steps'][t]:.2f}" for t in widths) + " |" for v in verify]
   return "\n".join(lines)
 
 

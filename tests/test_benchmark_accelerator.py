@@ -52,6 +52,13 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
   assert [(r["prompt_tokens"], r["mode"], r["k"]) for r in results["cells"]] == [
       (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("speculative", 3))]
   assert [(c["prompt_tokens"], c["batch_size"]) for c in results["costs"]] == [(8, 2), (20, 2)]
+  # Verify widths: timed at the first prompt length only, each width once, as multiples of the 1-token step.
+  (verify,) = results["verify_costs"]
+  assert (verify["prompt_tokens"], verify["batch_size"]) == (8, 2)
+  assert list(verify["seconds"]) == [str(t) for t in cfg.verify_widths] and min(verify["seconds"].values()) > 0
+  for width, steps in verify["in_target_steps"].items():
+    assert steps == pytest.approx(verify["seconds"][width] / verify["seconds"]["1"])
+  assert "| 8 | 2 | 1.00 |" in stdout
   target, draft = kit.SHAPES["tiny"]
   for row in results["cells"]:
     assert row["batch_size"] == 2 and row["generated_tokens"] == 2 * cfg.max_new_tokens
@@ -130,7 +137,8 @@ def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
 @pytest.mark.parametrize("field, value, message", [
     ("weights", "fake", "config.weights"), ("shapes", "gpt-5", "config.shapes"), ("ks", (), "config.ks"),
     ("batch_sizes", (0,), "config.batch_sizes"), ("max_new_tokens", 1, "config.max_new_tokens"),
-    ("scan_layers", "yes", "config.scan_layers")])
+    ("scan_layers", "yes", "config.scan_layers"), ("verify_widths", (5, 9), "config.verify_widths"),
+    ("verify_widths", (1, 0), "config.verify_widths")])
 def test_bad_config_values_fail_naming_the_field(field, value, message):
   cfg = accelerator.get_config("tiny")
   cfg[field] = value

@@ -8,7 +8,7 @@ batch size and prompt length of the grid, in bfloat16, one JSON file rewritten a
                             standard-library code as prompts: measured alpha and speedups too
 
 Default grid: prompts of 128 and 2048 tokens x batch 1, 8, 32 x (autoregressive, K = 3, 5, 8), 128 new
-tokens: 24 compiled programs. Sized for under 8 minutes on one H200 (estimate in
+tokens: 24 compiled programs, plus target forwards of 1-65 tokens at the 128-token prompts. Sized for under 8 minutes on one H200 (estimate in
 experiments/benchmark_accelerator.py); `deadline_s` skips what would start later, and smaller grids are
 one override away (`--config.batch_sizes='(1,8)'`, `--config.ks='(5,)'`).
 
@@ -37,6 +37,10 @@ def get_config(variant: str = ""):
   cfg.max_new_tokens = 128  # tokens generated per row (EOS is ignored: every row runs its whole budget)
   cfg.repeats = 2  # timed prefill (1-token) and whole-budget calls per cell after the warm-up; medians kept
   cfg.cost_repeats = 10  # timed draft/target forward pairs per cost ratio c (the median is kept)
+  # Target forwards of T tokens (a verify of a chain of K = T - 1 or of a tree of T - 1 nodes) timed at the
+  # first prompt length and every batch size, as multiples of the 1-token step: the premise of the tree
+  # cost model ("a verify of <= 64 tokens costs about one step") measured. Must hold 1; () = not timed.
+  cfg.verify_widths = (1, 5, 9, 17, 33, 65)
   cfg.seed = 0  # random parameters and prompt ids (weights=random); greedy decoding uses no randomness
   cfg.deadline_s = 390.0  # seconds after the start past which no further cell starts (recorded as skipped)
   # Acceptance rates of the real pair measured on CPU (float32, greedy, batch 1), at which the modelled
@@ -62,6 +66,7 @@ def get_config(variant: str = ""):
     cfg.ks = (2, 3)
     cfg.max_new_tokens = 32  # decoding well above the timer's noise on a shared CPU
     cfg.cost_repeats = 2
+    cfg.verify_widths = (1, 3, 9)
     cfg.deadline_s = 600.0
     cfg.output = "tests-will-override"
   elif variant:
