@@ -13,7 +13,12 @@ tokens per round and the passes each round costs:
   measured speedup;
 - `predicted_accelerator`: where a verify of up to 64 tokens costs one target step (memory-bound: the
   weights are read once whatever T) and every draft pass costs c target steps, c = the 1-token cost
-  ratio measured here: tokens per round / (1 + c x draft passes per round).
+  ratio measured here: tokens per round / (1 + c x draft passes per round);
+- `predicted_measured_accelerator` (with `--accelerator=RESULTS.json`, a results file of the accelerator
+  run kit `experiments/benchmark_accelerator.py`): the same with that device's measured numbers instead
+  of the premise: the verify of N + 1 tokens at its measured multiple of a step (interpolated linearly
+  between the kit's `verify_widths`) and c as the kit measured it, at the kit's smallest batch size not
+  below the row's (its first prompt length): tokens per round / (verify / step + c x draft passes).
 The comparison of the issue: at temperature 1, the best tree's accepted draft tokens per round against
 the chain whose K equals the tree's node count (or the longest chain measured, if none does).
 """
@@ -78,7 +83,7 @@ def summarize_row(row: dict) -> dict:
 
 def measure_costs(rows: list[dict], config: dict, repeats: int) -> dict:
   """{batch: {"target": {T: s}, "draft": {T: s}}} for every width the rows verify or draft, with the
-  models of the decode `config`."""
+  models of the decode `config` (no draft seconds for a lookup drafter)."""
   target, draft = pipeline.load_models(ml_collections.ConfigDict(config), lambda message: None)
   out = {}
   for batch in sorted({r["batch_size"] for r in rows}):
@@ -86,7 +91,8 @@ def measure_costs(rows: list[dict], config: dict, repeats: int) -> dict:
     verify = sorted({1} | {r["nodes"] + 1 for r in at})
     drafted = sorted({1} | {w for r in at for w in r["draft_widths"]})
     out[batch] = {"target": costs.forward_seconds(target.config, target.params, verify, repeats, batch),
-                  "draft": costs.forward_seconds(draft.config, draft.params, drafted, repeats, batch)}
+                  "draft": {} if draft is None else  # a lookup (the n-gram drafter) runs no draft model
+                  costs.forward_seconds(draft.config, draft.params, drafted, repeats, batch)}
   return out
 
 
@@ -95,8 +101,34 @@ def predict(row: dict, seconds: dict) -> None:
   step = seconds["target"][1]
   cpu_round = seconds["target"][row["nodes"] + 1] + sum(seconds["draft"][w] for w in row["draft_widths"])
   row["predicted_cpu"] = row["tokens_per_round"] * step / cpu_round
-  c = seconds["draft"][1] / step
+  c = seconds["draft"][1] / step if seconds["draft"] else 0.0
   row["predicted_accelerator"] = row["tokens_per_round"] / (1.0 + c * row["draft_passes_per_round"])
+
+
+def accelerator_costs(results: dict) -> dict:
+  """{batch: (widths [T], verify seconds / step [T], c)} from a results file of the accelerator run kit."""
+  cs = {(c["prompt_tokens"], c["batch_size"]): c["cost_ratio_c"] for c in results["costs"]}
+  out = {}
+  for v in results.get("verify_costs", []):
+    widths = sorted(int(t) for t in v["in_target_steps"])
+    out[v["batch_size"]] = (widths, [v["in_target_steps"][str(t)] for t in widths],
+                            cs[(v["prompt_tokens"], v["batch_size"])])
+  if not out:
+    raise SystemExit("the accelerator results hold no verify_costs (a kit run with config.verify_widths)")
+  return out
+
+
+def predict_measured_accelerator(row: dict, measured: dict) -> None:
+  """Adds `predicted_measured_accelerator` (module docstring) when the kit measured a batch size at least
+  the row's and verify widths up to its N + 1; None otherwise."""
+  batches = [b for b in sorted(measured) if b >= row["batch_size"]]
+  verified = row["nodes"] + 1
+  prediction = None
+  if batches and verified <= measured[batches[0]][0][-1]:
+    widths, steps, c = measured[batches[0]]
+    verify_steps = float(np.interp(verified, widths, steps))
+    prediction = row["tokens_per_round"] / (verify_steps + c * row["draft_passes_per_round"])
+  row["predicted_measured_accelerator"] = prediction
 
 
 def comparison(rows: list[dict], temperature: float, batch: int) -> dict | None:
@@ -143,13 +175,16 @@ def figure(rows: list[dict], batch: int, path: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
   fmt = lambda x, spec=".2f": "" if x is None else format(x, spec)
+  measured = any("predicted_measured_accelerator" in r for r in rows)
   lines = ["| batch | T | drafter | N | D | accepted / round | draft passes | tok/s | speedup | predicted CPU "
-           "| predicted accelerator |", "|" + "---|" * 11]
+           "| predicted accelerator |" + (" measured accelerator costs |" if measured else ""),
+           "|" + "---|" * (11 + measured)]
   for r in rows:
     lines.append(f"| {r['batch_size']} | {r['temperature']:g} | {r['label']} | {r['nodes']} | {r['depth']} | "
                  f"{r['accepted_per_round']:.2f} | {r['draft_passes_per_round']:.1f} | "
                  f"{r['tokens_per_second']:.2f} | {fmt(r['speedup'])} | {fmt(r.get('predicted_cpu'))} | "
-                 f"{fmt(r.get('predicted_accelerator'))} |")
+                 f"{fmt(r.get('predicted_accelerator'))} |" +
+                 (f" {fmt(r.get('predicted_measured_accelerator'))} |" if measured else ""))
   return "\n".join(lines)
 
 
@@ -159,6 +194,8 @@ def main() -> None:
   parser.add_argument("--out", required=True)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--reuse_costs", action="store_true", help="take the forward costs from --out (re-render)")
+  parser.add_argument("--accelerator", default="", help="a results file of experiments/benchmark_accelerator.py "
+                      "(its verify_costs and c): adds predicted_measured_accelerator")
   parser.add_argument("--plot", default="experiments/results/plots/trees.png", help="the figure (batch 4 rows)")
   args = parser.parse_args()
   raw = [r for path in args.tables for r in read_table(path) if r["mode"] == "speculative"]
@@ -171,12 +208,19 @@ def main() -> None:
                  for b, by_model in json.load(f)["forward_seconds"].items()}
   else:
     seconds = measure_costs(rows, raw[0]["config"], args.repeats)
+  measured = None
+  if args.accelerator:
+    with open(args.accelerator) as f:
+      measured = accelerator_costs(json.load(f))
   for row in rows:
     predict(row, seconds[row["batch_size"]])
+    if measured:
+      predict_measured_accelerator(row, measured)
   result = {"rows": rows, "forward_seconds": seconds,
             "comparisons": [c for c in (comparison(rows, t, b) for t in (0.0, 1.0)
                                         for b in sorted({r["batch_size"] for r in rows})) if c],
-            "tables": args.tables, "environment": records.environment(), "command": records.command()}
+            "tables": args.tables, "accelerator": args.accelerator, "environment": records.environment(),
+            "command": records.command()}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
   print(markdown(rows))

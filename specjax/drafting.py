@@ -57,9 +57,6 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   if tree is not None and cfg.drafter not in ("model", "ngram", "eagle"):
     raise ConfigError(f"config.tree is set but config.drafter is {cfg.drafter!r}: only the model, n-gram and "
                       f"eagle drafters draft trees")
-  if tree is not None and cfg.drafter == "eagle" and not isinstance(tree, Tree):
-    raise ConfigError(f"config.tree {cfg.tree!r}: the eagle drafter drafts static trees (a branching tuple or "
-                      f"a path list), not dynamic ones yet")
   if tree is not None and cfg.drafter == "ngram" and not (isinstance(tree, Tree) and is_spines(tree)):
     raise ConfigError(f"config.tree {cfg.tree!r}: the n-gram drafter drafts spines, (b, 1, ..., 1): its b best "
                       f"matches, each continued the tree's depth")

@@ -1,6 +1,7 @@
 """EAGLE heads: the target's features (`forward_features`, `prefill_features`); the eagle drafter's greedy
 output equals the target's own for ragged batches at K = 1 and 8 (EAGLE-3 and EAGLE-1 features, a
-restricted vocabulary); sampled output follows the target's exact distribution (chi-square; a broken rule
+restricted vocabulary), also drafting static and dynamic (EAGLE-2) trees (a dynamic tree against plain head
+chains along its paths); sampled output follows the target's exact distribution (chi-square; a broken rule
 fails the same test); heads that do not fit the target fail early with a clear message."""
 
 import jax
@@ -17,7 +18,9 @@ from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative import tree as tree_lib
-from specjax.speculative.eagle import EagleDrafter, eagle3_layers, head_config, init_head_params
+from specjax.speculative.dynamic_tree import DynamicSpec
+from specjax.speculative.eagle import (EagleDrafter, eagle3_layers, head_config, head_forward, head_logits,
+                                       init_head_params)
 from tests.test_layer_skip import SMALL_TARGET, TARGET, _target_greedy_3
 from tests.test_speculative import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                     SAMPLE_STEPS, _accept_all, first_tokens_pvalue)
@@ -162,6 +165,88 @@ def test_a_chain_shaped_tree_drafts_what_the_chain_drafts():
   np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
+
+
+EAGLE_DYNAMIC = DynamicSpec(nodes=6, depth=3, expand=2)  # 2 + 2 x 4 = 10 candidates, 6 kept
+
+
+def test_greedy_dynamic_tree_drafting_equals_target_greedy():
+  """Dynamic trees grown by the head keep greedy output exact on ragged rows; the head accepts some."""
+  out = _run(TARGET, _drafter(TARGET, (0, 1, 2), tree=EAGLE_DYNAMIC), EAGLE_DYNAMIC.depth)
+  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  total = metrics.summarize(out.acceptance)["total"]
+  assert total["accepted"] > 0 and int(out.draft_calls) == EAGLE_DYNAMIC.depth * int(jnp.max(out.acceptance.rounds))
+
+
+def test_a_one_child_dynamic_tree_drafts_what_the_chain_drafts():
+  """dynamic(K, K, 1): the root pass and K - 1 one-node frontier chunks (parents' outputs as features)
+  equal the chain's K head steps, round after round."""
+  as_tree = _run(TARGET, _drafter(TARGET, (0, 1, 2), tree=DynamicSpec(3, 3, 1)), 3)
+  plain = _run(TARGET, _drafter(TARGET, (0, 1, 2)), 3)
+  np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
+  for name in ("rounds", "proposed", "accepted"):
+    np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
+
+
+def _head_chain(drafter, state, pending_B, paths_B):
+  """Plain head chains (one causal head step per token, each reading the previous step's output, as
+  `propose` drafts a chain) feeding each row's pending token and then its path (all of one length):
+  the last step's output [B, D] and log-probabilities [B, V]."""
+  cache, fused_BxD, token_B = state.cache, state.feature, pending_B
+  for step in range(len(paths_B[0]) + 1):
+    out_Bx1xD, cache = head_forward(drafter.config, drafter.params, drafter.target_params["embed"]["embedding"],
+                                    token_B[:, None], fused_BxD[:, None], cache)
+    cache, fused_BxD = cache.advance(jnp.ones_like(token_B)), out_Bx1xD[:, 0]
+    if step < len(paths_B[0]):
+      token_B = jnp.asarray([path[step] for path in paths_B], jnp.int32)
+  logits_BxV = head_logits(drafter.config, drafter.params, drafter.target_config, drafter.target_params, None,
+                           fused_BxD)
+  return np.asarray(fused_BxD), np.asarray(jax.nn.log_softmax(logits_BxV))
+
+
+def _eagle_reference_tree(drafter, state, pending_B, spec):
+  """EAGLE-2's selection, per row, from plain head chains along every candidate path: [{path: cumulative
+  log-probability}] of the kept nodes."""
+  batch = len(pending_B)
+
+  def children(level):  # level: per row, b (path, score) -> per row, the b best children of each
+    per_frontier = [_head_chain(drafter, state, pending_B, [level[row][f][0] for row in range(batch)])[1]
+                    for f in range(len(level[0]))]
+    return [[(path + (int(t),), score + float(logp[row, t]))
+             for (path, score), logp in zip(level[row], per_frontier)
+             for t in np.argsort(-logp[row], kind="stable")[:spec.expand]] for row in range(batch)]
+
+  level = children([[((), 0.0)]] * batch)
+  candidates = [list(row) for row in level]
+  for _ in range(spec.depth - 1):
+    level = children([sorted(row, key=lambda c: -c[1])[:spec.expand] for row in level])
+    candidates = [have + new for have, new in zip(candidates, level)]
+  return [dict(sorted(row, key=lambda c: -c[1])[:spec.nodes]) for row in candidates]
+
+
+def test_drafted_dynamic_tree_is_eagle2s_selection_from_plain_head_chains():
+  """Frontier chunks (tree-masked, each node reading its parent's head output) give the trees that plain
+  head chains along every path give, and every fed node's head output equals the chain's along its path:
+  a wrong parent output, mask or position changes the outputs (and, in general, the deeper levels)."""
+  drafter = _drafter(TARGET, (0, 1, 2), tree=EAGLE_DYNAMIC)
+  padded, lengths = pad_prompts(PROMPTS)
+  state = drafter.init(drafter.storage(len(PROMPTS), CACHE_LEN), padded, lengths,
+                       init_cache(TARGET[0], len(PROMPTS), CACHE_LEN))
+  pending_B = jnp.asarray([prompt[-1] for prompt in PROMPTS], jnp.int32)
+  tokens_BxN, tree, slots_BxN1, outs_BxFxD = drafter.draft_dynamic_tree(state, pending_B, GREEDY)
+  paths = np.asarray(tree.path_table())
+  path_of = lambda b, i: tuple(int(tokens_BxN[b, n - 1]) for n in paths[b, i, 1:int(tree.depth[b, i]) + 1])
+  want = _eagle_reference_tree(drafter, state, pending_B, EAGLE_DYNAMIC)
+  for b in range(len(PROMPTS)):
+    assert {path_of(b, i) for i in range(1, EAGLE_DYNAMIC.num_nodes)} == set(want[b]), b
+  assert any(len(path) == EAGLE_DYNAMIC.depth for row in want for path in row)  # the second frontier counts
+  fed = [(b, i) for b in range(len(PROMPTS)) for i in range(1, EAGLE_DYNAMIC.num_nodes) if slots_BxN1[b, i] >= 0]
+  assert {int(tree.depth[b, i]) for b, i in fed} == {1, 2}  # both frontier chunks
+  for depth in (1, 2):
+    at = [(b, i) for b, i in fed if tree.depth[b, i] == depth]
+    for b, i in at:  # one row at a time through the batched chain: the other rows repeat row b's path
+      out_BxD, _ = _head_chain(drafter, state, pending_B, [path_of(b, i)] * len(PROMPTS))
+      np.testing.assert_allclose(outs_BxFxD[b, int(slots_BxN1[b, i])], out_BxD[b], rtol=1e-4, atol=1e-4)
 
 
 def test_sampled_tree_drafting_follows_the_exact_target_distribution():

@@ -135,6 +135,20 @@ def test_tree_is_an_axis_whose_k_is_its_depth(model_dirs, tmp_path):
   assert summary["predicted_cpu"] == pytest.approx(summary["tokens_per_round"] / 3.25)
   assert summary["predicted_accelerator"] == pytest.approx(
       summary["tokens_per_round"] / (1 + 0.25 * summary["draft_passes_per_round"]))
+  # The kit's measured verify costs (a results file's shape): a 5-token verify at batch 2 interpolated
+  # between 3 and 9 tokens, c from the kit; a row past the widths measured gets no prediction.
+  kit_results = {"costs": [{"prompt_tokens": 8, "batch_size": 2, "cost_ratio_c": 0.1}],
+                 "verify_costs": [{"prompt_tokens": 8, "batch_size": 2,
+                                   "in_target_steps": {"1": 1.0, "3": 1.2, "9": 2.4}}]}
+  measured = report_trees.accelerator_costs(kit_results)
+  report_trees.predict_measured_accelerator(summary, measured)
+  assert summary["batch_size"] <= 2
+  assert summary["predicted_measured_accelerator"] == pytest.approx(
+      summary["tokens_per_round"] / (1.6 + 0.1 * summary["draft_passes_per_round"]))
+  for beyond in (dict(summary, nodes=9), dict(summary, batch_size=4)):  # 10 tokens; a batch the kit lacks
+    report_trees.predict_measured_accelerator(beyond, measured)
+    assert beyond["predicted_measured_accelerator"] is None
+  assert "| measured accelerator costs |" in report_trees.markdown([summary])
   summaries = [report_trees.summarize_row(row) for row in rows if row["mode"] == "speculative"]
   figure = report_trees.figure(summaries, summary["batch_size"], str(tmp_path / "trees.png"))
   assert open(figure, "rb").read().startswith(b"\x89PNG")
@@ -233,8 +247,9 @@ def test_every_sweep_config_parses_into_a_valid_grid():
     name = os.path.basename(path).removesuffix(".py")
     cfg = importlib.import_module(f"configs.sweeps.{name}").get_config()
     sizes[name] = len(sweep.grid(cfg))  # validates axis names and every point's decode config
-  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "qwen_coder_trees": 22, "qwen_coder_trees_speed": 14,
-                   "smollm2_distill": 14, "smollm2_eagle": 14, "tiny": 2}  # baselines counted once
+  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "qwen_coder_ngram_trees": 5, "qwen_coder_trees": 22,
+                   "qwen_coder_trees_speed": 14, "smollm2_distill": 14, "smollm2_eagle": 16,
+                   "tiny": 2}  # baselines counted once
 
 
 def _fixture_rows() -> list[dict]:

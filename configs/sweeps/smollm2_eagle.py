@@ -1,9 +1,10 @@
 """The EAGLE head of configs/distill_eagle_smollm2.py decoding for SmolLM2-135M-Instruct: chains of
-K = 1-4 and two trees of depth 4 (children drawn without replacement at T = 1), greedy and temperature 1,
+K = 1-4, two static trees of depth 4 (children drawn without replacement at T = 1) and a dynamic one (the
+head's most likely children), greedy and temperature 1,
 batch 1, the head scoring through the target's output head restricted to the
 8,192 tokens most frequent in the run's training files (as the distilled drafts of
 `smollm2_distill.py`, so that c compares), plus the target's autoregressive baseline, on the 4 held-out
-prompts that `smollm2_distill.py` decodes (the same corpus split). About 10 minutes alone on 2 CPU cores.
+prompts that `smollm2_distill.py` decodes (the same corpus split). About 15 minutes alone on 2 CPU cores.
 
 Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.report`, which exports
 the newest checkpoint's head to `heads/step<N>` and writes the prompts and the corpus. For a run stopped
@@ -35,7 +36,8 @@ def get_config():
   cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
   cfg.axes.mode = ("autoregressive", "speculative")  # the baseline runs once per temperature
   cfg.axes.k = (1, 2, 3, 4)  # draft tokens per round (chains)
-  cfg.axes.tree = ("", "(2, 2, 1, 1)", "(4, 2, 1, 1)")  # chains, and trees of 14 and 24 nodes, depth 4
+  # chains; static trees of 14 and 24 nodes and a dynamic (EAGLE-2) tree of 14, all of depth 4
+  cfg.axes.tree = ("", "(2, 2, 1, 1)", "(4, 2, 1, 1)", "dynamic(14, 4, 4)")
   cfg.axes.temperature = (0.0, 1.0)  # greedy and plain sampling
   cfg.output = "experiments/results/sweep_smollm2_eagle.jsonl"  # JSONL table, one row per point
   cfg.measure_cost = True  # the head/target cost ratio c

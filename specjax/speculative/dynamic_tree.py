@@ -24,6 +24,7 @@ so `tree_acceptance`'s rule with `probs = None` keeps the output exactly the tar
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -169,15 +170,16 @@ def _best(scores_BxM: jax.Array, count: int) -> jax.Array:
   return jnp.argsort(-scores_BxM, axis=-1, stable=True)[:, :count].astype(jnp.int32)
 
 
-def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | None, spec: DynamicSpec,
-                       cache: KVCache, root_logits_BxW: jax.Array, sampling: SamplingParams
-                       ) -> tuple[jax.Array, DynamicTree, jax.Array, KVCache]:
-  """Grows each row's tree after its history and root (already in `cache`, whose logits after the root
-  are `root_logits_BxW`); see the module docstring.
+def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: SamplingParams,
+                      score_frontier: Callable, carry: Any) -> tuple[jax.Array, DynamicTree, jax.Array, Any]:
+  """Grows each row's tree from its root's logits `root_logits_BxW` (see the module docstring), a
+  drafter's passes given by `score_frontier(carry, tokens_Bxb, frontier, parent_slots_Bxb)`: it feeds one
+  frontier chunk (a `_Frontier`: slots `first` .. `first + b - 1` beyond what the drafter holds, each
+  node attending to its fed ancestors) whose nodes' parents were fed at `parent_slots_Bxb` (-1: the
+  root), and returns the chunk's logits [B, b, W] and the new carry.
 
-  Returns the tokens [B, N] of nodes 1..N, the trees, each node's draft cache slot [B, N + 1] (offset
-  from the cache's length; -1 for nodes never fed: the root, which is history, and unexpanded ones) and
-  the cache with the frontier chunks written beyond each row's length (not advanced).
+  Returns the tokens [B, N] of nodes 1..N, the trees, each node's fed slot [B, N + 1] (-1 for nodes
+  never fed: the root, which is history, and unexpanded ones) and the last carry.
   """
   b, D = spec.expand, spec.depth
   batch = root_logits_BxW.shape[0]
@@ -196,10 +198,13 @@ def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | No
     own_BxbxF = jax.nn.one_hot(first + jnp.arange(b), (D - 1) * b, dtype=bool)[None]
     mask_BxbxF = jnp.take_along_axis(fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxF
     chunk_Bxb = jnp.take_along_axis(jnp.concatenate(tokens, 1), frontier_Bxb, axis=1)
-    hidden_BxbxD, cache = forward_hidden(config, params, jnp.minimum(chunk_Bxb, config.vocab_size - 1), cache,
-                                         tree=_Frontier(first, b, mask_BxbxF[:, :, :first + b]))
+    parent_Bxb = jnp.take_along_axis(jnp.concatenate(parents, 1), frontier_Bxb, axis=1)  # node index, 0 = root
+    parent_slots_Bxb = jnp.where(parent_Bxb > 0, jnp.take_along_axis(jnp.concatenate(slots, 1),
+                                                                      jnp.maximum(parent_Bxb - 1, 0), axis=1), -1)
+    logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxF[:, :, :first + b]),
+                                         parent_slots_Bxb)
     slots[-1] = slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(first + jnp.arange(b, dtype=jnp.int32)[None])
-    child_tokens_Bxbxb, child_logp_Bxbxb = _children(draft_logits(config, params, head, hidden_BxbxD), sampling, b)
+    child_tokens_Bxbxb, child_logp_Bxbxb = _children(logits_BxbxW, sampling, b)
     frontier_scores_Bxb = jnp.take_along_axis(jnp.concatenate(scores, 1), frontier_Bxb, axis=1)
     tokens.append(child_tokens_Bxbxb.reshape(batch, b * b))
     scores.append((frontier_scores_Bxb[:, :, None] + child_logp_Bxbxb).reshape(batch, b * b))
@@ -220,4 +225,20 @@ def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | No
   root = lambda value: jnp.full((batch, 1), value, jnp.int32)
   tree = DynamicTree(parent=jnp.concatenate([root(-1), parent_BxN], 1),
                      depth=jnp.concatenate([root(0), pick(depths)], 1), max_depth=D, max_children=b)
-  return pick(tokens), tree, jnp.concatenate([root(-1), pick(slots)], 1), cache
+  return pick(tokens), tree, jnp.concatenate([root(-1), pick(slots)], 1), carry
+
+
+def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | None, spec: DynamicSpec,
+                       cache: KVCache, root_logits_BxW: jax.Array, sampling: SamplingParams
+                       ) -> tuple[jax.Array, DynamicTree, jax.Array, KVCache]:
+  """Grows each row's tree with a draft model after its history and root (already in `cache`, whose
+  logits after the root are `root_logits_BxW`): `grow_dynamic_tree`, each frontier chunk one
+  tree-masked draft pass written beyond each row's length (not advanced). Returns its tokens, trees and
+  slots, and the cache."""
+
+  def score_frontier(cache, chunk_Bxb, frontier, parent_slots_Bxb):
+    hidden_BxbxD, cache = forward_hidden(config, params, jnp.minimum(chunk_Bxb, config.vocab_size - 1), cache,
+                                         tree=frontier)
+    return draft_logits(config, params, head, hidden_BxbxD), cache
+
+  return grow_dynamic_tree(spec, root_logits_BxW, sampling, score_frontier, cache)

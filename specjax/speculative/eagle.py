@@ -23,8 +23,10 @@ K head passes, written beyond the head's length and never committed. After the t
 (g_{K-1}, d_K) in one pass and keeps the first n + 1 of a row that committed n + 1 tokens; g_n becomes
 the new `feature`. The head's history is always the target's features, never its own guesses.
 
-Trees (`tree`, static): the head drafts the tree level by level (a node reads its parent's head output
-and its own token, attending to the head's history and its ancestors); after verification the accepted
+Trees: a static `tree` is drafted level by level (a node reads its parent's head output and its own
+token, attending to the head's history and its ancestors); a dynamic one (`DynamicSpec`, EAGLE-2) grows
+each row's tree from the root pass (f_{n-1}, x_n), one frontier chunk per depth, its nodes reading their
+parents' head outputs the same way (`dynamic_tree.grow_dynamic_tree`). After verification the accepted
 path is committed like a chain, from the target's features along it, so nothing needs compacting.
 """
 
@@ -46,6 +48,7 @@ from specjax.models.transformer import MLP, Attention, Norm, Params, prefill_fea
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters import DraftPass
+from specjax.speculative.dynamic_tree import DynamicSpec, DynamicTree, grow_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.tree import Tree
 from specjax.speculative.tree_drafting import CHILDREN, grow_tree
@@ -173,7 +176,8 @@ class EagleDrafter:
   target_params: Params  # the target's: its embedding and output head are shared
   vocab: DraftHead | None = None  # a restricted output head (EAGLE-3's draft vocabulary), None = the target's
   cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the head cache's mesh axes
-  tree: Tree | None = flax.struct.field(pytree_node=False, default=None)  # draft this static tree; None = a chain
+  # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
+  tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
 
   @property
@@ -189,8 +193,8 @@ class EagleDrafter:
 
   def check(self, target_config: ModelConfig) -> None:
     check_head(self.config, self.params, target_config, self.vocab)
-    if self.tree is not None and not isinstance(self.tree, Tree):
-      raise ValueError("the EAGLE drafter drafts static trees only (a branching tuple or a path list)")
+    if self.tree is not None and not isinstance(self.tree, (Tree, DynamicSpec)):
+      raise ValueError(f"the EAGLE drafter's tree must be a static Tree or a DynamicSpec, got {self.tree!r}")
     if self.tree_children not in CHILDREN:
       raise ValueError(f"tree_children must be one of {CHILDREN}, got {self.tree_children!r}")
 
@@ -205,10 +209,12 @@ class EagleDrafter:
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):
       raise ValueError(f"EAGLE head cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
-    # `commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1 nodes).
-    generation.check_fits("speculative generate (EAGLE head)", prompt_lengths_B, max_new_tokens,
-                          k if self.tree is None else max(k, self.tree.num_nodes - 1), storage.max_len,
-                          self.config.block.max_positions)
+    # `commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1 nodes;
+    # a dynamic tree's proposal: the root and its frontier chunks).
+    extra = k if self.tree is None else max(k, self.tree.num_nodes - 1,
+                                            self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
+    generation.check_fits("speculative generate (EAGLE head)", prompt_lengths_B, max_new_tokens, extra,
+                          storage.max_len, self.config.block.max_positions)
 
   def storage_of(self, state: EagleState) -> KVCache:
     return state.cache
@@ -264,8 +270,40 @@ class EagleDrafter:
                                            (state.cache, outs_BxN1xD))
     return full(tokens_BxN, probs_BxNxW, calls=tree.max_depth).replace(tree=tree)
 
+  def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams
+                         ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
+    """A dynamic tree: the root pass (f_{n-1}, x_n) gives the root's logits, then each frontier chunk
+    feeds (its nodes' parents' head outputs, their tokens), written after the root beyond the head's
+    length (scratch, as for a static tree): D head passes. Returns the tokens [B, N], the trees, each
+    node's frontier slot [B, N + 1] (-1: not fed) and the head outputs of the frontier slots [B, F, D]."""
+    spec, batch = self.tree, pending_B.shape[0]
+    root_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), pending_B[:, None],
+                                     state.feature[:, None], state.cache)
+    root_logits_BxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
+                                  root_Bx1xD[:, 0])
+
+    def score_frontier(carry, chunk_Bxb, frontier, parent_slots_Bxb):
+      cache, outs_BxFxD = carry  # head outputs of the fed frontier slots
+      parents_BxbxD = jnp.take_along_axis(outs_BxFxD, jnp.maximum(parent_slots_Bxb, 0)[:, :, None], axis=1)
+      fused_BxbxD = jnp.where((parent_slots_Bxb >= 0)[:, :, None], parents_BxbxD, root_Bx1xD)
+      out_BxbxD, cache = head_forward(self.config, self.params, self._embedding(),
+                                      jnp.minimum(chunk_Bxb, self.vocab_size - 1), fused_BxbxD, cache, tree=frontier)
+      logits_BxbxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
+                                 out_BxbxD)
+      return logits_BxbxV, (cache, outs_BxFxD.at[:, frontier.first:frontier.first + frontier.count].set(out_BxbxD))
+
+    outs_BxFxD = jnp.zeros((batch, (spec.depth - 1) * spec.expand, self.config.block.d_model),
+                           self.config.block.jnp_dtype)
+    tokens_BxN, tree, slots_BxN1, (_, outs_BxFxD) = grow_dynamic_tree(
+        spec, root_logits_BxV, sampling, score_frontier, (cache.advance(jnp.ones_like(pending_B)), outs_BxFxD))
+    return tokens_BxN, tree, slots_BxN1, outs_BxFxD
+
   def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, k: int) -> tuple[Proposal, EagleState, KVCache]:
+    if isinstance(self.tree, DynamicSpec):
+      tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
+      proposal = full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree)
+      return proposal, state.replace(pending=pending_B), target_cache
     if self.tree is not None:
       return self._propose_tree(state, pending_B, sampling, key), state.replace(pending=pending_B), target_cache
 
