@@ -23,10 +23,12 @@ TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6,
 NUM_STEPS = 3
 
 
-@pytest.mark.parametrize("feature_layers", [(0, 1, 2), ()])
-def test_training_time_test_equals_the_head_run_step_by_step(feature_layers):
-  config, params = _head(TARGET[0], feature_layers)
+@pytest.mark.parametrize("feature_layers, qkv_bias", [((0, 1, 2), False), ((), False), ((0, 1, 2), True)])
+def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, qkv_bias):
+  """qkv_bias: a Qwen2-style head block (biases of 1 on q, k and v)."""
   target_config, target_params = TARGET
+  config, params = _head(target_config.replace(qkv_bias=qkv_bias), feature_layers)
+  assert ("bias" in params["layer"]["attn"]["q_proj"]) == qkv_bias
   features_BxTxF, _ = eagle_steps.target_features(target_config, target_params, feature_layers, TOKENS_2x10)
   ttt = [logits for _, logits in eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
                                                         features_BxTxF, NUM_STEPS)]

@@ -43,15 +43,20 @@ def _project(weight_OxI: jax.Array, x_xI: jax.Array) -> jax.Array:
 
 def _qkv(block: ModelConfig, layer: Params, embed_BxTxD, fused_BxTxD, positions_BxT):
   """The head block's queries [B, T, H, D_h] and keys / values [B, T, H_kv, D_h] (as `EagleLayer`)."""
-  if block.arch != "llama" or block.qkv_bias:
-    raise ValueError("training-time test supports llama-style heads without q/k/v bias")
+  if block.arch != "llama":
+    raise ValueError(f"training-time test supports llama-style heads (RoPE, RMSNorm, SwiGLU), not {block.arch!r}")
   B, T, _ = embed_BxTxD.shape
   x_BxTx2D = jnp.concatenate([Norm(block).apply({"params": layer["input_norm"]}, embed_BxTxD),
                               Norm(block).apply({"params": layer["hidden_norm"]}, fused_BxTxD)], axis=-1)
   attn = layer["attn"]
-  q = _project(attn["q_proj"]["weight"], x_BxTx2D).reshape(B, T, block.n_heads, block.head_dim)
-  k = _project(attn["k_proj"]["weight"], x_BxTx2D).reshape(B, T, block.n_kv_heads, block.head_dim)
-  v = _project(attn["v_proj"]["weight"], x_BxTx2D).reshape(B, T, block.n_kv_heads, block.head_dim)
+
+  def project(name: str) -> jax.Array:  # Qwen2-style blocks add a bias to q, k and v
+    out_BxTxO = _project(attn[name]["weight"], x_BxTx2D)
+    return out_BxTxO + attn[name]["bias"][None, None] if block.qkv_bias else out_BxTxO
+
+  q = project("q_proj").reshape(B, T, block.n_heads, block.head_dim)
+  k = project("k_proj").reshape(B, T, block.n_kv_heads, block.head_dim)
+  v = project("v_proj").reshape(B, T, block.n_kv_heads, block.head_dim)
   if block.qk_norm:
     q = Norm(block, block.head_dim).apply({"params": attn["q_norm"]}, q)
     k = Norm(block, block.head_dim).apply({"params": attn["k_norm"]}, k)
