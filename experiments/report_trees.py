@@ -18,7 +18,10 @@ tokens per round and the passes each round costs:
   run kit `experiments/benchmark_accelerator.py`): the same with that device's measured numbers instead
   of the premise: the verify of N + 1 tokens at its measured multiple of a step (interpolated linearly
   between the kit's `verify_widths`) and c as the kit measured it, at the kit's smallest batch size not
-  below the row's (its first prompt length): tokens per round / (verify / step + c x draft passes).
+  below the row's (its first prompt length): tokens per round / (verify / step + c x draft passes); for
+  the model drafter (the kit's pair) and lookups (c = 0) only.
+Rows without a draft model (a lookup, an EAGLE head) cost each draft pass the 1-token c the sweep
+measured for them (0 for a lookup).
 The comparison of the issue: at temperature 1, the best tree's accepted draft tokens per round against
 the chain whose K equals the tree's node count (or the longest chain measured, if none does).
 """
@@ -70,7 +73,8 @@ def label(row: dict) -> str:
 def summarize_row(row: dict) -> dict:
   tree = shape(row)
   rounds = max(1, row["target_calls"] - 1)
-  return {"label": label(row), "tree": row.get("tree") or "", "k": row["k"], "nodes": tree.num_nodes - 1,
+  return {"label": label(row), "drafter": row.get("drafter") or "model", "tree": row.get("tree") or "",
+          "k": row["k"], "nodes": tree.num_nodes - 1,
           "depth": tree.max_depth, "temperature": row["temperature"], "batch_size": row["batch_size"],
           "tokens_per_round": row["mean_accepted_length"],
           "accepted_per_round": row["mean_accepted_length"] - 1.0,
@@ -99,9 +103,13 @@ def measure_costs(rows: list[dict], config: dict, repeats: int) -> dict:
 def predict(row: dict, seconds: dict) -> None:
   """Adds both predicted speedups (module docstring) to a summarized row."""
   step = seconds["target"][1]
-  cpu_round = seconds["target"][row["nodes"] + 1] + sum(seconds["draft"][w] for w in row["draft_widths"])
-  row["predicted_cpu"] = row["tokens_per_round"] * step / cpu_round
-  c = seconds["draft"][1] / step if seconds["draft"] else 0.0
+  if seconds["draft"]:  # a draft model: its measured passes of every width
+    c = seconds["draft"][1] / step
+    draft_s = sum(seconds["draft"][w] for w in row["draft_widths"])
+  else:  # a lookup (c = 0) or an EAGLE head: its 1-token cost ratio measured by the sweep, per pass
+    c = row["cost_ratio_c"] or 0.0
+    draft_s = c * step * row["draft_passes_per_round"]
+  row["predicted_cpu"] = row["tokens_per_round"] * step / (seconds["target"][row["nodes"] + 1] + draft_s)
   row["predicted_accelerator"] = row["tokens_per_round"] / (1.0 + c * row["draft_passes_per_round"])
 
 
@@ -119,13 +127,14 @@ def accelerator_costs(results: dict) -> dict:
 
 
 def predict_measured_accelerator(row: dict, measured: dict) -> None:
-  """Adds `predicted_measured_accelerator` (module docstring) when the kit measured a batch size at least
-  the row's and verify widths up to its N + 1; None otherwise."""
+  """Adds `predicted_measured_accelerator` (module docstring) to a model-drafter or lookup row when the kit
+  measured a batch size at least the row's and verify widths up to its N + 1; None otherwise."""
   batches = [b for b in sorted(measured) if b >= row["batch_size"]]
   verified = row["nodes"] + 1
   prediction = None
-  if batches and verified <= measured[batches[0]][0][-1]:
-    widths, steps, c = measured[batches[0]]
+  if batches and verified <= measured[batches[0]][0][-1] and row["drafter"] in ("model", "ngram"):
+    widths, steps, c = measured[batches[0]]  # c: the kit's draft model's (a lookup costs none)
+    c = c if row["drafter"] == "model" else 0.0
     verify_steps = float(np.interp(verified, widths, steps))
     prediction = row["tokens_per_round"] / (verify_steps + c * row["draft_passes_per_round"])
   row["predicted_measured_accelerator"] = prediction
