@@ -3,7 +3,9 @@ Qwen2.5-Coder-1.5B-Instruct target on the first 4 input-grounded code edits of
 `experiments/code_edit_prompts.py` (chat template; the answer repeats most of the prompt), greedy, batch
 1, 128 new tokens: chains of K = 4 and 8, and spines `(b, 1, ..., 1)` of depth 8 with b = 2 and 3 (the
 b best matches with distinct next tokens, each continued 8 deep), against the target's autoregressive
-baseline. About 15 minutes alone on 2 CPU cores.
+baseline. About 15 minutes alone on 2 CPU cores. The committed table
+(`experiments/results/sweep_qwen_coder_ngram_trees.jsonl`) ran the shorter grid
+`--config.base.max_new_tokens=96 --config.axes.k='(8,)'` (14 minutes on a slow host).
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_ngram_trees.py
   python -m experiments.report_trees experiments/results/sweep_qwen_coder_ngram_trees.jsonl \
