@@ -3,6 +3,7 @@ through the CLI (random tiny models, float32, 2 prompt lengths x batch 2 x (auto
 real-weights path on tiny HF directories, the deadline, config errors, and the constants the kit
 hard-codes (the Qwen pair's shapes, the CPU acceptance rates it models speedups at)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -169,5 +170,7 @@ def test_random_shapes_equal_the_converted_qwen_models(index, name):
     header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
   stored = json.loads(header["__metadata__"]["config"])
   shapes = kit.SHAPES["qwen2.5-coder"][index]
-  assert {field: getattr(shapes, field) for field in stored if field != "dtype"} == {
+  # As the cache stores them: nested dataclasses (rope_scaling) as dicts, tuples as lists.
+  as_json = lambda v: json.loads(json.dumps(dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v))
+  assert {field: as_json(getattr(shapes, field)) for field in stored if field != "dtype"} == {
       field: value for field, value in stored.items() if field != "dtype"}
