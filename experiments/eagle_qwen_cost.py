@@ -23,13 +23,11 @@ import time
 import jax
 import numpy as np
 
-from specjax import costs, draft_vocab, records
+from specjax import costs, drafting, records
 from specjax.distill import eagle_steps, steps as train_steps
 from specjax.distill.config import default_config
 from specjax.distill.student import TRAIN
-from specjax.models import registry
 from specjax.models.load import load_model
-from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.eagle import eagle3_layers, head_config, init_head_params
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
@@ -84,11 +82,7 @@ def main() -> None:
   layers = eagle3_layers(target.config.n_layers)
   config = head_config(target.config, layers)
   params = init_head_params(config, jax.random.key(0))
-  counts_V = draft_vocab.corpus_token_counts(target.tokenizer, "stdlib", target.config.vocab_size,
-                                             registry.cache_dir())
-  tokens_N = draft_vocab.most_frequent(counts_V, args.draft_vocab, always=target.tokenizer.eos_ids)
-  restricted = restrict_head(target.config, target.params, tokens_N)
-  coverage = float(counts_V[tokens_N].sum() / counts_V.sum())
+  restricted, coverage = drafting.restricted_draft_head(args.draft_vocab, "stdlib", target, target)
   ratios = {}
   for batch in (1, 4):
     ratios[batch] = {
