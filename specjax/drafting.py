@@ -146,6 +146,9 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
     coverage = None
     if vocab is None:
       vocab, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, target, log)
+    elif cfg.draft_vocab not in (0, vocab.tokens_N.shape[0]):
+      raise ConfigError(f"config.draft_vocab {cfg.draft_vocab}: the head {cfg.draft} brings its own restricted "
+                        f"vocabulary of {vocab.tokens_N.shape[0]} tokens (set draft_vocab to 0 or to that size)")
     drafter = EagleDrafter(config, params, target.config, target.params, vocab,
                            cache_spec=partitioning.cache_spec(config.block, target.part), tree=tree,
                            tree_children=cfg.tree_children)

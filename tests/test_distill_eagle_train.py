@@ -10,9 +10,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import distill_eagle_smollm2
+from specjax import draft_vocab
 from specjax.distill import student, train
 from specjax.errors import ConfigError
 from specjax.models.load import load_model
+from specjax.models.transformer import output_head
 from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head, save_head
 from tests.test_distill_train import _Crash, _config, _records, compile_cache, target  # noqa: F401 (fixtures)
 
@@ -54,12 +56,44 @@ def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compi
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
   # The newest checkpoint, read back as the report does, is the exported head.
-  _, head_config, head_params, step = train.latest_head(_config(target, tmp_path / "whole", **EAGLE))
-  save_head(str(tmp_path / "latest"), head_config, head_params)
+  _, head_config, head_params, vocab, step = train.latest_head(_config(target, tmp_path / "whole", **EAGLE))
+  save_head(str(tmp_path / "latest"), head_config, head_params, vocab)
   latest = load_file(str(tmp_path / "latest" / WEIGHTS_FILE))
-  assert step == 20 and latest.keys() == want.keys()
+  assert step == 20 and vocab is None and latest.keys() == want.keys()
   for name in want:
     np.testing.assert_array_equal(latest[name], want[name], err_msg=name)
+
+
+def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_path, compile_cache):
+  """student.draft_vocab: the N tokens most frequent in the training rows (EOS included), kept in the work
+  directory, exported with the head and read back by `latest_head`; a resume that would rank another
+  vocabulary into the same work directory is refused."""
+  config = _config(target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4,
+                                        "student__draft_vocab": 24})
+  summary = train.run(config)
+  teacher = load_model(target)
+  rows = train.data.pack(*_training_documents(config, teacher))
+  want_N = draft_vocab.most_frequent(np.bincount(rows.tokens[rows.mask], minlength=teacher.config.vocab_size), 24,
+                                     always=teacher.tokenizer.eos_ids)
+  assert set(teacher.tokenizer.eos_ids) <= set(want_N.tolist())
+  np.testing.assert_array_equal(np.load(tmp_path / train.HEAD_VOCAB_FILE), want_N)
+  _, _, vocab = load_head(summary["export_dir"], teacher.config)
+  np.testing.assert_array_equal(np.asarray(vocab.tokens_N), want_N)
+  np.testing.assert_array_equal(np.asarray(vocab.weight_NxD), np.asarray(output_head(teacher.config, teacher.params))[want_N])
+  assert np.array_equal(np.asarray(train.latest_head(config)[3].tokens_N), want_N)
+  evals = [r for r in _records(tmp_path) if r["split"] == "eval"]
+  assert all(0.0 < r["acceptance"] < 1.0 and np.isfinite(r["loss"]) for r in evals)
+  config.student.draft_vocab, config.num_steps = 25, 8
+  with pytest.raises(ConfigError, match="another restricted vocabulary"):
+    train.run(config)
+
+
+def _training_documents(config, teacher):
+  """(training documents, encode, seq_len, EOS, cap): what `train._setup` packs into the training rows."""
+  docs = train.corpus.read_documents(config.data.source, config.data.pattern, config.data.jsonl_field)
+  train_docs, _ = train.data.split_documents(docs, config.data.heldout_fraction, config.seed)
+  return (train_docs, teacher.tokenizer.encode, config.data.seq_len, teacher.tokenizer.eos_ids[0],
+          config.data.max_train_tokens)
 
 
 def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path, compile_cache):
@@ -71,6 +105,10 @@ def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_pa
     train.run(_config(target, tmp_path / "student", **{**EAGLE, "data__modes__student": 1.0}))
   with pytest.raises(ConfigError, match="feature_loss_weight"):
     train.run(_config(target, tmp_path / "regression", **{**EAGLE, "student__feature_loss_weight": 1.0}))
+  with pytest.raises(ConfigError, match="config.student.draft_vocab"):
+    train.run(_config(target, tmp_path / "vocab", **{**EAGLE, "student__draft_vocab": 10 ** 6}))
+  with pytest.raises(ConfigError, match="config.student.draft_vocab .* 'eagle_head' only"):
+    train.run(_config(target, tmp_path / "vocab_draft", student__draft_vocab=16))
   with pytest.raises(ValueError, match=r"after target layers \[5\]"):
     train.run(_config(target, tmp_path / "layers", **{**EAGLE, "student__feature_layers": "0,5"}))
 

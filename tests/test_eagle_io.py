@@ -14,6 +14,7 @@ from safetensors.numpy import save_file
 
 from configs import tiny
 from specjax import pipeline
+from specjax.errors import ConfigError
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
 from specjax.speculative.draft_head import restrict_head
@@ -146,6 +147,11 @@ def test_eagle_drafter_keeps_greedy_output_through_the_pipeline(tmp_path):
   ar = pipeline.run(cfg, log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert spec["stats"]["draft_calls"] > 0 and spec["stats"]["eagle_feature_layers"] == [0, 1]
+  target = load_model(target_dir)
+  save_head(head_dir, *_head(target.config, (0, 1)), restrict_head(target.config, target.params, range(0, 40, 2)))
+  cfg.update(mode="speculative", draft=head_dir, draft_vocab=8)  # the head's own 20 tokens win, or it fails
+  with pytest.raises(ConfigError, match="config.draft_vocab 8: the head .* own restricted vocabulary of 20"):
+    pipeline.run(cfg, log=lambda m: None)
 
 
 def test_an_eagle3_head_missing_a_tensor_fails(tmp_path):

@@ -51,9 +51,9 @@ def main() -> None:
   args = parse_args(__doc__, HERE)
   config = distill_eagle_smollm2.get_config()
   config.workdir = args.workdir
-  teacher, head_config, head_params, step = train.latest_head(config)
+  teacher, head_config, head_params, vocab, step = train.latest_head(config)
   head_dir = os.path.join(args.workdir, "heads", f"step{step}")
-  save_head(head_dir, head_config, head_params)
+  save_head(head_dir, head_config, head_params, vocab)
   train_docs, held = split(config)
   prompts_file = write_jsonl(({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, args.num_prompts,
                                                                        args.prompt_tokens)),

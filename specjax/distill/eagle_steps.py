@@ -13,6 +13,13 @@ forcing of tokens; the features are the head's own, as when drafting). The loss 
 reading the final hidden state, EAGLE-1's regression of the head's output on the target's next hidden
 state can be added (`feature_regression`).
 
+A head that drafts through a restricted vocabulary (`DraftHead`: N of the V tokens, EAGLE-3's draft
+vocabulary) trains over those N tokens only: its logits are [.., N] and the target's distribution is
+renormalised over the same N (the best a head scoring only them can do), which makes the output
+projection and its gradient V / N times cheaper. The expected acceptance stays the true one,
+sum over the N tokens of min(p, q) with q the target's full distribution (mass outside them is never
+accepted).
+
 The held-out metric `acceptance_length` simulates drafting: with a_j the expected acceptance
 sum_x min(p, q) of step j at a chain's start, a chain accepts sum_j prod_{i <= j} a_i draft tokens on
 average (tokens after a rejection are not drafted from the data in reality: an estimate).
@@ -32,7 +39,8 @@ from specjax.models import rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import MLP, Norm, Params, forward_features, hidden_to_logits
-from specjax.speculative.eagle import EagleConfig, fuse, head_logits
+from specjax.speculative.draft_head import DraftHead
+from specjax.speculative.eagle import EagleConfig, fuse, head_scores
 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
 
@@ -85,11 +93,12 @@ def _attend(block: ModelConfig, q_BxTxHxDh, keys0_BxTxKxDh, values0_BxTxKxDh, di
 
 
 def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int
+               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int, vocab: DraftHead | None = None
                ) -> list[tuple[jax.Array, jax.Array]]:
-  """The head's outputs [B, T, D] and float32 logits [B, T, V] of each TTT step j < `num_steps` for the
-  chains starting at every position t (step j at t predicts x_{t+2+j}; fed tokens past the sequence are
-  id 0, their outputs are masked by the caller)."""
+  """The head's outputs [B, T, D] and float32 logits [B, T, V] (a restricted `vocab`: [B, T, N], its
+  tokens' `head_scores`) of each TTT step j < `num_steps` for the chains starting at every position t
+  (step j at t predicts x_{t+2+j}; fed tokens past the sequence are id 0, their outputs are masked by
+  the caller)."""
   block, layer = config.block, params["layer"]
   B, T = tokens_BxT.shape
   embedding_VxD = target_params["embed"]["embedding"]
@@ -110,7 +119,7 @@ def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, 
     h_BxTxD = hidden_BxTxD + attn_BxTxD
     hidden_BxTxD = h_BxTxD + MLP(block).apply({"params": layer["mlp"]},
                                               Norm(block).apply({"params": layer["mlp_norm"]}, h_BxTxD))
-    unrolled.append((hidden_BxTxD, head_logits(config, params, target_config, target_params, None, hidden_BxTxD)))
+    unrolled.append((hidden_BxTxD, head_scores(config, params, target_config, target_params, vocab, hidden_BxTxD)))
   return unrolled
 
 
@@ -143,25 +152,36 @@ def feature_regression(out_BxTxD: jax.Array, features_BxTxD: jax.Array, mask_BxT
   return losses.masked_mean(per_token_BxT, valid_BxT)
 
 
+def expected_acceptance(target_logits_xV: jax.Array, head_logits_xN: jax.Array, vocab: DraftHead | None
+                        ) -> jax.Array:
+  """sum_x min(p(x), q(x)) [...] at temperature 1 for a head's logits over its own vocabulary (all V
+  tokens, or the N of `vocab`) against the target's over all V."""
+  q_xV = jax.nn.softmax(target_logits_xV.astype(jnp.float32), axis=-1)
+  q_xN = q_xV if vocab is None else jnp.take(q_xV, vocab.tokens_N, axis=-1)
+  return jnp.sum(jnp.minimum(jax.nn.softmax(head_logits_xN, axis=-1), q_xN), axis=-1)
+
+
 def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-             tokens_BxT: jax.Array, mask_BxT: jax.Array, num_steps: int, feature_weight: float = 0.0
-             ) -> tuple[jax.Array, dict]:
+             tokens_BxT: jax.Array, mask_BxT: jax.Array, num_steps: int, feature_weight: float = 0.0,
+             vocab: DraftHead | None = None) -> tuple[jax.Array, dict]:
   """sum_j 0.8^j masked-mean KL(target || head) of TTT step j (plus `feature_weight` times EAGLE-1's
   `feature_regression`, for heads reading the final hidden state), and per-step expected acceptances
-  [B, T] with their masks (for `acceptance_length`)."""
+  [B, T] with their masks (for `acceptance_length`). A restricted `vocab`: the KL of the target
+  renormalised over its N tokens; the acceptances against the target's full distribution."""
   if feature_weight and config.feature_layers:
     raise ValueError("the feature regression needs a head reading the target's final hidden state "
                      "(feature_layers 'last'): a fused EAGLE-3 feature is the head's own projection")
   features_BxTxF, target_BxTxV = target_features(target_config, target_params, config.feature_layers, tokens_BxT)
-  unrolled = ttt_unroll(config, params, target_config, target_params, tokens_BxT, features_BxTxF, num_steps)
+  unrolled = ttt_unroll(config, params, target_config, target_params, tokens_BxT, features_BxTxF, num_steps, vocab)
   total, accepts = jnp.float32(0.0), []
   if feature_weight:
     total = feature_weight * feature_regression(unrolled[0][0], features_BxTxF, mask_BxT)
   for j, (_, logits_BxTxV) in enumerate(unrolled):
     teacher_BxTxV, valid_BxT = _step_targets(target_BxTxV, mask_BxT, j)
-    kl_BxT = losses.token_divergence("forward_kl", teacher_BxTxV, logits_BxTxV)
+    teacher_own = teacher_BxTxV if vocab is None else jnp.take(teacher_BxTxV, vocab.tokens_N, axis=-1)
+    kl_BxT = losses.token_divergence("forward_kl", teacher_own, logits_BxTxV)
     total = total + STEP_WEIGHT ** j * losses.masked_mean(jnp.where(valid_BxT > 0, kl_BxT, 0.0), valid_BxT)
-    accepts.append((losses.expected_acceptance(teacher_BxTxV, logits_BxTxV), valid_BxT))
+    accepts.append((expected_acceptance(teacher_BxTxV, logits_BxTxV, vocab), valid_BxT))
   return total, {"accepts": accepts}
 
 
@@ -181,17 +201,18 @@ def run_params(config: EagleConfig, master: Params) -> Params:
 
 def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
                     schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
-  """`train_step(state, target_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
-  donated; `state.params` are the head's float32 master weights (run in the block's dtype); the loss is
-  `ttt_loss`'s."""
+  """`train_step(state, target_params, tokens_BxT, mask_BxT, vocab=None) -> (state, metrics)`, jitted,
+  `state` donated; `state.params` are the head's float32 master weights (run in the block's dtype); the
+  loss is `ttt_loss`'s (over the restricted `vocab`'s tokens when given)."""
 
-  def loss_fn(master, target_params, tokens_BxT, mask_BxT):
+  def loss_fn(master, target_params, tokens_BxT, mask_BxT, vocab):
     params = run_params(config, master)
     return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
-                    feature_weight)[0]
+                    feature_weight, vocab)[0]
 
-  def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
-    value, grads = jax.value_and_grad(loss_fn)(state.params, target_params, tokens_BxT, mask_BxT)
+  def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array,
+                 vocab: DraftHead | None = None):
+    value, grads = jax.value_and_grad(loss_fn)(state.params, target_params, tokens_BxT, mask_BxT, vocab)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(grads),
                "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
@@ -203,14 +224,14 @@ def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: 
 
 def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: int,
                    feature_weight: float = 0.0) -> Callable:
-  """`eval_step(master, target_params, tokens_BxT, mask_BxT) -> sums`, jitted: the TTT loss times the
-  valid chains, expected accepted length and first-step acceptance summed over chains, and the chains
-  (`tokens`), to be summed over batches."""
+  """`eval_step(master, target_params, tokens_BxT, mask_BxT, vocab=None) -> sums`, jitted: the TTT loss
+  times the valid chains, expected accepted length and first-step acceptance summed over chains, and the
+  chains (`tokens`), to be summed over batches."""
 
-  def eval_step(master, target_params, tokens_BxT, mask_BxT):
+  def eval_step(master, target_params, tokens_BxT, mask_BxT, vocab=None):
     params = run_params(config, master)
     loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
-                           feature_weight)
+                           feature_weight, vocab)
     length, first, chains = acceptance_length(extra["accepts"])
     return {"loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains}
 

@@ -8,6 +8,8 @@ work directory holds:
   metrics.jsonl         one JSON record per train step ("split": "train") and per evaluation ("eval")
   tensorboard/          the same records as TensorBoard scalars (config.tensorboard, needs tensorboardX)
   summary.json          target, student, steps, held-out metrics before and after, wall time
+  head_vocab.npy        an EAGLE head's restricted vocabulary (student.draft_vocab > 0): the N token ids
+                        [N] int32 it trains and exports over, ranked once from the training rows
   export/               the distilled draft (its master params rounded to the model dtype: the draft that
                         was evaluated) as a Hugging Face directory (or config.export_dir); an EAGLE head
                         (student.init = "eagle_head") in specjax's head layout (`speculative.eagle_io`),
@@ -40,7 +42,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import corpus, mesh as meshes, partitioning
+from specjax import corpus, draft_vocab, mesh as meshes, partitioning
 from specjax.errors import ConfigError
 from specjax.distill import data, eagle_steps, losses, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
@@ -49,10 +51,12 @@ from specjax.models.config import ModelConfig
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
+from specjax.speculative.draft_head import DraftHead, restrict_head
 from specjax.speculative.eagle import EagleConfig
 from specjax.speculative.eagle_io import save_head
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
+HEAD_VOCAB_FILE = "head_vocab.npy"
 ON_DAMAGED_CHECKPOINT = ("fallback", "refuse")  # config.on_damaged_checkpoint's values
 
 
@@ -112,6 +116,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("student.init 'eagle_head' trains on one device, without accum_steps, remat or the "
                       "'student' data mode (a head generates nothing alone): set mesh='', accum_steps=1, "
                       "remat=False, data.modes.student=0")
+  if config.student.draft_vocab and (config.student.init != "eagle_head" or config.student.draft_vocab < 0):
+    raise ConfigError(f"config.student.draft_vocab {config.student.draft_vocab}: a restricted vocabulary is "
+                      "for student.init 'eagle_head' only, and a count N > 0 of tokens (0 = the full vocabulary)")
   if config.student.feature_loss_weight and not (config.student.init == "eagle_head"
                                                  and config.student.feature_layers == "last"):
     raise ConfigError("student.feature_loss_weight (EAGLE-1's feature regression) needs student.init "
@@ -262,13 +269,50 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
   return teacher, draft, step
 
 
-def latest_head(config: ml_collections.ConfigDict) -> tuple[LoadedModel, EagleConfig, Params, int]:
-  """(teacher, EAGLE head config, its params in the head's dtype, step) at the newest good checkpoint of
-  an `eagle_head` run (see `_restore_newest`): what `save_head` exports."""
+def latest_head(config: ml_collections.ConfigDict
+                ) -> tuple[LoadedModel, EagleConfig, Params, DraftHead | None, int]:
+  """(teacher, EAGLE head config, its params in the head's dtype, its restricted vocabulary or None,
+  step) at the newest good checkpoint of an `eagle_head` run (see `_restore_newest`): what `save_head`
+  exports."""
   if config.student.init != "eagle_head":
     raise ValueError("latest_head loads EAGLE heads; for a draft model's run use latest_student")
   teacher, head_config, state, step, _ = _restore_newest(config)
-  return teacher, head_config, eagle_steps.run_params(head_config, state.params), step
+  vocab = None
+  if config.student.draft_vocab:
+    tokens_N = np.load(os.path.join(config.workdir, HEAD_VOCAB_FILE))
+    vocab = restrict_head(teacher.config, teacher.params, tokens_N)
+  return teacher, head_config, eagle_steps.run_params(head_config, state.params), vocab, step
+
+
+def head_vocab(config: ml_collections.ConfigDict, teacher: LoadedModel, train_rows: data.Packed
+               ) -> DraftHead | None:
+  """The restricted vocabulary of an EAGLE head's run (`config.student.draft_vocab` tokens most frequent
+  in the training rows, stop tokens included), or None for the full one."""
+  size = config.student.draft_vocab
+  if not size:
+    return None
+  counts_V = np.bincount(train_rows.tokens[train_rows.mask], minlength=teacher.config.vocab_size)
+  try:
+    tokens_N = draft_vocab.most_frequent(counts_V, size, always=teacher.tokenizer.eos_ids)
+  except ValueError as e:
+    raise ConfigError(f"config.student.draft_vocab: {e}") from None
+  print(f"the head trains over {len(tokens_N)} of {teacher.config.vocab_size} tokens, "
+        f"{counts_V[tokens_N].sum() / max(counts_V.sum(), 1):.2%} of the training tokens", flush=True)
+  return restrict_head(teacher.config, teacher.params, tokens_N)
+
+
+def _keep_head_vocab(workdir: str, vocab: DraftHead | None) -> None:
+  """Writes the head's vocabulary into `workdir` (what `latest_head` reads); a resumed run must rank the
+  same one (same rows, same size)."""
+  if vocab is None:
+    return
+  path, tokens_N = os.path.join(workdir, HEAD_VOCAB_FILE), np.asarray(vocab.tokens_N, np.int32)
+  if os.path.exists(path) and not np.array_equal(np.load(path), tokens_N):
+    raise ConfigError(f"{path} holds another restricted vocabulary than config.student.draft_vocab "
+                      f"{len(tokens_N)} ranks from these training rows: use a new work directory")
+  if meshes.is_main_process():
+    np.save(path + ".tmp.npy", tokens_N)
+    os.replace(path + ".tmp.npy", path)
 
 
 @dataclasses.dataclass
@@ -284,6 +328,7 @@ class _Setup:
   batches: data.DistillBatches
   held_batches: list  # [(tokens [B, T], mask [B, T])]
   train_tokens: int
+  head_vocab: DraftHead | None  # an EAGLE head's restricted vocabulary (student.draft_vocab)
 
 
 def _setup(config: ml_collections.ConfigDict) -> _Setup:
@@ -308,7 +353,7 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
   return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
-                int(train_rows.mask.sum()))
+                int(train_rows.mask.sum()), head_vocab(config, teacher, train_rows))
 
 
 class _Log:
@@ -397,10 +442,14 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
                                setup.parts)
   eagle = config.student.init == "eagle_head"
   if eagle:
-    train_step = eagle_steps.make_train_step(setup.student_config, setup.teacher.config, optimizer, schedule,
-                                             config.student.ttt_steps, config.student.feature_loss_weight)
-    eval_step = eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
-                                           config.student.feature_loss_weight)
+    _keep_head_vocab(workdir, setup.head_vocab)
+    train_step = functools.partial(
+        eagle_steps.make_train_step(setup.student_config, setup.teacher.config, optimizer, schedule,
+                                    config.student.ttt_steps, config.student.feature_loss_weight),
+        vocab=setup.head_vocab)
+    eval_step = functools.partial(
+        eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
+                                   config.student.feature_loss_weight), vocab=setup.head_vocab)
   else:
     train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
                                        setup.labels, config.loss, config.accum_steps, config.remat, place)
@@ -447,7 +496,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   if not meshes.is_main_process():
     return {"export_dir": export_dir}
   if eagle:
-    save_head(export_dir, setup.student_config, draft_params)
+    save_head(export_dir, setup.student_config, draft_params, setup.head_vocab)
   else:
     export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)
   before, after = _first_and_last_eval(log.path)

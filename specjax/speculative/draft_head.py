@@ -34,13 +34,16 @@ class DraftHead:
   vocab_size: int = flax.struct.field(pytree_node=False)  # V, the full vocabulary
   softcap: float = flax.struct.field(pytree_node=False, default=0.0)  # the model's final soft-cap (Gemma 2)
 
-  def logits(self, hidden_xD: jax.Array) -> jax.Array:
-    """Float32 logits [..., V]: the subset's (soft-capped) scores, -inf (probability 0) everywhere else."""
+  def scores(self, hidden_xD: jax.Array) -> jax.Array:
+    """Float32 (soft-capped) logits [..., N] of the subset's tokens, in the order of `tokens_N`."""
     scores_xN = jnp.einsum("...d,nd->...n", hidden_xD.astype(self.weight_NxD.dtype), self.weight_NxD,
                            preferred_element_type=jnp.float32)  # accumulated in float32, never rounded
-    scores_xN = soft_cap(scores_xN, self.softcap)
+    return soft_cap(scores_xN, self.softcap)
+
+  def logits(self, hidden_xD: jax.Array) -> jax.Array:
+    """Float32 logits [..., V]: the subset's `scores`, -inf (probability 0) everywhere else."""
     logits_xV = jnp.full(hidden_xD.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
-    return logits_xV.at[..., self.tokens_N].set(scores_xN)
+    return logits_xV.at[..., self.tokens_N].set(self.scores(hidden_xD))
 
 
 def draft_logits(config: ModelConfig, params: Params, head: DraftHead | None, hidden_xD: jax.Array) -> jax.Array:

@@ -133,8 +133,20 @@ def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig,
                 vocab: DraftHead | None, out_xD: jax.Array) -> jax.Array:
   """Float32 logits [..., V] of head outputs: its final norm, then the target's output head (or the
   restricted `vocab` head)."""
-  normed_xD = Norm(config.block).apply({"params": params["final_norm"]}, out_xD)
-  return draft_logits(target_config, target_params, vocab, normed_xD)
+  return draft_logits(target_config, target_params, vocab, _final_norm(config, params, out_xD))
+
+
+def head_scores(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
+                vocab: DraftHead | None, out_xD: jax.Array) -> jax.Array:
+  """Float32 logits over the head's own vocabulary: [..., V] through the target's output head, or
+  [..., N] of a restricted `vocab`'s tokens (no -inf columns: what training computes over)."""
+  if vocab is None:
+    return head_logits(config, params, target_config, target_params, None, out_xD)
+  return vocab.scores(_final_norm(config, params, out_xD))
+
+
+def _final_norm(config: EagleConfig, params: Params, out_xD: jax.Array) -> jax.Array:
+  return Norm(config.block).apply({"params": params["final_norm"]}, out_xD)
 
 
 def check_head(config: EagleConfig, params: Params, target_config: ModelConfig,
