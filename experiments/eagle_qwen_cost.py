@@ -8,8 +8,7 @@ Measures, on this machine, in one run (float32, random head weights: costs do no
   head, as `EagleDrafter.draft_pass` times it) through the full 151,936-token head and through the
   32,768 tokens most frequent in the standard library's sources (`draft_vocab`);
 - one training step of the head (`distill.eagle_steps`: target features and logits, the 4-step
-  training-time test, AdamW) on `--batch` rows of 256 tokens: seconds per step after compilation, over
-  the full vocabulary and over the restricted one (`student.draft_vocab`: the TTT loss over its tokens).
+  training-time test, AdamW) on `--batch` rows of 256 tokens: seconds per step after compilation.
 It then writes what 1,200 such steps of 4 x 256 tokens (the SmolLM2 run's recipe) would take here, and
 a GPU estimate from the step's floating-point operations at an assumed sustained rate (`--gpu_tflops`,
 an assumption, stated in the output). No acceptance is measured: a head that is not trained has none.
@@ -45,9 +44,8 @@ def train_step_flops(target_params: int, block_params: int, fc_params: int, voca
   return float(per_token) * tokens
 
 
-def time_train_step(target, head, batch: int, repeats: int, vocab=None) -> dict:
-  """Seconds of one jitted training step of `head` (config, params) on [batch, SEQ_LEN] random ids, over
-  the restricted `vocab` (a `DraftHead`) when given."""
+def time_train_step(target, head, batch: int, repeats: int) -> dict:
+  """Seconds of one jitted training step of `head` (config, params) on [batch, SEQ_LEN] stdlib-like ids."""
   config, params = head
   labels = jax.tree.map(lambda _: TRAIN, params)
   optimizer, schedule = train_steps.make_optimizer(default_config().optim, RUN_STEPS, labels)
@@ -57,13 +55,13 @@ def time_train_step(target, head, batch: int, repeats: int, vocab=None) -> dict:
   tokens = rng.integers(0, target.config.vocab_size, (batch, SEQ_LEN), dtype=np.int32)
   mask = np.ones((batch, SEQ_LEN), bool)
   start = time.perf_counter()
-  state, metrics = step(state, target.params, tokens, mask, vocab)
+  state, metrics = step(state, target.params, tokens, mask)
   jax.block_until_ready(metrics)
   compile_s = time.perf_counter() - start
   seconds = []
   for _ in range(repeats):
     start = time.perf_counter()
-    state, metrics = step(state, target.params, tokens, mask, vocab)
+    state, metrics = step(state, target.params, tokens, mask)
     jax.block_until_ready(metrics)
     seconds.append(time.perf_counter() - start)
   return {"rows": batch, "seq_len": SEQ_LEN, "ttt_steps": TTT_STEPS, "first_call_s": compile_s,
@@ -97,30 +95,27 @@ def main() -> None:
     print(f"batch {batch}: c = " + ", ".join(f"{k} {v:.3f}" for k, v in ratios[batch].items()), flush=True)
   count = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
   head_params, fc_params = count(params), count(params.get("fc", {}))
-  trainings = {}
-  for name, vocab, rows in (("full_vocab", None, target.config.vocab_size),
-                            (f"{args.draft_vocab}_vocab", restricted, args.draft_vocab)):
-    timed = time_train_step(target, (config, params), args.batch, 2, vocab)
-    flops = train_step_flops(target.config.num_params(), head_params - fc_params, fc_params, rows,
-                             target.config.d_model, args.batch * SEQ_LEN, TTT_STEPS)
-    run_flops = flops / (args.batch * SEQ_LEN) * RUN_ROWS * SEQ_LEN * RUN_STEPS
-    trainings[name] = {
-        **timed, "training_step_tflop": flops / 1e12, "measured_tflops": flops / 1e12 / timed["step_s"],
-        "run_hours_here": timed["step_s"] * RUN_ROWS / args.batch * RUN_STEPS / 3600, "run_tflop": run_flops / 1e12,
-        "gpu_estimate_minutes": run_flops / 1e12 / args.gpu_tflops / 60}
-    print(f"training step over {name}, {args.batch} x {SEQ_LEN} tokens: {timed['step_s']:.1f} s", flush=True)
+  training = time_train_step(target, (config, params), args.batch, repeats=2)
+  print(f"training step, {args.batch} x {SEQ_LEN} tokens: {training['step_s']:.1f} s", flush=True)
+  flops = train_step_flops(target.config.num_params(), head_params - fc_params, fc_params,
+                           target.config.vocab_size, target.config.d_model, args.batch * SEQ_LEN, TTT_STEPS)
+  run_flops = flops / (args.batch * SEQ_LEN) * RUN_ROWS * SEQ_LEN * RUN_STEPS
   result = {
       "command": records.command(), "environment": records.environment(), "target": TARGET, "draft": DRAFT,
       "head": {"feature_layers": list(layers), "trained_params": head_params,
                "shared_output_head_rows": target.config.vocab_size},
       "draft_vocab": {"size": args.draft_vocab, "stdlib_token_coverage": coverage},
-      "cost_ratio_c": ratios, "training": trainings,
+      "cost_ratio_c": ratios, "training_step": training,
+      "training_step_tflop": flops / 1e12, "measured_tflops": flops / 1e12 / training["step_s"],
       "run_recipe": {"steps": RUN_STEPS, "rows": RUN_ROWS, "seq_len": SEQ_LEN, "ttt_steps": TTT_STEPS},
-      "gpu_estimate": {"assumed_tflops": args.gpu_tflops,
-                       "note": "gpu_estimate_minutes: from operation counts at this assumed rate, not a measurement"}}
+      "run_hours_here": training["step_s"] * RUN_ROWS / args.batch * RUN_STEPS / 3600,
+      "run_tflop": run_flops / 1e12,
+      "gpu_estimate": {"assumed_tflops": args.gpu_tflops, "minutes": run_flops / 1e12 / args.gpu_tflops / 60,
+                       "note": "an estimate from operation counts, not a measurement"}}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
-  print(json.dumps({k: result[k] for k in ("cost_ratio_c", "training")}, indent=1))
+  print(json.dumps({k: result[k] for k in ("cost_ratio_c", "run_hours_here", "measured_tflops", "gpu_estimate")},
+                   indent=1))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 K = 1-4, two static trees of depth 4 (children drawn without replacement at T = 1) and a dynamic one (the
 head's most likely children), greedy and temperature 1,
 batch 1, the head scoring through the target's output head restricted to the
-8,192 tokens most frequent in the run's training files (as the distilled drafts of
-`smollm2_distill.py`, so that c compares), plus the target's autoregressive baseline, on the 4 held-out
+8,192 tokens it trained over (a head exported without a vocabulary: the 8,192 most frequent in the run's
+training files, as the distilled drafts of `smollm2_distill.py`, so that c compares), plus the target's autoregressive baseline, on the 4 held-out
 prompts that `smollm2_distill.py` decodes (the same corpus split). About 15 minutes alone on 2 CPU cores.
 
 Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.report`, which exports
 the newest checkpoint's head to `heads/step<N>` and writes the prompts and the corpus. For a run stopped
-early: `--config.base.draft=WORKDIR/heads/stepN`.
+early: `--config.base.draft=WORKDIR/heads/stepN` (and a new `--config.output`: a table's points are not rerun).
+The step-300 head's table (the run's first 300 steps, full-vocabulary loss) is `sweep_smollm2_eagle_step300.jsonl`.
 
   python -m experiments.sweep --config=configs/sweeps/smollm2_eagle.py
 """
@@ -30,8 +31,8 @@ def get_config():
   cfg.base.chat = False  # plain code continuation, as in training
   cfg.base.max_new_tokens = 96  # budget per prompt
   cfg.base.batch_size = 1  # one prompt at a time: the latency regime of speculative decoding
-  cfg.base.draft_vocab = 8192  # the head scores the 8,192 most frequent tokens of ...
-  cfg.base.draft_vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # ... the training files
+  cfg.base.draft_vocab = 8192  # the 8,192 tokens the head trained over (its own vocabulary); a head without one
+  cfg.base.draft_vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # scores the most frequent of the training files
   cfg.base.tree_children = "without_replacement"  # tree children at T > 0: distinct draws
   cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
   cfg.axes.mode = ("autoregressive", "speculative")  # the baseline runs once per temperature
