@@ -1,4 +1,7 @@
 import gc
+import os
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -8,12 +11,55 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # torch's reference forwards compete with XLA's threads for the 2 cores; one thread keeps them fast.
 torch.set_num_threads(1)
 
+# One persistent compilation cache per test run, shared by the xdist workers and every subprocess they
+# start (CLIs, multi-device workers: they inherit the environment): a program compiled once is loaded,
+# not compiled, wherever it recurs. A fresh directory per run keeps runs hermetic; the process that
+# made it removes it at the end.
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+_MADE_CACHE_ENV = "SPECJAX_TEST_MADE_COMPILE_CACHE"
+# XLA CPU maps each executable's code into memory; past the kernel's 65,530 mappings per process
+# (`vm.max_map_count`) XLA crashes (abort or segfault) in whichever test comes next. Compiled programs are
+# kept across modules until a process holds this many mappings, then dropped (the persistent cache
+# reloads them without compiling).
+_MAX_MAPPINGS = 40_000
+# The tiny models' programs compile ~25% faster unoptimised, and run fast enough (the suite is mostly
+# compilation). The opt-in real-model tests keep XLA's optimised code.
+_FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def pytest_configure(config):
+  if _CACHE_ENV not in os.environ:  # the first pytest process of the run (the xdist controller)
+    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="specjax-test-jax-cache-")
+    os.environ[_MADE_CACHE_ENV] = os.environ[_CACHE_ENV]
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    if os.environ.get("SPECJAX_REAL_MODEL_TESTS") != "1":
+      os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE_FLAGS}".strip()
+  jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")))
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                    int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")))
+
+
+def pytest_unconfigure(config):
+  if os.environ.get(_MADE_CACHE_ENV) == os.environ.get(_CACHE_ENV) and not hasattr(config, "workerinput"):
+    shutil.rmtree(os.environ.pop(_MADE_CACHE_ENV), ignore_errors=True)
+
+
+def _mappings() -> int:
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:  # not Linux: no per-process mapping limit to watch
+    return 0
+
 
 @pytest.fixture(autouse=True, scope="module")
 def free_compiled_programs():
-  """Drops every compiled program after each test module. XLA CPU maps each executable's code into
-  memory, and the whole suite's programs in one process exceeded the kernel's 65,530 mappings per
-  process (`vm.max_map_count`): XLA then crashed (abort or segfault) in whichever test came next."""
+  """Drops every compiled program after a test module once the process nears the mapping limit."""
   yield
-  jax.clear_caches()
-  gc.collect()
+  if _mappings() > _MAX_MAPPINGS:
+    jax.clear_caches()
+    gc.collect()
+

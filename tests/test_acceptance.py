@@ -3,6 +3,8 @@ random, equal, disjoint and sparse p and q), the jitted `verify` matches that by
 draft position, and greedy (one-hot) inputs give the target's argmax deterministically, which is what
 `verify_greedy` computes from token ids."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,8 @@ import pytest
 from scipy import stats
 
 from specjax.speculative import acceptance, proposal
+from tests.helpers import mutants
+from tests.helpers.stats import chi_square_pvalue
 
 V = 10
 ALPHA = 1e-3  # significance level of every chi-square test below
@@ -56,20 +60,6 @@ def test_residual_falls_back_to_q_when_nothing_is_left():
   q = jnp.asarray(PAIRS["equal"][1])
   np.testing.assert_array_equal(acceptance.residual(q, q), q)
   assert not np.isnan(np.asarray(acceptance.residual(q, q))).any()
-
-
-def chi_square_pvalue(observed, probs):
-  """Chi-square goodness of fit of counts to `probs` on its support, cells expecting fewer than 5
-  draws pooled; any draw outside the support gives p-value 0. (Also used by test_speculative.)"""
-  support = probs > 0
-  if observed[~support].any():
-    return 0.0
-  observed, expected = observed[support], probs[support] / probs[support].sum() * observed.sum()
-  small = expected < 5
-  if small.any():
-    observed = np.append(observed[~small], observed[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-  return stats.chisquare(observed, expected).pvalue
 
 
 @pytest.mark.parametrize("name", ["random0", "sparse", "disjoint", "point_draft"])
@@ -174,3 +164,136 @@ def test_verify_greedy_on_ids_equals_verify_on_one_hot_distributions(k):
                                         one_hot(target_BxK1))
       np.testing.assert_array_equal(greedy[0], want[0])
       np.testing.assert_array_equal(greedy[1], want[1])
+
+
+# ---- Mutation checks: each plausible bug of the chain rule fails a test here by a wide margin ----
+
+_FOLD_IN = jax.random.fold_in  # the real one, captured before a mutant patches it
+
+
+def _fresh_verify():
+  """A new function behaving as `acceptance.verify`: jit traces it anew, seeing whatever is patched."""
+  return jax.jit(lambda key, proposal_, target: acceptance.verify(key, proposal_, target))
+
+
+def _random_rows(rng, rows, k):
+  """Rows of random draft and target distributions [rows, K, V], [rows, K + 1, V], drafts drawn from
+  p and proposal lengths 0..K."""
+  draft_probs_BxKxV = rng.dirichlet(np.ones(V), (rows, k)).astype(np.float32)
+  target_probs_BxK1xV = rng.dirichlet(np.ones(V), (rows, k + 1)).astype(np.float32)
+  cdf_BxKxV = np.cumsum(np.float64(draft_probs_BxKxV), axis=-1)
+  draft_BxK = np.minimum((rng.random((rows, k, 1)) * cdf_BxKxV[..., -1:] > cdf_BxKxV).sum(-1), V - 1)
+  lengths_B = rng.integers(0, k + 1, rows)
+  return (proposal.Proposal(tokens=jnp.asarray(draft_BxK, jnp.int32), lengths=jnp.asarray(lengths_B, jnp.int32),
+                            probs=jnp.asarray(draft_probs_BxKxV)), jnp.asarray(target_probs_BxK1xV))
+
+
+@functools.cache
+def _row_key_case():
+  """4,096 rows, K = 2: 256 random rows, then 3,840 identical ones (a 1-token proposal of p's most
+  likely token, p, q = `PAIRS["random0"]`, bonus from q reversed); the key; what `_verify_row` keyed by
+  fold_in(key, b) gives for each row; the identical rows' exact marginal of the next token."""
+  rng = np.random.default_rng(20)
+  random_rows, rows, k = 256, 4096, 2
+  random_proposal, random_target_BxK1xV = _random_rows(rng, random_rows, k)
+  p, q = PAIRS["random0"]
+  token = int(np.argmax(p))
+  same = rows - random_rows
+  tokens_BxK = jnp.concatenate([random_proposal.tokens, jnp.full((same, k), token, jnp.int32)])
+  lengths_B = jnp.concatenate([random_proposal.lengths, jnp.ones((same,), jnp.int32)])
+  probs_BxKxV = jnp.concatenate([random_proposal.probs, jnp.broadcast_to(p, (same, k, V))])
+  target_BxK1xV = jnp.concatenate([random_target_BxK1xV,
+                                   jnp.broadcast_to(np.stack([q, q[::-1], q]), (same, k + 1, V))])
+  key = jax.random.key(7)
+  keys_B = jax.vmap(lambda b: _FOLD_IN(key, b))(jnp.arange(rows))
+  want = jax.jit(jax.vmap(acceptance._verify_row))(keys_B, tokens_BxK, lengths_B, probs_BxKxV, target_BxK1xV)
+  p64, q64 = np.float64(p), np.float64(q)
+  accept = min(1.0, q64[token] / p64[token])
+  marginal = accept * q64[::-1] + (1.0 - accept) * np.float64(acceptance.residual(jnp.asarray(q), jnp.asarray(p)))
+  case = proposal.Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV), target_BxK1xV
+  return case, key, tuple(np.asarray(w) for w in want), marginal, random_rows
+
+
+def _row_key_statistics(verify):
+  """`verify` on `_row_key_case`: (the share of the random rows where it differs from `_verify_row`
+  keyed by fold_in(key, b), as its docstring promises; the chi-square p-value of the identical rows'
+  next tokens, pooled, against their exact marginal m; the binomial p-value of how often the pairs
+  (2i, 2i + 1) of identical rows agree, against sum_x m(x)^2)."""
+  (proposal_, target_BxK1xV), key, want, marginal, random_rows = _row_key_case()
+  got = [np.asarray(g) for g in verify(key, proposal_, target_BxK1xV)]
+  differ_B = (got[0] != want[0]) | (got[1] != want[1])
+  next_N = got[1][random_rows:]
+  pooled = chi_square_pvalue(np.bincount(next_N, minlength=V), marginal)
+  agree = int(np.sum(next_N[0::2] == next_N[1::2]))
+  pairs = stats.binomtest(agree, len(next_N) // 2, float(np.sum(marginal ** 2))).pvalue
+  return differ_B[:random_rows].mean(), pooled, pairs
+
+
+def test_rows_are_keyed_by_fold_in_and_independent(monkeypatch):
+  """Row b of `verify` equals `_verify_row` keyed by fold_in(key, b) (all of 256 random rows), and
+  3,840 identical rows draw independently: their pooled next tokens follow the one-row marginal
+  (chi-square) and row pairs agree as often as independent draws do (binomial), both at level 1e-3.
+  Mutant: every row keyed by the same key (each row's marginal stays exact): most rows differ from
+  `_verify_row`, and both statistics give p < 1e-8."""
+  mismatch, pooled, pairs = _row_key_statistics(_fresh_verify())
+  assert mismatch == 0 and pooled > ALPHA and pairs > ALPHA, (mismatch, pooled, pairs)
+  mutants.inject(monkeypatch, "same_row_key")
+  mismatch, pooled, pairs = _row_key_statistics(_fresh_verify())
+  assert mismatch > 0.5 and pooled < 1e-8 and pairs < 1e-8, (mismatch, pooled, pairs)
+
+
+def _bonus_from_q_k(key, proposal_, target_probs_BxK1xV):
+  """A broken rule: `verify` with the bonus drawn from q_K instead of q_{K+1}."""
+  return acceptance.verify(key, proposal_, target_probs_BxK1xV.at[:, -1].set(target_probs_BxK1xV[:, -2]))
+
+
+def _joint_pvalue(rule, rows=100_000, seed=6):
+  """Chi-square p-value of the joint distribution of the K + 1 = 3 tokens a round emits (draws from
+  the target continue a row that emits fewer) against q_1 x q_2 x q_3, position-dependent random p_i
+  and q_i of `PAIRS["random1"]`-like shape, drafts drawn from p, N = `rows`."""
+  rng = np.random.default_rng(seed)
+  k = 2
+  draft_probs_KxV = np.stack([_dirichlet(rng) for _ in range(k)]).astype(np.float32)
+  target_probs_K1xV = np.stack([_dirichlet(rng) for _ in range(k + 1)]).astype(np.float32)
+  draft_BxK = np.stack([rng.choice(V, rows, p=np.float64(p) / np.float64(p).sum()) for p in draft_probs_KxV],
+                       axis=1)
+  num_accepted, next_token = rule(jax.random.key(seed), proposal.full(
+      jnp.asarray(draft_BxK, jnp.int32), jnp.broadcast_to(draft_probs_KxV, (rows, k, V))),
+      jnp.broadcast_to(target_probs_K1xV, (rows, k + 1, V)))
+  num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
+  q_K1xV = np.float64(target_probs_K1xV) / np.float64(target_probs_K1xV).sum(-1, keepdims=True)
+  continued_BxK1 = np.stack([rng.choice(V, rows, p=q) for q in q_K1xV], axis=1)
+  emitted_BxK1 = np.where(np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))),
+                          np.where(np.arange(k + 1) == num_accepted[:, None], next_token[:, None],
+                                   continued_BxK1))
+  counts = np.bincount(np.ravel_multi_index(emitted_BxK1.T, [V] * (k + 1)), minlength=V ** (k + 1))
+  expected = q_K1xV[0][:, None, None] * q_K1xV[1][None, :, None] * q_K1xV[2][None, None, :]
+  return chi_square_pvalue(counts, expected.ravel())
+
+
+CHAIN_MUTANTS = ("residual_is_q", "residual_p_minus_q", "inverse_ratio", "bonus_from_q_K")
+
+
+@pytest.mark.parametrize("mutant", (None,) + CHAIN_MUTANTS)
+def test_broken_chain_rules_fail_the_joint_monte_carlo_test(mutant, monkeypatch):
+  """The joint of a round's K + 1 = 3 emitted tokens (`_joint_pvalue`, N = 100,000 rows, 1,000 cells,
+  fixed seeds): the correct rule passes at level 1e-3, each distinct mutant fails with p < 1e-8:
+  residual = q, residual norm(max(0, p - q)), acceptance min(1, p/q), bonus drawn from q_K. (The
+  residual not renormalised is no bug for the chain rule: `sample` normalises; shared row keys:
+  `test_rows_are_keyed_by_fold_in_and_independent`.)"""
+  rule = _fresh_verify()
+  if mutant == "bonus_from_q_K":
+    rule = jax.jit(lambda *args: _bonus_from_q_k(*args))
+  elif mutant is not None:
+    mutants.inject(monkeypatch, mutant, chain=True)
+  pvalue = _joint_pvalue(rule)
+  assert pvalue > ALPHA if mutant is None else pvalue < 1e-8, pvalue
+
+
+@pytest.mark.parametrize("mutant", ["residual_is_q", "residual_not_renormalised", "residual_p_minus_q"])
+def test_broken_residuals_fail_the_enumeration(mutant, monkeypatch):
+  """The exact enumeration `test_single_step_output_distribution_is_exactly_q` rejects each residual
+  mutant on random p, q."""
+  mutants.inject(monkeypatch, mutant, chain=True)
+  with pytest.raises(AssertionError):
+    test_single_step_output_distribution_is_exactly_q("random0")

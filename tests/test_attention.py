@@ -17,7 +17,7 @@ from specjax.generation import pad_prompts
 from specjax.models import attention
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import prefill
-from tests.test_speculative import _model
+from tests.helpers.engine import tiny_model
 
 B, H_KV, GROUPS, D = 3, 2, 2, 8
 
@@ -91,7 +91,7 @@ PROMPTS = [[5, 17, 3, 44, 9, 8, 1], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 
 @pytest.mark.parametrize("chunk, block", list(itertools.product([1, 3, 4, 11], [0, 4])))
 def test_chunked_prefill_equals_one_shot(chunk, block):
-  config, params = _model(0, n_layers=2)
+  config, params = tiny_model(0, n_layers=2)
   padded, lengths = pad_prompts(PROMPTS)
   run = lambda cfg: jax.jit(prefill, static_argnums=0)(cfg, params, padded, lengths,
                                                        init_cache(cfg, len(PROMPTS), 24))

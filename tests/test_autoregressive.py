@@ -12,7 +12,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from tests.tiny_hf import VOCAB, save_hf_model
+from tests.helpers.tiny_hf import VOCAB, save_hf_model
 
 GREEDY = sampling_params(0.0)
 

@@ -13,7 +13,7 @@ from configs.benchmarks import drafters
 from experiments import benchmark_drafters, code_edit_prompts
 from experiments.benchmark_drafters import AUTOREGRESSIVE, System
 from specjax.errors import ConfigError
-from tests.tiny_hf import make_hf_model, save_char_tokenizer
+from tests.helpers.tiny_hf import make_hf_model, save_char_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

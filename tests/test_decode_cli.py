@@ -3,47 +3,25 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
-from configs import tiny
 from specjax import decode, drafting, generation, pipeline
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
-from tests.tiny_hf import save_char_tokenizer, save_hf_model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-  dirs = []
-  for name, seed in (("target", 0), ("draft", 1)):
-    directory = str(tmp_path_factory.mktemp(name))
-    save_hf_model("qwen2", directory, seed=seed)
-    save_char_tokenizer(directory)
-    dirs.append(directory)
-  return dirs
-
-
-def _config(model_dirs, **overrides) -> ml_collections.ConfigDict:
-  cfg = tiny.get_config()
-  cfg.target, cfg.draft = model_dirs
-  cfg.update(overrides)
-  return cfg
+from tests.helpers.cli import cli_config, decode_in_process, run_cli
+from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
+from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
 
 
 def test_greedy_speculative_equals_autoregressive_through_the_pipeline(model_dirs, tmp_path):
   prompts_file = tmp_path / "prompts.jsonl"
   prompts_file.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "abc", "x = 1"]))
   output = str(tmp_path / "out.json")
-  spec = pipeline.run(_config(model_dirs, prompts_file=str(prompts_file), output=output), log=lambda m: None)
-  ar = pipeline.run(_config(model_dirs, prompts_file=str(prompts_file), mode="autoregressive"),
+  spec = pipeline.run(cli_config(model_dirs, prompts_file=str(prompts_file), output=output), log=lambda m: None)
+  ar = pipeline.run(cli_config(model_dirs, prompts_file=str(prompts_file), mode="autoregressive"),
                     log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert len(spec["outputs"]) == 3  # the padded row of the last batch is dropped
@@ -59,13 +37,13 @@ def test_greedy_speculative_equals_autoregressive_through_the_pipeline(model_dir
 def test_restricted_draft_vocabulary_keeps_greedy_output(model_dirs, tmp_path):
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("def f(x):\n    return x + 1\n\nabc abc abc\n")
-  cfg = _config(model_dirs, draft_vocab=12, draft_vocab_corpus=str(corpus))
+  cfg = cli_config(model_dirs, draft_vocab=12, draft_vocab_corpus=str(corpus))
   spec = pipeline.run(cfg, log=lambda m: None)
-  ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert 0.5 < spec["stats"]["draft_vocab_coverage"] <= 1.0
   with pytest.raises(ValueError, match=r"draft vocabulary size must be in \[1, 97\]"):
-    pipeline.run(_config(model_dirs, draft_vocab=98, draft_vocab_corpus=str(corpus)), log=lambda m: None)
+    pipeline.run(cli_config(model_dirs, draft_vocab=98, draft_vocab_corpus=str(corpus)), log=lambda m: None)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -73,7 +51,7 @@ def test_restricted_draft_vocabulary_keeps_greedy_output(model_dirs, tmp_path):
     (dict(top_p=0.0), "top_p"), (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(prompts=(), prompts_file=""), "no prompts"), (dict(draft_vocab=-1), "config.draft_vocab")])
 def test_bad_config_values_fail_early(model_dirs, overrides, message):
-  cfg = _config(model_dirs, **overrides)
+  cfg = cli_config(model_dirs, **overrides)
   with pytest.raises(ValueError, match=message):
     pipeline.run(cfg, log=lambda m: None)
 
@@ -85,8 +63,8 @@ def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, draf
   """Each drafter chosen by the config field `drafter` gives the target's greedy output; n-gram and
   layer-skip need no draft model (an empty `draft`)."""
   draft = model_dirs[1] if drafter == "model" else ""
-  spec = pipeline.run(_config([model_dirs[0], draft], drafter=drafter, **settings), log=lambda m: None)
-  ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  spec = pipeline.run(cli_config([model_dirs[0], draft], drafter=drafter, **settings), log=lambda m: None)
+  ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   expected_calls = {"ngram": lambda calls: calls == 0, "layer_skip": lambda calls: calls > 0,
                     "model": lambda calls: 0 < calls}[drafter]
@@ -101,7 +79,7 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   """Two batches through one runner give the tokens that fresh runners give, sampled at T = 0.8; the
   second call gets the caches the first returned (donated: the first call's key/value buffers, of the
   target and of a draft model, are gone; the n-gram history is rewritten by `init`, never read)."""
-  cfg = _config(model_dirs, mode=mode, drafter=drafter, temperature=0.8, max_new_tokens=10)
+  cfg = cli_config(model_dirs, mode=mode, drafter=drafter, temperature=0.8, max_new_tokens=10)
   target, draft = pipeline.load_models(cfg, log=lambda m: None)
   drafter_ = drafting.build(cfg, target, draft, log=lambda m: None)[0] if mode == "speculative" else None
   ids = pipeline.encode_prompts(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
@@ -140,7 +118,7 @@ def test_bad_drafter_settings_fail_before_the_models_load(model_dirs, tmp_path, 
   layer range, which needs the target's depth (checked right after it loads, before compiling)."""
   target = model_dirs[0] if overrides.get("draft_layers") == "0-5" else str(tmp_path / "no-model")
   with pytest.raises(ConfigError, match=message):
-    pipeline.run(_config([target, model_dirs[1]], **overrides), log=lambda m: None)
+    pipeline.run(cli_config([target, model_dirs[1]], **overrides), log=lambda m: None)
 
 
 @pytest.mark.parametrize("name", ["qwen_coder", "qwen_coder_ngram", "qwen_coder_layer_skip", "tiny"])
@@ -155,7 +133,7 @@ def test_every_decode_config_is_valid(name):
 
 def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
   with pytest.raises(FileNotFoundError, match="no such file"):
-    pipeline.run(_config(model_dirs, target=str(tmp_path / "nope")), log=lambda m: None)
+    pipeline.run(cli_config(model_dirs, target=str(tmp_path / "nope")), log=lambda m: None)
   other = tmp_path / "other"
   save_hf_model("qwen2", str(other), seed=2)
   save_char_tokenizer(str(other))
@@ -164,22 +142,12 @@ def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
                                                                 table["model"]["vocab"]["a"])
   json.dump(table, open(other / "tokenizer.json", "w"))
   with pytest.raises(ValueError, match="different tokenizers"):
-    pipeline.run(_config(model_dirs, draft=str(other)), log=lambda m: None)
-
-
-def _cli(arguments, debug=False, env=None):
-  """Starts `python -m specjax.decode ARGUMENTS` from the repository root (returns the process), with
-  `env` added to the environment (a None value removes that variable)."""
-  env = {name: value for name, value in {**os.environ, **(env or {})}.items()
-         if name != "SPECJAX_DEBUG" and value is not None}
-  env.update(JAX_PLATFORMS="cpu", **({"SPECJAX_DEBUG": "1"} if debug else {}))
-  return subprocess.Popen([sys.executable, "-m", "specjax.decode", *arguments], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pipeline.run(cli_config(model_dirs, draft=str(other)), log=lambda m: None)
 
 
 def test_cli_runs_without_log_noise(model_dirs):
-  ok = _cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
-             "--config.max_new_tokens=5", "--config.k=2"])
+  ok = run_cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+                "--config.max_new_tokens=5", "--config.k=2"])
   stdout, stderr = ok.communicate()
   assert ok.returncode == 0, stderr[-3000:]
   assert "acceptance rate" in stdout and "tokens / s" in stdout
@@ -219,11 +187,21 @@ def _bad_inputs(tmp_path):
 
 def test_cli_reports_each_bad_input_in_one_line(model_dirs, tmp_path):
   """Every user error: one `error: ...` line on stderr naming the field or file, exit status 2 (config)
-  or 1 (files, models), no traceback. The processes run concurrently (each is mostly Python start-up)."""
+  or 1 (files, models), no traceback. Each case runs the CLI's entry point in this process
+  (`decode_in_process`: the same parsing, checks and error path); one case of each exit status also runs
+  in its own interpreter, so that the real exit status and stderr of the process stay checked."""
   cases = _bad_inputs(tmp_path)
   base = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}"]
-  running = [_cli(base + arguments) for arguments, _, _ in cases]
-  for (arguments, status, message), process in zip(cases, running):
+  in_processes = {1: None, 2: None}  # exit status -> (case, the process running it)
+  for arguments, status, message in cases:
+    in_processes[status] = in_processes[status] or ((arguments, status, message), run_cli(base + arguments))
+  for arguments, status, message in cases:
+    got_status, stderr = decode_in_process(base + arguments)
+    lines = stderr.strip().splitlines()
+    assert (got_status, len(lines)) == (status, 1), (arguments, stderr[-2000:])
+    assert re.fullmatch(f"error: .*{message}.*", lines[0]), (arguments, lines[0])
+    assert "Traceback" not in stderr
+  for (arguments, status, message), process in in_processes.values():
     stdout, stderr = process.communicate()
     lines = stderr.strip().splitlines()
     assert (process.returncode, len(lines)) == (status, 1), (arguments, stderr[-2000:])
@@ -232,7 +210,7 @@ def test_cli_reports_each_bad_input_in_one_line(model_dirs, tmp_path):
 
 
 def test_cli_debug_switch_shows_the_traceback(model_dirs):
-  process = _cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", "--config.k=0"], debug=True)
+  process = run_cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", "--config.k=0"], debug=True)
   _, stderr = process.communicate()
   assert process.returncode != 0 and "Traceback" in stderr and "ConfigError: config.k" in stderr
 
@@ -242,9 +220,9 @@ def test_prompts_and_output_are_checked_before_any_model_loads(model_dirs, tmp_p
   checked first (a real pair takes up to ~130 s to load)."""
   missing_model = str(tmp_path / "no-model")
   with pytest.raises(ValueError, match="prompts file .*nope.txt"):
-    pipeline.run(_config([missing_model] * 2, prompts_file=str(tmp_path / "nope.txt")), log=lambda m: None)
+    pipeline.run(cli_config([missing_model] * 2, prompts_file=str(tmp_path / "nope.txt")), log=lambda m: None)
   with pytest.raises(ValueError, match="config.output .* does not exist"):
-    pipeline.run(_config([missing_model] * 2, output=str(tmp_path / "no" / "out.json")), log=lambda m: None)
+    pipeline.run(cli_config([missing_model] * 2, output=str(tmp_path / "no" / "out.json")), log=lambda m: None)
 
 
 def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_path, capsys):
@@ -258,7 +236,7 @@ def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_
     if message.startswith("compiling") and out_dir.exists():
       out_dir.rmdir()
 
-  cfg = _config(model_dirs, output=output)
+  cfg = cli_config(model_dirs, output=output)
   results = pipeline.run(cfg, log=remove_output_dir)
   fallback = results["written_to"]
   assert fallback and fallback != output and not os.path.exists(output)
@@ -294,9 +272,9 @@ def test_every_drafter_keeps_greedy_output_for_the_2026_families(family, tmp_pat
     save_hf_model(family, directory, seed=seed)
     save_char_tokenizer(directory)
     dirs.append(directory)
-  ar = pipeline.run(_config(dirs, mode="autoregressive"), log=lambda m: None)
+  ar = pipeline.run(cli_config(dirs, mode="autoregressive"), log=lambda m: None)
   for drafter, draft in (("model", dirs[1]), ("ngram", ""), ("layer_skip", "")):
-    spec = pipeline.run(_config([dirs[0], draft], drafter=drafter), log=lambda m: None)
+    spec = pipeline.run(cli_config([dirs[0], draft], drafter=drafter), log=lambda m: None)
     assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]], drafter
 
 
@@ -305,8 +283,8 @@ def test_every_drafter_keeps_greedy_output_for_the_2026_families(family, tmp_pat
 def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree, drafter):
   """`config.tree` makes the model drafter draft that tree (k is its depth); greedy output is the
   target's, and the stats say how many nodes each round verified."""
-  spec = pipeline.run(_config(model_dirs, tree=tree, k=7, drafter=drafter), log=lambda m: None)
-  ar = pipeline.run(_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  spec = pipeline.run(cli_config(model_dirs, tree=tree, k=7, drafter=drafter), log=lambda m: None)
+  ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert spec["stats"]["nodes_verified_per_round"] == {"(2,2)": 7, "[[0], [1], [0, 0]]": 4, "dynamic(4, 2, 2)": 5,
                                                        "(2, 1)": 5}[tree]
@@ -324,4 +302,4 @@ def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree,
     (dict(tree_children="sorted"), "config.tree_children")])
 def test_bad_tree_configs_fail_early(model_dirs, overrides, message):
   with pytest.raises(ConfigError, match=message):
-    pipeline.run(_config(model_dirs, **overrides), log=lambda m: None)
+    pipeline.run(cli_config(model_dirs, **overrides), log=lambda m: None)

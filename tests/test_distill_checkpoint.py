@@ -23,7 +23,8 @@ from safetensors.numpy import load_file
 
 from specjax.distill import checkpoint, train
 from specjax.distill.checkpoint import CorruptCheckpointError
-from tests.test_distill_train import _config, _records, compile_cache, target  # noqa: F401 (fixtures)
+from tests.helpers.distill import distill_config, read_records
+from tests.helpers.distill import compile_cache, target  # noqa: F401 (fixtures)
 
 # A failed orbax restore abandons its other read coroutines: harmless, but pytest reports each one as an
 # unraisable exception when it is collected. `_collect_abandoned_reads` collects them within the test that
@@ -43,8 +44,8 @@ _SHORT = {"num_steps": 4, "checkpoint_every": 2, "eval_every": 4}  # checkpoints
 def finished(target, tmp_path_factory, compile_cache):
   """(workdir, metrics records, exported tensors) of an uninterrupted short run; tests damage copies."""
   workdir = tmp_path_factory.mktemp("finished")
-  summary = train.run(_config(target, workdir, **_SHORT))
-  return str(workdir), _records(workdir), load_file(os.path.join(summary["export_dir"], "model.safetensors"))
+  summary = train.run(distill_config(target, workdir, **_SHORT))
+  return str(workdir), read_records(workdir), load_file(os.path.join(summary["export_dir"], "model.safetensors"))
 
 
 def _copy(finished, tmp_path):
@@ -102,7 +103,7 @@ def _raw_state(checkpoints, step):
 def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, tmp_path, capsys):
   workdir, checkpoints = _copy(finished, tmp_path)
   _truncate(checkpoints, 4)
-  summary = train.run(_config(target, workdir, **_SHORT))
+  summary = train.run(distill_config(target, workdir, **_SHORT))
   out, err = capsys.readouterr()
   step4 = os.path.join(checkpoints, "4")
   assert re.search(rf"warning: checkpoint step 4 in {re.escape(step4)} is damaged: file state/\S+ has \d+ bytes, "
@@ -110,12 +111,12 @@ def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, 
   assert f"warning: set the damaged checkpoint aside as {step4}.damaged;" in err
   assert f"resuming from step 2 ({os.path.join(checkpoints, '2')})" in out
   assert sorted(os.listdir(checkpoints)) == ["2", "4", "4.damaged"]
-  assert _records(workdir) == finished[1]
+  assert read_records(workdir) == finished[1]
   got = load_file(os.path.join(summary["export_dir"], "model.safetensors"))
   assert got.keys() == finished[2].keys()
   for name in got:
     np.testing.assert_array_equal(got[name], finished[2][name], err_msg=name)
-  assert train.latest_student(_config(target, workdir, **_SHORT))[2] == 4  # the new step 4 verifies
+  assert train.latest_student(distill_config(target, workdir, **_SHORT))[2] == 4  # the new step 4 verifies
   assert "warning: checkpoint" not in capsys.readouterr().err
 
 
@@ -147,7 +148,7 @@ def test_damage_is_detected_and_skipped_read_only(damage, manifest, finished, ta
   if damage == "flipped":  # orbax alone restores the flipped data without complaint, but not as saved
     good = _raw_state(os.path.join(finished[0], train.CHECKPOINT_DIR), 4)
     assert any(not np.array_equal(a, b) for a, b in zip(_raw_state(checkpoints, 4), good))
-  _, _, step = train.latest_student(_config(target, workdir, **_SHORT))
+  _, _, step = train.latest_student(distill_config(target, workdir, **_SHORT))
   assert step == 2
   err = capsys.readouterr().err
   assert re.search(f"warning: checkpoint step 4 in {re.escape(os.path.join(checkpoints, '4'))} is damaged: "
@@ -161,7 +162,7 @@ def test_refuse_option_stops_on_a_damaged_checkpoint(finished, target, tmp_path)
   step4 = os.path.join(checkpoints, "4")
   with pytest.raises(CorruptCheckpointError, match=rf"^checkpoint step 4 in {re.escape(step4)} is damaged: "
                      r"file state/\S+ does not match its checksum; not falling back to an older checkpoint") as error:
-    train.run(_config(target, workdir, on_damaged_checkpoint="refuse", **_SHORT))
+    train.run(distill_config(target, workdir, on_damaged_checkpoint="refuse", **_SHORT))
   assert (error.value.step, error.value.path) == (4, step4)
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
 
@@ -172,7 +173,7 @@ def test_all_damaged_refuses_to_restart_from_scratch(finished, target, tmp_path,
   _flip(checkpoints, 2)
   with pytest.raises(CorruptCheckpointError, match=rf"every checkpoint in {re.escape(checkpoints)} is damaged "
                      r"\(steps 4, 2;"):
-    train.latest_student(_config(target, workdir, **_SHORT))
+    train.latest_student(distill_config(target, workdir, **_SHORT))
   err = capsys.readouterr().err
   assert "step 4" in err and "; trying step 2\n" in err and "no older checkpoint\n" in err
 
@@ -187,7 +188,7 @@ def test_unverified_old_checkpoint_restores_with_a_warning(finished, target, tmp
   del meta[checkpoint.STATE_SUMS], meta[checkpoint.JSON_SUM]
   with open(path, "w") as f:
     json.dump(meta, f)
-  assert train.latest_student(_config(target, workdir, **_SHORT))[2] == 4
+  assert train.latest_student(distill_config(target, workdir, **_SHORT))[2] == 4
   assert (f"warning: checkpoint step 4 in {os.path.join(checkpoints, '4')} has no checksums (saved by an older "
           "version): restored unverified") in capsys.readouterr().err
 
@@ -197,13 +198,13 @@ def test_another_configs_checkpoint_is_not_called_damaged(finished, target, tmp_
   workdir, checkpoints = _copy(finished, tmp_path)
   with pytest.raises(ValueError, match=r"checkpoint step 4 in .* holds another train state than this config "
                      r"builds \(differing: .*layers_1") as error:
-    train.run(_config(target, workdir, student__num_layers=2, **_SHORT))
+    train.run(distill_config(target, workdir, student__num_layers=2, **_SHORT))
   assert not isinstance(error.value, CorruptCheckpointError)
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
 
 
 def test_nan_message_names_the_step_and_the_restored_checkpoint(target, tmp_path, compile_cache):
-  config = _config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
+  config = distill_config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
   checkpoints = os.path.join(tmp_path, train.CHECKPOINT_DIR)
   step1 = os.path.join(checkpoints, "1")
   with pytest.raises(FloatingPointError, match=rf"at step 2; stopping \(this run started from scratch; the last "

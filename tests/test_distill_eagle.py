@@ -16,9 +16,9 @@ from specjax.distill.student import TRAIN
 from specjax.generation import as_token_lists
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.eagle import EagleDrafter, head_forward, head_logits
-from tests.test_eagle import _head, _run
-from tests.test_layer_skip import TARGET, _target_greedy_3
-from tests.test_speculative import PROMPTS
+from tests.helpers.eagle import eagle_head, run_eagle
+from tests.helpers.engine import PROMPTS
+from tests.helpers.layer_skip import TARGET, target_greedy_3
 
 TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
 NUM_STEPS = 3
@@ -28,7 +28,7 @@ NUM_STEPS = 3
 def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, qkv_bias):
   """qkv_bias: a Qwen2-style head block (biases of 1 on q, k and v)."""
   target_config, target_params = TARGET
-  config, params = _head(target_config.replace(qkv_bias=qkv_bias), feature_layers)
+  config, params = eagle_head(target_config.replace(qkv_bias=qkv_bias), feature_layers)
   assert ("bias" in params["layer"]["attn"]["q_proj"]) == qkv_bias
   features_BxTxF, _ = eagle_steps.target_features(target_config, target_params, feature_layers, TOKENS_2x10)
   ttt = [logits for _, logits in eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
@@ -47,7 +47,7 @@ def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, qkv
 
 
 def test_eagle1_feature_regression_adds_to_the_loss():
-  config, params = _head(TARGET[0], ())
+  config, params = eagle_head(TARGET[0], ())
   target_config, target_params = TARGET
   mask_BxT = jnp.ones(TOKENS_2x10.shape, bool)
   loss = lambda weight: eagle_steps.ttt_loss(config, params, target_config, target_params, TOKENS_2x10, mask_BxT,
@@ -59,7 +59,7 @@ def test_eagle1_feature_regression_adds_to_the_loss():
   huber = np.where(np.abs(error) < 1, 0.5 * error ** 2, np.abs(error) - 0.5).mean()
   np.testing.assert_allclose(loss(0.5), loss(0.0) + 0.5 * huber, rtol=1e-5)
   with pytest.raises(ValueError, match="final hidden state"):
-    eagle_steps.ttt_loss(*_head(TARGET[0], (0, 1, 2)), target_config, target_params, TOKENS_2x10, mask_BxT,
+    eagle_steps.ttt_loss(*eagle_head(TARGET[0], (0, 1, 2)), target_config, target_params, TOKENS_2x10, mask_BxT,
                          NUM_STEPS, 0.5)
 
 
@@ -68,7 +68,7 @@ def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target(
   renormalised over the N tokens, the acceptance sum_N min(p, q) against the target's full q (float64
   reference: a loss over the unrenormalised target, or an acceptance against the renormalised one, fails)."""
   target_config, target_params = TARGET
-  config, params = _head(target_config, (0, 1, 2))
+  config, params = eagle_head(target_config, (0, 1, 2))
   vocab = restrict_head(target_config, target_params, np.arange(1, target_config.vocab_size, 3))
   tokens_N = np.asarray(vocab.tokens_N)
   features_BxTxF, target_BxTxV = eagle_steps.target_features(target_config, target_params, (0, 1, 2), TOKENS_2x10)
@@ -104,7 +104,7 @@ def _train_step(config, params, learning_rate, num_steps):
 
 
 def test_training_lowers_the_loss_and_raises_the_acceptance_length():
-  config, params = _head(TARGET[0], (0, 1, 2))
+  config, params = eagle_head(TARGET[0], (0, 1, 2))
   target_config, target_params = TARGET
   train_step, state = _train_step(config, params, 3e-3, 30)
   eval_step = eagle_steps.make_eval_step(config, target_config, NUM_STEPS)
@@ -123,22 +123,22 @@ def test_training_lowers_the_loss_and_raises_the_acceptance_length():
 def test_a_head_trained_on_the_targets_output_drafts_it_and_greedy_stays_exact():
   """150 steps on the target's greedy continuations of the test prompts (over-fitting on purpose: long
   accepted blocks exercise `commit` with many tokens, and an EOS inside an accepted block)."""
-  greedy = _target_greedy_3()
+  greedy = target_greedy_3()
   width = max(len(p) + len(g) for p, g in zip(PROMPTS, greedy))
   tokens_BxT = jnp.asarray([(p + g + [0] * width)[:width] for p, g in zip(PROMPTS, greedy)])
   mask_BxT = jnp.arange(width)[None, :] < jnp.asarray([len(p) + len(g) for p, g in zip(PROMPTS, greedy)])[:, None]
-  config, params = _head(TARGET[0], (0, 1, 2))
+  config, params = eagle_head(TARGET[0], (0, 1, 2))
   train_step, state = _train_step(config, params, 1e-2, 150)
   for _ in range(150):
     state, _ = train_step(state, TARGET[1], tokens_BxT, mask_BxT)
   drafter = EagleDrafter(config, state.params, *TARGET)
-  one = _run(TARGET, drafter, 1)
+  one = run_eagle(TARGET, drafter, 1)
   assert as_token_lists(one.tokens, one.counts) == greedy
   assert metrics.summarize(one.acceptance)["total"]["acceptance_rate"] > 0.6
-  eight = _run(TARGET, drafter, 8)
+  eight = run_eagle(TARGET, drafter, 8)
   assert as_token_lists(eight.tokens, eight.counts) == greedy
   assert metrics.summarize(eight.acceptance)["total"]["mean_accepted_length"] > 2.0
   eos = [greedy[2][6]]
-  stopped = _run(TARGET, drafter, 8, eos_ids=eos)
-  assert as_token_lists(stopped.tokens, stopped.counts) == _target_greedy_3(eos_ids=eos)
+  stopped = run_eagle(TARGET, drafter, 8, eos_ids=eos)
+  assert as_token_lists(stopped.tokens, stopped.counts) == target_greedy_3(eos_ids=eos)
   assert as_token_lists(stopped.tokens, stopped.counts)[2] == greedy[2][:greedy[2].index(eos[0]) + 1]

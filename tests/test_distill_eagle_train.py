@@ -16,7 +16,8 @@ from specjax.errors import ConfigError
 from specjax.models.load import load_model
 from specjax.models.transformer import output_head
 from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head, save_head
-from tests.test_distill_train import _Crash, _config, _records, compile_cache, target  # noqa: F401 (fixtures)
+from tests.helpers.distill import Crash, distill_config, read_records
+from tests.helpers.distill import compile_cache, target  # noqa: F401 (fixtures)
 
 EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student__ttt_steps=3, num_steps=20,
              eval_every=10, checkpoint_every=5, optim__learning_rate=3e-3, data__modes__fixed=0.5,
@@ -24,8 +25,8 @@ EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student_
 
 
 def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, tmp_path, compile_cache):
-  summary = train.run(_config(target, tmp_path, **EAGLE))
-  records = _records(tmp_path)
+  summary = train.run(distill_config(target, tmp_path, **EAGLE))
+  records = read_records(tmp_path)
   train_losses = [r["loss"] for r in records if r["split"] == "train"]
   evals = [r for r in records if r["split"] == "eval"]
   assert [r["step"] for r in evals] == [0, 10, 20]
@@ -40,23 +41,23 @@ def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, 
 
 
 def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compile_cache):
-  whole = train.run(_config(target, tmp_path / "whole", **EAGLE))
+  whole = train.run(distill_config(target, tmp_path / "whole", **EAGLE))
 
   def crash(step, metrics):
     if step == 8:
-      raise _Crash()
+      raise Crash()
 
-  with pytest.raises(_Crash):
-    train.run(_config(target, tmp_path / "resumed", **EAGLE), on_step=crash)
-  resumed = train.run(_config(target, tmp_path / "resumed", **EAGLE))
-  assert _records(tmp_path / "resumed") == _records(tmp_path / "whole")
+  with pytest.raises(Crash):
+    train.run(distill_config(target, tmp_path / "resumed", **EAGLE), on_step=crash)
+  resumed = train.run(distill_config(target, tmp_path / "resumed", **EAGLE))
+  assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole")
   want = load_file(os.path.join(whole["export_dir"], WEIGHTS_FILE))
   got = load_file(os.path.join(resumed["export_dir"], WEIGHTS_FILE))
   assert want.keys() == got.keys()
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
   # The newest checkpoint, read back as the report does, is the exported head.
-  _, head_config, head_params, vocab, step = train.latest_head(_config(target, tmp_path / "whole", **EAGLE))
+  _, head_config, head_params, vocab, step = train.latest_head(distill_config(target, tmp_path / "whole", **EAGLE))
   save_head(str(tmp_path / "latest"), head_config, head_params, vocab)
   latest = load_file(str(tmp_path / "latest" / WEIGHTS_FILE))
   assert step == 20 and vocab is None and latest.keys() == want.keys()
@@ -68,8 +69,8 @@ def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_pa
   """student.draft_vocab: the N tokens most frequent in the training rows (EOS included), kept in the work
   directory, exported with the head and read back by `latest_head`; a resume that would rank another
   vocabulary into the same work directory is refused."""
-  config = _config(target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4,
-                                        "student__draft_vocab": 24})
+  config = distill_config(target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4,
+                                               "student__draft_vocab": 24})
   summary = train.run(config)
   teacher = load_model(target)
   rows = train.data.pack(*_training_documents(config, teacher))
@@ -81,7 +82,7 @@ def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_pa
   np.testing.assert_array_equal(np.asarray(vocab.tokens_N), want_N)
   np.testing.assert_array_equal(np.asarray(vocab.weight_NxD), np.asarray(output_head(teacher.config, teacher.params))[want_N])
   assert np.array_equal(np.asarray(train.latest_head(config)[3].tokens_N), want_N)
-  evals = [r for r in _records(tmp_path) if r["split"] == "eval"]
+  evals = [r for r in read_records(tmp_path) if r["split"] == "eval"]
   assert all(0.0 < r["acceptance"] < 1.0 and np.isfinite(r["loss"]) for r in evals)
   config.student.draft_vocab, config.num_steps = 25, 8
   with pytest.raises(ConfigError, match="another restricted vocabulary"):
@@ -97,20 +98,20 @@ def _training_documents(config, teacher):
 
 
 def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path, compile_cache):
-  config = _config(target, tmp_path / "nan", **{**EAGLE, "optim__learning_rate": 1e30, "optim__warmup_steps": 0,
-                                                "checkpoint_every": 1})
+  config = distill_config(target, tmp_path / "nan", **{**EAGLE, "optim__learning_rate": 1e30, "optim__warmup_steps": 0,
+                                                       "checkpoint_every": 1})
   with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2"):
     train.run(config)
   with pytest.raises(ConfigError, match="'student' data mode"):
-    train.run(_config(target, tmp_path / "student", **{**EAGLE, "data__modes__student": 1.0}))
+    train.run(distill_config(target, tmp_path / "student", **{**EAGLE, "data__modes__student": 1.0}))
   with pytest.raises(ConfigError, match="feature_loss_weight"):
-    train.run(_config(target, tmp_path / "regression", **{**EAGLE, "student__feature_loss_weight": 1.0}))
+    train.run(distill_config(target, tmp_path / "regression", **{**EAGLE, "student__feature_loss_weight": 1.0}))
   with pytest.raises(ConfigError, match="config.student.draft_vocab"):
-    train.run(_config(target, tmp_path / "vocab", **{**EAGLE, "student__draft_vocab": 10 ** 6}))
+    train.run(distill_config(target, tmp_path / "vocab", **{**EAGLE, "student__draft_vocab": 10 ** 6}))
   with pytest.raises(ConfigError, match="config.student.draft_vocab .* 'eagle_head' only"):
-    train.run(_config(target, tmp_path / "vocab_draft", student__draft_vocab=16))
+    train.run(distill_config(target, tmp_path / "vocab_draft", student__draft_vocab=16))
   with pytest.raises(ValueError, match=r"after target layers \[5\]"):
-    train.run(_config(target, tmp_path / "layers", **{**EAGLE, "student__feature_layers": "0,5"}))
+    train.run(distill_config(target, tmp_path / "layers", **{**EAGLE, "student__feature_layers": "0,5"}))
 
 
 def test_the_smollm2_head_config_is_valid():

@@ -19,8 +19,8 @@ from specjax.models.hf import load_hf_dir
 from specjax.models.load import load_model
 from specjax.models.layout import stack_layers
 from specjax.models.transformer import init_params
-from tests.test_distill_tiny import save_tiny_target
-from tests.tiny_hf import FAMILIES, VOCAB, save_hf_model
+from tests.helpers.distill import save_tiny_target
+from tests.helpers.tiny_hf import FAMILIES, VOCAB, save_hf_model
 
 TOKENS = np.array([[5, 17, 3, 44, 9, 60, 2, 1], [90, 0, 33, 12, 7, 7, 8, 71]], np.int32)
 

@@ -1,4 +1,5 @@
-"""Distillation on a device mesh (8 simulated CPU devices, in a subprocess: `tests/distill_mesh_worker.py`).
+"""Distillation on a device mesh (8 simulated CPU devices, in a subprocess:
+`tests/helpers/distill_mesh_worker.py`).
 
 Three sharded steps (data=2,model=4; model=8; data=8) equal three one-device steps; gradient accumulation
 (2 and 4 micro-batches, uneven masks) equals one step over the whole batch; rematerialisation changes no
@@ -22,7 +23,7 @@ import functools
 
 import pytest
 
-from tests.multidevice import run_worker
+from tests.helpers.multidevice import run_worker
 
 PARAM_TOLERANCE = 1e-6  # SGD parameters after 3 steps (float32 sums reordered across devices)
 METRIC_RTOL = 1e-5  # losses and gradient norms of the SGD steps

@@ -16,59 +16,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import transformers
-from jax.experimental.compilation_cache import compilation_cache
 from safetensors.numpy import load_file
 
-from configs import distill_tiny
 from specjax.distill import checkpoint, train
 from specjax.models.load import load_model
-from tests.test_distill_tiny import save_tiny_target, tiny_tokenizer
-
-_CACHE_OPTIONS = {"jax_compilation_cache_dir": None, "jax_persistent_cache_min_compile_time_secs": 0.0,
-                  "jax_persistent_cache_min_entry_size_bytes": 0}
-
-
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-  directory = str(tmp_path_factory.mktemp("jax_cache"))
-  saved = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
-  for name, value in {**_CACHE_OPTIONS, "jax_compilation_cache_dir": directory}.items():
-    jax.config.update(name, value)
-  yield directory
-  for name, value in saved.items():
-    jax.config.update(name, value)
-  # Once used, the cache stays on for the process until reset: later modules' programs would be written
-  # to it too (and serializing some of them aborted the process).
-  compilation_cache.reset_cache()
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-  return save_tiny_target(str(tmp_path_factory.mktemp("target")))
-
-
-def _config(target, directory, **changes):
-  """The tiny config for `target` working in `directory`, with `changes` (nested fields joined by "__")."""
-  config = distill_tiny.get_config()
-  config.target, config.workdir = target, str(directory)
-  for path, value in changes.items():
-    *parents, leaf = path.split("__")
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
-  return config
-
-
-def _records(workdir):
-  """metrics.jsonl without its one nondeterministic field (throughput)."""
-  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
-    return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in f]
+from tests.helpers.distill import Crash, distill_config, read_records, tiny_tokenizer
+from tests.helpers.distill import compile_cache, target  # noqa: F401 (fixtures)
 
 
 def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path, compile_cache):
-  summary = train.run(_config(target, tmp_path))
-  records = _records(tmp_path)
+  summary = train.run(distill_config(target, tmp_path))
+  records = read_records(tmp_path)
   losses = [r["loss"] for r in records if r["split"] == "train"]
   assert len(losses) == 40 and [r["step"] for r in records if r["split"] == "eval"] == [0, 20, 40]
   assert np.mean(losses[-10:]) < 0.75 * np.mean(losses[:10])
@@ -83,10 +41,6 @@ def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path, compile_cache
              for r in raw if r["split"] == "train")
   draft = load_model(summary["export_dir"])
   assert draft.config.n_layers == 1 and draft.config.vocab_size == load_model(target).config.vocab_size
-
-
-class _Crash(Exception):
-  pass
 
 
 def _tensorboard_scalars(workdir, split):
@@ -132,28 +86,28 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
   uninterrupted run; the resumed run's TensorBoard scalars show exactly its metrics.jsonl (what the
   killed run logged after its checkpoint is purged)."""
   changes = dict(data__modes__student=1.0, tensorboard=True)  # the tiny config checkpoints every 10 steps
-  whole = train.run(_config(target, tmp_path / "whole", **changes))
+  whole = train.run(distill_config(target, tmp_path / "whole", **changes))
 
   def crash(step, metrics):
     if step == 15:
-      raise _Crash()
+      raise Crash()
 
-  with pytest.raises(_Crash):
-    train.run(_config(target, tmp_path / "resumed", **changes), on_step=crash)
+  with pytest.raises(Crash):
+    train.run(distill_config(target, tmp_path / "resumed", **changes), on_step=crash)
   assert sorted(os.listdir(tmp_path / "resumed" / train.CHECKPOINT_DIR)) == ["10"]
-  assert max(r["step"] for r in _records(tmp_path / "resumed")) == 15
-  resumed = train.run(_config(target, tmp_path / "resumed", **changes))
+  assert max(r["step"] for r in read_records(tmp_path / "resumed")) == 15
+  resumed = train.run(distill_config(target, tmp_path / "resumed", **changes))
 
-  modes = {r["mode"] for r in _records(tmp_path / "whole") if r["split"] == "train"}
+  modes = {r["mode"] for r in read_records(tmp_path / "whole") if r["split"] == "train"}
   assert modes == {"fixed", "student"}
-  assert _records(tmp_path / "resumed") == _records(tmp_path / "whole")
+  assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole")
   assert resumed["after"] == whole["after"]
   want = load_file(os.path.join(whole["export_dir"], "model.safetensors"))
   got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))
   assert want.keys() == got.keys()
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-  _, draft, step = train.latest_student(_config(target, tmp_path / "resumed", **changes))
+  _, draft, step = train.latest_student(distill_config(target, tmp_path / "resumed", **changes))
   assert step == 40
   for split, purge_from in (("train", 11), ("eval", 10)):  # metrics.jsonl's cut after resuming at step 10
     shown, purges = _tensorboard_scalars(tmp_path / "resumed", split)
@@ -169,17 +123,17 @@ def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(tar
   to the uninterrupted run's metrics and export; its checkpoints hold float32 params and moments, and the
   export is the master rounded to bfloat16 (the draft that was evaluated)."""
   changes = dict(dtype="bfloat16", num_steps=6, checkpoint_every=2, eval_every=6, data__modes__student=0.5)
-  whole = train.run(_config(target, tmp_path / "whole", **changes))
+  whole = train.run(distill_config(target, tmp_path / "whole", **changes))
 
   def crash(step, metrics):
     if step == 3:
-      raise _Crash()
+      raise Crash()
 
-  with pytest.raises(_Crash):
-    train.run(_config(target, tmp_path / "resumed", **changes), on_step=crash)
-  resumed = train.run(_config(target, tmp_path / "resumed", **changes))
-  assert _records(tmp_path / "resumed") == _records(tmp_path / "whole")
-  assert {r["mode"] for r in _records(tmp_path / "whole") if r["split"] == "train"} == {"fixed", "student"}
+  with pytest.raises(Crash):
+    train.run(distill_config(target, tmp_path / "resumed", **changes), on_step=crash)
+  resumed = train.run(distill_config(target, tmp_path / "resumed", **changes))
+  assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole")
+  assert {r["mode"] for r in read_records(tmp_path / "whole") if r["split"] == "train"} == {"fixed", "student"}
   want = load_file(os.path.join(whole["export_dir"], "model.safetensors"))
   got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))
   assert want.keys() == got.keys()
@@ -193,14 +147,14 @@ def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(tar
     saved.close()
   assert {r["dtype"] for name, r in sums.items() if name.startswith((".params", ".opt_state"))
           and r["shape"]} == {"float32"}
-  _, draft, step = train.latest_student(_config(target, tmp_path / "resumed", **changes))
+  _, draft, step = train.latest_student(distill_config(target, tmp_path / "resumed", **changes))
   assert step == 6 and draft.config.dtype == "bfloat16"
   np.testing.assert_array_equal(np.asarray(draft.params["embed"]["embedding"], np.float32),
                                 want["model.embed_tokens.weight"])
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(target, tmp_path, compile_cache):
-  config = _config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
+  config = distill_config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
   with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2; .*last good checkpoint is step 1"):
     train.run(config)
   assert os.listdir(tmp_path / train.CHECKPOINT_DIR) == ["1"]
@@ -231,7 +185,7 @@ def test_bad_configs_give_clear_errors(case, target, tmp_path):
   (tmp_path / "a_file").write_text("")  # a workdir below a file cannot be created (even by root)
   changes, error, message = _BAD_CONFIGS[case]
   with pytest.raises(error, match=message):
-    train.run(_config(target, tmp_path / "work", **changes(tmp_path)))
+    train.run(distill_config(target, tmp_path / "work", **changes(tmp_path)))
 
 
 def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
@@ -264,7 +218,7 @@ def test_smollm2_report_prepares_both_drafts_and_the_prompts(target, tmp_path, c
   (truncated) draft, drafts/step<N> the checkpoint's, both loadable; prompts come from held-out files."""
   from experiments.distill_smollm2 import report
 
-  config = _config(target, tmp_path, num_steps=10)
+  config = distill_config(target, tmp_path, num_steps=10)
   summary = train.run(config)
   paths = report.prepare(config, num_prompts=3, prompt_tokens=8)
   assert paths["checkpoint_step"] == 10

@@ -15,7 +15,7 @@ from specjax.models.transformer import forward, forward_hidden, init_params
 from specjax.sampling import probabilities, sampling_params
 from specjax.draft_vocab import corpus_token_counts, most_frequent, token_counts
 from specjax.speculative.draft_head import restrict_head
-from tests.tiny_hf import save_char_tokenizer
+from tests.helpers.tiny_hf import save_char_tokenizer
 
 
 @pytest.mark.parametrize("tied, arch, final_softcap", [(False, "llama", 0.0), (True, "llama", 0.0),

@@ -15,10 +15,10 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, prefill
 from specjax.speculative import tree as tree_lib
 from specjax.speculative.dynamic_tree import DynamicSpec, DynamicTree, draft_dynamic_tree
-from tests.test_speculative import BUDGETS, DRAFTS, GREEDY, PROMPTS, SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET, \
-    _speculative, _target_greedy
-from tests.test_tree_exactness import ALPHA, REJECTED, ROWS, SAMPLED, _no_update_rule, _pvalue
-from tests.test_tree_speculative import TREES, _tree_speculative
+from tests.helpers.engine import (BUDGETS, DRAFTS, GREEDY, PROMPTS, SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET,
+                                  run_speculative, target_greedy)
+from tests.helpers.trees import (ALPHA, REJECTED, ROWS, SAMPLED, STEPS, TREES, no_update_rule, run_tree_speculative,
+                                 sampled_pvalue)
 
 SPEC = DynamicSpec(nodes=6, depth=3, expand=2)  # 2 + 2 * 4 = 10 candidates, 6 kept
 
@@ -87,8 +87,8 @@ def test_drafted_tree_is_eagle2s_selection_from_plain_forwards():
 
 @pytest.mark.parametrize("draft_name", ["same", "perturbed", "independent"])
 def test_greedy_dynamic_tree_decoding_equals_target_greedy(draft_name):
-  out = _tree_speculative(DRAFTS[draft_name], SPEC)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  out = run_tree_speculative(DRAFTS[draft_name], SPEC)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
   np.testing.assert_array_equal(out.counts, BUDGETS)
   if draft_name == "same":  # the root's argmax has the best score of all candidates: always kept, accepted
     total = metrics.summarize(out.acceptance)["total"]
@@ -98,8 +98,8 @@ def test_greedy_dynamic_tree_decoding_equals_target_greedy(draft_name):
 def test_one_child_dynamic_tree_is_the_plain_chain():
   """dynamic(K, K, 1) is a chain of the draft's argmaxes: the same tokens and acceptance as K, which
   also checks the lagging token and the slot compaction round after round."""
-  as_tree = _tree_speculative(DRAFTS["perturbed"], DynamicSpec(3, 3, 1))
-  plain = _speculative(DRAFTS["perturbed"], k=3)
+  as_tree = run_tree_speculative(DRAFTS["perturbed"], DynamicSpec(3, 3, 1))
+  plain = run_speculative(DRAFTS["perturbed"], k=3)
   np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
@@ -107,10 +107,10 @@ def test_one_child_dynamic_tree_is_the_plain_chain():
 
 @functools.cache
 def _first_tokens(tree_rule=None):
-  from tests.test_tree_exactness import STEPS
   kwargs = {} if tree_rule is None else {"tree_rule": tree_rule}
-  out = _tree_speculative(SMALL_DRAFT, DynamicSpec(3, 2, 2), target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS,
-                          budgets=STEPS, sampling=SAMPLED, cache_len=16, out_width=STEPS, **kwargs)
+  out = run_tree_speculative(SMALL_DRAFT, DynamicSpec(3, 2, 2), target=SMALL_TARGET,
+                             prompts=[SAMPLE_PROMPT] * ROWS, budgets=STEPS, sampling=SAMPLED, cache_len=16,
+                             out_width=STEPS, **kwargs)
   vocab = SMALL_TARGET[0].vocab_size
   return np.bincount(np.ravel_multi_index(np.asarray(out.tokens).T, [vocab] * STEPS),
                      minlength=vocab ** STEPS), out
@@ -121,5 +121,5 @@ def test_sampled_dynamic_tree_decoding_follows_the_exact_target_distribution():
   rejected children fails."""
   counts, out = _first_tokens()
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
-  assert _pvalue(counts) > ALPHA
-  assert _pvalue(_first_tokens(_no_update_rule)[0]) < REJECTED
+  assert sampled_pvalue(counts) > ALPHA
+  assert sampled_pvalue(_first_tokens(no_update_rule)[0]) < REJECTED

@@ -15,45 +15,21 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
 from specjax.models.transformer import Norm, forward_features, forward_hidden, prefill_features
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify
+from specjax.speculative import verify
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative import tree as tree_lib
 from specjax.speculative.dynamic_tree import DynamicSpec
-from specjax.speculative.eagle import (EagleDrafter, eagle3_layers, head_config, head_forward, head_logits,
-                                       init_head_params)
-from tests.test_layer_skip import SMALL_TARGET, TARGET, _target_greedy_3
-from tests.test_speculative import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                    SAMPLE_STEPS, _accept_all, first_tokens_pvalue)
-from tests.test_tree_exactness import _no_update_rule
-
-
-def _head(target_config, feature_layers, seed=3, final_scale=1.0):
-  """A random head (numpy draws, std 0.3 on matrices, norms 1) for `target_config`; its final norm's
-  scale `final_scale` (small: flat drafts, which a sampled target accepts more often)."""
-  config = head_config(target_config, feature_layers)
-  rng = np.random.default_rng(seed)
-  init = lambda path, leaf: jnp.asarray(
-      rng.normal(0.0, 0.3, leaf.shape) if leaf.ndim == 2 else
-      np.full(leaf.shape, final_scale if path[0].key == "final_norm" else 1.0), jnp.float32)
-  shapes = jax.eval_shape(lambda: init_head_params(config, jax.random.key(0)))
-  return config, jax.tree_util.tree_map_with_path(init, shapes)
+from specjax.speculative.eagle import EagleDrafter, eagle3_layers, head_forward, head_logits
+from tests.helpers.eagle import eagle_head, run_eagle
+from tests.helpers.engine import (CACHE_LEN, GREEDY, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, accept_all,
+                                  first_tokens_pvalue)
+from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
+from tests.helpers.trees import no_update_rule
 
 
 def _drafter(target, feature_layers, vocab=None, seed=3, final_scale=1.0, tree=None, children="iid"):
-  config, params = _head(target[0], feature_layers, seed, final_scale)
+  config, params = eagle_head(target[0], feature_layers, seed, final_scale)
   return EagleDrafter(config, params, target[0], target[1], vocab, tree=tree, tree_children=children)
-
-
-def _run(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GREEDY, seed=0, rule=verify,
-         out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS, **kwargs):
-  config, params = target
-  drafter.check(config)
-  padded, lengths = pad_prompts(prompts)
-  storage = drafter.storage(len(prompts), cache_len)
-  drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
-  return speculative_generate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                              storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
-                              out_width=out_width, rule=rule, **kwargs)
 
 
 def test_features_are_the_residual_streams_after_the_named_blocks():
@@ -90,8 +66,8 @@ def test_features_are_the_residual_streams_after_the_named_blocks():
 @pytest.mark.parametrize("k", [1, 8])
 @pytest.mark.parametrize("feature_layers", [(0, 1, 2), ()])
 def test_greedy_equals_target_greedy(feature_layers, k):
-  out = _run(TARGET, _drafter(TARGET, feature_layers), k)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  out = run_eagle(TARGET, _drafter(TARGET, feature_layers), k)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   total = metrics.summarize(out.acceptance)["total"]
   assert total["proposed"] > 0 and total["accepted"] < total["proposed"]
   assert int(out.draft_calls) == k * int(jnp.max(out.acceptance.rounds))
@@ -103,8 +79,8 @@ def test_the_head_history_is_the_targets_features(feature_layers):
   prefilled from scratch with the target's features of each row's committed tokens."""
   drafter = _drafter(SMALL_TARGET, feature_layers, seed=4, final_scale=0.05)
   prompts = [[3, 1, 4], [1, 5, 2, 6, 5, 3], [7]]
-  out = _run(SMALL_TARGET, drafter, 4, prompts=prompts, budgets=[9, 14, 11], sampling=sampling_params(1.0),
-             cache_len=32)
+  out = run_eagle(SMALL_TARGET, drafter, 4, prompts=prompts, budgets=[9, 14, 11], sampling=sampling_params(1.0),
+                  cache_len=32)
   assert metrics.summarize(out.acceptance)["total"]["accepted"] >= 4
   lengths_B = np.asarray(out.target_cache.lengths)
   history = [(p + t)[:n] for p, t, n in zip(prompts, as_token_lists(out.tokens, out.counts), lengths_B)]
@@ -121,19 +97,19 @@ def test_the_head_history_is_the_targets_features(feature_layers):
 def test_greedy_with_a_restricted_vocabulary_equals_target_greedy():
   config, params = TARGET
   vocab = restrict_head(config, params, range(0, config.vocab_size, 2))
-  out = _run(TARGET, _drafter(TARGET, (0, 2), vocab), 4)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  out = run_eagle(TARGET, _drafter(TARGET, (0, 2), vocab), 4)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert np.all(np.asarray(out.tokens)[:, 1:] >= 0)
 
 
-@pytest.mark.parametrize("rule, passes", [(verify, True), (_accept_all, False)])
+@pytest.mark.parametrize("rule, passes", [(verify, True), (accept_all, False)])
 def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
   """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 30,000 rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12)."""
   sampling, rows = sampling_params(0.7, top_k=5), 30_000
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05)  # first-token acceptance ~0.36
-  out = _run(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
-             seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
+  out = run_eagle(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
+                  seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
   pvalue = first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, out.tokens)
   if passes:
     total = metrics.summarize(out.acceptance)["total"]
@@ -150,9 +126,9 @@ def test_greedy_tree_drafting_equals_target_greedy(feature_layers):
   """A tree drafted by the head (its nodes reading their parents' head outputs) keeps greedy output
   exact, and a head whose chain proposals are accepted sometimes has its tree accepted at least as
   often per round."""
-  tree_out = _run(TARGET, _drafter(TARGET, feature_layers, tree=EAGLE_TREE), EAGLE_TREE.max_depth)
-  assert as_token_lists(tree_out.tokens, tree_out.counts) == _target_greedy_3()
-  chain_out = _run(TARGET, _drafter(TARGET, feature_layers), EAGLE_TREE.max_depth)
+  tree_out = run_eagle(TARGET, _drafter(TARGET, feature_layers, tree=EAGLE_TREE), EAGLE_TREE.max_depth)
+  assert as_token_lists(tree_out.tokens, tree_out.counts) == target_greedy_3()
+  chain_out = run_eagle(TARGET, _drafter(TARGET, feature_layers), EAGLE_TREE.max_depth)
   tree_total, chain_total = (metrics.summarize(o.acceptance)["total"] for o in (tree_out, chain_out))
   assert tree_total["accepted"] > 0 and tree_total["mean_accepted_length"] >= chain_total["mean_accepted_length"]
 
@@ -160,8 +136,8 @@ def test_greedy_tree_drafting_equals_target_greedy(feature_layers):
 def test_a_chain_shaped_tree_drafts_what_the_chain_drafts():
   """The tree passes (level masks, positions, parents' outputs as features) equal the chain's scan."""
   chain = tree_lib.chain(3)
-  as_tree = _run(TARGET, _drafter(TARGET, (0, 1, 2), tree=chain), 3)
-  plain = _run(TARGET, _drafter(TARGET, (0, 1, 2)), 3)
+  as_tree = run_eagle(TARGET, _drafter(TARGET, (0, 1, 2), tree=chain), 3)
+  plain = run_eagle(TARGET, _drafter(TARGET, (0, 1, 2)), 3)
   np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
@@ -172,8 +148,8 @@ EAGLE_DYNAMIC = DynamicSpec(nodes=6, depth=3, expand=2)  # 2 + 2 x 4 = 10 candid
 
 def test_greedy_dynamic_tree_drafting_equals_target_greedy():
   """Dynamic trees grown by the head keep greedy output exact on ragged rows; the head accepts some."""
-  out = _run(TARGET, _drafter(TARGET, (0, 1, 2), tree=EAGLE_DYNAMIC), EAGLE_DYNAMIC.depth)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  out = run_eagle(TARGET, _drafter(TARGET, (0, 1, 2), tree=EAGLE_DYNAMIC), EAGLE_DYNAMIC.depth)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   total = metrics.summarize(out.acceptance)["total"]
   assert total["accepted"] > 0 and int(out.draft_calls) == EAGLE_DYNAMIC.depth * int(jnp.max(out.acceptance.rounds))
 
@@ -181,8 +157,8 @@ def test_greedy_dynamic_tree_drafting_equals_target_greedy():
 def test_a_one_child_dynamic_tree_drafts_what_the_chain_drafts():
   """dynamic(K, K, 1): the root pass and K - 1 one-node frontier chunks (parents' outputs as features)
   equal the chain's K head steps, round after round."""
-  as_tree = _run(TARGET, _drafter(TARGET, (0, 1, 2), tree=DynamicSpec(3, 3, 1)), 3)
-  plain = _run(TARGET, _drafter(TARGET, (0, 1, 2)), 3)
+  as_tree = run_eagle(TARGET, _drafter(TARGET, (0, 1, 2), tree=DynamicSpec(3, 3, 1)), 3)
+  plain = run_eagle(TARGET, _drafter(TARGET, (0, 1, 2)), 3)
   np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
@@ -255,13 +231,13 @@ def test_sampled_tree_drafting_follows_the_exact_target_distribution():
   sampling, rows = sampling_params(0.7, top_k=5), 30_000
   tree = tree_lib.from_branching((2, 1))
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05, tree=tree, children="without_replacement")
-  run = lambda **kwargs: _run(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS,
-                              sampling=sampling, seed=1, out_width=SAMPLE_STEPS,
-                              cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 4, **kwargs)
+  run = lambda **kwargs: run_eagle(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS,
+                                   sampling=sampling, seed=1, out_width=SAMPLE_STEPS,
+                                   cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 4, **kwargs)
   out = run()
   assert metrics.summarize(out.acceptance)["total"]["accepted"] > rows // 10
   assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, out.tokens) > 1e-3
-  broken = run(tree_rule=_no_update_rule)
+  broken = run(tree_rule=no_update_rule)
   assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, broken.tokens) < 1e-6
 
 
@@ -271,7 +247,7 @@ def test_heads_that_do_not_fit_the_target_fail_early():
     _drafter(TARGET, (1, 3)).check(config)
   other_width = config.replace(d_model=48, head_dim=12, d_ff=96)
   with pytest.raises(ValueError, match="48 wide, the target's d_model is 32"):
-    EagleDrafter(*_head(other_width, (0, 1)), config, params).check(config)
+    EagleDrafter(*eagle_head(other_width, (0, 1)), config, params).check(config)
   with pytest.raises(ValueError, match="ascending and distinct"):
     _drafter(TARGET, (2, 0)).check(config)
   with pytest.raises(ValueError, match="at least 4 layers"):

@@ -20,9 +20,9 @@ from specjax.models.load import load_model
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.eagle import fuse, head_forward, head_logits
 from specjax.speculative.eagle_io import load_head, save_head
-from tests.test_eagle import _head
-from tests.test_layer_skip import TARGET
-from tests.tiny_hf import save_char_tokenizer, save_hf_model
+from tests.helpers.eagle import eagle_head
+from tests.helpers.layer_skip import TARGET
+from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
 
 
 def _leaves(params):
@@ -31,7 +31,7 @@ def _leaves(params):
 
 @pytest.mark.parametrize("feature_layers, restricted", [((0, 1, 2), True), ((), False)])
 def test_specjax_layout_round_trips(tmp_path, feature_layers, restricted):
-  config, params = _head(TARGET[0], feature_layers)
+  config, params = eagle_head(TARGET[0], feature_layers)
   vocab = restrict_head(*TARGET, [1, 4, 9, 30]) if restricted else None
   save_head(str(tmp_path), config, params, vocab)
   loaded_config, loaded_params, loaded_vocab = load_head(str(tmp_path), TARGET[0])
@@ -48,7 +48,7 @@ def test_specjax_layout_round_trips(tmp_path, feature_layers, restricted):
 
 
 def test_heads_for_another_target_fail_to_load(tmp_path):
-  config, params = _head(TARGET[0], (0, 1, 2))
+  config, params = eagle_head(TARGET[0], (0, 1, 2))
   save_head(str(tmp_path), config, params)
   with pytest.raises(ValueError, match=r"after target layers \[2\].*has 2 layers"):
     load_head(str(tmp_path), TARGET[0].replace(n_layers=2))
@@ -139,7 +139,7 @@ def test_eagle_drafter_keeps_greedy_output_through_the_pipeline(tmp_path):
   target_dir, head_dir = str(tmp_path / "target"), str(tmp_path / "head")
   save_hf_model("qwen2", target_dir, seed=0)
   save_char_tokenizer(target_dir)
-  save_head(head_dir, *_head(load_model(target_dir).config, (0, 1)))
+  save_head(head_dir, *eagle_head(load_model(target_dir).config, (0, 1)))
   cfg = tiny.get_config()
   cfg.update(target=target_dir, draft=head_dir, drafter="eagle", k=3)
   spec = pipeline.run(cfg, log=lambda m: None)
@@ -148,7 +148,7 @@ def test_eagle_drafter_keeps_greedy_output_through_the_pipeline(tmp_path):
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert spec["stats"]["draft_calls"] > 0 and spec["stats"]["eagle_feature_layers"] == [0, 1]
   target = load_model(target_dir)
-  save_head(head_dir, *_head(target.config, (0, 1)), restrict_head(target.config, target.params, range(0, 40, 2)))
+  save_head(head_dir, *eagle_head(target.config, (0, 1)), restrict_head(target.config, target.params, range(0, 40, 2)))
   cfg.update(mode="speculative", draft=head_dir, draft_vocab=8)  # the head's own 20 tokens win, or it fails
   with pytest.raises(ConfigError, match="config.draft_vocab 8: the head .* own restricted vocabulary of 20"):
     pipeline.run(cfg, log=lambda m: None)

@@ -40,18 +40,21 @@ import functools
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import sampling as sampling_module
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import probabilities, sample, sampling_params
 from specjax.speculative import ModelDrafter, residual, speculative_generate, verify
-from tests.test_acceptance import chi_square_pvalue
-from tests.test_speculative import _exact_distribution, _model, _perturbed
+from specjax.speculative import loop as loop_module
+from tests.helpers.engine import exact_distribution, perturbed, tiny_model
+from tests.helpers.stats import chi_square_pvalue
 
-TARGET = _model(10, vocab=8, n_layers=2, scale=0.5)
-DRAFT = _perturbed(TARGET, 0.05, seed=11)  # first-token acceptance 0.47 (T = 0.7) to 0.60 (T = 1.5)
+TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
+DRAFT = perturbed(TARGET, 0.05, seed=11)  # first-token acceptance 0.47 (T = 0.7) to 0.60 (T = 1.5)
 PROMPT = [3, 1, 4]
 ROWS = 30_000
 ALPHA = 1e-3  # level of every chi-square test of the correct engine
@@ -92,7 +95,7 @@ def _correct(name, k):
 @functools.cache
 def _exact(name, steps):
   """The target's exact distribution of the first `steps` tokens, flattened to [V ** steps]."""
-  return _exact_distribution(*TARGET, PROMPT, SAMPLINGS[name], steps).ravel()
+  return exact_distribution(*TARGET, PROMPT, SAMPLINGS[name], steps).ravel()
 
 
 def _pvalue(tokens_NxS, name):
@@ -203,3 +206,35 @@ def test_early_stopped_drafts_keep_the_exact_distribution(name):
   short = 1.0 - acceptance.proposed.sum() / (k * acceptance.rounds.sum())
   assert 0.1 < short < 0.9  # a real mix of short and full proposals
   assert _pvalue(tokens_NxS, name) > ALPHA
+
+
+def _top_k_keeps_one_fewer(probabilities_fn):
+  """A broken sampler: top-k keeps k - 1 tokens (the k-th largest is dropped)."""
+  def broken(logits_xV, params):
+    return probabilities_fn(logits_xV, params.replace(top_k=params.top_k - 1) if params.use_top_k else params)
+  return broken
+
+
+SAMPLER_BUGS = {"top_k_keeps_k_minus_1": ("t0.7_top_k3", _top_k_keeps_one_fewer)}  # one engine compile each
+
+
+@pytest.mark.parametrize("bug", sorted(SAMPLER_BUGS))
+def test_a_broken_sampler_fails_against_the_independent_reference(monkeypatch, bug):
+  """`sampling.probabilities` broken (top-k keeping k - 1 tokens) everywhere the engine reads it
+  (`sampling` itself, behind the drafter's sampler and the first token, and the loop's verify pass).
+  The exact reference (`exact_distribution`: numpy float64 probabilities, `tests.helpers.reference`)
+  does not move with it: the mutated engine fails with p < 1e-6 (K = 1, N = 30,000, first 3 tokens,
+  T = 0.7, top-k 3), while the correct one passes at level 1e-3 (`test_sampled_tokens_and_bonus_...`).
+  A reference built on the library's own `probabilities` moved with the mutant and passed it."""
+  name, make_bug = SAMPLER_BUGS[bug]
+  broken = make_bug(sampling_module.probabilities)
+  traced = []
+  def traced_broken(logits_xV, params):
+    traced.append(logits_xV.shape)
+    return broken(logits_xV, params)
+  monkeypatch.setattr(sampling_module, "probabilities", traced_broken)
+  monkeypatch.setattr(loop_module, "probabilities", traced_broken)
+  mutated_NxS, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
+  monkeypatch.undo()
+  assert traced  # the broken sampler was traced into the program that ran
+  assert _pvalue(mutated_NxS, name) < REJECTED

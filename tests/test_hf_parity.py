@@ -1,6 +1,6 @@
 """Logits of HF checkpoints loaded by specjax equal `transformers` (float32, max abs err <= 1e-4), and
-greedy continuations equal `transformers.generate`, for every family of `tests.tiny_hf` (prompts past
-the sliding windows and the RoPE scalings' original contexts)."""
+greedy continuations equal `transformers.generate`, for every family of `tests.helpers.tiny_hf`
+(prompts past the sliding windows and the RoPE scalings' original contexts)."""
 
 import json
 
@@ -18,7 +18,7 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.layout import stack_layers
 from specjax.models.transformer import forward
 from specjax.sampling import sampling_params
-from tests.tiny_hf import FAMILIES, VOCAB, save_hf_model
+from tests.helpers.tiny_hf import FAMILIES, VOCAB, save_hf_model
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -17,8 +17,8 @@ from huggingface_hub import constants
 
 from specjax.models import hub
 from specjax.models.load import load_model
-from tests.test_decode_cli import _cli
-from tests.tiny_hf import save_char_tokenizer, save_hf_model
+from tests.helpers.cli import run_cli
+from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
 
 MAIN, OTHER = "a" * 40, "b" * 40  # commit hashes of the two snapshots (seeds 0 and 2)
 SEEDS = {MAIN: 0, OTHER: 2}
@@ -125,8 +125,8 @@ def test_cli_resolves_hub_names_through_hf_home_offline(hf_home):
   draft named on the hub decode; an absent one ends with one `error:` line, exit status 1."""
   env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": None}  # the cache is $HF_HOME/hub
   base = ["--config=configs/tiny.py", "--config.max_new_tokens=4", "--config.k=2"]
-  ok = _cli(base + ["--config.target=org/tiny", "--config.draft=org/tiny@v1"], env=env)
-  absent = _cli(base + ["--config.target=org/absent", "--config.draft=org/tiny"], env=env)
+  ok = run_cli(base + ["--config.target=org/tiny", "--config.draft=org/tiny@v1"], env=env)
+  absent = run_cli(base + ["--config.target=org/absent", "--config.draft=org/tiny"], env=env)
   stdout, stderr = ok.communicate()
   assert ok.returncode == 0, stderr[-3000:]
   assert "acceptance rate" in stdout

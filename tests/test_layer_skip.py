@@ -7,25 +7,15 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import autoregressive, metrics
+from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
-from tests.test_speculative import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                    SAMPLE_STEPS, _accept_all, _model,
-                                    first_tokens_pvalue)
-
-TARGET = _model(0, n_layers=3)
-
-
-def _target_greedy_3(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
-  config, params = TARGET
-  padded, lengths = pad_prompts(prompts)
-  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, len(prompts), CACHE_LEN),
-                                budgets, eos_ids, GREEDY, jax.random.key(0), out_width=OUT_WIDTH)
-  return as_token_lists(out.tokens, out.counts)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+                                  SAMPLE_STEPS, accept_all, first_tokens_pvalue, tiny_model)
+from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
 
 
 def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sampling=GREEDY, seed=0,
@@ -42,7 +32,7 @@ def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sa
 @pytest.mark.parametrize("layers", [(0,), (0, 2), (0, 1, 2)])
 def test_greedy_equals_target_greedy(layers, k):
   out = _run(TARGET, layers, k)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3()
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   total = metrics.summarize(out.acceptance)["total"]
   if layers == (0, 1, 2):  # the draft is the target: everything accepted
     assert total["accepted"] == total["proposed"] > 0
@@ -51,17 +41,14 @@ def test_greedy_equals_target_greedy(layers, k):
 
 
 def test_eos_inside_an_accepted_block():
-  free = _target_greedy_3()[0]
+  free = target_greedy_3()[0]
   eos = [free[5]]
   out = _run(TARGET, (0, 1, 2), 8, eos_ids=eos)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy_3(eos_ids=eos)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3(eos_ids=eos)
   assert as_token_lists(out.tokens, out.counts)[0] == free[:free.index(eos[0]) + 1]
 
 
-SMALL_TARGET = _model(10, vocab=8, n_layers=3, scale=0.5)
-
-
-@pytest.mark.parametrize("rule, passes", [(verify, True), (_accept_all, False)])
+@pytest.mark.parametrize("rule, passes", [(verify, True), (accept_all, False)])
 def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
   """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 30,000 rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12). The 1-layer draft is accepted in part: both branches of the rule matter."""
@@ -89,6 +76,6 @@ def test_bad_layer_sets_fail(spec, message):
 
 
 def test_drafter_must_be_the_targets_own_layers():
-  other = _model(1, n_layers=3, d_model=16)
+  other = tiny_model(1, n_layers=3, d_model=16)
   with pytest.raises(ValueError, match="config must be the target's"):
     LayerSkipDrafter(other[0], other[1], (0,)).check(TARGET[0])

@@ -16,12 +16,12 @@ from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate
 from specjax.speculative.layer_skip import LayerSkipDrafter
 from specjax.speculative.model_drafter import ModelDrafter
-from tests.test_speculative import _model
+from tests.helpers.engine import tiny_model
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]
 GREEDY = sampling_params(0.0)
-TARGET = _model(0, n_layers=4)
-DRAFT = _model(5, n_layers=2)
+TARGET = tiny_model(0, n_layers=4)
+DRAFT = tiny_model(5, n_layers=2)
 
 
 def _stacked(model):

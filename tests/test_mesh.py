@@ -1,4 +1,4 @@
-"""Decoding on a device mesh (8 simulated CPU devices, in a subprocess: `tests/mesh_worker.py`).
+"""Decoding on a device mesh (8 simulated CPU devices, in a subprocess: `tests/helpers/mesh_worker.py`).
 
 Tokens on meshes (1,8), (2,4) and (8,1) equal the single-device tokens (greedy, speculative and
 autoregressive; sampled with a fixed seed on (2,4), and across two processes); every weight is split as the rules say and a device holds about
@@ -18,10 +18,11 @@ import sys
 import pytest
 
 from specjax import mesh as meshes
-from tests.multidevice import run_worker
-from tests.test_decode_cli import _cli, _config, model_dirs  # noqa: F401 (model_dirs: the fixture)
+from tests.helpers.cli import cli_config, run_cli
+from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
+from tests.helpers.multidevice import run_worker
 
-WORKER = os.path.join(os.path.dirname(__file__), "mesh_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "helpers", "mesh_worker.py")
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,8 +51,8 @@ def test_two_processes_on_one_global_mesh_give_the_single_device_tokens():
   with socket.socket() as probe:
     probe.bind(("localhost", 0))
     port = probe.getsockname()[1]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(SPECJAX_TEST_DEVICES="4", JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2")
+  env = dict(os.environ, SPECJAX_TEST_DEVICES="4", JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+             JAX_NUM_PROCESSES="2")
   running = [subprocess.Popen([sys.executable, WORKER, "processes"], env={**env, "JAX_PROCESS_ID": str(i)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   outputs = [process.communicate(timeout=600) for process in running]
@@ -167,11 +168,11 @@ def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_device
 
   base = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
           "--config.mesh=data=2,model=4"]
-  devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  devices = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
   output = str(tmp_path / "mesh.json")
-  ok = _cli(base + ["--config.mesh_indivisible=replicate", f"--config.output={output}"], env=devices)
-  refused = _cli(base, env=devices)
-  rows = _cli(base[:-1] + ["--config.mesh=data=8", "--config.batch_size=2"], env=devices)
+  ok = run_cli(base + ["--config.mesh_indivisible=replicate", f"--config.output={output}"], env=devices)
+  refused = run_cli(base, env=devices)
+  rows = run_cli(base[:-1] + ["--config.mesh=data=8", "--config.batch_size=2"], env=devices)
   _, refused_err = refused.communicate(timeout=600)
   _, rows_err = rows.communicate(timeout=600)
   assert rows.returncode == 2 and rows_err.strip().splitlines() == [
@@ -184,7 +185,7 @@ def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_device
       "that divide them: [1]); choose another mesh, or keep them whole on every device (config.mesh_indivisible="
       "'replicate'; for a draft model also config.draft_sharding='replicated')"]
   on_mesh = json.load(open(output))
-  alone = pipeline.run(_config(model_dirs), log=lambda message: None)
+  alone = pipeline.run(cli_config(model_dirs), log=lambda message: None)
   assert [o["token_ids"] for o in on_mesh["outputs"]] == [o["token_ids"] for o in alone["outputs"]]
   environment = on_mesh["environment"]
   assert environment["mesh"] == {"data": 2, "model": 4} and environment["device_count"] == 8

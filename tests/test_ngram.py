@@ -7,7 +7,7 @@ ngram_min = ngram_max = 1 and ngram_min = 2) and on random contexts over a 3-tok
 equal to `_reference_proposal`; `commit` appends exactly [pending, d_1 .. d_n] over several rounds
 and drops writes past the end instead of clamping them onto the history.
 Greedy: the output equals the target's own greedy decoding for ragged prompts, per-row budgets, an EOS
-inside an accepted block, K = 1 and 8, with the random target of test_speculative and a near-bigram
+inside an accepted block, K = 1 and 8, with the random target of `helpers.engine` and a near-bigram
 variant whose greedy output falls into runs; a plain-Python replay of the loop (`_replay`) predicts
 every row's rounds, proposed and accepted counts and which rounds run the single-token verify pass.
 Sampling: the first three tokens over 30,000 rows follow the target's exact distribution at
@@ -22,15 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import autoregressive
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify, verify_greedy
 from specjax.speculative.ngram import NgramDrafter
-from tests.test_acceptance import chi_square_pvalue
-from tests.test_speculative import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
-                                    _exact_distribution, _model)
+from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
+                                  exact_distribution)
+from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy
+from tests.helpers.stats import chi_square_pvalue
 
 
 def _reference_proposal(context, ngram_min, ngram_max, k):
@@ -146,21 +146,6 @@ def test_commit_drops_writes_past_the_end():
 # --- The engine, greedy ---------------------------------------------------------------------------
 
 
-def _bigram(model):
-  """The model with its attention output zeroed: its greedy next token is a function of the current
-  token alone, so its greedy output enters a cycle (8 51 22 11 34 for `_model(3)`) that prompt lookup
-  predicts once it has been seen."""
-  config, params = model
-  layer = params["layers_0"]
-  attn = dict(layer["attn"], o_proj={"weight": jnp.zeros_like(layer["attn"]["o_proj"]["weight"])})
-  return config, dict(params, layers_0=dict(layer, attn=attn))
-
-
-MODELS = {"random": TARGET, "cycling": _bigram(_model(3))}  # one config: one compile per K
-PROMPTS = [[34, 8, 51, 22, 11, 60, 3, 34], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]]
-BUDGETS = [13, 6, 20]  # the longest prompt has the largest budget: the history is filled to the end
-HISTORY_LEN = max(map(len, PROMPTS)) + max(BUDGETS) - 1  # the size `check_fits` demands, exactly
-FREE_WIDTH = 32  # free-running greedy tokens: room for a budget of 20 and a block of K + 1 = 9 after it
 DRAFTER = NgramDrafter(VOCAB, ngram_min=1, ngram_max=3)
 _verify_widths = []  # the width - 1 of every verify pass that ran, appended by `_recording_verify_greedy`
 
@@ -171,15 +156,6 @@ def _recording_verify_greedy(proposal, target_tokens_BxK1):
   width = proposal.k
   jax.debug.callback(lambda: _verify_widths.append(width))
   return verify_greedy(proposal, target_tokens_BxK1)
-
-
-def _free_greedy(model):
-  """The target's own greedy tokens, FREE_WIDTH per row, no EOS and no budget cut."""
-  config, params = model
-  padded, lengths = pad_prompts(PROMPTS)
-  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, len(PROMPTS), 48),
-                                FREE_WIDTH, NO_EOS, GREEDY, jax.random.key(0), out_width=FREE_WIDTH)
-  return as_token_lists(out.tokens, out.counts)
 
 
 def _replay(prompt, free, budget, eos_ids, k):
@@ -234,7 +210,7 @@ def _check_against_replay(out, replays, k):
 @pytest.mark.parametrize("k", [1, 8])
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 def test_greedy_equals_target_greedy(model_name, k):
-  free = _free_greedy(MODELS[model_name])
+  free = free_greedy(MODELS[model_name])
   replays = [_replay(p, f, b, NO_EOS, k) for p, f, b in zip(PROMPTS, free, BUDGETS)]
   assert [emitted for emitted, _, _ in replays] == [f[:b] for f, b in zip(free, BUDGETS)]
   out = _ngram_generate(MODELS[model_name], k)
@@ -252,7 +228,7 @@ def test_eos_inside_an_accepted_block_stops_the_row_there():
   """Row 0's prompt holds the cycling target's cycle, so its first round accepts drafts copied from
   the prompt; one of them, emitted for the first time, is made the EOS."""
   k, model = 8, MODELS["cycling"]
-  free = _free_greedy(model)
+  free = free_greedy(model)
   _, _, accepted = _replay(PROMPTS[0], free[0], BUDGETS[0], NO_EOS, k)
   # Round r emits indices c_r .. c_r + n_r of the row's output, c_r .. c_r + n_r - 1 being accepted
   # drafts: the first of them that is a token's first occurrence.
@@ -269,8 +245,7 @@ def test_eos_inside_an_accepted_block_stops_the_row_there():
 
 # --- The engine, sampling -------------------------------------------------------------------------
 
-SAMPLE_PROMPT = [3, 1, 4, 1, 5, 2, 6, 0, 7]  # holds every one of the 8 tokens: the pending one always
-SAMPLE_ROWS, SAMPLE_STEPS, ALPHA = 30_000, 3, 1e-3  # matches, so every row's first round proposes
+SAMPLE_ROWS, SAMPLE_STEPS, ALPHA = 30_000, 3, 1e-3
 
 
 def _accept_all_proposed(key, proposal, target_probs_BxK1xV):
@@ -298,7 +273,7 @@ def _first_tokens(sampling, rule):
 def test_sampled_tokens_follow_the_exact_target_distribution(sampling):
   """Chi-square at level 0.001 on N = 30,000 rows; the broken rule must fail it (p < 1e-12). Every
   row proposes in its first round, and a good share of the drafts is accepted."""
-  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
+  exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
   counts, acceptance = _first_tokens(sampling, verify)
   assert chi_square_pvalue(counts, exact) > ALPHA
   proposed, accepted = np.asarray(acceptance.proposed), np.asarray(acceptance.accepted)

@@ -12,10 +12,10 @@ from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate
 from specjax.speculative import tree as tree_lib
 from specjax.speculative.ngram import NgramDrafter, longest_match, ranked_matches
-from tests.test_acceptance import chi_square_pvalue
-from tests.test_ngram import (BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, _free_greedy)
-from tests.test_speculative import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, _exact_distribution
-from tests.test_tree_exactness import _no_update_rule
+from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, exact_distribution
+from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy
+from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.trees import no_update_rule
 
 SPINES = tree_lib.from_branching((3, 1, 1))  # 3 matches, each continued 3 deep
 
@@ -78,7 +78,7 @@ def test_greedy_spines_follow_the_replay_and_equal_target_greedy(model_name):
   out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
                              drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
                              k=SPINES.max_depth, out_width=OUT_WIDTH)
-  free = _free_greedy(MODELS[model_name])
+  free = free_greedy(MODELS[model_name])
   replays = [_replay(p, f, b, SPINES.max_depth, 3) for p, f, b in zip(PROMPTS, free, BUDGETS)]
   assert as_token_lists(out.tokens, out.counts) == [f[:b] for f, b in zip(free, BUDGETS)]
   assert as_token_lists(out.tokens, out.counts) == [emitted for emitted, _ in replays]
@@ -95,7 +95,7 @@ def test_sampled_spines_follow_the_exact_target_distribution():
   (config, params) = SMALL_TARGET
   drafter = NgramDrafter(config.vocab_size, 1, 3, tree=tree_lib.from_branching((2, 1)))
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
-  exact = _exact_distribution(config, params, SAMPLE_PROMPT, sampling, steps).ravel()
+  exact = exact_distribution(config, params, SAMPLE_PROMPT, sampling, steps).ravel()
 
   def counts(**kwargs):
     cache_len = len(SAMPLE_PROMPT) + steps + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
@@ -107,7 +107,7 @@ def test_sampled_spines_follow_the_exact_target_distribution():
     return np.bincount(index, minlength=config.vocab_size ** steps)
 
   assert chi_square_pvalue(counts(), exact) > 1e-3
-  assert chi_square_pvalue(counts(tree_rule=_no_update_rule), exact) < 1e-6
+  assert chi_square_pvalue(counts(tree_rule=no_update_rule), exact) < 1e-6
 
 
 @pytest.mark.parametrize("tree", [tree_lib.from_branching((2, 2)), tree_lib.from_paths([[0], [1], [0, 0]])])

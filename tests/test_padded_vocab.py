@@ -40,10 +40,10 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import ModelDrafter, proposal, residual, speculative_generate, verify
-from tests import tiny_hf
-from tests.test_acceptance import chi_square_pvalue
-from tests.test_speculative import (TARGET, VOCAB, _exact_distribution, _model, _perturbed, _speculative,
-                                    _target_greedy)
+from tests.helpers import tiny_hf
+from tests.helpers.engine import (TARGET, VOCAB, exact_distribution, perturbed, run_speculative, target_greedy,
+                                  tiny_model)
+from tests.helpers.stats import chi_square_pvalue
 
 ALPHA = 1e-3  # level of every chi-square test of the correct rule
 REJECTED = 1e-6  # a wrong extension must give a p-value below this
@@ -117,17 +117,17 @@ def test_verify_emits_q_for_another_draft_vocabulary(draft_vocab):
 
 SMALLER_VOCAB = VOCAB - 9  # the target's greedy output holds ids 52, 54 and 55 beyond it
 SMALLER_DRAFT = _with_vocab(TARGET, SMALLER_VOCAB)  # the target's own weights, 9 fewer rows
-LARGER_DRAFT = _with_vocab(_perturbed(TARGET, 0.01, seed=7), VOCAB + 3, seed=1, scale=0.6)
+LARGER_DRAFT = _with_vocab(perturbed(TARGET, 0.01, seed=7), VOCAB + 3, seed=1, scale=0.6)
 
 
 @pytest.mark.parametrize("draft_name", ["smaller", "larger"])
 def test_greedy_equals_target_greedy_with_a_padded_head(draft_name):
-  """K = 3, the prompts and budgets of test_speculative: a prompt holds id 60 and the target emits
+  """K = 3, the prompts and budgets of `helpers.engine`: a prompt holds id 60 and the target emits
   52 .. 55, ids the smaller draft cannot embed; the larger draft proposes padding ids, which the
   target must be fed (as its last id: it lacks them) and always rejects."""
   draft = {"smaller": SMALLER_DRAFT, "larger": LARGER_DRAFT}[draft_name]
-  out = _speculative(draft, k=3)
-  expected = _target_greedy()
+  out = run_speculative(draft, k=3)
+  expected = target_greedy()
   assert as_token_lists(out.tokens, out.counts) == expected
   total = metrics.summarize(out.acceptance)["total"]
   assert 0 < total["accepted"] < total["proposed"]
@@ -165,10 +165,10 @@ SAMPLINGS = {"t0.7_top_k3": sampling_params(0.7, top_k=3), "t1.5_top_p0.8": samp
 def _pairs():
   """(target, draft, prompt) per direction; vocabularies 10 / 8 (draft smaller: the prompt's 9 is an id
   the draft lacks) and 8 / 10 (draft larger, its two extra rows random: ~20% of its mass)."""
-  big = _model(10, vocab=10, n_layers=2, scale=0.5)
-  small = _model(10, vocab=8, n_layers=2, scale=0.5)
-  return {"smaller": (big, _with_vocab(_perturbed(big, 0.05, seed=11), 8), [3, 9, 4]),
-          "larger": (small, _with_vocab(_perturbed(small, 0.05, seed=11), 10, seed=2, scale=0.5), [3, 1, 4])}
+  big = tiny_model(10, vocab=10, n_layers=2, scale=0.5)
+  small = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
+  return {"smaller": (big, _with_vocab(perturbed(big, 0.05, seed=11), 8), [3, 9, 4]),
+          "larger": (small, _with_vocab(perturbed(small, 0.05, seed=11), 10, seed=2, scale=0.5), [3, 1, 4])}
 
 
 PAIRS = _pairs()
@@ -209,7 +209,7 @@ def _pvalue(direction, name, tokens_NxS):
   (target_config, target_params), _, prompt = PAIRS[direction]
   vocab = target_config.vocab_size
   assert tokens_NxS.max() < vocab
-  exact = _exact_distribution(target_config, target_params, prompt, SAMPLINGS[name], STEPS).ravel()
+  exact = exact_distribution(target_config, target_params, prompt, SAMPLINGS[name], STEPS).ravel()
   counts = np.bincount(np.ravel_multi_index(tokens_NxS.T, [vocab] * STEPS), minlength=vocab ** STEPS)
   return chi_square_pvalue(counts, exact)
 

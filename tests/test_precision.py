@@ -17,13 +17,13 @@ from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate
 from specjax.speculative.model_drafter import ModelDrafter
-from tests.test_speculative import _model
+from tests.helpers.engine import tiny_model
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8], [7, 7, 7], [33]]
 
 
 def _bfloat16_model(d_model=64, n_layers=3):
-  config, params = _model(0, d_model=d_model, n_layers=n_layers, scale=0.15)
+  config, params = tiny_model(0, d_model=d_model, n_layers=n_layers, scale=0.15)
   config = config.replace(dtype="bfloat16")
   return config, jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
 

@@ -14,9 +14,9 @@ import pytest
 from specjax.models import gguf_loader, registry
 from specjax.models.__main__ import main
 from specjax.models.load import load_model
-from tests.test_gguf import write_gguf
-from tests.test_tokenizer import add_tokenizer_metadata, save_hf_dir, train_tokenizer
-from tests.tiny_hf import make_hf_model, save_hf_model
+from tests.helpers.gguf import write_gguf
+from tests.helpers.tiny_hf import make_hf_model, save_hf_model
+from tests.helpers.tokenizers import add_tokenizer_metadata, save_hf_dir, train_tokenizer
 
 
 @pytest.fixture(autouse=True)

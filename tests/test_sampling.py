@@ -15,28 +15,15 @@ import pytest
 
 from specjax import sampling
 from specjax.sampling import greedy_tokens, next_tokens, sample, sampling_params
-from tests.test_acceptance import chi_square_pvalue
+from tests.helpers import reference
+from tests.helpers.stats import chi_square_pvalue
 
 probabilities = jax.jit(sampling.probabilities)  # one compile per shape and mode
 
 
-def _reference(logits, temperature, top_k=0, top_p=1.0):
-  """Float64 probabilities for one row of logits."""
-  logits = np.float64(logits)
-  if temperature == 0:
-    return np.eye(logits.size)[np.argmax(logits)]
-  scaled = logits / temperature
-  if top_k:
-    kth_largest = np.sort(scaled)[::-1][min(top_k, logits.size) - 1]  # k >= V keeps everything
-    scaled = np.where(scaled >= kth_largest, scaled, -np.inf)
-  probs = np.exp(scaled - scaled.max())
-  probs /= probs.sum()
-  if top_p < 1.0:
-    descending = np.sort(probs)[::-1]
-    size = np.argmax(np.cumsum(descending) >= top_p) + 1  # smallest prefix with mass >= top_p
-    probs = np.where(probs >= descending[size - 1], probs, 0.0)
-    probs /= probs.sum()
-  return probs
+# The float64 reference shared with the end-to-end exactness tests (`engine.exact_distribution`):
+# checked here against the library, ties included.
+_reference = reference.probabilities
 
 
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7), dict(temperature=2.5),

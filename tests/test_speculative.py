@@ -10,97 +10,30 @@ the same test. The drafter's cache bookkeeping is checked against full forward p
 fail on the host.
 """
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import autoregressive, metrics
+from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import forward, init_params
+from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.model_drafter import ModelDrafter
-from tests.test_acceptance import chi_square_pvalue
-
-GREEDY = sampling_params(0.0)
-VOCAB = 61
-NO_EOS = [-1]  # an id no model emits: keeps the EOS array's shape (and the compiled program) fixed
-PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]
-BUDGETS = [13, 6, 20]  # 12, 5, 19 tokens after the prefill's: some fill their last block, some cut it
-OUT_WIDTH = 24
-CACHE_LEN = 40
-
-
-def _model(seed, vocab=VOCAB, arch="llama", d_model=32, n_layers=1, scale=0.3):
-  """A tiny random model, weights drawn with numpy (no compile) in the tree `init_params` defines;
-  std `scale` on matrices makes the distributions peaked and free of near-ties."""
-  config = ModelConfig(arch=arch, vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=4,
-                       n_kv_heads=4 if arch == "gpt2" else 2, head_dim=d_model // 4, d_ff=2 * d_model,
-                       max_positions=64 if arch == "gpt2" else 0)
-  rng = np.random.default_rng(seed)
-  init = lambda path, leaf: jnp.asarray(
-      rng.normal(0.0, scale, leaf.shape) if leaf.ndim == 2 else
-      np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), jnp.float32)
-  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
-  return config, jax.tree_util.tree_map_with_path(init, shapes)
-
-
-def _perturbed(model, noise, seed):
-  """The same architecture with Gaussian noise of std `noise` on every weight: a draft that agrees
-  with the model often but not always."""
-  config, params = model
-  rng = np.random.default_rng(seed)
-  noisy = lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32)
-  return config, jax.tree.map(noisy, params)
-
-
-TARGET = _model(0)
-
-
-def _drafts():
-  config, params = TARGET
-  rolled_head = dict(params, lm_head={"weight": jnp.roll(params["lm_head"]["weight"], 1, axis=0)})
-  return {"same": TARGET,
-          "never": (config, rolled_head),  # its argmax is the target's argmax + 1 (mod V)
-          "perturbed": _perturbed(TARGET, 0.01, seed=7),
-          "independent": _model(3)}  # same shapes as the target: all four share one compiled program
-
-
-DRAFTS = _drafts()
-
-
-def _speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
-                 target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, stop_threshold=0.0,
-                 **kwargs):
-  (target_config, target_params), (draft_config, draft_params) = TARGET, draft
-  drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold)
-  padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), target_cache_len),
-                              drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
-                              sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
-
-
-def _target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
-  config, params = TARGET
-  padded, lengths = pad_prompts(prompts)
-  out = autoregressive.generate(config, params, padded, lengths,
-                                init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
-                                jax.random.key(0), out_width=OUT_WIDTH)
-  return as_token_lists(out.tokens, out.counts)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+                                  SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
+                                  exact_distribution, run_speculative, target_greedy, tiny_model)
+from tests.helpers.stats import chi_square_pvalue
 
 
 @pytest.mark.parametrize("k", [1, 8])
 @pytest.mark.parametrize("draft_name", sorted(DRAFTS))
 def test_greedy_equals_target_greedy(draft_name, k):
-  out = _speculative(DRAFTS[draft_name], k=k)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  out = run_speculative(DRAFTS[draft_name], k=k)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert out.tokens.shape == (len(PROMPTS), OUT_WIDTH)
   np.testing.assert_array_equal(out.counts, BUDGETS)
   summary = metrics.summarize(out.acceptance)
@@ -122,8 +55,8 @@ def test_early_stopping_keeps_greedy_output_and_stops_drafting(k):
   """Greedy with draft_stop_threshold 0.3 (confidence from the draft's softmax, not from its greedy
   point mass, which is always 1): the target's greedy output, fewer tokens proposed and fewer draft
   passes than K per round, and some rounds whose proposal was cut short."""
-  out = _speculative(DRAFTS["independent"], k=k, stop_threshold=0.3)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  out = run_speculative(DRAFTS["independent"], k=k, stop_threshold=0.3)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
   total = metrics.summarize(out.acceptance)["total"]
   rounds = int(np.asarray(out.acceptance.rounds).max())
   assert total["proposed"] < k * total["rounds"]
@@ -135,8 +68,8 @@ def test_greedy_with_a_restricted_draft_head_equals_target_greedy():
   """The target itself as the draft, scoring only the even ids: still the target's greedy output; it
   proposes only even tokens, so it is accepted exactly while the target's next token is even."""
   config, params = TARGET
-  out = _speculative(TARGET, k=3, draft_head=restrict_head(config, params, range(0, VOCAB, 2)))
-  expected = _target_greedy()
+  out = run_speculative(TARGET, k=3, draft_head=restrict_head(config, params, range(0, VOCAB, 2)))
+  expected = target_greedy()
   assert as_token_lists(out.tokens, out.counts) == expected
   summary = metrics.summarize(out.acceptance)["total"]
   assert 0 < summary["accepted"] < summary["proposed"]
@@ -153,8 +86,8 @@ def test_greedy_on_ids_equals_the_rule_on_one_hot_distributions(draft_name):
   sampled program emits when every distribution is the one-hot argmax (top-k 1: drafts drawn from
   one-hot p, the generic rule on one-hot p and q), token for token, with the same acceptance counts;
   the greedy drafter proposes no distributions."""
-  greedy = _speculative(DRAFTS[draft_name], k=3)
-  one_hot = _speculative(DRAFTS[draft_name], k=3, sampling=ONE_HOT)
+  greedy = run_speculative(DRAFTS[draft_name], k=3)
+  one_hot = run_speculative(DRAFTS[draft_name], k=3, sampling=ONE_HOT)
   assert as_token_lists(greedy.tokens, greedy.counts) == as_token_lists(one_hot.tokens, one_hot.counts)
   np.testing.assert_array_equal(greedy.acceptance.accepted_at, one_hot.acceptance.accepted_at)
   config, params = DRAFTS[draft_name]
@@ -168,7 +101,7 @@ def test_greedy_on_ids_equals_the_rule_on_one_hot_distributions(draft_name):
 
 
 def test_returned_caches_can_be_passed_again():
-  first = _speculative(DRAFTS["perturbed"], k=8)
+  first = run_speculative(DRAFTS["perturbed"], k=8)
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])
   padded, lengths = pad_prompts(PROMPTS)
   again = speculative_generate(target_config, target_params, drafter, padded, lengths,
@@ -192,66 +125,31 @@ def test_caches_of_the_checked_size_are_filled_exactly(monkeypatch, k, draft_nam
   size = max(map(len, PROMPTS)) + max(BUDGETS) + k - 1
   for name in draft_names:
     write_ends.clear()
-    out = _speculative(DRAFTS[name], k=k, target_cache_len=size, draft_cache_len=size)
-    assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+    out = run_speculative(DRAFTS[name], k=k, target_cache_len=size, draft_cache_len=size)
+    assert as_token_lists(out.tokens, out.counts) == target_greedy()
     assert max(write_ends) == 0
 
 
 def test_greedy_with_a_different_architecture_and_cache_size():
-  out = _speculative(_model(4, arch="gpt2", d_model=16), k=3, draft_cache_len=CACHE_LEN - 7)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  out = run_speculative(tiny_model(4, arch="gpt2", d_model=16), k=3, draft_cache_len=CACHE_LEN - 7)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
 
 
 def test_eos_inside_an_accepted_block_stops_the_row_there():
   k = 8
-  free = _target_greedy()[0]
+  free = target_greedy()[0]
   # A token whose first occurrence in row 0 lies strictly inside a block of K + 1 (index 0 is the
   # prefill's token; with the identical draft, round r emits indices (K+1)(r-1)+1 .. (K+1)r).
   index = next(i for i in range(2, len(free)) if free.index(free[i]) == i and i % (k + 1) not in (0, 1))
   eos = [free[index]]
-  out = _speculative(DRAFTS["same"], eos_ids=eos, k=k)
+  out = run_speculative(DRAFTS["same"], eos_ids=eos, k=k)
   got = as_token_lists(out.tokens, out.counts)
-  assert got == _target_greedy(eos_ids=eos)
+  assert got == target_greedy(eos_ids=eos)
   assert got[0] == free[:index + 1]
   assert (np.asarray(out.tokens)[0, index + 1:] == 0).all()  # padded after the EOS
 
 
-def _exact_distribution(config, params, prompt, sampling, steps):
-  """P(first `steps` generated tokens) as a [V] * steps array, enumerating every continuation."""
-  vocab = config.vocab_size
-  prefixes = np.array(list(itertools.product(range(vocab), repeat=steps - 1)), np.int32)
-  tokens = np.concatenate([np.tile(prompt, (len(prefixes), 1)), prefixes], axis=1)
-  logits, _ = jax.jit(forward, static_argnums=0)(config, params, jnp.asarray(tokens),
-                                                 init_cache(config, len(tokens), tokens.shape[1]))
-  probs = np.float64(jax.jit(probabilities)(logits[:, len(prompt) - 1:], sampling))  # [V^(s-1), s, V]
-  joint = np.ones(())
-  for step in range(steps):
-    table = probs[:, step].reshape([vocab] * steps)  # [prefix token 1 .. s-1, next token]
-    conditional = table[(slice(None),) * step + (0,) * (steps - 1 - step)]  # on the first `step` only
-    joint = joint[..., None] * conditional
-  return joint
-
-
-def first_tokens_pvalue(model, prompt, sampling, tokens_NxS) -> float:
-  """Chi-square p-value of the rows' first S generated tokens against `model`'s exact joint
-  distribution of them (`_exact_distribution`)."""
-  config = model[0]
-  steps = tokens_NxS.shape[1]
-  index = np.ravel_multi_index(np.asarray(tokens_NxS).T, [config.vocab_size] * steps)
-  observed = np.bincount(index, minlength=config.vocab_size ** steps)
-  return chi_square_pvalue(observed, _exact_distribution(*model, prompt, sampling, steps).ravel())
-
-
-def _accept_all(key, proposal, target_probs_BxK1xV):
-  """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
-  k = proposal.k
-  return (jnp.full(proposal.tokens.shape[:1], k, jnp.int32),
-          jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
-
-
-SMALL_TARGET = _model(10, vocab=8, n_layers=2, scale=0.5)
-SMALL_DRAFT = _perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance about 0.7
-SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_STEPS, ALPHA = [3, 1, 4], 30_000, 3, 1e-3
+SAMPLE_ROWS, ALPHA = 30_000, 1e-3
 
 
 def _first_tokens(sampling, rule, draft_head=None):
@@ -275,9 +173,9 @@ SAMPLINGS = {"plain": sampling_params(1.0), "top_k": sampling_params(1.0, top_k=
 def test_sampled_tokens_follow_the_exact_target_distribution(name):
   """Temperature 1 (with top-k or top-p on both models): chi-square test at level 0.001 on
   N = 30,000 rows; the broken rule must fail the same test (p < 1e-12)."""
-  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLINGS[name], SAMPLE_STEPS).ravel()
+  exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLINGS[name], SAMPLE_STEPS).ravel()
   assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], verify), exact) > ALPHA
-  assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], _accept_all), exact) < 1e-12
+  assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], accept_all), exact) < 1e-12
 
 
 def test_sampling_with_a_restricted_draft_head_follows_the_exact_target_distribution():
@@ -285,7 +183,7 @@ def test_sampling_with_a_restricted_draft_head_follows_the_exact_target_distribu
   target's probability. Chi-square at level 0.001 on N = 30,000 rows, temperature 1."""
   sampling = SAMPLINGS["plain"]
   head = restrict_head(*SMALL_DRAFT, [0, 2, 3, 5, 6])
-  exact = _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
+  exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
   assert chi_square_pvalue(_first_tokens(sampling, verify, head), exact) > ALPHA
 
 
@@ -297,7 +195,7 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
   probability reaches the threshold, the first unconfident one drawn is not proposed, and the draft
   stops drawing once no row is drafting (here: proposals of 1, 2 and 3 passes, and rows accepting all
   K tokens, whose d_K is caught up in the next round)."""
-  config, params = _model(5, d_model=16)
+  config, params = tiny_model(5, d_model=16)
   drafter, k, sampling = ModelDrafter(config, params, stop_threshold=stop_threshold), 3, sampling_params(1.0)
   prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
   padded, lengths = pad_prompts(prompts)
@@ -344,8 +242,8 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
     (dict(draft_cache_len=30), r"\(draft\).*= 31 positions exceed the cache size 30"),
     (dict(budgets=0), "max_new_tokens must be >= 1"),
     (dict(budgets=[25, 6, 20]), "exceeds out_width"),
-    (dict(draft_head=restrict_head(*_model(3, d_model=16), [1, 2])), "draft_head rows have width 16"),
+    (dict(draft_head=restrict_head(*tiny_model(3, d_model=16), [1, 2])), "draft_head rows have width 16"),
 ])
 def test_bad_inputs_fail_before_compiling(change, message):
   with pytest.raises(ValueError, match=message):
-    _speculative(**(dict(draft=DRAFTS["same"], k=3) | change))
+    run_speculative(**(dict(draft=DRAFTS["same"], k=3) | change))

@@ -15,7 +15,7 @@ import pytest
 from configs.sweeps import tiny
 from experiments import plots, report_sweep, report_trees, sweep
 from specjax import metrics, pipeline
-from tests.tiny_hf import save_char_tokenizer, save_hf_model
+from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC_POINT = {"k": 2, "mode": "speculative"}

@@ -16,11 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from specjax.speculative import tree_acceptance
 from specjax.speculative import tree as tree_lib
 from specjax.speculative.acceptance import residual
-from tests.test_acceptance import chi_square_pvalue
+from tests.helpers import mutants
+from tests.helpers.stats import chi_square_pvalue
 
 V = 4
 TREE = tree_lib.from_branching((2, 2))
@@ -50,7 +52,9 @@ def _child_dist(mode, prefix, rank, drawn):
 
 
 def _np_residual(q, p, update):
-  return np.float64(residual(jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32))) if update else q
+  """The rule's own residual (looked up in `tree_acceptance` at call time, so a patched one is seen)."""
+  residual_fn = tree_acceptance.residual
+  return np.float64(residual_fn(jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32))) if update else q
 
 
 def _emitted(mode, prefix, width_left, q_prime, drawn, update):
@@ -100,48 +104,107 @@ def test_tree_rule_output_is_exactly_the_target_by_enumeration(mode):
   assert error > 1e-2  # not updating q' after a rejection is visibly inexact
 
 
+def _groups(keys_RxG):
+  """(key, row indices) for each distinct row of `keys_RxG` [R, G] (G may be 0: one group)."""
+  if keys_RxG.shape[1] == 0:
+    yield (), np.arange(len(keys_RxG))
+    return
+  unique_UxG, inverse_R = np.unique(keys_RxG, axis=0, return_inverse=True)
+  for group, key in enumerate(unique_UxG):
+    yield tuple(int(t) for t in key), np.flatnonzero(inverse_R.ravel() == group)
+
+
 def _draw_rows(mode, rows, rng):
   """Tree proposals drawn as `mode` draws them: tokens [rows, N], the distributions they were drawn from
-  [rows, N, V] and the target's q at each node [rows, N + 1, V]."""
+  [rows, N, V] and the target's q at each node [rows, N + 1, V] (vectorised over the rows sharing a
+  node's prefix and elder siblings)."""
   paths = TREE.path_table()
   tokens = np.zeros((rows, TREE.num_nodes), np.int64)  # column 0 unused (the root)
   probs = np.zeros((rows, TREE.num_nodes, V))
-  for row in range(rows):
-    for node in range(1, TREE.num_nodes):
-      parent = TREE.parent[node]
-      prefix = tuple(tokens[row, paths[parent, 1:TREE.depth[parent] + 1]])
-      elders = [c for c in TREE.children(parent) if c < node]
-      p = _child_dist(mode, prefix, len(elders), tuple(tokens[row, elders]))
-      tokens[row, node] = rng.choice(V, p=p)
-      probs[row, node] = p
-  target = np.stack([[_dist("q", tuple(tokens[row, paths[n, 1:TREE.depth[n] + 1]]))
-                      for n in range(TREE.num_nodes)] for row in range(rows)])
+  for node in range(1, TREE.num_nodes):
+    parent = TREE.parent[node]
+    depth = TREE.depth[parent]
+    elders = [c for c in TREE.children(parent) if c < node]
+    for key, rows_R in _groups(tokens[:, list(paths[parent, 1:depth + 1]) + elders]):
+      p = _child_dist(mode, key[:depth], len(elders), key[depth:])
+      tokens[rows_R, node] = rng.choice(V, size=len(rows_R), p=p)
+      probs[rows_R, node] = p
+  target = np.zeros((rows, TREE.num_nodes, V))
+  for node in range(TREE.num_nodes):
+    for key, rows_R in _groups(tokens[:, paths[node, 1:TREE.depth[node] + 1]]):
+      target[rows_R, node] = _dist("q", key)
   return tokens[:, 1:], probs[:, 1:], target
 
 
-def _first_two_counts(mode, rows, rng, seed):
-  tokens, probs, target = _draw_rows(mode, rows, rng)
-  # A fresh function each call: jit would otherwise reuse a program traced before a patch.
-  verify = jax.jit(lambda *args: tree_acceptance.verify_tree(*args), static_argnums=1)
-  path, accepted, next_token = verify(jax.random.key(seed), TREE, jnp.asarray(tokens, jnp.int32),
-                                      None if mode == "deterministic" else jnp.asarray(probs, jnp.float32),
-                                      jnp.asarray(target, jnp.float32))
+MC_ROWS = 60_000  # per mode
+
+
+@functools.cache
+def _drawn_all_modes():
+  """`_draw_rows` of every mode (fixed seed; deterministic children as one-hot distributions, which the
+  rule treats exactly as point masses), stacked into one batch of 3 x MC_ROWS rows (read-only): one
+  compiled program serves every mode."""
+  drawn = [_draw_rows(mode, MC_ROWS, np.random.default_rng(0)) for mode in MODES]
+  return tuple(np.concatenate(parts) for parts in zip(*drawn))
+
+
+def _fresh_verify_tree():
+  """A new function behaving as `verify_tree`: jit traces it anew, seeing whatever is patched."""
+  return jax.jit(lambda *args: tree_acceptance.verify_tree(*args), static_argnums=1)
+
+
+def _round_pvalues(seed=0):
+  """One jitted `verify_tree` call on `_drawn_all_modes()`. Returns per mode the chi-square p-value of
+  the joint of the first D + 1 = 3 tokens (the accepted path, the next token, which is the bonus after
+  a full-depth path, and draws from the target continuing a shorter round) against the target's, over
+  V^3 = 64 cells, and the share of rows whose path reached full depth."""
+  tokens, probs, target = _drawn_all_modes()
+  path, accepted, next_token = _fresh_verify_tree()(
+      jax.random.key(seed), TREE, jnp.asarray(tokens, jnp.int32), jnp.asarray(probs, jnp.float32),
+      jnp.asarray(target, jnp.float32))
   path, accepted, next_token = np.asarray(path), np.asarray(accepted), np.asarray(next_token)
-  counts = np.zeros((V, V))
-  for row in range(rows):
-    emitted = [tokens[row, n - 1] for n in path[row, 1:accepted[row] + 1]] + [next_token[row]]
-    if len(emitted) == 1:  # continued by the target
-      emitted.append(rng.choice(V, p=_dist("q", (emitted[0],))))
-    counts[emitted[0], emitted[1]] += 1
-  expected = np.array([[_target_prob((a, b)) for b in range(V)] for a in range(V)])
-  return chi_square_pvalue(counts.ravel(), expected.ravel())
+  path_tokens_RxD = np.take_along_axis(tokens, np.maximum(path[:, 1:] - 1, 0), axis=1)
+  position_L = np.arange(LENGTH)
+  emitted_RxL = np.where(position_L < accepted[:, None], np.pad(path_tokens_RxD, ((0, 0), (0, 1))),
+                         next_token[:, None])
+  rng = np.random.default_rng(seed + 1)
+  for position in range(1, LENGTH):  # continued by the target after a short round
+    short_R = np.flatnonzero(accepted < position)
+    for key, rows_R in _groups(emitted_RxL[short_R, :position]):
+      emitted_RxL[short_R[rows_R], position] = rng.choice(V, size=len(rows_R), p=_dist("q", key))
+  expected = np.array([_target_prob(seq) for seq in itertools.product(range(V), repeat=LENGTH)])
+  out = {}
+  for index, mode in enumerate(MODES):
+    rows = slice(index * MC_ROWS, (index + 1) * MC_ROWS)
+    counts = np.bincount(np.ravel_multi_index(emitted_RxL[rows].T, [V] * LENGTH), minlength=V ** LENGTH)
+    out[mode] = chi_square_pvalue(counts, expected), np.mean(accepted[rows] == TREE.max_depth)
+  return out
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_verify_tree_follows_the_target_by_monte_carlo(mode, monkeypatch):
-  assert _first_two_counts(mode, 20_000, np.random.default_rng(0), seed=0) > 1e-3
-  monkeypatch.setattr(tree_acceptance, "residual", lambda q, p: q)  # q' never updated
-  assert _first_two_counts(mode, 20_000, np.random.default_rng(0), seed=0) < 1e-6
+TREE_MUTANTS = ("residual_is_q", "residual_not_renormalised", "residual_p_minus_q", "inverse_ratio",
+                "bonus_from_residual", "shared_sibling_uniform")
+# Where a mutant's effect is too small for a wide margin: a uniform shared by the siblings of a level
+# gives p = 0.13 (i.i.d.) and 2e-9 (without replacement) at N = 60,000; point masses catch it (p = 0).
+WEAK = {("shared_sibling_uniform", "iid"), ("shared_sibling_uniform", "without_replacement")}
+
+
+@pytest.mark.parametrize("mutant", (None,) + TREE_MUTANTS)
+def test_verify_tree_follows_the_target_by_monte_carlo(mutant, monkeypatch):
+  """The joint of the D + 1 = 3 tokens of a round of the tree (2, 2), bonus included (`_round_pvalues`:
+  N = 60,000 rows per mode, 64 cells, fixed seeds; full depth, hence a bonus, in 48%, 56% and 9% of the
+  rows for i.i.d., without-replacement and deterministic children): the correct rule passes at level
+  1e-3 in every mode, each distinct mutant (`tests.helpers.mutants`) fails with p < 1e-8 in every mode
+  but `WEAK`: q' never updated, residual not renormalised, residual norm(max(0, p - q)), acceptance
+  min(1, p/q), the bonus from the last residual instead of the leaf's q, one uniform shared by the
+  siblings of a level. Measured: the correct rule p = 0.29, 0.80, 0.36; every mutant outside `WEAK`
+  p < 1e-127 (most underflow to 0). Cost: one compile per case (~2 s on 2 busy cores)."""
+  if mutant is not None:
+    mutants.inject(monkeypatch, mutant, tree=True)
+  for mode, (pvalue, full_depth) in _round_pvalues().items():
+    if mutant is None:
+      assert full_depth > 0.05 and pvalue > 1e-3, (mode, full_depth, pvalue)
+    elif (mutant, mode) not in WEAK:
+      assert pvalue < 1e-8, (mode, pvalue)
 
 
 def test_greedy_takes_the_deepest_path_on_the_argmax_chain():
@@ -171,3 +234,87 @@ def test_greedy_equals_the_sampled_rule_on_one_hot_distributions():
                                         jax.nn.one_hot(target_tokens, V))
   for a, b in zip(greedy, sampled):
     np.testing.assert_array_equal(a, b)
+
+
+_FOLD_IN = jax.random.fold_in  # the real one, captured before a mutant patches it
+KEY_TREE = tree_lib.from_branching((2,))  # small: three compiled programs for the row-key check
+
+
+@functools.cache
+def _row_key_case():
+  """4,096 rows of KEY_TREE: 256 random ones (i.i.d. children drawn from p), then 3,840 copies of one
+  row, and what `_verify_tree_row` keyed by fold_in(key, b) gives for each."""
+  rng = np.random.default_rng(30)
+  random_rows, rows = 256, 4096
+  p, q = _dist("p", ()), _dist("q", ())
+  tokens_BxN = rng.choice(V, (rows, 2), p=p)
+  tokens_BxN[random_rows:] = [0, 1]
+  target_BxN1xV = np.stack([np.broadcast_to(q, (rows, V))] + [
+      np.stack([_dist("q", (int(t),)) for t in tokens_BxN[:, n]]) for n in range(2)], axis=1)
+  probs_BxNxV = np.broadcast_to(p, (rows, 2, V))
+  args = (jnp.asarray(tokens_BxN, jnp.int32), jnp.asarray(probs_BxNxV, jnp.float32),
+          jnp.asarray(target_BxN1xV, jnp.float32))
+  key = jax.random.key(8)
+  keys_B = jax.vmap(lambda b: _FOLD_IN(key, b))(jnp.arange(rows))
+  _, depth_BxN1, children_BxN1xC, path_BxN1xD1, _ = tree_acceptance._tables(KEY_TREE, rows)
+  want = jax.jit(jax.vmap(tree_acceptance._verify_tree_row))(keys_B, children_BxN1xC, path_BxN1xD1, depth_BxN1,
+                                                              *args)
+  return key, args, tuple(np.asarray(w) for w in want), random_rows
+
+
+def _identical_row_marginal():
+  """The exact distribution of (last path node) * V + next token for the identical rows of
+  `_row_key_case` (children 0 and 1 of the root, i.i.d. from p), by the tree rule in float64."""
+  p, q = _dist("p", ()), _dist("q", ())
+  norm_residual = lambda q_, p_: np.maximum(q_ - p_, 0.0) / np.maximum(q_ - p_, 0.0).sum()
+  marginal = np.zeros(3 * V)
+  accept_first = min(1.0, q[0] / p[0])
+  marginal[V:2 * V] = accept_first * _dist("q", (0,))
+  q_prime = norm_residual(q, p)
+  accept_second = min(1.0, q_prime[1] / p[1])
+  marginal[2 * V:] = (1 - accept_first) * accept_second * _dist("q", (1,))
+  marginal[:V] = (1 - accept_first) * (1 - accept_second) * norm_residual(q_prime, p)
+  return marginal
+
+
+def _row_key_statistics(verify_tree):
+  """`verify_tree` on `_row_key_case`: (the share of the random rows where it differs from
+  `_verify_tree_row` keyed by fold_in(key, b), as its docstring promises; for the identical rows'
+  outcomes (last path node, next token), the chi-square p-value of their pooled counts against the
+  exact marginal m, and the binomial p-value of how often the pairs (2i, 2i + 1) agree, against
+  sum_x m(x)^2)."""
+  key, args, want, random_rows = _row_key_case()
+  got = [np.asarray(g) for g in verify_tree(key, KEY_TREE, *args)]
+  differ_B = np.any(got[0] != want[0], axis=1) | (got[1] != want[1]) | (got[2] != want[2])
+  outcome_N = got[0][random_rows:, -1] * V + got[2][random_rows:]
+  marginal = _identical_row_marginal()
+  pooled = chi_square_pvalue(np.bincount(outcome_N, minlength=3 * V), marginal)
+  agree = int(np.sum(outcome_N[0::2] == outcome_N[1::2]))
+  pairs = stats.binomtest(agree, len(outcome_N) // 2, float(np.sum(marginal ** 2))).pvalue
+  return differ_B[:random_rows].mean(), pooled, pairs
+
+
+def test_rows_are_keyed_by_fold_in_and_independent(monkeypatch):
+  """Row b of `verify_tree` equals `_verify_tree_row` keyed by fold_in(key, b) (all of 256 random
+  rows) and 3,840 identical rows draw independently: their pooled outcomes follow the one-row marginal
+  (chi-square) and row pairs agree as often as independent draws (binomial), both at level 1e-3.
+  Mutant: every row keyed by the same key (each row's marginal stays exact): most rows differ from
+  `_verify_tree_row`, and both statistics give p < 1e-8."""
+  mismatch, pooled, pairs = _row_key_statistics(_fresh_verify_tree())
+  assert mismatch == 0 and pooled > 1e-3 and pairs > 1e-3, (mismatch, pooled, pairs)
+  mutants.inject(monkeypatch, "same_row_key")
+  mismatch, pooled, pairs = _row_key_statistics(_fresh_verify_tree())
+  assert mismatch > 0.5 and pooled < 1e-8 and pairs < 1e-8, (mismatch, pooled, pairs)
+
+
+@pytest.mark.parametrize("mutant", ["residual_not_renormalised", "residual_p_minus_q"])
+@pytest.mark.parametrize("mode", MODES)
+def test_broken_residuals_fail_the_enumeration(mode, mutant, monkeypatch):
+  """The exact enumeration of the tree rule (`_emitted`, which uses the rule's own residual) with a
+  mutant residual patched into `tree_acceptance`: the distribution of the first 3 tokens is off by
+  more than 1e-2 somewhere (the correct one matches to 1e-6:
+  `test_tree_rule_output_is_exactly_the_target_by_enumeration`; q' never updated is its own check)."""
+  mutants.inject(monkeypatch, mutant, tree=True)
+  got = _first_tokens(_emitted(mode, (), (2, 2), _dist("q", ()), (), update=True))
+  error = max(abs(got.get(seq, 0.0) - _target_prob(seq)) for seq in itertools.product(range(V), repeat=LENGTH))
+  assert error > 1e-2, error

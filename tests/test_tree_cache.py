@@ -11,9 +11,9 @@ from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, prefill
 from specjax.speculative import tree as tree_lib
-from tests.test_speculative import _model
+from tests.helpers.engine import tiny_model
 
-CONFIG, PARAMS = _model(5, vocab=31, n_layers=2)
+CONFIG, PARAMS = tiny_model(5, vocab=31, n_layers=2)
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7], [2, 7, 1]]
 TREE = tree_lib.from_branching((3, 2, 1))
 CACHE_LEN = 24

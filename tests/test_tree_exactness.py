@@ -1,8 +1,14 @@
-"""Exactness of tree speculative sampling end to end: the first three generated tokens (the prefill's and
-the first round's two, through the tree (2, 1)) over 30,000 seeded rows follow the target's exact
-distribution (enumerated over a vocabulary of 8; chi-square at level 1e-3, fixed keys) at temperature
-0.8 with top-k 6, for i.i.d., without-replacement and top-b children; a broken tree rule (q' not
-updated after a rejection, patched in while the loop is traced) fails the same test (p < 1e-6).
+"""Exactness of tree speculative sampling end to end: the first five generated tokens through the tree
+(2, 1) (the prefill's token, the first round's up to three, the bonus included after a full-depth path,
+and the second round's: every row needs two rounds, so compaction of an accepted second branch and the
+tree masks at depth 2 are exercised before the second round reads the cache) over 15,000 seeded rows
+follow the target's exact distribution (enumerated over a vocabulary of 8, fixed keys) at temperature
+0.8 with top-k 6, for i.i.d., without-replacement and top-b children. Statistic: chi-square on two
+marginals of the exact 5-token joint, tokens 0-3 (4,096 cells) and tokens 2-4 (512 cells), each at
+level 5e-4 (1e-3 for the pair). Broken tree rules (q' not updated after a rejection; the bonus after a
+full-depth path drawn from the last residual instead of the leaf's q), patched in while the loop is
+traced, fail the same test (p < 1e-6). At 15,000 rows the correct engine gives p = 0.05-0.67 and
+every broken rule p = 0 (underflow) in every children mode; 30,000 rows only doubled the run time.
 """
 
 import functools
@@ -12,49 +18,64 @@ import numpy as np
 import pytest
 
 from specjax import metrics
-from specjax.sampling import sampling_params
 from specjax.speculative import tree_acceptance
 from specjax.speculative import tree as tree_lib
-from tests.test_acceptance import chi_square_pvalue
-from tests.test_speculative import SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET, _exact_distribution
-from tests.test_tree_speculative import _tree_speculative
+from tests.helpers import mutants
+from tests.helpers.engine import SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET, exact_distribution
+from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.trees import ALPHA, REJECTED, SAMPLED, no_update_rule, run_tree_speculative
 
-ROWS, ALPHA, REJECTED = 30_000, 1e-3, 1e-6
-SAMPLED = sampling_params(0.8, top_k=6)
 SAMPLED_TREE = tree_lib.from_branching((2, 1))
-STEPS = 3  # the prefill's token and the first round's two
+ROWS = 15_000
+DEEP_STEPS = 5  # the prefill's token, round one's up to 3 (bonus included), and round two's
+MARGINALS = ((0, 1, 2, 3), (2, 3, 4))  # the positions of each chi-square test
 
 
 def _first_tokens(children, tree_rule=tree_acceptance.verify_tree):
-  out = _tree_speculative(SMALL_DRAFT, SAMPLED_TREE, target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS,
-                          budgets=STEPS, sampling=SAMPLED, children=children, cache_len=16, out_width=STEPS,
-                          tree_rule=tree_rule)
-  tokens = np.asarray(out.tokens)
-  vocab = SMALL_TARGET[0].vocab_size
-  counts = np.bincount(np.ravel_multi_index(tokens.T, [vocab] * STEPS), minlength=vocab ** STEPS)
-  return counts, out
+  """The [ROWS, DEEP_STEPS] first tokens of tree speculative sampling, and the engine's output."""
+  out = run_tree_speculative(SMALL_DRAFT, SAMPLED_TREE, target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS,
+                             budgets=DEEP_STEPS, sampling=SAMPLED, children=children, cache_len=16,
+                             out_width=DEEP_STEPS, tree_rule=tree_rule)
+  return np.asarray(out.tokens), out
 
 
 @functools.cache
-def _exact():
-  """The target's exact distribution of the first STEPS tokens, flattened."""
-  return _exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLED, STEPS).ravel()
+def _exact_joint():
+  """The target's exact distribution of the first DEEP_STEPS tokens, [V] * DEEP_STEPS."""
+  return exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLED, DEEP_STEPS)
 
 
-def _pvalue(counts):
-  return chi_square_pvalue(counts, _exact())
+def _pvalues(tokens_NxS):
+  """Chi-square p-values of the rows' tokens at each of MARGINALS against that marginal of the exact joint."""
+  vocab = SMALL_TARGET[0].vocab_size
+  out = []
+  for positions in MARGINALS:
+    others = tuple(i for i in range(DEEP_STEPS) if i not in positions)
+    counts = np.bincount(np.ravel_multi_index(tokens_NxS[:, positions].T, [vocab] * len(positions)),
+                         minlength=vocab ** len(positions))
+    out.append(chi_square_pvalue(counts, _exact_joint().sum(axis=others).ravel()))
+  return out
 
 
-def _no_update_rule(*args):
-  """A broken tree rule: q' is not updated after a rejection (patched while the loop is traced)."""
-  with mock.patch.object(tree_acceptance, "residual", lambda q, p: q):
+def _bonus_from_residual_rule(*args):
+  """A broken tree rule: after a path accepted to full depth, the next token is drawn from the last
+  residual q' instead of the leaf's q (patched while the loop is traced)."""
+  with mock.patch.object(tree_acceptance, "_verify_tree_row", mutants.tree_row("bonus_from_residual")):
     return tree_acceptance.verify_tree(*args)
 
 
 @pytest.mark.parametrize("children", ["iid", "without_replacement", "top"])
 def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
-  counts, out = _first_tokens(children)
+  tokens_NxS, out = _first_tokens(children)
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
-  assert _pvalue(counts) > ALPHA
-  broken, _ = _first_tokens(children, _no_update_rule)
-  assert _pvalue(broken) < REJECTED
+  assert (np.asarray(out.acceptance.rounds) >= 2).all()  # 5 tokens take two rounds at least
+  assert min(_pvalues(tokens_NxS)) > ALPHA / 2
+  broken, _ = _first_tokens(children, no_update_rule)
+  assert min(_pvalues(broken)) < REJECTED
+
+
+def test_a_bonus_from_the_last_residual_fails():
+  """The bonus mutant (i.i.d. children; the rows accepting round one to full depth show its bonus at
+  token 3): p < 1e-6 on the same statistic, which the correct engine passes (test above)."""
+  broken, _ = _first_tokens("iid", _bonus_from_residual_rule)
+  assert min(_pvalues(broken)) < REJECTED

@@ -15,9 +15,9 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
 from specjax.models.transformer import forward, prefill
 from specjax.speculative import tree as tree_lib
-from tests.test_speculative import _model
+from tests.helpers.engine import tiny_model
 
-BASE = _model(5, vocab=31, n_layers=2)
+BASE = tiny_model(5, vocab=31, n_layers=2)
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7]]
 CACHE_LEN = 24
 TREES = {"branching": tree_lib.from_branching((3, 2, 1)),

@@ -17,31 +17,17 @@ from specjax.speculative import speculative_generate
 from specjax.speculative import tree as tree_lib
 from specjax.speculative.draft_head import restrict_head
 from specjax.speculative.model_drafter import ModelDrafter
-from tests.test_speculative import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET,
-                                    _speculative, _target_greedy)
-
-TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
-         "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])}
-
-
-def _tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS,
-                      sampling=GREEDY, children="iid", seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH,
-                      head=None, **kwargs):
-  (target_config, target_params), (draft_config, draft_params) = target, draft
-  drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children)
-  padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, PROMPTS, TARGET, run_speculative,
+                                  target_greedy)
+from tests.helpers.trees import TREES, run_tree_speculative
 
 
 @pytest.mark.parametrize("tree_name", sorted(TREES))
 def test_greedy_tree_decoding_equals_target_greedy(tree_name):
   tree = TREES[tree_name]
   for draft_name in ("same", "never", "perturbed", "independent"):
-    out = _tree_speculative(DRAFTS[draft_name], tree)
-    assert as_token_lists(out.tokens, out.counts) == _target_greedy(), draft_name
+    out = run_tree_speculative(DRAFTS[draft_name], tree)
+    assert as_token_lists(out.tokens, out.counts) == target_greedy(), draft_name
     np.testing.assert_array_equal(out.counts, BUDGETS)
     total = metrics.summarize(out.acceptance)["total"]
     if draft_name == "same":
@@ -53,18 +39,19 @@ def test_a_restricted_draft_head_drafts_trees_inside_its_subset():
   (children are the head's top tokens) lies in the subset."""
   config, params = DRAFTS["perturbed"]
   head = restrict_head(config, params, range(0, config.vocab_size, 2))
-  out = _tree_speculative(DRAFTS["perturbed"], TREES["branching"], head=head)
-  assert as_token_lists(out.tokens, out.counts) == _target_greedy()
+  out = run_tree_speculative(DRAFTS["perturbed"], TREES["branching"], head=head)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert metrics.summarize(out.acceptance)["total"]["accepted"] > 0
-  proposal, _, _ = ModelDrafter(config, params, head, tree=TREES["branching"]).propose(
-      out.draft_state, None, jax.numpy.asarray([4, 6, 8]), GREEDY, jax.random.key(0), 3)
+  drafter = ModelDrafter(config, params, head, tree=TREES["branching"])
+  propose = jax.jit(lambda state, pending: drafter.propose(state, None, pending, GREEDY, jax.random.key(0), 3))
+  proposal, _, _ = propose(out.draft_state, jax.numpy.asarray([4, 6, 8]))  # op by op: ~50 s
   assert np.all(np.asarray(proposal.tokens) % 2 == 0)
 
 
 def test_eos_inside_an_accepted_path_ends_the_row():
-  expected = _target_greedy()
+  expected = target_greedy()
   eos = expected[0][4]  # row 0's fifth token, inside a round of the "same" draft
-  out = _tree_speculative(DRAFTS["same"], TREES["branching"], eos_ids=[eos])
+  out = run_tree_speculative(DRAFTS["same"], TREES["branching"], eos_ids=[eos])
   got = as_token_lists(out.tokens, out.counts)
   for row, tokens in enumerate(expected):
     cut = tokens.index(eos) + 1 if eos in tokens else len(tokens)
@@ -73,8 +60,8 @@ def test_eos_inside_an_accepted_path_ends_the_row():
 
 def test_chain_shaped_tree_equals_plain_k():
   chain = tree_lib.chain(3)
-  as_tree = _tree_speculative(DRAFTS["perturbed"], chain)
-  plain = _speculative(DRAFTS["perturbed"], k=3)
+  as_tree = run_tree_speculative(DRAFTS["perturbed"], chain)
+  plain = run_speculative(DRAFTS["perturbed"], k=3)
   np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
@@ -84,9 +71,9 @@ def test_chain_shaped_tree_equals_plain_k():
 def test_bad_tree_runs_fail_on_the_host():
   tree = TREES["branching"]
   with pytest.raises(ValueError, match="needs 11 free positions per round, the target cache holds 8"):
-    _tree_speculative(DRAFTS["same"], tree, cache_len=8)
+    run_tree_speculative(DRAFTS["same"], tree, cache_len=8)
   with pytest.raises(ValueError, match="speculative generate"):  # prompt + budget + the tree's slack
-    _tree_speculative(DRAFTS["same"], tree, cache_len=36)
+    run_tree_speculative(DRAFTS["same"], tree, cache_len=36)
   config, params = DRAFTS["same"]
   drafter = ModelDrafter(config, params, tree=tree)
   padded, lengths = pad_prompts(PROMPTS)

@@ -2,7 +2,7 @@
 devices, and prints one JSON object of results; `tests/test_distill_mesh.py` starts it (the rest of the
 suite keeps one device).
 
-  python tests/distill_mesh_worker.py steps|errors|resume DIR
+  python tests/helpers/distill_mesh_worker.py steps|errors|resume DIR
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import os
 import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repository root first on the path, and this directory off it: its gguf.py and tokenizers.py would
+# shadow those packages.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(os.path.dirname(_HERE))] + [p for p in sys.path if os.path.abspath(p) != _HERE]
 
 import json  # noqa: E402
 import shutil  # noqa: E402
@@ -190,7 +193,7 @@ def _save_target(directory: str) -> str:
   """TEACHER as a Hugging Face directory with the tiny character tokenizer (97 ids inside 128 rows)."""
   import transformers
 
-  from tests.test_distill_tiny import tiny_tokenizer
+  from tests.helpers.distill import tiny_tokenizer
 
   config = transformers.LlamaConfig(vocab_size=TEACHER.vocab_size, hidden_size=TEACHER.d_model,
                                     intermediate_size=TEACHER.d_ff, num_hidden_layers=TEACHER.n_layers,

@@ -2,7 +2,7 @@
 $SPECJAX_TEST_DEVICES) and prints one JSON object of results; `tests/test_mesh.py` starts it (the rest
 of the suite keeps one device).
 
-  python tests/mesh_worker.py decode|params|hlo|errors|processes
+  python tests/helpers/mesh_worker.py decode|params|hlo|errors|processes
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import sys
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
                            + os.environ.get("SPECJAX_TEST_DEVICES", "8"))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repository root first on the path, and this directory off it: its gguf.py and tokenizers.py would
+# shadow those packages.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(os.path.dirname(_HERE))] + [p for p in sys.path if os.path.abspath(p) != _HERE]
 
 import contextlib  # noqa: E402
 import json  # noqa: E402

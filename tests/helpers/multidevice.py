@@ -1,5 +1,6 @@
-"""Running a worker script of the multi-device tests in its own process (it sets its own simulated
-device count; the test process keeps one device) and reading the JSON object it prints last."""
+"""Running a worker script of the multi-device tests in its own process (it adds its own simulated
+device count to the test run's XLA_FLAGS; the test process keeps one device) and reading the JSON
+object it prints last."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import sys
 
 
 def run_worker(script: str, *args: str, timeout: float = 900) -> dict:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), *args],
-                        capture_output=True, text=True, env=env, timeout=timeout)
+                        capture_output=True, text=True, timeout=timeout)
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,71 @@
+"""Driving `specjax.decode`: two tiny Qwen2 directories with the character tokenizer (the module fixture
+`model_dirs`; import it into a test module to use it there), the tiny decode config for them, and the
+CLI started in a subprocess from the repository root or run in this process."""
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import tiny
+from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+  """[target, draft]: tiny random Qwen2 directories (seeds 0 and 1) with the character tokenizer."""
+  dirs = []
+  for name, seed in (("target", 0), ("draft", 1)):
+    directory = str(tmp_path_factory.mktemp(name))
+    save_hf_model("qwen2", directory, seed=seed)
+    save_char_tokenizer(directory)
+    dirs.append(directory)
+  return dirs
+
+
+def cli_config(model_dirs, **overrides) -> ml_collections.ConfigDict:
+  """configs/tiny.py for the [target, draft] directories `model_dirs`, with `overrides`."""
+  cfg = tiny.get_config()
+  cfg.target, cfg.draft = model_dirs
+  cfg.update(overrides)
+  return cfg
+
+
+def run_cli(arguments, debug=False, env=None):
+  """Starts `python -m specjax.decode ARGUMENTS` from the repository root (returns the process), with
+  `env` added to the environment (a None value removes that variable)."""
+  env = {name: value for name, value in {**os.environ, **(env or {})}.items()
+         if name != "SPECJAX_DEBUG" and value is not None}
+  env.update(JAX_PLATFORMS="cpu", **({"SPECJAX_DEBUG": "1"} if debug else {}))
+  return subprocess.Popen([sys.executable, "-m", "specjax.decode", *arguments], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def decode_in_process(arguments) -> tuple[int, str]:
+  """`python -m specjax.decode ARGUMENTS` through the module's own entry point (`cli.run(decode.main, ...)`:
+  absl parsing, the config checks, the one-line `error:`) in this process, without a new interpreter:
+  (exit status, stderr). The `--config.FIELD` override flags an earlier parse defined are dropped first,
+  as a fresh process would not have them (absl refuses to define a flag twice)."""
+  from absl import flags
+
+  from specjax import cli, decode
+
+  for name in [name for name in flags.FLAGS if name.startswith(decode._CONFIG.name + ".")]:
+    delattr(flags.FLAGS, name)
+  stderr, argv = io.StringIO(), sys.argv
+  sys.argv = ["specjax.decode", *arguments]
+  try:
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+      cli.run(decode.main, decode._CONFIG)
+    status = 0
+  except SystemExit as e:
+    status = e.code
+  finally:
+    sys.argv = argv
+  return status, stderr.getvalue()

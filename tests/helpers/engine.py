@@ -1,0 +1,129 @@
+"""Tiny random models and drafts for the engine tests, the runners that decode with them (speculative
+and the target's own greedy), and the exact enumeration of a model's first generated tokens."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import autoregressive
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import forward, init_params
+from specjax.sampling import sampling_params
+from specjax.speculative import speculative_generate
+from specjax.speculative.model_drafter import ModelDrafter
+from tests.helpers import reference
+from tests.helpers.stats import chi_square_pvalue
+
+GREEDY = sampling_params(0.0)
+VOCAB = 61
+NO_EOS = [-1]  # an id no model emits: keeps the EOS array's shape (and the compiled program) fixed
+PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]
+BUDGETS = [13, 6, 20]  # 12, 5, 19 tokens after the prefill's: some fill their last block, some cut it
+OUT_WIDTH = 24
+CACHE_LEN = 40
+
+
+def tiny_model(seed, vocab=VOCAB, arch="llama", d_model=32, n_layers=1, scale=0.3):
+  """A tiny random model, weights drawn with numpy (no compile) in the tree `init_params` defines;
+  std `scale` on matrices makes the distributions peaked and free of near-ties."""
+  config = ModelConfig(arch=arch, vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=4,
+                       n_kv_heads=4 if arch == "gpt2" else 2, head_dim=d_model // 4, d_ff=2 * d_model,
+                       max_positions=64 if arch == "gpt2" else 0)
+  rng = np.random.default_rng(seed)
+  init = lambda path, leaf: jnp.asarray(
+      rng.normal(0.0, scale, leaf.shape) if leaf.ndim == 2 else
+      np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), jnp.float32)
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  return config, jax.tree_util.tree_map_with_path(init, shapes)
+
+
+def perturbed(model, noise, seed):
+  """The same architecture with Gaussian noise of std `noise` on every weight: a draft that agrees
+  with the model often but not always."""
+  config, params = model
+  rng = np.random.default_rng(seed)
+  noisy = lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32)
+  return config, jax.tree.map(noisy, params)
+
+
+TARGET = tiny_model(0)
+
+
+def _drafts():
+  config, params = TARGET
+  rolled_head = dict(params, lm_head={"weight": jnp.roll(params["lm_head"]["weight"], 1, axis=0)})
+  return {"same": TARGET,
+          "never": (config, rolled_head),  # its argmax is the target's argmax + 1 (mod V)
+          "perturbed": perturbed(TARGET, 0.01, seed=7),
+          "independent": tiny_model(3)}  # same shapes as the target: all four share one compiled program
+
+
+DRAFTS = _drafts()
+
+
+def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
+                    target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, stop_threshold=0.0,
+                    **kwargs):
+  """Speculative decoding of `prompts` by TARGET with the model drafter `draft`."""
+  (target_config, target_params), (draft_config, draft_params) = TARGET, draft
+  drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold)
+  padded, lengths = pad_prompts(prompts)
+  return speculative_generate(target_config, target_params, drafter, padded, lengths,
+                              init_cache(target_config, len(prompts), target_cache_len),
+                              drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
+                              sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
+
+
+def target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
+  """TARGET's own greedy decoding of `prompts`, as token lists."""
+  config, params = TARGET
+  padded, lengths = pad_prompts(prompts)
+  out = autoregressive.generate(config, params, padded, lengths,
+                                init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
+                                jax.random.key(0), out_width=OUT_WIDTH)
+  return as_token_lists(out.tokens, out.counts)
+
+
+def exact_distribution(config, params, prompt, sampling, steps):
+  """P(first `steps` generated tokens) as a [V] * steps array, enumerating every continuation: logits
+  from the library's forward, probabilities from `reference` (numpy float64, independent of
+  `specjax.sampling`)."""
+  vocab = config.vocab_size
+  prefixes = np.array(list(itertools.product(range(vocab), repeat=steps - 1)), np.int32)
+  tokens = np.concatenate([np.tile(prompt, (len(prefixes), 1)), prefixes], axis=1)
+  logits, _ = jax.jit(forward, static_argnums=0)(config, params, jnp.asarray(tokens),
+                                                 init_cache(config, len(tokens), tokens.shape[1]))
+  # The distributions from the float64 numpy reference, not the library's sampler under test.
+  probs = reference.params_probabilities(np.asarray(logits[:, len(prompt) - 1:]), sampling)  # [V^(s-1), s, V]
+  joint = np.ones(())
+  for step in range(steps):
+    table = probs[:, step].reshape([vocab] * steps)  # [prefix token 1 .. s-1, next token]
+    conditional = table[(slice(None),) * step + (0,) * (steps - 1 - step)]  # on the first `step` only
+    joint = joint[..., None] * conditional
+  return joint
+
+
+def first_tokens_pvalue(model, prompt, sampling, tokens_NxS) -> float:
+  """Chi-square p-value of the rows' first S generated tokens against `model`'s exact joint
+  distribution of them (`exact_distribution`)."""
+  config = model[0]
+  steps = tokens_NxS.shape[1]
+  index = np.ravel_multi_index(np.asarray(tokens_NxS).T, [config.vocab_size] * steps)
+  observed = np.bincount(index, minlength=config.vocab_size ** steps)
+  return chi_square_pvalue(observed, exact_distribution(*model, prompt, sampling, steps).ravel())
+
+
+def accept_all(key, proposal, target_probs_BxK1xV):
+  """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
+  k = proposal.k
+  return (jnp.full(proposal.tokens.shape[:1], k, jnp.int32),
+          jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
+
+
+SMALL_TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
+SMALL_DRAFT = perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance about 0.7
+SAMPLE_PROMPT, SAMPLE_STEPS = [3, 1, 4], 3

@@ -1,0 +1,132 @@
+"""Deliberately broken acceptance rules (mutants), for the tests to show they have power.
+
+Each mutant is one plausible bug of `acceptance` / `tree_acceptance`, injected with pytest's
+`monkeypatch` (the patch is seen by a program traced while it is in place: wrap the rule in a fresh
+function before `jax.jit`, or pass a fresh rule to the engine):
+
+- `ROW_KEY_MUTANT`: every row keyed by the same key (`jax.random.fold_in` patched to ignore the row):
+  each row's marginal stays exact, the rows are correlated.
+- `RESIDUAL_MUTANTS`: the residual after a rejection as `q` (never updated), `max(0, q - p)` not
+  renormalised (invisible to `sample`, which normalises, so only the tree rule, whose next sibling reads
+  q', can be broken by it) and `norm(max(0, p - q))` (the wrong way round).
+- `chain_row(mutant)` / `tree_row(mutant)`: copies of `acceptance._verify_row` /
+  `tree_acceptance._verify_tree_row` with one bug: "inverse_ratio" (accept with probability
+  min(1, p/q)), "bonus_from_residual" (tree: after a path accepted to full depth the next token comes
+  from the last residual q', not the leaf's q), "shared_sibling_uniform" (tree: the siblings of a level
+  share one uniform). The copies mirror the library's code as of this writing, mutation aside.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.sampling import sample
+from specjax.speculative import acceptance, tree_acceptance
+
+
+def same_key_for_every_row(monkeypatch) -> None:
+  """The shared-row-key mutant: `fold_in(key, b)` returns `key`, so row b's key does not depend on b."""
+  monkeypatch.setattr(jax.random, "fold_in", lambda key, data: key)
+
+
+def _unnormalised_residual(target_probs_xV, draft_probs_xW):
+  fitted = acceptance._fit_vocab(draft_probs_xW, target_probs_xV.shape[-1])
+  return jnp.maximum(target_probs_xV - fitted, 0.0)
+
+
+def _reversed_residual(target_probs_xV, draft_probs_xW):
+  fitted = acceptance._fit_vocab(draft_probs_xW, target_probs_xV.shape[-1])
+  excess_xV = jnp.maximum(fitted - target_probs_xV, 0.0)
+  total_x1 = excess_xV.sum(axis=-1, keepdims=True)
+  return jnp.where(total_x1 > 0.0, excess_xV / jnp.where(total_x1 > 0.0, total_x1, 1.0), target_probs_xV)
+
+
+RESIDUAL_MUTANTS = {
+    "residual_is_q": lambda target_probs_xV, draft_probs_xW: target_probs_xV,
+    "residual_not_renormalised": _unnormalised_residual,
+    "residual_p_minus_q": _reversed_residual,
+}
+
+
+def chain_row(mutant: str):
+  """`acceptance._verify_row` with the bug `mutant` ("inverse_ratio")."""
+  assert mutant in ("inverse_ratio",)
+
+  def verify_row(key, tokens_K, length, draft_probs_KxW, target_probs_K1xV):
+    K = tokens_K.shape[0]
+    uniform_key, residual_key = jax.random.split(key)
+    q_K = acceptance._probability_of(target_probs_K1xV[:K], tokens_K)
+    p_K = (jnp.ones((K,), jnp.float32) if draft_probs_KxW is None
+           else acceptance._probability_of(draft_probs_KxW, tokens_K))
+    uniform_K = jax.random.uniform(uniform_key, (K,), jnp.float32)
+    accepted_K = (uniform_K * q_K < p_K) & (jnp.arange(K) < length)  # the bug: min(1, p/q)
+    num_accepted = jnp.sum(jnp.cumprod(accepted_K.astype(jnp.int32)))
+    rejected = num_accepted < length
+    at = jnp.minimum(num_accepted, K - 1)
+    if draft_probs_KxW is None:
+      draft_n_W = jnp.where(rejected, jax.nn.one_hot(tokens_K[at], target_probs_K1xV.shape[-1],
+                                                     dtype=jnp.float32), 0.0)
+    else:
+      draft_n_W = jnp.where(rejected, draft_probs_KxW[at], 0.0)
+    next_token = sample(residual_key, acceptance.residual(target_probs_K1xV[num_accepted], draft_n_W))
+    return num_accepted.astype(jnp.int32), next_token
+
+  return verify_row
+
+
+TREE_ROW_MUTANTS = ("inverse_ratio", "bonus_from_residual", "shared_sibling_uniform")
+
+
+def tree_row(mutant: str):
+  """`tree_acceptance._verify_tree_row` with the bug `mutant` (one of `TREE_ROW_MUTANTS`)."""
+  assert mutant in TREE_ROW_MUTANTS
+
+  def try_child(uniform, child, tokens_N, probs_NxW, q_V):
+    accepted, rejected_q_V = tree_acceptance._try_child(uniform, child, tokens_N, probs_NxW, q_V)
+    if mutant != "inverse_ratio":
+      return accepted, rejected_q_V
+    token = tokens_N[child - 1]
+    p_x = (jnp.float32(1.0) if probs_NxW is None
+           else acceptance._probability_of(probs_NxW[child - 1][None], token[None])[0])
+    q_x = acceptance._probability_of(q_V[None], token[None])[0]
+    return uniform * q_x < p_x, rejected_q_V  # the bug: min(1, p/q)
+
+  def verify_tree_row(key, children_N1xC, path_N1xD1, depth_N1, tokens_N, probs_NxW, target_probs_N1xV):
+    depth, width = path_N1xD1.shape[1] - 1, children_N1xC.shape[1]
+    uniform_key, sample_key = jax.random.split(key)
+    uniforms_DxC = jax.random.uniform(uniform_key, (depth, width), jnp.float32)
+    node, q_V, searching = jnp.int32(0), target_probs_N1xV[0], jnp.bool_(True)
+    for level in range(depth):
+      found, next_node = jnp.bool_(False), node
+      for rank in range(width):
+        child = children_N1xC[node, rank]
+        trying = searching & ~found & (child > 0)
+        uniform = uniforms_DxC[level, 0 if mutant == "shared_sibling_uniform" else rank]
+        accepted, rejected_q_V = try_child(uniform, jnp.maximum(child, 1), tokens_N, probs_NxW, q_V)
+        q_V = jnp.where(trying & ~accepted, rejected_q_V, q_V)
+        next_node = jnp.where(trying & accepted, child, next_node)
+        found = found | (trying & accepted)
+      node, searching = next_node, found
+      last_level_kept = mutant == "bonus_from_residual" and level == depth - 1
+      q_V = jnp.where(found & (not last_level_kept), target_probs_N1xV[node], q_V)
+    return path_N1xD1[node], depth_N1[node], sample(sample_key, q_V)
+
+  return verify_tree_row
+
+
+def inject(monkeypatch, mutant: str, chain: bool = False, tree: bool = False) -> None:
+  """Injects `mutant` (a key of `RESIDUAL_MUTANTS`, "same_row_key", or a row mutant) into the chain
+  and/or the tree rule's module."""
+  if mutant == "same_row_key":
+    same_key_for_every_row(monkeypatch)
+  elif mutant in RESIDUAL_MUTANTS:
+    if chain:
+      monkeypatch.setattr(acceptance, "residual", RESIDUAL_MUTANTS[mutant])
+    if tree:
+      monkeypatch.setattr(tree_acceptance, "residual", RESIDUAL_MUTANTS[mutant])
+  else:
+    if chain:
+      monkeypatch.setattr(acceptance, "_verify_row", chain_row(mutant))
+    if tree:
+      monkeypatch.setattr(tree_acceptance, "_verify_tree_row", tree_row(mutant))
