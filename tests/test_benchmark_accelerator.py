@@ -40,6 +40,7 @@ def dry_run(tmp_path_factory):
     return json.load(f), done.stdout
 
 
+@pytest.mark.slow
 def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
   results, stdout = dry_run
   cfg = accelerator.get_config("tiny")
@@ -75,6 +76,7 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
   assert kit.table(results) in stdout
 
 
+@pytest.mark.slow
 def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
   results, _ = dry_run
   cfg = accelerator.get_config("tiny")
@@ -99,6 +101,7 @@ def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
       assert model["round_time"] == pytest.approx(tokens_per_round * baseline["step_s"] / row["round_s"])
 
 
+@pytest.mark.slow
 def test_real_weights_measure_acceptance_and_speedup(tmp_path):
   """weights=real on tiny HF directories (two different random models: drafts get rejected) and
   standard-library prompts through their character tokenizer."""

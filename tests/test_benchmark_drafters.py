@@ -42,6 +42,7 @@ def benchmark(tmp_path_factory):
     return json.load(f), done.stdout, output
 
 
+@pytest.mark.slow
 def test_one_run_records_every_group_system_and_cost(benchmark):
   results, _, _ = benchmark
   assert results["command"].startswith("python -m experiments.benchmark_drafters --config=configs/benchmarks/")
@@ -79,6 +80,7 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
                                                     / (row["k"] * row["cost_ratio_c"] + row["verify_cost"]))
 
 
+@pytest.mark.slow
 def test_greedy_outputs_equal_autoregressive_and_transformers(benchmark):
   results, _, _ = benchmark
   for key, group in results["groups"].items():
@@ -95,6 +97,7 @@ def test_greedy_outputs_equal_autoregressive_and_transformers(benchmark):
     assert row["outputs_match_autoregressive"] is True and row["speedup_vs_autoregressive"] > 0
 
 
+@pytest.mark.slow
 def test_tables_are_printed_and_reprinted_from_the_file(benchmark):
   results, stdout, output = benchmark
   printed = benchmark_drafters.tables(results)

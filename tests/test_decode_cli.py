@@ -259,6 +259,7 @@ def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_
   os.remove(error.split(" to ")[-1].removesuffix(" instead"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_every_drafter_keeps_greedy_output_for_the_2026_families(family, tmp_path):
   """Qwen3 (QK-norm, explicit head_dim) and Gemma 3 (its block, sliding and global layers with their

@@ -24,6 +24,7 @@ TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6,
 NUM_STEPS = 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature_layers, qkv_bias", [((0, 1, 2), False), ((), False), ((0, 1, 2), True)])
 def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, qkv_bias):
   """qkv_bias: a Qwen2-style head block (biases of 1 on q, k and v)."""

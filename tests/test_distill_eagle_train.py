@@ -24,6 +24,7 @@ EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student_
              data__modes__target=0.5)
 
 
+@pytest.mark.slow
 def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, tmp_path, compile_cache):
   summary = train.run(distill_config(target, tmp_path, **EAGLE))
   records = read_records(tmp_path)
@@ -40,6 +41,7 @@ def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, 
     assert json.load(f)["student"]["feature_layers"] == [0, 1]
 
 
+@pytest.mark.slow
 def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compile_cache):
   whole = train.run(distill_config(target, tmp_path / "whole", **EAGLE))
 

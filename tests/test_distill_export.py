@@ -46,6 +46,7 @@ def test_export_round_trips_through_transformers(family, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params_back, params)
 
 
+@pytest.mark.slow
 def test_export_of_a_windowed_qwen2_config(tmp_path):
   """Settings the families above do not cover: q/k/v biases with a sliding window shorter than the input."""
   config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,

@@ -47,11 +47,13 @@ def _assert_same_step(results, name):
   assert got["moved"] > 1000 * PARAM_TOLERANCE  # the steps did train: the comparison is not of idle weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["data=2,model=4", "model=8", "data=8"])
 def test_three_sharded_steps_equal_three_one_device_steps(mesh):
   _assert_same_step(_worker("steps"), mesh)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["accum2", "accum4", "data=2,model=4|accum2"])
 def test_accumulated_micro_batches_equal_one_step_of_the_whole_batch(variant):
   """Micro-batches of 4 and 2 rows (uneven token counts) against the 8-row batch: one optimizer update
@@ -59,12 +61,14 @@ def test_accumulated_micro_batches_equal_one_step_of_the_whole_batch(variant):
   _assert_same_step(_worker("steps"), variant)
 
 
+@pytest.mark.slow
 def test_accumulation_runs_micro_batches_in_a_scan():
   results = _worker("steps")
   assert results["jaxpr_accum2"]["scans"] == 1 and results["jaxpr_accum2"]["length=2"] >= 1
   assert results["jaxpr_plain"]["scans"] == 0
 
 
+@pytest.mark.slow
 def test_rematerialisation_changes_no_bit():
   results = _worker("steps")
   assert results["remat_bit_equal"] and results["mesh_remat_bit_equal"]
@@ -73,6 +77,7 @@ def test_rematerialisation_changes_no_bit():
   assert results["jaxpr_remat"]["checkpoints"] >= 1 and results["jaxpr_plain"]["checkpoints"] == 0
 
 
+@pytest.mark.slow
 def test_adamw_steps_on_a_mesh_agree_up_to_adams_amplified_rounding():
   adam = _worker("steps")["adamw"]
   assert adam["losses"][0] == pytest.approx(adam["base_losses"][0], rel=1e-6)
@@ -82,6 +87,7 @@ def test_adamw_steps_on_a_mesh_agree_up_to_adams_amplified_rounding():
   assert adam["param_diff"] < 0.2 * adam["moved"]
 
 
+@pytest.mark.slow
 def test_every_student_weight_and_adam_moment_is_split_as_the_fsdp_rules_say():
   """data=2,model=4, d_model 64 on data, heads / MLP / vocabulary on model; 4 key/value heads of 8 dims
   split over model=4. Norm scales are whole. Adam's mu and nu are laid out like their parameters."""
@@ -105,6 +111,7 @@ def test_every_student_weight_and_adam_moment_is_split_as_the_fsdp_rules_say():
     assert got == want, moment
 
 
+@pytest.mark.slow
 def test_killed_run_on_a_mesh_resumes_bit_for_bit(resume):
   """data=2,model=4 with on-policy batches (generated on the mesh), killed at step 3 after the step-2
   checkpoint, rerun: the same metrics, the same exported weights, the same checksums of every state leaf
@@ -115,6 +122,7 @@ def test_killed_run_on_a_mesh_resumes_bit_for_bit(resume):
   assert resume["records_equal"] and resume["export_bit_equal"] and resume["state_sums_equal"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh, embedding_shard, devices", [
     ("data=2,model=4", [32, 32], [8]), ("model=8", [16, 64], [8]), ("", [128, 64], [1])])
 def test_a_checkpoint_restores_onto_another_mesh_shape_with_the_same_bits(resume, mesh, embedding_shard, devices):
@@ -123,6 +131,7 @@ def test_a_checkpoint_restores_onto_another_mesh_shape_with_the_same_bits(resume
   assert restored["embedding_shard"] == embedding_shard and restored["num_devices"] == devices
 
 
+@pytest.mark.slow
 def test_a_run_restored_onto_another_mesh_shape_trains_on(resume):
   """The killed data=2,model=4 run continued on model=8 from its step-2 checkpoint: it trains (its weights
   move) to the uninterrupted run's result up to float rounding."""

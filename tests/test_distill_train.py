@@ -80,6 +80,7 @@ def _jsonl_scalars(workdir, split):
           if k not in ("step", "split", "mode")}
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
   """On-policy batches mixed in (draft-generated continuations sampled with per-step keys from the
   current params), killed between checkpoints, rerun: the same params, metrics and evaluations as an
@@ -118,6 +119,7 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
   np.testing.assert_array_equal(draft.params["embed"]["embedding"], want["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow
 def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(target, tmp_path, compile_cache):
   """A bfloat16 run (on-policy batches from the bfloat16 draft) killed after its first checkpoint resumes
   to the uninterrupted run's metrics and export; its checkpoints hold float32 params and moments, and the
@@ -188,6 +190,7 @@ def test_bad_configs_give_clear_errors(case, target, tmp_path):
     train.run(distill_config(target, tmp_path / "work", **changes(tmp_path)))
 
 
+@pytest.mark.slow
 def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
   command = [sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py",
              f"--config.workdir={tmp_path}", f"--config.target={target}"]

@@ -3,6 +3,7 @@ tree against a reference built from plain causal forwards of every path, greedy 
 target's, a one-child dynamic tree equal to the plain chain, and sampled exactness (chi-square)."""
 
 import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +14,11 @@ from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, prefill
+from specjax.speculative import dynamic_tree
 from specjax.speculative import tree as tree_lib
 from specjax.speculative.dynamic_tree import DynamicSpec, DynamicTree, draft_dynamic_tree
+from specjax.speculative.tree_acceptance import verify_tree
+from tests.helpers import mutants
 from tests.helpers.engine import (BUDGETS, DRAFTS, GREEDY, PROMPTS, SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET,
                                   run_speculative, target_greedy)
 from tests.helpers.trees import (ALPHA, REJECTED, ROWS, SAMPLED, STEPS, TREES, no_update_rule, run_tree_speculative,
@@ -44,13 +48,23 @@ def test_per_row_tables_equal_the_static_trees(tree_name):
     np.testing.assert_array_equal(got, np.broadcast_to(getattr(tree, name)(), got.shape), err_msg=name)
 
 
+DEEP_SPEC = DynamicSpec(nodes=10, depth=4, expand=2)  # 2 + 3 * 4 = 14 candidates, 10 kept; 3 frontier chunks
+PLAIN_WIDTH = 16  # every plain forward right-padded to this: one compiled program (causal: padding is unseen)
+_plain_forward = jax.jit(forward, static_argnums=0)
+
+
 def _reference_tree(config, params, history, spec):
   """EAGLE-2's selection by plain causal forwards of every path (no tree masks, no cache reuse):
-  {path tokens: cumulative log-probability} of the kept nodes."""
+  ({path tokens: cumulative log-probability} of the kept nodes, {path: log-probabilities [V] after it}
+  of every expanded path, the root's () included)."""
+  after = {}
+
   def logp_after(path):
-    logits = forward(config, params, jnp.asarray([history + list(path)]),
-                     init_cache(config, 1, len(history) + spec.depth + 1))[0][0, -1]
-    return np.asarray(jax.nn.log_softmax(logits))
+    tokens = history + list(path)
+    padded_1xW = jnp.asarray([tokens + [0] * (PLAIN_WIDTH - len(tokens))])
+    logits = _plain_forward(config, params, padded_1xW, init_cache(config, 1, PLAIN_WIDTH))[0][0, len(tokens) - 1]
+    after[path] = np.asarray(jax.nn.log_softmax(logits))
+    return after[path]
 
   def children(path, score):
     logp = logp_after(path)
@@ -64,35 +78,78 @@ def _reference_tree(config, params, history, spec):
     level = [child for path, score in frontier for child in children(path, score)]
     candidates += level
   kept = sorted(candidates, key=lambda c: -c[1])[:spec.nodes]
-  return dict(kept)
+  return dict(kept), after
 
 
-def test_drafted_tree_is_eagle2s_selection_from_plain_forwards():
-  """Frontier chunks (tree-masked, cached) give the same trees as plain forwards of every path: a wrong
-  frontier mask, position or slot changes the tokens or scores of the deeper levels."""
+def _drafted_with_logits(config, params, spec, cache, logits_BxV):
+  """`draft_dynamic_tree`'s tokens, trees and slots, and the draft's logits [B, F, V] at each fed slot
+  (recorded by wrapping the score function it hands `grow_dynamic_tree`)."""
+  chunks, grow = [], dynamic_tree.grow_dynamic_tree
+
+  def recording_grow(spec, root_logits_BxW, sampling, score_frontier, carry):
+    def score(carry, *args):
+      logits_BxbxV, carry = score_frontier(carry, *args)
+      chunks.append(logits_BxbxV)
+      return logits_BxbxV, carry
+    return grow(spec, root_logits_BxW, sampling, score, carry)
+
+  with mock.patch.object(dynamic_tree, "grow_dynamic_tree", recording_grow):
+    tokens_BxN, tree, slots_BxN1, _ = draft_dynamic_tree(config, params, None, spec, cache, logits_BxV, GREEDY)
+  return tokens_BxN, tree, slots_BxN1, np.asarray(jax.nn.log_softmax(jnp.concatenate(chunks, axis=1)))
+
+
+def test_drafted_tree_is_eagle2s_selection_from_plain_forwards(monkeypatch):
+  """Frontier chunks (tree-masked, cached) give the same trees as plain forwards of every path, and each
+  fed node's draft log-probabilities equal the plain forward's after its path (atol 1e-4), at depth 4:
+  three frontier chunks, so a node of depth 3 has a fed grandparent. A frontier mask without it
+  (mutants.NoGrandparentFrontier) moves the depth-3 nodes' log-probabilities by far more than that
+  (asserted > 0.05; measured 3.8) while the trees still match the reference; at depth 3 (the
+  root being history) it changed nothing."""
   config, params = DRAFTS["independent"]
   histories = [PROMPTS[0], PROMPTS[1][:5]]
   padded, lengths = pad_prompts(histories)
   logits_BxV, cache = prefill(config, params, padded, lengths, init_cache(config, 2, 32))
-  tokens_BxN, tree, slots_BxN1, _ = draft_dynamic_tree(config, params, None, SPEC, cache, logits_BxV, GREEDY)
-  paths = np.asarray(tree.path_table())
-  for b, history in enumerate(histories):
-    want = _reference_tree(config, params, list(history), SPEC)  # the root is the history's last token
-    nodes = {tuple(int(tokens_BxN[b, n - 1]) for n in paths[b, i, 1:int(tree.depth[b, i]) + 1])
-             for i in range(1, SPEC.num_nodes)}
-    assert nodes == set(want), b
-    expanded = {int(p) for p in np.asarray(tree.parent[b, 1:])}
-    assert all(int(slots_BxN1[b, i]) >= 0 for i in expanded - {0}) and int(slots_BxN1[b, 0]) == -1
+  wants = [_reference_tree(config, params, list(history), DEEP_SPEC) for history in histories]  # root: the last token
+
+  def deviations(tokens_BxN, tree, slots_BxN1, fed_logp_BxFxV, check_trees=True):
+    """Checks the trees; returns {depth: the largest deviation of a fed node's log-probabilities there}."""
+    paths, worst = np.asarray(tree.path_table()), {}
+    for b, (kept, after) in enumerate(wants):
+      path_of = lambda i: tuple(int(tokens_BxN[b, n - 1]) for n in paths[b, i, 1:int(tree.depth[b, i]) + 1])
+      if check_trees:
+        assert {path_of(i) for i in range(1, DEEP_SPEC.num_nodes)} == set(kept), b
+        expanded = {int(p) for p in np.asarray(tree.parent[b, 1:])}
+        assert all(int(slots_BxN1[b, i]) >= 0 for i in expanded - {0}) and int(slots_BxN1[b, 0]) == -1
+      for i in range(1, DEEP_SPEC.num_nodes):
+        if slots_BxN1[b, i] >= 0:
+          error = float(np.abs(fed_logp_BxFxV[b, int(slots_BxN1[b, i])] - after[path_of(i)]).max())
+          worst[int(tree.depth[b, i])] = max(worst.get(int(tree.depth[b, i]), 0.0), error)
+    return worst
+
+  worst = deviations(*_drafted_with_logits(config, params, DEEP_SPEC, cache, logits_BxV))
+  assert set(worst) == {1, 2, 3} and max(worst.values()) < 1e-4, worst
+  # The mutant's fed nodes are the same (their scores come from correct levels), their logits are not.
+  monkeypatch.setattr(dynamic_tree, "_Frontier", mutants.NoGrandparentFrontier)
+  broken = deviations(*_drafted_with_logits(config, params, DEEP_SPEC, cache, logits_BxV), check_trees=False)
+  assert max(broken[1], broken[2]) < 1e-4 and broken[3] > 0.05, broken
 
 
 @pytest.mark.parametrize("draft_name", ["same", "perturbed", "independent"])
-def test_greedy_dynamic_tree_decoding_equals_target_greedy(draft_name):
+def test_greedy_dynamic_tree_decoding_equals_target_greedy(draft_name, monkeypatch):
+  """With the draft "same" most rounds accept nodes of depth 2 and 3, whose target logits need the whole
+  ancestor mask: a verify mask without the grandparent (mutants.no_grandparent_ancestor_mask) changes
+  the output (also with "perturbed"; "independent" accepts too little to see it, and so does the sampled
+  test below, whose 3 tokens never read a depth-2 node's logits)."""
   out = run_tree_speculative(DRAFTS[draft_name], SPEC)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   np.testing.assert_array_equal(out.counts, BUDGETS)
   if draft_name == "same":  # the root's argmax has the best score of all candidates: always kept, accepted
     total = metrics.summarize(out.acceptance)["total"]
     assert total["accepted_at_position"][0] == total["rounds"] and total["mean_accepted_length"] > 2.5
+    assert total["accepted_at_position"][1] >= total["rounds"] - 2 and total["accepted_at_position"][2] >= 2
+    monkeypatch.setattr(DynamicTree, "ancestor_mask", mutants.no_grandparent_ancestor_mask)
+    broken = run_tree_speculative(DRAFTS[draft_name], SPEC, tree_rule=lambda *args: verify_tree(*args))  # traced anew
+    assert as_token_lists(broken.tokens, broken.counts) != target_greedy()
 
 
 def test_one_child_dynamic_tree_is_the_plain_chain():
@@ -116,6 +173,7 @@ def _first_tokens(tree_rule=None):
                      minlength=vocab ** STEPS), out
 
 
+@pytest.mark.slow
 def test_sampled_dynamic_tree_decoding_follows_the_exact_target_distribution():
   """30,000 rows, first 3 tokens, level 1e-3 (see test_tree_exactness); a rule that forgets the
   rejected children fails."""

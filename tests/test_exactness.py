@@ -111,6 +111,7 @@ def _shows_bonus(acceptance, k):
   return (acceptance.rounds == 1) & (acceptance.accepted == k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("name", sorted(SAMPLINGS))
 def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
@@ -130,6 +131,7 @@ def _fresh_verify():
   return rule
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["t0.7", "t1.5_top_p0.8"])
 def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
   """Bug class (1): the drafter draws from probs ** T renormalised (probs at T go as exp(logits / T):

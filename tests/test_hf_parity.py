@@ -78,6 +78,7 @@ def test_greedy_matches_transformers_generate(loaded):
     assert row == want
 
 
+@pytest.mark.slow
 def test_incremental_decoding_equals_full_forward(loaded):
   """Prefill 9 tokens, then feed 3, 1, 1 ... through the cache: same logits as one full pass."""
   _, config, params = loaded
@@ -92,6 +93,7 @@ def test_incremental_decoding_equals_full_forward(loaded):
   np.testing.assert_allclose(np.asarray(jnp.concatenate(pieces, 1)), np.asarray(full), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_ragged_rows_equal_rows_alone(loaded):
   """Rows at different cache offsets in one call give what each row gives alone."""
   _, config, params = loaded

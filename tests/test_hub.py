@@ -120,6 +120,7 @@ def test_a_local_directory_wins_over_a_hub_name(offline_cache, tmp_path, monkeyp
   np.testing.assert_array_equal(_embedding(model), _embedding(load_model(str(tmp_path / "org" / "tiny"))))
 
 
+@pytest.mark.slow
 def test_cli_resolves_hub_names_through_hf_home_offline(hf_home):
   """`python -m specjax.decode` with HF_HOME and HF_HUB_OFFLINE=1 in its environment: a target and a
   draft named on the hub decode; an absent one ends with one `error:` line, exit status 1."""

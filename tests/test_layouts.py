@@ -61,6 +61,7 @@ def _speculative(target, drafter):
   return as_token_lists(out.tokens, out.counts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["model", "layer_skip"])
 def test_same_greedy_tokens(drafter_kind):
   expected = _autoregressive(TARGET)

@@ -30,6 +30,7 @@ def _worker(*args: str) -> dict:
   return run_worker("mesh_worker.py", *args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["speculative", "autoregressive"])
 @pytest.mark.parametrize("mesh", ["model=8", "data=2,model=4", "data=8"])
 def test_greedy_tokens_on_a_mesh_equal_the_single_device_tokens(mesh, mode):
@@ -37,12 +38,14 @@ def test_greedy_tokens_on_a_mesh_equal_the_single_device_tokens(mesh, mode):
   assert results[f"{mesh}|{mode}|greedy"] == results[f"|{mode}|greedy"]
 
 
+@pytest.mark.slow
 def test_sampled_tokens_on_a_mesh_equal_the_single_device_tokens_with_the_same_seed():
   """Top-k and top-p on vocabulary-split logits (the per-shard top-k), the same keys: the same draws."""
   results = _worker("decode")
   assert results["data=2,model=4|speculative|sampled"] == results["|speculative|sampled"]
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_global_mesh_give_the_single_device_tokens():
   """The multi-host path on one machine: two processes of 4 simulated devices each join through
   `mesh.initialize_distributed` (the coordinator variables of the README's launch) and decode on the
@@ -66,6 +69,7 @@ def test_two_processes_on_one_global_mesh_give_the_single_device_tokens():
     assert result["sampled"] == single["|speculative|sampled"]
 
 
+@pytest.mark.slow
 def test_speculative_and_autoregressive_runs_differ_where_they_should():
   """Guards the equality test against a worker that returns one constant: greedy speculative equals
   greedy autoregressive (exactness), sampled runs differ from greedy ones."""
@@ -74,6 +78,7 @@ def test_speculative_and_autoregressive_runs_differ_where_they_should():
   assert results["|speculative|sampled"] != results["|speculative|greedy"]
 
 
+@pytest.mark.slow
 def test_caches_split_rows_over_data_and_key_value_heads_over_model_when_they_divide():
   """[L, B, S, H_kv, D] = [2, 8, 64, 4, 8]: H_kv = 4 splits over model=4 but not model=8 (replicated)."""
   results = _worker("decode")
@@ -82,6 +87,7 @@ def test_caches_split_rows_over_data_and_key_value_heads_over_model_when_they_di
   assert results["data=8|cache_shard"] == [2, 1, 64, 4, 8]
 
 
+@pytest.mark.slow
 def test_every_large_weight_is_split_and_a_device_holds_a_model_axis_share():
   results = _worker("params")
   shards = results["data=2,model=4"]["shards"]
@@ -120,6 +126,7 @@ def _elements(shape):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", ["greedy", "sampled"])
 def test_the_compiled_program_gathers_no_weight_cache_or_vocabulary(sampling):
   """No all-gather / all-to-all / collective-permute in the speculative program (data=2,model=4)
@@ -130,6 +137,7 @@ def test_the_compiled_program_gathers_no_weight_cache_or_vocabulary(sampling):
   assert _large(results[sampling], results["smallest_sharded_weight"], results["vocab"]) == []
 
 
+@pytest.mark.slow
 def test_the_inspection_flags_programs_that_gather_the_vocabulary():
   results = _worker("hlo")
   assert _large(results["control"], results["smallest_sharded_weight"], results["vocab"])
@@ -159,6 +167,7 @@ def test_bad_mesh_strings_name_the_bad_part(spec, message):
     meshes.axis_sizes(spec, 8)
 
 
+@pytest.mark.slow
 def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_devices(model_dirs, tmp_path):
   """`python -m specjax.decode --config.mesh=data=2,model=4` on 8 simulated devices: the tiny models'
   97 vocabulary rows do not split over 4 (one clear line, exit status 1) unless they are replicated;

@@ -268,6 +268,7 @@ def _first_tokens(sampling, rule):
   return np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS), out.acceptance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [sampling_params(0.7, top_k=3), sampling_params(1.0)],
                          ids=["t0.7_top_k3", "t1.0"])
 def test_sampled_tokens_follow_the_exact_target_distribution(sampling):

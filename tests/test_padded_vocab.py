@@ -214,6 +214,7 @@ def _pvalue(direction, name, tokens_NxS):
   return chi_square_pvalue(counts, exact)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction, name", [("smaller", "t0.7_top_k3"), ("larger", "t1.5_top_p0.8")])
 def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
   """Chi-square at level 0.001 on N = 30,000 rows over the first 3 tokens; each direction with one of
@@ -221,6 +222,7 @@ def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
   assert _pvalue(direction, name, _first_tokens(direction, SAMPLINGS[name], verify)) > ALPHA
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", sorted(PAIRS))
 def test_a_wrong_extension_fails_the_same_test(direction):
   """The same statistic (T = 0.7, top-k 3, N = 30,000) rejects the wrong extension with p < 1e-6."""

@@ -169,6 +169,7 @@ SAMPLINGS = {"plain": sampling_params(1.0), "top_k": sampling_params(1.0, top_k=
              "top_p": sampling_params(1.0, top_p=0.6)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAMPLINGS))
 def test_sampled_tokens_follow_the_exact_target_distribution(name):
   """Temperature 1 (with top-k or top-p on both models): chi-square test at level 0.001 on
@@ -178,6 +179,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution(name):
   assert chi_square_pvalue(_first_tokens(SAMPLINGS[name], accept_all), exact) < 1e-12
 
 
+@pytest.mark.slow
 def test_sampling_with_a_restricted_draft_head_follows_the_exact_target_distribution():
   """A draft that can propose only 5 of the 8 tokens: the residual supplies the other three with the
   target's probability. Chi-square at level 0.001 on N = 30,000 rows, temperature 1."""

@@ -65,6 +65,7 @@ def finished_table(model_dirs, tmp_path_factory):
   return path, written, messages
 
 
+@pytest.mark.slow
 def test_two_point_sweep_writes_rows_consistent_with_pipeline_run(model_dirs, finished_table):
   path, written, messages = finished_table
   ar, spec = _lines(path)
@@ -90,6 +91,7 @@ def test_two_point_sweep_writes_rows_consistent_with_pipeline_run(model_dirs, fi
   assert spec["speedup_vs_autoregressive"] == pytest.approx(spec["tokens_per_second"] / ar["tokens_per_second"])
 
 
+@pytest.mark.slow
 def test_drafter_is_an_axis(model_dirs, tmp_path):
   """A sweep over `drafter`: one autoregressive baseline for all of them, each drafter's c (0 for the
   n-gram lookup, a timed ratio for the others), greedy outputs equal to the baseline's, and a report
@@ -114,6 +116,7 @@ def test_drafter_is_an_axis(model_dirs, tmp_path):
   assert cells["ngram"] == cells["layer_skip"] == "" and cells["model"] == model_dirs[1]
 
 
+@pytest.mark.slow
 def test_tree_is_an_axis_whose_k_is_its_depth(model_dirs, tmp_path):
   """A sweep over `tree` x `k`: a tree's K is its depth (one point per tree, however many K), chains keep
   the k axis; greedy outputs equal the baseline's; the tree report summarises the rows and its

@@ -229,9 +229,10 @@ def test_greedy_equals_the_sampled_rule_on_one_hot_distributions():
   paths = TREE.path_table()
   target_tokens = np.array([[np.argmax(_dist("q", tuple(tokens[row, paths[n, 1:TREE.depth[n] + 1] - 1])))
                              for n in range(TREE.num_nodes)] for row in range(64)])
-  greedy = tree_acceptance.verify_tree_greedy(TREE, jnp.asarray(tokens), jnp.asarray(target_tokens))
-  sampled = tree_acceptance.verify_tree(jax.random.key(0), TREE, jnp.asarray(tokens, jnp.int32), None,
-                                        jax.nn.one_hot(target_tokens, V))
+  greedy = jax.jit(tree_acceptance.verify_tree_greedy, static_argnums=0)(
+      TREE, jnp.asarray(tokens), jnp.asarray(target_tokens))
+  sampled = jax.jit(tree_acceptance.verify_tree, static_argnums=1)(  # op by op: ~10 s
+      jax.random.key(0), TREE, jnp.asarray(tokens, jnp.int32), None, jax.nn.one_hot(target_tokens, V))
   for a, b in zip(greedy, sampled):
     np.testing.assert_array_equal(a, b)
 

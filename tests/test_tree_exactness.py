@@ -64,6 +64,7 @@ def _bonus_from_residual_rule(*args):
     return tree_acceptance.verify_tree(*args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("children", ["iid", "without_replacement", "top"])
 def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
   tokens_NxS, out = _first_tokens(children)
@@ -74,6 +75,7 @@ def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
   assert min(_pvalues(broken)) < REJECTED
 
 
+@pytest.mark.slow
 def test_a_bonus_from_the_last_residual_fails():
   """The bonus mutant (i.i.d. children; the rows accepting round one to full depth show its bonus at
   token 3): p < 1e-6 on the same statistic, which the correct engine passes (test above)."""

@@ -1,10 +1,11 @@
-"""Deliberately broken acceptance rules (mutants), for the tests to show they have power.
+"""Deliberately broken acceptance rules and tree drafters (mutants), for the tests to show they have power.
 
-Each mutant is one plausible bug of `acceptance` / `tree_acceptance`, injected with pytest's
-`monkeypatch` (the patch is seen by a program traced while it is in place: wrap the rule in a fresh
-function before `jax.jit`, or pass a fresh rule to the engine):
+Each mutant is one plausible bug of `acceptance` / `tree_acceptance` (or of the tree drafting feeding
+them: `WITHOUT_REPLACEMENT_MUTANTS`, `no_grandparent_ancestor_mask`, `NoGrandparentFrontier`), injected
+with pytest's `monkeypatch` (the patch is seen by a program traced while it is in place: wrap the rule
+in a fresh function before `jax.jit`, or pass a fresh rule to the engine, which makes it trace anew):
 
-- `ROW_KEY_MUTANT`: every row keyed by the same key (`jax.random.fold_in` patched to ignore the row):
+- `same_key_for_every_row`: every row keyed by the same key (`jax.random.fold_in` patched to ignore the row):
   each row's marginal stays exact, the rows are correlated.
 - `RESIDUAL_MUTANTS`: the residual after a rejection as `q` (never updated), `max(0, q - p)` not
   renormalised (invisible to `sample`, which normalises, so only the tree rule, whose next sibling reads
@@ -13,7 +14,17 @@ function before `jax.jit`, or pass a fresh rule to the engine):
   `tree_acceptance._verify_tree_row` with one bug: "inverse_ratio" (accept with probability
   min(1, p/q)), "bonus_from_residual" (tree: after a path accepted to full depth the next token comes
   from the last residual q', not the leaf's q), "shared_sibling_uniform" (tree: the siblings of a level
-  share one uniform). The copies mirror the library's code as of this writing, mutation aside.
+  share one uniform), "later_sibling_kept" (tree: a rejected sibling of rank >= 1 leaves q' as it was:
+  its point mass, or p, is not taken out of the residual; rank 0's rejection still is). The copies
+  mirror the library's code as of this writing, mutation aside.
+- `WITHOUT_REPLACEMENT_MUTANTS`: `tree_drafting._without_elders` (the distribution a child drawn without
+  replacement was drawn from) with its elder siblings' tokens not removed, or removed but not
+  renormalised. In a node's second child the two give the same output (the rule reads p there only at
+  tokens other than the elder's, and q' is 0 at a rejected elder's token).
+- `no_grandparent_ancestor_mask`: `DynamicTree.ancestor_mask` (the target's verify mask of a dynamic
+  tree) without each node's grandparent (the root, for a node of depth 2).
+- `NoGrandparentFrontier`: `dynamic_tree._Frontier` (a dynamic tree's drafting chunk) whose nodes do not
+  see their fed grandparent (a difference only from depth 3 on: the root is committed history).
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.speculative import acceptance, tree_acceptance
+from specjax.speculative import acceptance, dynamic_tree, tree_acceptance
 
 
 def same_key_for_every_row(monkeypatch) -> None:
@@ -75,7 +86,7 @@ def chain_row(mutant: str):
   return verify_row
 
 
-TREE_ROW_MUTANTS = ("inverse_ratio", "bonus_from_residual", "shared_sibling_uniform")
+TREE_ROW_MUTANTS = ("inverse_ratio", "bonus_from_residual", "shared_sibling_uniform", "later_sibling_kept")
 
 
 def tree_row(mutant: str):
@@ -104,7 +115,8 @@ def tree_row(mutant: str):
         trying = searching & ~found & (child > 0)
         uniform = uniforms_DxC[level, 0 if mutant == "shared_sibling_uniform" else rank]
         accepted, rejected_q_V = try_child(uniform, jnp.maximum(child, 1), tokens_N, probs_NxW, q_V)
-        q_V = jnp.where(trying & ~accepted, rejected_q_V, q_V)
+        updated = rank == 0 or mutant != "later_sibling_kept"
+        q_V = jnp.where(trying & ~accepted & updated, rejected_q_V, q_V)
         next_node = jnp.where(trying & accepted, child, next_node)
         found = found | (trying & accepted)
       node, searching = next_node, found
@@ -113,6 +125,43 @@ def tree_row(mutant: str):
     return path_N1xD1[node], depth_N1[node], sample(sample_key, q_V)
 
   return verify_tree_row
+
+
+def _elders_not_removed(probs_BxCxW, order_BxCxR, ranks, tokens_BxC):
+  return probs_BxCxW
+
+
+def _elders_removed_not_renormalised(probs_BxCxW, order_BxCxR, ranks, tokens_BxC):
+  width = probs_BxCxW.shape[-1]
+  elder_CxR = jnp.arange(order_BxCxR.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
+  elders_BxCxW = jnp.any((order_BxCxR[..., None] == jnp.arange(width)[None, None, None, :])
+                         & elder_CxR[None, :, :, None], axis=2)
+  return jnp.where(elders_BxCxW, 0.0, probs_BxCxW)
+
+
+WITHOUT_REPLACEMENT_MUTANTS = {"elders_not_removed": _elders_not_removed,
+                               "elders_not_renormalised": _elders_removed_not_renormalised}
+
+
+def no_grandparent_ancestor_mask(tree):
+  """`DynamicTree.ancestor_mask` without each node's ancestor two generations up (patch it onto the class)."""
+  hops_BxN1xD1 = dynamic_tree._hops(tree.parent, tree.max_depth)
+  nodes_1x1xN1 = jnp.arange(tree.num_nodes)[None, None, :]
+  mask_BxN1xN1 = jnp.any(hops_BxN1xD1[..., None] == nodes_1x1xN1[..., None, :], axis=2)
+  grandparent_BxN1xN1 = (hops_BxN1xD1[..., 2, None] == nodes_1x1xN1) & (tree.depth >= 2)[..., None]
+  return mask_BxN1xN1 & ~grandparent_BxN1xN1
+
+
+class NoGrandparentFrontier(dynamic_tree._Frontier):
+  """A frontier chunk of depth d (slots (d - 1) b ..) whose nodes do not see the slots of depth d - 2,
+  where their grandparent was fed (patch it over `dynamic_tree._Frontier`)."""
+
+  def ancestor_mask(self):
+    grandparents = self.first - 2 * self.count
+    if grandparents < 0:
+      return self.mask
+    slot_1x1xS = jnp.arange(self.mask.shape[-1])[None, None, :]
+    return self.mask & ~((slot_1x1xS >= grandparents) & (slot_1x1xS < grandparents + self.count))
 
 
 def inject(monkeypatch, mutant: str, chain: bool = False, tree: bool = False) -> None:
