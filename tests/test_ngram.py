@@ -269,11 +269,12 @@ def _first_tokens(sampling, rule):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampling", [sampling_params(0.7, top_k=3), sampling_params(1.0)],
-                         ids=["t0.7_top_k3", "t1.0"])
+@pytest.mark.parametrize("sampling", [sampling_params(0.7, top_k=3)], ids=["t0.7_top_k3"])
 def test_sampled_tokens_follow_the_exact_target_distribution(sampling):
   """Chi-square at level 0.001 on N = 30,000 rows; the broken rule must fail it (p < 1e-12). Every
-  row proposes in its first round, and a good share of the drafts is accepted."""
+  row proposes in its first round, and a good share of the drafts is accepted. (Point masses carry no
+  draft temperature: T = 1 is the same code with other numbers; the model drafter's T = 1 runs in
+  test_speculative.)"""
   exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()
   counts, acceptance = _first_tokens(sampling, verify)
   assert chi_square_pvalue(counts, exact) > ALPHA

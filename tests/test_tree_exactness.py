@@ -7,8 +7,10 @@ follow the target's exact distribution (enumerated over a vocabulary of 8, fixed
 marginals of the exact 5-token joint, tokens 0-3 (4,096 cells) and tokens 2-4 (512 cells), each at
 level 5e-4 (1e-3 for the pair). Broken tree rules (q' not updated after a rejection; the bonus after a
 full-depth path drawn from the last residual instead of the leaf's q), patched in while the loop is
-traced, fail the same test (p < 1e-6). At 15,000 rows the correct engine gives p = 0.05-0.67 and
-every broken rule p = 0 (underflow) in every children mode; 30,000 rows only doubled the run time.
+traced, fail the same test (p < 1e-6; the first with top-b children, the second with i.i.d. ones; the
+rule-level Monte Carlo of test_tree_acceptance runs every mutant against every children mode). At
+15,000 rows the correct engine gives p = 0.05-0.67 and every broken rule p = 0 (underflow) in every
+children mode; 30,000 rows only doubled the run time.
 """
 
 import functools
@@ -71,8 +73,9 @@ def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
   assert (np.asarray(out.acceptance.rounds) >= 2).all()  # 5 tokens take two rounds at least
   assert min(_pvalues(tokens_NxS)) > ALPHA / 2
-  broken, _ = _first_tokens(children, no_update_rule)
-  assert min(_pvalues(broken)) < REJECTED
+  if children == "top":  # the rule is shared by all modes (each mode's mutants: test_tree_acceptance)
+    broken, _ = _first_tokens(children, no_update_rule)
+    assert min(_pvalues(broken)) < REJECTED
 
 
 @pytest.mark.slow
