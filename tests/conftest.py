@@ -20,8 +20,9 @@ _MADE_CACHE_ENV = "SPECJAX_TEST_MADE_COMPILE_CACHE"
 # XLA CPU maps each executable's code into memory; past the kernel's 65,530 mappings per process
 # (`vm.max_map_count`) XLA crashes (abort or segfault) in whichever test comes next. Compiled programs are
 # kept across modules until a process holds this many mappings, then dropped (the persistent cache
-# reloads them without compiling).
-_MAX_MAPPINGS = 40_000
+# reloads them without compiling). At 40,000 the rare clears dropped so many programs at once that two
+# module teardowns took 40 s and 20 s in a full run; at 30,000 none stands out.
+_MAX_MAPPINGS = 30_000
 # The tiny models' programs compile ~25% faster unoptimised, and run fast enough (the suite is mostly
 # compilation). The opt-in real-model tests keep XLA's optimised code.
 _FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
