@@ -32,15 +32,14 @@ def pytest_configure(config):
   if _CACHE_ENV not in os.environ:  # the first pytest process of the run (the xdist controller)
     os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="specjax-test-jax-cache-")
     os.environ[_MADE_CACHE_ENV] = os.environ[_CACHE_ENV]
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    # Every program is cached, however small or quick to compile (subprocesses read these at import).
+    os.environ.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     if os.environ.get("SPECJAX_REAL_MODEL_TESTS") != "1":
       os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE_FLAGS}".strip()
+  # This process imported jax before the environment was set: the same settings by hand.
   jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")))
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                    int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def pytest_unconfigure(config):
@@ -63,7 +62,6 @@ def free_compiled_programs():
   if _mappings() > _MAX_MAPPINGS:
     jax.clear_caches()
     gc.collect()
-
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 from specjax.distill import checkpoint, train
 from specjax.distill.checkpoint import CorruptCheckpointError
 from tests.helpers.distill import distill_config, read_records
-from tests.helpers.distill import compile_cache, target  # noqa: F401 (fixtures)
+from tests.helpers.distill import target  # noqa: F401 (the fixture)
 
 # A failed orbax restore abandons its other read coroutines: harmless, but pytest reports each one as an
 # unraisable exception when it is collected. `_collect_abandoned_reads` collects them within the test that
@@ -41,7 +41,7 @@ _SHORT = {"num_steps": 4, "checkpoint_every": 2, "eval_every": 4}  # checkpoints
 
 
 @pytest.fixture(scope="module")
-def finished(target, tmp_path_factory, compile_cache):
+def finished(target, tmp_path_factory):
   """(workdir, metrics records, exported tensors) of an uninterrupted short run; tests damage copies."""
   workdir = tmp_path_factory.mktemp("finished")
   summary = train.run(distill_config(target, workdir, **_SHORT))
@@ -203,7 +203,7 @@ def test_another_configs_checkpoint_is_not_called_damaged(finished, target, tmp_
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
 
 
-def test_nan_message_names_the_step_and_the_restored_checkpoint(target, tmp_path, compile_cache):
+def test_nan_message_names_the_step_and_the_restored_checkpoint(target, tmp_path):
   config = distill_config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
   checkpoints = os.path.join(tmp_path, train.CHECKPOINT_DIR)
   step1 = os.path.join(checkpoints, "1")

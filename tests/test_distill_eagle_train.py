@@ -17,7 +17,7 @@ from specjax.models.load import load_model
 from specjax.models.transformer import output_head
 from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head, save_head
 from tests.helpers.distill import Crash, distill_config, read_records
-from tests.helpers.distill import compile_cache, target  # noqa: F401 (fixtures)
+from tests.helpers.distill import target  # noqa: F401 (the fixture)
 
 EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student__ttt_steps=3, num_steps=20,
              eval_every=10, checkpoint_every=5, optim__learning_rate=3e-3, data__modes__fixed=0.5,
@@ -25,7 +25,7 @@ EAGLE = dict(student__init="eagle_head", student__feature_layers="0,1", student_
 
 
 @pytest.mark.slow
-def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, tmp_path, compile_cache):
+def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, tmp_path):
   summary = train.run(distill_config(target, tmp_path, **EAGLE))
   records = read_records(tmp_path)
   train_losses = [r["loss"] for r in records if r["split"] == "train"]
@@ -42,7 +42,7 @@ def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, 
 
 
 @pytest.mark.slow
-def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compile_cache):
+def test_interrupted_head_training_resumes_bit_identical(target, tmp_path):
   whole = train.run(distill_config(target, tmp_path / "whole", **EAGLE))
 
   def crash(step, metrics):
@@ -67,7 +67,7 @@ def test_interrupted_head_training_resumes_bit_identical(target, tmp_path, compi
     np.testing.assert_array_equal(latest[name], want[name], err_msg=name)
 
 
-def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_path, compile_cache):
+def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_path):
   """student.draft_vocab: the N tokens most frequent in the training rows (EOS included), kept in the work
   directory, exported with the head and read back by `latest_head`; a resume that would rank another
   vocabulary into the same work directory is refused."""
@@ -99,7 +99,7 @@ def _training_documents(config, teacher):
           config.data.max_train_tokens)
 
 
-def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path, compile_cache):
+def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path):
   config = distill_config(target, tmp_path / "nan", **{**EAGLE, "optim__learning_rate": 1e30, "optim__warmup_steps": 0,
                                                        "checkpoint_every": 1})
   with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2"):

@@ -1,8 +1,8 @@
 """The distillation run on a tiny target: it learns, it resumes bit for bit, it stops on NaN, it refuses
 bad configs clearly, and the CLI drives it.
 
-Each run compiles a train step, an eval step and generate loops; a persistent compilation cache (a
-temporary directory, for this module only) lets the later runs reuse the first run's programs.
+Each run compiles a train step, an eval step and generate loops; the test run's persistent compilation
+cache (tests/conftest.py) lets the later runs, and the CLI's processes, reuse the first run's programs.
 """
 
 import json
@@ -21,10 +21,10 @@ from safetensors.numpy import load_file
 from specjax.distill import checkpoint, train
 from specjax.models.load import load_model
 from tests.helpers.distill import Crash, distill_config, read_records, tiny_tokenizer
-from tests.helpers.distill import compile_cache, target  # noqa: F401 (fixtures)
+from tests.helpers.distill import target  # noqa: F401 (the fixture)
 
 
-def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path, compile_cache):
+def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path):
   summary = train.run(distill_config(target, tmp_path))
   records = read_records(tmp_path)
   losses = [r["loss"] for r in records if r["split"] == "train"]
@@ -81,7 +81,7 @@ def _jsonl_scalars(workdir, split):
 
 
 @pytest.mark.slow
-def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
+def test_interrupted_run_resumes_bit_identical(target, tmp_path):
   """On-policy batches mixed in (draft-generated continuations sampled with per-step keys from the
   current params), killed between checkpoints, rerun: the same params, metrics and evaluations as an
   uninterrupted run; the resumed run's TensorBoard scalars show exactly its metrics.jsonl (what the
@@ -120,7 +120,7 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path, compile_cache):
 
 
 @pytest.mark.slow
-def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(target, tmp_path, compile_cache):
+def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(target, tmp_path):
   """A bfloat16 run (on-policy batches from the bfloat16 draft) killed after its first checkpoint resumes
   to the uninterrupted run's metrics and export; its checkpoints hold float32 params and moments, and the
   export is the master rounded to bfloat16 (the draft that was evaluated)."""
@@ -155,7 +155,7 @@ def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(tar
                                 want["model.embed_tokens.weight"])
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(target, tmp_path, compile_cache):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(target, tmp_path):
   config = distill_config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
   with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2; .*last good checkpoint is step 1"):
     train.run(config)
@@ -191,11 +191,10 @@ def test_bad_configs_give_clear_errors(case, target, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
+def test_cli_runs_resumes_and_reports_errors(target, tmp_path):
   command = [sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py",
              f"--config.workdir={tmp_path}", f"--config.target={target}"]
-  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": compile_cache,
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  env = dict(os.environ)  # with the test run's compilation cache (tests/conftest.py)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cli = lambda *extra: subprocess.run(command + list(extra), cwd=root, env=env, capture_output=True, text=True)
   done = cli()
@@ -216,7 +215,7 @@ def test_cli_runs_resumes_and_reports_errors(target, tmp_path, compile_cache):
   assert "Traceback" not in bad.stderr + unknown.stderr + missing.stderr
 
 
-def test_smollm2_report_prepares_both_drafts_and_the_prompts(target, tmp_path, compile_cache):
+def test_smollm2_report_prepares_both_drafts_and_the_prompts(target, tmp_path):
   """experiments/distill_smollm2/report.prepare on a tiny run: drafts/step0 is the undistilled
   (truncated) draft, drafts/step<N> the checkpoint's, both loadable; prompts come from held-out files."""
   from experiments.distill_smollm2 import report

@@ -1,14 +1,13 @@
 """The distillation tests' tiny target and run setup: a random 2-layer model of `tests.helpers.tiny_hf`
 plus a character-level tokenizer of exactly its vocabulary, saved as a Hugging Face directory that
 `specjax.models.load.load_model` (and `transformers`) read like a real checkpoint; the tiny run config,
-its metrics records, and the module fixtures `compile_cache` and `target` (import them into a test
-module to use them there)."""
+its metrics records, and the module fixture `target` (import it into a test
+module to use it there)."""
 
 import json
 import os
 import string
 
-import jax
 import pytest
 import tokenizers
 
@@ -41,13 +40,6 @@ def save_tiny_target(directory: str, family: str = "llama", seed: int = 0) -> st
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
     json.dump({"eos_token": EOS, "unk_token": "<unk>"}, f)
   return directory
-
-
-@pytest.fixture(scope="module")
-def compile_cache():
-  """The test run's persistent compilation cache (made by tests/conftest.py, named in the environment
-  that subprocesses inherit): a module's later runs load its first run's programs."""
-  return jax.config.jax_compilation_cache_dir
 
 
 @pytest.fixture(scope="module")
