@@ -80,7 +80,7 @@ from specjax.models.load import SCAN_LAYERS, load_model, scan_layers_for, with_e
 from specjax.models.transformer import init_params
 from specjax.sampling import sampling_params
 from specjax.speculative.loop import speculative_generate
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.drafters.model import ModelDrafter
 
 Log = Callable[[str], None]
 AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"

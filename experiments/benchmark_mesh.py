@@ -45,7 +45,7 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
   from specjax.models.load import load_model, with_execution
   from specjax.sampling import sampling_params
   from specjax.speculative import speculative_generate
-  from specjax.speculative.model_drafter import ModelDrafter
+  from specjax.speculative.drafters.model import ModelDrafter
 
   mesh = meshes.make_mesh(mesh_spec)
   target_part = draft_part = None

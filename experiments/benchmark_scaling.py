@@ -107,7 +107,7 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
   from specjax.models.kv_cache import init_cache
   from specjax.sampling import sampling_params
   from specjax.speculative import loop
-  from specjax.speculative.model_drafter import ModelDrafter
+  from specjax.speculative.drafters.model import ModelDrafter
 
   target = ModelConfig(**TINY, n_layers=target_layers, scan_layers=scan)
   draft = ModelConfig(**TINY, n_layers=draft_layers, scan_layers=scan)

@@ -28,7 +28,7 @@ from specjax.distill import eagle_steps, steps as train_steps
 from specjax.distill.config import default_config
 from specjax.distill.student import TRAIN
 from specjax.models.load import load_model
-from specjax.speculative.eagle import eagle3_layers, head_config, init_head_params
+from specjax.speculative.drafters.eagle import eagle3_layers, head_config, init_head_params
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 SEQ_LEN, TTT_STEPS = 256, 4  # the SmolLM2 run's rows and unroll

@@ -37,8 +37,8 @@ import numpy as np
 
 from experiments.sweep import read_table
 from specjax import costs, pipeline, records
-from specjax.speculative.dynamic_tree import DynamicSpec
-from specjax.speculative.tree import chain, parse
+from specjax.speculative.trees.dynamic import DynamicSpec
+from specjax.speculative.trees.tree import chain, parse
 
 
 def shape(row: dict):

@@ -20,7 +20,7 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward_hidden
-from specjax.speculative.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 
 
 def forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,

@@ -21,15 +21,15 @@ from specjax import costs, draft_vocab, partitioning
 from specjax.errors import ConfigError
 from specjax.models import registry
 from specjax.models.load import LoadedModel
-from specjax.speculative.draft_head import DraftHead, restrict_head
-from specjax.speculative.drafters import Drafter
-from specjax.speculative.eagle import EagleDrafter
-from specjax.speculative.eagle_io import load_head
-from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
-from specjax.speculative.model_drafter import ModelDrafter
-from specjax.speculative.ngram import NgramDrafter, is_spines
-from specjax.speculative.tree import Tree, parse
-from specjax.speculative.tree_drafting import CHILDREN
+from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
+from specjax.speculative.drafters.base import Drafter
+from specjax.speculative.drafters.eagle import EagleDrafter
+from specjax.speculative.drafters.eagle_io import load_head
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter, parse_layers
+from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter, is_spines
+from specjax.speculative.trees.tree import Tree, parse
+from specjax.speculative.trees.drafting import CHILDREN
 
 DRAFTERS = ("model", "ngram", "layer_skip", "eagle")
 

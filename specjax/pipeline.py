@@ -31,7 +31,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import SCAN_LAYERS, LoadedModel, load_model, scan_layers_for, with_execution
 from specjax.models.tokenizer import Tokenizer
 from specjax.sampling import sampling_params
-from specjax.speculative.drafters import Drafter
+from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.loop import speculative_generate
 
 MODES = ("speculative", "autoregressive")

@@ -15,7 +15,7 @@ from specjax.distill import student, train
 from specjax.errors import ConfigError
 from specjax.models.load import load_model
 from specjax.models.transformer import output_head
-from specjax.speculative.eagle_io import WEIGHTS_FILE, load_head, save_head
+from specjax.speculative.drafters.eagle_io import WEIGHTS_FILE, load_head, save_head
 from tests.helpers.distill import Crash, distill_config, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 

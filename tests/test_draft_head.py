@@ -14,7 +14,7 @@ from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import forward, forward_hidden, init_params
 from specjax.sampling import probabilities, sampling_params
 from specjax.draft_vocab import corpus_token_counts, most_frequent, token_counts
-from specjax.speculative.draft_head import restrict_head
+from specjax.speculative.drafters.draft_head import restrict_head
 from tests.helpers.tiny_hf import save_char_tokenizer
 
 

@@ -14,10 +14,10 @@ from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, prefill
-from specjax.speculative import dynamic_tree
-from specjax.speculative import tree as tree_lib
-from specjax.speculative.dynamic_tree import DynamicSpec, DynamicTree, draft_dynamic_tree
-from specjax.speculative.tree_acceptance import verify_tree
+from specjax.speculative.trees import dynamic as dynamic_tree
+from specjax.speculative.trees import tree as tree_lib
+from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, draft_dynamic_tree
+from specjax.speculative.trees.acceptance import verify_tree
 from tests.helpers import mutants
 from tests.helpers.engine import (BUDGETS, DRAFTS, GREEDY, PROMPTS, SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET,
                                   run_speculative, target_greedy)

@@ -15,12 +15,13 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
 from specjax.models.transformer import Norm, forward_features, forward_hidden, prefill_features
 from specjax.sampling import sampling_params
-from specjax.speculative import tree_drafting, verify
-from specjax.speculative.draft_head import restrict_head
-from specjax.speculative import tree as tree_lib
-from specjax.speculative.dynamic_tree import DynamicSpec
-from specjax.speculative.eagle import EagleDrafter, eagle3_layers, head_forward, head_logits
-from specjax.speculative.tree_acceptance import verify_tree
+from specjax.speculative import verify
+from specjax.speculative.trees import drafting as tree_drafting
+from specjax.speculative.drafters.draft_head import restrict_head
+from specjax.speculative.trees import tree as tree_lib
+from specjax.speculative.trees.dynamic import DynamicSpec
+from specjax.speculative.drafters.eagle import EagleDrafter, eagle3_layers, head_forward, head_logits
+from specjax.speculative.trees.acceptance import verify_tree
 from tests.helpers import mutants
 from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (CACHE_LEN, GREEDY, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, accept_all,

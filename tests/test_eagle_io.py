@@ -17,9 +17,9 @@ from specjax import pipeline
 from specjax.errors import ConfigError
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
-from specjax.speculative.draft_head import restrict_head
-from specjax.speculative.eagle import fuse, head_forward, head_logits
-from specjax.speculative.eagle_io import load_head, save_head
+from specjax.speculative.drafters.draft_head import restrict_head
+from specjax.speculative.drafters.eagle import fuse, head_forward, head_logits
+from specjax.speculative.drafters.eagle_io import load_head, save_head
 from tests.helpers.eagle import eagle_head
 from tests.helpers.layer_skip import TARGET
 from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model

@@ -12,7 +12,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
-from specjax.speculative.layer_skip import LayerSkipDrafter, parse_layers
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter, parse_layers
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, accept_all, first_tokens_pvalue, tiny_model)
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3

@@ -14,8 +14,8 @@ from specjax.models.layout import stack_layers, to_layout, unstack_layers
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate
-from specjax.speculative.layer_skip import LayerSkipDrafter
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
+from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import tiny_model
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]

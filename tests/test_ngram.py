@@ -26,7 +26,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify, verify_greedy
-from specjax.speculative.ngram import NgramDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter
 from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
                                   exact_distribution)
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy

@@ -9,9 +9,10 @@ import pytest
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, tree_acceptance
-from specjax.speculative import tree as tree_lib
-from specjax.speculative.ngram import NgramDrafter, longest_match, ranked_matches
+from specjax.speculative import speculative_generate
+from specjax.speculative.trees import acceptance as tree_acceptance
+from specjax.speculative.trees import tree as tree_lib
+from specjax.speculative.drafters.ngram import NgramDrafter, longest_match, ranked_matches
 from tests.helpers import mutants
 from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, exact_distribution
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, free_greedy

@@ -16,7 +16,7 @@ from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import tiny_model
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8], [7, 7, 7], [33]]

@@ -21,8 +21,8 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate, verify
-from specjax.speculative.draft_head import restrict_head
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.drafters.draft_head import restrict_head
+from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
                                   exact_distribution, run_speculative, target_greedy, tiny_model)

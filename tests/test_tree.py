@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specjax.speculative import tree as tree_lib
+from specjax.speculative.trees import tree as tree_lib
 
 
 def test_branching_numbers_levels_in_parent_then_rank_order():

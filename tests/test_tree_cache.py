@@ -10,7 +10,7 @@ import numpy as np
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, prefill
-from specjax.speculative import tree as tree_lib
+from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.engine import tiny_model
 
 CONFIG, PARAMS = tiny_model(5, vocab=31, n_layers=2)

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from specjax import metrics
-from specjax.speculative import tree_acceptance
-from specjax.speculative import tree as tree_lib
+from specjax.speculative.trees import acceptance as tree_acceptance
+from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import mutants
 from tests.helpers.engine import SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET, exact_distribution
 from tests.helpers.stats import chi_square_pvalue

@@ -14,7 +14,7 @@ from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
 from specjax.models.transformer import forward, prefill
-from specjax.speculative import tree as tree_lib
+from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.engine import tiny_model
 
 BASE = tiny_model(5, vocab=31, n_layers=2)

@@ -14,9 +14,9 @@ from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.speculative import speculative_generate
-from specjax.speculative import tree as tree_lib
-from specjax.speculative.draft_head import restrict_head
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.trees import tree as tree_lib
+from specjax.speculative.drafters.draft_head import restrict_head
+from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, PROMPTS, TARGET, run_speculative,
                                   target_greedy)
 from tests.helpers.trees import TREES, run_tree_speculative

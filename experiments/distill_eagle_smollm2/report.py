@@ -23,7 +23,7 @@ from experiments.distill_smollm2.report import (held_out_prompts, heldout_evals,
                                                 write_jsonl, write_train_corpus)
 from specjax import records
 from specjax.distill import train
-from specjax.speculative.eagle_io import save_head
+from specjax.speculative.drafters.eagle_io import save_head
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

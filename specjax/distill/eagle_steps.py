@@ -1,4 +1,4 @@
-"""Training an EAGLE head (`specjax.speculative.eagle`) on the target's own features: EAGLE-3's
+"""Training an EAGLE head (`specjax.speculative.drafters.eagle`) on the target's own features: EAGLE-3's
 training-time test, its train step and its held-out evaluation.
 
 Training-time test (TTT). On a sequence x_0 .. x_{T-1} the target gives features f_t and logits. A draft
@@ -39,8 +39,8 @@ from specjax.models import rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import MLP, Norm, Params, forward_features, hidden_to_logits
-from specjax.speculative.draft_head import DraftHead
-from specjax.speculative.eagle import EagleConfig, fuse, head_scores
+from specjax.speculative.drafters.draft_head import DraftHead
+from specjax.speculative.drafters.eagle import EagleConfig, fuse, head_scores
 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
 

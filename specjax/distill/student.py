@@ -6,7 +6,7 @@ Three initialisations (`config.student.init`):
   "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry or hub name)
                 whose vocabulary and tokenizer are the target's;
   "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised;
-  "eagle_head"  an EAGLE head (`specjax.speculative.eagle`) reading the target's features: not a model but one
+  "eagle_head"  an EAGLE head (`specjax.speculative.drafters.eagle`) reading the target's features: not a model but one
                 block that shares the target's embedding and output head (which stay the target's, untrained)
                 and trains whole (`eagle_head`), by the training-time test (`specjax.distill.eagle_steps`).
 Freezing is by parameter subtree: embeddings, output head, chosen layers.
@@ -29,7 +29,7 @@ import ml_collections
 from specjax.models.config import ModelConfig
 from specjax.models.layout import unstack_layers
 from specjax.models.transformer import Params, init_params
-from specjax.speculative.eagle import EagleConfig, check_head, eagle3_layers, head_config, init_head_params
+from specjax.speculative.drafters.eagle import EagleConfig, check_head, eagle3_layers, head_config, init_head_params
 
 INITS = ("truncate", "checkpoint", "fresh", "eagle_head")
 TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`

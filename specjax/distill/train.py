@@ -51,9 +51,9 @@ from specjax.models.config import ModelConfig
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
-from specjax.speculative.draft_head import DraftHead, restrict_head
-from specjax.speculative.eagle import EagleConfig
-from specjax.speculative.eagle_io import save_head
+from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
+from specjax.speculative.drafters.eagle import EagleConfig
+from specjax.speculative.drafters.eagle_io import save_head
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
 HEAD_VOCAB_FILE = "head_vocab.npy"

@@ -33,8 +33,9 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
-from specjax.speculative import acceptance, tree_acceptance
-from specjax.speculative.drafters import Drafter, feature_layers
+from specjax.speculative import acceptance
+from specjax.speculative.trees import acceptance as tree_acceptance
+from specjax.speculative.drafters.base import Drafter, feature_layers
 from specjax.speculative.proposal import Proposal
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]

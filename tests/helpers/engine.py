@@ -14,7 +14,7 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers import reference
 from tests.helpers.stats import chi_square_pvalue
 

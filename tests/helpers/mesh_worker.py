@@ -30,8 +30,9 @@ from specjax.models.config import ModelConfig  # noqa: E402
 from specjax.models.kv_cache import init_cache  # noqa: E402
 from specjax.models.transformer import init_params  # noqa: E402
 from specjax.sampling import sampling_params  # noqa: E402
-from specjax.speculative import acceptance, loop, speculative_generate, tree_acceptance  # noqa: E402
-from specjax.speculative.model_drafter import ModelDrafter  # noqa: E402
+from specjax.speculative import acceptance, loop, speculative_generate  # noqa: E402
+from specjax.speculative.trees import acceptance as tree_acceptance  # noqa: E402
+from specjax.speculative.drafters.model import ModelDrafter  # noqa: E402
 
 STARTED = meshes.initialize_distributed()  # before anything touches a device; False unless launched so
 

@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.speculative import acceptance, dynamic_tree, tree_acceptance
+from specjax.speculative import acceptance
+from specjax.speculative.trees import dynamic as dynamic_tree
+from specjax.speculative.trees import acceptance as tree_acceptance
 
 
 def same_key_for_every_row(monkeypatch) -> None:

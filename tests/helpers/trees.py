@@ -10,9 +10,10 @@ import jax
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, tree_acceptance
-from specjax.speculative import tree as tree_lib
-from specjax.speculative.model_drafter import ModelDrafter
+from specjax.speculative import speculative_generate
+from specjax.speculative.trees import acceptance as tree_acceptance
+from specjax.speculative.trees import tree as tree_lib
+from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SMALL_TARGET, TARGET, exact_distribution)
 from tests.helpers.stats import chi_square_pvalue

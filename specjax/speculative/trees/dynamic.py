@@ -34,7 +34,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden
 from specjax.sampling import SamplingParams, probabilities
-from specjax.speculative.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,9 +44,9 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.sampling import SamplingParams
-from specjax.speculative.drafters import short_proposal_widths
+from specjax.speculative.drafters.base import short_proposal_widths
 from specjax.speculative.proposal import Proposal
-from specjax.speculative.tree import Tree, from_branching
+from specjax.speculative.trees.tree import Tree, from_branching
 
 
 @flax.struct.dataclass

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specjax.speculative.dynamic_tree import DynamicSpec
+from specjax.speculative.trees.dynamic import DynamicSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,8 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.speculative.draft_head import DraftHead, draft_logits
-from specjax.speculative.tree import Tree
+from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
+from specjax.speculative.trees.tree import Tree
 
 CHILDREN = ("iid", "without_replacement", "top")
 

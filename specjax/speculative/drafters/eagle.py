@@ -46,12 +46,12 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import MLP, Attention, Norm, Params, prefill_features, rotary_tables
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.draft_head import DraftHead, draft_logits
-from specjax.speculative.drafters import DraftPass
-from specjax.speculative.dynamic_tree import DynamicSpec, DynamicTree, grow_dynamic_tree
+from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters.base import DraftPass
+from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
-from specjax.speculative.tree import Tree
-from specjax.speculative.tree_drafting import CHILDREN, grow_tree
+from specjax.speculative.trees.tree import Tree
+from specjax.speculative.trees.drafting import CHILDREN, grow_tree
 
 
 @dataclasses.dataclass(frozen=True)

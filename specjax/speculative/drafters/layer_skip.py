@@ -21,7 +21,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.drafters import DraftPass
+from specjax.speculative.drafters.base import DraftPass
 from specjax.speculative.proposal import Proposal, full
 
 

@@ -43,12 +43,12 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.draft_head import DraftHead, draft_logits
-from specjax.speculative.drafters import DraftPass, short_proposal_widths
-from specjax.speculative.dynamic_tree import DynamicSpec, draft_dynamic_tree
+from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters.base import DraftPass, short_proposal_widths
+from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
-from specjax.speculative.tree import Tree
-from specjax.speculative.tree_drafting import CHILDREN, draft_tree
+from specjax.speculative.trees.tree import Tree
+from specjax.speculative.trees.drafting import CHILDREN, draft_tree
 
 
 @flax.struct.dataclass

@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from specjax.models.attention import per_row
 from specjax.sampling import sample
 from specjax.speculative.acceptance import _probability_of, residual
-from specjax.speculative.dynamic_tree import DynamicTree
-from specjax.speculative.tree import Tree
+from specjax.speculative.trees.dynamic import DynamicTree
+from specjax.speculative.trees.tree import Tree
 
 
 def _try_child(uniform, child, tokens_N, probs_NxW, q_V):

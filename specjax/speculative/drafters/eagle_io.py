@@ -35,8 +35,8 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.hf import config_from_hf_dict, iter_tensors
 from specjax.models.transformer import Params
-from specjax.speculative.draft_head import DraftHead
-from specjax.speculative.eagle import EagleConfig, check_head, eagle3_layers
+from specjax.speculative.drafters.draft_head import DraftHead
+from specjax.speculative.drafters.eagle import EagleConfig, check_head, eagle3_layers
 
 CONFIG_FILE = "eagle_head.json"
 WEIGHTS_FILE = "eagle_head.safetensors"
