@@ -63,7 +63,7 @@ slower than assumed, skipping the last cells (2048 tokens, batch 32).
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import time
 from typing import Callable
@@ -72,7 +72,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, cli, corpus, costs, drafting, metrics, records
+from experiments import harness
+from specjax import autoregressive, corpus, costs, drafting, metrics, records
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
@@ -284,14 +285,6 @@ def verify_costs(cfg, target_config: ModelConfig, target_params, batch: int, len
 # ------------------------------------------------------------------------------------------------- run
 
 
-def _save(results: dict, path: str) -> None:
-  """Writes the JSON through a temporary file, so a run killed mid-write leaves the previous version."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(results, f, indent=1)
-  os.replace(tmp, path)
-
-
 def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   """Runs the grid of `cfg` until done or past `deadline_s`; returns the results, also in `cfg.output`."""
   start = time.perf_counter()
@@ -303,7 +296,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   environment = {**records.environment(), "device_kind": jax.devices()[0].device_kind}
   results = {"command": records.command(), "environment": environment, "config": config, "costs": [],
              "verify_costs": [], "cells": [], "skipped": [], "finished": False}
-  save = lambda: _save(results, cfg.output)
+  save = lambda: harness.write_results(results, cfg.output)
   save()
   pair = load_pair(cfg, log)
   target_config, target_params, draft_config, draft_params, tokenizer = pair
@@ -353,8 +346,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   return results
 
 
-def _fmt(x, spec: str = ".2f") -> str:
-  return "" if x is None else format(x, spec)
+_fmt = functools.partial(harness.number, missing="")  # an empty cell for what a cell lacks
 
 
 def table(results: dict) -> str:
@@ -402,13 +394,8 @@ def table(results: dict) -> str:
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:
-  cli.report_or_run(cfg, run, table)
+  harness.report_or_run(cfg, run, table)
 
 
 if __name__ == "__main__":
-  # Defined here rather than on import, so that tests can import this module next to other absl CLIs.
-  from ml_collections import config_flags
-
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Kit config (configs/benchmarks/accelerator.py).",
-                                            lock_config=True)
-  cli.run(main, _CONFIG)
+  harness.run_script(main, "Kit config (configs/benchmarks/accelerator.py).")

@@ -7,7 +7,7 @@ run, one JSON file, markdown tables.
 
 Prompt sets (configs/benchmarks/drafters.py chooses which systems run on which):
   code_edit  input-grounded chat prompts: edit a standard-library function and return it whole, so
-             the answer mostly repeats the prompt (experiments/code_edit_prompts.py)
+             the answer mostly repeats the prompt (configs/code_edit_prompts.py)
   chat       open-ended coding requests (experiments/benchmark_decode.py PROMPTS)
   raw        the first lines of standard-library functions, continued as plain text (no chat template)
 Each set runs in up to three regimes: `greedy` (batch 1, temperature 0), `sampled` (batch 1,
@@ -42,10 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
-import os
 import re
-import tempfile
 import time
 from typing import Callable, Sequence
 
@@ -53,8 +50,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments import benchmark_decode, code_edit_prompts, hf_reference
-from specjax import cli, costs, drafting, metrics, pipeline, records
+from configs import code_edit_prompts
+from experiments import benchmark_decode, harness, hf_reference
+from experiments.harness import number
+from specjax import costs, drafting, metrics, pipeline, records
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
 from specjax.models.load import LoadedModel
@@ -213,11 +212,6 @@ def run_order(group: Group, ar_every: int) -> list[System]:
   return order
 
 
-def _fmt(x, spec: str = ".2f") -> str:
-  """A number for tables and logs; n/a for None."""
-  return "n/a" if x is None else format(x, spec)
-
-
 # ----------------------------------------------------------------------------------------------- costs
 
 
@@ -313,26 +307,17 @@ def derive(results: dict) -> None:
 
 
 def write_json(results: dict, path: str) -> None:
-  """Writes `results` to `path` through a temporary file in its directory, so that a run killed while
-  writing leaves the previous version, never half a file."""
+  """Fills in what `derive` computes, then writes `results` to `path` (`harness.write_results`)."""
   derive(results)
-  directory = os.path.dirname(os.path.abspath(path))
-  handle, temporary = tempfile.mkstemp(dir=directory, prefix=".benchmark_drafters-", suffix=".json")
-  try:
-    with os.fdopen(handle, "w") as f:
-      json.dump(results, f, indent=1)
-    os.replace(temporary, path)
-  except BaseException:
-    os.unlink(temporary)
-    raise
+  harness.write_results(results, path)
 
 
 def _summary(row: dict) -> str:
   """One run's numbers for the log."""
   text = f"{row['tokens_per_second']:.2f} tok/s, compile {row['compile_time_s']:.1f} s"
   if row["system"] != AUTOREGRESSIVE:
-    text += (f", alpha_hat {_fmt(row['alpha_hat'], '.3f')}, speedup {_fmt(row['speedup_vs_autoregressive'])} "
-             f"(modelled {_fmt(row['modelled_speedup'])})")
+    text += (f", alpha_hat {number(row['alpha_hat'], '.3f')}, speedup {number(row['speedup_vs_autoregressive'])} "
+             f"(modelled {number(row['modelled_speedup'])})")
     if row["temperature"] == 0:
       text += f", greedy = AR {row['outputs_match_autoregressive']}"
   return text
@@ -426,21 +411,21 @@ def tables(results: dict) -> str:
     lines += ["", f"#### {first['prompt_set']}, {first['regime']}: batch "
               f"{first['batch_size']}, temperature {first['temperature']:g}, {len(prompt_tokens)} "
               f"prompt{'' if len(prompt_tokens) == 1 else 's'} of "
-              f"{_fmt(np.mean(prompt_tokens) if prompt_tokens else None, '.0f')} tokens on average", "",
+              f"{number(np.mean(prompt_tokens) if prompt_tokens else None, '.0f')} tokens on average", "",
               header, "|" + "---|" * 9]
     speeds = group.get("autoregressive_runs") or []
     if speeds:
       lines.append(f"| specjax autoregressive | {group['autoregressive_tokens_per_second']:.2f} (mean of "
                    f"{len(speeds)}: {', '.join(f'{s:.2f}' for s in speeds)}) | 1.00 | | | | | "
-                   f"{_fmt(group['autoregressive_compile_time_s'], '.1f')} | |")
+                   f"{number(group['autoregressive_compile_time_s'], '.1f')} | |")
     for row in rows:
       if row["system"] == AUTOREGRESSIVE:
         continue
       match = row.get("outputs_match_autoregressive")
-      cells = [row["label"], f"{row['tokens_per_second']:.2f}", _fmt(row.get("speedup_vs_autoregressive")),
-               _fmt(row.get("alpha_hat"), ".3f"), _fmt(row.get("mean_accepted_length")),
-               _fmt(row.get("cost_ratio_c"), ".3f"), _fmt(row.get("modelled_speedup")),
-               _fmt(row.get("compile_time_s"), ".1f"), "" if match is None else "yes" if match else "NO"]
+      cells = [row["label"], f"{row['tokens_per_second']:.2f}", number(row.get("speedup_vs_autoregressive")),
+               number(row.get("alpha_hat"), ".3f"), number(row.get("mean_accepted_length")),
+               number(row.get("cost_ratio_c"), ".3f"), number(row.get("modelled_speedup")),
+               number(row.get("compile_time_s"), ".1f"), "" if match is None else "yes" if match else "NO"]
       lines.append("| " + " | ".join(cells) + " |")
     by_system = {r["system"]: r for r in rows}
     lookup, plain = by_system.get("transformers_prompt_lookup"), by_system.get("transformers_generate")
@@ -484,13 +469,8 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:
-  cli.report_or_run(cfg, run, tables)
+  harness.report_or_run(cfg, run, tables)
 
 
 if __name__ == "__main__":
-  # Defined here rather than on import, so that tests can import this module next to other absl CLIs.
-  from ml_collections import config_flags
-
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Benchmark config (configs/benchmarks/drafters.py).",
-                                            lock_config=True)
-  cli.run(main, _CONFIG)
+  harness.run_script(main, "Benchmark config (configs/benchmarks/drafters.py).")

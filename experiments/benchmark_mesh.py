@@ -19,17 +19,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 
 import ml_collections
-from ml_collections import config_flags
 
-from specjax import cli, records
+from experiments import harness
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Benchmark config (configs/benchmarks/mesh.py).",
-                                          lock_config=True)
 PROMPTS = ("def is_palindrome(s):", "Write a function that merges two sorted lists.")
 
 
@@ -109,27 +104,16 @@ def run(cfg: ml_collections.ConfigDict, log=print) -> dict:
   for spec in cfg.cases:
     mesh_spec, indivisible, draft_sharding = spec.split("|")
     log(f"case mesh={mesh_spec!r} mesh_indivisible={indivisible} draft_sharding={draft_sharding} ...")
-    done = subprocess.run([sys.executable, "-m", "experiments.benchmark_mesh", f"--config={_config_path()}",
-                           f"--config.target={cfg.target}", f"--config.draft={cfg.draft}",
-                           f"--config.batch_size={cfg.batch_size}", f"--config.cache_len={cfg.cache_len}",
-                           f"--config.k={cfg.k}", f"--config.run_batch={cfg.run_batch}",
-                           f"--config.run_tokens={cfg.run_tokens}", f"--config.case={spec}"],
-                          capture_output=True, text=True, env=env, cwd=_root())
-    if done.returncode:
+    fields = ("target", "draft", "batch_size", "cache_len", "k", "run_batch", "run_tokens")
+    measured, stderr = harness.run_child("experiments.benchmark_mesh", "configs/benchmarks/mesh.py",
+                                         {**{field: cfg[field] for field in fields}, "case": spec}, env)
+    if measured is None:
       results["cases"].append({"mesh": mesh_spec, "mesh_indivisible": indivisible,
-                               "draft_sharding": draft_sharding, "error": done.stderr.strip().splitlines()[-1]})
+                               "draft_sharding": draft_sharding, "error": stderr.strip().splitlines()[-1]})
     else:
-      results["cases"].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    records.save(results, cfg.output)
+      results["cases"].append(measured)
+    harness.write_results(results, cfg.output)
   return results
-
-
-def _root() -> str:
-  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _config_path() -> str:
-  return os.path.join(_root(), "configs", "benchmarks", "mesh.py")
 
 
 def table(results: dict) -> str:
@@ -159,8 +143,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   if cfg.case:  # a subprocess of `run`
     print(json.dumps(case(cfg, *cfg.case.split("|"))))
     return
-  cli.report_or_run(cfg, run, table)
+  harness.report_or_run(cfg, run, table)
 
 
 if __name__ == "__main__":
-  cli.run(main, _CONFIG)
+  harness.run_script(main, "Benchmark config (configs/benchmarks/mesh.py).")

@@ -13,17 +13,22 @@ written into one JSON file:
   compile  compile time of the speculative program (tiny width: d_model 64) for targets of 8, 32 and
            80 layers with a 16-layer draft model, per-layer loop vs `scan_layers`.
 
-  python experiments/benchmark_scaling.py --out experiments/results/scaling_cpu.json
+  python -m experiments.benchmark_scaling --config=configs/benchmarks/scaling.py
+  python -m experiments.benchmark_scaling --config=configs/benchmarks/scaling.py --config.parts='("decode",)' \
+      --config.output=""   # one part, printed only
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import time
 
+import ml_collections
+
+from experiments import harness
+from specjax import records
+
+CONFIG_FILE = "configs/benchmarks/scaling.py"  # the config of the subprocesses (they read only `child`)
 QWEN_1_5B = dict(arch="llama", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
                  head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6, tie_embeddings=True)
 TINY = dict(arch="llama", vocab_size=512, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)
@@ -128,44 +133,40 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
 
 
 def _child(call: str) -> dict:
-  run = subprocess.run([sys.executable, __file__, "--child", call], capture_output=True, text=True)
-  if run.returncode:
-    return {"call": call, "error": run.stderr[-1500:]}
-  return json.loads(run.stdout.strip().splitlines()[-1])
+  """`call` ("function(arg, ...)") evaluated in a fresh process: its result, or its error."""
+  result, stderr = harness.run_child("experiments.benchmark_scaling", CONFIG_FILE, {"child": call})
+  return {"call": call, "error": stderr[-1500:]} if result is None else result
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--parts", default="decode,prefill,compile")
-  parser.add_argument("--repeats", type=int, default=15)
-  parser.add_argument("--out", default="")
-  parser.add_argument("--child", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  if args.child:  # "function(arg, ...)" evaluated in this fresh process
-    print(json.dumps(eval(args.child, {"decode": decode, "prefill": prefill, "compile_time": compile_time})))
-    return
-  from specjax.records import command, save
-
-  results = {"command": command()}
-  parts = args.parts.split(",")
-  if "decode" in parts:
-    results["decode"] = _child(f"decode({args.repeats})")
-    print("decode", json.dumps(results["decode"], indent=1), flush=True)
-  if "prefill" in parts:
+def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
+  """Runs the parts of `cfg`; returns the results, also written to `cfg.output` unless it is empty."""
+  results = {"command": records.command()}
+  if "decode" in cfg.parts:
+    results["decode"] = _child(f"decode({cfg.repeats})")
+    log("decode " + json.dumps(results["decode"], indent=1))
+  if "prefill" in cfg.parts:
     results["prefill"] = []
     for prompt_len, chunk, block in [(2048, 512, 256), (4096, 512, 256), (8192, 512, 256), (16384, 512, 256),
                                      (2048, 2048, 0), (4096, 4096, 0), (8192, 8192, 0)]:
       results["prefill"].append(_child(f"prefill({prompt_len}, {chunk}, {block})"))
-      print("prefill", results["prefill"][-1], flush=True)
-  if "compile" in parts:
+      log(f"prefill {results['prefill'][-1]}")
+  if "compile" in cfg.parts:
     results["compile"] = []
     for layers in (8, 32, 80):
       for scan in (True, False):
         results["compile"].append(_child(f"compile_time({layers}, 16, {scan})"))
-        print("compile", results["compile"][-1], flush=True)
-  if args.out:
-    save(results, args.out)
+        log(f"compile {results['compile'][-1]}")
+  if cfg.output:
+    harness.write_results(results, cfg.output)
+  return results
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  if cfg.child:  # "function(arg, ...)", evaluated in this fresh process (a subprocess of `run`)
+    print(json.dumps(eval(cfg.child, {"decode": decode, "prefill": prefill, "compile_time": compile_time})))
+    return
+  run(cfg, log=harness.log)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Benchmark config (configs/benchmarks/scaling.py).")

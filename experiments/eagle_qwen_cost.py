@@ -1,6 +1,6 @@
 """What an EAGLE-3 head for Qwen2.5-Coder-1.5B costs, against the 0.5B draft: drafting and training.
 
-  python -m experiments.eagle_qwen_cost --out experiments/results/eagle_qwen_cost_cpu.json
+  python -m experiments.eagle_qwen_cost --config=configs/benchmarks/eagle_qwen_cost.py
 
 Measures, on this machine, in one run (float32, random head weights: costs do not depend on training):
 - c, one draft pass over one target step (`costs.cost_ratio`, 1-token forwards with 100 tokens cached),
@@ -8,25 +8,27 @@ Measures, on this machine, in one run (float32, random head weights: costs do no
   head, as `EagleDrafter.draft_pass` times it) through the full 151,936-token head and through the
   32,768 tokens most frequent in the standard library's sources (`draft_vocab`);
 - one training step of the head (`distill.eagle_steps`: target features and logits, the 4-step
-  training-time test, AdamW) on `--batch` rows of 256 tokens: seconds per step after compilation.
+  training-time test, AdamW) on `batch` rows of 256 tokens: seconds per step after compilation.
 It then writes what 1,200 such steps of 4 x 256 tokens (the SmolLM2 run's recipe) would take here, and
-a GPU estimate from the step's floating-point operations at an assumed sustained rate (`--gpu_tflops`,
+a GPU estimate from the step's floating-point operations at an assumed sustained rate (`gpu_tflops`,
 an assumption, stated in the output). No acceptance is measured: a head that is not trained has none.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import jax
+import ml_collections
 import numpy as np
 
+from experiments import harness
 from specjax import costs, drafting, records
 from specjax.distill import eagle_steps, steps as train_steps
 from specjax.distill.config import default_config
 from specjax.distill.student import TRAIN
+from specjax.errors import ConfigError
 from specjax.models.load import load_model
 from specjax.speculative.drafters.eagle import eagle3_layers, head_config, init_head_params
 
@@ -68,55 +70,53 @@ def time_train_step(target, head, batch: int, repeats: int) -> dict:
           "step_s": float(np.median(seconds)), "step_s_runs": seconds}
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", required=True)
-  parser.add_argument("--batch", type=int, default=1,
-                      help="training rows per timed step (float32 logits of 151,936 ids: ~2 GB per row)")
-  parser.add_argument("--repeats", type=int, default=5, help="timed forward pairs per c; training steps timed: 2")
-  parser.add_argument("--draft_vocab", type=int, default=32768)
-  parser.add_argument("--gpu_tflops", type=float, default=300.0,
-                      help="assumed sustained bfloat16 TFLOP/s of one H200 for the estimate (~30%% of peak)")
-  args = parser.parse_args()
+def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
+  """Measures the costs (module docstring); returns the results, also written to `cfg.output`."""
+  if not cfg.output:
+    raise ConfigError("config.output is empty: name the results file")
   target, draft = load_model(TARGET), load_model(DRAFT)
   layers = eagle3_layers(target.config.n_layers)
   config = head_config(target.config, layers)
   params = init_head_params(config, jax.random.key(0))
-  restricted, coverage = drafting.restricted_draft_head(args.draft_vocab, "stdlib", target, target)
+  restricted, coverage = drafting.restricted_draft_head(cfg.draft_vocab, "stdlib", target, target)
   ratios = {}
   for batch in (1, 4):
     ratios[batch] = {
-        "draft_0.5b": costs.cost_ratio(target.config, target.params, draft.config, draft.params, batch, args.repeats),
+        "draft_0.5b": costs.cost_ratio(target.config, target.params, draft.config, draft.params, batch, cfg.repeats),
         "head_full_vocab": costs.cost_ratio(target.config, target.params, target.config, target.params, batch,
-                                            args.repeats, draft_layers=(0,)),
-        f"head_{args.draft_vocab}_vocab": costs.cost_ratio(target.config, target.params, target.config,
-                                                           target.params, batch, args.repeats, head=restricted,
-                                                           draft_layers=(0,))}
-    print(f"batch {batch}: c = " + ", ".join(f"{k} {v:.3f}" for k, v in ratios[batch].items()), flush=True)
+                                            cfg.repeats, draft_layers=(0,)),
+        f"head_{cfg.draft_vocab}_vocab": costs.cost_ratio(target.config, target.params, target.config,
+                                                          target.params, batch, cfg.repeats, head=restricted,
+                                                          draft_layers=(0,))}
+    log(f"batch {batch}: c = " + ", ".join(f"{k} {v:.3f}" for k, v in ratios[batch].items()))
   count = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
   head_params, fc_params = count(params), count(params.get("fc", {}))
-  training = time_train_step(target, (config, params), args.batch, repeats=2)
-  print(f"training step, {args.batch} x {SEQ_LEN} tokens: {training['step_s']:.1f} s", flush=True)
+  training = time_train_step(target, (config, params), cfg.batch, repeats=2)
+  log(f"training step, {cfg.batch} x {SEQ_LEN} tokens: {training['step_s']:.1f} s")
   flops = train_step_flops(target.config.num_params(), head_params - fc_params, fc_params,
-                           target.config.vocab_size, target.config.d_model, args.batch * SEQ_LEN, TTT_STEPS)
-  run_flops = flops / (args.batch * SEQ_LEN) * RUN_ROWS * SEQ_LEN * RUN_STEPS
+                           target.config.vocab_size, target.config.d_model, cfg.batch * SEQ_LEN, TTT_STEPS)
+  run_flops = flops / (cfg.batch * SEQ_LEN) * RUN_ROWS * SEQ_LEN * RUN_STEPS
   result = {
       "command": records.command(), "environment": records.environment(), "target": TARGET, "draft": DRAFT,
       "head": {"feature_layers": list(layers), "trained_params": head_params,
                "shared_output_head_rows": target.config.vocab_size},
-      "draft_vocab": {"size": args.draft_vocab, "stdlib_token_coverage": coverage},
+      "draft_vocab": {"size": cfg.draft_vocab, "stdlib_token_coverage": coverage},
       "cost_ratio_c": ratios, "training_step": training,
       "training_step_tflop": flops / 1e12, "measured_tflops": flops / 1e12 / training["step_s"],
       "run_recipe": {"steps": RUN_STEPS, "rows": RUN_ROWS, "seq_len": SEQ_LEN, "ttt_steps": TTT_STEPS},
-      "run_hours_here": training["step_s"] * RUN_ROWS / args.batch * RUN_STEPS / 3600,
+      "run_hours_here": training["step_s"] * RUN_ROWS / cfg.batch * RUN_STEPS / 3600,
       "run_tflop": run_flops / 1e12,
-      "gpu_estimate": {"assumed_tflops": args.gpu_tflops, "minutes": run_flops / 1e12 / args.gpu_tflops / 60,
+      "gpu_estimate": {"assumed_tflops": cfg.gpu_tflops, "minutes": run_flops / 1e12 / cfg.gpu_tflops / 60,
                        "note": "an estimate from operation counts, not a measurement"}}
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+  harness.write_results(result, cfg.output)
+  return result
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  result = run(cfg, log=harness.log)
   print(json.dumps({k: result[k] for k in ("cost_ratio_c", "run_hours_here", "measured_tflops", "gpu_estimate")},
                    indent=1))
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Benchmark config (configs/benchmarks/eagle_qwen_cost.py).")

@@ -1,20 +1,25 @@
 """Cost of a T-token forward pass relative to a 1-token step, under several XLA CPU settings.
 
 Speculative decoding on a CPU is limited by the verify pass (K + 1 tokens at once): this measures
-T = 1..9 for the target's shape (Qwen2.5-Coder-1.5B dimensions, random weights, float32; `--layers`
+T = 1..9 for the target's shape (Qwen2.5-Coder-1.5B dimensions, random weights, float32; `layers`
 trims the depth to keep the run short; the head is full size) in one subprocess per XLA setting, so
 that every variant runs on the same machine in one run. Writes a JSON result.
 
-  python experiments/forward_cost.py --out experiments/results/forward_cost_cpu.json
+  python -m experiments.forward_cost --config=configs/benchmarks/forward_cost.py
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
+
+import ml_collections
+
+from experiments import harness
+from specjax import records
+from specjax.errors import ConfigError
+
+CONFIG_FILE = "configs/benchmarks/forward_cost.py"  # the config of the subprocesses
 
 VARIANTS = {
     "default": "",
@@ -41,40 +46,37 @@ def measure(layers: int, tokens: list[int], repeats: int, cache_len: int) -> dic
   return costs.forward_seconds(config, params, tokens, repeats, cache_len=cache_len)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--layers", type=int, default=28)
-  parser.add_argument("--repeats", type=int, default=7)
-  parser.add_argument("--cache-len", type=int, default=512)
-  parser.add_argument("--variants", default=",".join(VARIANTS))
-  parser.add_argument("--out", default="")
-  parser.add_argument("--child", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  tokens = list(range(1, 10))
-  if args.child:
-    print(json.dumps(measure(args.layers, tokens, args.repeats, args.cache_len)))
-    return
-  from specjax.records import command, save
-
-  results = {"command": command(), "layers": args.layers, "cache_len": args.cache_len,
-             "variants": {}}
-  for name in args.variants.split(","):
+def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
+  """Measures every variant of `cfg` in its own subprocess; returns the results, also written to
+  `cfg.output` unless it is empty."""
+  results = {"command": records.command(), "layers": cfg.layers, "cache_len": cfg.cache_len, "variants": {}}
+  for name in cfg.variants:
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + VARIANTS[name]).strip())
-    run = subprocess.run([sys.executable, __file__, "--child", name, "--layers", str(args.layers),
-                          "--repeats", str(args.repeats), "--cache-len", str(args.cache_len)],
-                         env=env, capture_output=True, text=True)
-    if run.returncode:
-      results["variants"][name] = {"flags": VARIANTS[name], "error": run.stderr[-2000:]}
-      print(f"{name}: failed\n{run.stderr[-2000:]}", flush=True)
+    measured, stderr = harness.run_child("experiments.forward_cost", CONFIG_FILE,
+                                         {"child": name, "layers": cfg.layers, "repeats": cfg.repeats,
+                                          "cache_len": cfg.cache_len}, env)
+    if measured is None:
+      results["variants"][name] = {"flags": VARIANTS[name], "error": stderr[-2000:]}
+      log(f"{name}: failed\n{stderr[-2000:]}")
       continue
-    seconds = {int(t): s for t, s in json.loads(run.stdout.strip().splitlines()[-1]).items()}
+    seconds = {int(t): s for t, s in measured.items()}
     ratio = {t: s / seconds[1] for t, s in seconds.items()}
     results["variants"][name] = {"flags": VARIANTS[name], "seconds": seconds, "ratio_to_T1": ratio}
-    print(f"{name:10s} T=1 {seconds[1] * 1e3:7.1f} ms  ratios " +
-          " ".join(f"{t}:{r:.2f}" for t, r in ratio.items()), flush=True)
-  if args.out:
-    save(results, args.out)
+    log(f"{name:10s} T=1 {seconds[1] * 1e3:7.1f} ms  ratios " + " ".join(f"{t}:{r:.2f}" for t, r in ratio.items()))
+  if cfg.output:
+    harness.write_results(results, cfg.output)
+  return results
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  if cfg.child:  # a subprocess of `run`, whose XLA_FLAGS select the variant
+    print(json.dumps(measure(cfg.layers, list(range(1, 10)), cfg.repeats, cfg.cache_len)))
+    return
+  unknown = [name for name in cfg.variants if name not in VARIANTS]
+  if unknown:
+    raise ConfigError(f"config.variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+  run(cfg, log=harness.log)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Benchmark config (configs/benchmarks/forward_cost.py).")

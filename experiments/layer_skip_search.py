@@ -21,19 +21,14 @@ speedup) is written to the output JSON as it finishes.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Callable
 
 import ml_collections
-from ml_collections import config_flags
 
-from specjax import cli, costs, drafting, pipeline, records
+from experiments import harness
+from specjax import costs, pipeline, records
 from specjax.models.load import load_model
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "search config (configs/searches/layer_skip.py)",
-                                          lock_config=True)
 
 
 def layer_spec(layers: tuple[int, ...]) -> str:
@@ -96,7 +91,7 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
                                    "alpha_hat": stats["alpha_hat"], "mean_accepted_length": m,
                                    "modelled_c": c, "modelled_speedup": speedup,
                                    "seconds": time.perf_counter() - start})
-    _write(results, search.output)
+    harness.write_results(results, search.output)
     log(f"[{len(evaluated)}/{search.max_evaluations}] {cfg.draft_layers:>24} ({len(layers)}/{n_layers} layers): "
         f"alpha_hat {stats['alpha_hat']:.3f}, tokens/round {m:.2f}, c {c:.3f}, modelled speedup {speedup:.3f}")
     return speedup
@@ -122,17 +117,15 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
   m = next(e for e in results["evaluations"] if e["draft_layers"] == layer_spec(best))["mean_accepted_length"]
   results["best"] = {"draft_layers": layer_spec(best), "kept": len(best), "measured_c": measured_c,
                      "mean_accepted_length": m, "modelled_speedup_measured_c": m / (k * measured_c + verify_cost)}
-  _write(results, search.output)
+  harness.write_results(results, search.output)
   log(f"best: draft_layers={layer_spec(best)} ({len(best)}/{n_layers} layers), measured c {measured_c:.3f}, "
       f"modelled speedup {results['best']['modelled_speedup_measured_c']:.3f}; wrote {search.output}")
   return results
 
 
-def _write(results: dict, path: str) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(results, f, indent=1)
-  os.replace(path + ".tmp", path)
+def main(search: ml_collections.ConfigDict) -> None:
+  run(search, log=harness.log)
 
 
 if __name__ == "__main__":
-  cli.run(run, _CONFIG)
+  harness.run_script(main, "Search config (configs/searches/layer_skip.py).")

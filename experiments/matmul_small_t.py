@@ -7,19 +7,22 @@ cost about one single-token pass; on XLA CPU's GEMM it costs ~2x already at T = 
   per_token  T separate matrix-vector products (reads W T times)
   reduce     sum over `in` of W[:, None, :] * x[None, :, :] -> [out, T] (a fused reduction that
              could read W once)
-Eight 1536 x 8960 matrices (one Qwen-1.5B MLP's worth x ~2.7), float32, median of 7. JSON out.
+Eight 1536 x 8960 matrices (one Qwen-1.5B MLP's worth x ~2.7; `matrices`), float32, median of 7. JSON out.
 
-  python experiments/matmul_small_t.py --out experiments/results/matmul_small_t_cpu.json
+  python -m experiments.matmul_small_t --config=configs/benchmarks/matmul_small_t.py
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+
+from experiments import harness
+from specjax import records
 
 _CONTRACT_IN = (((1,), (1,)), ((), ()))
 FORMULATIONS = {
@@ -31,16 +34,12 @@ FORMULATIONS = {
 }
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="")
-  parser.add_argument("--matrices", type=int, default=8)
-  args = parser.parse_args()
+def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
+  """Times every formulation at T = 1..9; returns the results, also written to `cfg.output` unless it is
+  empty."""
   rng = np.random.default_rng(0)
-  weights = [jnp.asarray(rng.standard_normal((8960, 1536), dtype=np.float32)) for _ in range(args.matrices)]
-  from specjax.records import command, save
-
-  results = {"command": command(), "bytes": sum(w.nbytes for w in weights), "seconds": {}}
+  weights = [jnp.asarray(rng.standard_normal((8960, 1536), dtype=np.float32)) for _ in range(cfg.matrices)]
+  results = {"command": records.command(), "bytes": sum(w.nbytes for w in weights), "seconds": {}}
   for name, contract in FORMULATIONS.items():
     fn = jax.jit(lambda ws, x, contract=contract: [contract(w, x) for w in ws])
     results["seconds"][name] = {}
@@ -54,11 +53,16 @@ def main():
         times.append(time.perf_counter() - start)
       results["seconds"][name][T] = float(np.median(times))
     row = results["seconds"][name]
-    print(f"{name:10s} T=1 {row[1] * 1e3:6.1f} ms ({results['bytes'] / row[1] / 1e9:.1f} GB/s)  ratios " +
-          " ".join(f"{t}:{s / row[1]:.2f}" for t, s in row.items()), flush=True)
-  if args.out:
-    save(results, args.out)
+    log(f"{name:10s} T=1 {row[1] * 1e3:6.1f} ms ({results['bytes'] / row[1] / 1e9:.1f} GB/s)  ratios " +
+        " ".join(f"{t}:{s / row[1]:.2f}" for t, s in row.items()))
+  if cfg.output:
+    harness.write_results(results, cfg.output)
+  return results
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  run(cfg, log=harness.log)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Benchmark config (configs/benchmarks/matmul_small_t.py).")

@@ -1,6 +1,8 @@
 """Figures from a sweep table (`experiments/sweep.py`), as PNG files.
 
-  python -m experiments.plots TABLE.jsonl --out DIR [--k K] [--label DRAFT=NAME ...]
+  python -m experiments.plots --config=configs/reports/plots.py:qwen_coder_k
+  python -m experiments.plots --config=configs/reports/plots.py --config.table=TABLE.jsonl --config.output=DIR \
+      [--config.k=K] [--config.labels='("DRAFT=NAME", ...)']
 
   acceptance_vs_k.png          acceptance rate and mean accepted length vs K
   speedup_vs_k.png             measured speedup over the autoregressive baseline (solid) and the
@@ -12,22 +14,24 @@
 
 Lines (or bar groups) are the settings of the table's other axes (temperature, draft, ...). A figure whose
 axis has fewer than two values in the table, or whose values are missing, is skipped with a message.
-`--k` picks the K of the per-position and per-draft figures (default: the largest K in the table);
-`--label` names a draft (an axis value such as a path) in legends and bars.
+`k` picks the K of the per-position and per-draft figures (0: the largest K in the table); `labels`
+name drafts (axis values such as paths) in legends and bars. configs/reports/plots.py holds the fields.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Callable
 
 import matplotlib
+import ml_collections
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
+from experiments import harness  # noqa: E402
 from experiments.sweep import read_table  # noqa: E402
+from specjax.errors import ConfigError  # noqa: E402
 
 
 class Skip(Exception):
@@ -190,17 +194,16 @@ def plot_all(rows: list[dict], out_dir: str, k: int | None = None, labels: dict[
   return written
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("table", help="JSONL table written by experiments.sweep")
-  parser.add_argument("--out", required=True, help="directory for the PNG files")
-  parser.add_argument("--k", type=int, default=None, help="K of the per-position and per-draft figures")
-  parser.add_argument("--label", action="append", default=[], metavar="DRAFT=NAME",
-                      help="legend name of a draft axis value (repeatable)")
-  args = parser.parse_args()
-  labels = dict(item.split("=", 1) for item in args.label)
-  plot_all(read_table(args.table), args.out, args.k, labels)
+def main(cfg: ml_collections.ConfigDict) -> None:
+  for field in ("table", "output"):
+    if not cfg[field]:
+      raise ConfigError(f"config.{field} is empty (configs/reports/plots.py:<sweep> names both)")
+  bad = [label for label in cfg.labels if "=" not in label]
+  if bad:
+    raise ConfigError(f"config.labels: {bad} not of the form DRAFT=NAME")
+  labels = dict(label.split("=", 1) for label in cfg.labels)
+  plot_all(read_table(cfg.table), cfg.output, cfg.k or None, labels)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Plots config (configs/reports/plots.py).")

@@ -1,13 +1,16 @@
 """A markdown table of a sweep table (`experiments/sweep.py`), so reports quote the JSONL, never retype it.
 
-  python -m experiments.report_sweep experiments/results/sweep_qwen_coder_k.jsonl
+  python -m experiments.report_sweep --config=configs/reports/sweep.py:qwen_coder_k
+  python -m experiments.report_sweep --config=configs/reports/sweep.py --config.table=TABLE.jsonl
 """
 
 from __future__ import annotations
 
-import sys
+import ml_collections
 
+from experiments import harness
 from experiments.sweep import read_table
+from specjax.errors import ConfigError
 
 COLUMNS = (  # (header, row field, digits)
     ("mode", "mode", None), ("batch", "batch_size", None), ("K", "k", None), ("drafter", "drafter", None),
@@ -43,5 +46,11 @@ def markdown(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def main(cfg: ml_collections.ConfigDict) -> None:
+  if not cfg.table:
+    raise ConfigError("config.table is empty: name the sweep (configs/reports/sweep.py:<sweep>) or the table")
+  print(markdown(read_table(cfg.table)))
+
+
 if __name__ == "__main__":
-  print(markdown(read_table(sys.argv[1])))
+  harness.run_script(main, "Report config (configs/reports/sweep.py).")

@@ -1,8 +1,8 @@
 """Trees against chains: reads tree sweep tables (`configs/sweeps/qwen_coder_trees*.py`), measures the
 forward costs of the widths they used on this machine, and writes one JSON result with two cost models.
 
-  python -m experiments.report_trees experiments/results/sweep_qwen_coder_trees.jsonl \
-      experiments/results/sweep_qwen_coder_trees_speed.jsonl --out experiments/results/trees_cpu.json
+  python -m experiments.report_trees --config=configs/reports/trees.py
+  python -m experiments.report_trees --config=configs/reports/trees.py:ngram   # the n-gram spines
 
 Per speculative row: the shape (N draft nodes verified per round, depth D), accepted draft tokens per
 round (tokens per round minus the target's own token), per-depth acceptance, draft passes per round,
@@ -14,7 +14,7 @@ tokens per round and the passes each round costs:
 - `predicted_accelerator`: where a verify of up to 64 tokens costs one target step (memory-bound: the
   weights are read once whatever T) and every draft pass costs c target steps, c = the 1-token cost
   ratio measured here: tokens per round / (1 + c x draft passes per round);
-- `predicted_measured_accelerator` (with `--accelerator=RESULTS.json`, a results file of the accelerator
+- `predicted_measured_accelerator` (with `accelerator=RESULTS.json`, a results file of the accelerator
   run kit `experiments/benchmark_accelerator.py`): the same with that device's measured numbers instead
   of the premise: the verify of N + 1 tokens at its measured multiple of a step (interpolated linearly
   between the kit's `verify_widths`) and c as the kit measured it, at the kit's smallest batch size not
@@ -28,13 +28,12 @@ the chain whose K equals the tree's node count (or the longest chain measured, i
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 import ml_collections
 import numpy as np
 
+from experiments import harness
 from experiments.sweep import read_table
 from specjax import costs, pipeline, records
 from specjax.speculative.trees.dynamic import DynamicSpec
@@ -122,7 +121,7 @@ def accelerator_costs(results: dict) -> dict:
     out[v["batch_size"]] = (widths, [v["in_target_steps"][str(t)] for t in widths],
                             cs[(v["prompt_tokens"], v["batch_size"])])
   if not out:
-    raise SystemExit("the accelerator results hold no verify_costs (a kit run with config.verify_widths)")
+    raise ValueError("the accelerator results hold no verify_costs (a kit run with config.verify_widths)")
   return out
 
 
@@ -183,7 +182,7 @@ def figure(rows: list[dict], batch: int, path: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-  fmt = lambda x, spec=".2f": "" if x is None else format(x, spec)
+  fmt = lambda x, spec=".2f": harness.number(x, spec, missing="")
   measured = any("predicted_measured_accelerator" in r for r in rows)
   lines = ["| batch | T | drafter | N | D | accepted / round | draft passes | tok/s | speedup | predicted CPU "
            "| predicted accelerator |" + (" measured accelerator costs |" if measured else ""),
@@ -197,30 +196,19 @@ def markdown(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("tables", nargs="+")
-  parser.add_argument("--out", required=True)
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--reuse_costs", action="store_true", help="take the forward costs from --out (re-render)")
-  parser.add_argument("--accelerator", default="", help="a results file of experiments/benchmark_accelerator.py "
-                      "(its verify_costs and c): adds predicted_measured_accelerator")
-  parser.add_argument("--plot", default="experiments/results/plots/trees.png", help="the figure (batch 4 rows)")
-  args = parser.parse_args()
-  raw = [r for path in args.tables for r in read_table(path) if r["mode"] == "speculative"]
+def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
+  """Summarises the tables' speculative rows and predicts their speedups; returns the results, also
+  written to `cfg.output`, with the markdown table (`log`ged), the figure and the comparisons."""
+  raw = [r for path in cfg.tables for r in read_table(path) if r["mode"] == "speculative"]
   if not raw:
-    raise SystemExit(f"no speculative rows in {args.tables}")
+    raise ValueError(f"no speculative rows in {list(cfg.tables)}")
   rows = sorted((summarize_row(r) for r in raw), key=lambda r: (r["batch_size"], r["temperature"], r["nodes"]))
-  if args.reuse_costs:  # re-render a result: the forward costs it measured
-    with open(args.out) as f:
-      seconds = {int(b): {m: {int(t): v for t, v in at.items()} for m, at in by_model.items()}
-                 for b, by_model in json.load(f)["forward_seconds"].items()}
+  if cfg.reuse_costs:  # re-render a result: the forward costs it measured
+    seconds = {int(b): {m: {int(t): v for t, v in at.items()} for m, at in by_model.items()}
+               for b, by_model in harness.read_results(cfg.output, "output")["forward_seconds"].items()}
   else:
-    seconds = measure_costs(rows, raw[0]["config"], args.repeats)
-  measured = None
-  if args.accelerator:
-    with open(args.accelerator) as f:
-      measured = accelerator_costs(json.load(f))
+    seconds = measure_costs(rows, raw[0]["config"], cfg.repeats)
+  measured = accelerator_costs(harness.read_results(cfg.accelerator, "accelerator")) if cfg.accelerator else None
   for row in rows:
     predict(row, seconds[row["batch_size"]])
     if measured:
@@ -228,19 +216,23 @@ def main() -> None:
   result = {"rows": rows, "forward_seconds": seconds,
             "comparisons": [c for c in (comparison(rows, t, b) for t in (0.0, 1.0)
                                         for b in sorted({r["batch_size"] for r in rows})) if c],
-            "tables": args.tables, "accelerator": args.accelerator, "environment": records.environment(),
+            "tables": list(cfg.tables), "accelerator": cfg.accelerator, "environment": records.environment(),
             "command": records.command()}
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
-  print(markdown(rows))
+  harness.write_results(result, cfg.output)
+  log(markdown(rows))
   if any(r["batch_size"] == 4 for r in rows):
-    os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
-    print("figure:", figure(rows, 4, args.plot))
+    os.makedirs(os.path.dirname(cfg.plot) or ".", exist_ok=True)
+    log(f"figure: {figure(rows, 4, cfg.plot)}")
   for c in result["comparisons"]:
     chain = c["chain"] + ("" if c["same_verified_tokens"] else " (the longest chain measured: fewer tokens verified)")
-    print(f"T={c['temperature']:g} batch {c['batch_size']}: {c['tree']} {c['tree_accepted_per_round']:.2f} vs "
-          f"{chain} {c['chain_accepted_per_round']:.2f} accepted / round: {c['ratio']:.2f}x")
+    log(f"T={c['temperature']:g} batch {c['batch_size']}: {c['tree']} {c['tree_accepted_per_round']:.2f} vs "
+        f"{chain} {c['chain_accepted_per_round']:.2f} accepted / round: {c['ratio']:.2f}x")
+  return result
+
+
+def main(cfg: ml_collections.ConfigDict) -> None:
+  run(cfg)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Report config (configs/reports/trees.py).")

@@ -34,13 +34,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import time
 from typing import Any, Callable
 
 import ml_collections
-from absl import app, flags
-from ml_collections import config_flags
 
+from experiments import harness
 from specjax import drafting, metrics, pipeline, records
 from specjax.models.load import LoadedModel
 
@@ -162,7 +160,7 @@ def _describe(point: Point) -> str:
 
 
 def _summary(row: dict) -> str:
-  fmt = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)
+  fmt = lambda x, spec=".3f": harness.number(x, spec)
   text = f"{row['tokens_per_second']:.2f} tok/s, compile {row['compile_time_s']:.1f} s"
   if row["mode"] == "speculative":
     text += (f", acceptance {fmt(row['acceptance_rate'])}, alpha_hat {fmt(row['alpha_hat'])}, "
@@ -227,16 +225,9 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
   return written
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  if flags.FLAGS.config is None:
-    raise app.UsageError("--config=configs/sweeps/<name>.py is required")
-  run(flags.FLAGS.config, log=lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True))
+def main(sweep: ml_collections.ConfigDict) -> None:
+  run(sweep, log=harness.log)
 
 
 if __name__ == "__main__":
-  # Defined here rather than on import, so that tests can import this module next to other absl CLIs.
-  config_flags.DEFINE_config_file("config", None, "Sweep config file (see configs/sweeps/).",
-                                  lock_config=True)
-  app.run(main)
+  harness.run_script(main, "Sweep config file (see configs/sweeps/).")

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import json
 import os
 import sys
-import time
 from typing import Callable, NoReturn, Sequence
 
 import ml_collections
@@ -67,21 +65,6 @@ def run(main: Callable[[ml_collections.ConfigDict], None], config: flags.FlagHol
       fail(_one_line(e), USAGE if isinstance(e, ConfigError) else DATA)
 
   app.run(guarded, flags_parser=parse)
-
-
-def report_or_run(cfg: ml_collections.ConfigDict, run: Callable, render: Callable[[dict], str]) -> None:
-  """A benchmark's `main`: print `render` of the results file `cfg.report` when one is named, else
-  `run(cfg, log)` (log lines time-stamped) and print `render` of its results."""
-  if cfg.report:
-    try:
-      with open(cfg.report) as f:
-        results = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"config.report {cfg.report}: not a results file ({e})") from None
-    print(render(results))
-    return
-  results = run(cfg, log=lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True))
-  print("\n" + render(results), flush=True)
 
 
 def _one_line(error: BaseException) -> str:

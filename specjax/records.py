@@ -3,7 +3,6 @@ that made it, with paths relative to the repository root so records name no mach
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -44,11 +43,3 @@ def _relative_arg(arg: str) -> str:
   """One argument, a path or `--flag=path`, with `relative` applied to the path."""
   name, equals, value = arg.partition("=")
   return name + equals + relative(value) if arg.startswith("-") and equals else relative(arg)
-
-
-def save(results: dict[str, Any], path: str) -> None:
-  """Adds `environment()` to `results` and writes them as indented JSON to `path` (directories made)."""
-  results["environment"] = environment()
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(results, f, indent=1)

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
+from configs import code_edit_prompts
 from configs.benchmarks import drafters
-from experiments import benchmark_drafters, code_edit_prompts
+from experiments import benchmark_drafters
 from experiments.benchmark_drafters import AUTOREGRESSIVE, System
 from specjax.errors import ConfigError
 from tests.helpers.tiny_hf import make_hf_model, save_char_tokenizer

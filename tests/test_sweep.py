@@ -278,8 +278,9 @@ def test_plots_render_every_figure(tmp_path):
   table = tmp_path / "table.jsonl"
   table.write_text("".join(json.dumps(row) + "\n" for row in _fixture_rows()))
   out = tmp_path / "plots"
-  run = subprocess.run([sys.executable, "-m", "experiments.plots", str(table), "--out", str(out), "--k", "2",
-                        "--label", "drafts/plain=before", "--label", "drafts/distilled=after"],
+  run = subprocess.run([sys.executable, "-m", "experiments.plots", "--config=configs/reports/plots.py",
+                        f"--config.table={table}", f"--config.output={out}", "--config.k=2",
+                        "--config.labels=('drafts/plain=before', 'drafts/distilled=after')"],
                        cwd=ROOT, capture_output=True, text=True)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "skipped" not in run.stdout

@@ -1,1 +1,1 @@
-"""Benchmark configs: one get_config() per benchmark script in experiments/ that takes --config."""
+"""Benchmark configs: one get_config() per benchmark script in experiments/ (`--config=configs/benchmarks/...`)."""

@@ -61,7 +61,7 @@ def get_config(variant: str = ""):
   cfg.prompt_sets = ("code_edit", "chat", "raw")  # which sets run, in this order
   cfg.continuation_lines = 8  # "raw": lines of each function given as the prompt
   cfg.sets = ml_collections.ConfigDict()
-  # Input-grounded: edit a standard-library function and return it whole (experiments/code_edit_prompts.py).
+  # Input-grounded: edit a standard-library function and return it whole (configs/code_edit_prompts.py).
   cfg.sets.code_edit = _prompt_set(True, 2, greedy=("ngram", "layer_skip"), sampled=(),
                                    batched=("ngram", "model_k5", "layer_skip"))
   # Open-ended coding requests (experiments/benchmark_decode.py PROMPTS).

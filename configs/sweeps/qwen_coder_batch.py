@@ -3,7 +3,7 @@ speculative K = 4 vs autoregressive, greedy; 8 chat coding prompts (one full bat
 About 15 minutes alone on 2 CPU cores.
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_batch.py
-  python -m experiments.plots experiments/results/sweep_qwen_coder_batch.jsonl --out experiments/results/plots
+  python -m experiments.plots --config=configs/reports/plots.py:qwen_coder_batch
 """
 
 import ml_collections

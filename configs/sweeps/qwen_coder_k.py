@@ -3,7 +3,7 @@ temperature 0 and 1, batch 1, with the autoregressive baseline at both temperatu
 prompts, 128 tokens. About 20 minutes alone on 2 CPU cores (7 compiles of ~35 s, 16 points of ~50 s).
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_k.py
-  python -m experiments.plots experiments/results/sweep_qwen_coder_k.jsonl --out experiments/results/plots
+  python -m experiments.plots --config=configs/reports/plots.py:qwen_coder_k
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 """N-gram spines against n-gram chains on real prompts: prompt lookup (no draft model) for the
 Qwen2.5-Coder-1.5B-Instruct target on the first 4 input-grounded code edits of
-`experiments/code_edit_prompts.py` (chat template; the answer repeats most of the prompt), greedy, batch
+`configs/code_edit_prompts.py` (chat template; the answer repeats most of the prompt), greedy, batch
 1, 128 new tokens: chains of K = 4 and 8, and spines `(b, 1, ..., 1)` of depth 8 with b = 2 and 3 (the
 b best matches with distinct next tokens, each continued 8 deep), against the target's autoregressive
 baseline. About 15 minutes alone on 2 CPU cores. The committed table
@@ -8,14 +8,13 @@ baseline. About 15 minutes alone on 2 CPU cores. The committed table
 `--config.base.max_new_tokens=96 --config.axes.k='(8,)'` (14 minutes on a slow host).
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_ngram_trees.py
-  python -m experiments.report_trees experiments/results/sweep_qwen_coder_ngram_trees.jsonl \
-      --out experiments/results/ngram_trees_cpu.json --plot experiments/results/plots/ngram_trees.png
+  python -m experiments.report_trees --config=configs/reports/trees.py:ngram
 """
 
 import ml_collections
 
 from configs import qwen_coder_ngram
-from experiments.code_edit_prompts import code_edit_prompts
+from configs.code_edit_prompts import code_edit_prompts
 
 
 def get_config():

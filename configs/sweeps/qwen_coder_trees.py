@@ -5,8 +5,7 @@ temperature 1 (children drawn without replacement), batch 4, 8 chat coding promp
 About 50 minutes alone on 2 CPU cores; `qwen_coder_trees_speed.py` times a subset at batch 1.
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_trees.py
-  python -m experiments.report_trees experiments/results/sweep_qwen_coder_trees.jsonl \
-      experiments/results/sweep_qwen_coder_trees_speed.jsonl --out experiments/results/trees_cpu.json
+  python -m experiments.report_trees --config=configs/reports/trees.py
 
 A tree's K is its depth (the sweep sets it), so the k axis only spreads the chains.
 """

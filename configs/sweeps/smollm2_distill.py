@@ -6,15 +6,12 @@ without; `--config.axes.draft_vocab='(0, 8192)'` runs both), plus the target's a
 on 4 held-out prompts. About 10 minutes alone on 2 CPU cores.
 
 Needs the distillation's work directory: the training run, then
-`python -m experiments.distill_smollm2.report`, which writes both drafts (`drafts/step0`,
-`drafts/step<N>` for the latest checkpoint N), the held-out prompts and the training-file corpus
-there. For a run stopped early: `--config.axes.draft='("WORKDIR/drafts/step0", "WORKDIR/drafts/stepN")'`.
+`python -m experiments.distill_smollm2.report --config=configs/reports/distill.py:distill_smollm2`, which
+writes both drafts (`drafts/step0`, `drafts/step<N>` for the latest checkpoint N), the held-out prompts
+and the training-file corpus there. For a run stopped early: `--config.axes.draft='("WORKDIR/drafts/step0", "WORKDIR/drafts/stepN")'`.
 
   python -m experiments.sweep --config=configs/sweeps/smollm2_distill.py
-  python -m experiments.plots experiments/results/sweep_smollm2_distill.jsonl \
-      --out experiments/results/plots/smollm2_distill --k 1 \
-      --label experiments/distill_smollm2/workdir/drafts/step0=undistilled \
-      --label experiments/distill_smollm2/workdir/drafts/step1000=distilled
+  python -m experiments.plots --config=configs/reports/plots.py:smollm2_distill   # drafts named, K = 1
 """
 
 import ml_collections

@@ -6,7 +6,8 @@ batch 1, the head scoring through the target's output head restricted to the
 training files, as the distilled drafts of `smollm2_distill.py`, so that c compares), plus the target's autoregressive baseline, on the 4 held-out
 prompts that `smollm2_distill.py` decodes (the same corpus split). About 15 minutes alone on 2 CPU cores.
 
-Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.report`, which exports
+Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.report
+--config=configs/reports/distill.py:distill_eagle_smollm2`, which exports
 the newest checkpoint's head to `heads/step<N>` and writes the prompts and the corpus. For a run stopped
 early: `--config.base.draft=WORKDIR/heads/stepN` (and a new `--config.output`: a table's points are not rerun).
 The step-300 head's table (the run's first 300 steps, full-vocabulary loss) is `sweep_smollm2_eagle_step300.jsonl`.

@@ -7,9 +7,10 @@ first 128 tokens of stdlib files the run never trained on: the same split, hence
 the distilled-draft run of `experiments/distill_smollm2/`) and the training files as the corpus that
 ranks restricted heads. Here: results.json (held-out evaluations at step 0 and the newest) and
 curves.png (held-out first-step acceptance, simulated accepted length at K = ttt_steps and the loss,
-from metrics.jsonl). Reading checkpoints while the run goes on is safe (read-only).
+from metrics.jsonl). Reading checkpoints while the run goes on is safe (read-only). Settings:
+configs/reports/distill.py.
 
-  python -m experiments.distill_eagle_smollm2.report
+  python -m experiments.distill_eagle_smollm2.report --config=configs/reports/distill.py:distill_eagle_smollm2
   python -m experiments.sweep --config=configs/sweeps/smollm2_eagle.py
 """
 
@@ -18,14 +19,15 @@ from __future__ import annotations
 import json
 import os
 
+import ml_collections
+
 from configs import distill_eagle_smollm2
-from experiments.distill_smollm2.report import (held_out_prompts, heldout_evals, loss_panel, parse_args, split,
-                                                write_jsonl, write_train_corpus)
+from experiments import harness
+from experiments.distill_smollm2.report import (held_out_prompts, heldout_evals, loss_panel, split, write_jsonl,
+                                                write_train_corpus)
 from specjax import records
 from specjax.distill import train
 from specjax.speculative.drafters.eagle_io import save_head
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def plot(metrics_path: str, out: str, depth: int) -> None:
@@ -47,28 +49,26 @@ def plot(metrics_path: str, out: str, depth: int) -> None:
   plots.save_figure(fig, os.path.dirname(out) or ".", os.path.basename(out))
 
 
-def main() -> None:
-  args = parse_args(__doc__, HERE)
+def main(cfg: ml_collections.ConfigDict) -> None:
   config = distill_eagle_smollm2.get_config()
-  config.workdir = args.workdir
+  config.workdir = cfg.workdir
   teacher, head_config, head_params, vocab, step = train.latest_head(config)
-  head_dir = os.path.join(args.workdir, "heads", f"step{step}")
+  head_dir = os.path.join(cfg.workdir, "heads", f"step{step}")
   save_head(head_dir, head_config, head_params, vocab)
   train_docs, held = split(config)
-  prompts_file = write_jsonl(({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, args.num_prompts,
-                                                                       args.prompt_tokens)),
-                             os.path.join(args.workdir, "heldout_prompts.jsonl"))
-  corpus_file = write_train_corpus(train_docs, os.path.join(args.workdir, "train_corpus.jsonl"))
-  metrics_path = os.path.join(args.workdir, train.METRICS_FILE)
-  evals = heldout_evals(args.workdir)
+  prompts_file = write_jsonl(({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, cfg.num_prompts,
+                                                                       cfg.prompt_tokens)),
+                             os.path.join(cfg.workdir, "heldout_prompts.jsonl"))
+  corpus_file = write_train_corpus(train_docs, os.path.join(cfg.workdir, "train_corpus.jsonl"))
+  metrics_path = os.path.join(cfg.workdir, train.METRICS_FILE)
+  evals = heldout_evals(cfg.workdir)
   results = {"checkpoint_step": step, "head": records.relative(head_dir), "prompts_file": records.relative(prompts_file),
              "vocab_corpus": records.relative(corpus_file), "heldout": {"before": evals[0], "latest": evals[-1]},
              "evals": evals, "environment": records.environment()}
-  with open(args.out, "w") as f:
-    json.dump(results, f, indent=1)
-  plot(metrics_path, os.path.join(os.path.dirname(args.out), "curves.png"), config.student.ttt_steps)
-  print(f"wrote {args.out}; head of step {step} in {head_dir}", flush=True)
+  harness.write_results(results, cfg.output)
+  plot(metrics_path, os.path.join(os.path.dirname(cfg.output), "curves.png"), config.student.ttt_steps)
+  print(f"wrote {cfg.output}; head of step {step} in {head_dir}", flush=True)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Report config (configs/reports/distill.py:distill_eagle_smollm2).")

@@ -3,19 +3,18 @@
 Writes into the work directory what `configs/sweeps/smollm2_distill.py` decodes: the draft the run
 started from (the layer-truncated target, undistilled) and the draft of its latest checkpoint as HF
 directories (`drafts/step0`, `drafts/step<N>`); held-out prompts (`heldout_prompts.jsonl`: the first
-`--prompt_tokens` tokens of stdlib files the run never trained on); and the training files as a JSONL
+`prompt_tokens` tokens of stdlib files the run never trained on); and the training files as a JSONL
 corpus (`train_corpus.jsonl`) that ranks the restricted draft heads, so no held-out text ranks tokens.
 Here it writes results.json (held-out evaluations before and at the latest step) and curves.png (the
 run's held-out acceptance, agreement and loss from metrics.jsonl). Reading checkpoints while the
-training runs is safe (read-only).
+training runs is safe (read-only). Settings: configs/reports/distill.py.
 
-  python -m experiments.distill_smollm2.report  # from the repo root; -> results.json, curves.png here
+  python -m experiments.distill_smollm2.report --config=configs/reports/distill.py:distill_smollm2
   python -m experiments.sweep --config=configs/sweeps/smollm2_distill.py
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from typing import Iterable
@@ -23,12 +22,11 @@ from typing import Iterable
 import ml_collections
 
 from configs import distill_smollm2
+from experiments import harness
 from specjax import corpus, records
 from specjax.distill import data, train
 from specjax.distill.export import export_hf
 from specjax.models.load import LoadedModel
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def split(config: ml_collections.ConfigDict) -> tuple[list[corpus.Document], list[corpus.Document]]:
@@ -111,37 +109,24 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
   return paths
 
 
-def parse_args(description: str, here: str) -> argparse.Namespace:
-  """A run report's options: its work directory (default `here`/workdir), the held-out prompts to write
-  (how many, how many tokens) and the results file (default `here`/results.json)."""
-  parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", default=os.path.join(here, "workdir"))
-  parser.add_argument("--num_prompts", type=int, default=4)
-  parser.add_argument("--prompt_tokens", type=int, default=128)
-  parser.add_argument("--out", default=os.path.join(here, "results.json"))
-  return parser.parse_args()
-
-
 def heldout_evals(workdir: str) -> list[dict]:
   """The run's held-out evaluation records (metrics.jsonl), in step order."""
   with open(os.path.join(workdir, train.METRICS_FILE)) as f:
     return [r for line in f if (r := json.loads(line))["split"] == "eval"]
 
 
-def main() -> None:
-  args = parse_args(__doc__, HERE)
+def main(cfg: ml_collections.ConfigDict) -> None:
   config = distill_smollm2.get_config()
-  config.workdir = args.workdir
+  config.workdir = cfg.workdir
   results = {k: records.relative(v) if isinstance(v, str) else v  # paths from the repo root
-             for k, v in prepare(config, args.num_prompts, args.prompt_tokens).items()}
-  evals = heldout_evals(args.workdir)
+             for k, v in prepare(config, cfg.num_prompts, cfg.prompt_tokens).items()}
+  evals = heldout_evals(cfg.workdir)
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
   results["environment"] = records.environment()
-  with open(args.out, "w") as f:
-    json.dump(results, f, indent=1)
-  plot(os.path.join(args.workdir, train.METRICS_FILE), os.path.join(os.path.dirname(args.out), "curves.png"))
-  print(f"wrote {args.out}; decode them with configs/sweeps/smollm2_distill.py", flush=True)
+  harness.write_results(results, cfg.output)
+  plot(os.path.join(cfg.workdir, train.METRICS_FILE), os.path.join(os.path.dirname(cfg.output), "curves.png"))
+  print(f"wrote {cfg.output}; decode them with configs/sweeps/smollm2_distill.py", flush=True)
 
 
 if __name__ == "__main__":
-  main()
+  harness.run_script(main, "Report config (configs/reports/distill.py:distill_smollm2).")

@@ -1,4 +1,5 @@
-"""Prompt sets built from Python standard-library sources, for `experiments.benchmark_drafters`.
+"""Prompt sets built from Python standard-library sources, for `experiments.benchmark_drafters` and the
+sweep configs that decode code edits (`configs/sweeps/qwen_coder_ngram_trees.py`).
 
 Two sets, both deterministic (the functions are named by qualified name, their text is
 `inspect.getsource` of this interpreter's standard library, dedented) and both made of code the target

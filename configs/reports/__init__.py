@@ -1,0 +1,1 @@
+"""Report configs: one get_config() per script in experiments/ that reads results (tables, figures)."""
