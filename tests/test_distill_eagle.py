@@ -24,13 +24,24 @@ TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6,
 NUM_STEPS = 3
 
 
+SLIDING_3 = ("sliding_attention",) * 3
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("feature_layers, qkv_bias", [((0, 1, 2), False), ((), False), ((0, 1, 2), True)])
-def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, qkv_bias):
-  """qkv_bias: a Qwen2-style head block (biases of 1 on q, k and v)."""
+@pytest.mark.parametrize("feature_layers, block", [
+    ((0, 1, 2), {}), ((), {}),
+    ((0, 1, 2), {"qkv_bias": True}),  # Qwen2: biases of 1 on q, k and v
+    ((0, 1, 2), {"sliding_window": 2}),  # Mistral: a window shorter than the chains' reach
+    ((), {"arch": "gemma", "attn_softcap": 2.0, "query_pre_attn_scalar": 16, "sliding_window": 3,
+          "layer_types": SLIDING_3}),  # Gemma 2
+    ((0, 1, 2), {"arch": "gemma", "qk_norm": True, "rope_local_theta": 100.0, "sliding_window": 2,
+                 "layer_types": SLIDING_3}),  # Gemma 3
+])
+def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, block):
+  """`block`: the head block's family options (the target stays the plain llama one)."""
   target_config, target_params = TARGET
-  config, params = eagle_head(target_config.replace(qkv_bias=qkv_bias), feature_layers)
-  assert ("bias" in params["layer"]["attn"]["q_proj"]) == qkv_bias
+  config, params = eagle_head(target_config.replace(**block), feature_layers)
+  assert ("bias" in params["layer"]["attn"]["q_proj"]) == block.get("qkv_bias", False)
   features_BxTxF, _ = eagle_steps.target_features(target_config, target_params, feature_layers, TOKENS_2x10)
   ttt = [logits for _, logits in eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
                                                         features_BxTxF, NUM_STEPS)]

@@ -7,11 +7,13 @@ runs n steps: step 0 reads (f_t, x_{t+1}), step j >= 1 reads (the head's own out
 x_{t+1+j}) at position t + j, and step j predicts x_{t+2+j}. Its attention sees the step-0 pairs of
 positions <= t (the target's features: the head's cache when drafting) and its own chain's steps 1 .. j.
 All T chains run at once, step by step: step j's keys are kept per chain (the "diagonal" of each step),
-so the unroll costs n passes of T tokens instead of T chains. The tokens fed are the data's (teacher
-forcing of tokens; the features are the head's own, as when drafting). The loss of step j is KL(target
-|| head) at every position, weighted 0.8^j (EAGLE-3's weights), averaged over valid positions; for a head
-reading the final hidden state, EAGLE-1's regression of the head's output on the target's next hidden
-state can be added (`feature_regression`).
+so the unroll costs n passes of T tokens instead of T chains. Each pass runs the head's one block
+(`eagle.head_forward`, drafting's own) with this attention pattern as its core (`_ttt_attention`, which
+keeps the block's sliding window and score soft-cap). The tokens fed are the data's (teacher forcing of
+tokens; the features are the head's own, as when drafting). The loss of step j is KL(target || head) at
+every position, weighted 0.8^j (EAGLE-3's weights), averaged over valid positions; for a head reading
+the final hidden state, EAGLE-1's regression of the head's output on the target's next hidden state can
+be added (`feature_regression`).
 
 A head that drafts through a restricted vocabulary (`DraftHead`: N of the V tokens, EAGLE-3's draft
 vocabulary) trains over those N tokens only: its logits are [.., N] and the target's distribution is
@@ -35,61 +37,50 @@ import optax
 
 from specjax.distill import losses
 from specjax.distill.steps import TrainState
-from specjax.models import rope
+from specjax.models import attention
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import MLP, Norm, Params, forward_features, hidden_to_logits
+from specjax.models.transformer import Params, forward_features, hidden_to_logits
 from specjax.speculative.drafters.draft_head import DraftHead
-from specjax.speculative.drafters.eagle import EagleConfig, fuse, head_scores
+from specjax.speculative.drafters.eagle import EagleConfig, fuse, head_forward, head_scores
 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
 
 
-def _project(weight_OxI: jax.Array, x_xI: jax.Array) -> jax.Array:
-  return jnp.einsum("...i,oi->...o", x_xI, weight_OxI)
-
-
-def _qkv(block: ModelConfig, layer: Params, embed_BxTxD, fused_BxTxD, positions_BxT):
-  """The head block's queries [B, T, H, D_h] and keys / values [B, T, H_kv, D_h] (as `EagleLayer`)."""
-  if block.arch != "llama":
-    raise ValueError(f"training-time test supports llama-style heads (RoPE, RMSNorm, SwiGLU), not {block.arch!r}")
-  B, T, _ = embed_BxTxD.shape
-  x_BxTx2D = jnp.concatenate([Norm(block).apply({"params": layer["input_norm"]}, embed_BxTxD),
-                              Norm(block).apply({"params": layer["hidden_norm"]}, fused_BxTxD)], axis=-1)
-  attn = layer["attn"]
-
-  def project(name: str) -> jax.Array:  # Qwen2-style blocks add a bias to q, k and v
-    out_BxTxO = _project(attn[name]["weight"], x_BxTx2D)
-    return out_BxTxO + attn[name]["bias"][None, None] if block.qkv_bias else out_BxTxO
-
-  q = project("q_proj").reshape(B, T, block.n_heads, block.head_dim)
-  k = project("k_proj").reshape(B, T, block.n_kv_heads, block.head_dim)
-  v = project("v_proj").reshape(B, T, block.n_kv_heads, block.head_dim)
-  if block.qk_norm:
-    q = Norm(block, block.head_dim).apply({"params": attn["q_norm"]}, q)
-    k = Norm(block, block.head_dim).apply({"params": attn["k_norm"]}, k)
-  cos, sin = rope.cos_sin(block.rope_scaling, block.rope_theta, block.head_dim, positions_BxT)
-  return rope.rotate(q, cos, sin).astype(block.jnp_dtype), rope.rotate(k, cos, sin).astype(block.jnp_dtype), v
-
-
-def _attend(block: ModelConfig, q_BxTxHxDh, keys0_BxTxKxDh, values0_BxTxKxDh, diag_keys, diag_values):
-  """Step-j attention of every chain: causal over the step-0 keys, plus each chain's own keys of steps
-  1 .. j (lists of [B, T, H_kv, D_h]). Softmax in float32. Returns [B, T, H * D_h]."""
-  B, T, H, Dh = q_BxTxHxDh.shape
+def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
+                   steps: tuple, layer: int, tree=None) -> tuple[jax.Array, tuple]:
+  """The training-time test's attention core (`transformer.Attention`, in the head's one block): `steps`
+  holds the keys and values [B, T, H_kv, D_h] of the steps before this one, j. The query of the chain
+  at t (position t + j) sees the step-0 keys of positions <= t and its own chain's keys of steps 1 .. j
+  (the "diagonal" of each step), those in the layer's window, as the head drafting from its cache does.
+  Scores scaled and soft-capped as in `attention`, softmax in float32. Returns [B, T, H, D_h] and the
+  steps with this one's keys and values appended."""
+  steps = steps + ((k_BxTxKxDh, v_BxTxKxDh),)
+  j, (keys0_BxTxKxDh, values0_BxTxKxDh), diagonal = len(steps) - 1, steps[0], steps[1:]
+  B, T, H, _ = q_BxTxHxDh.shape
+  window = block.layer_windows()[layer]
   group = H // block.n_kv_heads
   expand = lambda x_BxTxKxDh: jnp.repeat(x_BxTxKxDh, group, axis=2)
-  scale = block.attention_scale()
-  causal_BxHxTxS = jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxKxDh),
-                              preferred_element_type=jnp.float32) * scale
-  causal_BxHxTxS = jnp.where(jnp.tril(jnp.ones((T, T), bool)), causal_BxHxTxS, -jnp.inf)
-  diag_BxHxTxJ = jnp.stack([jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(k), preferred_element_type=jnp.float32)
-                            for k in diag_keys], axis=-1) * scale if diag_keys else jnp.zeros((B, H, T, 0))
+  score = lambda s: attention.soft_cap(s * block.attention_scale(), block.attn_softcap)
+  causal_BxHxTxS = score(jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxKxDh),
+                                    preferred_element_type=jnp.float32))
+  chain_T = jnp.arange(T)
+  visible_TxS = chain_T[None, :] <= chain_T[:, None]
+  if window:  # the query at t + j, the step-0 key at its own position s
+    visible_TxS = visible_TxS & (chain_T[None, :] > chain_T[:, None] + j - window)
+  causal_BxHxTxS = jnp.where(visible_TxS[None, None], causal_BxHxTxS, -jnp.inf)
+  # Step i's key of the same chain sits at t + i: in the window iff j - i < window.
+  diagonal = [pair for i, pair in enumerate(diagonal, 1) if not window or j - i < window]
+  diag_BxHxTxJ = jnp.stack([score(jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(keys_BxTxKxDh),
+                                             preferred_element_type=jnp.float32))
+                            for keys_BxTxKxDh, _ in diagonal], axis=-1) if diagonal else jnp.zeros((B, H, T, 0))
   weights_BxHxTxN = jax.nn.softmax(jnp.concatenate([causal_BxHxTxS, diag_BxHxTxJ], axis=-1), axis=-1)
   out_BxTxHxDh = jnp.einsum("bhts,bshd->bthd", weights_BxHxTxN[..., :T].astype(values0_BxTxKxDh.dtype),
                             expand(values0_BxTxKxDh))
-  for j, v in enumerate(diag_values):
-    out_BxTxHxDh = out_BxTxHxDh + weights_BxHxTxN[..., T + j].transpose(0, 2, 1)[..., None].astype(v.dtype) * expand(v)
-  return out_BxTxHxDh.reshape(B, T, H * Dh)
+  for i, (_, values_BxTxKxDh) in enumerate(diagonal):
+    weights_BxTxHx1 = weights_BxHxTxN[..., T + i].transpose(0, 2, 1)[..., None].astype(values_BxTxKxDh.dtype)
+    out_BxTxHxDh = out_BxTxHxDh + weights_BxTxHx1 * expand(values_BxTxKxDh)
+  return out_BxTxHxDh, steps
 
 
 def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
@@ -99,26 +90,15 @@ def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, 
   tokens' `head_scores`) of each TTT step j < `num_steps` for the chains starting at every position t
   (step j at t predicts x_{t+2+j}; fed tokens past the sequence are id 0, their outputs are masked by
   the caller)."""
-  block, layer = config.block, params["layer"]
   B, T = tokens_BxT.shape
   embedding_VxD = target_params["embed"]["embedding"]
   hidden_BxTxD = fuse(config, params, features_BxTxF)
-  keys0 = values0 = None
-  diag_keys, diag_values, unrolled = [], [], []
+  steps, unrolled = (), []
   for j in range(num_steps):
     fed_BxT = jnp.pad(tokens_BxT[:, 1 + j:], ((0, 0), (0, min(1 + j, T))))[:, :T]
-    embed_BxTxD = jnp.take(embedding_VxD, fed_BxT, axis=0).astype(block.jnp_dtype)
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) + j, (B, T))
-    q, k, v = _qkv(block, layer, embed_BxTxD, hidden_BxTxD, positions_BxT)
-    if j == 0:
-      keys0, values0 = k, v
-    else:
-      diag_keys, diag_values = diag_keys + [k], diag_values + [v]
-    attn_BxTxD = _project(layer["attn"]["o_proj"]["weight"], _attend(block, q, keys0, values0, diag_keys,
-                                                                      diag_values))
-    h_BxTxD = hidden_BxTxD + attn_BxTxD
-    hidden_BxTxD = h_BxTxD + MLP(block).apply({"params": layer["mlp"]},
-                                              Norm(block).apply({"params": layer["mlp_norm"]}, h_BxTxD))
+    hidden_BxTxD, steps = head_forward(config, params, embedding_VxD, fed_BxT, hidden_BxTxD, steps,
+                                       positions_BxT=positions_BxT, core=_ttt_attention)
     unrolled.append((hidden_BxTxD, head_scores(config, params, target_config, target_params, vocab, hidden_BxTxD)))
   return unrolled
 

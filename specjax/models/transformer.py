@@ -32,7 +32,7 @@ local / global RoPE) are static tuples in the config, indexed by the scanned lay
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -111,10 +111,29 @@ def rotary_tables(config: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Ar
   return jnp.stack([cos for cos, _ in tables]), jnp.stack([sin for _, sin in tables])
 
 
+def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
+                    cache: KVCache, layer, tree=None) -> tuple[jax.Array, KVCache]:
+  """`Attention`'s default core: writes the chunk's keys/values into the static cache at each row's
+  offset (a tree level after the levels above it) and attends over the cache's `layer` (see
+  `attention`). Returns [B, T, H, D_h] and the written cache."""
+  B, T, H, Dh = q_BxTxHxDh.shape
+  K = k_BxTxKxDh.shape[2]
+  cache = (cache.write(layer, k_BxTxKxDh, v_BxTxKxDh) if tree is None
+           else cache.write(layer, k_BxTxKxDh, v_BxTxKxDh, tree.first))
+  out_BxTxKxGxD = attention.attend(q_BxTxHxDh.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
+                                   per_layer(cfg.layer_windows(), layer), cfg.attention_block,
+                                   cfg.attention_scale(), cfg.attn_softcap, tree)
+  return out_BxTxKxGxD.reshape(B, T, H, Dh), cache
+
+
 class Attention(nn.Module):
-  """Grouped-query attention over the static cache of one layer."""
+  """Grouped-query attention of one layer: the q/k/v projections (biases, QK-norm, RoPE as the family
+  has them), an attention core, the output projection."""
 
   config: ModelConfig
+  # (config, q [B, T, H, D_h], k, v [B, T, H_kv, D_h], state, layer, tree) -> (out [B, T, H, D_h], state):
+  # which keys each query sees. The static KV cache by default; EAGLE's training-time test plugs in its own.
+  core: Callable = cache_attention
 
   @nn.compact
   def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
@@ -132,14 +151,8 @@ class Attention(nn.Module):
       index = per_layer(cfg.layer_ropes(), layer)
       cos_BxTxF, sin_BxTxF = rotary[0][index], rotary[1][index]
       q, k = rope.rotate(q, cos_BxTxF, sin_BxTxF), rope.rotate(k, cos_BxTxF, sin_BxTxF)
-    # A tree level is written after the levels above it; a chain (or whole tree) at the row's length.
-    cache = cache.write(layer, k, v) if tree is None else cache.write(layer, k, v, tree.first)
-
-    out_BxTxKxGxD = attention.attend(q.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
-                                     per_layer(cfg.layer_windows(), layer), cfg.attention_block,
-                                     cfg.attention_scale(), cfg.attn_softcap, tree)
-    out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(
-        out_BxTxKxGxD.reshape(B, T, H * Dh))
+    out_BxTxHxDh, cache = self.core(cfg, q, k, v, cache, layer, tree)
+    out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(out_BxTxHxDh.reshape(B, T, H * Dh))
     return out, cache
 
 

@@ -33,6 +33,7 @@ path is committed like a chain, from the target's features along it, so nothing 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import flax.linen as nn
 import flax.struct
@@ -44,7 +45,8 @@ from specjax import generation
 from specjax.models import attention
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import MLP, Attention, Norm, Params, prefill_features, rotary_tables
+from specjax.models.transformer import (MLP, Attention, Norm, Params, cache_attention, prefill_features,
+                                        rotary_tables)
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 from specjax.speculative.drafters.base import DraftPass
@@ -82,16 +84,20 @@ def head_config(target_config: ModelConfig, feature_layers: tuple[int, ...] = ()
 
 
 class EagleLayer(nn.Module):
-  """The head's block: attention over [embedding ; feature] (2D wide), residual stream from the feature."""
+  """The head's block: attention over [embedding ; feature] (2D wide), residual stream from the feature.
+  Drafting and training run this one block; they differ only in its attention core (see
+  `transformer.Attention`): the head's KV cache when drafting, the training-time test's chains when
+  training (`distill.eagle_steps`)."""
 
   config: ModelConfig
+  core: Callable = cache_attention  # the attention core and its state (`cache`): the head's KV cache by default
 
   @nn.compact
   def __call__(self, embed_BxTxD, fused_BxTxD, rotary, cache: KVCache, tree=None):
     cfg = self.config
     x_BxTx2D = jnp.concatenate([Norm(cfg, name="input_norm")(embed_BxTxD),
                                 Norm(cfg, name="hidden_norm")(fused_BxTxD)], axis=-1)
-    attn_out, cache = Attention(cfg, name="attn")(x_BxTx2D, rotary, cache, 0, tree)
+    attn_out, cache = Attention(cfg, self.core, name="attn")(x_BxTx2D, rotary, cache, 0, tree)
     h_BxTxD = fused_BxTxD + attn_out
     return h_BxTxD + MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(h_BxTxD)), cache
 
@@ -119,14 +125,17 @@ def fuse(config: EagleConfig, params: Params, features_xF: jax.Array) -> jax.Arr
 
 
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache, tree=None) -> tuple[jax.Array, KVCache]:
+                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, *, positions_BxT: jax.Array | None = None,
+                 core: Callable = cache_attention) -> tuple[jax.Array, KVCache]:
   """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
   token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
-  written (not advanced) cache."""
-  positions_BxT = attention.query_positions(cache.lengths, tokens_BxT.shape[1], tree)
+  written (not advanced) cache. Training runs the same block with its own attention `core` (then `cache`
+  is that core's state) at explicit `positions_BxT` (`distill.eagle_steps.ttt_unroll`)."""
+  if positions_BxT is None:
+    positions_BxT = attention.query_positions(cache.lengths, tokens_BxT.shape[1], tree)
   embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
-  return EagleLayer(config.block).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
-                                        rotary_tables(config.block, positions_BxT), cache, tree)
+  return EagleLayer(config.block, core).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
+                                              rotary_tables(config.block, positions_BxT), cache, tree)
 
 
 def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
