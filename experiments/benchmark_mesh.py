@@ -62,7 +62,7 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
     result[f"{role}_rules"] = model.part.resolve(model.config) if model.part else {}
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
       cache = init_cache(model.config, cfg.batch_size, cfg.cache_len,
-                         partitioning.cache_spec(model.config, model.part))
+                         partitioning.cache_sharding(model.config, model.part))
     result[f"{role}_cache_bytes"] = cache.k.nbytes + cache.v.nbytes
     result[f"{role}_cache_bytes_per_device"] = max(partitioning.bytes_per_device((cache.k, cache.v)).values())
     del cache
@@ -71,11 +71,11 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
   prompts_BxP, lengths_B = generation.pad_prompts(prompts)
   cache_len = -(-(prompts_BxP.shape[1] + max(cfg.run_tokens, 1) + cfg.k + 1) // 64) * 64
   drafter = ModelDrafter(draft.config, draft.params,
-                         cache_spec=partitioning.cache_spec(draft.config, draft.part))
+                         cache_sharding=partitioning.cache_sharding(draft.config, draft.part))
 
   def call(budget: int):
     target_cache = init_cache(target.config, cfg.run_batch, cache_len,
-                              partitioning.cache_spec(target.config, target.part))
+                              partitioning.cache_sharding(target.config, target.part))
     storage = drafter.storage(cfg.run_batch, cache_len)
     rows = (prompts_BxP, lengths_B) if mesh is None else jax.device_put(
         (prompts_BxP, lengths_B), partitioning.rows_sharding(target_part))

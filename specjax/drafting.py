@@ -134,7 +134,7 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
     check_compatible(target, draft)
     head, coverage = restricted_draft_head(cfg.draft_vocab, cfg.draft_vocab_corpus, target, draft, log)
     drafter = ModelDrafter(draft.config, draft.params, head, stop_threshold=cfg.draft_stop_threshold,
-                           cache_spec=partitioning.cache_spec(draft.config, draft.part), tree=tree,
+                           cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=tree,
                            tree_children=cfg.tree_children)
     info = {"draft_vocab_coverage": coverage}
   elif cfg.drafter == "ngram":
@@ -150,7 +150,7 @@ def build(cfg: ml_collections.ConfigDict, target: LoadedModel, draft: LoadedMode
       raise ConfigError(f"config.draft_vocab {cfg.draft_vocab}: the head {cfg.draft} brings its own restricted "
                         f"vocabulary of {vocab.tokens_N.shape[0]} tokens (set draft_vocab to 0 or to that size)")
     drafter = EagleDrafter(config, params, target.config, target.params, vocab,
-                           cache_spec=partitioning.cache_spec(config.block, target.part), tree=tree,
+                           cache_sharding=partitioning.cache_sharding(config.block, target.part), tree=tree,
                            tree_children=cfg.tree_children)
     info = {"eagle_feature_layers": list(config.feature_layers), "draft_vocab_coverage": coverage}
   else:

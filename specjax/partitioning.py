@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specjax.models.config import ModelConfig
+from specjax.models.param_tree import on_one_device
 
 # Parameter path (per-layer layout, `layers_{i}/` removed) -> logical axes of its dimensions.
 PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
@@ -114,6 +115,13 @@ class Partitioning:
   def sharding(self, *mesh_axes: str | None) -> NamedSharding:
     return NamedSharding(self.mesh, PartitionSpec(*mesh_axes))
 
+  # What the loaders of `specjax.models.load` ask of the partitioning they are handed.
+  def placement(self, config: ModelConfig) -> Callable[[str, Any], jax.Array]:
+    return placer(config, self)
+
+  def shard(self, config: ModelConfig, params: Any) -> Any:
+    return shard_params(config, params, self)
+
 
 def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
   """The logical axes of parameter `path` (either layout; a stacked `layers/` leaf gains a leading
@@ -156,9 +164,9 @@ def placer(config: ModelConfig, part: Partitioning | None) -> Callable[[str, Any
   """`place(path, host_array)`: the parameter as a device array in `config.dtype`, each device
   receiving only its own shard, cut from the host array (which may be lazy: read when asked).
   Without a partitioning: one array on the default device."""
+  if part is None:
+    return on_one_device(config)
   dtype = config.jnp_dtype
-  if part is None:  # an aligned float32 host buffer becomes the device array without a copy (CPU)
-    return lambda path, array: jax.device_put(np.asarray(array, dtype))
 
   def place(path: str, array: Any) -> jax.Array:
     array = np.asarray(array)  # a lazy array reads (dequantizes) its tensor once, here
@@ -168,12 +176,26 @@ def placer(config: ModelConfig, part: Partitioning | None) -> Callable[[str, Any
   return place
 
 
-def cache_spec(config: ModelConfig, part: Partitioning | None) -> tuple:
-  """Mesh axes of a cache [L, B, S, H_kv, D] of `config` (`init_cache(..., spec)`): rows on `data`,
-  key/value heads on `model` when the model splits them (see the module doc); () without a mesh."""
+@dataclasses.dataclass(frozen=True)
+class CacheSharding:
+  """A cache [L, B, S, H_kv, D] on the ambient mesh (`init_cache(..., sharding)`): `axes` names the mesh
+  axis of each dimension; `kv` pins keys/values there, `rows` the per-row lengths."""
+
+  axes: tuple[str | None, ...]
+
+  def kv(self, x_LxBxSxKxD: jax.Array) -> jax.Array:
+    return constrain(x_LxBxSxKxD, *self.axes)
+
+  def rows(self, x_B: jax.Array) -> jax.Array:
+    return constrain(x_B, self.axes[1])
+
+
+def cache_sharding(config: ModelConfig, part: Partitioning | None) -> CacheSharding | None:
+  """Where a cache of `config` lies: rows on `data`, key/value heads on `model` when the model splits
+  them (see the module doc); None without a mesh."""
   if part is None:
-    return ()
-  return (None, dict(part.rules).get("batch"), None, part.resolve(config).get("kv_heads"), None)
+    return None
+  return CacheSharding((None, dict(part.rules).get("batch"), None, part.resolve(config).get("kv_heads"), None))
 
 
 def rows_sharding(part: Partitioning) -> NamedSharding:

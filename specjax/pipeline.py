@@ -167,7 +167,7 @@ class _Runner:
     if self.target_cache is not None:
       return
     self.target_cache = init_cache(self.target.config, batch, self.cache_len,
-                                   partitioning.cache_spec(self.target.config, part))
+                                   partitioning.cache_sharding(self.target.config, part))
     if self.drafter is not None:
       self.draft_storage = self.drafter.storage(batch, self.cache_len)
       if part is not None:  # caches are born sharded; rows of any other storage go to `data`

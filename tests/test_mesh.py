@@ -206,7 +206,8 @@ def test_a_cache_laid_out_for_a_mesh_cannot_be_made_without_one():
   """Without the mesh set, the layout's constraints would silently do nothing (an unsharded cache)."""
   from specjax.models.config import ModelConfig
   from specjax.models.kv_cache import init_cache
+  from specjax.partitioning import CacheSharding
   config = ModelConfig(arch="llama", vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=4,
                        d_ff=8)
   with pytest.raises(ValueError, match="lays the cache out on a mesh, but none is set"):
-    init_cache(config, 2, 8, spec=(None, "data", None, "model", None))
+    init_cache(config, 2, 8, CacheSharding((None, "data", None, "model", None)))

@@ -129,7 +129,7 @@ def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, m
   lengths_B = np.minimum(mask_BxT.sum(1), prompt_len)  # >= 1: a packed row holds at least one token
   prompts_BxP, _ = pad_prompts([row[:n] for row, n in zip(tokens_BxT, lengths_B)])
   generate = lambda *rows: autoregressive.generate(
-      config, params, *rows, init_cache(config, B, T, partitioning.cache_spec(config, part)), T - prompt_len,
+      config, params, *rows, init_cache(config, B, T, partitioning.cache_sharding(config, part)), T - prompt_len,
       list(eos_ids), sampling, key, out_width=T - prompt_len)
   if part is None:
     out = generate(prompts_BxP, lengths_B)

@@ -9,12 +9,25 @@ contiguous slots before the caller advances.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from specjax.models.config import ModelConfig
-from specjax.partitioning import constrain
+
+
+class CacheSharding(Protocol):
+  """Where a cache's arrays lie on the ambient mesh (`jax.set_mesh`). The caller makes it from the mesh
+  and the model's partition rules, which this package does not know. A hashable value: the cache keeps
+  it as a static field, so equal shardings share compiled programs."""
+
+  def kv(self, x_LxBxSxKxD: jax.Array) -> jax.Array:
+    """`x` (keys or values of every layer) pinned where the cache's keys and values lie."""
+
+  def rows(self, x_B: jax.Array) -> jax.Array:
+    """`x` (the row lengths) pinned where the cache's rows lie."""
 
 
 @flax.struct.dataclass
@@ -22,9 +35,9 @@ class KVCache:
   k: jax.Array  # [L, B, S_max, H_kv, D_h] keys of every layer
   v: jax.Array  # [L, B, S_max, H_kv, D_h] values of every layer
   lengths: jax.Array  # [B] int32: committed tokens per row (= position of the row's next token)
-  # Static: the mesh axes of k/v's dimensions (`partitioning.cache_spec`), () on one device. Every
-  # write pins the arrays there, so a loop carrying the cache never moves it between devices.
-  spec: tuple = flax.struct.field(pytree_node=False, default=())
+  # Static: where k/v lie on the mesh, None on one device. Every write pins the arrays there, so a
+  # loop carrying the cache never moves it between devices.
+  sharding: CacheSharding | None = flax.struct.field(pytree_node=False, default=None)
 
   @property
   def max_len(self) -> int:
@@ -34,6 +47,12 @@ class KVCache:
   @property
   def batch_size(self) -> int:
     return self.k.shape[1]
+
+  def _with_kv(self, k: jax.Array, v: jax.Array) -> "KVCache":
+    """The cache holding keys `k` and values `v` [L, B, S_max, H_kv, D_h], pinned by `sharding`."""
+    if self.sharding is None:
+      return self.replace(k=k, v=v)
+    return self.replace(k=self.sharding.kv(k), v=self.sharding.kv(v))
 
   def advance(self, num_tokens_B: jax.Array) -> "KVCache":
     """Commits `num_tokens_B[b]` more of the tokens last written to row b."""
@@ -57,9 +76,7 @@ class KVCache:
       return cache_LxSxKxD.at[layer, positions_T].set(update_TxKxD.astype(cache_LxSxKxD.dtype), mode="drop")
 
     write = jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)
-    k = constrain(write(self.k, positions_BxT, k_BxTxKxD), *self.spec)
-    v = constrain(write(self.v, positions_BxT, v_BxTxKxD), *self.spec)
-    return self.replace(k=k, v=v)
+    return self._with_kv(write(self.k, positions_BxT, k_BxTxKxD), write(self.v, positions_BxT, v_BxTxKxD))
 
   def compact(self, source_BxM: jax.Array) -> "KVCache":
     """Moves each row's keys/values from slots `lengths[b] + source[b, j]` to `lengths[b] + j` (every
@@ -76,22 +93,26 @@ class KVCache:
       return cache_LxSxKxD.at[:, targets_M].set(moved_LxMxKxD, mode="drop")
 
     move = jax.vmap(move_row, in_axes=(1, 0, 0), out_axes=1)
-    return self.replace(k=constrain(move(self.k, sources_BxM, targets_BxM), *self.spec),
-                        v=constrain(move(self.v, sources_BxM, targets_BxM), *self.spec))
+    return self._with_kv(move(self.k, sources_BxM, targets_BxM), move(self.v, sources_BxM, targets_BxM))
 
 
-def init_cache(config: ModelConfig, batch_size: int, max_len: int, spec: tuple = ()) -> KVCache:
+def init_cache(config: ModelConfig, batch_size: int, max_len: int,
+               sharding: CacheSharding | None = None) -> KVCache:
   """An empty cache for `batch_size` rows of up to `max_len` positions (both static), laid out by
-  `spec` (mesh axes of [L, B, S, H_kv, D] on the mesh set by `jax.set_mesh`, which must be set; see
-  `partitioning.cache_spec`): each device allocates only its own shard."""
+  `sharding` on the mesh set by `jax.set_mesh` (which must be set): each device allocates only its
+  own shard. None: no placement asked for (one device)."""
   shape = (config.n_layers, batch_size, max_len, config.n_kv_heads, config.head_dim)
-  if spec and jax.sharding.get_abstract_mesh().empty:
-    raise ValueError(f"init_cache: spec {spec} lays the cache out on a mesh, but none is set (jax.set_mesh)")
 
   def empty():
-    zeros = lambda: constrain(jnp.zeros(shape, config.jnp_dtype), *spec)  # k and v: two buffers
-    rows = spec[1:2] if spec else ()
-    return KVCache(k=zeros(), v=zeros(), lengths=constrain(jnp.zeros((batch_size,), jnp.int32), *rows),
-                   spec=spec)
+    zeros = lambda: jnp.zeros(shape, config.jnp_dtype)  # k and v: two buffers
+    lengths = jnp.zeros((batch_size,), jnp.int32)
+    if sharding is None:
+      return KVCache(k=zeros(), v=zeros(), lengths=lengths)
+    return KVCache(k=sharding.kv(zeros()), v=sharding.kv(zeros()), lengths=sharding.rows(lengths),
+                   sharding=sharding)
 
-  return jax.jit(empty)() if spec else empty()
+  if sharding is None:
+    return empty()
+  if jax.sharding.get_abstract_mesh().empty:
+    raise ValueError(f"init_cache: {sharding} lays the cache out on a mesh, but none is set (jax.set_mesh)")
+  return jax.jit(empty)()

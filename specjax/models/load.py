@@ -11,9 +11,10 @@ Converting a GGUF is slow (parsing the metadata of a 150k-token vocabulary takes
 read them back tensor by tensor. KEY is the registry sha256 for named models and a hash of path, size
 and mtime for other files. Registry models are never fetched implicitly: the error names the command.
 
-With a `Partitioning` every loader places each tensor straight into its shards as it reads it
-(`partitioning.placer`): no device ever holds a whole sharded weight and the host holds one tensor
-at a time (a GGUF's first conversion dequantizes on the host and writes the cache, which is then read).
+Handed a `ParamSharding` (the caller's: this package knows no mesh rules), every loader places each
+tensor straight into its shards as it reads it: no device ever holds a whole sharded weight and the
+host holds one tensor at a time (a GGUF's first conversion dequantizes on the host and writes the
+cache, which is then read).
 """
 
 from __future__ import annotations
@@ -22,21 +23,32 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import jax
 import numpy as np
 import safetensors.numpy
 
-from specjax import partitioning
 from specjax.models import gguf_loader, hub, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_hf_dir
 from specjax.models.layout import to_layout
+from specjax.models.param_tree import Placement, on_one_device
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 
 _CACHE_VERSION = "1"  # bump when the converted layout changes
+
+
+class ParamSharding(Protocol):
+  """How a model's parameters lie on a device mesh, decided by the caller. Kept, opaque, in
+  `LoadedModel.part` for the code that runs the model (its caches, its inputs)."""
+
+  def placement(self, config: ModelConfig) -> Callable[[str, Any], jax.Array]:
+    """`place(path, host_array)`: the parameter in `config.dtype`, each device receiving its own shard."""
+
+  def shard(self, config: ModelConfig, params: Params) -> Params:
+    """`params` (device arrays, either layout) laid out on the mesh."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +57,7 @@ class LoadedModel:
   config: ModelConfig
   params: Params  # nested dict of arrays in config.dtype
   tokenizer: Tokenizer
-  part: partitioning.Partitioning | None = None  # how params (and its caches) lie on a mesh; None: one device
+  part: ParamSharding | None = None  # how params (and its caches) lie on a mesh; None: one device
 
 
 SCAN_LAYERS = ("auto", "on", "off")
@@ -61,25 +73,27 @@ def scan_layers_for(setting: str, backend: str | None = None) -> bool:
 
 
 def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int, prefill_chunk: int,
-                   part: partitioning.Partitioning | None = None) -> LoadedModel:
+                   part: ParamSharding | None = None) -> LoadedModel:
   """`model` set up to run with these execution settings (its params restacked if the layout changes,
   and laid out by `part` on its mesh)."""
   config = model.config.replace(scan_layers=scan_layers, attention_block=attention_block,
                                 prefill_chunk=prefill_chunk)
-  params = partitioning.shard_params(config, to_layout(config, model.params), part)
+  params = to_layout(config, model.params)
+  if part is not None:
+    params = part.shard(config, params)
   return dataclasses.replace(model, config=config, params=params, part=part)
 
 
 def load_model(name_or_path: str, dtype: str = "float32",
-               part: partitioning.Partitioning | None = None) -> LoadedModel:
+               part: ParamSharding | None = None) -> LoadedModel:
   """Loads a `.gguf` file or Hugging Face directory, a registry model (fetched beforehand) or a hub
   model `org/name[@revision]`, in that order of precedence (see the module docstring); with `part`,
-  every weight straight into its shards on `part.mesh`."""
-  placement = lambda config: partitioning.placer(config, part)
+  every weight straight into its shards on its mesh."""
+  placement = on_one_device if part is None else part.placement
   path = os.path.abspath(os.path.expanduser(name_or_path))
   name = os.path.basename(path.rstrip(os.sep))
   if os.path.isdir(path):
-    return _load_hf_dir(path, name, dtype, part)
+    return _load_hf_dir(path, name, dtype, placement, part)
   if os.path.isfile(path):
     stat = os.stat(path)
     key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
@@ -91,13 +105,14 @@ def load_model(name_or_path: str, dtype: str = "float32",
                               f"run `{registry.fetch_command(spec.name)}` first")
     return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype, placement, part)
   if hub.parse(name_or_path):
-    return _load_hf_dir(hub.snapshot(name_or_path), name_or_path, dtype, part)
+    return _load_hf_dir(hub.snapshot(name_or_path), name_or_path, dtype, placement, part)
   raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
                           f"(known: {', '.join(registry.MODELS)}) nor a hub name org/name[@revision]")
 
 
-def _load_hf_dir(path: str, name: str, dtype: str, part: partitioning.Partitioning | None) -> LoadedModel:
-  config, params = load_hf_dir(path, dtype, lambda config: partitioning.placer(config, part))
+def _load_hf_dir(path: str, name: str, dtype: str, placement: Placement,
+                 part: ParamSharding | None) -> LoadedModel:
+  config, params = load_hf_dir(path, dtype, placement)
   return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
 
 
@@ -110,8 +125,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _load_gguf_cached(path: str, name: str, key: str, dtype: str,
-                      placement: Callable[[ModelConfig], Callable[[str, Any], jax.Array]],
-                      part: partitioning.Partitioning | None) -> LoadedModel:
+                      placement: Placement, part: ParamSharding | None) -> LoadedModel:
   directory = os.path.join(registry.cache_dir(), "converted", key[:32])
   params_file, tokenizer_file = (os.path.join(directory, f) for f in ("params.safetensors", "tokenizer.json"))
   if not (os.path.isfile(params_file) and os.path.isfile(tokenizer_file)

@@ -3,8 +3,8 @@
 Every loader maps its own tensor names to slash-separated specjax paths (`layers_3/attn/q_proj/weight`)
 and hands the arrays to `assemble_params`, which checks them against the shapes that `ModelConfig`
 implies: a missing tensor, an unexpected extra one, or a shape mismatch fails before any compute.
-It then places them one at a time (`place`, e.g. `partitioning.placer`: each device receives its own
-shard): with lazy arrays the host holds one tensor at a time.
+It then places them one at a time (`place`, e.g. each device receiving its own shard of a mesh, by a
+placement the caller passes in): with lazy arrays the host holds one tensor at a time.
 """
 
 from __future__ import annotations
@@ -37,8 +37,15 @@ class LazyTensor:
     return array if dtype is None else array.astype(dtype, copy=False)
 
 
-# (config) -> (parameter path, host array) -> the placed array, e.g. `partitioning.placer`.
+# (config) -> (parameter path, host array) -> the placed array: `on_one_device`, or the caller's mesh.
 Placement = Callable[[ModelConfig], Callable[[str, Any], Any]]
+
+
+def on_one_device(config: ModelConfig) -> Callable[[str, Any], jax.Array]:
+  """The placement without a mesh: each parameter one array in `config.dtype` on the default device
+  (an aligned float32 host buffer becomes the device array without a copy, on CPU)."""
+  dtype = config.jnp_dtype
+  return lambda path, array: jax.device_put(np.asarray(array, dtype))
 
 
 def assemble_params(config: ModelConfig, arrays: Mapping[str, np.ndarray], source: str,

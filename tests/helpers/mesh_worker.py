@@ -67,7 +67,7 @@ def _placed(spec: str, seed_target: int = 0, seed_draft: int = 1):
   part = partitioning.Partitioning(mesh, name="target") if mesh else None
   target = partitioning.shard_params(TARGET, jax.tree.map(jnp.asarray, _params(TARGET, seed_target)), part)
   draft = partitioning.shard_params(DRAFT, jax.tree.map(jnp.asarray, _params(DRAFT, seed_draft)), part)
-  drafter = ModelDrafter(DRAFT, draft, cache_spec=partitioning.cache_spec(DRAFT, part))
+  drafter = ModelDrafter(DRAFT, draft, cache_sharding=partitioning.cache_sharding(DRAFT, part))
   return target, drafter, part, mesh
 
 
@@ -75,7 +75,7 @@ def _run(spec: str, mode: str, sampling, seed: int = 3):
   target, drafter, part, mesh = _placed(spec)
   context = jax.set_mesh(mesh) if mesh else contextlib.nullcontext()
   with context:
-    cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_spec(TARGET, part))
+    cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_sharding(TARGET, part))
     key = jax.random.key(seed)
     if mode == "autoregressive":
       out = autoregressive.generate(TARGET, target, PROMPTS, LENGTHS, cache, 20, [-1], sampling, key)
@@ -132,7 +132,7 @@ def hlo() -> dict:
   results = {}
   with jax.set_mesh(mesh):
     for name, sampling in (("greedy", sampling_params(0.0)), ("sampled", SAMPLED)):
-      cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_spec(TARGET, part))
+      cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_sharding(TARGET, part))
       lowered = loop._generate.lower(
           TARGET, target, drafter, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), cache,
           drafter.storage(len(PROMPTS), CACHE), jnp.full((len(PROMPTS),), 20, jnp.int32), jnp.asarray([-1]),

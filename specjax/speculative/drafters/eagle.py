@@ -44,7 +44,7 @@ import numpy as np
 from specjax import generation
 from specjax.models import attention
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache, init_cache
+from specjax.models.kv_cache import CacheSharding, KVCache, init_cache
 from specjax.models.transformer import (MLP, Attention, Norm, Params, cache_attention, prefill_features,
                                         rotary_tables)
 from specjax.sampling import SamplingParams, tokens_and_probabilities
@@ -196,7 +196,7 @@ class EagleDrafter:
   target_config: ModelConfig = flax.struct.field(pytree_node=False)
   target_params: Params  # the target's: its embedding and output head are shared
   vocab: DraftHead | None = None  # a restricted output head (EAGLE-3's draft vocabulary), None = the target's
-  cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the head cache's mesh axes
+  cache_sharding: CacheSharding | None = flax.struct.field(pytree_node=False, default=None)  # where the head cache lies
   # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
   tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
@@ -225,7 +225,7 @@ class EagleDrafter:
     return DraftPass(self.target_config, self.target_params, self.vocab, layers=(0,))
 
   def storage(self, batch_size: int, max_len: int) -> KVCache:
-    return init_cache(self.config.block, batch_size, max_len, self.cache_spec)
+    return init_cache(self.config.block, batch_size, max_len, self.cache_sharding)
 
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):

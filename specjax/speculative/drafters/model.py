@@ -40,7 +40,7 @@ import numpy as np
 
 from specjax import generation
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache, init_cache
+from specjax.models.kv_cache import CacheSharding, KVCache, init_cache
 from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
@@ -68,7 +68,7 @@ class ModelDrafter:
   params: Params
   head: DraftHead | None = None
   stop_threshold: float = flax.struct.field(pytree_node=False, default=0.0)  # in [0, 1); 0 = off
-  cache_spec: tuple = flax.struct.field(pytree_node=False, default=())  # the draft cache's mesh axes
+  cache_sharding: CacheSharding | None = flax.struct.field(pytree_node=False, default=None)  # where the draft cache lies
   # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
   tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
@@ -95,7 +95,7 @@ class ModelDrafter:
     return DraftPass(self.config, self.params, self.head)
 
   def storage(self, batch_size: int, max_len: int) -> KVCache:
-    return init_cache(self.config, batch_size, max_len, self.cache_spec)
+    return init_cache(self.config, batch_size, max_len, self.cache_sharding)
 
   def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage.batch_size != len(prompt_lengths_B):
