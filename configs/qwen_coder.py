@@ -13,5 +13,5 @@ def get_config():
       "Write a Python function that checks whether a string is a palindrome.",
       "Write a Python function that returns the n-th Fibonacci number iteratively.",
   )
-  cfg.draft_layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"  # --config.drafter=layer_skip: the searched set
+  cfg.layer_skip.layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"  # --config.drafter=layer_skip: the searched set
   return cfg

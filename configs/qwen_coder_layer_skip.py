@@ -11,6 +11,6 @@ def get_config():
   cfg = qwen_coder.get_config()
   cfg.drafter = "layer_skip"
   cfg.draft = ""  # no draft model
-  cfg.draft_layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"
+  cfg.layer_skip.layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"
   cfg.k = 4
   return cfg

@@ -10,6 +10,6 @@ def get_config():
   cfg.drafter = "ngram"
   cfg.draft = ""  # no draft model
   cfg.k = 8  # tokens copied per round at most
-  cfg.ngram_min = 3  # shorter suffixes match often and wrongly in open-ended text
-  cfg.ngram_max = 5
+  cfg.ngram.min = 3  # shorter suffixes match often and wrongly in open-ended text
+  cfg.ngram.max = 5
   return cfg

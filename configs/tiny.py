@@ -13,5 +13,5 @@ def get_config():
   cfg.max_new_tokens = 12
   cfg.k = 3
   cfg.batch_size = 2  # both prompts in one batch
-  cfg.draft_layers = "0"  # layer_skip: the first layer of the tiny target
+  cfg.layer_skip.layers = "0"  # layer_skip: the first layer of the tiny target
   return cfg

@@ -73,7 +73,8 @@ import ml_collections
 import numpy as np
 
 from experiments import harness
-from specjax import autoregressive, corpus, costs, drafting, metrics, records
+from specjax import autoregressive, corpus, costs, metrics, records
+from specjax.speculative.drafters.model import check_compatible
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
@@ -146,7 +147,7 @@ def load_pair(cfg: ml_collections.ConfigDict, log: Log):
   if cfg.weights == "real":
     log(f"loading {cfg.target} and {cfg.draft} ({cfg.dtype}) ...")
     target, draft = (with_execution(load_model(name, cfg.dtype), **execution) for name in (cfg.target, cfg.draft))
-    drafting.check_compatible(target, draft)
+    check_compatible(target, draft)
     pair = (target.config, target.params, draft.config, draft.params, target.tokenizer)
   else:
     log(f"random parameters of the {cfg.shapes} pair ({cfg.dtype}) ...")

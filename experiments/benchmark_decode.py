@@ -30,7 +30,9 @@ import ml_collections
 import numpy as np
 
 from experiments import harness, hf_reference
-from specjax import costs, drafting, metrics, pipeline, records
+from specjax import costs, metrics, pipeline, records
+from specjax.api import apply_fields
+from specjax.speculative.drafters.draft_head import restricted_draft_head
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
 
@@ -41,16 +43,15 @@ PROMPTS = [
     "Write a Python function that parses a CSV file and returns the average of a numeric column.",
 ]
 
-VOCAB_CORPUS = "stdlib"  # ranks the tokens of restricted draft heads (config.draft_vocabs)
+VOCAB_CORPUS = "stdlib"  # ranks the tokens of restricted draft heads (config.draft_vocabs: decode field model.vocab)
 SYSTEMS = ("specjax", "transformers")
 
 
 def decode_config(cfg, mode: str, k: int, batch_size: int, draft_vocab: int = 0) -> ml_collections.ConfigDict:
-  decode = default_config()
-  decode.update(target=cfg.target, draft=cfg.draft, mode=mode, prompts=tuple(PROMPTS[:cfg.num_prompts]),
-                chat=True, max_new_tokens=cfg.max_new_tokens, k=k, draft_vocab=draft_vocab,
-                draft_vocab_corpus=VOCAB_CORPUS, temperature=0.0, batch_size=batch_size, dtype=cfg.dtype)
-  return decode
+  return apply_fields(default_config(), dict(
+      target=cfg.target, draft=cfg.draft, mode=mode, prompts=tuple(PROMPTS[:cfg.num_prompts]), chat=True,
+      max_new_tokens=cfg.max_new_tokens, k=k, model=dict(vocab=draft_vocab, vocab_corpus=VOCAB_CORPUS),
+      temperature=0.0, batch_size=batch_size, dtype=cfg.dtype))
 
 
 def run_specjax(cfg, log) -> dict:
@@ -63,7 +64,7 @@ def run_specjax(cfg, log) -> dict:
   result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
   c_by_vocab = {}  # draft/target cost ratio c per draft head size (0 = the full vocabulary)
   for vocab in cfg.draft_vocabs:
-    head, _ = drafting.restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
+    head, _ = restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
     c_by_vocab[vocab] = costs.cost_ratio(target.config, target.params, draft.config, draft.params, 1,
                                          cfg.repeats, head)
   result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)

@@ -23,7 +23,7 @@ is a finding to report, not a reason to lose the run).
 
 Costs, measured once before the runs, per batch size: the target's forward time for T = 1 and K + 1
 tokens (`costs.forward_seconds`), whose ratio is the verify cost of a round; and each drafter's cost
-ratio c (`drafting.cost_ratio`: 0 for n-gram lookup). Per run: the speedup Leviathan et al.'s formula
+ratio c (`costs.drafter_cost_ratio`: 0 for n-gram lookup). Per run: the speedup Leviathan et al.'s formula
 predicts at the measured alpha_hat with the verify pass costing one step (`theoretical_speedup`) and
 with its measured cost (`modelled_speedup`). The formula assumes K proposals every round; for n-gram
 lookup (rounds without a match propose nothing and run a 1-token pass) and early-stopped drafts it is
@@ -31,7 +31,7 @@ an approximation.
 
 `transformers` (batch 1, greedy, same input ids, after the specjax runs and with specjax's models
 released): plain `generate` and prompt lookup (`prompt_lookup_num_tokens` = ngram_k,
-`max_matching_ngram_size` = ngram_max) on `transformers_set`, timed per prompt after a short warm-up.
+`max_matching_ngram_size` = drafters.ngram.max) on `transformers_set`, timed per prompt after a short warm-up.
 
 The JSON (`output`) is rewritten after every measurement, so a killed run keeps what it measured; it
 holds the command (from the repository root), machine and versions, the config, the prompts, the costs,
@@ -53,8 +53,10 @@ import numpy as np
 from configs import code_edit_prompts
 from experiments import benchmark_decode, harness, hf_reference
 from experiments.harness import number
-from specjax import costs, drafting, metrics, pipeline, records
+from specjax import costs, decode_spec, metrics, pipeline, records
+from specjax.api import apply_fields
 from specjax.decode_config import default_config
+from specjax.speculative.drafters import registry
 from specjax.errors import ConfigError
 from specjax.models.load import LoadedModel
 
@@ -76,9 +78,9 @@ def set_prompts(name: str, cfg: ml_collections.ConfigDict) -> list[str]:
 class System:
   """One decoding setup: specjax autoregressive, or a drafter with its K (and early-stop threshold)."""
 
-  drafter: str  # AUTOREGRESSIVE, or a drafter of `drafting.DRAFTERS`
+  drafter: str  # AUTOREGRESSIVE, or a `config.drafter` value: a registered name or package.module:Class
   k: int = 1
-  threshold: float = 0.0  # draft_stop_threshold of the model drafter (0 = off)
+  threshold: float = 0.0  # model.stop_threshold of the model drafter (0 = off)
 
   @property
   def speculative(self) -> bool:
@@ -93,16 +95,18 @@ class System:
 
   def label(self, cfg: ml_collections.ConfigDict) -> str:
     """The system as the tables name it."""
+    if not self.speculative:
+      return "specjax autoregressive"
     if self.drafter == "ngram":
-      return f"ngram K={self.k} (n={cfg.ngram_min}..{cfg.ngram_max})"
+      return f"ngram K={self.k} (n={cfg.drafters.ngram.min}..{cfg.drafters.ngram.max})"
     if self.drafter == "layer_skip":
-      return f"layer_skip K={self.k} (layers {cfg.draft_layers})"
+      return f"layer_skip K={self.k} (layers {cfg.drafters.layer_skip.layers})"
     if self.drafter == "model":
       return f"model K={self.k}" + (f", stop below {self.threshold:g}" if self.threshold else "")
-    return "specjax autoregressive"
+    return f"{self.drafter} K={self.k}"
 
 
-_SYSTEM = re.compile(r"(ngram|layer_skip|model)(?:_k(\d+))?(?:_t(\d*\.?\d+))?")
+_SYSTEM = re.compile(r"([\w.:]+?)(?:_k(\d+))?(?:_t(\d*\.?\d+))?")
 
 
 def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: str) -> list[System]:
@@ -111,15 +115,17 @@ def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: s
   systems = []
   for name in names:
     match = _SYSTEM.fullmatch(str(name))
-    if not match or (match[3] and match[1] != "model"):
-      raise ConfigError(f"{where}: unknown system {name!r}; expected ngram, layer_skip, model, or one of them "
-                        f"with a K such as ngram_k4 or model_k5, or model_k8_t0.5 (K 8, stop threshold 0.5)")
+    known = match and (match[1] in registry.names() or ":" in match[1])
+    if not known or (match[3] and match[1] != "model"):
+      raise ConfigError(f"{where}: unknown system {name!r}; expected a drafter ({', '.join(registry.names())} or "
+                        f"package.module:Class), alone or with a K such as ngram_k4 or model_k5, or model_k8_t0.5 "
+                        f"(K 8, stop threshold 0.5)")
     drafter, k, threshold = match[1], match[2], match[3]
     if drafter == "model" and k is None:
       systems += [System("model", int(model_k)) for model_k in cfg.model_ks]
       systems += [System("model", int(cfg.threshold_k), float(t)) for t in cfg.thresholds]
       continue
-    default_k = cfg.ngram_k if drafter == "ngram" else cfg.layer_skip_k if drafter == "layer_skip" else None
+    default_k = {"ngram": cfg.ngram_k, "layer_skip": cfg.layer_skip_k}.get(drafter, cfg.default_k)
     systems.append(System(drafter, int(k if k is not None else default_k), float(threshold or 0.0)))
   return list(dict.fromkeys(systems))  # once each, in order
 
@@ -142,20 +148,19 @@ class Group:
 
   def decode_config(self, cfg: ml_collections.ConfigDict, system: System) -> ml_collections.ConfigDict:
     """The `pipeline.run` config of `system` in this group."""
-    decode = default_config()
-    decode.update(target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, prompts=self.prompts, chat=self.chat,
-                  max_new_tokens=cfg.max_new_tokens, batch_size=self.batch_size, temperature=self.temperature,
-                  seed=cfg.seed, ngram_min=cfg.ngram_min, ngram_max=cfg.ngram_max, draft_layers=cfg.draft_layers,
-                  mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k,
-                  draft_stop_threshold=system.threshold)
-    if system.speculative:
-      decode.drafter = system.drafter
-    return decode
+    groups = {name: group.to_dict() for name, group in cfg.drafters.items()}
+    if system.drafter == "model":
+      groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
+    return apply_fields(default_config(), dict(
+        target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, prompts=self.prompts, chat=self.chat,
+        max_new_tokens=cfg.max_new_tokens, batch_size=self.batch_size, temperature=self.temperature,
+        seed=cfg.seed, mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k,
+        **({"drafter": system.drafter} if system.speculative else {}), **groups))
 
 
 def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
   """Every group to run, in order, each system's decode config validated: a bad value fails here,
-  before any model loads. layer_skip systems are dropped while `draft_layers` is empty."""
+  before any model loads. layer_skip systems are dropped while `drafters.layer_skip.layers` is empty."""
   def require(ok: bool, message: str) -> None:
     if not ok:
       raise ConfigError(message)
@@ -178,7 +183,7 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
     for regime, batch_size, temperature in regimes:
       where = f"config.sets.{name}.{regime}"
       systems = parse_systems(settings[regime], cfg, where)
-      if not cfg.draft_layers:
+      if not cfg.drafters.layer_skip.layers:
         skipped += [f"{name}/{regime}" for s in systems if s.drafter == "layer_skip"]
         systems = [s for s in systems if s.drafter != "layer_skip"]
       if not systems:
@@ -190,14 +195,14 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
       group = Group(name, regime, batch_size, temperature, bool(settings.chat), tuple(prompts[:count]), systems)
       for system in [System(AUTOREGRESSIVE), *systems]:
         try:
-          pipeline.validate(group.decode_config(cfg, system))
+          decode_spec.from_config(group.decode_config(cfg, system))
         except ConfigError as e:
           raise ConfigError(f"{where}, system {system.name}: {e}") from None
       groups.append(group)
   require(not cfg.transformers or any(g.prompt_set == cfg.transformers_set for g in groups),
           f"config.transformers_set {cfg.transformers_set!r} has no runs: its input ids and baseline come from them")
   if skipped:
-    log(f"skipping layer_skip in {', '.join(skipped)}: config.draft_layers is empty")
+    log(f"skipping layer_skip in {', '.join(skipped)}: config.drafters.layer_skip.layers is empty")
   require(bool(groups), "nothing to run: no prompt set has a system")
   return groups
 
@@ -205,9 +210,9 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
 def run_order(group: Group, ar_every: int) -> list[System]:
   """The group's runs: the baseline first, after every `ar_every` systems, and last."""
   order = [System(AUTOREGRESSIVE)]
-  for number, system in enumerate(group.systems, 1):
+  for count, system in enumerate(group.systems, 1):
     order.append(system)
-    if number % ar_every == 0 or number == len(group.systems):
+    if count % ar_every == 0 or count == len(group.systems):
       order.append(System(AUTOREGRESSIVE))
   return order
 
@@ -231,8 +236,9 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
     c[str(batch_size)] = {}
     for group, system in systems:
       if system.drafter not in c[str(batch_size)]:
-        drafter, _ = drafting.build(group.decode_config(cfg, system), target, draft, log)
-        c[str(batch_size)][system.drafter] = drafting.cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
+        drafter, _ = pipeline.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
+                                            draft, log)
+        c[str(batch_size)][system.drafter] = costs.drafter_cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
     log(f"batch {batch_size}: target T=1 {seconds[1] * 1e3:.0f} ms; verify cost " +
         " ".join(f"K={k}:{r:.2f}" for k, r in verify_cost[str(batch_size)].items()) + "; c " +
         " ".join(f"{d}:{v:.3f}" for d, v in c[str(batch_size)].items()))
@@ -328,7 +334,8 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
   """Loads the models, measures the costs and runs every group; returns the input ids of the
   transformers set's greedy prompts and the stop ids, for `run_transformers` (the models are released
   when this returns)."""
-  needs_draft = any(s.drafter == "model" for g in groups for s in g.systems)
+  needs_draft = any(decode_spec.from_config(g.decode_config(cfg, s)).loads_draft_model
+                    for g in groups for s in g.systems)
   model_system = System("model", 1) if needs_draft else System(AUTOREGRESSIVE)
   target, draft = pipeline.load_models(groups[0].decode_config(cfg, model_system), log)
   results["costs"] = measure_costs(cfg, groups, target, draft, log)
@@ -364,10 +371,10 @@ def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]]
   start = time.perf_counter()
   model = hf_reference.hf_model(cfg.target)
   log(f"transformers loaded the target in {time.perf_counter() - start:.0f} s")
-  lookup = {"prompt_lookup_num_tokens": int(cfg.ngram_k), "max_matching_ngram_size": int(cfg.ngram_max)}
+  lookup = {"prompt_lookup_num_tokens": int(cfg.ngram_k), "max_matching_ngram_size": int(cfg.drafters.ngram.max)}
   for system, label, kwargs in (("transformers_generate", "transformers generate", {}),
                                 ("transformers_prompt_lookup",
-                                 f"transformers prompt lookup K={cfg.ngram_k} (n<={cfg.ngram_max})", lookup)):
+                                 f"transformers prompt lookup K={cfg.ngram_k} (n<={cfg.drafters.ngram.max})", lookup)):
     hf_reference.generate(model, [prompt_ids[0]], eos_ids, 2, **kwargs)  # warm-up
     outputs = [hf_reference.generate(model, [ids], eos_ids, cfg.max_new_tokens, **kwargs) for ids in prompt_ids]
     tokens, seconds = sum(len(rows[0]) for rows, _ in outputs), sum(s for _, s in outputs)

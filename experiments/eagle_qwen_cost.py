@@ -24,7 +24,8 @@ import ml_collections
 import numpy as np
 
 from experiments import harness
-from specjax import costs, drafting, records
+from specjax import costs, records
+from specjax.speculative.drafters.draft_head import restricted_draft_head
 from specjax.distill import eagle_steps, steps as train_steps
 from specjax.distill.config import default_config
 from specjax.distill.student import TRAIN
@@ -78,7 +79,7 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   layers = eagle3_layers(target.config.n_layers)
   config = head_config(target.config, layers)
   params = init_head_params(config, jax.random.key(0))
-  restricted, coverage = drafting.restricted_draft_head(cfg.draft_vocab, "stdlib", target, target)
+  restricted, coverage = restricted_draft_head(cfg.draft_vocab, "stdlib", target, target)
   ratios = {}
   for batch in (1, 4):
     ratios[batch] = {

@@ -4,7 +4,7 @@
   python -m experiments.layer_skip_search --config=configs/searches/layer_skip.py:qwen
 
 Objective. For a kept set L (a subset of the target's N layers), decode the calibration prompts with
-`drafter="layer_skip"`, `draft_layers=L` (greedy, K draft tokens per round) and read the mean accepted
+`drafter="layer_skip"`, `layer_skip.layers=L` (greedy, K draft tokens per round) and read the mean accepted
 length m(L) (tokens per verify round, bonus included). A round costs K draft passes of relative cost
 c(L) and one verify pass of relative cost v (a (K+1)-token forward over a 1-token one, measured), so
 the modelled speedup over autoregressive decoding is m(L) / (K c(L) + v). c(L) is modelled as
@@ -27,7 +27,7 @@ from typing import Callable
 import ml_collections
 
 from experiments import harness
-from specjax import costs, pipeline, records
+from specjax import costs, decode_spec, pipeline, records
 from specjax.models.load import load_model
 
 
@@ -56,7 +56,7 @@ def seeds(n_layers: int) -> list[tuple[int, ...]]:
 
 def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -> dict:
   base = search.base
-  pipeline.validate(base.copy_and_resolve_references())
+  decode_spec.from_config(base)
   pipeline.check_output(search.output)
   target = load_model(base.target, dtype=base.dtype)
   n_layers = target.config.n_layers
@@ -81,18 +81,18 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
     if layers in evaluated:
       return evaluated[layers]
     cfg = base.copy_and_resolve_references()
-    cfg.draft_layers = layer_spec(layers)
+    cfg.layer_skip.layers = layer_spec(layers)
     start = time.perf_counter()
     stats = pipeline.run(cfg, log=lambda message: None, models=(target, None))["stats"]
     m, c = stats["mean_accepted_length"], modelled_c(layers)
     speedup = m / (k * c + verify_cost)
     evaluated[layers] = speedup
-    results["evaluations"].append({"draft_layers": cfg.draft_layers, "kept": len(layers),
+    results["evaluations"].append({"draft_layers": cfg.layer_skip.layers, "kept": len(layers),
                                    "alpha_hat": stats["alpha_hat"], "mean_accepted_length": m,
                                    "modelled_c": c, "modelled_speedup": speedup,
                                    "seconds": time.perf_counter() - start})
     harness.write_results(results, search.output)
-    log(f"[{len(evaluated)}/{search.max_evaluations}] {cfg.draft_layers:>24} ({len(layers)}/{n_layers} layers): "
+    log(f"[{len(evaluated)}/{search.max_evaluations}] {cfg.layer_skip.layers:>24} ({len(layers)}/{n_layers} layers): "
         f"alpha_hat {stats['alpha_hat']:.3f}, tokens/round {m:.2f}, c {c:.3f}, modelled speedup {speedup:.3f}")
     return speedup
 

@@ -4,11 +4,13 @@
 
 A sweep config (configs/sweeps/) holds `base`, a full decode config as `python -m specjax.decode` takes
 it; `axes`, decode field -> tuple of values, whose cartesian product is the grid; `output`, the JSONL
-table; `measure_cost` and `cost_repeats`, for the draft/target cost ratio c (`drafting.cost_ratio`:
-timed for a draft model through its `draft_vocab` head when it has one and for a layer-skip draft
+table; `measure_cost` and `cost_repeats`, for the draft/target cost ratio c (`costs.drafter_cost_ratio`:
+timed for a draft model through its restricted head when it has one and for a layer-skip draft
 through its layers, 0 for n-gram lookup), measured once per drafter setting and batch size.
-`drafter` and its fields are axes like any other. Autoregressive points do not use `SPECULATIVE_ONLY`
-fields (k, the drafter and its settings): their
+`drafter` and its settings are axes like any other; a drafter's own settings are named by their dotted
+path (`axes.ngram.min = (1, 2)`, `axes.model.vocab = (0, 8192)`). Autoregressive points do not use the
+speculative-only fields (k, the drafter, draft, tree and every drafter group: `decode_spec.speculative_fields`):
+their
 axis values are recorded as null, so the baseline runs once per remaining setting however many K or
 drafts the grid has.
 
@@ -39,30 +41,59 @@ from typing import Any, Callable
 import ml_collections
 
 from experiments import harness
-from specjax import drafting, metrics, pipeline, records
+from specjax import costs, decode_spec, metrics, pipeline, records
+from specjax.cli import unknown_field
 from specjax.models.load import LoadedModel
 
 MODEL_AXES = ("target", "drafter", "draft", "dtype", "mesh")  # which models are loaded, and how: outermost
-# Every decode field that changes the loaded models or their layout (points differing in them reload).
-LOAD_FIELDS = ("target", "drafter", "draft", "dtype", "mode", "mesh", "mesh_indivisible", "draft_sharding",
-               "scan_layers", "attention_block", "prefill_chunk")
+# Every decode field that changes the loaded models or their layout (points differing in them reload): the
+# drafter and mode decide whether a draft model loads.
+LOAD_FIELDS = decode_spec.LOAD_FIELDS + ("drafter", "mode")
 DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # sampling axes (mostly one program): innermost
-SPECULATIVE_ONLY = ("k", "drafter", "draft", "draft_vocab", "draft_vocab_corpus", "ngram_min", "ngram_max",
-                    "draft_layers", "tree", "tree_children")  # unused by autoregressive points
 SETTINGS = ("target", "drafter", "draft", "mode", "k", "tree", "tree_children", "batch_size", "temperature",
             "top_k", "top_p", "seed", "max_new_tokens", "chat", "dtype", "mesh")  # decode fields copied into every row
 
 Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
 
 
+def _flat(group: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  """A nested ConfigDict as dotted name -> value."""
+  flat = {}
+  for name, value in group.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      flat.update(_flat(value, f"{prefix}{name}."))
+    else:
+      flat[prefix + name] = value
+  return flat
+
+
+def get_field(cfg: ml_collections.ConfigDict, path: str) -> Any:
+  for name in path.split("."):
+    cfg = cfg[name]
+  return cfg
+
+
+def set_field(cfg: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  *groups, leaf = path.split(".")
+  for name in groups:
+    cfg = cfg[name]
+  cfg[leaf] = value
+
+
+def speculative_only(sweep: ml_collections.ConfigDict, point: Point) -> list[str]:
+  """The axes of `point` that autoregressive points do not use (a drafter group's fields included)."""
+  fields = decode_spec.speculative_fields(sweep.base)
+  return [name for name in point if name.split(".")[0] in fields]
+
+
 def check_axes(sweep: ml_collections.ConfigDict) -> dict[str, tuple]:
-  """The axes of `sweep` as tuples; fails, naming the key, on an axis that is not a decode field."""
-  fields = set(sweep.base.keys())
+  """The axes of `sweep` (dotted names for a drafter's settings) as tuples; fails, naming the key, on an
+  axis that is not a decode field."""
   axes = {}
-  for name, values in sweep.axes.items():
-    if name not in fields:
-      raise ValueError(f"sweep axis {name!r} is not a field of the base decode config "
-                       f"(fields: {', '.join(sorted(fields))})")
+  for name, values in _flat(sweep.axes).items():
+    unknown = unknown_field(sweep.base, name)
+    if unknown:
+      raise ValueError(f"sweep axis {name!r} is not a field of the base decode config ({unknown})")
     if not isinstance(values, (tuple, list)) or not values:
       raise ValueError(f"sweep axis {name!r} must be a non-empty tuple of values, got {values!r}")
     axes[name] = tuple(values)
@@ -86,25 +117,26 @@ def grid(sweep: ml_collections.ConfigDict) -> list[tuple[Point, ml_collections.C
   names = sorted(axes, key=_axis_rank)
   points = {}
   for values in itertools.product(*(axes[name] for name in names)):
-    cfg = sweep.base.copy_and_resolve_references()
+    cfg = decode_spec.with_drafter_group(sweep.base)
     for name, value in zip(names, values):
       try:
-        cfg[name] = value
+        set_field(cfg, name, value)
       except TypeError as error:
         raise ValueError(f"sweep axis {name!r}: value {value!r} does not fit the decode field: {error}"
                          ) from None
     cfg.output = ""  # the table is the sweep's output
-    point = {name: cfg[name] for name in names}
+    point = {name: get_field(cfg, name) for name in names}
     try:
-      pipeline.validate(cfg)
+      spec = decode_spec.from_config(cfg)
     except ValueError as error:
       raise ValueError(f"sweep point {point}: {error}") from None
-    if cfg.mode == "speculative" and cfg.tree.strip():  # a tree's K is its depth, whatever the k axis says
-      cfg.k = drafting.draft_tokens_per_round(cfg)
+    if spec.speculative and spec.tree is not None:  # a tree's K is its depth, whatever the k axis says
+      cfg.k = spec.k
       point.update({"k": cfg.k} if "k" in point else {})
     if cfg.mode == "autoregressive":  # one baseline, whatever K and draft came first in the product
-      point.update({name: None for name in SPECULATIVE_ONLY if name in point})
-      cfg.update({name: sweep.base[name] for name in SPECULATIVE_ONLY if name in point})
+      for name in speculative_only(sweep, point):
+        point[name] = None
+        set_field(cfg, name, get_field(sweep.base, name))
     points.setdefault(point_key(point), (point, cfg))
   return sorted(points.values(), key=lambda point_cfg: point_cfg[1].mode != "autoregressive")
 
@@ -124,26 +156,26 @@ def read_table(path: str) -> list[dict]:
   return rows
 
 
-def baseline_point(point: Point) -> Point | None:
+def baseline_point(sweep: ml_collections.ConfigDict, point: Point) -> Point | None:
   """The autoregressive point that a speculative point is compared with (None without a mode axis)."""
   if "mode" not in point:
     return None
-  return {**point, "mode": "autoregressive", **{name: None for name in SPECULATIVE_ONLY if name in point}}
+  return {**point, "mode": "autoregressive", **{name: None for name in speculative_only(sweep, point)}}
 
 
-def make_row(point: Point, cfg: ml_collections.ConfigDict, stats: dict, c: float | None,
-             table: list[dict]) -> dict:
+def make_row(sweep: ml_collections.ConfigDict, point: Point, cfg: ml_collections.ConfigDict, stats: dict,
+             c: float | None, table: list[dict]) -> dict:
   """One table row: axes, settings, `pipeline.run` stats, c, the theoretical and measured speedups,
   machine and command."""
   speculative = cfg.mode == "speculative"
   row = {"point": point, **{field: cfg[field] for field in SETTINGS}, **stats}
   if not speculative:
-    row.update({field: None for field in SPECULATIVE_ONLY if field in row})
+    row.update({field: None for field in decode_spec.speculative_fields(sweep.base) if field in row})
   alpha = stats.get("alpha_hat")
   row["cost_ratio_c"] = c
   row["theoretical_speedup"] = (metrics.theoretical_speedup(alpha, cfg.k, c)  # a chain's theory, not a tree's
                                 if c is not None and alpha is not None and not cfg.tree.strip() else None)
-  baseline = baseline_point(point) if speculative else None
+  baseline = baseline_point(sweep, point) if speculative else None
   by_key = {point_key(r["point"]): r for r in table}
   ar_row = by_key.get(point_key(baseline)) if baseline else None
   row["autoregressive_tokens_per_second"] = ar_row["tokens_per_second"] if ar_row else None
@@ -189,7 +221,7 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
   def models(cfg: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel | None]:
     """The point's (target, draft or None), loaded as `pipeline.load_models` does (mesh and execution
     settings included); one pair in memory at a time, reused while the load fields stay the same."""
-    key = tuple(cfg[field] for field in LOAD_FIELDS)
+    key = tuple(cfg[field] for field in LOAD_FIELDS)  # top-level fields
     if key not in loaded:
       loaded.clear()
       loaded[key] = pipeline.load_models(cfg, lambda message: log(f"  {message}"))
@@ -198,14 +230,16 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
   costs_measured = {}
 
   def cost_ratio(cfg: ml_collections.ConfigDict, pair: tuple[LoadedModel, LoadedModel | None]) -> float:
-    """The drafter's c at the point's batch size, measured once per drafter setting."""
-    fields = ("target", "drafter", "draft", "dtype", "batch_size", "draft_vocab", "draft_vocab_corpus",
-              "draft_layers")
-    key = tuple(cfg[field] for field in fields)
+    """The drafter's c at the point's batch size, measured once per drafter setting (its group)."""
+    spec = decode_spec.from_config(cfg)
+    settings = spec.drafter_settings
+    described = {"target": cfg.target, "drafter": cfg.drafter, "draft": cfg.draft, "dtype": cfg.dtype,
+                 "batch_size": cfg.batch_size, settings.group: settings.options.to_json()}
+    key = point_key(described)
     if key not in costs_measured:
-      drafter, _ = drafting.build(cfg, *pair, log)
-      costs_measured[key] = drafting.cost_ratio(drafter, pair[0], cfg.batch_size, sweep.cost_repeats)
-      log(f"cost ratio c = {costs_measured[key]:.3f} (drafter {cfg.drafter}: {_describe(dict(zip(fields, key)))})")
+      drafter, _ = pipeline.build_drafter(spec, *pair, log)
+      costs_measured[key] = costs.drafter_cost_ratio(drafter, pair[0], cfg.batch_size, sweep.cost_repeats)
+      log(f"cost ratio c = {costs_measured[key]:.3f} (drafter {cfg.drafter}: {_describe(described)})")
     return costs_measured[key]
 
   written = []
@@ -215,7 +249,7 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
     speculative = cfg.mode == "speculative"
     c = cost_ratio(cfg, pair) if sweep.measure_cost and speculative else None
     result = pipeline.run(cfg, log=lambda message: log(f"  {message}"), models=pair)
-    row = make_row(point, cfg, result["stats"], c, table)
+    row = make_row(sweep, point, cfg, result["stats"], c, table)
     with open(sweep.output, "a") as f:
       f.write(json.dumps(row) + "\n")
     table.append(row)

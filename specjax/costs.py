@@ -73,3 +73,14 @@ def cost_ratio(target_config: ModelConfig, target_params, draft_config: ModelCon
   draft_timed = forward_timer(draft_config, draft_params, 1, batch_size, cache_len, offset, head, draft_layers)
   target_timed = forward_timer(target_config, target_params, 1, batch_size, cache_len, offset, None)
   return float(np.median([draft_timed() / target_timed() for _ in range(repeats)]))
+
+
+def drafter_cost_ratio(drafter, target, batch_size: int, repeats: int) -> float:
+  """A drafter's c: one draft pass's time over one target pass's (`cost_ratio`), from what the drafter
+  says a pass runs (`Drafter.draft_pass`); 0 for a lookup that runs no model. `target` is a
+  `LoadedModel`."""
+  draft = drafter.draft_pass()
+  if draft is None:
+    return 0.0
+  return cost_ratio(target.config, target.params, draft.config, draft.params, batch_size, repeats,
+                    head=draft.head, draft_layers=draft.layers)

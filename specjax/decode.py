@@ -1,7 +1,8 @@
 """`python -m specjax.decode --config=configs/<name>.py [--config.field=value ...]`.
 
-A thin absl app: it parses the locked ml_collections config, hands it to `specjax.pipeline.run`, and
-prints the generated texts and a stats table. Bad input (an unknown or invalid field, a missing or
+A thin absl app over `specjax.Decoder`: it parses the locked ml_collections config, loads the models
+(`Decoder.from_config`), decodes the config's prompts (`Decoder.run`) and prints the generated texts and
+a stats table. Bad input (an unknown or invalid field, a missing or
 malformed prompts file, an unwritable output, a model that cannot be loaded) ends with one `error: ...`
 line (`specjax.cli`); `SPECJAX_DEBUG=1` shows the traceback instead.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_flags
 
-from specjax import cli, mesh, pipeline
+from specjax import cli, decode_config, mesh
+from specjax.api import Decoder
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
                                           lock_config=True)
@@ -38,7 +40,8 @@ def _print_stats(stats: dict) -> None:
 
 def main(cfg: ml_collections.ConfigDict) -> None:
   mesh.initialize_distributed()  # a multi-process launch (coordinator, SLURM, TPU pod) joins here
-  results = pipeline.run(cfg, log=lambda message: print(message, flush=True))
+  log = lambda message: print(message, flush=True) if mesh.is_main_process() else None
+  results = Decoder.from_config(cfg, log=log).run()
   if not mesh.is_main_process():  # process 0 prints and writes for all
     return
   for number, out in enumerate(results["outputs"], 1):
@@ -52,4 +55,4 @@ def main(cfg: ml_collections.ConfigDict) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, _CONFIG)
+  cli.run(main, _CONFIG, renamed=decode_config.RENAMED)

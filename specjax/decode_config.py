@@ -9,28 +9,23 @@ from __future__ import annotations
 
 import ml_collections
 
+from specjax.speculative.drafters import registry
+
 
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.target = ""  # .gguf file, HF directory, registry name or hub name org/name[@revision] (required)
   c.mode = "speculative"  # "speculative" or "autoregressive" (the target alone: the baseline)
-  c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle" (see README)
+  c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle", or the
+  #                     import path "package.module:ClassName" of a Drafter subclass (see README)
   c.draft = ""  # drafter "model": the draft model (as target; same tokenizer, head may be padded);
   #               drafter "eagle": the head's directory (specjax's or EAGLE-3's layout)
-  c.draft_vocab = 0  # drafters "model", "eagle": > 0 scores only this many most frequent tokens (0 = all)
-  c.draft_vocab_corpus = "stdlib"  # corpus ranking them: "stdlib", a directory, glob, text or JSONL file
-  c.draft_stop_threshold = 0.0  # drafter "model": a row stops drafting when the draft's top probability
-  #                               falls below this (0 = off; in [0, 1))
-  c.tree = ""  # drafter "model": draft a static tree each round, "(4,2,2,1)" (children per node at each
-  #              depth) or a path list "[[0],[1],[0,0]]", or a dynamic (EAGLE-2) tree per row and round,
-  #              "dynamic(16,6,4)" (N nodes, depth D, b children per expanded node); "" = a chain of k
-  #              tokens (k is then the depth)
-  c.tree_children = "iid"  # drafter "model" with a static tree at T > 0: "iid" draws,
-  #                          "without_replacement", or the "top" tokens (point masses); greedy, and
-  #                          dynamic trees, always take the top tokens
-  c.ngram_min = 1  # drafter "ngram": shortest suffix of the history looked up (>= 1)
-  c.ngram_max = 3  # drafter "ngram": longest suffix looked up (>= ngram_min); the longest match wins
-  c.draft_layers = ""  # drafter "layer_skip": the target's layers that draft, e.g. "0-11" or "0,2,4-9,27"
+  c.tree = ""  # drafters "model", "eagle": draft a static tree each round, "(4,2,2,1)" (children per node at
+  #              each depth) or a path list "[[0],[1],[0,0]]", or a dynamic (EAGLE-2) tree per row and round,
+  #              "dynamic(16,6,4)" (N nodes, depth D, b children per expanded node); drafter "ngram": spines
+  #              "(b,1,...,1)"; "" = a chain of k tokens (with a tree, k is its depth)
+  c.tree_children = "iid"  # a static tree's children at T > 0: "iid" draws, "without_replacement", or the
+  #                          "top" tokens (point masses); greedy, and dynamic trees, always take the top tokens
   c.prompts = ("Write a Python function that checks whether a string is a palindrome.",)  # a tuple
   c.prompts_file = ""  # one prompt per line, or .jsonl with a "prompt" field; overrides prompts
   c.chat = True  # wrap each prompt in the tokenizer's chat template
@@ -52,4 +47,14 @@ def default_config() -> ml_collections.ConfigDict:
   #                               axis: "error", or "replicate" it on every device
   c.draft_sharding = "same"  # the draft model's weights: "same" rules as the target, or "replicated"
   c.output = ""  # path of a JSON results file; empty = print only
+  # Each registered drafter's own settings, config.<drafter>.<field> (its class declares them:
+  # `Drafter.config_group`); a drafter given as package.module:Class brings its group along.
+  for name, drafter in registry.builtin().items():
+    c[name] = drafter.config_group()
   return c
+
+
+# Fields that moved into a drafter's group: an old name fails with one line naming the new one.
+RENAMED = {"ngram_min": "ngram.min", "ngram_max": "ngram.max", "draft_layers": "layer_skip.layers",
+           "draft_stop_threshold": "model.stop_threshold", "draft_vocab": "model.vocab (or eagle.vocab)",
+           "draft_vocab_corpus": "model.vocab_corpus (or eagle.vocab_corpus)"}

@@ -25,61 +25,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, drafting, generation, mesh as meshes, metrics, partitioning, records
-from specjax.errors import ConfigError
+from specjax import autoregressive, generation, mesh as meshes, metrics, partitioning, records
+from specjax.decode_spec import DecodeSpec, from_config
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.load import SCAN_LAYERS, LoadedModel, load_model, scan_layers_for, with_execution
+from specjax.models.load import LoadedModel, load_model, scan_layers_for, with_execution
 from specjax.models.tokenizer import Tokenizer
-from specjax.sampling import sampling_params
 from specjax.speculative.drafters.base import Drafter
+from specjax.speculative.drafters.model import check_compatible
 from specjax.speculative.loop import speculative_generate
-
-MODES = ("speculative", "autoregressive")
-DTYPES = ("float32", "bfloat16")
-DRAFT_SHARDINGS = ("same", "replicated")
-
-
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Fails early with a `ConfigError` naming the field, on values the engine would reject deep inside."""
-  def require(ok: bool, message: str) -> None:
-    if not ok:
-      raise ConfigError(message)
-
-  require(cfg.mode in MODES, f"config.mode must be one of {MODES}, got {cfg.mode!r}")
-  require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
-  require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got "
-          f"{cfg.scan_layers!r}")
-  require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,
-          f"config.attention_block must be an integer >= 0 (0 = dense), got {cfg.attention_block}")
-  require(int(cfg.prefill_chunk) == cfg.prefill_chunk and cfg.prefill_chunk >= 1,
-          f"config.prefill_chunk must be an integer >= 1, got {cfg.prefill_chunk}")
-  require(bool(cfg.target), "config.target is empty: give a .gguf file, an HF directory, a registry name or a "
-          "hub name org/name[@revision]")
-  require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
-          f"got {cfg.k}")
-  require(cfg.max_new_tokens >= 1, f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-  require(cfg.batch_size >= 1, f"config.batch_size must be >= 1, got {cfg.batch_size}")
-  require(bool(cfg.prompts) or bool(cfg.prompts_file),
-          "no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
-  for i, prompt in enumerate(() if cfg.prompts_file else cfg.prompts):
-    require(isinstance(prompt, str), f"config.prompts[{i}] must be a string, got {type(prompt).__name__} "
-            f"{prompt!r}")
-  try:
-    sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
-  drafting.check_config(cfg)
-  require(cfg.mesh_indivisible in partitioning.INDIVISIBLE, f"config.mesh_indivisible must be one of "
-          f"{partitioning.INDIVISIBLE}, got {cfg.mesh_indivisible!r}")
-  require(cfg.draft_sharding in DRAFT_SHARDINGS, f"config.draft_sharding must be one of {DRAFT_SHARDINGS}, "
-          f"got {cfg.draft_sharding!r}")
-  try:
-    data = meshes.axis_sizes(cfg.mesh, jax.device_count())[0] if cfg.mesh.strip() else 1
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
-  require(cfg.batch_size % data == 0, f"config.batch_size {cfg.batch_size} does not split over the mesh's "
-          f"data axis of size {data}: use a multiple of {data}")
-
 
 def read_prompts(path: str) -> list[str]:
   """One prompt per non-empty line, or (`.jsonl` files) one JSON object per non-empty line with a
@@ -146,7 +99,7 @@ class _Runner:
   Every batch has one shape, so the caches a call returns (its donated ones, updated) are passed to
   the next call: the target cache and the drafter's storage are allocated once, by the first call."""
 
-  cfg: ml_collections.ConfigDict
+  spec: DecodeSpec
   target: LoadedModel
   drafter: Drafter | None  # None in autoregressive mode
   cache_len: int
@@ -177,19 +130,18 @@ class _Runner:
             self.draft_storage)
 
   def _generate(self, prompts_BxP, lengths_B, budget_B, key):
-    cfg = self.cfg
+    spec = self.spec
     self._allocate(prompts_BxP.shape[0])
-    sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
     eos = self.target.tokenizer.eos_ids
-    if cfg.mode == "autoregressive":
+    if not spec.speculative:
       out = autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
-                                    self.target_cache, budget_B, eos, sampling, key,
-                                    out_width=cfg.max_new_tokens)
+                                    self.target_cache, budget_B, eos, spec.sampling, key,
+                                    out_width=spec.config.max_new_tokens)
       self.target_cache = out.cache
       return out
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
-                               self.target_cache, self.draft_storage, budget_B, eos, sampling, key,
-                               k=drafting.draft_tokens_per_round(cfg), out_width=cfg.max_new_tokens)
+                               self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
+                               k=spec.k, out_width=spec.config.max_new_tokens)
     self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
     return out
 
@@ -214,9 +166,11 @@ def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
     yield indices, *generation.pad_prompts(rows, width=width)
 
 
-def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print
+def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print
                 ) -> tuple[LoadedModel, LoadedModel | None]:
-  """The target and (for the model drafter) the draft of `cfg`, checked compatible."""
+  """The target and (for a drafter that loads a draft model) the draft of `spec`, checked compatible."""
+  spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
+  cfg = spec.config
   start = time.perf_counter()
   execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
                    prefill_chunk=cfg.prefill_chunk)
@@ -230,10 +184,10 @@ def load_models(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = pri
   log(f"loading target {cfg.target} ({cfg.dtype}) ...")
   target = with_execution(load_model(cfg.target, cfg.dtype, target_part), **execution, part=target_part)
   draft = None
-  if drafting.needs_draft_model(cfg):
+  if spec.loads_draft_model:
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
     draft = with_execution(load_model(cfg.draft, cfg.dtype, draft_part), **execution, part=draft_part)
-    drafting.check_compatible(target, draft)
+    check_compatible(target, draft)
   log(f"loaded in {time.perf_counter() - start:.1f} s")
   return target, draft
 
@@ -248,30 +202,53 @@ def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, 
   return record
 
 
-def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
-        models: tuple[LoadedModel, LoadedModel | None] | None = None) -> dict[str, Any]:
-  """Decodes every prompt of `cfg`; returns the JSON-ready results, also written to `cfg.output` (or,
-  when that fails at the end, to the fallback file named by `results["written_to"]`).
-
-  `models` = (target, draft or None) already loaded (benchmarks and sweeps reuse them across runs)."""
-  validate(cfg)
-  log = log if meshes.is_main_process() else lambda message: None
-  # Everything that can fail cheaply fails before the models load (up to minutes for real ones).
+def check_inputs(spec: DecodeSpec) -> list[str]:
+  """The prompts, read, and the output location, proven writable: everything that can fail cheaply
+  fails before the models load (up to minutes for real ones)."""
+  cfg = spec.config
   texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
   if cfg.output:
     check_output(cfg.output)
-  speculative = cfg.mode == "speculative"
+  return texts
+
+
+def build_drafter(spec: DecodeSpec, target: LoadedModel, draft: LoadedModel | None,
+                  log: Callable[[str], None] = print) -> tuple[Drafter, dict]:
+  """The drafter of `spec` for the loaded models (`Drafter.build`), and facts to record with the results."""
+  drafter, info = spec.drafter.build(spec.drafter_settings, target, draft, log)
+  drafter.check(target.config)
+  if spec.tree is not None:
+    info["tree_nodes"] = spec.tree.num_nodes - 1
+  return drafter, info
+
+
+def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
+        models: tuple[LoadedModel, LoadedModel | None] | None = None,
+        drafter: tuple[Drafter, dict] | None = None) -> dict[str, Any]:
+  """Decodes every prompt of `spec` (or of a config, checked into one); returns the JSON-ready results,
+  also written to `config.output` (or, when that fails at the end, to the fallback file named by
+  `results["written_to"]`).
+
+  `models` = (target, draft or None) already loaded and `drafter` = (a built drafter, its facts) reuse
+  what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps)."""
+  spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
+  cfg = spec.config
+  log = log if meshes.is_main_process() else lambda message: None
+  texts = check_inputs(spec)
   load_start = time.perf_counter()
-  target, draft = models or load_models(cfg, log)
+  target, draft = models or load_models(spec, log)
   load_time = time.perf_counter() - load_start
-  drafter, drafter_info = drafting.build(cfg, target, draft, log) if speculative else (None, {})
+  if not spec.speculative:
+    drafter, drafter_info = None, {}
+  else:
+    drafter, drafter_info = drafter or build_drafter(spec, target, draft, log)
 
   tok = target.tokenizer
   prompt_ids = encode_prompts(tok, texts, cfg.chat)
   longest = max(len(p) for p in prompt_ids)
   # One shape for all batches, with room for a verify pass past the budget.
-  cache_len = -(-(longest + cfg.max_new_tokens + drafting.verify_width(cfg)) // 64) * 64
-  runner = _Runner(cfg, target, drafter, cache_len)
+  cache_len = -(-(longest + cfg.max_new_tokens + spec.verify_width) // 64) * 64
+  runner = _Runner(spec, target, drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
   batches = list(_batches(prompt_ids, cfg.batch_size))
@@ -291,7 +268,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
     tokens, counts = meshes.to_host((out.tokens, out.counts))
     wall_time += time.perf_counter() - start
     calls["target_calls"] += int(out.target_calls)
-    if speculative:
+    if spec.speculative:
       calls["draft_calls"] += int(out.draft_calls)
       acceptance.append(jax.tree.map(lambda a: a[:len(indices)], meshes.to_host(out.acceptance)))
       per_row = metrics.summarize(acceptance[-1])["per_row"]
@@ -299,14 +276,14 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
       ids = [int(t) for t in tokens[row, :counts[row]]]
       outputs.append({"prompt": texts[i], "prompt_tokens": len(prompt_ids[i]), "text": tok.decode(ids),
                       "token_ids": ids, "num_tokens": len(ids)})
-      if speculative:
+      if spec.speculative:
         outputs[-1]["stats"] = per_row[row]
 
   generated = sum(o["num_tokens"] for o in outputs)
   stats = {"mode": cfg.mode, "num_prompts": len(outputs), "generated_tokens": generated,
            "wall_time_s": wall_time, "tokens_per_second": generated / wall_time,
            "compile_time_s": compile_time, "load_time_s": load_time, **calls}
-  if speculative:
+  if spec.speculative:
     totals = metrics.summarize(jax.tree.map(lambda *a: np.concatenate(a), *acceptance))["total"]
     stats.update(acceptance_rate=totals["acceptance_rate"], alpha_hat=totals["alpha_hat"],
                  mean_accepted_length=totals["mean_accepted_length"],
@@ -317,7 +294,7 @@ def run(cfg: ml_collections.ConfigDict, log: Callable[[str], None] = print,
       mean = totals["mean_accepted_length"]
       stats.update(nodes_verified_per_round=verified,
                    accepted_per_verified_node=None if mean is None else mean / verified)
-  results = {"config": cfg.to_dict(), "stats": stats, "outputs": outputs,
+  results = {"config": cfg.as_configdict().to_dict(), "stats": stats, "outputs": outputs,
              "environment": {**records.environment(), **devices_record(target, draft)}}
   if cfg.output and meshes.is_main_process():
     results["written_to"] = write_results(results, cfg.output, log)

@@ -117,9 +117,11 @@ def test_tables_are_printed_and_reprinted_from_the_file(benchmark):
 
 def test_systems_expand_and_baselines_interleave():
   cfg = drafters.get_config()
-  assert benchmark_drafters.parse_systems(("model", "ngram", "layer_skip_k6", "model_k5"), cfg, "x") == [
+  assert benchmark_drafters.parse_systems(("model", "ngram", "layer_skip_k6", "model_k5", "mine.mod:Lookup_k3",
+                                          "mine.mod:Lookup"), cfg, "x") == [
       System("model", 5), System("model", 8), System("model", 8, 0.3), System("model", 8, 0.5),
-      System("model", 8, 0.7), System("ngram", 8), System("layer_skip", 6)]  # model_k5 once
+      System("model", 8, 0.7), System("ngram", 8), System("layer_skip", 6), System("mine.mod:Lookup", 3),
+      System("mine.mod:Lookup", cfg.default_k)]  # model_k5 once; a drafter of one's own by import path
   group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",),
                                    [System("model", k) for k in (1, 2, 3, 4)])
   assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
@@ -128,7 +130,7 @@ def test_systems_expand_and_baselines_interleave():
 
 def test_plan_skips_layer_skip_without_layers():
   cfg, messages = drafters.get_config(), []
-  cfg.draft_layers = ""
+  cfg.drafters.layer_skip.layers = ""
   groups = benchmark_drafters.plan(cfg, messages.append)
   assert [g.key for g in groups] == ["code_edit/greedy", "code_edit/batched", "chat/greedy", "chat/sampled",
                                      "raw/greedy", "raw/sampled"]
@@ -136,12 +138,12 @@ def test_plan_skips_layer_skip_without_layers():
   assert any("skipping layer_skip" in m for m in messages)
   batched = groups[1]
   assert (batched.batch_size, len(batched.prompts), batched.chat) == (4, 4, True)
-  cfg.draft_layers = "0-13"
+  cfg.drafters.layer_skip.layers = "0-13"
   assert any(s.drafter == "layer_skip" for g in benchmark_drafters.plan(cfg, print) for s in g.systems)
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("sets.chat.greedy", ("model_k8_t1.5",), r"config.sets.chat.greedy, system model_k8_t1.5: .*draft_stop_threshold"),
+    ("sets.chat.greedy", ("model_k8_t1.5",), r"config.sets.chat.greedy, system model_k8_t1.5: .*config.model.stop_threshold"),
     ("sets.raw.sampled", ("ngram_t0.5",), r"config.sets.raw.sampled: unknown system 'ngram_t0.5'"),
     ("prompt_sets", ("code_edit", "prose"), r"unknown set 'prose'"),
     ("sets.chat.num_prompts", 5, r"config.sets.chat.greedy: 5 prompts needed .* the set has 4"),

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import decode, drafting, generation, pipeline
+from specjax import decode, decode_spec, generation, pipeline
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
 from tests.helpers.cli import cli_config, decode_in_process, run_cli
@@ -37,19 +37,19 @@ def test_greedy_speculative_equals_autoregressive_through_the_pipeline(model_dir
 def test_restricted_draft_vocabulary_keeps_greedy_output(model_dirs, tmp_path):
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("def f(x):\n    return x + 1\n\nabc abc abc\n")
-  cfg = cli_config(model_dirs, draft_vocab=12, draft_vocab_corpus=str(corpus))
+  cfg = cli_config(model_dirs, model=dict(vocab=12, vocab_corpus=str(corpus)))
   spec = pipeline.run(cfg, log=lambda m: None)
   ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert 0.5 < spec["stats"]["draft_vocab_coverage"] <= 1.0
   with pytest.raises(ValueError, match=r"draft vocabulary size must be in \[1, 97\]"):
-    pipeline.run(cli_config(model_dirs, draft_vocab=98, draft_vocab_corpus=str(corpus)), log=lambda m: None)
+    pipeline.run(cli_config(model_dirs, model=dict(vocab=98, vocab_corpus=str(corpus))), log=lambda m: None)
 
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(k=0), "config.k"), (dict(mode="beam"), "config.mode"), (dict(temperature=-0.5), "temperature"),
     (dict(top_p=0.0), "top_p"), (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(prompts=(), prompts_file=""), "no prompts"), (dict(draft_vocab=-1), "config.draft_vocab")])
+    (dict(prompts=(), prompts_file=""), "no prompts"), (dict(model=dict(vocab=-1)), "config.model.vocab")])
 def test_bad_config_values_fail_early(model_dirs, overrides, message):
   cfg = cli_config(model_dirs, **overrides)
   with pytest.raises(ValueError, match=message):
@@ -57,8 +57,8 @@ def test_bad_config_values_fail_early(model_dirs, overrides, message):
 
 
 @pytest.mark.parametrize("drafter, settings", [
-    ("ngram", dict(ngram_min=1, ngram_max=2, k=4)), ("layer_skip", dict(draft_layers="0")),
-    ("model", dict(draft_stop_threshold=0.3, k=4))])
+    ("ngram", dict(ngram=dict(min=1, max=2), k=4)), ("layer_skip", dict(layer_skip=dict(layers="0"))),
+    ("model", dict(model=dict(stop_threshold=0.3), k=4))])
 def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, drafter, settings):
   """Each drafter chosen by the config field `drafter` gives the target's greedy output; n-gram and
   layer-skip need no draft model (an empty `draft`)."""
@@ -80,13 +80,14 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   second call gets the caches the first returned (donated: the first call's key/value buffers, of the
   target and of a draft model, are gone; the n-gram history is rewritten by `init`, never read)."""
   cfg = cli_config(model_dirs, mode=mode, drafter=drafter, temperature=0.8, max_new_tokens=10)
-  target, draft = pipeline.load_models(cfg, log=lambda m: None)
-  drafter_ = drafting.build(cfg, target, draft, log=lambda m: None)[0] if mode == "speculative" else None
+  spec = decode_spec.from_config(cfg)
+  target, draft = pipeline.load_models(spec, log=lambda m: None)
+  drafter_ = pipeline.build_drafter(spec, target, draft, log=lambda m: None)[0] if mode == "speculative" else None
   ids = pipeline.encode_prompts(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
   batches = [generation.pad_prompts(ids[:2], width=max(map(len, ids))),
              generation.pad_prompts(ids[2:], width=max(map(len, ids)))]
   budget, keys = np.array([10, 7], np.int32), [jax.random.key(1), jax.random.key(2)]
-  runner = pipeline._Runner(cfg, target, drafter_, 64)
+  runner = pipeline._Runner(spec, target, drafter_, 64)
   reused, first_caches = [], None
   for (padded, lengths), key in zip(batches, keys):
     out = runner(padded, lengths, budget, key)
@@ -98,25 +99,27 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   for cache in first_caches:
     assert cache.k.is_deleted() and cache.v.is_deleted()
   for (padded, lengths), key, (tokens, counts) in zip(batches, keys, reused):
-    fresh = pipeline._Runner(cfg, target, drafter_, 64)(padded, lengths, budget, key)
+    fresh = pipeline._Runner(spec, target, drafter_, 64)(padded, lengths, budget, key)
     np.testing.assert_array_equal(tokens, fresh.tokens)
     np.testing.assert_array_equal(counts, fresh.counts)
 
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(drafter="medusa"), "unknown config.drafter 'medusa'; expected one of model, ngram, layer_skip"),
-    (dict(drafter="ngram", ngram_min=0), "config.ngram_min must be an integer >= 1, got 0"),
-    (dict(drafter="ngram", ngram_min=3, ngram_max=2), r"config.ngram_max must be an integer >= config.ngram_min"),
-    (dict(drafter="layer_skip", draft_layers=""), "config.draft_layers '' selects no layer"),
-    (dict(drafter="layer_skip", draft_layers="0-x"), "is not a layer index"),
-    (dict(drafter="layer_skip", draft_layers="0-5"), r"config.draft_layers '0-5' must lie in 0-1"),
-    (dict(draft_stop_threshold=1.0), r"config.draft_stop_threshold must be in \[0, 1\)"),
-    (dict(draft_stop_threshold=-0.1), r"config.draft_stop_threshold must be in \[0, 1\)"),
+    (dict(drafter="no_such_module:Drafter"), "config.drafter 'no_such_module:Drafter': cannot import no_such_module"),
+    (dict(drafter="specjax.sampling:SamplingParams"), "not a subclass of specjax.speculative.Drafter"),
+    (dict(drafter="ngram", ngram=dict(min=0)), "config.ngram.min must be an integer >= 1, got 0"),
+    (dict(drafter="ngram", ngram=dict(min=3, max=2)), r"config.ngram.max must be an integer >= min \(3\), got 2"),
+    (dict(drafter="layer_skip", layer_skip=dict(layers="")), "config.layer_skip.layers '' selects no layer"),
+    (dict(drafter="layer_skip", layer_skip=dict(layers="0-x")), "is not a layer index"),
+    (dict(drafter="layer_skip", layer_skip=dict(layers="0-5")), r"config.layer_skip.layers '0-5' must lie in 0-1"),
+    (dict(model=dict(stop_threshold=1.0)), r"config.model.stop_threshold must be in \[0, 1\)"),
+    (dict(model=dict(stop_threshold=-0.1)), r"config.model.stop_threshold must be in \[0, 1\)"),
     (dict(drafter="model", draft=""), "config.draft is empty but config.drafter is 'model'")])
 def test_bad_drafter_settings_fail_before_the_models_load(model_dirs, tmp_path, overrides, message):
   """Every drafter setting is checked before a model loads (the target here does not exist), except the
   layer range, which needs the target's depth (checked right after it loads, before compiling)."""
-  target = model_dirs[0] if overrides.get("draft_layers") == "0-5" else str(tmp_path / "no-model")
+  target = model_dirs[0] if overrides.get("layer_skip") == {"layers": "0-5"} else str(tmp_path / "no-model")
   with pytest.raises(ConfigError, match=message):
     pipeline.run(cli_config([target, model_dirs[1]], **overrides), log=lambda m: None)
 
@@ -128,7 +131,7 @@ def test_every_decode_config_is_valid(name):
 
   cfg = importlib.import_module(f"configs.{name}").get_config()
   assert set(cfg.keys()) == set(default_config().keys())  # extends the one default, adds nothing
-  pipeline.validate(cfg)
+  decode_spec.from_config(cfg)
 
 
 def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
@@ -247,7 +250,8 @@ def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_
   out_dir.mkdir()
   original_run = pipeline.run
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(pipeline, "run", lambda c, log: original_run(c, log=lambda m: remove_output_dir(m) or log(m)))
+    patch.setattr(pipeline, "run", lambda c, log, **reuse: original_run(
+        c, log=lambda m: remove_output_dir(m) or log(m), **reuse))
     with pytest.raises(SystemExit) as exit_info:
       decode.main(cfg)
   captured = capsys.readouterr()
@@ -295,11 +299,11 @@ def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree,
 @pytest.mark.parametrize("overrides, message", [
     (dict(tree="(2,"), "config.tree .* neither"), (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
     (dict(tree="()"), "config.tree: the branching tuple is empty"),
-    (dict(tree="(2,)", drafter="layer_skip", draft_layers="0"), "only the model, n-gram and eagle drafters"),
+    (dict(tree="(2,)", drafter="layer_skip", layer_skip=dict(layers="0")), "config.drafter 'layer_skip' drafts no trees"),
     (dict(tree="(2, 2)", drafter="ngram"), r"spines, \(b, 1, ..., 1\)"),
     (dict(tree="dynamic(4, 2, 2)", drafter="ngram"), "spines"),
     (dict(tree="dynamic(4, 2)"), r"config.tree .*dynamic\(N, D, b\)"),
-    (dict(tree="(2,)", draft_stop_threshold=0.3), "exclude each other"),
+    (dict(tree="(2,)", model=dict(stop_threshold=0.3)), "exclude each other"),
     (dict(tree_children="sorted"), "config.tree_children")])
 def test_bad_tree_configs_fail_early(model_dirs, overrides, message):
   with pytest.raises(ConfigError, match=message):

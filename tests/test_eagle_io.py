@@ -149,8 +149,9 @@ def test_eagle_drafter_keeps_greedy_output_through_the_pipeline(tmp_path):
   assert spec["stats"]["draft_calls"] > 0 and spec["stats"]["eagle_feature_layers"] == [0, 1]
   target = load_model(target_dir)
   save_head(head_dir, *eagle_head(target.config, (0, 1)), restrict_head(target.config, target.params, range(0, 40, 2)))
-  cfg.update(mode="speculative", draft=head_dir, draft_vocab=8)  # the head's own 20 tokens win, or it fails
-  with pytest.raises(ConfigError, match="config.draft_vocab 8: the head .* own restricted vocabulary of 20"):
+  cfg.update(mode="speculative", draft=head_dir)
+  cfg.eagle.vocab = 8  # the head's own 20 tokens win, or it fails
+  with pytest.raises(ConfigError, match="config.eagle.vocab 8: the head .* own restricted vocabulary of 20"):
     pipeline.run(cfg, log=lambda m: None)
 
 

@@ -288,10 +288,10 @@ def test_sampled_tokens_follow_the_exact_target_distribution(sampling):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(drafter=NgramDrafter(VOCAB + 1, 1, 3)), r"n-gram drafter vocabulary \(62\) differs"),
+    (dict(drafter=NgramDrafter(VOCAB + 1, 1, 3)), r"NgramDrafter vocabulary \(62\) differs"),
     (dict(history_len=HISTORY_LEN - 1),
      rf"\(12 tokens\).*- 1 = {HISTORY_LEN} positions exceed the history size {HISTORY_LEN - 1}"),
-    (dict(history_rows=2), "n-gram history has 2 rows for 3 prompts"),
+    (dict(history_rows=2), "history buffer has 2 rows for 3 prompts"),
 ])
 def test_bad_inputs_fail_before_compiling(change, message):
   args = dict(drafter=DRAFTER, history_len=HISTORY_LEN, history_rows=len(PROMPTS)) | change
@@ -304,7 +304,8 @@ def test_bad_inputs_fail_before_compiling(change, message):
                          GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)
 
 
-@pytest.mark.parametrize("ngram_min, ngram_max", [(0, 2), (3, 2)])
-def test_ngram_sizes_are_checked(ngram_min, ngram_max):
-  with pytest.raises(ValueError, match="1 <= ngram_min <= ngram_max"):
+@pytest.mark.parametrize("ngram_min, ngram_max, message", [(0, 2, "ngram_min must be an integer >= 1"),
+                                                            (3, 2, r"ngram_max must be an integer >= min \(3\)")])
+def test_ngram_sizes_are_checked(ngram_min, ngram_max, message):
+  with pytest.raises(ValueError, match=message):
     NgramDrafter(VOCAB, ngram_min, ngram_max)

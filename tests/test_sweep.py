@@ -98,7 +98,7 @@ def test_drafter_is_an_axis(model_dirs, tmp_path):
   that names the drafter (and the draft model only for the model drafter)."""
   cfg = _sweep(model_dirs, str(tmp_path / "drafters.jsonl"))
   cfg.axes.drafter = ("model", "ngram", "layer_skip")
-  cfg.base.draft_layers = "0"
+  cfg.base.layer_skip.layers = "0"
   rows = sweep.run(cfg, log=lambda m: None)
   by_drafter = {row["point"]["drafter"]: row for row in rows}
   assert set(by_drafter) == {None, "model", "ngram", "layer_skip"}  # None: the shared baseline
@@ -223,8 +223,9 @@ def test_rows_name_the_command_and_paths_from_the_repository_root(monkeypatch, m
   monkeypatch.setattr(sys, "argv", [os.path.join(ROOT, "experiments", "sweep.py"),
                                     f"--config={ROOT}/configs/sweeps/tiny.py", f"--config.base.prompts_file={outside}",
                                     "--config.output", os.path.join(ROOT, "experiments", "results", "t.jsonl")])
-  point, cfg = sweep.grid(_sweep(["target", "draft"], "t.jsonl"))[0]
-  row = sweep.make_row(point, cfg, {"tokens_per_second": 1.0}, None, [])
+  spec = _sweep(["target", "draft"], "t.jsonl")
+  point, cfg = sweep.grid(spec)[0]
+  row = sweep.make_row(spec, point, cfg, {"tokens_per_second": 1.0}, None, [])
   assert row["command"] == (f"python {program} --config=configs/sweeps/tiny.py --config.base.prompts_file={outside} "
                             "--config.output experiments/results/t.jsonl")
   assert ROOT + os.sep not in json.dumps(row).replace(outside, "")
@@ -235,6 +236,7 @@ def test_rows_name_the_command_and_paths_from_the_repository_root(monkeypatch, m
     ("k", 3, "sweep axis 'k' must be a non-empty tuple"),
     ("k", (1.5,), "sweep axis 'k': value 1.5"),
     ("k", (0, 1), "config.k"),
+    ("ngram_min", (1, 2), "sweep axis 'ngram_min' is not a field .*did you mean 'ngram'"),
 ])
 def test_bad_axes_fail_before_any_model_is_loaded(tmp_path, axis, values, message):
   cfg = _sweep([str(tmp_path / "no-target"), str(tmp_path / "no-draft")], str(tmp_path / "t.jsonl"))
@@ -242,6 +244,23 @@ def test_bad_axes_fail_before_any_model_is_loaded(tmp_path, axis, values, messag
   with pytest.raises(ValueError, match=message):
     sweep.run(cfg, log=lambda m: None)
   assert not os.path.exists(tmp_path / "t.jsonl")
+
+
+def test_a_drafter_setting_is_an_axis_by_its_dotted_name(tmp_path):
+  """`axes.ngram.min`: one speculative point per value, one autoregressive baseline for all, whose
+  decode config keeps the base's value; a value the drafter refuses names its field."""
+  cfg = _sweep([str(tmp_path / "target"), ""], str(tmp_path / "t.jsonl"))
+  cfg.base.drafter = "ngram"
+  cfg.axes.ngram = ml_collections.ConfigDict({"min": (1, 2)})
+  points = sweep.grid(cfg)
+  assert sorted(json.dumps(p, sort_keys=True) for p, _ in points) == sorted(json.dumps(p, sort_keys=True) for p in (
+      {"k": None, "mode": "autoregressive", "ngram.min": None},
+      *({"k": k, "mode": "speculative", "ngram.min": n} for k in cfg.axes.k for n in (1, 2))))
+  for point, decode in points:
+    assert decode.ngram.min == (point["ngram.min"] or cfg.base.ngram.min)
+  cfg.axes.ngram.min = (0,)
+  with pytest.raises(ValueError, match="config.ngram.min must be an integer >= 1"):
+    sweep.grid(cfg)
 
 
 def test_every_sweep_config_parses_into_a_valid_grid():

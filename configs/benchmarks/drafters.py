@@ -4,17 +4,17 @@ K and with early stopping, the target's own layers) on three prompt sets, plus `
 and its prompt lookup on the input-grounded set, in one process, one JSON file.
 
 Systems are named per prompt set and regime:
-  "ngram"              prompt lookup, K = ngram_k, suffixes of ngram_min .. ngram_max tokens
-  "layer_skip"         the target's layers `draft_layers` draft, K = layer_skip_k (skipped while
-                       draft_layers is "")
+  "ngram"              prompt lookup, K = ngram_k, suffixes of drafters.ngram.min .. max tokens
+  "layer_skip"         the target's layers `drafters.layer_skip.layers` draft, K = layer_skip_k (skipped
+                       while they are "")
   "model"              the draft model at every K of model_ks, then at threshold_k with every threshold
-  "model_k5"           the draft model at K = 5 (any K); "model_k8_t0.5": K = 8, draft_stop_threshold 0.5
+  "model_k5"           the draft model at K = 5 (any K); "model_k8_t0.5": K = 8, model.stop_threshold 0.5
   ("ngram_k4", "layer_skip_k6": the same with another K.)
 Each (prompt set, batch size, temperature) group runs specjax autoregressive first, again after every
 `ar_every` systems and last; speedups divide by the mean of those runs.
 
 Defaults: about 40 minutes alone on 2 CPU cores for the Qwen pair (2 prompts per set, 128 new tokens;
-~7 minutes more with draft_layers set). `--config.sets.chat.num_prompts=4` etc. for more prompts.
+~7 minutes more with drafters.layer_skip.layers set). `--config.sets.chat.num_prompts=4` etc. for more prompts.
 
 `get_config("tiny")`: a small plan for tests on tiny HF directories (pass --config.target and
 --config.draft; plain-text prompts, 8 new tokens).
@@ -42,7 +42,7 @@ def get_config(variant: str = ""):
   cfg.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
   cfg.seed = 0  # sampling seed of the temperature > 0 runs
   cfg.model_ks = (5, 8)  # "model": fixed-K runs of the draft model
-  cfg.thresholds = (0.3, 0.5, 0.7)  # "model": draft_stop_threshold runs, at K = threshold_k
+  cfg.thresholds = (0.3, 0.5, 0.7)  # "model": model.stop_threshold runs, at K = threshold_k
   cfg.threshold_k = 8  # K of the "model" threshold runs
   cfg.ngram_k = 8  # K of "ngram" (tokens copied per round at most)
   # Shortest and longest suffix looked up. 3..5 rather than the library's 1..3: on the chat prompts a
@@ -50,12 +50,16 @@ def get_config(variant: str = ""):
   # (~2 target steps on this CPU); replaying the greedy outputs of experiments/results/
   # decode_cpu_float32_v2.json gives a modelled 0.83x at 1..3 and 1.01x at 3..5 (K = 8), while copying
   # from an edited function loses almost nothing.
-  cfg.ngram_min = 3
-  cfg.ngram_max = 5  # also transformers' max_matching_ngram_size (it has no minimum)
+  cfg.drafters = ml_collections.ConfigDict()  # drafter groups of the decode config, as decode takes them
+  cfg.drafters.ngram = ml_collections.ConfigDict()
+  cfg.drafters.ngram.min = 3
+  cfg.drafters.ngram.max = 5  # also transformers' max_matching_ngram_size (it has no minimum)
   # "layer_skip": the target's drafting layers ("" skips layer_skip); the default is the set that
   # experiments/layer_skip_search.py found for the Qwen 1.5B target (21 of 28 layers, alpha_hat 0.87).
-  cfg.draft_layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"
+  cfg.drafters.layer_skip = ml_collections.ConfigDict()
+  cfg.drafters.layer_skip.layers = "0-5,7-8,10-11,14,16-17,19-20,22-27"
   cfg.layer_skip_k = 4  # K of "layer_skip"
+  cfg.default_k = 5  # K of any other drafter named without one (a drafter of your own: "mypkg.mod:Class")
   cfg.sampled_temperature = 1.0  # temperature of the sets' `sampled` runs (top-k/top-p off)
   cfg.batched_size = 4  # batch size of the sets' `batched` runs
   cfg.prompt_sets = ("code_edit", "chat", "raw")  # which sets run, in this order
@@ -81,8 +85,8 @@ def get_config(variant: str = ""):
     cfg.target = cfg.draft = "tests-will-override"  # HF directories of a tiny target and draft
     cfg.max_new_tokens = 8
     cfg.model_ks, cfg.thresholds, cfg.threshold_k = (2,), (0.06,), 2  # tiny models: top probability ~0.05
-    cfg.ngram_k, cfg.ngram_min, cfg.ngram_max = 3, 1, 2
-    cfg.draft_layers, cfg.layer_skip_k = "0", 2
+    cfg.ngram_k, cfg.drafters.ngram.min, cfg.drafters.ngram.max = 3, 1, 2
+    cfg.drafters.layer_skip.layers, cfg.layer_skip_k = "0", 2
     cfg.batched_size = 2
     cfg.continuation_lines = 2
     cfg.prompt_sets = ("code_edit", "raw")  # chat, like raw, would only add compile time to the tests

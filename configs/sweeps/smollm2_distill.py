@@ -2,7 +2,7 @@
 layer-truncated 4-block draft undistilled (step 0) and distilled (step 1000), K = 1, 2, 3, greedy and
 temperature 1, batch 1, with the drafts' heads restricted to the 8,192 tokens most frequent in the
 run's training files (the full head is 28M of a draft's 42M parameters: c ~0.21-0.25 with it, ~0.17
-without; `--config.axes.draft_vocab='(0, 8192)'` runs both), plus the target's autoregressive baseline,
+without; `--config.axes.model.vocab='(0, 8192)'` runs both), plus the target's autoregressive baseline,
 on 4 held-out prompts. About 10 minutes alone on 2 CPU cores.
 
 Needs the distillation's work directory: the training run, then
@@ -30,8 +30,8 @@ def get_config():
   cfg.base.chat = False  # plain code continuation, as in training
   cfg.base.max_new_tokens = 96  # budget per prompt
   cfg.base.batch_size = 1  # one prompt at a time: the latency regime of speculative decoding
-  cfg.base.draft_vocab = 8192  # the draft's head scores the 8,192 most frequent tokens of ...
-  cfg.base.draft_vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # ... the training files
+  cfg.base.model.vocab = 8192  # the draft's head scores the 8,192 most frequent tokens of ...
+  cfg.base.model.vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # ... the training files
   cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
   cfg.axes.mode = ("autoregressive", "speculative")  # the baseline runs once per temperature
   cfg.axes.draft = (f"{WORKDIR}/drafts/step0", f"{WORKDIR}/drafts/step1000")  # before / after distillation

@@ -32,8 +32,8 @@ def get_config():
   cfg.base.chat = False  # plain code continuation, as in training
   cfg.base.max_new_tokens = 96  # budget per prompt
   cfg.base.batch_size = 1  # one prompt at a time: the latency regime of speculative decoding
-  cfg.base.draft_vocab = 8192  # the 8,192 tokens the head trained over (its own vocabulary); a head without one
-  cfg.base.draft_vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # scores the most frequent of the training files
+  cfg.base.eagle.vocab = 8192  # the 8,192 tokens the head trained over (its own vocabulary); a head without one
+  cfg.base.eagle.vocab_corpus = f"{WORKDIR}/train_corpus.jsonl"  # scores the most frequent of the training files
   cfg.base.tree_children = "without_replacement"  # tree children at T > 0: distinct draws
   cfg.axes = ml_collections.ConfigDict()  # decode field -> values; the grid is their cartesian product
   cfg.axes.mode = ("autoregressive", "speculative")  # the baseline runs once per temperature

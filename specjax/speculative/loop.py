@@ -35,7 +35,7 @@ from specjax.models.transformer import Params, forward_features, hidden_to_logit
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance
 from specjax.speculative.trees import acceptance as tree_acceptance
-from specjax.speculative.drafters.base import Drafter, feature_layers
+from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.proposal import Proposal
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
@@ -125,10 +125,10 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
               tree_rule: TreeRule) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
-  if hasattr(drafter, "init_from_features"):  # a drafter reading the target's features of the prompts
+  if drafter.reads_prompt_features:  # a drafter reading the target's features of the prompts
     logits_BxV, features_BxPxF, target_cache = prefill_features(target_config, target_params, prompts_BxP,
                                                                 prompt_lengths_B, target_cache,
-                                                                feature_layers(drafter))
+                                                                drafter.feature_layers)
     draft_state = drafter.init_from_features(draft_storage, prompts_BxP, prompt_lengths_B, features_BxPxF)
   else:
     logits_BxV, target_cache = prefill(target_config, target_params, prompts_BxP, prompt_lengths_B,
@@ -150,11 +150,11 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                                                           state.pending, sampling, draft_key, k)
     live_B = ~state.buffer.done
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
-                                feature_layers(drafter), state.pending, proposal, sampling, accept_key)
+                                drafter.feature_layers, state.pending, proposal, sampling, accept_key)
               for width in widths]
     if proposal.shape is not None:  # K = the tree's depth; the accepted path becomes the proposal
       num_accepted_B, next_B, hidden_BxK1xD, target_cache, proposal = _verify_tree_pass(
-          target_config, target_params, tree_rule, feature_layers(drafter), state.pending, proposal, sampling,
+          target_config, target_params, tree_rule, drafter.feature_layers, state.pending, proposal, sampling,
           accept_key, target_cache)
     elif len(passes) == 1:
       num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
@@ -214,7 +214,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
   drafter.check(target_config)
-  tree = getattr(drafter, "tree", None)
+  tree = drafter.tree
   if tree is not None and k != tree.max_depth:
     raise ValueError(f"k = {k}, but the drafter's tree has depth {tree.max_depth}: pass k = {tree.max_depth}")
   widths = drafter.verify_widths(k)

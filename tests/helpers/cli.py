@@ -12,6 +12,7 @@ import ml_collections
 import pytest
 
 from configs import tiny
+from specjax.api import apply_fields
 from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,11 +31,11 @@ def model_dirs(tmp_path_factory):
 
 
 def cli_config(model_dirs, **overrides) -> ml_collections.ConfigDict:
-  """configs/tiny.py for the [target, draft] directories `model_dirs`, with `overrides`."""
+  """configs/tiny.py for the [target, draft] directories `model_dirs`, with `overrides` (fields, a
+  drafter's group as a dict, as `specjax.Decoder` takes them)."""
   cfg = tiny.get_config()
   cfg.target, cfg.draft = model_dirs
-  cfg.update(overrides)
-  return cfg
+  return apply_fields(cfg, overrides)
 
 
 def run_cli(arguments, debug=False, env=None):
@@ -54,7 +55,7 @@ def decode_in_process(arguments) -> tuple[int, str]:
   as a fresh process would not have them (absl refuses to define a flag twice)."""
   from absl import flags
 
-  from specjax import cli, decode
+  from specjax import cli, decode, decode_config
 
   for name in [name for name in flags.FLAGS if name.startswith(decode._CONFIG.name + ".")]:
     delattr(flags.FLAGS, name)
@@ -62,10 +63,10 @@ def decode_in_process(arguments) -> tuple[int, str]:
   sys.argv = ["specjax.decode", *arguments]
   try:
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-      cli.run(decode.main, decode._CONFIG)
+      cli.run(decode.main, decode._CONFIG, renamed=decode_config.RENAMED)
     status = 0
   except SystemExit as e:
-    status = e.code
+    status = 0 if e.code is None else e.code  # absl exits through sys.exit(None) on success
   finally:
     sys.argv = argv
   return status, stderr.getvalue()

@@ -1,6 +1,8 @@
-"""Drafters: whatever proposes the tokens the target verifies (`base` holds the interface and its
-defaults; one module per drafter)."""
+"""Drafters: whatever proposes the tokens the target verifies. `base` holds the interface with its
+defaults and the model-backed base, `history` the base of drafters that read the committed tokens
+alone, `registry` resolves `config.drafter`; one module per drafter (model, ngram, layer_skip, eagle)."""
 
-from specjax.speculative.drafters.base import DraftPass, Drafter
+from specjax.speculative.drafters.base import DraftPass, Drafter, DrafterSettings, ModelBackedDrafter
+from specjax.speculative.drafters.history import HistoryDrafter, HistoryState
 
-__all__ = ["DraftPass", "Drafter"]
+__all__ = ["DraftPass", "Drafter", "DrafterSettings", "HistoryDrafter", "HistoryState", "ModelBackedDrafter"]

@@ -1,45 +1,60 @@
-"""The Drafter interface: whatever proposes the tokens that the target verifies in one pass.
+"""The Drafter interface with its defaults: whatever proposes the tokens that the target verifies in one
+pass. A drafter defines only what it needs; everything optional has a default here, so the loop never
+looks a member up by `getattr`.
 
-A small model (`ModelDrafter`), a prompt-lookup n-gram table (`NgramDrafter`), the target's own first
-layers (`LayerSkipDrafter`) and trained heads that read the target's hidden states (`EagleDrafter`) plug
-into the same loop (`speculative_generate`). A drafter is a pytree: arrays (weights) are pytree fields,
-its static configuration lives in non-pytree fields, so it is an ordinary argument of the jitted loop.
+A drafter is a `flax.struct.PyTreeNode`: every subclass is a frozen dataclass and a pytree whose arrays
+(weights) are pytree fields and whose static settings are `flax.struct.field(pytree_node=False)`, so it
+is an ordinary argument of the jitted loop (its arrays traced, its static fields part of the program).
+
 Host side, before anything compiles:
   check(target_config)                  the drafter fits this target (vocabulary, layers, ...)
   storage(batch, max_len)               its preallocated, donated storage (a KV cache, a token buffer)
   check_fits(storage, lengths, budget, k)   the storage holds the longest prompt + budget + look-ahead
   storage_of(state)                     the storage inside a returned final state, for the next call
+  verify_widths(k)                      the verify-pass widths the loop chooses among
 Inside the jitted loop:
   init(storage, prompts, lengths, target_cache) -> state
+      (or init_from_features(storage, prompts, lengths, features) when `reads_prompt_features`)
   propose(state, target_cache, pending, sampling, key, k) -> (Proposal, state, target_cache)
-  commit(state, proposal, num_committed, target_hidden) -> state
-A proposal counts the draft forward passes it cost (`Proposal.calls`, 0 for a lookup) for the metrics.
-Optional static field `feature_layers` (`feature_layers(drafter)`, default ()): the target blocks whose
-residual streams `commit` receives instead of the final-norm hidden states (EAGLE-3 heads).
-Static: `verify_widths(k)` (the verify-pass widths the loop chooses among: a round whose longest live proposal
-holds n tokens runs the narrowest width >= n + 1; a drafter that always proposes K tokens needs only K + 1).
+  commit(state, proposal, num_committed, target_features) -> state
+From a decode config (class methods, `specjax.speculative.drafters.registry`):
+  name, config_group(), check_config(options, settings), build(settings, target, draft, log)
 
 Bookkeeping shared with the loop: the *pending* token is the newest committed token, not yet fed to the
 target (its cache holds everything before it). A round feeds [pending, d_1 .. d_W-1] to the target; if
 row b accepts n draft tokens, the n + 1 tokens [pending, d_1 .. d_n] become history (`commit` receives
 num_committed = n + 1; 0 for a row that is done) and the target's next token becomes the new pending one.
-A proposal may be a static tree (`Proposal.tree`, e.g. `ModelDrafter(tree=...)`): the loop verifies its
-nodes in one pass and hands `commit` the accepted path as a chain (`Proposal.along`, with `path` set).
-`propose` may read and write the target's cache beyond each row's length (self-speculation shares it):
-whatever it writes there is overwritten by the verify pass before any of it is committed.
+A proposal may be a static tree (`Proposal.tree`): the loop verifies its nodes in one pass and hands
+`commit` the accepted path as a chain (`Proposal.along`, with `path` set). `propose` may read and write
+the target's cache beyond each row's length (self-speculation shares it): whatever it writes there is
+overwritten by the verify pass before any of it is committed.
+
+Two small bases cover the drafters researchers write most: `history.HistoryDrafter` (one pure function
+of the committed tokens) and `ModelBackedDrafter` below (a network with its own KV cache).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 
+import flax.struct
 import jax
+import ml_collections
 import numpy as np
 
+from specjax import generation
+from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache
+from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import SamplingParams
 from specjax.speculative.proposal import Proposal
+from specjax.speculative.trees.drafting import CHILDREN
+from specjax.speculative.trees.dynamic import DynamicSpec
+from specjax.speculative.trees.tree import Tree
+
+if TYPE_CHECKING:
+  from specjax.models.load import LoadedModel
 
 
 class DraftPass(NamedTuple):
@@ -51,60 +66,21 @@ class DraftPass(NamedTuple):
   layers: tuple[int, ...] | None = None  # the blocks run, None for all
 
 
-class Drafter(Protocol):
-  """The interface the speculative loop drives (`init`, `propose`, `commit` are traced inside one
-  `jax.jit`; the rest runs on the host)."""
+@dataclasses.dataclass(frozen=True)
+class DrafterSettings:
+  """What a drafter is checked and built from: its own config group and the decode settings any
+  drafter may read, parsed once (`specjax.decode_spec`)."""
 
-  @property
-  def vocab_size(self) -> int:
-    """W: the ids the proposals' distributions span. A model drafter may differ from the target's V
-    (padding rows; the acceptance rule extends the smaller distribution with zeros); drafters that
-    propose the target's own ids (n-gram lookup, layer skip) have the target's V."""
+  group: str  # the group's name in the decode config ("ngram" for config.ngram)
+  options: ml_collections.FrozenConfigDict  # the drafter's config group (empty when it has none)
+  draft: str = ""  # config.draft: a draft model or a head directory, for drafters that load one
+  tree: Tree | DynamicSpec | None = None  # config.tree, parsed; None = a chain
+  tree_children: str = "iid"  # config.tree_children
+  k: int = 5  # config.k: the most draft tokens a round proposes (a tree's depth when `tree` is set)
 
-  def verify_widths(self, k: int) -> tuple[int, ...]:
-    """The verify-pass widths (static, ascending, the last one K + 1) the loop may run."""
-
-  def check(self, target_config: ModelConfig) -> None:
-    """Raises ValueError unless the drafter can draft for this target."""
-
-  def draft_pass(self) -> DraftPass | None:
-    """What one draft forward pass runs, for its cost model (`specjax.costs`); None for a lookup."""
-
-  def storage(self, batch_size: int, max_len: int) -> Any:
-    """Preallocated storage for `batch_size` rows of up to `max_len` positions (donated to the loop)."""
-
-  def check_fits(self, storage: Any, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
-    """Raises ValueError unless `storage` holds the longest prompt, the budget and the look-ahead."""
-
-  def storage_of(self, state: Any) -> Any:
-    """The storage held by a state the loop returned (`SpeculativeOutput.draft_state`): passed to the
-    next call of the same shapes instead of allocating new storage (it is donated again)."""
-
-  def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
-           target_cache: KVCache) -> Any:
-    """The state after the right-padded prompts (the target's cache already holds them). A drafter that
-    reads the target's features may define `init_from_features(storage, prompts_BxP, prompt_lengths_B,
-    features_BxPxF)` instead: the loop then prefills the target with `prefill_features` (its
-    `feature_layers`) and hands it the prompts' features, so no second target prefill runs."""
-
-  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int) -> tuple[Proposal, Any, KVCache]:
-    """Up to K tokens per row following the history and `pending_B` (their distributions after
-    `sampling`, or point masses), the state, and the target's cache (changed only beyond each row's
-    length). Commits nothing."""
-
-  def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
-             target_hidden_BxK1xD: jax.Array) -> Any:
-    """Appends the first `num_committed_B[b]` tokens of [pending, d_1 .. d_K] to row b's history (0
-    leaves the row unchanged: done rows stop there). `target_hidden_BxK1xD` holds the target's
-    features of the verified block (positions past the pass's width are zeros): its final-norm hidden
-    states, or the residual streams after the blocks the drafter names in `feature_layers`."""
-
-
-def feature_layers(drafter: Drafter) -> tuple[int, ...]:
-  """The target blocks whose residual streams (concatenated) `commit` receives, from the drafter's
-  optional static `feature_layers` field; () (the default) = the target's final-norm hidden states."""
-  return getattr(drafter, "feature_layers", ())
+  def field(self, name: str) -> str:
+    """The dotted name of one of the drafter's options, for error messages: "config.ngram.min"."""
+    return f"config.{self.group}.{name}"
 
 
 def short_proposal_widths(k: int) -> tuple[int, ...]:
@@ -113,3 +89,153 @@ def short_proposal_widths(k: int) -> tuple[int, ...]:
   compiled target pass; on a CPU a 4-token pass costs about 2 single steps where a 9-token one costs
   about 2.7, so short proposals should not pay for the full block."""
   return tuple(sorted(set(range(1, min(k + 1, 5))) | {k + 1}))
+
+
+class Drafter(flax.struct.PyTreeNode):
+  """The interface the speculative loop drives, with a default for everything but `propose` (`init`,
+  `propose`, `commit` are traced inside one `jax.jit`; the rest runs on the host). A drafter also says
+  `vocab_size`, W: the ids its proposals' distributions span (the target's V for drafters proposing its
+  ids; a model drafter's own head may be padded larger or smaller).
+
+  A subclass with a class attribute `name` is registered under it (`config.drafter = name`); any
+  subclass is reachable as `config.drafter = "package.module:ClassName"`."""
+
+  name: ClassVar[str] = ""  # the registered name; "" = reachable by import path only
+  loads_draft_model: ClassVar[bool] = False  # config.draft is a model the pipeline loads (same tokenizer)
+  reads_prompt_features: ClassVar[bool] = False  # the loop calls `init_from_features` instead of `init`
+  # Defaults a subclass may redeclare as static fields (hence no annotation here: an annotated default
+  # would become a dataclass field ahead of the subclass's own fields).
+  tree = None  # Tree | DynamicSpec | None: a drafter drafting trees has a static field `tree`
+  feature_layers = ()  # target blocks whose residual streams `commit` gets; () = the final-norm hidden states
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if cls.__dict__.get("name"):
+      from specjax.speculative.drafters import registry  # the registry imports this module
+      registry.register(cls)
+
+  # -- from a decode config (host) --------------------------------------------------------------------
+  @classmethod
+  def config_group(cls) -> ml_collections.ConfigDict:
+    """The drafter's own settings, `config.<name>.*`, with their defaults (a comment per field)."""
+    return ml_collections.ConfigDict()
+
+  @classmethod
+  def check_config(cls, settings: DrafterSettings) -> None:
+    """Raises `ConfigError` naming the field for settings that cannot work, before any model loads.
+    The default refuses trees: a drafter that drafts them says so by overriding this."""
+    if settings.tree is not None:
+      raise ConfigError(f"config.tree is set but config.drafter {cls.registered_as()!r} drafts no trees")
+
+  @classmethod
+  def build(cls, settings: DrafterSettings, target: LoadedModel, draft: LoadedModel | None,
+            log: Callable[[str], None] = print) -> tuple[Drafter, dict]:
+    """The drafter for `target` (and `draft`, loaded when `loads_draft_model`), and facts to record with
+    the results. The default constructs the class with no arguments."""
+    return cls(), {}
+
+  @classmethod
+  def config_key(cls) -> str:
+    """The drafter's group in the decode config (`config.<key>.*`): its name, else its class name."""
+    return cls.name or cls.__name__
+
+  @classmethod
+  def registered_as(cls) -> str:
+    """Its `config.drafter` value: the registered name, else its import path."""
+    return cls.name or f"{cls.__module__}:{cls.__qualname__}"
+
+  # -- host, before compiling --------------------------------------------------------------------------
+  def verify_widths(self, k: int) -> tuple[int, ...]:
+    """The verify-pass widths (static, ascending, the last one K + 1) the loop may run: a round whose
+    longest live proposal holds n tokens runs the narrowest width >= n + 1."""
+    return (k + 1,)
+
+  def check(self, target_config: ModelConfig) -> None:
+    """Raises ValueError unless the drafter can draft for this target."""
+
+  def draft_pass(self) -> DraftPass | None:
+    """What one draft forward pass runs, for its cost model (`specjax.costs`); None for a lookup."""
+    return None
+
+  def storage(self, batch_size: int, max_len: int) -> Any:
+    """Preallocated storage for `batch_size` rows of up to `max_len` positions (donated to the loop)."""
+    return None
+
+  def check_fits(self, storage: Any, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
+    """Raises ValueError unless `storage` holds the longest prompt, the budget and the look-ahead."""
+
+  def storage_of(self, state: Any) -> Any:
+    """The storage held by a state the loop returned: passed to the next call of the same shapes
+    instead of allocating new storage (it is donated again)."""
+    return None
+
+  # -- inside the jitted loop --------------------------------------------------------------------------
+  def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+           target_cache: KVCache) -> Any:
+    """The state after the right-padded prompts (the target's cache already holds them)."""
+    return None
+
+  def init_from_features(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
+                         features_BxPxF: jax.Array) -> Any:
+    """`init` for a drafter that reads the target's features of the prompts (`reads_prompt_features`):
+    the loop prefills the target with `prefill_features` (its `feature_layers`) and hands them over,
+    so no second target prefill runs."""
+    raise NotImplementedError(f"{type(self).__name__} sets reads_prompt_features but defines no "
+                              f"init_from_features")
+
+  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
+              key: jax.Array, k: int) -> tuple[Proposal, Any, KVCache]:
+    """Up to K tokens per row following the history and `pending_B` (their distributions after
+    `sampling`, or point masses), the state, and the target's cache (changed only beyond each row's
+    length). Commits nothing."""
+    raise NotImplementedError(f"{type(self).__name__} must define propose")
+
+  def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
+             target_features_BxK1xF: jax.Array) -> Any:
+    """Appends the first `num_committed_B[b]` tokens of [pending, d_1 .. d_K] to row b's history (0
+    leaves the row unchanged: done rows stop there). `target_features_BxK1xF` holds the target's
+    features of the verified block (positions past the pass's width are zeros): its final-norm hidden
+    states, or the residual streams after the blocks the drafter names in `feature_layers`."""
+    return state
+
+
+class ModelBackedDrafter(Drafter):
+  """A drafter that runs a network with a KV cache of its own (`cache_config`; None = it shares the
+  target's, as self-speculation does): the storage is that cache, the state holds it as `state.cache`,
+  and it must hold each row's history plus the draft's look-ahead past the target's block."""
+
+  cache_sharding = None  # where the cache lies on a mesh (`partitioning.cache_sharding`; a static field of
+  #                       subclasses that have one); None = one device
+  cache_name: ClassVar[str] = "draft"  # how errors name the cache
+
+  @property
+  def cache_config(self) -> ModelConfig | None:
+    """The config of the drafter's own cache, None when it has none."""
+    return None
+
+  def lookahead(self, k: int) -> int:
+    """Positions a round writes past the target's committed length minus one (K - 1 for a chain)."""
+    return k - 1
+
+  @classmethod
+  def check_tree_children(cls, settings: DrafterSettings) -> None:
+    if settings.tree_children not in CHILDREN:
+      raise ConfigError(f"config.tree_children must be one of {CHILDREN}, got {settings.tree_children!r}")
+
+  def storage(self, batch_size: int, max_len: int) -> KVCache | None:
+    config = self.cache_config
+    return None if config is None else init_cache(config, batch_size, max_len, self.cache_sharding)
+
+  def storage_of(self, state: Any) -> KVCache | None:
+    return None if self.cache_config is None else state.cache
+
+  def check_fits(self, storage: KVCache | None, prompt_lengths_B: np.ndarray, max_new_tokens: int,
+                 k: int) -> None:
+    if storage is None:
+      return  # it writes only inside the target's block, which the target's own check covers
+    if storage.batch_size != len(prompt_lengths_B):
+      raise ValueError(f"{self.cache_name} cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
+    if self.tree is not None:
+      self.tree.check_fits(storage.max_len, "draft cache")
+    generation.check_fits(f"speculative generate ({self.cache_name})", prompt_lengths_B, max_new_tokens,
+                          self.lookahead(k), storage.max_len, self.cache_config.max_positions)

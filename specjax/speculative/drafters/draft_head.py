@@ -13,16 +13,23 @@ acceptance: a round stops wherever the target wants a token outside the subset. 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from specjax import draft_vocab
+from specjax.errors import ConfigError
+from specjax.models import registry
 from specjax.models.attention import soft_cap
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Params, hidden_to_logits, output_head
+
+if TYPE_CHECKING:
+  from specjax.models.load import LoadedModel
 
 
 @flax.struct.dataclass
@@ -62,3 +69,32 @@ def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) ->
   tokens_N = jnp.asarray(tokens_N, jnp.int32)
   return DraftHead(tokens_N=tokens_N, weight_NxD=jnp.take(full_VxD, tokens_N, axis=0),
                    vocab_size=config.vocab_size, softcap=config.final_softcap)
+
+
+def add_vocab_options(group: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The restricted-head fields of a model-backed drafter's config group (`config.model.vocab`, ...)."""
+  group.vocab = 0  # > 0: the draft's head scores only this many most frequent tokens (0 = all of them)
+  group.vocab_corpus = "stdlib"  # the corpus ranking them: "stdlib", a directory, glob, text or JSONL file
+  return group
+
+
+def check_vocab_options(options: ml_collections.ConfigDict, group: str) -> None:
+  if int(options.vocab) != options.vocab or options.vocab < 0:
+    raise ConfigError(f"config.{group}.vocab must be an integer >= 0 (0 = the full vocabulary), got "
+                      f"{options.vocab}")
+
+
+def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, draft: LoadedModel,
+                          log: Callable[[str], None] = print) -> tuple[DraftHead | None, float | None]:
+  """The draft's head restricted to the `size` tokens most frequent in `corpus_source` (stop tokens
+  included), and the share of the corpus's tokens it covers; (None, None) for size 0, the full head."""
+  if not size:
+    return None, None
+  log(f"ranking tokens of {corpus_source!r} for a {size}-token draft head ...")
+  counts_V = draft_vocab.corpus_token_counts(target.tokenizer, corpus_source, draft.config.vocab_size,
+                                             registry.cache_dir())
+  tokens_N = draft_vocab.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
+  coverage = float(counts_V[tokens_N].sum() / max(counts_V.sum(), 1))
+  log(f"the draft head scores {len(tokens_N)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
+      f"the corpus's tokens")
+  return restrict_head(draft.config, draft.params, tokens_N), coverage

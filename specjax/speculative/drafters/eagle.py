@@ -33,27 +33,33 @@ path is committed like a chain, from the target's features along it, so nothing 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from specjax import generation
+from specjax import partitioning
+from specjax.errors import ConfigError
 from specjax.models import attention
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import CacheSharding, KVCache, init_cache
+from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import (MLP, Attention, Norm, Params, cache_attention, prefill_features,
                                         rotary_tables)
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
-from specjax.speculative.drafters.base import DraftPass
+from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter
+from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_logits,
+                                                     restricted_draft_head)
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
 from specjax.speculative.trees.drafting import CHILDREN, grow_tree
+
+if TYPE_CHECKING:
+  from specjax.models.load import LoadedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,19 +193,49 @@ class EagleState:
   pending: jax.Array  # [B] int32: the pending token x_n of the last proposal (the first pair `commit` feeds)
 
 
-@flax.struct.dataclass
-class EagleDrafter:
+class EagleDrafter(ModelBackedDrafter):
   """Drafts K tokens per round with an EAGLE head (see the module docstring)."""
 
+  name: ClassVar[str] = "eagle"
+  reads_prompt_features: ClassVar[bool] = True
+  cache_name: ClassVar[str] = "EAGLE head"
   config: EagleConfig = flax.struct.field(pytree_node=False)
   params: Params  # the head's own weights (`init_head_params`)
   target_config: ModelConfig = flax.struct.field(pytree_node=False)
   target_params: Params  # the target's: its embedding and output head are shared
   vocab: DraftHead | None = None  # a restricted output head (EAGLE-3's draft vocabulary), None = the target's
-  cache_sharding: CacheSharding | None = flax.struct.field(pytree_node=False, default=None)  # where the head cache lies
+  cache_sharding: Any = flax.struct.field(pytree_node=False, default=None)  # the head cache's placement on a mesh
   # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
   tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
+
+  @classmethod
+  def config_group(cls) -> ml_collections.ConfigDict:
+    return add_vocab_options(ml_collections.ConfigDict())  # used when the head brings no vocabulary of its own
+
+  @classmethod
+  def check_config(cls, settings: DrafterSettings) -> None:
+    if not settings.draft:
+      raise ConfigError("config.draft is empty but config.drafter is 'eagle': give the head's directory")
+    check_vocab_options(settings.options, settings.group)
+    cls.check_tree_children(settings)
+
+  @classmethod
+  def build(cls, settings: DrafterSettings, target: LoadedModel, draft: LoadedModel | None,
+            log: Callable[[str], None] = print) -> tuple[EagleDrafter, dict]:
+    from specjax.speculative.drafters.eagle_io import load_head  # eagle_io imports this module
+
+    config, params, vocab = load_head(settings.draft, target.config)
+    coverage, size = None, settings.options.vocab
+    if vocab is None:
+      vocab, coverage = restricted_draft_head(size, settings.options.vocab_corpus, target, target, log)
+    elif size not in (0, vocab.tokens_N.shape[0]):
+      raise ConfigError(f"{settings.field('vocab')} {size}: the head {settings.draft} brings its own restricted "
+                        f"vocabulary of {vocab.tokens_N.shape[0]} tokens (set it to 0 or to that size)")
+    drafter = cls(config, params, target.config, target.params, vocab,
+                  cache_sharding=partitioning.cache_sharding(config.block, target.part), tree=settings.tree,
+                  tree_children=settings.tree_children)
+    return drafter, {"eagle_feature_layers": list(config.feature_layers), "draft_vocab_coverage": coverage}
 
   @property
   def feature_layers(self) -> tuple[int, ...]:
@@ -209,8 +245,9 @@ class EagleDrafter:
   def vocab_size(self) -> int:
     return self.target_config.vocab_size
 
-  def verify_widths(self, k: int) -> tuple[int, ...]:
-    return (k + 1,)
+  @property
+  def cache_config(self) -> ModelConfig:
+    return self.config.block
 
   def check(self, target_config: ModelConfig) -> None:
     check_head(self.config, self.params, target_config, self.vocab)
@@ -224,21 +261,12 @@ class EagleDrafter:
     read 2D, not D: a few percent more in a block)."""
     return DraftPass(self.target_config, self.target_params, self.vocab, layers=(0,))
 
-  def storage(self, batch_size: int, max_len: int) -> KVCache:
-    return init_cache(self.config.block, batch_size, max_len, self.cache_sharding)
-
-  def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
-    if storage.batch_size != len(prompt_lengths_B):
-      raise ValueError(f"EAGLE head cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
-    # `commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1 nodes;
-    # a dynamic tree's proposal: the root and its frontier chunks).
-    extra = k if self.tree is None else max(k, self.tree.num_nodes - 1,
-                                            self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
-    generation.check_fits("speculative generate (EAGLE head)", prompt_lengths_B, max_new_tokens, extra,
-                          storage.max_len, self.config.block.max_positions)
-
-  def storage_of(self, state: EagleState) -> KVCache:
-    return state.cache
+  def lookahead(self, k: int) -> int:
+    """`commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1
+    nodes; a dynamic tree's proposal: the root and its frontier chunks)."""
+    if self.tree is None:
+      return k
+    return max(k, self.tree.num_nodes - 1, self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
 
   def _embedding(self) -> jax.Array:
     return self.target_params["embed"]["embedding"]

@@ -12,16 +12,19 @@ draft distribution). With every layer selected the draft equals the target and i
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
+import ml_collections
 
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.drafters.base import DraftPass
+from specjax.errors import ConfigError
+from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter
 from specjax.speculative.proposal import Proposal, full
 
 
@@ -33,31 +36,50 @@ def parse_layers(spec: str, n_layers: int) -> tuple[int, ...]:
     try:
       start, end = int(first), int(last if dash else first)
     except ValueError:
-      raise ValueError(f"draft_layers {spec!r}: {part!r} is not a layer index or a range like 0-11") from None
+      raise ValueError(f"layers {spec!r}: {part!r} is not a layer index or a range like 0-11") from None
     if start > end:
-      raise ValueError(f"draft_layers {spec!r}: range {part!r} runs backwards")
+      raise ValueError(f"layers {spec!r}: range {part!r} runs backwards")
     layers.update(range(start, end + 1))
   if not layers:
-    raise ValueError(f"draft_layers {spec!r} selects no layer")
+    raise ValueError(f"layers {spec!r} selects no layer")
   if min(layers) < 0 or max(layers) >= n_layers:
-    raise ValueError(f"draft_layers {spec!r} must lie in 0-{n_layers - 1} (the target has {n_layers} layers)")
+    raise ValueError(f"layers {spec!r} must lie in 0-{n_layers - 1} (the target has {n_layers} layers)")
   return tuple(sorted(layers))
 
 
-@flax.struct.dataclass
-class LayerSkipDrafter:
+class LayerSkipDrafter(ModelBackedDrafter):
   """The target (`config`, `params`: the target's own arrays, not a copy) run through `layers` only."""
 
+  name: ClassVar[str] = "layer_skip"
   config: ModelConfig = flax.struct.field(pytree_node=False)
   params: Params
   layers: tuple[int, ...] = flax.struct.field(pytree_node=False)
 
+  @classmethod
+  def config_group(cls) -> ml_collections.ConfigDict:
+    group = ml_collections.ConfigDict()
+    group.layers = ""  # the target's layers that draft, e.g. "0-11" or "0,2,4-9,27"
+    return group
+
+  @classmethod
+  def check_config(cls, settings: DrafterSettings) -> None:
+    super().check_config(settings)  # no trees
+    try:
+      parse_layers(settings.options.layers, n_layers=2**31)  # the syntax now; the range once the target is known
+    except ValueError as e:
+      raise ConfigError(f"config.layer_skip.{e}") from None
+
+  @classmethod
+  def build(cls, settings: DrafterSettings, target, draft, log=print) -> tuple[LayerSkipDrafter, dict]:
+    try:
+      layers = parse_layers(settings.options.layers, target.config.n_layers)
+    except ValueError as e:
+      raise ConfigError(f"config.layer_skip.{e}") from None
+    return cls(target.config, target.params, layers), {"draft_layers": list(layers)}
+
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
-
-  def verify_widths(self, k: int) -> tuple[int, ...]:
-    return (k + 1,)  # the verify pass must overwrite every speculative write: always the full block
 
   def check(self, target_config: ModelConfig) -> None:
     if target_config != self.config:
@@ -70,19 +92,6 @@ class LayerSkipDrafter:
 
   def draft_pass(self) -> DraftPass:
     return DraftPass(self.config, self.params, layers=self.layers)
-
-  def storage(self, batch_size: int, max_len: int) -> None:
-    return None  # no cache of its own
-
-  def check_fits(self, storage: None, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
-    pass  # it writes only inside the target's K + 1 block, which the target's own check covers
-
-  def storage_of(self, state: None) -> None:
-    return None
-
-  def init(self, storage: None, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
-           target_cache: KVCache) -> None:
-    return None  # the target's prefill filled every layer of the shared cache
 
   def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, k: int) -> tuple[Proposal, None, KVCache]:
@@ -100,7 +109,3 @@ class LayerSkipDrafter:
     probs_BxKxV = None if probs_KxBxV is None else probs_KxBxV.transpose(1, 0, 2)
     return (full(tokens_KxB.T, probs_BxKxV, calls=k), None,
             cache.replace(lengths=target_cache.lengths))
-
-  def commit(self, state: None, proposal: Proposal, num_committed_B: jax.Array,
-             target_hidden_BxK1xD: jax.Array) -> None:
-    return None

@@ -33,22 +33,29 @@ draft cannot embed (W <= id < V: prompt tokens or target draws there) are fed to
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
+import ml_collections
 
-from specjax import generation
+from specjax import partitioning
+from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import CacheSharding, KVCache, init_cache
+from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
-from specjax.speculative.drafters.base import DraftPass, short_proposal_widths
+from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, short_proposal_widths
+from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_logits,
+                                                     restricted_draft_head)
 from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
 from specjax.speculative.trees.drafting import CHILDREN, draft_tree
+
+if TYPE_CHECKING:
+  from specjax.models.load import LoadedModel
 
 
 @flax.struct.dataclass
@@ -60,33 +67,81 @@ class ModelDraftState:
   node_slots: jax.Array | None = None  # [B, N + 1] int32, dynamic trees: each node's cache slot beyond the root
 
 
-@flax.struct.dataclass
-class ModelDrafter:
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+  """The acceptance ratio compares probabilities of the same token ids: the tokenizers must agree on
+  every id both heads score. The heads may differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936
+  against Qwen2.5-7B's 152,064): the acceptance rule gives the smaller one probability 0 beyond it."""
+  shared = min(draft.config.vocab_size, target.config.vocab_size)
+  if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
+    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers: some id "
+                     f"below {shared} (the range both heads score) maps to different tokens")
+
+
+class ModelDrafter(ModelBackedDrafter):
   """A small model drafting K tokens per round from its own cache (see the module docstring)."""
 
+  name: ClassVar[str] = "model"
+  loads_draft_model: ClassVar[bool] = True
   config: ModelConfig = flax.struct.field(pytree_node=False)
   params: Params
   head: DraftHead | None = None
   stop_threshold: float = flax.struct.field(pytree_node=False, default=0.0)  # in [0, 1); 0 = off
-  cache_sharding: CacheSharding | None = flax.struct.field(pytree_node=False, default=None)  # where the draft cache lies
+  cache_sharding: Any = flax.struct.field(pytree_node=False, default=None)  # the draft cache's placement on a mesh
   # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
   tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
 
+  @classmethod
+  def config_group(cls) -> ml_collections.ConfigDict:
+    group = add_vocab_options(ml_collections.ConfigDict())
+    group.stop_threshold = 0.0  # a row stops drafting when the draft's top probability falls below this
+    #                             (0 = off; in [0, 1))
+    return group
+
+  @classmethod
+  def check_config(cls, settings: DrafterSettings) -> None:
+    if not settings.draft:
+      raise ConfigError("config.draft is empty but config.drafter is 'model' (or choose drafter 'ngram' or "
+                        "'layer_skip', which need no draft model)")
+    check_vocab_options(settings.options, settings.group)
+    threshold = settings.options.stop_threshold
+    if not 0.0 <= threshold < 1.0:
+      raise ConfigError(f"{settings.field('stop_threshold')} must be in [0, 1) (0 = off), got {threshold}")
+    if settings.tree is not None and threshold:
+      raise ConfigError(f"config.tree and {settings.field('stop_threshold')} exclude each other: a tree drafter "
+                        f"does not stop early")
+    cls.check_tree_children(settings)
+
+  @classmethod
+  def build(cls, settings: DrafterSettings, target: LoadedModel, draft: LoadedModel | None,
+            log: Callable[[str], None] = print) -> tuple[ModelDrafter, dict]:
+    if draft is None:
+      raise ValueError("drafter 'model' needs a loaded draft model")
+    check_compatible(target, draft)
+    head, coverage = restricted_draft_head(settings.options.vocab, settings.options.vocab_corpus, target, draft,
+                                           log)
+    drafter = cls(draft.config, draft.params, head, stop_threshold=settings.options.stop_threshold,
+                  cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree, tree_children=settings.tree_children)
+    return drafter, {"draft_vocab_coverage": coverage}
+
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
+
+  @property
+  def cache_config(self) -> ModelConfig:
+    return self.config
 
   def verify_widths(self, k: int) -> tuple[int, ...]:
     return short_proposal_widths(k) if self.stop_threshold else (k + 1,)
 
   def check(self, target_config: ModelConfig) -> None:
     if self.tree is not None and self.stop_threshold:
-      raise ValueError("a tree drafter does not stop early: set draft_stop_threshold to 0")
+      raise ValueError("a tree drafter does not stop early: set the stop threshold to 0")
     if self.tree_children not in CHILDREN:
       raise ValueError(f"tree_children must be one of {CHILDREN}, got {self.tree_children!r}")
     if not 0.0 <= self.stop_threshold < 1.0:
-      raise ValueError(f"draft_stop_threshold must be in [0, 1) (0 = off), got {self.stop_threshold}")
+      raise ValueError(f"stop_threshold must be in [0, 1) (0 = off), got {self.stop_threshold}")
     if self.head is not None and self.head.weight_NxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_NxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
@@ -94,22 +149,10 @@ class ModelDrafter:
   def draft_pass(self) -> DraftPass:
     return DraftPass(self.config, self.params, self.head)
 
-  def storage(self, batch_size: int, max_len: int) -> KVCache:
-    return init_cache(self.config, batch_size, max_len, self.cache_sharding)
-
-  def check_fits(self, storage: KVCache, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
-    if storage.batch_size != len(prompt_lengths_B):
-      raise ValueError(f"draft cache has {storage.batch_size} rows for {len(prompt_lengths_B)} prompts")
-    # The draft runs at most K tokens past the point where the target's block starts (a tree: writes
-    # its N + 1 nodes from there).
-    if self.tree is not None:
-      self.tree.check_fits(storage.max_len, "draft cache")
-    generation.check_fits("speculative generate (draft)", prompt_lengths_B, max_new_tokens,
-                          k - 1 if self.tree is None else self.tree.draft_slots - 2, storage.max_len,
-                          self.config.max_positions)
-
-  def storage_of(self, state: ModelDraftState) -> KVCache:
-    return state.cache
+  def lookahead(self, k: int) -> int:
+    """The draft runs at most K tokens past the point where the target's block starts (a tree: writes
+    its N + 1 nodes from there)."""
+    return k - 1 if self.tree is None else self.tree.draft_slots - 2
 
   def _embeddable(self, tokens: jax.Array) -> jax.Array:
     """`tokens` with ids beyond the draft's vocabulary replaced by its last id: `jnp.take` would embed

@@ -1,0 +1,141 @@
+"""`specjax.Decoder`: load the models once, generate many times, from a notebook or a script.
+
+    import specjax
+    dec = specjax.Decoder(target="qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
+    out = dec.generate(["def quicksort(xs):"], max_new_tokens=64, temperature=0.0)
+    out.texts, out.token_ids, out.stats   # stats: tokens/s, alpha_hat, mean accepted length, ...
+
+Keyword arguments are decode-config fields (`specjax.decode_config`): top-level ones by name, a
+drafter's group as a dict (`ngram={"min": 2}`) or by dotted name (`**{"ngram.min": 2}`), with the
+same one-line `ConfigError`s as the command line. `drafter` is a registered name, an import path
+"package.module:ClassName" or a built Drafter instance. `generate` may change anything but the fields
+that decide which models are loaded and how (`decode_spec.LOAD_FIELDS`): the models stay loaded, a
+drafter is built once per distinct setting, and what does not recompile on the command line does not
+recompile here (sampling knobs, budgets up to the compiled width, prompts of the same padded shape).
+`python -m specjax.decode` is a thin layer over `Decoder.from_config` and `Decoder.run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from specjax import decode_config, decode_spec, mesh as meshes, pipeline
+from specjax.cli import unknown_field
+from specjax.decode_spec import DecodeSpec
+from specjax.errors import ConfigError
+from specjax.speculative.drafters.base import Drafter
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """What one `Decoder.generate` call produced."""
+
+  texts: list[str]  # the generated text of each prompt (the prompt excluded)
+  token_ids: list[list[int]]  # its token ids (EOS included when hit)
+  stats: dict[str, Any]  # tokens_per_second, alpha_hat, mean_accepted_length, per_position_acceptance, ...
+  results: dict[str, Any]  # everything `pipeline.run` returns: per-prompt stats, the config, the machine
+
+
+def apply_fields(cfg: ml_collections.ConfigDict, fields: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `cfg` with `fields` set: names or dotted names, a dict for a whole group. Unknown and
+  renamed fields, and values of the wrong type, fail with one line naming the field."""
+  cfg = decode_spec.unlocked_copy(cfg)  # a drafter by import path may add its group
+  flat: dict[str, Any] = {}
+  for name, value in fields.items():
+    if isinstance(value, dict):
+      flat.update({f"{name}.{inner}": v for inner, v in value.items()})
+    else:
+      flat[name] = value
+  for path, value in flat.items():
+    if path in decode_config.RENAMED:
+      raise ConfigError(f"config.{path} is now config.{decode_config.RENAMED[path]}")
+    if path == "drafter" and isinstance(value, str) and cfg.get("mode") == "speculative":
+      cfg.drafter = value
+      cfg = decode_spec.with_drafter_group(cfg)
+      continue
+    message = unknown_field(cfg, path)
+    if message:
+      raise ConfigError(message)
+    *groups, leaf = path.split(".")
+    node = cfg
+    for group in groups:
+      node = node[group]
+    try:
+      node[leaf] = tuple(value) if isinstance(value, list) else value
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"config.{path}: {e}") from None
+  return cfg
+
+
+class Decoder:
+  """A target (and a draft model when the drafter needs one) loaded once, generating many times."""
+
+  def __init__(self, target: str | None = None, drafter: str | Drafter | None = None, draft: str | None = None,
+               *, config: ml_collections.ConfigDict | None = None, log: Callable[[str], None] | None = None,
+               **fields):
+    """`config` (default: `decode_config.default_config()`) with `target`, `drafter`, `draft` and
+    `fields` set; loads the models at once."""
+    silent = lambda message: None
+    self._log = (log or silent) if meshes.is_main_process() else silent
+    self._drafter_instance = drafter if isinstance(drafter, Drafter) else None
+    given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
+    if isinstance(drafter, str):
+      given["drafter"] = drafter
+    elif self._drafter_instance is not None:
+      given["drafter"] = type(drafter).registered_as()
+    self._config = apply_fields(config if config is not None else decode_config.default_config(),
+                                {**given, **fields})
+    spec = self._spec(self._config)
+    pipeline.check_inputs(spec)  # a bad prompts file or output location fails before the models load
+    self.target, self.draft = pipeline.load_models(spec, self._log)
+    self._drafters: dict[tuple, tuple[Drafter, dict]] = {}
+
+  @classmethod
+  def from_config(cls, cfg: ml_collections.ConfigDict, log: Callable[[str], None] | None = None) -> Decoder:
+    return cls(config=cfg, log=log)
+
+  @property
+  def config(self) -> ml_collections.FrozenConfigDict:
+    """The decode config the models were loaded for."""
+    return ml_collections.FrozenConfigDict(self._config)
+
+  def _spec(self, cfg: ml_collections.ConfigDict) -> DecodeSpec:
+    return decode_spec.from_config(cfg, self._drafter_instance)
+
+  def _drafter(self, spec: DecodeSpec) -> tuple[Drafter, dict] | None:
+    """The built drafter of `spec`, built once per distinct drafter setting."""
+    if not spec.speculative:
+      return None
+    if self._drafter_instance is not None:
+      return self._drafter_instance, {}
+    settings = spec.drafter_settings
+    key = (spec.drafter, settings.group, settings.options.to_json(), settings.draft, repr(settings.tree),
+           settings.tree_children)
+    if key not in self._drafters:
+      self._drafters[key] = pipeline.build_drafter(spec, self.target, self.draft, self._log)
+    return self._drafters[key]
+
+  def run(self, **fields) -> dict[str, Any]:
+    """Decodes the config's own prompts (`prompts` or `prompts_file`), with `fields` changed; returns
+    `pipeline.run`'s results (also written to `output` when set)."""
+    cfg = apply_fields(self._config, fields)
+    for name in decode_spec.LOAD_FIELDS:
+      if cfg[name] != self._config[name]:
+        raise ConfigError(f"config.{name} changes the loaded models ({self._config[name]!r} -> {cfg[name]!r}): "
+                          f"make a new Decoder")
+    spec = self._spec(cfg)
+    if spec.loads_draft_model and self.draft is None:
+      raise ConfigError(f"config.drafter {cfg.drafter!r} needs a draft model, which this Decoder did not load: "
+                        f"make a new Decoder with it")
+    return pipeline.run(spec, self._log, models=(self.target, self.draft), drafter=self._drafter(spec))
+
+  def generate(self, prompts: str | Sequence[str], **fields) -> Generation:
+    """Decodes `prompts` (a string or a sequence of them) with `fields` changed for this call only."""
+    prompts = (prompts,) if isinstance(prompts, str) else tuple(prompts)
+    results = self.run(**{**fields, "prompts": prompts, "prompts_file": ""})
+    outputs = results["outputs"]
+    return Generation(texts=[o["text"] for o in outputs], token_ids=[o["token_ids"] for o in outputs],
+                      stats=results["stats"], results=results)

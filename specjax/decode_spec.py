@@ -1,0 +1,150 @@
+"""A decode config, checked and parsed once into a frozen `DecodeSpec`: the library behind
+`python -m specjax.decode`, `specjax.Decoder` and the sweeps works from the spec, never from the raw
+ConfigDict at depth. Every check names the field and runs before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import ml_collections
+
+from specjax import decode_config, mesh as meshes, partitioning
+from specjax.errors import ConfigError
+from specjax.models.load import SCAN_LAYERS
+from specjax.sampling import SamplingParams, sampling_params
+from specjax.speculative.drafters import registry
+from specjax.speculative.drafters.base import Drafter, DrafterSettings
+from specjax.speculative.trees.dynamic import DynamicSpec
+from specjax.speculative.trees.tree import Tree, parse
+
+MODES = ("speculative", "autoregressive")
+DTYPES = ("float32", "bfloat16")
+DRAFT_SHARDINGS = ("same", "replicated")
+# Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload).
+LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers",
+               "attention_block", "prefill_chunk")
+# Top-level fields that only speculative runs read; every drafter group is speculative-only too.
+SPECULATIVE_FIELDS = ("k", "drafter", "draft", "tree", "tree_children")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+  """A validated decode config with its parsed parts."""
+
+  config: ml_collections.FrozenConfigDict  # every field, as given (read-only)
+  drafter: type[Drafter] | None  # the drafter's class; None in autoregressive mode
+  drafter_settings: DrafterSettings | None  # what it is checked and built from; None in autoregressive mode
+  sampling: SamplingParams  # temperature, top-k, top-p
+  k: int  # draft tokens per round: config.k, or the tree's depth
+  verify_width: int  # tokens one verify pass feeds: K + 1, or the tree's nodes and root
+
+  @property
+  def speculative(self) -> bool:
+    return self.drafter is not None
+
+  @property
+  def tree(self) -> Tree | DynamicSpec | None:
+    return None if self.drafter_settings is None else self.drafter_settings.tree
+
+  @property
+  def loads_draft_model(self) -> bool:
+    return self.speculative and self.drafter.loads_draft_model
+
+
+def speculative_fields(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The fields of `cfg` that only speculative runs read: `SPECULATIVE_FIELDS` and every drafter group."""
+  groups = tuple(name for name, value in cfg.items() if isinstance(value, ml_collections.ConfigDict))
+  return SPECULATIVE_FIELDS + groups
+
+
+def unlocked_copy(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `cfg` that takes new fields (the command line's config is locked)."""
+  copy = cfg.copy_and_resolve_references()
+  copy.unlock()
+  return copy
+
+
+def with_drafter_group(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `cfg` with the config group of the drafter it names added when it lacks it (a drafter
+  given by import path); the registered drafters' groups are in `default_config` already."""
+  cfg = unlocked_copy(cfg)
+  if cfg.get("mode") == "speculative" and isinstance(cfg.get("drafter"), str):
+    drafter = registry.resolve(cfg.drafter)
+    if drafter.config_key() not in cfg:
+      cfg[drafter.config_key()] = drafter.config_group()
+  return cfg
+
+
+def check_fields(cfg: ml_collections.ConfigDict) -> None:
+  """Every field of `cfg` is a decode field: a renamed one names its new place, an unknown one its
+  closest known names."""
+  known = set(decode_config.default_config().keys())
+  for name in cfg.keys():
+    if name in known or isinstance(cfg[name], ml_collections.ConfigDict):
+      continue
+    if name in decode_config.RENAMED:
+      raise ConfigError(f"config.{name} is now config.{decode_config.RENAMED[name]}")
+    raise ConfigError(f"unknown config field {name!r}; known fields: {', '.join(sorted(known))}")
+
+
+def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
+  def require(ok: bool, message: str) -> None:
+    if not ok:
+      raise ConfigError(message)
+
+  require(cfg.mode in MODES, f"config.mode must be one of {MODES}, got {cfg.mode!r}")
+  require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
+  require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got "
+          f"{cfg.scan_layers!r}")
+  require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,
+          f"config.attention_block must be an integer >= 0 (0 = dense), got {cfg.attention_block}")
+  require(int(cfg.prefill_chunk) == cfg.prefill_chunk and cfg.prefill_chunk >= 1,
+          f"config.prefill_chunk must be an integer >= 1, got {cfg.prefill_chunk}")
+  require(bool(cfg.target), "config.target is empty: give a .gguf file, an HF directory, a registry name or a "
+          "hub name org/name[@revision]")
+  require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
+          f"got {cfg.k}")
+  require(cfg.max_new_tokens >= 1, f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+  require(cfg.batch_size >= 1, f"config.batch_size must be >= 1, got {cfg.batch_size}")
+  require(bool(cfg.prompts) or bool(cfg.prompts_file),
+          "no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
+  for i, prompt in enumerate(() if cfg.prompts_file else cfg.prompts):
+    require(isinstance(prompt, str), f"config.prompts[{i}] must be a string, got {type(prompt).__name__} "
+            f"{prompt!r}")
+  require(cfg.mesh_indivisible in partitioning.INDIVISIBLE, f"config.mesh_indivisible must be one of "
+          f"{partitioning.INDIVISIBLE}, got {cfg.mesh_indivisible!r}")
+  require(cfg.draft_sharding in DRAFT_SHARDINGS, f"config.draft_sharding must be one of {DRAFT_SHARDINGS}, "
+          f"got {cfg.draft_sharding!r}")
+  try:
+    data = meshes.axis_sizes(cfg.mesh, jax.device_count())[0] if cfg.mesh.strip() else 1
+    sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  require(cfg.batch_size % data == 0, f"config.batch_size {cfg.batch_size} does not split over the mesh's "
+          f"data axis of size {data}: use a multiple of {data}")
+  return sampling
+
+
+def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) -> DecodeSpec:
+  """The spec of `cfg`; a `ConfigError` naming the field for anything that cannot work. `drafter`, a
+  built Drafter instance, replaces `config.drafter` (its class is still checked against the settings)."""
+  cfg = with_drafter_group(cfg) if drafter is None else unlocked_copy(cfg)
+  check_fields(cfg)
+  sampling = _check_top_level(cfg)
+  if cfg.mode != "speculative":
+    return DecodeSpec(ml_collections.FrozenConfigDict(cfg), None, None, sampling, cfg.k, cfg.k + 1)
+  cls = type(drafter) if drafter is not None else registry.resolve(cfg.drafter)
+  try:
+    tree = parse(cfg.tree)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  key = cls.config_key()
+  options = cfg[key] if key in cfg else cls.config_group()
+  settings = DrafterSettings(group=key, options=ml_collections.FrozenConfigDict(options), draft=cfg.draft,
+                             tree=tree, tree_children=cfg.tree_children,
+                             k=cfg.k if tree is None else tree.max_depth)
+  cls.check_config(settings)
+  width = cfg.k + 1 if tree is None else tree.num_nodes
+  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width)

@@ -1,0 +1,97 @@
+"""`specjax.Decoder` and the plug-in interface: the README's own drafter, written outside specjax, decodes
+through the command line and the Python API with the target's greedy output; a Decoder loads once and
+generates with new sampling knobs without reloading or recompiling; bad fields fail with one line."""
+
+import json
+import sys
+
+import pytest
+
+import specjax
+from specjax import decode_spec, pipeline
+from specjax.errors import ConfigError
+from specjax.speculative import loop
+from tests.helpers.cli import cli_config, decode_in_process
+from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
+from tests.helpers.readme import python_block
+
+PROMPTS = ("abcabcabcab", "def add(a, b): return a + b\ndef add(a, b): ret")  # repeats: LastMatch proposes
+
+
+@pytest.fixture(scope="module")
+def readme_drafter(tmp_path_factory):
+  """The README's example drafter as the module `my_drafters` in a directory of its own on sys.path."""
+  source = python_block("class LastMatch(HistoryDrafter)")
+  assert len(source.strip().splitlines()) <= 25  # "a drafter in one file", shown in full
+  directory = tmp_path_factory.mktemp("plugin")
+  (directory / "my_drafters.py").write_text(source)
+  sys.path.insert(0, str(directory))
+  yield "my_drafters:LastMatch"
+  sys.path.remove(str(directory))
+  sys.modules.pop("my_drafters", None)
+
+
+def test_the_readme_drafter_keeps_the_targets_greedy_output_through_the_cli_and_the_decoder(
+    model_dirs, readme_drafter, tmp_path):
+  dec = specjax.Decoder(config=cli_config(model_dirs, drafter=readme_drafter, prompts=PROMPTS))
+  assert dec.draft is None  # a history drafter loads no draft model
+  out = dec.generate(PROMPTS)
+  baseline = dec.generate(PROMPTS, mode="autoregressive")
+  assert out.token_ids == baseline.token_ids and out.texts == baseline.texts
+  assert out.stats["acceptance"]["proposed"] > 0 and out.stats["draft_calls"] == 0  # it did propose; no model ran
+
+  instance = sys.modules["my_drafters"].LastMatch(vocab_size=dec.target.config.vocab_size)
+  by_instance = specjax.Decoder(config=cli_config(model_dirs, prompts=PROMPTS), drafter=instance)
+  assert by_instance.draft is None and by_instance.generate(PROMPTS).token_ids == baseline.token_ids
+
+  output = tmp_path / "out.json"
+  status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
+                                      f"--config.drafter={readme_drafter}", f"--config.output={output}",
+                                      f"--config.prompts={PROMPTS!r}"])
+  assert status == 0, stderr
+  assert [o["token_ids"] for o in json.load(open(output))["outputs"]] == baseline.token_ids
+
+
+def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompiling(model_dirs, monkeypatch):
+  loads = []
+  original_load = pipeline.load_models
+  monkeypatch.setattr(pipeline, "load_models", lambda *a, **k: loads.append(1) or original_load(*a, **k))
+  dec = specjax.Decoder(config=cli_config(model_dirs))
+  greedy = dec.generate(["def add(a, b):", "hello"], temperature=0.0)
+  assert greedy.token_ids == dec.generate(["def add(a, b):", "hello"], mode="autoregressive").token_ids
+  assert set(greedy.stats) >= {"tokens_per_second", "alpha_hat", "mean_accepted_length", "per_position_acceptance"}
+  assert greedy.texts == [dec.target.tokenizer.decode(ids) for ids in greedy.token_ids]
+
+  first = dec.generate(["hello", "abc"], temperature=0.7, seed=1)
+  compiled = loop._generate._cache_size()
+  second = dec.generate(["abc", "x = 1"], temperature=1.0, seed=2, top_k=0)
+  assert loop._generate._cache_size() == compiled  # other knobs, other prompts: the same program
+  assert first.results["config"]["temperature"] == 0.7 and second.results["config"]["temperature"] == 1.0
+
+  ngram = dec.generate(["abcabcabc"], drafter="ngram", ngram={"min": 1, "max": 2})  # another drafter, same target
+  assert ngram.token_ids == dec.generate(["abcabcabc"], mode="autoregressive").token_ids
+  assert ngram.results["config"]["ngram"] == {"min": 1, "max": 2}
+  assert len(loads) == 1  # every call above reused the models loaded once
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(dtype="bfloat16"), "config.dtype changes the loaded models"),
+    (dict(ngram_mni=2), "unknown config field 'ngram_mni'"),
+    (dict(ngram_min=2), "config.ngram_min is now config.ngram.min"),
+    ({"ngram.mn": 2}, r"unknown config field 'ngram.mn' \(did you mean 'ngram.min'\?\)"),
+    (dict(k="five"), "config.k"),
+    (dict(drafter="ngram", ngram={"min": 0}), "config.ngram.min must be an integer >= 1")])
+def test_bad_fields_fail_with_one_line_naming_them(model_dirs, fields, message):
+  dec = specjax.Decoder(config=cli_config(model_dirs, drafter="ngram", draft=""))
+  with pytest.raises(ConfigError, match=message):
+    dec.generate(["hello"], **fields)
+
+
+def test_old_flat_fields_name_their_new_place_on_the_command_line_and_in_config_files():
+  status, stderr = decode_in_process(["--config=configs/tiny.py", "--config.draft_layers=0-1"])
+  assert status == 2 and stderr.strip() == "error: config.draft_layers is now config.layer_skip.layers"
+  cfg = cli_config(["target", "draft"])
+  cfg.unlock()
+  cfg.draft_stop_threshold = 0.5  # a config file written for the flat fields
+  with pytest.raises(ConfigError, match=r"config.draft_stop_threshold is now config.model.stop_threshold"):
+    decode_spec.from_config(cfg)
