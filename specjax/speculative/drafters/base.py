@@ -49,7 +49,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import SamplingParams
 from specjax.speculative.proposal import Proposal
-from specjax.speculative.trees.drafting import CHILDREN
+from specjax.speculative.trees.drafting import children_error
 from specjax.speculative.trees.dynamic import DynamicSpec
 from specjax.speculative.trees.tree import Tree
 
@@ -219,8 +219,9 @@ class ModelBackedDrafter(Drafter):
 
   @classmethod
   def check_tree_children(cls, settings: DrafterSettings) -> None:
-    if settings.tree_children not in CHILDREN:
-      raise ConfigError(f"config.tree_children must be one of {CHILDREN}, got {settings.tree_children!r}")
+    error = children_error(settings.tree_children)
+    if error:
+      raise ConfigError(f"config.{error}")
 
   def storage(self, batch_size: int, max_len: int) -> KVCache | None:
     config = self.cache_config

@@ -56,7 +56,7 @@ from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_option
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import CHILDREN, grow_tree
+from specjax.speculative.trees.drafting import children_error, grow_tree
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
@@ -253,8 +253,8 @@ class EagleDrafter(ModelBackedDrafter):
     check_head(self.config, self.params, target_config, self.vocab)
     if self.tree is not None and not isinstance(self.tree, (Tree, DynamicSpec)):
       raise ValueError(f"the EAGLE drafter's tree must be a static Tree or a DynamicSpec, got {self.tree!r}")
-    if self.tree_children not in CHILDREN:
-      raise ValueError(f"tree_children must be one of {CHILDREN}, got {self.tree_children!r}")
+    if children_error(self.tree_children):
+      raise ValueError(children_error(self.tree_children))
 
   def draft_pass(self) -> DraftPass:
     """Approximately one head pass: one block of the target's and its output head (the head's q/k/v

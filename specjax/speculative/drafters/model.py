@@ -52,7 +52,7 @@ from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_option
 from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import CHILDREN, draft_tree
+from specjax.speculative.trees.drafting import children_error, draft_tree
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
@@ -75,6 +75,16 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
   if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
     raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers: some id "
                      f"below {shared} (the range both heads score) maps to different tokens")
+
+
+def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | None:
+  """What is wrong with the early-stop threshold, the tree and its children (None when nothing is),
+  starting with the setting's name ("stop_threshold ...", "tree ...", "tree_children ...")."""
+  if not 0.0 <= stop_threshold < 1.0:
+    return f"stop_threshold must be in [0, 1) (0 = off), got {stop_threshold}"
+  if tree is not None and stop_threshold:
+    return "tree and the stop_threshold exclude each other: a tree drafter does not stop early"
+  return children_error(tree_children)
 
 
 class ModelDrafter(ModelBackedDrafter):
@@ -104,13 +114,9 @@ class ModelDrafter(ModelBackedDrafter):
       raise ConfigError("config.draft is empty but config.drafter is 'model' (or choose drafter 'ngram' or "
                         "'layer_skip', which need no draft model)")
     check_vocab_options(settings.options, settings.group)
-    threshold = settings.options.stop_threshold
-    if not 0.0 <= threshold < 1.0:
-      raise ConfigError(f"{settings.field('stop_threshold')} must be in [0, 1) (0 = off), got {threshold}")
-    if settings.tree is not None and threshold:
-      raise ConfigError(f"config.tree and {settings.field('stop_threshold')} exclude each other: a tree drafter "
-                        f"does not stop early")
-    cls.check_tree_children(settings)
+    error = _settings_error(settings.options.stop_threshold, settings.tree, settings.tree_children)
+    if error:
+      raise ConfigError(f"config.{'model.' if error.startswith('stop') else ''}{error}")
 
   @classmethod
   def build(cls, settings: DrafterSettings, target: LoadedModel, draft: LoadedModel | None,
@@ -136,12 +142,9 @@ class ModelDrafter(ModelBackedDrafter):
     return short_proposal_widths(k) if self.stop_threshold else (k + 1,)
 
   def check(self, target_config: ModelConfig) -> None:
-    if self.tree is not None and self.stop_threshold:
-      raise ValueError("a tree drafter does not stop early: set the stop threshold to 0")
-    if self.tree_children not in CHILDREN:
-      raise ValueError(f"tree_children must be one of {CHILDREN}, got {self.tree_children!r}")
-    if not 0.0 <= self.stop_threshold < 1.0:
-      raise ValueError(f"stop_threshold must be in [0, 1) (0 = off), got {self.stop_threshold}")
+    error = _settings_error(self.stop_threshold, self.tree, self.tree_children)
+    if error:
+      raise ValueError(error)
     if self.head is not None and self.head.weight_NxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_NxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")

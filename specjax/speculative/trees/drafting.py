@@ -34,6 +34,11 @@ from specjax.speculative.trees.tree import Tree
 CHILDREN = ("iid", "without_replacement", "top")
 
 
+def children_error(tree_children: str) -> str | None:
+  """Why `tree_children` is not a way to draw a static tree's children (None when it is one)."""
+  return None if tree_children in CHILDREN else f"tree_children must be one of {CHILDREN}, got {tree_children!r}"
+
+
 def _next_level(tree: Tree, depth: int) -> tuple[list[int], list[int], list[int]]:
   """Static plan of level `depth + 1`: its nodes, their parents' offsets within level `depth`, ranks."""
   first = tree.depth.index(depth)
