@@ -188,7 +188,7 @@ def _memory() -> list[dict]:
 
 
 def _cache_bytes(config: ModelConfig, batch_size: int, cache_len: int) -> int:
-  """Bytes of one model's K and V cache: 2 x [layers, B, S, H_kv, D_h] in its dtype."""
+  """Bytes of one model's K and V cache: 2 x [layers, B, S, G, Dh] in its dtype."""
   return (2 * config.n_layers * batch_size * cache_len * config.n_kv_heads * config.head_dim *
           config.jnp_dtype.itemsize)
 
@@ -221,15 +221,15 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     else:
       out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
                                     (), sampling, key, out_width=cfg.max_new_tokens)
-    tokens_BxN, counts_B = jax.device_get((out.tokens, out.counts))
-    return time.perf_counter() - start, out, tokens_BxN, counts_B
+    tokens_BxO, counts_B = jax.device_get((out.tokens, out.counts))
+    return time.perf_counter() - start, out, tokens_BxO, counts_B
 
   compile_s = call(1)[0]
   warmup_s = call(cfg.max_new_tokens)[0]
   prefill_s = float(np.median([call(1)[0] for _ in range(cfg.repeats)]))
   runs = [call(cfg.max_new_tokens) for _ in range(cfg.repeats)]
   wall_s = float(np.median([seconds for seconds, *_ in runs]))
-  _, out, tokens_BxN, counts_B = runs[-1]
+  _, out, tokens_BxO, counts_B = runs[-1]
   decode_s = wall_s - prefill_s
   calls = int(out.target_calls) - 1  # target passes after the prefill: steps, or rounds
   row = {"prompt_tokens": length, "batch_size": batch, "mode": mode, "k": k if drafter else None,
@@ -249,14 +249,14 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   log(f"P={length} B={batch} {mode}{f' K={k}' if drafter else ''}: compile {compile_s:.1f} s, prefill "
       f"{prefill_s * 1e3:.1f} ms, " + (f"round {row['round_s'] * 1e3:.2f} ms" if drafter else
                                         f"step {row['step_s'] * 1e3:.2f} ms, {row['tokens_per_second']:.1f} tok/s"))
-  return row, tokens_BxN
+  return row, tokens_BxO
 
 
-def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxN: np.ndarray, tokens_BxN: np.ndarray,
+def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxO: np.ndarray, tokens_BxO: np.ndarray,
            c: float) -> None:
   """Adds to a speculative row what compares it with its autoregressive baseline: c, the round's cost in
   target steps, the greedy comparison, the modelled speedups and (real weights) the measured ones."""
-  equal_B = (tokens_BxN == baseline_tokens_BxN).all(axis=1)
+  equal_B = (tokens_BxO == baseline_tokens_BxO).all(axis=1)
   k, step_s, round_s = row["k"], baseline["step_s"], row["round_s"]
   row.update(cost_ratio_c=c, round_in_target_steps=round_s / step_s,
              greedy_equals_autoregressive=bool(equal_B.all()), rows_equal_autoregressive=int(equal_B.sum()),
@@ -333,11 +333,11 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
         results["verify_costs"].append(verify_costs(cfg, target_config, target_params, batch, length))
         log(f"P={length} B={batch}: T-token verify / step " + ", ".join(
             f"{t}: {v:.2f}" for t, v in results["verify_costs"][-1]["in_target_steps"].items()))
-    row, tokens_BxN = run_cell(cfg, pair, mode, k, prompts_BxP, cache_len, log)
+    row, tokens_BxO = run_cell(cfg, pair, mode, k, prompts_BxP, cache_len, log)
     if mode == AUTOREGRESSIVE:
-      baseline = (row, tokens_BxN)
+      baseline = (row, tokens_BxO)
     else:
-      derive(cfg, row, *baseline, tokens_BxN, c)
+      derive(cfg, row, *baseline, tokens_BxO, c)
     results["cells"].append(row)
     save()
   results["finished"] = not results["skipped"]

@@ -66,14 +66,14 @@ def label(row: dict) -> str:
   if len(row["tree"]) <= 24:
     return f"tree {row['tree']}"
   tree = shape(row)
-  return f"paths N={tree.num_nodes - 1} D={tree.max_depth}"
+  return f"paths N={tree.nodes_with_root - 1} D={tree.max_depth}"
 
 
 def summarize_row(row: dict) -> dict:
   tree = shape(row)
   rounds = max(1, row["target_calls"] - 1)
   return {"label": label(row), "drafter": row.get("drafter") or "model", "tree": row.get("tree") or "",
-          "k": row["k"], "nodes": tree.num_nodes - 1,
+          "k": row["k"], "nodes": tree.nodes_with_root - 1,
           "depth": tree.max_depth, "temperature": row["temperature"], "batch_size": row["batch_size"],
           "tokens_per_round": row["mean_accepted_length"],
           "accepted_per_round": row["mean_accepted_length"] - 1.0,

@@ -24,8 +24,8 @@ from specjax.sampling import SamplingParams, next_tokens
 
 @flax.struct.dataclass
 class _LoopState:
-  cache: KVCache  # target cache holding every committed token but the last ([L, B, S, H_kv, D_h])
-  buffer: generation.OutputBuffer  # generated tokens [B, N], counts [B], done [B]
+  cache: KVCache  # target cache holding every committed token but the last ([L, B, S, G, Dh])
+  buffer: generation.OutputBuffer  # generated tokens [B, O], counts [B], done [B]
   last_token: jax.Array  # [B] int32: newest token, not yet fed to the model
   key: jax.Array  # PRNG key, split once per step
   steps: jax.Array  # [] int32: target forward passes after the prefill

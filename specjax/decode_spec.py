@@ -146,5 +146,5 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
                              tree=tree, tree_children=cfg.tree_children,
                              k=cfg.k if tree is None else tree.max_depth)
   cls.check_config(settings)
-  width = cfg.k + 1 if tree is None else tree.num_nodes
+  width = cfg.k + 1 if tree is None else tree.nodes_with_root
   return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width)

@@ -1,4 +1,4 @@
-"""Choosing a restricted draft head's vocabulary on the host: the N tokens most frequent in a corpus
+"""Choosing a restricted draft head's vocabulary on the host: the Vd tokens most frequent in a corpus
 (FR-Spec), counted once per tokenizer and corpus and cached on disk. `speculative.draft_head` builds
 the head from the chosen ids."""
 
@@ -27,7 +27,7 @@ def token_counts(encode: Callable[[str], list[int]], texts: Iterable[str], vocab
 
 
 def most_frequent(counts_V: np.ndarray, size: int, always: Sequence[int] = ()) -> np.ndarray:
-  """The `size` ids [N] (ascending) with the highest counts, ties broken by the smaller id, always
+  """The `size` ids [Vd] (ascending) with the highest counts, ties broken by the smaller id, always
   including `always` (stop tokens: a draft that cannot propose EOS cannot end a row's block)."""
   vocab_size = counts_V.shape[0]
   if not 1 <= size <= vocab_size:

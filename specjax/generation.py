@@ -17,7 +17,7 @@ class OutputBuffer:
   """Generated tokens per row; row b holds `counts[b]` valid tokens, the rest is garbage until
   `finalize` pads it."""
 
-  tokens: jax.Array  # [B, N] int32: N = largest budget + widest chunk appended at once
+  tokens: jax.Array  # [B, O] int32: O = largest budget + widest chunk appended at once
   counts: jax.Array  # [B] int32: valid tokens per row
   done: jax.Array  # [B] bool: row hit an EOS token or its budget
 
@@ -75,7 +75,7 @@ def empty_buffer(batch_size: int, width: int) -> OutputBuffer:
                       done=jnp.zeros((batch_size,), bool))
 
 
-def append(buffer: OutputBuffer, chunk_BxC: jax.Array, num_new_B: jax.Array, eos_ids_E: jax.Array,
+def append(buffer: OutputBuffer, chunk_BxT: jax.Array, num_new_B: jax.Array, eos_ids_E: jax.Array,
            budget_B: jax.Array) -> tuple[OutputBuffer, jax.Array]:
   """Appends the first `num_new_B[b]` tokens of each live row's chunk, cut after the first EOS and at
   the row's budget. Returns the buffer and how many tokens each row kept ([B] int32).
@@ -83,27 +83,27 @@ def append(buffer: OutputBuffer, chunk_BxC: jax.Array, num_new_B: jax.Array, eos
   The whole chunk is written at the row's offset (a fixed-shape write); whatever lies past the kept
   tokens is overwritten by the next append or padded away by `finalize`.
   """
-  C = chunk_BxC.shape[1]
-  index_C = jnp.arange(C)
-  is_eos_BxC = jnp.any(chunk_BxC[:, :, None] == eos_ids_E[None, None, :], axis=-1)
-  is_eos_BxC &= index_C[None, :] < num_new_B[:, None]
-  first_eos_B = jnp.where(is_eos_BxC.any(axis=1), jnp.argmax(is_eos_BxC, axis=1), C)
+  T = chunk_BxT.shape[1]
+  index_T = jnp.arange(T)
+  is_eos_BxT = jnp.any(chunk_BxT[:, :, None] == eos_ids_E[None, None, :], axis=-1)
+  is_eos_BxT &= index_T[None, :] < num_new_B[:, None]
+  first_eos_B = jnp.where(is_eos_BxT.any(axis=1), jnp.argmax(is_eos_BxT, axis=1), T)
   kept_B = jnp.minimum(jnp.minimum(num_new_B, first_eos_B + 1), budget_B - buffer.counts)
   kept_B = jnp.where(buffer.done, 0, kept_B).astype(jnp.int32)
-  write = lambda row_N, chunk_C, offset: jax.lax.dynamic_update_slice(row_N, chunk_C, (offset,))
-  tokens_BxN = jnp.where(buffer.done[:, None], buffer.tokens,
-                         jax.vmap(write)(buffer.tokens, chunk_BxC, buffer.counts))
+  write = lambda row_O, chunk_T, offset: jax.lax.dynamic_update_slice(row_O, chunk_T, (offset,))
+  tokens_BxO = jnp.where(buffer.done[:, None], buffer.tokens,
+                         jax.vmap(write)(buffer.tokens, chunk_BxT, buffer.counts))
   counts_B = buffer.counts + kept_B
   hit_eos_B = (first_eos_B < kept_B) & ~buffer.done
   done_B = buffer.done | hit_eos_B | (counts_B >= budget_B)
-  return OutputBuffer(tokens=tokens_BxN, counts=counts_B, done=done_B), kept_B
+  return OutputBuffer(tokens=tokens_BxO, counts=counts_B, done=done_B), kept_B
 
 
 def finalize(buffer: OutputBuffer, pad_id: int) -> jax.Array:
-  """[B, N] tokens with everything past each row's count set to `pad_id`."""
-  valid_BxN = jnp.arange(buffer.tokens.shape[1])[None, :] < buffer.counts[:, None]
-  return jnp.where(valid_BxN, buffer.tokens, pad_id)
+  """[B, O] tokens with everything past each row's count set to `pad_id`."""
+  valid_BxO = jnp.arange(buffer.tokens.shape[1])[None, :] < buffer.counts[:, None]
+  return jnp.where(valid_BxO, buffer.tokens, pad_id)
 
 
-def as_token_lists(tokens_BxN: np.ndarray, counts_B: np.ndarray) -> list[list[int]]:
-  return [list(map(int, row[:n])) for row, n in zip(np.asarray(tokens_BxN), np.asarray(counts_B))]
+def as_token_lists(tokens_BxO: np.ndarray, counts_B: np.ndarray) -> list[list[int]]:
+  return [list(map(int, row[:n])) for row, n in zip(np.asarray(tokens_BxO), np.asarray(counts_B))]

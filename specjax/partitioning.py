@@ -18,7 +18,7 @@ head axis, and reads the ones its query heads use; the cache then costs `model` 
 than a split one, while splitting head_dim instead would add an all-reduce of the attention scores to
 every layer of every step. When query heads are replicated, so are the key/value heads.
 
-Caches [L, B, S, H_kv, D]: B on `data`, H_kv on `model` (when split). Prompts, outputs and per-row
+Caches [L, B, S, G, Dh]: B on `data`, G on `model` (when split). Prompts, outputs and per-row
 state: rows on `data`. Inside the jitted programs `constrain` pins a few intermediate shardings that
 GSPMD would otherwise choose badly; it does nothing when no mesh is set (`jax.set_mesh`).
 """
@@ -178,13 +178,13 @@ def placer(config: ModelConfig, part: Partitioning | None) -> Callable[[str, Any
 
 @dataclasses.dataclass(frozen=True)
 class CacheSharding:
-  """A cache [L, B, S, H_kv, D] on the ambient mesh (`init_cache(..., sharding)`): `axes` names the mesh
+  """A cache [L, B, S, G, Dh] on the ambient mesh (`init_cache(..., sharding)`): `axes` names the mesh
   axis of each dimension; `kv` pins keys/values there, `rows` the per-row lengths."""
 
   axes: tuple[str | None, ...]
 
-  def kv(self, x_LxBxSxKxD: jax.Array) -> jax.Array:
-    return constrain(x_LxBxSxKxD, *self.axes)
+  def kv(self, x_LxBxSxGxDh: jax.Array) -> jax.Array:
+    return constrain(x_LxBxSxGxDh, *self.axes)
 
   def rows(self, x_B: jax.Array) -> jax.Array:
     return constrain(x_B, self.axes[1])

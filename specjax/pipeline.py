@@ -103,7 +103,7 @@ class _Runner:
   target: LoadedModel
   drafter: Drafter | None  # None in autoregressive mode
   cache_len: int
-  target_cache: KVCache | None = None  # [L, B, S, H_kv, D_h] returned by the last call; None before
+  target_cache: KVCache | None = None  # [L, B, S, G, Dh] returned by the last call; None before
   draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
@@ -218,7 +218,7 @@ def build_drafter(spec: DecodeSpec, target: LoadedModel, draft: LoadedModel | No
   drafter, info = spec.drafter.build(spec.drafter_settings, target, draft, log)
   drafter.check(target.config)
   if spec.tree is not None:
-    info["tree_nodes"] = spec.tree.num_nodes - 1
+    info["tree_nodes"] = spec.tree.nodes_with_root - 1
   return drafter, info
 
 

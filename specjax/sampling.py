@@ -73,65 +73,65 @@ def greedy_tokens(logits_xV: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(at_max_xV, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
-def _nucleus_threshold(sorted_NxC: jax.Array, p: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _nucleus_threshold(sorted_ZxC: jax.Array, p: jax.Array) -> tuple[jax.Array, jax.Array]:
   """From each row's probabilities in descending order (all, or a prefix): the smallest probability
-  kept by top-p [N, 1] (the first token is always kept, the mass before it being 0; each next one
-  while the mass before it is < p) and whether the prefix holds the nucleus [N] (its mass is >= p:
+  kept by top-p [Z, 1] (the first token is always kept, the mass before it being 0; each next one
+  while the mass before it is < p) and whether the prefix holds the nucleus [Z] (its mass is >= p:
   no later token can be kept)."""
-  mass_NxC = jnp.cumsum(sorted_NxC, axis=-1)
-  kept_NxC = mass_NxC - sorted_NxC < p
-  return (jnp.min(jnp.where(kept_NxC, sorted_NxC, jnp.inf), axis=-1, keepdims=True),
-          mass_NxC[:, -1] >= p)
+  mass_ZxC = jnp.cumsum(sorted_ZxC, axis=-1)
+  kept_ZxC = mass_ZxC - sorted_ZxC < p
+  return (jnp.min(jnp.where(kept_ZxC, sorted_ZxC, jnp.inf), axis=-1, keepdims=True),
+          mass_ZxC[:, -1] >= p)
 
 
-def _nucleus_threshold_by_search(probs_NxV: jax.Array, p: jax.Array) -> jax.Array:
-  """The threshold of `_nucleus_threshold` over the whole vocabulary [N, 1], without sorting it.
+def _nucleus_threshold_by_search(probs_ZxV: jax.Array, p: jax.Array) -> jax.Array:
+  """The threshold of `_nucleus_threshold` over the whole vocabulary [Z, 1], without sorting it.
 
   It is the largest t with mass(probs >= t) >= p: the mass of the tokens above the smallest kept one
   is < p, and with it >= p. Non-negative float32 values order like their bit patterns, so a
   bisection over the 2^31 patterns finds t exactly in 31 masked sums over V (reductions, which a
   mesh splitting the vocabulary computes shard by shard; a sort would gather it)."""
-  def mass_at_least(bits_Nx1):
-    threshold_Nx1 = jax.lax.bitcast_convert_type(bits_Nx1, jnp.float32)
-    return jnp.sum(jnp.where(probs_NxV >= threshold_Nx1, probs_NxV, 0.0), axis=-1, keepdims=True) >= p
+  def mass_at_least(bits_Zx1):
+    threshold_Zx1 = jax.lax.bitcast_convert_type(bits_Zx1, jnp.float32)
+    return jnp.sum(jnp.where(probs_ZxV >= threshold_Zx1, probs_ZxV, 0.0), axis=-1, keepdims=True) >= p
 
   def halve(_, bounds):
-    low_Nx1, high_Nx1 = bounds  # mass_at_least(low) holds, mass_at_least(high) does not
-    middle_Nx1 = low_Nx1 + (high_Nx1 - low_Nx1) // 2
-    holds_Nx1 = mass_at_least(middle_Nx1)
-    return jnp.where(holds_Nx1, middle_Nx1, low_Nx1), jnp.where(holds_Nx1, high_Nx1, middle_Nx1)
+    low_Zx1, high_Zx1 = bounds  # mass_at_least(low) holds, mass_at_least(high) does not
+    middle_Zx1 = low_Zx1 + (high_Zx1 - low_Zx1) // 2
+    holds_Zx1 = mass_at_least(middle_Zx1)
+    return jnp.where(holds_Zx1, middle_Zx1, low_Zx1), jnp.where(holds_Zx1, high_Zx1, middle_Zx1)
 
-  high_Nx1 = jax.lax.bitcast_convert_type(jnp.max(probs_NxV, axis=-1, keepdims=True), jnp.int32) + 1
-  low_Nx1, _ = jax.lax.fori_loop(0, 31, halve, (jnp.zeros_like(high_Nx1), high_Nx1))
-  return jax.lax.bitcast_convert_type(low_Nx1, jnp.float32)
+  high_Zx1 = jax.lax.bitcast_convert_type(jnp.max(probs_ZxV, axis=-1, keepdims=True), jnp.int32) + 1
+  low_Zx1, _ = jax.lax.fori_loop(0, 31, halve, (jnp.zeros_like(high_Zx1), high_Zx1))
+  return jax.lax.bitcast_convert_type(low_Zx1, jnp.float32)
 
 
-def _top_candidates(scores_NxV: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
-  """`jax.lax.top_k(scores_NxV, count)`, without gathering the vocabulary when a mesh splits it.
+def _top_candidates(scores_ZxV: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+  """`jax.lax.top_k(scores_ZxV, count)`, without gathering the vocabulary when a mesh splits it.
 
   Under a mesh (`jax.set_mesh`) each device takes the `count` best of its own rows and vocabulary
   shard (a `shard_map` of a local top_k: XLA does not partition top_k, it would gather the whole
-  [N, V] first), then the S x count survivors of the S vocabulary shards compete (the global best
+  [Z, V] first), then the Sh x count survivors of the Sh vocabulary shards compete (the global best
   `count` are among them). Without a mesh it is the plain top_k."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return jax.lax.top_k(scores_NxV, count)
-  N, V = scores_NxV.shape
-  rows = "data" if N % mesh.shape["data"] == 0 else None
+    return jax.lax.top_k(scores_ZxV, count)
+  Z, V = scores_ZxV.shape
+  rows = "data" if Z % mesh.shape["data"] == 0 else None
   shards = mesh.shape["model"] if V % mesh.shape["model"] == 0 else 1
   vocab = "model" if shards > 1 else None
   per_shard = V // shards
 
-  def local_top(block_nxW):
-    values_nxC, index_nxC = jax.lax.top_k(block_nxW, min(count, per_shard))
-    return values_nxC, index_nxC + (jax.lax.axis_index("model") * per_shard if vocab else 0)
+  def local_top(block_zxVs):
+    values_zxC, index_zxC = jax.lax.top_k(block_zxVs, min(count, per_shard))
+    return values_zxC, index_zxC + (jax.lax.axis_index("model") * per_shard if vocab else 0)
 
   spec = PartitionSpec(rows, vocab)
-  values_NxSC, index_NxSC = jax.shard_map(local_top, in_specs=spec, out_specs=(spec, spec))(scores_NxV)
+  values_ZxShC, index_ZxShC = jax.shard_map(local_top, in_specs=spec, out_specs=(spec, spec))(scores_ZxV)
   if shards == 1:
-    return values_NxSC, index_NxSC
-  top_NxC, survivor_NxC = jax.lax.top_k(values_NxSC, count)
-  return top_NxC, jnp.take_along_axis(index_NxSC, survivor_NxC, axis=-1)
+    return values_ZxShC, index_ZxShC
+  top_ZxC, survivor_ZxC = jax.lax.top_k(values_ZxShC, count)
+  return top_ZxC, jnp.take_along_axis(index_ZxShC, survivor_ZxC, axis=-1)
 
 
 def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
@@ -141,27 +141,27 @@ def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
   probability equals the smallest kept one. Greedy params give the one-hot argmax (the definition;
   greedy loops use `greedy_tokens` and never build it)."""
   vocab = logits_xV.shape[-1]
-  logits_NxV = logits_xV.astype(jnp.float32).reshape(-1, vocab)
+  logits_ZxV = logits_xV.astype(jnp.float32).reshape(-1, vocab)
   if params.greedy:
-    return jax.nn.one_hot(greedy_tokens(logits_NxV), vocab, dtype=jnp.float32).reshape(logits_xV.shape)
-  scaled_NxV = logits_NxV / params.temperature
+    return jax.nn.one_hot(greedy_tokens(logits_ZxV), vocab, dtype=jnp.float32).reshape(logits_xV.shape)
+  scaled_ZxV = logits_ZxV / params.temperature
   if params.use_top_k or params.use_top_p:
-    top_NxC, index_NxC = _top_candidates(scaled_NxV, min(params.candidates, vocab))
+    top_ZxC, index_ZxC = _top_candidates(scaled_ZxV, min(params.candidates, vocab))
   if params.use_top_k:  # k <= candidates: the k-th largest is a candidate (k >= V keeps everything)
-    kth_Nx1 = jnp.take_along_axis(top_NxC, jnp.broadcast_to(jnp.minimum(params.top_k, vocab) - 1,
-                                                            (len(top_NxC), 1)), axis=-1)
-    scaled_NxV = jnp.where(scaled_NxV >= kth_Nx1, scaled_NxV, -jnp.inf)
-  probs_NxV = jax.nn.softmax(scaled_NxV, axis=-1)
+    kth_Zx1 = jnp.take_along_axis(top_ZxC, jnp.broadcast_to(jnp.minimum(params.top_k, vocab) - 1,
+                                                            (len(top_ZxC), 1)), axis=-1)
+    scaled_ZxV = jnp.where(scaled_ZxV >= kth_Zx1, scaled_ZxV, -jnp.inf)
+  probs_ZxV = jax.nn.softmax(scaled_ZxV, axis=-1)
   if params.use_top_p:
     # The candidates' probabilities in descending order (softmax is monotonic); when they hold at
     # least top_p of the mass the nucleus lies inside them, else (rarely: a flat distribution) the
     # threshold is searched over the whole vocabulary, in a cond so that it runs only then.
-    threshold_Nx1, holds_N = _nucleus_threshold(jnp.take_along_axis(probs_NxV, index_NxC, axis=-1),
+    threshold_Zx1, holds_Z = _nucleus_threshold(jnp.take_along_axis(probs_ZxV, index_ZxC, axis=-1),
                                                 params.top_p)
-    threshold_Nx1 = jax.lax.cond(jnp.all(holds_N), lambda: threshold_Nx1,
-                                 lambda: _nucleus_threshold_by_search(probs_NxV, params.top_p))
-    probs_NxV = jax.nn.softmax(jnp.where(probs_NxV >= threshold_Nx1, scaled_NxV, -jnp.inf), axis=-1)
-  return probs_NxV.reshape(logits_xV.shape)
+    threshold_Zx1 = jax.lax.cond(jnp.all(holds_Z), lambda: threshold_Zx1,
+                                 lambda: _nucleus_threshold_by_search(probs_ZxV, params.top_p))
+    probs_ZxV = jax.nn.softmax(jnp.where(probs_ZxV >= threshold_Zx1, scaled_ZxV, -jnp.inf), axis=-1)
+  return probs_ZxV.reshape(logits_xV.shape)
 
 
 def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:

@@ -222,10 +222,10 @@ def _row_key_statistics(verify):
   (proposal_, target_BxK1xV), key, want, marginal, random_rows = _row_key_case()
   got = [np.asarray(g) for g in verify(key, proposal_, target_BxK1xV)]
   differ_B = (got[0] != want[0]) | (got[1] != want[1])
-  next_N = got[1][random_rows:]
-  pooled = chi_square_pvalue(np.bincount(next_N, minlength=V), marginal)
-  agree = int(np.sum(next_N[0::2] == next_N[1::2]))
-  pairs = stats.binomtest(agree, len(next_N) // 2, float(np.sum(marginal ** 2))).pvalue
+  next_Z = got[1][random_rows:]
+  pooled = chi_square_pvalue(np.bincount(next_Z, minlength=V), marginal)
+  agree = int(np.sum(next_Z[0::2] == next_Z[1::2]))
+  pairs = stats.binomtest(agree, len(next_Z) // 2, float(np.sum(marginal ** 2))).pvalue
   return differ_B[:random_rows].mean(), pooled, pairs
 
 

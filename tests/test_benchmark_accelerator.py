@@ -67,7 +67,7 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
     assert row["compile_time_s"] > 0 and row["warmup_s"] > 0 and len(row["wall_s_runs"]) == 2
     assert 0 < row["prefill_s"] < row["wall_s"] == pytest.approx(sum(row["wall_s_runs"]) / 2)
     assert row["memory"] and all("peak_bytes_in_use" in m for m in row["memory"])
-    kv_bytes = 2 * 2 * row["cache_len"] * 2 * 16 * 4  # 2 (k, v) x B x S x H_kv x D_h x float32, per layer
+    kv_bytes = 2 * 2 * row["cache_len"] * 2 * 16 * 4  # 2 (k, v) x B x S x G x Dh x float32, per layer
     assert row["kv_cache_bytes"] == kv_bytes * (target.n_layers + (draft.n_layers if row["k"] else 0))
     if row["mode"] == "autoregressive":
       assert row["tokens_per_second"] > 0 and row["decode_tokens_per_second"] > 0

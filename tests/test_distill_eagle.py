@@ -76,13 +76,13 @@ def test_eagle1_feature_regression_adds_to_the_loss():
 
 
 def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target():
-  """The unroll's N-column logits are the full head's at those tokens; the loss is KL against the target
-  renormalised over the N tokens, the acceptance sum_N min(p, q) against the target's full q (float64
+  """The unroll's Vd-column logits are the full head's at those tokens; the loss is KL against the target
+  renormalised over the Vd tokens, the acceptance sum_Vd min(p, q) against the target's full q (float64
   reference: a loss over the unrenormalised target, or an acceptance against the renormalised one, fails)."""
   target_config, target_params = TARGET
   config, params = eagle_head(target_config, (0, 1, 2))
   vocab = restrict_head(target_config, target_params, np.arange(1, target_config.vocab_size, 3))
-  tokens_N = np.asarray(vocab.tokens_N)
+  tokens_Vd = np.asarray(vocab.tokens_Vd)
   features_BxTxF, target_BxTxV = eagle_steps.target_features(target_config, target_params, (0, 1, 2), TOKENS_2x10)
   full = eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10, features_BxTxF, NUM_STEPS)
   restricted = eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10, features_BxTxF,
@@ -93,15 +93,15 @@ def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target(
   softmax = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
   want_loss = 0.0
   for j in range(NUM_STEPS):
-    np.testing.assert_allclose(restricted[j][1], np.asarray(full[j][1])[..., tokens_N], rtol=1e-5, atol=1e-5)
-    p_BxTxN = softmax(np.asarray(restricted[j][1], np.float64))
+    np.testing.assert_allclose(restricted[j][1], np.asarray(full[j][1])[..., tokens_Vd], rtol=1e-5, atol=1e-5)
+    p_BxTxVd = softmax(np.asarray(restricted[j][1], np.float64))
     q_BxTxV = softmax(np.asarray(target_BxTxV, np.float64)[:, 1 + j:])  # the target at t + 1 + j
-    q_restricted = q_BxTxV[..., tokens_N] / q_BxTxV[..., tokens_N].sum(-1, keepdims=True)
-    kl_BxT = np.sum(q_restricted * (np.log(q_restricted) - np.log(p_BxTxN[:, :10 - 1 - j])), axis=-1)
+    q_restricted = q_BxTxV[..., tokens_Vd] / q_BxTxV[..., tokens_Vd].sum(-1, keepdims=True)
+    kl_BxT = np.sum(q_restricted * (np.log(q_restricted) - np.log(p_BxTxVd[:, :10 - 1 - j])), axis=-1)
     valid_BxT = np.asarray(mask_BxT)[:, 1 + j:]
     want_loss += 0.8 ** j * np.sum(kl_BxT * valid_BxT) / valid_BxT.sum()
     accept_BxT, accept_valid_BxT = (np.asarray(x) for x in extra["accepts"][j])
-    want_accept_BxT = np.minimum(p_BxTxN[:, :10 - 1 - j], q_BxTxV[..., tokens_N]).sum(-1)
+    want_accept_BxT = np.minimum(p_BxTxVd[:, :10 - 1 - j], q_BxTxV[..., tokens_Vd]).sum(-1)
     np.testing.assert_allclose(accept_BxT[:, :10 - 1 - j], want_accept_BxT, rtol=1e-5, atol=1e-6, err_msg=f"j={j}")
     np.testing.assert_array_equal(accept_valid_BxT[:, :10 - 1 - j], valid_BxT)
   np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)

@@ -68,7 +68,7 @@ def test_interrupted_head_training_resumes_bit_identical(target, tmp_path):
 
 
 def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_path):
-  """student.draft_vocab: the N tokens most frequent in the training rows (EOS included), kept in the work
+  """student.draft_vocab: the Vd tokens most frequent in the training rows (EOS included), kept in the work
   directory, exported with the head and read back by `latest_head`; a resume that would rank another
   vocabulary into the same work directory is refused."""
   config = distill_config(target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4,
@@ -76,14 +76,14 @@ def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_pa
   summary = train.run(config)
   teacher = load_model(target)
   rows = train.data.pack(*_training_documents(config, teacher))
-  want_N = draft_vocab.most_frequent(np.bincount(rows.tokens[rows.mask], minlength=teacher.config.vocab_size), 24,
-                                     always=teacher.tokenizer.eos_ids)
-  assert set(teacher.tokenizer.eos_ids) <= set(want_N.tolist())
-  np.testing.assert_array_equal(np.load(tmp_path / train.HEAD_VOCAB_FILE), want_N)
+  want_Vd = draft_vocab.most_frequent(np.bincount(rows.tokens[rows.mask], minlength=teacher.config.vocab_size), 24,
+                                      always=teacher.tokenizer.eos_ids)
+  assert set(teacher.tokenizer.eos_ids) <= set(want_Vd.tolist())
+  np.testing.assert_array_equal(np.load(tmp_path / train.HEAD_VOCAB_FILE), want_Vd)
   _, _, vocab = load_head(summary["export_dir"], teacher.config)
-  np.testing.assert_array_equal(np.asarray(vocab.tokens_N), want_N)
-  np.testing.assert_array_equal(np.asarray(vocab.weight_NxD), np.asarray(output_head(teacher.config, teacher.params))[want_N])
-  assert np.array_equal(np.asarray(train.latest_head(config)[3].tokens_N), want_N)
+  np.testing.assert_array_equal(np.asarray(vocab.tokens_Vd), want_Vd)
+  np.testing.assert_array_equal(np.asarray(vocab.weight_VdxD), np.asarray(output_head(teacher.config, teacher.params))[want_Vd])
+  assert np.array_equal(np.asarray(train.latest_head(config)[3].tokens_Vd), want_Vd)
   evals = [r for r in read_records(tmp_path) if r["split"] == "eval"]
   assert all(0.0 < r["acceptance"] < 1.0 and np.isfinite(r["loss"]) for r in evals)
   config.student.draft_vocab, config.num_steps = 25, 8

@@ -29,7 +29,7 @@ SPEC = DynamicSpec(nodes=6, depth=3, expand=2)  # 2 + 2 * 4 = 10 candidates, 6 k
 
 def test_parse_dynamic_budgets():
   assert tree_lib.parse("dynamic(16, 6, 4)") == DynamicSpec(16, 6, 4)
-  assert tree_lib.parse(" dynamic(6,3,2) ").num_nodes == 7
+  assert tree_lib.parse(" dynamic(6,3,2) ").nodes_with_root == 7
   for spec, message in [("dynamic(16, 6)", r"dynamic\(N, D, b\)"), ("dynamic", r"dynamic\(N, D, b\)"),
                         ("dynamic(0, 2, 2)", "nodes must be an integer >= 1"),
                         ("dynamic(7, 2, 2)", "keeps 7 nodes of only 6 candidates")]:
@@ -40,7 +40,7 @@ def test_parse_dynamic_budgets():
 @pytest.mark.parametrize("tree_name", sorted(TREES))
 def test_per_row_tables_equal_the_static_trees(tree_name):
   tree = TREES[tree_name]
-  rows = lambda values: jnp.broadcast_to(jnp.asarray(values, jnp.int32), (2, tree.num_nodes))
+  rows = lambda values: jnp.broadcast_to(jnp.asarray(values, jnp.int32), (2, tree.nodes_with_root))
   dynamic = DynamicTree(parent=rows(tree.parent), depth=rows(tree.depth), max_depth=tree.max_depth,
                         max_children=tree.children_table().shape[1])
   for name in ("ancestor_mask", "path_table", "children_table"):
@@ -61,8 +61,8 @@ def _reference_tree(config, params, history, spec):
 
   def logp_after(path):
     tokens = history + list(path)
-    padded_1xW = jnp.asarray([tokens + [0] * (PLAIN_WIDTH - len(tokens))])
-    logits = _plain_forward(config, params, padded_1xW, init_cache(config, 1, PLAIN_WIDTH))[0][0, len(tokens) - 1]
+    padded_1xT = jnp.asarray([tokens + [0] * (PLAIN_WIDTH - len(tokens))])
+    logits = _plain_forward(config, params, padded_1xT, init_cache(config, 1, PLAIN_WIDTH))[0][0, len(tokens) - 1]
     after[path] = np.asarray(jax.nn.log_softmax(logits))
     return after[path]
 
@@ -82,7 +82,7 @@ def _reference_tree(config, params, history, spec):
 
 
 def _drafted_with_logits(config, params, spec, cache, logits_BxV):
-  """`draft_dynamic_tree`'s tokens, trees and slots, and the draft's logits [B, F, V] at each fed slot
+  """`draft_dynamic_tree`'s tokens, trees and slots, and the draft's logits [B, Fr, V] at each fed slot
   (recorded by wrapping the score function it hands `grow_dynamic_tree`)."""
   chunks, grow = [], dynamic_tree.grow_dynamic_tree
 
@@ -111,18 +111,18 @@ def test_drafted_tree_is_eagle2s_selection_from_plain_forwards(monkeypatch):
   logits_BxV, cache = prefill(config, params, padded, lengths, init_cache(config, 2, 32))
   wants = [_reference_tree(config, params, list(history), DEEP_SPEC) for history in histories]  # root: the last token
 
-  def deviations(tokens_BxN, tree, slots_BxN1, fed_logp_BxFxV, check_trees=True):
+  def deviations(tokens_BxN, tree, slots_BxN1, fed_logp_BxFrxV, check_trees=True):
     """Checks the trees; returns {depth: the largest deviation of a fed node's log-probabilities there}."""
     paths, worst = np.asarray(tree.path_table()), {}
     for b, (kept, after) in enumerate(wants):
       path_of = lambda i: tuple(int(tokens_BxN[b, n - 1]) for n in paths[b, i, 1:int(tree.depth[b, i]) + 1])
       if check_trees:
-        assert {path_of(i) for i in range(1, DEEP_SPEC.num_nodes)} == set(kept), b
+        assert {path_of(i) for i in range(1, DEEP_SPEC.nodes_with_root)} == set(kept), b
         expanded = {int(p) for p in np.asarray(tree.parent[b, 1:])}
         assert all(int(slots_BxN1[b, i]) >= 0 for i in expanded - {0}) and int(slots_BxN1[b, 0]) == -1
-      for i in range(1, DEEP_SPEC.num_nodes):
+      for i in range(1, DEEP_SPEC.nodes_with_root):
         if slots_BxN1[b, i] >= 0:
-          error = float(np.abs(fed_logp_BxFxV[b, int(slots_BxN1[b, i])] - after[path_of(i)]).max())
+          error = float(np.abs(fed_logp_BxFrxV[b, int(slots_BxN1[b, i])] - after[path_of(i)]).max())
           worst[int(tree.depth[b, i])] = max(worst.get(int(tree.depth[b, i]), 0.0), error)
     return worst
 

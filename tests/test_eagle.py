@@ -214,20 +214,20 @@ def test_drafted_dynamic_tree_is_eagle2s_selection_from_plain_head_chains():
   state = drafter.init(drafter.storage(len(PROMPTS), CACHE_LEN), padded, lengths,
                        init_cache(TARGET[0], len(PROMPTS), CACHE_LEN))
   pending_B = jnp.asarray([prompt[-1] for prompt in PROMPTS], jnp.int32)
-  tokens_BxN, tree, slots_BxN1, outs_BxFxD = drafter.draft_dynamic_tree(state, pending_B, GREEDY)
+  tokens_BxN, tree, slots_BxN1, outs_BxFrxD = drafter.draft_dynamic_tree(state, pending_B, GREEDY)
   paths = np.asarray(tree.path_table())
   path_of = lambda b, i: tuple(int(tokens_BxN[b, n - 1]) for n in paths[b, i, 1:int(tree.depth[b, i]) + 1])
   want = _eagle_reference_tree(drafter, state, pending_B, EAGLE_DYNAMIC)
   for b in range(len(PROMPTS)):
-    assert {path_of(b, i) for i in range(1, EAGLE_DYNAMIC.num_nodes)} == set(want[b]), b
+    assert {path_of(b, i) for i in range(1, EAGLE_DYNAMIC.nodes_with_root)} == set(want[b]), b
   assert any(len(path) == EAGLE_DYNAMIC.depth for row in want for path in row)  # the second frontier counts
-  fed = [(b, i) for b in range(len(PROMPTS)) for i in range(1, EAGLE_DYNAMIC.num_nodes) if slots_BxN1[b, i] >= 0]
+  fed = [(b, i) for b in range(len(PROMPTS)) for i in range(1, EAGLE_DYNAMIC.nodes_with_root) if slots_BxN1[b, i] >= 0]
   assert {int(tree.depth[b, i]) for b, i in fed} == {1, 2}  # both frontier chunks
   for depth in (1, 2):
     at = [(b, i) for b, i in fed if tree.depth[b, i] == depth]
     for b, i in at:  # one row at a time through the batched chain: the other rows repeat row b's path
       out_BxD, _ = _head_chain(drafter, state, pending_B, [path_of(b, i)] * len(PROMPTS))
-      np.testing.assert_allclose(outs_BxFxD[b, int(slots_BxN1[b, i])], out_BxD[b], rtol=1e-4, atol=1e-4)
+      np.testing.assert_allclose(outs_BxFrxD[b, int(slots_BxN1[b, i])], out_BxD[b], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -41,8 +41,8 @@ def test_specjax_layout_round_trips(tmp_path, feature_layers, restricted):
   for name in expected:
     np.testing.assert_array_equal(got[name], expected[name])
   if restricted:
-    np.testing.assert_array_equal(loaded_vocab.tokens_N, vocab.tokens_N)
-    np.testing.assert_array_equal(loaded_vocab.weight_NxD, vocab.weight_NxD)
+    np.testing.assert_array_equal(loaded_vocab.tokens_Vd, vocab.tokens_Vd)
+    np.testing.assert_array_equal(loaded_vocab.weight_VdxD, vocab.weight_VdxD)
   else:
     assert loaded_vocab is None
 
@@ -96,7 +96,7 @@ def _rms(x, weight, eps=1e-5):
 
 def _eagle3_first_step(t, embed_D, features_3D):
   """EAGLE-3's forward (cnets.py) at the first position, where attention sees only itself: its output is
-  o_proj(v_proj(x)) whatever q and k are. Returns the draft-vocabulary logits [N] and their target ids."""
+  o_proj(v_proj(x)) whatever q and k are. Returns the draft-vocabulary logits [Vd] and their target ids."""
   silu = lambda x: x / (1 + np.exp(-x))
   hidden = t["fc.weight"] @ features_3D
   x_2D = np.concatenate([_rms(embed_D, t["midlayer.input_layernorm.weight"]),
@@ -124,9 +124,9 @@ def test_an_eagle3_head_in_its_released_layout_loads(tmp_path):
                               fuse(config, params, jnp.asarray(features_3D))[None, None],
                               init_cache(config.block, 1, 4))
   logits_V = np.asarray(head_logits(config, params, EAGLE3_TARGET, None, vocab, out_1x1xD[0, 0]))
-  expected_N, ids_N = _eagle3_first_step(tensors, np.asarray(embedding_VxD[token]), features_3D)
-  np.testing.assert_allclose(logits_V[ids_N], expected_N, rtol=1e-4, atol=1e-4)
-  assert np.all(np.isneginf(np.delete(logits_V, ids_N)))
+  expected_Vd, ids_Vd = _eagle3_first_step(tensors, np.asarray(embedding_VxD[token]), features_3D)
+  np.testing.assert_allclose(logits_V[ids_Vd], expected_Vd, rtol=1e-4, atol=1e-4)
+  assert np.all(np.isneginf(np.delete(logits_V, ids_Vd)))
 
 
 def test_an_eagle3_head_for_another_width_fails(tmp_path):

@@ -98,15 +98,15 @@ def _exact(name, steps):
   return exact_distribution(*TARGET, PROMPT, SAMPLINGS[name], steps).ravel()
 
 
-def _pvalue(tokens_NxS, name):
+def _pvalue(tokens_ZxT, name):
   """Chi-square p-value of the rows' first S tokens against the exact joint distribution."""
-  steps, vocab = tokens_NxS.shape[1], TARGET[0].vocab_size
-  counts = np.bincount(np.ravel_multi_index(tokens_NxS.T, [vocab] * steps), minlength=vocab ** steps)
+  steps, vocab = tokens_ZxT.shape[1], TARGET[0].vocab_size
+  counts = np.bincount(np.ravel_multi_index(tokens_ZxT.T, [vocab] * steps), minlength=vocab ** steps)
   return chi_square_pvalue(counts, _exact(name, steps))
 
 
 def _shows_bonus(acceptance, k):
-  """[N] bool: the row accepted all K drafts of its first round, so its token K + 1 (0-based) is the
+  """[Z] bool: the row accepted all K drafts of its first round, so its token K + 1 (0-based) is the
   bonus token; with a budget of K + 2 such a row is done after that one round."""
   return (acceptance.rounds == 1) & (acceptance.accepted == k)
 
@@ -118,10 +118,10 @@ def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
   bonus token of every row that accepted its first K drafts (at least MIN_BONUS_SHARE of them). K = 2
   for every sampling; K = 1 (one draft, the bonus right after it) at both temperatures, plain and with
   top-p (top-k at K = 1 was the same program shape twice more: K = 2 runs it)."""
-  tokens_NxS, acceptance = _correct(name, k)
-  assert tokens_NxS.shape == (ROWS, k + 2)
+  tokens_ZxT, acceptance = _correct(name, k)
+  assert tokens_ZxT.shape == (ROWS, k + 2)
   assert _shows_bonus(acceptance, k).mean() > MIN_BONUS_SHARE[k]
-  assert _pvalue(tokens_NxS, name) > ALPHA
+  assert _pvalue(tokens_ZxT, name) > ALPHA
 
 
 def _fresh_verify():
@@ -150,14 +150,14 @@ def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
     return sample(key, tempered_xV / tempered_xV.sum(axis=-1, keepdims=True)), probs_xV
 
   monkeypatch.setattr(drafter_module, "tokens_and_probabilities", draw_at_temperature_one)
-  mutated_NxS, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
+  mutated_ZxT, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
   monkeypatch.undo()
-  correct_NxS, _ = _correct(name, 1)
+  correct_ZxT, _ = _correct(name, 1)
   assert traced  # the patched sampler was traced into the program that ran
   # Same key: a tempered draw often keeps the same token, but thousands of rows must change.
-  assert (mutated_NxS != correct_NxS).any(axis=1).mean() > 0.02
-  assert _pvalue(correct_NxS, name) > ALPHA
-  assert _pvalue(mutated_NxS, name) < REJECTED
+  assert (mutated_ZxT != correct_ZxT).any(axis=1).mean() > 0.02
+  assert _pvalue(correct_ZxT, name) > ALPHA
+  assert _pvalue(mutated_ZxT, name) < REJECTED
 
 
 def _bonus_from(wrong_bonus):
@@ -185,16 +185,16 @@ def test_bonus_drawn_from_the_wrong_distribution_fails(bug, k):
   often; the correct engine passes at level 0.001, the mutated one gives p < 1e-6 (N = 30,000, T = 0.7,
   plain sampling: full support, so the statistic itself rejects, not a draw outside the support)."""
   name = "t0.7"
-  mutated_NxS, mutated_acceptance = _engine(SAMPLINGS[name], k, BONUS_BUGS[bug])
-  correct_NxS, acceptance = _correct(name, k)
-  shows_bonus_N = _shows_bonus(acceptance, k)
+  mutated_ZxT, mutated_acceptance = _engine(SAMPLINGS[name], k, BONUS_BUGS[bug])
+  correct_ZxT, acceptance = _correct(name, k)
+  shows_bonus_Z = _shows_bonus(acceptance, k)
   np.testing.assert_array_equal(mutated_acceptance.accepted, acceptance.accepted)
   before_bonus = slice(0, k + 1)  # the prefill's token and round one's K drafts (or residual)
-  np.testing.assert_array_equal(mutated_NxS[:, before_bonus], correct_NxS[:, before_bonus])
-  np.testing.assert_array_equal(mutated_NxS[~shows_bonus_N, k + 1], correct_NxS[~shows_bonus_N, k + 1])
-  assert (mutated_NxS[shows_bonus_N, k + 1] != correct_NxS[shows_bonus_N, k + 1]).mean() > 0.05
-  assert _pvalue(correct_NxS, name) > ALPHA
-  assert _pvalue(mutated_NxS, name) < REJECTED
+  np.testing.assert_array_equal(mutated_ZxT[:, before_bonus], correct_ZxT[:, before_bonus])
+  np.testing.assert_array_equal(mutated_ZxT[~shows_bonus_Z, k + 1], correct_ZxT[~shows_bonus_Z, k + 1])
+  assert (mutated_ZxT[shows_bonus_Z, k + 1] != correct_ZxT[shows_bonus_Z, k + 1]).mean() > 0.05
+  assert _pvalue(correct_ZxT, name) > ALPHA
+  assert _pvalue(mutated_ZxT, name) < REJECTED
 
 
 @pytest.mark.parametrize("name", ["t0.7_top_k3", "t1.5_top_p0.8"])
@@ -205,10 +205,10 @@ def test_early_stopped_drafts_keep_the_exact_distribution(name):
   real mix of short and full proposals. (Exactness is structural here: what is proposed was drawn from
   p, and the rest is never accepted; this guards the bookkeeping of short proposals end to end.)"""
   k, threshold = 2, 0.75
-  tokens_NxS, acceptance = _engine(SAMPLINGS[name], k, verify, stop_threshold=threshold)
+  tokens_ZxT, acceptance = _engine(SAMPLINGS[name], k, verify, stop_threshold=threshold)
   short = 1.0 - acceptance.proposed.sum() / (k * acceptance.rounds.sum())
   assert 0.1 < short < 0.9  # a real mix of short and full proposals
-  assert _pvalue(tokens_NxS, name) > ALPHA
+  assert _pvalue(tokens_ZxT, name) > ALPHA
 
 
 def _top_k_keeps_one_fewer(probabilities_fn):
@@ -237,7 +237,7 @@ def test_a_broken_sampler_fails_against_the_independent_reference(monkeypatch, b
     return broken(logits_xV, params)
   monkeypatch.setattr(sampling_module, "probabilities", traced_broken)
   monkeypatch.setattr(loop_module, "probabilities", traced_broken)
-  mutated_NxS, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
+  mutated_ZxT, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
   monkeypatch.undo()
   assert traced  # the broken sampler was traced into the program that ran
-  assert _pvalue(mutated_NxS, name) < REJECTED
+  assert _pvalue(mutated_ZxT, name) < REJECTED

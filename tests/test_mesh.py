@@ -80,7 +80,7 @@ def test_speculative_and_autoregressive_runs_differ_where_they_should():
 
 @pytest.mark.slow
 def test_caches_split_rows_over_data_and_key_value_heads_over_model_when_they_divide():
-  """[L, B, S, H_kv, D] = [2, 8, 64, 4, 8]: H_kv = 4 splits over model=4 but not model=8 (replicated)."""
+  """[L, B, S, G, Dh] = [2, 8, 64, 4, 8]: G = 4 splits over model=4 but not model=8 (replicated)."""
   results = _worker("decode")
   assert results["data=2,model=4|cache_shard"] == [2, 4, 64, 1, 8]
   assert results["model=8|cache_shard"] == [2, 8, 64, 4, 8]

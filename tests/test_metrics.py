@@ -9,12 +9,12 @@ import pytest
 from specjax import metrics
 
 
-def _recorded(num_accepted_RxB, live_RxB, k, num_proposed_RxB=None):
-  counts = metrics.zero_counts(num_accepted_RxB.shape[1], k)
+def _recorded(num_accepted_RdxB, live_RdxB, k, num_proposed_RdxB=None):
+  counts = metrics.zero_counts(num_accepted_RdxB.shape[1], k)
   record = jax.jit(metrics.record)
-  if num_proposed_RxB is None:
-    num_proposed_RxB = np.full(num_accepted_RxB.shape, k)
-  for num_accepted_B, num_proposed_B, live_B in zip(num_accepted_RxB, num_proposed_RxB, live_RxB):
+  if num_proposed_RdxB is None:
+    num_proposed_RdxB = np.full(num_accepted_RdxB.shape, k)
+  for num_accepted_B, num_proposed_B, live_B in zip(num_accepted_RdxB, num_proposed_RdxB, live_RdxB):
     counts = record(counts, np.asarray(num_accepted_B, np.int32), np.asarray(num_proposed_B, np.int32),
                     np.asarray(live_B))
   return counts
@@ -41,7 +41,7 @@ def test_rounds_that_propose_fewer_than_k_tokens():
   """Row 0 proposes 2 of K = 3 and accepts both (no rejection: the bonus follows), then proposes 0
   (nothing to check: no rejection either), then 3 and accepts 1; row 1 proposes 1 and rejects it."""
   counts = _recorded(np.array([[2, 0], [0, 0], [1, 0]]), np.ones((3, 2), bool), k=3,
-                     num_proposed_RxB=np.array([[2, 1], [0, 1], [3, 1]]))
+                     num_proposed_RdxB=np.array([[2, 1], [0, 1], [3, 1]]))
   row0, row1 = metrics.summarize(counts)["per_row"]
   assert (row0["proposed"], row0["accepted"], row0["rejections"]) == (5, 3, 1)
   assert row0["reached_at_position"] == [2, 2, 0] and row0["accepted_at_position"] == [2, 1, 0]
@@ -79,12 +79,12 @@ def test_estimates_recover_alpha_on_a_simulated_iid_process():
   """20,000 rounds (1,000 rows x 20), each position accepted independently with alpha = 0.7, K = 4:
   alpha_hat and the mean accepted length match the theory within 4 standard errors."""
   rng, alpha, k = np.random.default_rng(0), 0.7, 4
-  accepted_RxBxK = rng.random((20, 1000, k)) < alpha
-  num_accepted_RxB = np.cumprod(accepted_RxBxK, axis=-1).sum(-1)
-  total = metrics.summarize(_recorded(num_accepted_RxB, np.ones_like(num_accepted_RxB, bool), k))["total"]
+  accepted_RdxBxK = rng.random((20, 1000, k)) < alpha
+  num_accepted_RdxB = np.cumprod(accepted_RdxBxK, axis=-1).sum(-1)
+  total = metrics.summarize(_recorded(num_accepted_RdxB, np.ones_like(num_accepted_RdxB, bool), k))["total"]
   trials = total["accepted"] + total["rejections"]
   assert abs(total["alpha_hat"] - alpha) < 4 * np.sqrt(alpha * (1 - alpha) / trials)
-  lengths = num_accepted_RxB + 1
+  lengths = num_accepted_RdxB + 1
   assert abs(total["mean_accepted_length"] - metrics.expected_accepted_length(alpha, k)) < \
       4 * lengths.std() / np.sqrt(lengths.size)
   np.testing.assert_allclose(total["position_acceptance_rate"], alpha, atol=0.02)

@@ -118,14 +118,14 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
                                drafter.storage(rows, cache_len), steps, NO_EOS, sampling, jax.random.key(1),
                                k=2, **kwargs)
     assert int(np.asarray(out.acceptance.accepted).sum()) > rows // 5
-    tokens_NxS = np.asarray(out.tokens)
-    index = np.ravel_multi_index(tokens_NxS.T, [config.vocab_size] * steps)
-    return np.bincount(index, minlength=config.vocab_size ** steps), tokens_NxS
+    tokens_ZxT = np.asarray(out.tokens)
+    index = np.ravel_multi_index(tokens_ZxT.T, [config.vocab_size] * steps)
+    return np.bincount(index, minlength=config.vocab_size ** steps), tokens_ZxT
 
-  observed, tokens_NxS = counts()
+  observed, tokens_ZxT = counts()
   assert chi_square_pvalue(observed, exact) > 1e-3
-  assert all(len(heads[x]) == 2 for x in tokens_NxS[:, 0])
-  second_tried = np.mean([tokens[1] != heads[tokens[0]][0] for tokens in tokens_NxS])
+  assert all(len(heads[x]) == 2 for x in tokens_ZxT[:, 0])
+  second_tried = np.mean([tokens[1] != heads[tokens[0]][0] for tokens in tokens_ZxT])
   assert second_tried > 0.6, second_tried
   mutants.inject(monkeypatch, "later_sibling_kept", tree=True)
   broken, _ = counts(tree_rule=lambda *args: tree_acceptance.verify_tree(*args))  # traced anew, patched

@@ -204,13 +204,13 @@ def _first_tokens(direction, sampling, rule):
   return np.asarray(out.tokens)
 
 
-def _pvalue(direction, name, tokens_NxS):
+def _pvalue(direction, name, tokens_ZxT):
   """Chi-square p-value of the rows' tokens against the target's exact joint distribution."""
   (target_config, target_params), _, prompt = PAIRS[direction]
   vocab = target_config.vocab_size
-  assert tokens_NxS.max() < vocab
+  assert tokens_ZxT.max() < vocab
   exact = exact_distribution(target_config, target_params, prompt, SAMPLINGS[name], STEPS).ravel()
-  counts = np.bincount(np.ravel_multi_index(tokens_NxS.T, [vocab] * STEPS), minlength=vocab ** STEPS)
+  counts = np.bincount(np.ravel_multi_index(tokens_ZxT.T, [vocab] * STEPS), minlength=vocab ** STEPS)
   return chi_square_pvalue(counts, exact)
 
 
@@ -227,8 +227,8 @@ def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
 def test_a_wrong_extension_fails_the_same_test(direction):
   """The same statistic (T = 0.7, top-k 3, N = 30,000) rejects the wrong extension with p < 1e-6."""
   name = "t0.7_top_k3"
-  tokens_NxS = _first_tokens(direction, SAMPLINGS[name], WRONG_EXTENSIONS[direction])
-  assert _pvalue(direction, name, tokens_NxS) < REJECTED
+  tokens_ZxT = _first_tokens(direction, SAMPLINGS[name], WRONG_EXTENSIONS[direction])
+  assert _pvalue(direction, name, tokens_ZxT) < REJECTED
 
 
 # --- the pipeline -----------------------------------------------------------------------------------

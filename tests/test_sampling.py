@@ -34,10 +34,10 @@ SETTINGS = [dict(temperature=1.0), dict(temperature=0.7), dict(temperature=2.5),
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=str)
 def test_probabilities_match_float64_reference(setting):
-  logits_NxV = np.random.default_rng(0).normal(0.0, 2.0, size=(64, 50)).astype(np.float32)
-  got = np.asarray(probabilities(jnp.asarray(logits_NxV), sampling_params(**setting)))
+  logits_ZxV = np.random.default_rng(0).normal(0.0, 2.0, size=(64, 50)).astype(np.float32)
+  got = np.asarray(probabilities(jnp.asarray(logits_ZxV), sampling_params(**setting)))
   assert got.dtype == np.float32
-  want = np.stack([_reference(row, **setting) for row in logits_NxV])
+  want = np.stack([_reference(row, **setting) for row in logits_ZxV])
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
@@ -54,13 +54,13 @@ def test_bounded_candidates_match_the_float64_reference(setting, quantized):
   full-sort fallback), both knobs combined. Quantized logits tie in large groups, at the k-th largest
   and at the nucleus' edge."""
   rng = np.random.default_rng(3)
-  logits_NxV = rng.normal(0.0, 3.0, size=(24, 600))
+  logits_ZxV = rng.normal(0.0, 3.0, size=(24, 600))
   if quantized:
-    logits_NxV = np.round(logits_NxV)
-  logits_NxV = logits_NxV.astype(np.float32)
+    logits_ZxV = np.round(logits_ZxV)
+  logits_ZxV = logits_ZxV.astype(np.float32)
   params = sampling_params(**setting, candidates=16)
-  got = np.asarray(probabilities(jnp.asarray(logits_NxV), params))
-  want = np.stack([_reference(row, **setting) for row in logits_NxV])
+  got = np.asarray(probabilities(jnp.asarray(logits_ZxV), params))
+  want = np.stack([_reference(row, **setting) for row in logits_ZxV])
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
   np.testing.assert_array_equal(got > 0, want > 0)
 
@@ -72,9 +72,9 @@ def test_nucleus_outside_the_candidates_falls_back_to_a_search_of_the_whole_voca
   flat_V = rng.normal(0.0, 0.1, size=600).astype(np.float32)
   peaked_V = (10.0 * np.eye(600)[5]).astype(np.float32)
   for rows in ([flat_V], [flat_V, peaked_V], [peaked_V]):
-    logits_NxV = np.stack(rows)
-    got = np.asarray(probabilities(jnp.asarray(logits_NxV), sampling_params(1.0, top_p=0.9, candidates=16)))
-    want = np.stack([_reference(row, 1.0, top_p=0.9) for row in logits_NxV])
+    logits_ZxV = np.stack(rows)
+    got = np.asarray(probabilities(jnp.asarray(logits_ZxV), sampling_params(1.0, top_p=0.9, candidates=16)))
+    want = np.stack([_reference(row, 1.0, top_p=0.9) for row in logits_ZxV])
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
   assert (got[0] > 0).sum() == 1 and (np.asarray(probabilities(
       jnp.asarray(flat_V[None]), sampling_params(1.0, top_p=0.9, candidates=16))) > 0).sum() > 400
@@ -87,17 +87,17 @@ def test_knob_values_share_one_program_and_modes_are_static():
   traces = []
 
   @jax.jit
-  def traced(logits_NxV, params):
+  def traced(logits_ZxV, params):
     traces.append(params)
-    return sampling.probabilities(logits_NxV, params)
+    return sampling.probabilities(logits_ZxV, params)
 
-  logits_NxV = jnp.asarray(np.random.default_rng(5).normal(size=(2, 300)), jnp.float32)
+  logits_ZxV = jnp.asarray(np.random.default_rng(5).normal(size=(2, 300)), jnp.float32)
   for settings in ([dict(temperature=1.0, top_k=40), dict(temperature=0.7, top_k=50)],
                    [dict(temperature=1.0, top_p=0.9), dict(temperature=1.2, top_p=0.5)],
                    [dict(temperature=1.0, top_k=40, top_p=0.9), dict(temperature=0.5, top_k=5, top_p=0.3)]):
     traces.clear()
     for setting in settings:
-      traced(logits_NxV, sampling_params(**setting))
+      traced(logits_ZxV, sampling_params(**setting))
     assert len(traces) == 1
   modes = [sampling_params(0.0), sampling_params(1.0), sampling_params(1.0, top_k=40),
            sampling_params(1.0, top_p=0.9)]
@@ -136,31 +136,31 @@ def test_ties():
 def test_greedy_is_the_argmax_whatever_top_k_and_top_p():
   """`probabilities` gives the one-hot argmax, `greedy_tokens` and `next_tokens` the argmax itself (any
   key), the first of tied maxima included."""
-  logits_NxV = np.random.default_rng(2).normal(size=(16, 30)).astype(np.float32)
-  logits_NxV[0, [4, 9]] = logits_NxV[0].max() + 1.0  # a tie: index 4 wins
+  logits_ZxV = np.random.default_rng(2).normal(size=(16, 30)).astype(np.float32)
+  logits_ZxV[0, [4, 9]] = logits_ZxV[0].max() + 1.0  # a tie: index 4 wins
   for top_k, top_p in [(0, 1.0), (3, 1.0), (0, 0.5), (2, 0.1)]:
     params = sampling_params(0.0, top_k=top_k, top_p=top_p)
-    got = np.asarray(probabilities(logits_NxV, params))
-    np.testing.assert_array_equal(got, np.eye(30, dtype=np.float32)[np.argmax(logits_NxV, -1)])
+    got = np.asarray(probabilities(logits_ZxV, params))
+    np.testing.assert_array_equal(got, np.eye(30, dtype=np.float32)[np.argmax(logits_ZxV, -1)])
     for seed in range(3):
-      np.testing.assert_array_equal(jax.jit(next_tokens)(jax.random.key(seed), logits_NxV, params),
-                                    np.argmax(logits_NxV, -1))
-  assert int(greedy_tokens(jnp.asarray(logits_NxV))[0]) == 4
-  logits_NxV[1, [7, 3]] = np.nan  # like jnp.argmax: the first NaN
-  np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_NxV)), jnp.argmax(logits_NxV, -1))
-  assert int(greedy_tokens(jnp.asarray(logits_NxV))[1]) == 3
-  np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_NxV, jnp.bfloat16)),
-                                np.argmax(np.float32(jnp.asarray(logits_NxV, jnp.bfloat16)), -1))
+      np.testing.assert_array_equal(jax.jit(next_tokens)(jax.random.key(seed), logits_ZxV, params),
+                                    np.argmax(logits_ZxV, -1))
+  assert int(greedy_tokens(jnp.asarray(logits_ZxV))[0]) == 4
+  logits_ZxV[1, [7, 3]] = np.nan  # like jnp.argmax: the first NaN
+  np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_ZxV)), jnp.argmax(logits_ZxV, -1))
+  assert int(greedy_tokens(jnp.asarray(logits_ZxV))[1]) == 3
+  np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_ZxV, jnp.bfloat16)),
+                                np.argmax(np.float32(jnp.asarray(logits_ZxV, jnp.bfloat16)), -1))
 
 
 def test_sample_draws_from_the_given_distribution():
   """A point mass returns its token for every key (drawn like any distribution: log 0 = -inf);
   otherwise a chi-square test at level 0.001 on N = 100,000 draws."""
-  point_NxV = jnp.asarray(np.eye(7, dtype=np.float32)[[3, 0, 6]])
-  mixed_NxV = jnp.asarray([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])  # one row is not a point mass
+  point_ZxV = jnp.asarray(np.eye(7, dtype=np.float32)[[3, 0, 6]])
+  mixed_ZxV = jnp.asarray([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])  # one row is not a point mass
   for seed in range(5):
-    np.testing.assert_array_equal(sample(jax.random.key(seed), point_NxV), [3, 0, 6])
-    first, second = np.asarray(sample(jax.random.key(seed), mixed_NxV))
+    np.testing.assert_array_equal(sample(jax.random.key(seed), point_ZxV), [3, 0, 6])
+    first, second = np.asarray(sample(jax.random.key(seed), mixed_ZxV))
     assert first == 1 and second in (0, 2)
   probs_V = np.array([0.05, 0.3, 0.0, 0.15, 0.4, 0.1], np.float32)
   draws = np.asarray(sample(jax.random.key(0), jnp.broadcast_to(probs_V, (100_000, 6))))
@@ -172,9 +172,9 @@ def test_nucleus_edge_search_equals_the_sorted_threshold_bit_for_bit():
   over a mesh) finds exactly the smallest kept probability that the sorted cumulative mass gives,
   for 200 rows of flat and peaked distributions and nucleus sizes from 0.05 to 0.99."""
   rng = np.random.default_rng(8)
-  logits_NxV = rng.normal(0.0, rng.uniform(0.1, 4.0, size=(200, 1)), size=(200, 600))
-  probs_NxV = jax.nn.softmax(jnp.asarray(logits_NxV, jnp.float32), axis=-1)
+  logits_ZxV = rng.normal(0.0, rng.uniform(0.1, 4.0, size=(200, 1)), size=(200, 600))
+  probs_ZxV = jax.nn.softmax(jnp.asarray(logits_ZxV, jnp.float32), axis=-1)
   for p in (0.05, 0.5, 0.9, 0.99):
-    want_Nx1, _ = sampling._nucleus_threshold(-jnp.sort(-probs_NxV, axis=-1), jnp.float32(p))
-    got_Nx1 = sampling._nucleus_threshold_by_search(probs_NxV, jnp.float32(p))
-    np.testing.assert_array_equal(np.asarray(got_Nx1), np.asarray(want_Nx1))
+    want_Zx1, _ = sampling._nucleus_threshold(-jnp.sort(-probs_ZxV, axis=-1), jnp.float32(p))
+    got_Zx1 = sampling._nucleus_threshold_by_search(probs_ZxV, jnp.float32(p))
+    np.testing.assert_array_equal(np.asarray(got_Zx1), np.asarray(want_Zx1))

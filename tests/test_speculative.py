@@ -117,10 +117,10 @@ def test_caches_of_the_checked_size_are_filled_exactly(monkeypatch, k, draft_nam
   drop an overflowing write)."""
   write_ends = []
   unchecked_write = KVCache.write
-  def checked_write(cache, layer, k_BxTxKxD, v_BxTxKxD):
-    end = jnp.max(cache.lengths) + k_BxTxKxD.shape[1] - cache.max_len
+  def checked_write(cache, layer, k_BxTxGxDh, v_BxTxGxDh):
+    end = jnp.max(cache.lengths) + k_BxTxGxDh.shape[1] - cache.max_len
     jax.debug.callback(lambda e: write_ends.append(int(e)), end)
-    return unchecked_write(cache, layer, k_BxTxKxD, v_BxTxKxD)
+    return unchecked_write(cache, layer, k_BxTxGxDh, v_BxTxGxDh)
   monkeypatch.setattr(KVCache, "write", checked_write)
   size = max(map(len, PROMPTS)) + max(BUDGETS) + k - 1
   for name in draft_names:
@@ -204,7 +204,7 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(3, 32), padded, lengths, None)
   propose = jax.jit(ModelDrafter.propose, static_argnames="k")
   commit = jax.jit(ModelDrafter.commit)
-  score = jax.jit(lambda tokens_BxL: probabilities(forward(config, params, tokens_BxL,
+  score = jax.jit(lambda tokens_BxT: probabilities(forward(config, params, tokens_BxT,
                                                            init_cache(config, 3, 32))[0], sampling))
   history, pending, short_proposals, passes = [list(p) for p in prompts], [1, 2, 3], 0, set()
   schedule = [[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4], [2, 3, 4]]
@@ -214,13 +214,13 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
     tokens_BxK, probs_BxKxV, lengths_B = proposal.tokens, proposal.probs, np.asarray(proposal.lengths)
     drawn = int(proposal.calls)  # draft passes = tokens drawn
     passes.add(drawn)
-    sequences_BxL = np.zeros((3, 32), np.int32)
+    sequences_BxT = np.zeros((3, 32), np.int32)
     for b, row in enumerate(history):
       sequence = row + [pending[b]] + list(np.asarray(tokens_BxK[b]))
-      sequences_BxL[b, :len(sequence)] = sequence
-    want_BxLxV = np.asarray(score(jnp.asarray(sequences_BxL)))
+      sequences_BxT[b, :len(sequence)] = sequence
+    want_BxTxV = np.asarray(score(jnp.asarray(sequences_BxT)))
     for b, row in enumerate(history):
-      want_KxV = want_BxLxV[b, len(row):len(row) + drawn]
+      want_KxV = want_BxTxV[b, len(row):len(row) + drawn]
       np.testing.assert_allclose(probs_BxKxV[b, :drawn], want_KxV, atol=1e-5)
       top_K = want_KxV.max(axis=-1)
       assert (top_K[:lengths_B[b]] >= stop_threshold).all()

@@ -10,7 +10,7 @@ def test_branching_numbers_levels_in_parent_then_rank_order():
   tree = tree_lib.from_branching((2, 2))
   assert tree.parent == (-1, 0, 0, 1, 1, 2, 2)
   assert tree.depth == (0, 1, 1, 2, 2, 2, 2)
-  assert tree.children(1) == (3, 4) and tree.max_depth == 2 and tree.num_nodes == 7
+  assert tree.children(1) == (3, 4) and tree.max_depth == 2 and tree.nodes_with_root == 7
   assert tree == tree_lib.from_paths([[1, 1], [0], [1], [0, 0], [0, 1], [1, 0]])
   assert hash(tree) == hash(tree_lib.from_branching((2, 2)))
 

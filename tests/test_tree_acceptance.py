@@ -1,7 +1,7 @@
 """The tree acceptance rule alone.
 
 Exact enumeration: on the tree (2, 2) over a vocabulary of 4, with position-dependent random target
-and draft distributions, the distribution of the first D + 1 = 3 tokens (the round's emitted tokens,
+and draft distributions, the distribution of the first Dt + 1 = 3 tokens (the round's emitted tokens,
 continued by the target's own sampling) equals the target's exactly, for i.i.d., without-replacement
 and deterministic children; the same computation with q' not updated after a rejection does not.
 Monte Carlo: the jitted `verify_tree` follows the target's distribution of the first two tokens
@@ -104,14 +104,14 @@ def test_tree_rule_output_is_exactly_the_target_by_enumeration(mode):
   assert error > 1e-2  # not updating q' after a rejection is visibly inexact
 
 
-def _groups(keys_RxG):
-  """(key, row indices) for each distinct row of `keys_RxG` [R, G] (G may be 0: one group)."""
-  if keys_RxG.shape[1] == 0:
-    yield (), np.arange(len(keys_RxG))
+def _groups(keys_ZxCol):
+  """(key, row indices) for each distinct row of `keys_ZxCol` [Z, Col] (Col may be 0: one group)."""
+  if keys_ZxCol.shape[1] == 0:
+    yield (), np.arange(len(keys_ZxCol))
     return
-  unique_UxG, inverse_R = np.unique(keys_RxG, axis=0, return_inverse=True)
-  for group, key in enumerate(unique_UxG):
-    yield tuple(int(t) for t in key), np.flatnonzero(inverse_R.ravel() == group)
+  unique_UxCol, inverse_Z = np.unique(keys_ZxCol, axis=0, return_inverse=True)
+  for group, key in enumerate(unique_UxCol):
+    yield tuple(int(t) for t in key), np.flatnonzero(inverse_Z.ravel() == group)
 
 
 def _draw_rows(mode, rows, rng):
@@ -119,20 +119,20 @@ def _draw_rows(mode, rows, rng):
   [rows, N, V] and the target's q at each node [rows, N + 1, V] (vectorised over the rows sharing a
   node's prefix and elder siblings)."""
   paths = TREE.path_table()
-  tokens = np.zeros((rows, TREE.num_nodes), np.int64)  # column 0 unused (the root)
-  probs = np.zeros((rows, TREE.num_nodes, V))
-  for node in range(1, TREE.num_nodes):
+  tokens = np.zeros((rows, TREE.nodes_with_root), np.int64)  # column 0 unused (the root)
+  probs = np.zeros((rows, TREE.nodes_with_root, V))
+  for node in range(1, TREE.nodes_with_root):
     parent = TREE.parent[node]
     depth = TREE.depth[parent]
     elders = [c for c in TREE.children(parent) if c < node]
-    for key, rows_R in _groups(tokens[:, list(paths[parent, 1:depth + 1]) + elders]):
+    for key, rows_Z in _groups(tokens[:, list(paths[parent, 1:depth + 1]) + elders]):
       p = _child_dist(mode, key[:depth], len(elders), key[depth:])
-      tokens[rows_R, node] = rng.choice(V, size=len(rows_R), p=p)
-      probs[rows_R, node] = p
-  target = np.zeros((rows, TREE.num_nodes, V))
-  for node in range(TREE.num_nodes):
-    for key, rows_R in _groups(tokens[:, paths[node, 1:TREE.depth[node] + 1]]):
-      target[rows_R, node] = _dist("q", key)
+      tokens[rows_Z, node] = rng.choice(V, size=len(rows_Z), p=p)
+      probs[rows_Z, node] = p
+  target = np.zeros((rows, TREE.nodes_with_root, V))
+  for node in range(TREE.nodes_with_root):
+    for key, rows_Z in _groups(tokens[:, paths[node, 1:TREE.depth[node] + 1]]):
+      target[rows_Z, node] = _dist("q", key)
   return tokens[:, 1:], probs[:, 1:], target
 
 
@@ -155,7 +155,7 @@ def _fresh_verify_tree():
 
 def _round_pvalues(seed=0):
   """One jitted `verify_tree` call on `_drawn_all_modes()`. Returns per mode the chi-square p-value of
-  the joint of the first D + 1 = 3 tokens (the accepted path, the next token, which is the bonus after
+  the joint of the first Dt + 1 = 3 tokens (the accepted path, the next token, which is the bonus after
   a full-depth path, and draws from the target continuing a shorter round) against the target's, over
   V^3 = 64 cells, and the share of rows whose path reached full depth."""
   tokens, probs, target = _drawn_all_modes()
@@ -163,20 +163,20 @@ def _round_pvalues(seed=0):
       jax.random.key(seed), TREE, jnp.asarray(tokens, jnp.int32), jnp.asarray(probs, jnp.float32),
       jnp.asarray(target, jnp.float32))
   path, accepted, next_token = np.asarray(path), np.asarray(accepted), np.asarray(next_token)
-  path_tokens_RxD = np.take_along_axis(tokens, np.maximum(path[:, 1:] - 1, 0), axis=1)
-  position_L = np.arange(LENGTH)
-  emitted_RxL = np.where(position_L < accepted[:, None], np.pad(path_tokens_RxD, ((0, 0), (0, 1))),
+  path_tokens_ZxDt = np.take_along_axis(tokens, np.maximum(path[:, 1:] - 1, 0), axis=1)
+  position_T = np.arange(LENGTH)
+  emitted_ZxT = np.where(position_T < accepted[:, None], np.pad(path_tokens_ZxDt, ((0, 0), (0, 1))),
                          next_token[:, None])
   rng = np.random.default_rng(seed + 1)
   for position in range(1, LENGTH):  # continued by the target after a short round
-    short_R = np.flatnonzero(accepted < position)
-    for key, rows_R in _groups(emitted_RxL[short_R, :position]):
-      emitted_RxL[short_R[rows_R], position] = rng.choice(V, size=len(rows_R), p=_dist("q", key))
+    short_Z = np.flatnonzero(accepted < position)
+    for key, rows_Z in _groups(emitted_ZxT[short_Z, :position]):
+      emitted_ZxT[short_Z[rows_Z], position] = rng.choice(V, size=len(rows_Z), p=_dist("q", key))
   expected = np.array([_target_prob(seq) for seq in itertools.product(range(V), repeat=LENGTH)])
   out = {}
   for index, mode in enumerate(MODES):
     rows = slice(index * MC_ROWS, (index + 1) * MC_ROWS)
-    counts = np.bincount(np.ravel_multi_index(emitted_RxL[rows].T, [V] * LENGTH), minlength=V ** LENGTH)
+    counts = np.bincount(np.ravel_multi_index(emitted_ZxT[rows].T, [V] * LENGTH), minlength=V ** LENGTH)
     out[mode] = chi_square_pvalue(counts, expected), np.mean(accepted[rows] == TREE.max_depth)
   return out
 
@@ -190,7 +190,7 @@ WEAK = {("shared_sibling_uniform", "iid"), ("shared_sibling_uniform", "without_r
 
 @pytest.mark.parametrize("mutant", (None,) + TREE_MUTANTS)
 def test_verify_tree_follows_the_target_by_monte_carlo(mutant, monkeypatch):
-  """The joint of the D + 1 = 3 tokens of a round of the tree (2, 2), bonus included (`_round_pvalues`:
+  """The joint of the Dt + 1 = 3 tokens of a round of the tree (2, 2), bonus included (`_round_pvalues`:
   N = 60,000 rows per mode, 64 cells, fixed seeds; full depth, hence a bonus, in 48%, 56% and 9% of the
   rows for i.i.d., without-replacement and deterministic children): the correct rule passes at level
   1e-3 in every mode, each distinct mutant (`tests.helpers.mutants`) fails with p < 1e-8 in every mode
@@ -209,7 +209,7 @@ def test_verify_tree_follows_the_target_by_monte_carlo(mutant, monkeypatch):
 
 def test_greedy_takes_the_deepest_path_on_the_argmax_chain():
   tree = tree_lib.from_paths([[0], [1], [0, 0], [1, 0], [1, 0, 0]])  # 1, 2, 3 (0,0), 4 (1,0), 5
-  target = np.full((3, tree.num_nodes), 9)
+  target = np.full((3, tree.nodes_with_root), 9)
   target[:, 0], target[:, 2], target[:, 4] = 7, 8, 6  # the argmax chain 7, 8, 6 runs through 2, 4
   tokens = np.array([[5, 7, 1, 8, 6],   # all the way down node 2 -> 4 -> 5: 3 accepted, then t_5
                      [7, 5, 9, 8, 6],   # node 1 matches, its child 3 (9 = t_1) too: 2 accepted
@@ -228,7 +228,7 @@ def test_greedy_equals_the_sampled_rule_on_one_hot_distributions():
                            for _ in range(1 + 2)], axis=1)  # the root's, node 1's and node 2's children
   paths = TREE.path_table()
   target_tokens = np.array([[np.argmax(_dist("q", tuple(tokens[row, paths[n, 1:TREE.depth[n] + 1] - 1])))
-                             for n in range(TREE.num_nodes)] for row in range(64)])
+                             for n in range(TREE.nodes_with_root)] for row in range(64)])
   greedy = jax.jit(tree_acceptance.verify_tree_greedy, static_argnums=0)(
       TREE, jnp.asarray(tokens), jnp.asarray(target_tokens))
   sampled = jax.jit(tree_acceptance.verify_tree, static_argnums=1)(  # op by op: ~10 s
@@ -257,8 +257,8 @@ def _row_key_case():
           jnp.asarray(target_BxN1xV, jnp.float32))
   key = jax.random.key(8)
   keys_B = jax.vmap(lambda b: _FOLD_IN(key, b))(jnp.arange(rows))
-  _, depth_BxN1, children_BxN1xC, path_BxN1xD1, _ = tree_acceptance._tables(KEY_TREE, rows)
-  want = jax.jit(jax.vmap(tree_acceptance._verify_tree_row))(keys_B, children_BxN1xC, path_BxN1xD1, depth_BxN1,
+  _, depth_BxN1, children_BxN1xC, path_BxN1xDt1, _ = tree_acceptance._tables(KEY_TREE, rows)
+  want = jax.jit(jax.vmap(tree_acceptance._verify_tree_row))(keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1,
                                                               *args)
   return key, args, tuple(np.asarray(w) for w in want), random_rows
 
@@ -287,11 +287,11 @@ def _row_key_statistics(verify_tree):
   key, args, want, random_rows = _row_key_case()
   got = [np.asarray(g) for g in verify_tree(key, KEY_TREE, *args)]
   differ_B = np.any(got[0] != want[0], axis=1) | (got[1] != want[1]) | (got[2] != want[2])
-  outcome_N = got[0][random_rows:, -1] * V + got[2][random_rows:]
+  outcome_Z = got[0][random_rows:, -1] * V + got[2][random_rows:]
   marginal = _identical_row_marginal()
-  pooled = chi_square_pvalue(np.bincount(outcome_N, minlength=3 * V), marginal)
-  agree = int(np.sum(outcome_N[0::2] == outcome_N[1::2]))
-  pairs = stats.binomtest(agree, len(outcome_N) // 2, float(np.sum(marginal ** 2))).pvalue
+  pooled = chi_square_pvalue(np.bincount(outcome_Z, minlength=3 * V), marginal)
+  agree = int(np.sum(outcome_Z[0::2] == outcome_Z[1::2]))
+  pairs = stats.binomtest(agree, len(outcome_Z) // 2, float(np.sum(marginal ** 2))).pvalue
   return differ_B[:random_rows].mean(), pooled, pairs
 
 

@@ -28,14 +28,14 @@ def _prefilled_forward(prompts_BxP, lengths_B, tokens_BxT, tree=None):
 def test_compacted_tree_cache_equals_feeding_the_path():
   padded, lengths = pad_prompts(PROMPTS)
   rng = np.random.default_rng(0)
-  tokens_BxN = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (len(PROMPTS), TREE.num_nodes)), jnp.int32)
-  nodes = [TREE.num_nodes - 1, 0, 5, 2]  # the last leaf, the root alone, depth 2 and depth 1 nodes
-  paths_BxD1 = TREE.path_table()[nodes]
+  tokens_BxN = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (len(PROMPTS), TREE.nodes_with_root)), jnp.int32)
+  nodes = [TREE.nodes_with_root - 1, 0, 5, 2]  # the last leaf, the root alone, depth 2 and depth 1 nodes
+  paths_BxDt1 = TREE.path_table()[nodes]
   depths_B = np.asarray(TREE.depth)[nodes]
   tree_cache = _prefilled_forward(padded, lengths, tokens_BxN, tree=TREE)
-  compacted = tree_cache.compact(jnp.asarray(paths_BxD1)).advance(jnp.asarray(depths_B + 1))
-  chain_tokens_BxD1 = jnp.take_along_axis(tokens_BxN, jnp.asarray(paths_BxD1), axis=1)
-  chain_cache = _prefilled_forward(padded, lengths, chain_tokens_BxD1).advance(jnp.asarray(depths_B + 1))
+  compacted = tree_cache.compact(jnp.asarray(paths_BxDt1)).advance(jnp.asarray(depths_B + 1))
+  chain_tokens_BxDt1 = jnp.take_along_axis(tokens_BxN, jnp.asarray(paths_BxDt1), axis=1)
+  chain_cache = _prefilled_forward(padded, lengths, chain_tokens_BxDt1).advance(jnp.asarray(depths_B + 1))
   np.testing.assert_array_equal(compacted.lengths, chain_cache.lengths)
   for row, length in enumerate(np.asarray(chain_cache.lengths)):
     for got, want in ((compacted.k, chain_cache.k), (compacted.v, chain_cache.v)):

@@ -47,13 +47,13 @@ def _exact_joint():
   return exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLED, DEEP_STEPS)
 
 
-def _pvalues(tokens_NxS):
+def _pvalues(tokens_ZxT):
   """Chi-square p-values of the rows' tokens at each of MARGINALS against that marginal of the exact joint."""
   vocab = SMALL_TARGET[0].vocab_size
   out = []
   for positions in MARGINALS:
     others = tuple(i for i in range(DEEP_STEPS) if i not in positions)
-    counts = np.bincount(np.ravel_multi_index(tokens_NxS[:, positions].T, [vocab] * len(positions)),
+    counts = np.bincount(np.ravel_multi_index(tokens_ZxT[:, positions].T, [vocab] * len(positions)),
                          minlength=vocab ** len(positions))
     out.append(chi_square_pvalue(counts, _exact_joint().sum(axis=others).ravel()))
   return out
@@ -69,10 +69,10 @@ def _bonus_from_residual_rule(*args):
 @pytest.mark.slow
 @pytest.mark.parametrize("children", ["iid", "without_replacement", "top"])
 def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
-  tokens_NxS, out = _first_tokens(children)
+  tokens_ZxT, out = _first_tokens(children)
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
   assert (np.asarray(out.acceptance.rounds) >= 2).all()  # 5 tokens take two rounds at least
-  assert min(_pvalues(tokens_NxS)) > ALPHA / 2
+  assert min(_pvalues(tokens_ZxT)) > ALPHA / 2
   if children == "top":  # the rule is shared by all modes (each mode's mutants: test_tree_acceptance)
     broken, _ = _first_tokens(children, no_update_rule)
     assert min(_pvalues(broken)) < REJECTED

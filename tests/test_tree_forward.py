@@ -51,10 +51,10 @@ def test_tree_logits_equal_chain_logits_of_each_path(tree_name, variant):
   tree = TREES[tree_name]
   padded, lengths = pad_prompts(PROMPTS)
   rng = np.random.default_rng(0)
-  tokens_BxN = jnp.asarray(rng.integers(0, config.vocab_size, (len(PROMPTS), tree.num_nodes)), jnp.int32)
+  tokens_BxN = jnp.asarray(rng.integers(0, config.vocab_size, (len(PROMPTS), tree.nodes_with_root)), jnp.int32)
   tree_logits_BxNxV, _ = _prefilled_forward(config, params, padded, lengths, tokens_BxN, tree=tree)
   paths = tree.path_table()
-  for node in range(tree.num_nodes):
+  for node in range(tree.nodes_with_root):
     path = paths[node, :tree.depth[node] + 1]
     chain_logits_BxTxV, _ = _prefilled_forward(config, params, padded, lengths, tokens_BxN[:, path])
     np.testing.assert_allclose(tree_logits_BxNxV[:, node], chain_logits_BxTxV[:, -1], atol=1e-5, rtol=1e-5)
@@ -81,7 +81,7 @@ def test_a_sibling_changes_nothing_but_a_missing_mask_would():
   config, params = _variant("dense")
   tree = TREES["branching"]
   padded, lengths = pad_prompts(PROMPTS)
-  tokens_BxN = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (3, tree.num_nodes)))
+  tokens_BxN = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (3, tree.nodes_with_root)))
   as_tree, _ = _prefilled_forward(config, params, padded, lengths, tokens_BxN, tree=tree)
   as_broken, _ = _prefilled_forward(config, params, padded, lengths, tokens_BxN, tree=_CausalTree(tree.depth))
   np.testing.assert_allclose(as_tree[:, :2], as_broken[:, :2], atol=1e-6)  # root, first child: same
@@ -107,10 +107,10 @@ def test_level_by_level_passes_equal_one_tree_pass(variant):
   config, params = _variant(variant)
   tree = TREES["paths"]
   padded, lengths = pad_prompts(PROMPTS)
-  tokens_BxN = jnp.asarray(np.random.default_rng(1).integers(0, config.vocab_size, (3, tree.num_nodes)))
+  tokens_BxN = jnp.asarray(np.random.default_rng(1).integers(0, config.vocab_size, (3, tree.nodes_with_root)))
   whole_logits, whole_cache = _prefilled_forward(config, params, padded, lengths, tokens_BxN, tree=tree)
   level_logits, level_cache = _levels_forward(config, params, padded, lengths, tokens_BxN, tree)
   np.testing.assert_allclose(level_logits, whole_logits, atol=1e-5, rtol=1e-5)
   for row, length in enumerate(lengths):
-    end = length + tree.num_nodes
+    end = length + tree.nodes_with_root
     np.testing.assert_allclose(level_cache.k[:, row, :end], whole_cache.k[:, row, :end], atol=1e-5, rtol=1e-5)

@@ -41,9 +41,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.student.feature_layers = "eagle3"  # eagle_head: target features read: "eagle3" (low, middle, high
   #                                      blocks), "last" (EAGLE-1: the final-norm hidden state) or "1,5,9"
   c.student.ttt_steps = 7  # eagle_head: drafting steps unrolled by the training-time test (loss 0.8^j)
-  c.student.draft_vocab = 0  # eagle_head: train (and export) the head over the N tokens most frequent in the
-  #                            training rows (stop tokens included), EAGLE-3's draft vocabulary: an N-column
-  #                            output projection, V / N times cheaper (0 = the full vocabulary)
+  c.student.draft_vocab = 0  # eagle_head: train (and export) the head over the Vd tokens most frequent in the
+  #                            training rows (stop tokens included), EAGLE-3's draft vocabulary: a Vd-column
+  #                            output projection, V / Vd times cheaper (0 = the full vocabulary)
   c.student.feature_loss_weight = 0.0  # eagle_head, feature_layers "last": weight of EAGLE-1's smooth-L1
   #                                      regression of the head's output on the target's next hidden state
 

@@ -49,8 +49,8 @@ def split_documents(docs: Sequence[Document], heldout_fraction: float,
 class Packed:
   """Fixed-length token rows; `mask` marks real tokens (False only in the last row's padding)."""
 
-  tokens: np.ndarray  # [N, T] int32
-  mask: np.ndarray  # [N, T] bool
+  tokens: np.ndarray  # [Z, T] int32
+  mask: np.ndarray  # [Z, T] bool
 
   def fingerprint(self) -> str:
     """sha256 of the rows: a checkpoint refuses to resume on different data."""
@@ -138,12 +138,12 @@ def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, m
     with jax.set_mesh(part.mesh):
       out = generate(*(jax.make_array_from_callback(x.shape, rows, lambda index, x=x: x[index])
                        for x in (np.asarray(prompts_BxP), np.asarray(lengths_B, np.int32))))
-  generated_BxN, counts_B = meshes.to_host((out.tokens, out.counts))
+  generated_BxO, counts_B = meshes.to_host((out.tokens, out.counts))
   new_BxT = np.zeros_like(tokens_BxT)
   new_mask_BxT = np.zeros((B, T), bool)
   for b, (n, c) in enumerate(zip(lengths_B, counts_B)):
     new_BxT[b, :n] = tokens_BxT[b, :n]
-    new_BxT[b, n:n + c] = generated_BxN[b, :c]
+    new_BxT[b, n:n + c] = generated_BxO[b, :c]
     new_mask_BxT[b, n - 1:n + c - 1] = True
   return new_BxT, new_mask_BxT
 

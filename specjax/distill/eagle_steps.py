@@ -15,11 +15,11 @@ every position, weighted 0.8^j (EAGLE-3's weights), averaged over valid position
 the final hidden state, EAGLE-1's regression of the head's output on the target's next hidden state can
 be added (`feature_regression`).
 
-A head that drafts through a restricted vocabulary (`DraftHead`: N of the V tokens, EAGLE-3's draft
-vocabulary) trains over those N tokens only: its logits are [.., N] and the target's distribution is
-renormalised over the same N (the best a head scoring only them can do), which makes the output
-projection and its gradient V / N times cheaper. The expected acceptance stays the true one,
-sum over the N tokens of min(p, q) with q the target's full distribution (mass outside them is never
+A head that drafts through a restricted vocabulary (`DraftHead`: Vd of the V tokens, EAGLE-3's draft
+vocabulary) trains over those Vd tokens only: its logits are [.., Vd] and the target's distribution is
+renormalised over the same Vd (the best a head scoring only them can do), which makes the output
+projection and its gradient V / Vd times cheaper. The expected acceptance stays the true one,
+sum over the Vd tokens of min(p, q) with q the target's full distribution (mass outside them is never
 accepted).
 
 The held-out metric `acceptance_length` simulates drafting: with a_j the expected acceptance
@@ -47,22 +47,22 @@ from specjax.speculative.drafters.eagle import EagleConfig, fuse, head_forward, 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
 
 
-def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
+def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Array, v_BxTxGxDh: jax.Array,
                    steps: tuple, layer: int, tree=None) -> tuple[jax.Array, tuple]:
   """The training-time test's attention core (`transformer.Attention`, in the head's one block): `steps`
-  holds the keys and values [B, T, H_kv, D_h] of the steps before this one, j. The query of the chain
+  holds the keys and values [B, T, G, Dh] of the steps before this one, j. The query of the chain
   at t (position t + j) sees the step-0 keys of positions <= t and its own chain's keys of steps 1 .. j
   (the "diagonal" of each step), those in the layer's window, as the head drafting from its cache does.
-  Scores scaled and soft-capped as in `attention`, softmax in float32. Returns [B, T, H, D_h] and the
+  Scores scaled and soft-capped as in `attention`, softmax in float32. Returns [B, T, H, Dh] and the
   steps with this one's keys and values appended."""
-  steps = steps + ((k_BxTxKxDh, v_BxTxKxDh),)
-  j, (keys0_BxTxKxDh, values0_BxTxKxDh), diagonal = len(steps) - 1, steps[0], steps[1:]
+  steps = steps + ((k_BxTxGxDh, v_BxTxGxDh),)
+  j, (keys0_BxTxGxDh, values0_BxTxGxDh), diagonal = len(steps) - 1, steps[0], steps[1:]
   B, T, H, _ = q_BxTxHxDh.shape
   window = block.layer_windows()[layer]
   group = H // block.n_kv_heads
-  expand = lambda x_BxTxKxDh: jnp.repeat(x_BxTxKxDh, group, axis=2)
+  expand = lambda x_BxTxGxDh: jnp.repeat(x_BxTxGxDh, group, axis=2)
   score = lambda s: attention.soft_cap(s * block.attention_scale(), block.attn_softcap)
-  causal_BxHxTxS = score(jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxKxDh),
+  causal_BxHxTxS = score(jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxGxDh),
                                     preferred_element_type=jnp.float32))
   chain_T = jnp.arange(T)
   visible_TxS = chain_T[None, :] <= chain_T[:, None]
@@ -71,22 +71,22 @@ def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Ar
   causal_BxHxTxS = jnp.where(visible_TxS[None, None], causal_BxHxTxS, -jnp.inf)
   # Step i's key of the same chain sits at t + i: in the window iff j - i < window.
   diagonal = [pair for i, pair in enumerate(diagonal, 1) if not window or j - i < window]
-  diag_BxHxTxJ = jnp.stack([score(jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(keys_BxTxKxDh),
+  diag_BxHxTxJ = jnp.stack([score(jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(keys_BxTxGxDh),
                                              preferred_element_type=jnp.float32))
-                            for keys_BxTxKxDh, _ in diagonal], axis=-1) if diagonal else jnp.zeros((B, H, T, 0))
-  weights_BxHxTxN = jax.nn.softmax(jnp.concatenate([causal_BxHxTxS, diag_BxHxTxJ], axis=-1), axis=-1)
-  out_BxTxHxDh = jnp.einsum("bhts,bshd->bthd", weights_BxHxTxN[..., :T].astype(values0_BxTxKxDh.dtype),
-                            expand(values0_BxTxKxDh))
-  for i, (_, values_BxTxKxDh) in enumerate(diagonal):
-    weights_BxTxHx1 = weights_BxHxTxN[..., T + i].transpose(0, 2, 1)[..., None].astype(values_BxTxKxDh.dtype)
-    out_BxTxHxDh = out_BxTxHxDh + weights_BxTxHx1 * expand(values_BxTxKxDh)
+                            for keys_BxTxGxDh, _ in diagonal], axis=-1) if diagonal else jnp.zeros((B, H, T, 0))
+  weights_BxHxTxSJ = jax.nn.softmax(jnp.concatenate([causal_BxHxTxS, diag_BxHxTxJ], axis=-1), axis=-1)
+  out_BxTxHxDh = jnp.einsum("bhts,bshd->bthd", weights_BxHxTxSJ[..., :T].astype(values0_BxTxGxDh.dtype),
+                            expand(values0_BxTxGxDh))
+  for i, (_, values_BxTxGxDh) in enumerate(diagonal):
+    weights_BxTxHx1 = weights_BxHxTxSJ[..., T + i].transpose(0, 2, 1)[..., None].astype(values_BxTxGxDh.dtype)
+    out_BxTxHxDh = out_BxTxHxDh + weights_BxTxHx1 * expand(values_BxTxGxDh)
   return out_BxTxHxDh, steps
 
 
 def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
                tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int, vocab: DraftHead | None = None
                ) -> list[tuple[jax.Array, jax.Array]]:
-  """The head's outputs [B, T, D] and float32 logits [B, T, V] (a restricted `vocab`: [B, T, N], its
+  """The head's outputs [B, T, D] and float32 logits [B, T, V] (a restricted `vocab`: [B, T, Vd], its
   tokens' `head_scores`) of each TTT step j < `num_steps` for the chains starting at every position t
   (step j at t predicts x_{t+2+j}; fed tokens past the sequence are id 0, their outputs are masked by
   the caller)."""
@@ -132,13 +132,13 @@ def feature_regression(out_BxTxD: jax.Array, features_BxTxD: jax.Array, mask_BxT
   return losses.masked_mean(per_token_BxT, valid_BxT)
 
 
-def expected_acceptance(target_logits_xV: jax.Array, head_logits_xN: jax.Array, vocab: DraftHead | None
+def expected_acceptance(target_logits_xV: jax.Array, head_logits_xVd: jax.Array, vocab: DraftHead | None
                         ) -> jax.Array:
   """sum_x min(p(x), q(x)) [...] at temperature 1 for a head's logits over its own vocabulary (all V
-  tokens, or the N of `vocab`) against the target's over all V."""
+  tokens, or the Vd of `vocab`) against the target's over all V."""
   q_xV = jax.nn.softmax(target_logits_xV.astype(jnp.float32), axis=-1)
-  q_xN = q_xV if vocab is None else jnp.take(q_xV, vocab.tokens_N, axis=-1)
-  return jnp.sum(jnp.minimum(jax.nn.softmax(head_logits_xN, axis=-1), q_xN), axis=-1)
+  q_xVd = q_xV if vocab is None else jnp.take(q_xV, vocab.tokens_Vd, axis=-1)
+  return jnp.sum(jnp.minimum(jax.nn.softmax(head_logits_xVd, axis=-1), q_xVd), axis=-1)
 
 
 def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
@@ -147,7 +147,7 @@ def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, ta
   """sum_j 0.8^j masked-mean KL(target || head) of TTT step j (plus `feature_weight` times EAGLE-1's
   `feature_regression`, for heads reading the final hidden state), and per-step expected acceptances
   [B, T] with their masks (for `acceptance_length`). A restricted `vocab`: the KL of the target
-  renormalised over its N tokens; the acceptances against the target's full distribution."""
+  renormalised over its Vd tokens; the acceptances against the target's full distribution."""
   if feature_weight and config.feature_layers:
     raise ValueError("the feature regression needs a head reading the target's final hidden state "
                      "(feature_layers 'last'): a fused EAGLE-3 feature is the head's own projection")
@@ -158,7 +158,7 @@ def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, ta
     total = feature_weight * feature_regression(unrolled[0][0], features_BxTxF, mask_BxT)
   for j, (_, logits_BxTxV) in enumerate(unrolled):
     teacher_BxTxV, valid_BxT = _step_targets(target_BxTxV, mask_BxT, j)
-    teacher_own = teacher_BxTxV if vocab is None else jnp.take(teacher_BxTxV, vocab.tokens_N, axis=-1)
+    teacher_own = teacher_BxTxV if vocab is None else jnp.take(teacher_BxTxV, vocab.tokens_Vd, axis=-1)
     kl_BxT = losses.token_divergence("forward_kl", teacher_own, logits_BxTxV)
     total = total + STEP_WEIGHT ** j * losses.masked_mean(jnp.where(valid_BxT > 0, kl_BxT, 0.0), valid_BxT)
     accepts.append((expected_acceptance(teacher_BxTxV, logits_BxTxV, vocab), valid_BxT))
@@ -169,8 +169,8 @@ def acceptance_length(accepts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.A
   """(sum over chains of the expected accepted draft tokens, sum of step 0's expected acceptance, chains):
   chains are the positions where every step is valid; chain t accepts sum_j prod_{i <= j} a_i."""
   valid_BxT = jnp.prod(jnp.stack([valid for _, valid in accepts]), axis=0)
-  prefix_NxBxT = jnp.cumprod(jnp.stack([a for a, _ in accepts]), axis=0)
-  return (jnp.sum(jnp.sum(prefix_NxBxT, axis=0) * valid_BxT), jnp.sum(accepts[0][0] * valid_BxT),
+  prefix_JxBxT = jnp.cumprod(jnp.stack([a for a, _ in accepts]), axis=0)
+  return (jnp.sum(jnp.sum(prefix_JxBxT, axis=0) * valid_BxT), jnp.sum(accepts[0][0] * valid_BxT),
           jnp.sum(valid_BxT))
 
 

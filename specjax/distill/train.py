@@ -8,8 +8,8 @@ work directory holds:
   metrics.jsonl         one JSON record per train step ("split": "train") and per evaluation ("eval")
   tensorboard/          the same records as TensorBoard scalars (config.tensorboard, needs tensorboardX)
   summary.json          target, student, steps, held-out metrics before and after, wall time
-  head_vocab.npy        an EAGLE head's restricted vocabulary (student.draft_vocab > 0): the N token ids
-                        [N] int32 it trains and exports over, ranked once from the training rows
+  head_vocab.npy        an EAGLE head's restricted vocabulary (student.draft_vocab > 0): the Vd token ids
+                        [Vd] int32 it trains and exports over, ranked once from the training rows
   export/               the distilled draft (its master params rounded to the model dtype: the draft that
                         was evaluated) as a Hugging Face directory (or config.export_dir); an EAGLE head
                         (student.init = "eagle_head") in specjax's head layout (`speculative.eagle_io`),
@@ -118,7 +118,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                       "remat=False, data.modes.student=0")
   if config.student.draft_vocab and (config.student.init != "eagle_head" or config.student.draft_vocab < 0):
     raise ConfigError(f"config.student.draft_vocab {config.student.draft_vocab}: a restricted vocabulary is "
-                      "for student.init 'eagle_head' only, and a count N > 0 of tokens (0 = the full vocabulary)")
+                      "for student.init 'eagle_head' only, and a count Vd > 0 of tokens (0 = the full vocabulary)")
   if config.student.feature_loss_weight and not (config.student.init == "eagle_head"
                                                  and config.student.feature_layers == "last"):
     raise ConfigError("student.feature_loss_weight (EAGLE-1's feature regression) needs student.init "
@@ -279,8 +279,8 @@ def latest_head(config: ml_collections.ConfigDict
   teacher, head_config, state, step, _ = _restore_newest(config)
   vocab = None
   if config.student.draft_vocab:
-    tokens_N = np.load(os.path.join(config.workdir, HEAD_VOCAB_FILE))
-    vocab = restrict_head(teacher.config, teacher.params, tokens_N)
+    tokens_Vd = np.load(os.path.join(config.workdir, HEAD_VOCAB_FILE))
+    vocab = restrict_head(teacher.config, teacher.params, tokens_Vd)
   return teacher, head_config, eagle_steps.run_params(head_config, state.params), vocab, step
 
 
@@ -293,12 +293,12 @@ def head_vocab(config: ml_collections.ConfigDict, teacher: LoadedModel, train_ro
     return None
   counts_V = np.bincount(train_rows.tokens[train_rows.mask], minlength=teacher.config.vocab_size)
   try:
-    tokens_N = draft_vocab.most_frequent(counts_V, size, always=teacher.tokenizer.eos_ids)
+    tokens_Vd = draft_vocab.most_frequent(counts_V, size, always=teacher.tokenizer.eos_ids)
   except ValueError as e:
     raise ConfigError(f"config.student.draft_vocab: {e}") from None
-  print(f"the head trains over {len(tokens_N)} of {teacher.config.vocab_size} tokens, "
-        f"{counts_V[tokens_N].sum() / max(counts_V.sum(), 1):.2%} of the training tokens", flush=True)
-  return restrict_head(teacher.config, teacher.params, tokens_N)
+  print(f"the head trains over {len(tokens_Vd)} of {teacher.config.vocab_size} tokens, "
+        f"{counts_V[tokens_Vd].sum() / max(counts_V.sum(), 1):.2%} of the training tokens", flush=True)
+  return restrict_head(teacher.config, teacher.params, tokens_Vd)
 
 
 def _keep_head_vocab(workdir: str, vocab: DraftHead | None) -> None:
@@ -306,12 +306,12 @@ def _keep_head_vocab(workdir: str, vocab: DraftHead | None) -> None:
   same one (same rows, same size)."""
   if vocab is None:
     return
-  path, tokens_N = os.path.join(workdir, HEAD_VOCAB_FILE), np.asarray(vocab.tokens_N, np.int32)
-  if os.path.exists(path) and not np.array_equal(np.load(path), tokens_N):
+  path, tokens_Vd = os.path.join(workdir, HEAD_VOCAB_FILE), np.asarray(vocab.tokens_Vd, np.int32)
+  if os.path.exists(path) and not np.array_equal(np.load(path), tokens_Vd):
     raise ConfigError(f"{path} holds another restricted vocabulary than config.student.draft_vocab "
-                      f"{len(tokens_N)} ranks from these training rows: use a new work directory")
+                      f"{len(tokens_Vd)} ranks from these training rows: use a new work directory")
   if meshes.is_main_process():
-    np.save(path + ".tmp.npy", tokens_N)
+    np.save(path + ".tmp.npy", tokens_Vd)
     os.replace(path + ".tmp.npy", path)
 
 

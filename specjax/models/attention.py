@@ -8,16 +8,16 @@ times `scale`, optionally soft-capped (c tanh(s / c), Gemma 2) before the mask. 
 that one function:
 
 - `dense` (`attention_block = 0`): the portable reference. Scores against all S_max cache positions,
-  masked: cost and the float32 score tensor [B, H_kv, G, T, S_max] grow with the cache's capacity,
+  masked: cost and the float32 score tensor [B, G, Hg, T, S_max] grow with the cache's capacity,
   whatever the rows hold.
-- `blockwise` (`attention_block = N`): walks key blocks of N positions with an online softmax (running
+- `blockwise` (`attention_block = Sb`): walks key blocks of Sb positions with an online softmax (running
   max, running sum, float32 accumulator), only over the blocks that some row's queries can see: from
   the window's start (0 without a window) up to the batch's longest live length + T. Cost and memory
-  follow what the rows hold; peak scores are [B, H_kv, G, T, N]. The number of blocks is data: a
+  follow what the rows hold; peak scores are [B, G, Hg, T, Sb]. The number of blocks is data: a
   `lax.fori_loop` with a dynamic trip count (on GPU each block costs one read of the loop predicate by
   the host; on CPU nothing). It is not reverse-differentiable: training uses `dense`.
 
-Both read one layer of the stacked cache `[L, B, S, H_kv, D]` by index: slicing the layer out first
+Both read one layer of the stacked cache `[L, B, S, G, Dh]` by index: slicing the layer out first
 would copy all of its S_max positions every pass (at S_max = 32k that copy cost more than the live
 attention). Both compute scores in float32 and feed the softmax weights to the value product in the
 model dtype.
@@ -84,33 +84,33 @@ def soft_cap(x: jax.Array, cap: float) -> jax.Array:
   return cap * jnp.tanh(x / cap) if cap else x
 
 
-def _scores(q_BxTxKxGxD: jax.Array, k_BxSxKxD: jax.Array, scale: float, softcap: float) -> jax.Array:
-  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32) * scale
+def _scores(q_BxTxGxHgxDh: jax.Array, k_BxSxGxDh: jax.Array, scale: float, softcap: float) -> jax.Array:
+  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxGxHgxDh, k_BxSxGxDh, preferred_element_type=jnp.float32) * scale
   return soft_cap(scores, softcap)
 
 
-def dense(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
+def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
           window, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
-  """Attention output [B, T, H_kv, G, D] over every cache position of `layer`, masked (the reference)."""
-  k_BxSxKxD, v_BxSxKxD = k_LxBxSxKxD[layer], v_LxBxSxKxD[layer]
-  T, S = q_BxTxKxGxD.shape[1], k_BxSxKxD.shape[1]
+  """Attention output [B, T, G, Hg, Dh] over every cache position of `layer`, masked (the reference)."""
+  k_BxSxGxDh, v_BxSxGxDh = k_LxBxSxGxDh[layer], v_LxBxSxGxDh[layer]
+  T, S = q_BxTxGxHgxDh.shape[1], k_BxSxGxDh.shape[1]
   query_pos_BxT = query_positions(lengths_B, T, tree)
   visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window, lengths_B, tree)
-  scale = q_BxTxKxGxD.shape[-1] ** -0.5 if scale is None else scale
-  scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxKxGxD, k_BxSxKxD, scale, softcap),
-                               -jnp.inf)
-  weights = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxD.dtype)
-  return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxKxD)
+  scale = q_BxTxGxHgxDh.shape[-1] ** -0.5 if scale is None else scale
+  scores_BxGxHgxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxGxHgxDh, k_BxSxGxDh, scale, softcap),
+                                -jnp.inf)
+  weights = jax.nn.softmax(scores_BxGxHgxTxS, axis=-1).astype(v_BxSxGxDh.dtype)
+  return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxGxDh)
 
 
-def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer,
+def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
               lengths_B: jax.Array, window, block: int, scale: float | None = None,
               softcap: float = 0.0, tree=None) -> jax.Array:
-  """Attention output [B, T, H_kv, G, D] over the live key blocks of `layer` only (online softmax)."""
-  B, T, K, G, D = q_BxTxKxGxD.shape
-  S = k_LxBxSxKxD.shape[2]
+  """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax)."""
+  B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
+  S = k_LxBxSxGxDh.shape[2]
   block = min(block, S)
-  scale = D ** -0.5 if scale is None else scale
+  scale = Dh ** -0.5 if scale is None else scale
   query_pos_BxT = query_positions(lengths_B, T, tree)
   # One past the last key any query sees (a tree level also sees the `first` nodes before it).
   end = jnp.minimum(jnp.max(lengths_B) + T + (0 if tree is None else tree.first), S)
@@ -118,43 +118,43 @@ def blockwise(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.A
   first_block, last_block = start // block, (end + block - 1) // block
 
   def step(i, carry):
-    max_BxKxGxT, sum_BxKxGxT, acc_BxKxGxTxD = carry
+    max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh = carry
     # The last block may overhang S_max: it is read from S - block and its keys below i * block (already
     # seen by the previous block) are masked.
     begin = jnp.minimum(i * block, S - block)
-    key_pos_N = begin + jnp.arange(block)
-    start, size = (layer, 0, begin, 0, 0), (1, B, block, K, D)
-    k_BxNxKxD = jax.lax.dynamic_slice(k_LxBxSxKxD, start, size)[0]
-    v_BxNxKxD = jax.lax.dynamic_slice(v_LxBxSxKxD, start, size)[0]
-    visible_BxTxN = (_visible(query_pos_BxT, key_pos_N, window, lengths_B, tree)
-                     & (key_pos_N >= i * block)[None, None, :])
-    visible_Bx1x1xTxN = visible_BxTxN[:, None, None]
-    scores_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, _scores(q_BxTxKxGxD, k_BxNxKxD, scale, softcap), -jnp.inf)
-    new_max_BxKxGxT = jnp.maximum(max_BxKxGxT, scores_BxKxGxTxN.max(axis=-1))
+    key_pos_Sb = begin + jnp.arange(block)
+    start, size = (layer, 0, begin, 0, 0), (1, B, block, G, Dh)
+    k_BxSbxGxDh = jax.lax.dynamic_slice(k_LxBxSxGxDh, start, size)[0]
+    v_BxSbxGxDh = jax.lax.dynamic_slice(v_LxBxSxGxDh, start, size)[0]
+    visible_BxTxSb = (_visible(query_pos_BxT, key_pos_Sb, window, lengths_B, tree)
+                      & (key_pos_Sb >= i * block)[None, None, :])
+    visible_Bx1x1xTxSb = visible_BxTxSb[:, None, None]
+    scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, _scores(q_BxTxGxHgxDh, k_BxSbxGxDh, scale, softcap), -jnp.inf)
+    new_max_BxGxHgxT = jnp.maximum(max_BxGxHgxT, scores_BxGxHgxTxSb.max(axis=-1))
     # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
-    shift_BxKxGxT = jnp.where(jnp.isfinite(new_max_BxKxGxT), new_max_BxKxGxT, 0.0)
-    rescale_BxKxGxT = jnp.exp(max_BxKxGxT - shift_BxKxGxT)
-    weights_BxKxGxTxN = jnp.where(visible_Bx1x1xTxN, jnp.exp(scores_BxKxGxTxN - shift_BxKxGxT[..., None]), 0.0)
-    sum_BxKxGxT = sum_BxKxGxT * rescale_BxKxGxT + weights_BxKxGxTxN.sum(axis=-1)
-    acc_BxKxGxTxD = acc_BxKxGxTxD * rescale_BxKxGxT[..., None] + jnp.einsum(
-        "bkgtn,bnkd->bkgtd", weights_BxKxGxTxN.astype(v_LxBxSxKxD.dtype), v_BxNxKxD,
+    shift_BxGxHgxT = jnp.where(jnp.isfinite(new_max_BxGxHgxT), new_max_BxGxHgxT, 0.0)
+    rescale_BxGxHgxT = jnp.exp(max_BxGxHgxT - shift_BxGxHgxT)
+    weights_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, jnp.exp(scores_BxGxHgxTxSb - shift_BxGxHgxT[..., None]), 0.0)
+    sum_BxGxHgxT = sum_BxGxHgxT * rescale_BxGxHgxT + weights_BxGxHgxTxSb.sum(axis=-1)
+    acc_BxGxHgxTxDh = acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None] + jnp.einsum(
+        "bkgtn,bnkd->bkgtd", weights_BxGxHgxTxSb.astype(v_LxBxSxGxDh.dtype), v_BxSbxGxDh,
         preferred_element_type=jnp.float32)
-    return new_max_BxKxGxT, sum_BxKxGxT, acc_BxKxGxTxD
+    return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh
 
-  init = (jnp.full((B, K, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
-          jnp.zeros((B, K, G, T, D), jnp.float32))
-  _, sum_BxKxGxT, acc_BxKxGxTxD = jax.lax.fori_loop(first_block, last_block, step, init)
+  init = (jnp.full((B, G, Hg, T), -jnp.inf, jnp.float32), jnp.zeros((B, G, Hg, T), jnp.float32),
+          jnp.zeros((B, G, Hg, T, Dh), jnp.float32))
+  _, sum_BxGxHgxT, acc_BxGxHgxTxDh = jax.lax.fori_loop(first_block, last_block, step, init)
   # Every query sees at least its own key, so the sum is > 0.
-  out_BxKxGxTxD = acc_BxKxGxTxD / sum_BxKxGxT[..., None]
-  return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxKxD.dtype)
+  out_BxGxHgxTxDh = acc_BxGxHgxTxDh / sum_BxGxHgxT[..., None]
+  return out_BxGxHgxTxDh.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxGxDh.dtype)
 
 
-def attend(q_BxTxKxGxD: jax.Array, k_LxBxSxKxD: jax.Array, v_LxBxSxKxD: jax.Array, layer, lengths_B: jax.Array,
+def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
            window, block: int, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
   """`blockwise` with `block` keys per step, or `dense` when `block` is 0, over cache layer `layer` (an
-  int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to D^(-1/2);
+  int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to Dh^(-1/2);
   `tree` (static, None = a chain) makes the chunk a tree (see `_visible`)."""
   if block:
-    return blockwise(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, block, scale, softcap,
+    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, block, scale, softcap,
                      tree)
-  return dense(q_BxTxKxGxD, k_LxBxSxKxD, v_LxBxSxKxD, layer, lengths_B, window, scale, softcap, tree)
+  return dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale, softcap, tree)

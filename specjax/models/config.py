@@ -34,9 +34,9 @@ class ModelConfig:
   d_model: int  # D: width of the residual stream
   n_layers: int  # number of transformer blocks
   n_heads: int  # H: query heads
-  n_kv_heads: int  # H_kv: key/value heads (H % H_kv == 0; H_kv < H is grouped-query attention)
-  head_dim: int  # D_h: width of one head
-  d_ff: int  # F: hidden width of the MLP
+  n_kv_heads: int  # G: key/value heads (H % G == 0; G < H is grouped-query attention)
+  head_dim: int  # Dh: width of one head
+  d_ff: int  # Dff: hidden width of the MLP
   norm_eps: float = 1e-6  # epsilon of RMSNorm / LayerNorm
   rope_theta: float = 10000.0  # RoPE base (llama, gemma; Gemma 3: of the global layers)
   rope_scaling: RopeScaling = RopeScaling()  # RoPE variant (Gemma 3: of the global layers only)

@@ -137,10 +137,10 @@ def _gemma3_config(reader: gguf.GGUFReader, common: dict[str, Any]) -> ModelConf
       final_softcap=float(metadata(reader, "gemma3.final_logit_softcapping", 0.0)), **common)
 
 
-def unpermute_rows(w_OxI: np.ndarray, num_heads: int) -> np.ndarray:
+def unpermute_rows(w_DoutxDin: np.ndarray, num_heads: int) -> np.ndarray:
   """Inverse of llama.cpp's `permute`: per head, interleaved (even, odd) rows back to two halves."""
-  half = w_OxI.shape[0] // num_heads // 2
-  return (w_OxI.reshape(num_heads, half, 2, *w_OxI.shape[1:]).swapaxes(1, 2).reshape(w_OxI.shape))
+  half = w_DoutxDin.shape[0] // num_heads // 2
+  return (w_DoutxDin.reshape(num_heads, half, 2, *w_DoutxDin.shape[1:]).swapaxes(1, 2).reshape(w_DoutxDin.shape))
 
 
 def _target_paths(config: ModelConfig, name: str) -> list[str] | None:

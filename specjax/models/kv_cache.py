@@ -23,7 +23,7 @@ class CacheSharding(Protocol):
   and the model's partition rules, which this package does not know. A hashable value: the cache keeps
   it as a static field, so equal shardings share compiled programs."""
 
-  def kv(self, x_LxBxSxKxD: jax.Array) -> jax.Array:
+  def kv(self, x_LxBxSxGxDh: jax.Array) -> jax.Array:
     """`x` (keys or values of every layer) pinned where the cache's keys and values lie."""
 
   def rows(self, x_B: jax.Array) -> jax.Array:
@@ -32,8 +32,8 @@ class CacheSharding(Protocol):
 
 @flax.struct.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, S_max, H_kv, D_h] keys of every layer
-  v: jax.Array  # [L, B, S_max, H_kv, D_h] values of every layer
+  k: jax.Array  # [L, B, S_max, G, Dh] keys of every layer
+  v: jax.Array  # [L, B, S_max, G, Dh] values of every layer
   lengths: jax.Array  # [B] int32: committed tokens per row (= position of the row's next token)
   # Static: where k/v lie on the mesh, None on one device. Every write pins the arrays there, so a
   # loop carrying the cache never moves it between devices.
@@ -49,7 +49,7 @@ class KVCache:
     return self.k.shape[1]
 
   def _with_kv(self, k: jax.Array, v: jax.Array) -> "KVCache":
-    """The cache holding keys `k` and values `v` [L, B, S_max, H_kv, D_h], pinned by `sharding`."""
+    """The cache holding keys `k` and values `v` [L, B, S_max, G, Dh], pinned by `sharding`."""
     if self.sharding is None:
       return self.replace(k=k, v=v)
     return self.replace(k=self.sharding.kv(k), v=self.sharding.kv(v))
@@ -58,7 +58,7 @@ class KVCache:
     """Commits `num_tokens_B[b]` more of the tokens last written to row b."""
     return self.replace(lengths=self.lengths + num_tokens_B.astype(jnp.int32))
 
-  def write(self, layer: int, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array, offset: int = 0) -> "KVCache":
+  def write(self, layer: int, k_BxTxGxDh: jax.Array, v_BxTxGxDh: jax.Array, offset: int = 0) -> "KVCache":
     """Writes one layer's chunk of T keys/values at each row's own offset `lengths[b]` (+ `offset`,
     static: a tree level after the levels above it).
 
@@ -66,17 +66,17 @@ class KVCache:
     layer and setting it back copied the whole cache per layer: 3x slower decode at S=2048).
     Positions past S_max are dropped, never clamped onto valid entries; callers check capacity.
     """
-    T = k_BxTxKxD.shape[1]
+    T = k_BxTxGxDh.shape[1]
     positions_BxT = self.lengths[:, None] + (offset + jnp.arange(T))[None, :]
 
     # One row's write, vmapped over the rows: a scatter whose rows are a batch dimension, which
     # GSPMD keeps on each row's own device (indexing the rows explicitly gathered every update
     # over the data axis).
-    def write_row(cache_LxSxKxD, positions_T, update_TxKxD):
-      return cache_LxSxKxD.at[layer, positions_T].set(update_TxKxD.astype(cache_LxSxKxD.dtype), mode="drop")
+    def write_row(cache_LxSxGxDh, positions_T, update_TxGxDh):
+      return cache_LxSxGxDh.at[layer, positions_T].set(update_TxGxDh.astype(cache_LxSxGxDh.dtype), mode="drop")
 
     write = jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)
-    return self._with_kv(write(self.k, positions_BxT, k_BxTxKxD), write(self.v, positions_BxT, v_BxTxKxD))
+    return self._with_kv(write(self.k, positions_BxT, k_BxTxGxDh), write(self.v, positions_BxT, v_BxTxGxDh))
 
   def compact(self, source_BxM: jax.Array) -> "KVCache":
     """Moves each row's keys/values from slots `lengths[b] + source[b, j]` to `lengths[b] + j` (every
@@ -88,9 +88,9 @@ class KVCache:
     sources_BxM = self.lengths[:, None] + source_BxM.astype(jnp.int32)
 
     # Vmapped over the rows like `write`: each row moves its own slots, on its own device.
-    def move_row(cache_LxSxKxD, sources_M, targets_M):
-      moved_LxMxKxD = jnp.take(cache_LxSxKxD, sources_M, axis=1, mode="clip")
-      return cache_LxSxKxD.at[:, targets_M].set(moved_LxMxKxD, mode="drop")
+    def move_row(cache_LxSxGxDh, sources_M, targets_M):
+      moved_LxMxGxDh = jnp.take(cache_LxSxGxDh, sources_M, axis=1, mode="clip")
+      return cache_LxSxGxDh.at[:, targets_M].set(moved_LxMxGxDh, mode="drop")
 
     move = jax.vmap(move_row, in_axes=(1, 0, 0), out_axes=1)
     return self._with_kv(move(self.k, sources_BxM, targets_BxM), move(self.v, sources_BxM, targets_BxM))

@@ -4,7 +4,7 @@
 `inverse_frequencies` is the one place its frequencies are computed, mirroring transformers'
 `modeling_rope_utils` operation by operation in float32:
 
-- `default`: inv_freq_i = theta^(-2i / D).
+- `default`: inv_freq_i = theta^(-2i / Dh).
 - `linear`: default / factor (positions interpolated by `factor`).
 - `llama3`: low frequencies (wavelength > original context / low_freq_factor) divided by `factor`, high
   ones (wavelength < original context / high_freq_factor) kept, a smooth blend in between.
@@ -12,7 +12,7 @@
   the dimensions that turn between `beta_fast` and `beta_slow` times in the original context; cos and
   sin are multiplied by `attention_factor` (so attention scores by its square).
 - `dynamic` (NTK): the base grows with the sequence length L seen, theta * (factor L / L0 - factor +
-  1)^(D / (D - 2)) once L exceeds the original context L0 (= `max_position_embeddings`).
+  1)^(Dh / (Dh - 2)) once L exceeds the original context L0 (= `max_position_embeddings`).
 
 Dynamic NTK in a static cache: transformers recomputes the frequencies per forward call from the
 largest position of the call (`seq_len = max(position_ids) + 1`) and rotates every query and key of the
@@ -65,15 +65,15 @@ def _exponents(dim: int) -> jax.Array:
   return jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
 
 
-def _llama3(inv_freq_F: jax.Array, s: RopeScaling) -> jax.Array:
+def _llama3(inv_freq_Fq: jax.Array, s: RopeScaling) -> jax.Array:
   low_freq_wavelen = s.original_max_positions / s.low_freq_factor
   high_freq_wavelen = s.original_max_positions / s.high_freq_factor
-  wavelen_F = 2 * math.pi / inv_freq_F
-  scaled_F = jnp.where(wavelen_F > low_freq_wavelen, inv_freq_F / s.factor, inv_freq_F)
-  smooth_F = (s.original_max_positions / wavelen_F - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-  smoothed_F = (1 - smooth_F) * scaled_F / s.factor + smooth_F * scaled_F
-  is_medium_F = ~(wavelen_F < high_freq_wavelen) & ~(wavelen_F > low_freq_wavelen)
-  return jnp.where(is_medium_F, smoothed_F, scaled_F)
+  wavelen_Fq = 2 * math.pi / inv_freq_Fq
+  scaled_Fq = jnp.where(wavelen_Fq > low_freq_wavelen, inv_freq_Fq / s.factor, inv_freq_Fq)
+  smooth_Fq = (s.original_max_positions / wavelen_Fq - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+  smoothed_Fq = (1 - smooth_Fq) * scaled_Fq / s.factor + smooth_Fq * scaled_Fq
+  is_medium_Fq = ~(wavelen_Fq < high_freq_wavelen) & ~(wavelen_Fq > low_freq_wavelen)
+  return jnp.where(is_medium_Fq, smoothed_Fq, scaled_Fq)
 
 
 def _yarn(theta: float, dim: int, s: RopeScaling) -> jax.Array:
@@ -86,10 +86,10 @@ def _yarn(theta: float, dim: int, s: RopeScaling) -> jax.Array:
   low, high = max(low, 0), min(high, dim - 1)
   if low == high:
     high += 0.001  # transformers' guard against a zero-width ramp
-  pos_freqs_F = theta ** _exponents(dim)
-  ramp_F = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
-  extrapolation_F = 1 - ramp_F
-  return (1.0 / (s.factor * pos_freqs_F)) * (1 - extrapolation_F) + (1.0 / pos_freqs_F) * extrapolation_F
+  pos_freqs_Fq = theta ** _exponents(dim)
+  ramp_Fq = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+  extrapolation_Fq = 1 - ramp_Fq
+  return (1.0 / (s.factor * pos_freqs_Fq)) * (1 - extrapolation_Fq) + (1.0 / pos_freqs_Fq) * extrapolation_Fq
 
 
 def inverse_frequencies(scaling: RopeScaling, theta: float, dim: int,
@@ -105,27 +105,27 @@ def inverse_frequencies(scaling: RopeScaling, theta: float, dim: int,
     base_BxTx1 = theta * (stretch - (scaling.factor - 1)) ** (dim / (dim - 2))
     return 1.0 / (base_BxTx1 ** _exponents(dim).reshape(1, 1, -1)), 1.0
   if scaling.type == "yarn":
-    inv_freq_F = _yarn(theta, dim, scaling)
+    inv_freq_Fq = _yarn(theta, dim, scaling)
   else:
-    inv_freq_F = 1.0 / (theta ** _exponents(dim))
+    inv_freq_Fq = 1.0 / (theta ** _exponents(dim))
     if scaling.type == "linear":
-      inv_freq_F = inv_freq_F / scaling.factor
+      inv_freq_Fq = inv_freq_Fq / scaling.factor
     elif scaling.type == "llama3":
-      inv_freq_F = _llama3(inv_freq_F, scaling)
-  return inv_freq_F.reshape(1, 1, -1), scaling.attention_factor if scaling.type == "yarn" else 1.0
+      inv_freq_Fq = _llama3(inv_freq_Fq, scaling)
+  return inv_freq_Fq.reshape(1, 1, -1), scaling.attention_factor if scaling.type == "yarn" else 1.0
 
 
 def cos_sin(scaling: RopeScaling, theta: float, dim: int, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
   """cos and sin [B, T, dim / 2] of the rotation angles of every token (times yarn's attention factor)."""
   inv_freq, attention_factor = inverse_frequencies(scaling, theta, dim, positions_BxT)
-  angles_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
-  return jnp.cos(angles_BxTxF) * attention_factor, jnp.sin(angles_BxTxF) * attention_factor
+  angles_BxTxFq = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.cos(angles_BxTxFq) * attention_factor, jnp.sin(angles_BxTxFq) * attention_factor
 
 
-def rotate(x_BxTxHxD: jax.Array, cos_BxTxF: jax.Array, sin_BxTxF: jax.Array) -> jax.Array:
+def rotate(x_BxTxHxDh: jax.Array, cos_BxTxFq: jax.Array, sin_BxTxFq: jax.Array) -> jax.Array:
   """RoPE in the Hugging Face "rotate half" convention (first half / second half pairs), in float32."""
-  half = x_BxTxHxD.shape[-1] // 2
-  cos, sin = cos_BxTxF[:, :, None, :], sin_BxTxF[:, :, None, :]  # [B, T, 1, D/2]
-  x1, x2 = x_BxTxHxD[..., :half].astype(jnp.float32), x_BxTxHxD[..., half:].astype(jnp.float32)
+  half = x_BxTxHxDh.shape[-1] // 2
+  cos, sin = cos_BxTxFq[:, :, None, :], sin_BxTxFq[:, :, None, :]  # [B, T, 1, Fq], Fq = Dh / 2
+  x1, x2 = x_BxTxHxDh[..., :half].astype(jnp.float32), x_BxTxHxDh[..., half:].astype(jnp.float32)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x_BxTxHxD.dtype)
+  return rotated.astype(x_BxTxHxDh.dtype)

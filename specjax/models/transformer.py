@@ -20,7 +20,7 @@ plain copy.
   layers_{i}/attn_norm/{scale, bias?}, layers_{i}/mlp_norm/{scale, bias?}  (before attention / MLP)
   layers_{i}/post_attn_norm/scale, layers_{i}/post_mlp_norm/scale  (gemma: on attention / MLP outputs)
   layers_{i}/attn/{q_proj, k_proj, v_proj, o_proj}/{weight [out, in], bias? [out]}
-  layers_{i}/attn/{q_norm, k_norm}/scale [D_h]  (qk_norm: Qwen3, Gemma 3)
+  layers_{i}/attn/{q_norm, k_norm}/scale [Dh]  (qk_norm: Qwen3, Gemma 3)
   layers_{i}/mlp/{gate_proj (llama, gemma), up_proj, down_proj}/{weight, bias? (gpt2)}
   final_norm/{scale, bias?}; lm_head/weight [V, D] (absent when tie_embeddings)
 Gemma's norm scales are stored as transformers stores them: w, applied as (1 + w).
@@ -47,9 +47,9 @@ Params = Any
 _init = nn.initializers.normal(stddev=0.02)
 
 
-def _along_last(vector_N: jax.Array, ndim: int) -> jax.Array:
-  """Reshapes a [N] vector to broadcast against the last axis of an `ndim`-rank array."""
-  return vector_N.reshape((1,) * (ndim - 1) + (-1,))
+def _along_last(vector: jax.Array, ndim: int) -> jax.Array:
+  """Reshapes a vector to broadcast against the last axis of an `ndim`-rank array."""
+  return vector.reshape((1,) * (ndim - 1) + (-1,))
 
 
 class Linear(nn.Module):
@@ -60,13 +60,13 @@ class Linear(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x_BxTxI):
-    weight_OxI = self.param("weight", _init, (self.features, x_BxTxI.shape[-1]), self.dtype)
-    y_BxTxO = jax.lax.dot_general(x_BxTxI, weight_OxI, (((x_BxTxI.ndim - 1,), (1,)), ((), ())))
+  def __call__(self, x_BxTxDin):
+    weight_DoutxDin = self.param("weight", _init, (self.features, x_BxTxDin.shape[-1]), self.dtype)
+    y_BxTxDout = jax.lax.dot_general(x_BxTxDin, weight_DoutxDin, (((x_BxTxDin.ndim - 1,), (1,)), ((), ())))
     if self.use_bias:
-      bias_O = self.param("bias", nn.initializers.zeros, (self.features,), self.dtype)
-      y_BxTxO = y_BxTxO + _along_last(bias_O, y_BxTxO.ndim)
-    return y_BxTxO
+      bias_Dout = self.param("bias", nn.initializers.zeros, (self.features,), self.dtype)
+      y_BxTxDout = y_BxTxDout + _along_last(bias_Dout, y_BxTxDout.ndim)
+    return y_BxTxDout
 
 
 class Norm(nn.Module):
@@ -103,7 +103,7 @@ def per_layer(values: tuple, layer):
 
 
 def rotary_tables(config: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array] | None:
-  """cos and sin [R, B, T, D_h / 2] of every RoPE of the model (`config.ropes()`: R = 2 for Gemma 3's
+  """cos and sin [R, B, T, Dh / 2] of every RoPE of the model (`config.ropes()`: R = 2 for Gemma 3's
   global and local bases, else 1), computed once per forward and picked per layer; None for gpt2."""
   if config.arch == "gpt2":
     return None
@@ -111,19 +111,19 @@ def rotary_tables(config: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Ar
   return jnp.stack([cos for cos, _ in tables]), jnp.stack([sin for _, sin in tables])
 
 
-def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
+def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Array, v_BxTxGxDh: jax.Array,
                     cache: KVCache, layer, tree=None) -> tuple[jax.Array, KVCache]:
   """`Attention`'s default core: writes the chunk's keys/values into the static cache at each row's
   offset (a tree level after the levels above it) and attends over the cache's `layer` (see
-  `attention`). Returns [B, T, H, D_h] and the written cache."""
+  `attention`). Returns [B, T, H, Dh] and the written cache."""
   B, T, H, Dh = q_BxTxHxDh.shape
-  K = k_BxTxKxDh.shape[2]
-  cache = (cache.write(layer, k_BxTxKxDh, v_BxTxKxDh) if tree is None
-           else cache.write(layer, k_BxTxKxDh, v_BxTxKxDh, tree.first))
-  out_BxTxKxGxD = attention.attend(q_BxTxHxDh.reshape(B, T, K, H // K, Dh), cache.k, cache.v, layer, cache.lengths,
-                                   per_layer(cfg.layer_windows(), layer), cfg.attention_block,
-                                   cfg.attention_scale(), cfg.attn_softcap, tree)
-  return out_BxTxKxGxD.reshape(B, T, H, Dh), cache
+  G = k_BxTxGxDh.shape[2]
+  cache = (cache.write(layer, k_BxTxGxDh, v_BxTxGxDh) if tree is None
+           else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
+  out_BxTxGxHgxDh = attention.attend(q_BxTxHxDh.reshape(B, T, G, H // G, Dh), cache.k, cache.v, layer, cache.lengths,
+                                     per_layer(cfg.layer_windows(), layer), cfg.attention_block,
+                                     cfg.attention_scale(), cfg.attn_softcap, tree)
+  return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache
 
 
 class Attention(nn.Module):
@@ -131,7 +131,7 @@ class Attention(nn.Module):
   has them), an attention core, the output projection."""
 
   config: ModelConfig
-  # (config, q [B, T, H, D_h], k, v [B, T, H_kv, D_h], state, layer, tree) -> (out [B, T, H, D_h], state):
+  # (config, q [B, T, H, Dh], k, v [B, T, G, Dh], state, layer, tree) -> (out [B, T, H, Dh], state):
   # which keys each query sees. The static KV cache by default; EAGLE's training-time test plugs in its own.
   core: Callable = cache_attention
 
@@ -139,18 +139,18 @@ class Attention(nn.Module):
   def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
     cfg = self.config
     B, T, _ = x_BxTxD.shape
-    H, K, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    H, G, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     bias = cfg.qkv_bias or cfg.arch == "gpt2"
     q = Linear(H * Dh, bias, cfg.jnp_dtype, name="q_proj")(x_BxTxD).reshape(B, T, H, Dh)
-    k = Linear(K * Dh, bias, cfg.jnp_dtype, name="k_proj")(x_BxTxD).reshape(B, T, K, Dh)
-    v = Linear(K * Dh, bias, cfg.jnp_dtype, name="v_proj")(x_BxTxD).reshape(B, T, K, Dh)
+    k = Linear(G * Dh, bias, cfg.jnp_dtype, name="k_proj")(x_BxTxD).reshape(B, T, G, Dh)
+    v = Linear(G * Dh, bias, cfg.jnp_dtype, name="v_proj")(x_BxTxD).reshape(B, T, G, Dh)
     if cfg.qk_norm:
       q = Norm(cfg, Dh, name="q_norm")(q)
       k = Norm(cfg, Dh, name="k_norm")(k)
     if rotary is not None:
       index = per_layer(cfg.layer_ropes(), layer)
-      cos_BxTxF, sin_BxTxF = rotary[0][index], rotary[1][index]
-      q, k = rope.rotate(q, cos_BxTxF, sin_BxTxF), rope.rotate(k, cos_BxTxF, sin_BxTxF)
+      cos_BxTxFq, sin_BxTxFq = rotary[0][index], rotary[1][index]
+      q, k = rope.rotate(q, cos_BxTxFq, sin_BxTxFq), rope.rotate(k, cos_BxTxFq, sin_BxTxFq)
     out_BxTxHxDh, cache = self.core(cfg, q, k, v, cache, layer, tree)
     out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(out_BxTxHxDh.reshape(B, T, H * Dh))
     return out, cache
@@ -332,23 +332,23 @@ def _prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt
   B, P = prompts_BxP.shape
   chunk = min(config.prefill_chunk, P)
   num_chunks = -(-P // chunk)
-  chunks_NxBxC = jnp.pad(prompts_BxP, ((0, 0), (0, num_chunks * chunk - P))).reshape(
+  chunks_PcxBxT = jnp.pad(prompts_BxP, ((0, 0), (0, num_chunks * chunk - P))).reshape(
       B, num_chunks, chunk).transpose(1, 0, 2)
 
   def feed(carry, chunk_index_and_tokens):
     cache, last_BxD = carry
-    index, tokens_BxC = chunk_index_and_tokens
-    hidden_BxCxD, features_BxCxF, cache = forward_features(config, params, tokens_BxC, cache,
+    index, tokens_BxT = chunk_index_and_tokens
+    hidden_BxTxD, features_BxTxF, cache = forward_features(config, params, tokens_BxT, cache,
                                                            feature_layers or ())
     real_B = jnp.clip(prompt_lengths_B - index * chunk, 0, chunk)  # this chunk's prompt tokens per row
     # The last chunk holding prompt tokens of a row holds its last one, at index real - 1.
-    last_here_BxD = jnp.take_along_axis(hidden_BxCxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
+    last_here_BxD = jnp.take_along_axis(hidden_BxTxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
     return ((cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)),
-            None if feature_layers is None else features_BxCxF)
+            None if feature_layers is None else features_BxTxF)
 
   last_BxD = jnp.zeros((B, config.d_model), config.jnp_dtype)
-  (cache, last_BxD), features_NxBxCxF = jax.lax.scan(feed, (cache, last_BxD),
-                                                     (jnp.arange(num_chunks, dtype=jnp.int32), chunks_NxBxC))
-  features_BxPxF = None if feature_layers is None else features_NxBxCxF.transpose(1, 0, 2, 3).reshape(
+  (cache, last_BxD), features_PcxBxTxF = jax.lax.scan(feed, (cache, last_BxD),
+                                                     (jnp.arange(num_chunks, dtype=jnp.int32), chunks_PcxBxT))
+  features_BxPxF = None if feature_layers is None else features_PcxBxTxF.transpose(1, 0, 2, 3).reshape(
       B, num_chunks * chunk, -1)[:, :P]
   return hidden_to_logits(config, params, last_BxD), features_BxPxF, cache

@@ -45,9 +45,9 @@ TreeRule = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]  # `tree_accept
 
 @flax.struct.dataclass
 class _LoopState:
-  target_cache: KVCache  # [L, B, S, H_kv, D_h] target cache: every committed token but the pending one
+  target_cache: KVCache  # [L, B, S, G, Dh] target cache: every committed token but the pending one
   draft_state: Any  # the drafter's state (e.g. ModelDraftState: draft cache and [B] flags)
-  buffer: generation.OutputBuffer  # generated tokens [B, N], counts [B], done [B]
+  buffer: generation.OutputBuffer  # generated tokens [B, O], counts [B], done [B]
   pending: jax.Array  # [B] int32: newest committed token, not yet fed to the target
   key: jax.Array  # PRNG key, split once per round
   counts: metrics.AcceptanceCounts  # per-row acceptance counters: [B] and [B, K]
@@ -76,16 +76,16 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
   # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
   # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
   # rows, which would stay in the cache beyond the committed length): its last id.
-  fed_BxW1 = jnp.minimum(checked.tokens, target_config.vocab_size - 1)
-  block_BxW = jnp.concatenate([pending_B[:, None], fed_BxW1], axis=1)
-  hidden_BxWxD, features_BxWxF, target_cache = forward_features(target_config, target_params, block_BxW,
-                                                                target_cache, features)
-  logits_BxWxV = hidden_to_logits(target_config, target_params, hidden_BxWxD)
+  fed_BxK = jnp.minimum(checked.tokens, target_config.vocab_size - 1)
+  block_BxK1 = jnp.concatenate([pending_B[:, None], fed_BxK], axis=1)
+  hidden_BxK1xD, features_BxK1xF, target_cache = forward_features(target_config, target_params, block_BxK1,
+                                                                  target_cache, features)
+  logits_BxK1xV = hidden_to_logits(target_config, target_params, hidden_BxK1xD)
   if sampling.greedy:
-    num_accepted_B, next_B = greedy_rule(checked, greedy_tokens(logits_BxWxV))
+    num_accepted_B, next_B = greedy_rule(checked, greedy_tokens(logits_BxK1xV))
   else:
-    num_accepted_B, next_B = rule(key, checked, probabilities(logits_BxWxV, sampling))
-  return (num_accepted_B, next_B, jnp.pad(features_BxWxF, ((0, 0), (0, k + 1 - width), (0, 0))),
+    num_accepted_B, next_B = rule(key, checked, probabilities(logits_BxK1xV, sampling))
+  return (num_accepted_B, next_B, jnp.pad(features_BxK1xF, ((0, 0), (0, k + 1 - width), (0, 0))),
           target_cache)
 
 
@@ -94,25 +94,25 @@ def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_ru
                       sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
   """Scores the tree [pending, nodes 1..N] in one tree-masked pass, applies the tree rule (greedy on the
   target's argmaxes) and compacts the accepted path's keys/values (not for a chain: statically free).
-  Returns (accepted [B], next token [B], the target's features along the path [B, D + 1, F] (as
+  Returns (accepted [B], next token [B], the target's features along the path [B, Dt + 1, F] (as
   `_verify_pass`), cache,
   the proposal's accepted path as a chain (`Proposal.along`))."""
-  tree = proposal.shape
+  tree = proposal.verified_tree
   fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
   block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
   hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(target_config, target_params, block_BxN1,
                                                                    target_cache, features, tree=tree)
   logits_BxN1xV = hidden_to_logits(target_config, target_params, hidden_BxN1xD)
   if sampling.greedy:
-    path_BxD1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
-                                                                           greedy_tokens(logits_BxN1xV))
+    path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
+                                                                            greedy_tokens(logits_BxN1xV))
   else:
-    path_BxD1, num_accepted_B, next_B = tree_rule(key, tree, proposal.tokens, proposal.probs,
-                                                  probabilities(logits_BxN1xV, sampling))
+    path_BxDt1, num_accepted_B, next_B = tree_rule(key, tree, proposal.tokens, proposal.probs,
+                                                   probabilities(logits_BxN1xV, sampling))
   if not tree.is_chain:
-    target_cache = target_cache.compact(path_BxD1)
-  features_BxD1xF = jnp.take_along_axis(features_BxN1xF, path_BxD1[:, :, None], axis=1)
-  return num_accepted_B, next_B, features_BxD1xF, target_cache, proposal.along(path_BxD1)
+    target_cache = target_cache.compact(path_BxDt1)
+  features_BxDt1xF = jnp.take_along_axis(features_BxN1xF, path_BxDt1[:, :, None], axis=1)
+  return num_accepted_B, next_B, features_BxDt1xF, target_cache, proposal.along(path_BxDt1)
 
 
 @functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule",
@@ -152,7 +152,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
                                 drafter.feature_layers, state.pending, proposal, sampling, accept_key)
               for width in widths]
-    if proposal.shape is not None:  # K = the tree's depth; the accepted path becomes the proposal
+    if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
       num_accepted_B, next_B, hidden_BxK1xD, target_cache, proposal = _verify_tree_pass(
           target_config, target_params, tree_rule, drafter.feature_layers, state.pending, proposal, sampling,
           accept_key, target_cache)
@@ -205,8 +205,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   experiments (the tests inject broken ones to show the exactness tests can fail); `greedy_rule`
   (static) is the one of greedy runs, on token ids. Greedy and sampled runs are separate programs.
 
-  A drafter with a static `tree` (a `tree.Tree` of N nodes and depth D; `ModelDrafter(tree=...)`)
-  proposes trees: K must be D, each round verifies the N + 1 nodes in one tree-masked target pass
+  A drafter with a static `tree` (a `tree.Tree` of N nodes and depth Dt; `ModelDrafter(tree=...)`)
+  proposes trees: K must be Dt, each round verifies the N + 1 nodes in one tree-masked target pass
   (`tree_acceptance`, `tree_rule` static like `rule`), compacts the accepted path in the target cache
   and commits it to the drafter as a chain. The target cache then needs N - 1 positions of slack
   instead of K - 1.
@@ -228,7 +228,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   if tree is not None:
     tree.check_fits(target_cache.max_len, "target cache")
   generation.check_fits("speculative generate (target)", prompt_lengths_B, largest,
-                        k - 1 if tree is None else tree.num_nodes - 2, target_cache.max_len,
+                        k - 1 if tree is None else tree.nodes_with_root - 2, target_cache.max_len,
                         target_config.max_positions)
   drafter.check_fits(draft_storage, prompt_lengths_B, largest, k)
   return _generate(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),

@@ -30,29 +30,30 @@ class Proposal:
   # node i + 1 was drawn from, see `tree_acceptance`); None for a chain.
   tree: Any = flax.struct.field(pytree_node=False, default=None)
   dynamic_tree: Any = None  # a `dynamic_tree.DynamicTree` (arrays: one tree per row) instead of a static tree
-  path: jax.Array | None = None  # [B, D + 1] int32: the accepted tree path (node indices), set by `along`
+  path: jax.Array | None = None  # [B, Dt + 1] int32: the accepted tree path (node indices), set by `along`
 
   @property
   def k(self) -> int:
     return self.tokens.shape[1]
 
   @property
-  def shape(self) -> Any:
-    """The tree the K = N tokens are the nodes of (static or per row), or None for a chain."""
+  def verified_tree(self) -> Any:
+    """The tree the K = N tokens are the nodes of, which the verifier scores (static `tree` or per-row
+    `dynamic_tree`), or None for a chain."""
     return self.tree if self.dynamic_tree is None else self.dynamic_tree
 
   @property
   def point_masses(self) -> bool:
     return self.probs is None
 
-  def along(self, path_BxD1: jax.Array) -> "Proposal":
-    """The chain of a tree proposal's tokens along each row's accepted path (root excluded): D tokens,
-    as many proposed as the tree's longest proposed branch (`lengths`, at most D), `path` kept for drafters that compact their own cache (point masses: the chain is
+  def along(self, path_BxDt1: jax.Array) -> "Proposal":
+    """The chain of a tree proposal's tokens along each row's accepted path (root excluded): Dt tokens,
+    as many proposed as the tree's longest proposed branch (`lengths`, at most Dt), `path` kept for drafters that compact their own cache (point masses: the chain is
     only read for its tokens)."""
     tokens_BxN1 = jnp.pad(self.tokens, ((0, 0), (1, 0)))
-    tokens_BxD = jnp.take_along_axis(tokens_BxN1, path_BxD1[:, 1:], axis=1)
-    return Proposal(tokens=tokens_BxD, lengths=jnp.minimum(self.lengths, tokens_BxD.shape[1]),
-                    calls=self.calls, path=path_BxD1)
+    tokens_BxDt = jnp.take_along_axis(tokens_BxN1, path_BxDt1[:, 1:], axis=1)
+    return Proposal(tokens=tokens_BxDt, lengths=jnp.minimum(self.lengths, tokens_BxDt.shape[1]),
+                    calls=self.calls, path=path_BxDt1)
 
   def truncated(self, width: int) -> "Proposal":
     """The first `width` slots (static): what a verify pass of `width` + 1 tokens can check."""

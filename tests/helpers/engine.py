@@ -107,12 +107,12 @@ def exact_distribution(config, params, prompt, sampling, steps):
   return joint
 
 
-def first_tokens_pvalue(model, prompt, sampling, tokens_NxS) -> float:
+def first_tokens_pvalue(model, prompt, sampling, tokens_ZxT) -> float:
   """Chi-square p-value of the rows' first S generated tokens against `model`'s exact joint
   distribution of them (`exact_distribution`)."""
   config = model[0]
-  steps = tokens_NxS.shape[1]
-  index = np.ravel_multi_index(np.asarray(tokens_NxS).T, [config.vocab_size] * steps)
+  steps = tokens_ZxT.shape[1]
+  index = np.ravel_multi_index(np.asarray(tokens_ZxT).T, [config.vocab_size] * steps)
   observed = np.bincount(index, minlength=config.vocab_size ** steps)
   return chi_square_pvalue(observed, exact_distribution(*model, prompt, sampling, steps).ravel())
 

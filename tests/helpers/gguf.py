@@ -22,10 +22,10 @@ _GPT2_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "a
                "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
-def llama_cpp_permute(w_OxI: np.ndarray, num_heads: int) -> np.ndarray:
+def llama_cpp_permute(w_DoutxDin: np.ndarray, num_heads: int) -> np.ndarray:
   """llama.cpp's convert_hf_to_gguf `LlamaModel.permute` (halves -> interleaved pairs per head)."""
-  return (w_OxI.reshape(num_heads, 2, w_OxI.shape[0] // num_heads // 2, *w_OxI.shape[1:])
-          .swapaxes(1, 2).reshape(w_OxI.shape))
+  return (w_DoutxDin.reshape(num_heads, 2, w_DoutxDin.shape[0] // num_heads // 2, *w_DoutxDin.shape[1:])
+          .swapaxes(1, 2).reshape(w_DoutxDin.shape))
 
 
 def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:

@@ -105,17 +105,17 @@ def tree_row(mutant: str):
     q_x = acceptance._probability_of(q_V[None], token[None])[0]
     return uniform * q_x < p_x, rejected_q_V  # the bug: min(1, p/q)
 
-  def verify_tree_row(key, children_N1xC, path_N1xD1, depth_N1, tokens_N, probs_NxW, target_probs_N1xV):
-    depth, width = path_N1xD1.shape[1] - 1, children_N1xC.shape[1]
+  def verify_tree_row(key, children_N1xC, path_N1xDt1, depth_N1, tokens_N, probs_NxW, target_probs_N1xV):
+    depth, width = path_N1xDt1.shape[1] - 1, children_N1xC.shape[1]
     uniform_key, sample_key = jax.random.split(key)
-    uniforms_DxC = jax.random.uniform(uniform_key, (depth, width), jnp.float32)
+    uniforms_DtxC = jax.random.uniform(uniform_key, (depth, width), jnp.float32)
     node, q_V, searching = jnp.int32(0), target_probs_N1xV[0], jnp.bool_(True)
     for level in range(depth):
       found, next_node = jnp.bool_(False), node
       for rank in range(width):
         child = children_N1xC[node, rank]
         trying = searching & ~found & (child > 0)
-        uniform = uniforms_DxC[level, 0 if mutant == "shared_sibling_uniform" else rank]
+        uniform = uniforms_DtxC[level, 0 if mutant == "shared_sibling_uniform" else rank]
         accepted, rejected_q_V = try_child(uniform, jnp.maximum(child, 1), tokens_N, probs_NxW, q_V)
         updated = rank == 0 or mutant != "later_sibling_kept"
         q_V = jnp.where(trying & ~accepted & updated, rejected_q_V, q_V)
@@ -124,20 +124,20 @@ def tree_row(mutant: str):
       node, searching = next_node, found
       last_level_kept = mutant == "bonus_from_residual" and level == depth - 1
       q_V = jnp.where(found & (not last_level_kept), target_probs_N1xV[node], q_V)
-    return path_N1xD1[node], depth_N1[node], sample(sample_key, q_V)
+    return path_N1xDt1[node], depth_N1[node], sample(sample_key, q_V)
 
   return verify_tree_row
 
 
-def _elders_not_removed(probs_BxCxW, order_BxCxR, ranks, tokens_BxC):
+def _elders_not_removed(probs_BxCxW, order_BxCxRk, ranks, tokens_BxC):
   return probs_BxCxW
 
 
-def _elders_removed_not_renormalised(probs_BxCxW, order_BxCxR, ranks, tokens_BxC):
+def _elders_removed_not_renormalised(probs_BxCxW, order_BxCxRk, ranks, tokens_BxC):
   width = probs_BxCxW.shape[-1]
-  elder_CxR = jnp.arange(order_BxCxR.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
-  elders_BxCxW = jnp.any((order_BxCxR[..., None] == jnp.arange(width)[None, None, None, :])
-                         & elder_CxR[None, :, :, None], axis=2)
+  elder_CxRk = jnp.arange(order_BxCxRk.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
+  elders_BxCxW = jnp.any((order_BxCxRk[..., None] == jnp.arange(width)[None, None, None, :])
+                         & elder_CxRk[None, :, :, None], axis=2)
   return jnp.where(elders_BxCxW, 0.0, probs_BxCxW)
 
 
@@ -147,10 +147,10 @@ WITHOUT_REPLACEMENT_MUTANTS = {"elders_not_removed": _elders_not_removed,
 
 def no_grandparent_ancestor_mask(tree):
   """`DynamicTree.ancestor_mask` without each node's ancestor two generations up (patch it onto the class)."""
-  hops_BxN1xD1 = dynamic_tree._hops(tree.parent, tree.max_depth)
-  nodes_1x1xN1 = jnp.arange(tree.num_nodes)[None, None, :]
-  mask_BxN1xN1 = jnp.any(hops_BxN1xD1[..., None] == nodes_1x1xN1[..., None, :], axis=2)
-  grandparent_BxN1xN1 = (hops_BxN1xD1[..., 2, None] == nodes_1x1xN1) & (tree.depth >= 2)[..., None]
+  hops_BxN1xDt1 = dynamic_tree._hops(tree.parent, tree.max_depth)
+  nodes_1x1xN1 = jnp.arange(tree.nodes_with_root)[None, None, :]
+  mask_BxN1xN1 = jnp.any(hops_BxN1xDt1[..., None] == nodes_1x1xN1[..., None, :], axis=2)
+  grandparent_BxN1xN1 = (hops_BxN1xDt1[..., 2, None] == nodes_1x1xN1) & (tree.depth >= 2)[..., None]
   return mask_BxN1xN1 & ~grandparent_BxN1xN1
 
 

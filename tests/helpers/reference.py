@@ -22,23 +22,23 @@ from specjax.sampling import SamplingParams
 
 def probabilities(logits_xV: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
   """float64 probabilities [..., V] after temperature, top-k and top-p (see the module docstring)."""
-  logits_NxV = np.asarray(logits_xV, np.float64).reshape(-1, np.shape(logits_xV)[-1])
-  vocab = logits_NxV.shape[-1]
+  logits_ZxV = np.asarray(logits_xV, np.float64).reshape(-1, np.shape(logits_xV)[-1])
+  vocab = logits_ZxV.shape[-1]
   if temperature <= 0.0:
-    return np.eye(vocab)[np.argmax(logits_NxV, axis=-1)].reshape(np.shape(logits_xV))
-  scaled_NxV = logits_NxV / temperature
+    return np.eye(vocab)[np.argmax(logits_ZxV, axis=-1)].reshape(np.shape(logits_xV))
+  scaled_ZxV = logits_ZxV / temperature
   if top_k > 0:
-    kth_Nx1 = -np.sort(-scaled_NxV, axis=-1)[:, min(top_k, vocab) - 1:min(top_k, vocab)]
-    scaled_NxV = np.where(scaled_NxV >= kth_Nx1, scaled_NxV, -np.inf)
-  probs_NxV = np.exp(scaled_NxV - scaled_NxV.max(axis=-1, keepdims=True))
-  probs_NxV /= probs_NxV.sum(axis=-1, keepdims=True)
+    kth_Zx1 = -np.sort(-scaled_ZxV, axis=-1)[:, min(top_k, vocab) - 1:min(top_k, vocab)]
+    scaled_ZxV = np.where(scaled_ZxV >= kth_Zx1, scaled_ZxV, -np.inf)
+  probs_ZxV = np.exp(scaled_ZxV - scaled_ZxV.max(axis=-1, keepdims=True))
+  probs_ZxV /= probs_ZxV.sum(axis=-1, keepdims=True)
   if top_p < 1.0:
-    sorted_NxV = -np.sort(-probs_NxV, axis=-1)
-    mass_before_NxV = np.cumsum(sorted_NxV, axis=-1) - sorted_NxV
-    threshold_Nx1 = np.min(np.where(mass_before_NxV < top_p, sorted_NxV, np.inf), axis=-1, keepdims=True)
-    probs_NxV = np.where(probs_NxV >= threshold_Nx1, probs_NxV, 0.0)
-    probs_NxV /= probs_NxV.sum(axis=-1, keepdims=True)
-  return probs_NxV.reshape(np.shape(logits_xV))
+    sorted_ZxV = -np.sort(-probs_ZxV, axis=-1)
+    mass_before_ZxV = np.cumsum(sorted_ZxV, axis=-1) - sorted_ZxV
+    threshold_Zx1 = np.min(np.where(mass_before_ZxV < top_p, sorted_ZxV, np.inf), axis=-1, keepdims=True)
+    probs_ZxV = np.where(probs_ZxV >= threshold_Zx1, probs_ZxV, 0.0)
+    probs_ZxV /= probs_ZxV.sum(axis=-1, keepdims=True)
+  return probs_ZxV.reshape(np.shape(logits_xV))
 
 
 def params_probabilities(logits_xV: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""A draft output head that scores only the N most frequent tokens (frequency-ranked drafting, as in
+"""A draft output head that scores only the Vd most frequent tokens (frequency-ranked drafting, as in
 FR-Spec, Zhao et al. 2025).
 
 With a large vocabulary the output head is a big share of a small draft's cost: Qwen2.5-0.5B spends
-136M of its 494M weights scoring 151,936 tokens at every step. Restricting the draft's head to the N
+136M of its 494M weights scoring 151,936 tokens at every step. Restricting the draft's head to the Vd
 tokens most frequent in a corpus makes every draft step cheaper; the draft then proposes only those
 tokens and gives probability 0 to all others. Exactness is untouched: the acceptance rule holds for any
 draft distribution, and after a rejection the residual max(0, q - p) equals q outside the subset, so
@@ -36,21 +36,21 @@ if TYPE_CHECKING:
 class DraftHead:
   """The rows of a draft's output head for a subset of the vocabulary."""
 
-  tokens_N: jax.Array  # [N] int32 vocabulary ids this head scores, ascending and distinct
-  weight_NxD: jax.Array  # [N, D] their rows of the output head (of the embedding when it is tied)
+  tokens_Vd: jax.Array  # [Vd] int32 vocabulary ids this head scores, ascending and distinct
+  weight_VdxD: jax.Array  # [Vd, D] their rows of the output head (of the embedding when it is tied)
   vocab_size: int = flax.struct.field(pytree_node=False)  # V, the full vocabulary
   softcap: float = flax.struct.field(pytree_node=False, default=0.0)  # the model's final soft-cap (Gemma 2)
 
   def scores(self, hidden_xD: jax.Array) -> jax.Array:
-    """Float32 (soft-capped) logits [..., N] of the subset's tokens, in the order of `tokens_N`."""
-    scores_xN = jnp.einsum("...d,nd->...n", hidden_xD.astype(self.weight_NxD.dtype), self.weight_NxD,
-                           preferred_element_type=jnp.float32)  # accumulated in float32, never rounded
-    return soft_cap(scores_xN, self.softcap)
+    """Float32 (soft-capped) logits [..., Vd] of the subset's tokens, in the order of `tokens_Vd`."""
+    scores_xVd = jnp.einsum("...d,nd->...n", hidden_xD.astype(self.weight_VdxD.dtype), self.weight_VdxD,
+                            preferred_element_type=jnp.float32)  # accumulated in float32, never rounded
+    return soft_cap(scores_xVd, self.softcap)
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
     """Float32 logits [..., V]: the subset's `scores`, -inf (probability 0) everywhere else."""
     logits_xV = jnp.full(hidden_xD.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
-    return logits_xV.at[..., self.tokens_N].set(self.scores(hidden_xD))
+    return logits_xV.at[..., self.tokens_Vd].set(self.scores(hidden_xD))
 
 
 def draft_logits(config: ModelConfig, params: Params, head: DraftHead | None, hidden_xD: jax.Array) -> jax.Array:
@@ -60,14 +60,14 @@ def draft_logits(config: ModelConfig, params: Params, head: DraftHead | None, hi
 
 def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) -> DraftHead:
   """The head of the model `params` restricted to `tokens` (gathered once, outside any jit)."""
-  tokens_N = np.unique(np.asarray(tokens, np.int64))
-  if tokens_N.size == 0:
+  tokens_Vd = np.unique(np.asarray(tokens, np.int64))
+  if tokens_Vd.size == 0:
     raise ValueError("a restricted draft head needs at least one token")
-  if tokens_N[0] < 0 or tokens_N[-1] >= config.vocab_size:
-    raise ValueError(f"head token ids must be in [0, {config.vocab_size}), got {tokens_N[0]}..{tokens_N[-1]}")
+  if tokens_Vd[0] < 0 or tokens_Vd[-1] >= config.vocab_size:
+    raise ValueError(f"head token ids must be in [0, {config.vocab_size}), got {tokens_Vd[0]}..{tokens_Vd[-1]}")
   full_VxD = output_head(config, params)
-  tokens_N = jnp.asarray(tokens_N, jnp.int32)
-  return DraftHead(tokens_N=tokens_N, weight_NxD=jnp.take(full_VxD, tokens_N, axis=0),
+  tokens_Vd = jnp.asarray(tokens_Vd, jnp.int32)
+  return DraftHead(tokens_Vd=tokens_Vd, weight_VdxD=jnp.take(full_VxD, tokens_Vd, axis=0),
                    vocab_size=config.vocab_size, softcap=config.final_softcap)
 
 
@@ -93,8 +93,8 @@ def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, dr
   log(f"ranking tokens of {corpus_source!r} for a {size}-token draft head ...")
   counts_V = draft_vocab.corpus_token_counts(target.tokenizer, corpus_source, draft.config.vocab_size,
                                              registry.cache_dir())
-  tokens_N = draft_vocab.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
-  coverage = float(counts_V[tokens_N].sum() / max(counts_V.sum(), 1))
-  log(f"the draft head scores {len(tokens_N)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
+  tokens_Vd = draft_vocab.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
+  coverage = float(counts_V[tokens_Vd].sum() / max(counts_V.sum(), 1))
+  log(f"the draft head scores {len(tokens_Vd)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
       f"the corpus's tokens")
-  return restrict_head(draft.config, draft.params, tokens_N), coverage
+  return restrict_head(draft.config, draft.params, tokens_Vd), coverage

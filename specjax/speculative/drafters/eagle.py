@@ -154,7 +154,7 @@ def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig,
 def head_scores(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
                 vocab: DraftHead | None, out_xD: jax.Array) -> jax.Array:
   """Float32 logits over the head's own vocabulary: [..., V] through the target's output head, or
-  [..., N] of a restricted `vocab`'s tokens (no -inf columns: what training computes over)."""
+  [..., Vd] of a restricted `vocab`'s tokens (no -inf columns: what training computes over)."""
   if vocab is None:
     return head_logits(config, params, target_config, target_params, None, out_xD)
   return vocab.scores(_final_norm(config, params, out_xD))
@@ -180,15 +180,15 @@ def check_head(config: EagleConfig, params: Params, target_config: ModelConfig,
     raise ValueError(f"the head's fc weight is {params['fc']['weight'].shape}, expected "
                      f"{(config.block.d_model, config.feature_width)} for feature layers {config.feature_layers}")
   if vocab is not None and (vocab.vocab_size != target_config.vocab_size
-                            or vocab.weight_NxD.shape[1] != target_config.d_model):
+                            or vocab.weight_VdxD.shape[1] != target_config.d_model):
     raise ValueError(f"the head's restricted vocabulary spans {vocab.vocab_size} ids of width "
-                     f"{vocab.weight_NxD.shape[1]}; the target has {target_config.vocab_size} of width "
+                     f"{vocab.weight_VdxD.shape[1]}; the target has {target_config.vocab_size} of width "
                      f"{target_config.d_model}")
 
 
 @flax.struct.dataclass
 class EagleState:
-  cache: KVCache  # [1, B, S, H_kv, D_h] head cache: pairs (f_t, x_{t+1}) for t < the target's length - 1
+  cache: KVCache  # [1, B, S, G, Dh] head cache: pairs (f_t, x_{t+1}) for t < the target's length - 1
   feature: jax.Array  # [B, D] fused target feature f_{n-1} of the target's last cached position
   pending: jax.Array  # [B] int32: the pending token x_n of the last proposal (the first pair `commit` feeds)
 
@@ -229,9 +229,9 @@ class EagleDrafter(ModelBackedDrafter):
     coverage, size = None, settings.options.vocab
     if vocab is None:
       vocab, coverage = restricted_draft_head(size, settings.options.vocab_corpus, target, target, log)
-    elif size not in (0, vocab.tokens_N.shape[0]):
+    elif size not in (0, vocab.tokens_Vd.shape[0]):
       raise ConfigError(f"{settings.field('vocab')} {size}: the head {settings.draft} brings its own restricted "
-                        f"vocabulary of {vocab.tokens_N.shape[0]} tokens (set it to 0 or to that size)")
+                        f"vocabulary of {vocab.tokens_Vd.shape[0]} tokens (set it to 0 or to that size)")
     drafter = cls(config, params, target.config, target.params, vocab,
                   cache_sharding=partitioning.cache_sharding(config.block, target.part), tree=settings.tree,
                   tree_children=settings.tree_children)
@@ -266,7 +266,7 @@ class EagleDrafter(ModelBackedDrafter):
     nodes; a dynamic tree's proposal: the root and its frontier chunks)."""
     if self.tree is None:
       return k
-    return max(k, self.tree.num_nodes - 1, self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
+    return max(k, self.tree.nodes_with_root - 1, self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
 
   def _embedding(self) -> jax.Array:
     return self.target_params["embed"]["embedding"]
@@ -304,17 +304,17 @@ class EagleDrafter(ModelBackedDrafter):
     tree, batch = self.tree, pending_B.shape[0]
     parent_N1 = np.maximum(np.asarray(tree.parent), 0)
 
-    def score_level(carry, tokens_BxL, level, depth):
+    def score_level(carry, tokens_BxLv, level, depth):
       cache, outs_BxN1xD = carry
       nodes = np.arange(level.first, level.first + level.count)
-      fused_BxLxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
-      out_BxLxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxL, fused_BxLxD, cache,
-                                      tree=level)
-      logits_BxLxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
-                                 out_BxLxD)
-      return logits_BxLxV, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLxD))
+      fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
+      out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD, cache,
+                                       tree=level)
+      logits_BxLvxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
+                                  out_BxLvxD)
+      return logits_BxLvxV, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
 
-    outs_BxN1xD = jnp.zeros((batch, tree.num_nodes, self.config.block.d_model), self.config.block.jnp_dtype)
+    outs_BxN1xD = jnp.zeros((batch, tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
     tokens_BxN, probs_BxNxW, _ = grow_tree(tree, self.tree_children, pending_B, sampling, key, score_level,
                                            (state.cache, outs_BxN1xD))
     return full(tokens_BxN, probs_BxNxW, calls=tree.max_depth).replace(tree=tree)
@@ -323,8 +323,8 @@ class EagleDrafter(ModelBackedDrafter):
                          ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
     """A dynamic tree: the root pass (f_{n-1}, x_n) gives the root's logits, then each frontier chunk
     feeds (its nodes' parents' head outputs, their tokens), written after the root beyond the head's
-    length (scratch, as for a static tree): D head passes. Returns the tokens [B, N], the trees, each
-    node's frontier slot [B, N + 1] (-1: not fed) and the head outputs of the frontier slots [B, F, D]."""
+    length (scratch, as for a static tree): Dt head passes. Returns the tokens [B, N], the trees, each
+    node's frontier slot [B, N + 1] (-1: not fed) and the head outputs of the frontier slots [B, Fr, D]."""
     spec, batch = self.tree, pending_B.shape[0]
     root_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), pending_B[:, None],
                                      state.feature[:, None], state.cache)
@@ -332,20 +332,20 @@ class EagleDrafter(ModelBackedDrafter):
                                   root_Bx1xD[:, 0])
 
     def score_frontier(carry, chunk_Bxb, frontier, parent_slots_Bxb):
-      cache, outs_BxFxD = carry  # head outputs of the fed frontier slots
-      parents_BxbxD = jnp.take_along_axis(outs_BxFxD, jnp.maximum(parent_slots_Bxb, 0)[:, :, None], axis=1)
+      cache, outs_BxFrxD = carry  # head outputs of the fed frontier slots
+      parents_BxbxD = jnp.take_along_axis(outs_BxFrxD, jnp.maximum(parent_slots_Bxb, 0)[:, :, None], axis=1)
       fused_BxbxD = jnp.where((parent_slots_Bxb >= 0)[:, :, None], parents_BxbxD, root_Bx1xD)
       out_BxbxD, cache = head_forward(self.config, self.params, self._embedding(),
                                       jnp.minimum(chunk_Bxb, self.vocab_size - 1), fused_BxbxD, cache, tree=frontier)
       logits_BxbxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
                                  out_BxbxD)
-      return logits_BxbxV, (cache, outs_BxFxD.at[:, frontier.first:frontier.first + frontier.count].set(out_BxbxD))
+      return logits_BxbxV, (cache, outs_BxFrxD.at[:, frontier.first:frontier.first + frontier.count].set(out_BxbxD))
 
-    outs_BxFxD = jnp.zeros((batch, (spec.depth - 1) * spec.expand, self.config.block.d_model),
-                           self.config.block.jnp_dtype)
-    tokens_BxN, tree, slots_BxN1, (_, outs_BxFxD) = grow_dynamic_tree(
-        spec, root_logits_BxV, sampling, score_frontier, (cache.advance(jnp.ones_like(pending_B)), outs_BxFxD))
-    return tokens_BxN, tree, slots_BxN1, outs_BxFxD
+    outs_BxFrxD = jnp.zeros((batch, (spec.depth - 1) * spec.expand, self.config.block.d_model),
+                            self.config.block.jnp_dtype)
+    tokens_BxN, tree, slots_BxN1, (_, outs_BxFrxD) = grow_dynamic_tree(
+        spec, root_logits_BxV, sampling, score_frontier, (cache.advance(jnp.ones_like(pending_B)), outs_BxFrxD))
+    return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
   def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, k: int) -> tuple[Proposal, EagleState, KVCache]:

@@ -4,8 +4,8 @@ specjax's layout, a directory of two files:
   eagle_head.json          {"format": "specjax-eagle-head", "block": the block's ModelConfig fields,
                             "feature_layers": [...]}
   eagle_head.safetensors   the head's parameter tree, keys its paths joined by "/" (fc/weight,
-                           layer/attn/q_proj/weight, ..., final_norm/scale), plus vocab/tokens [N] int32 and
-                           vocab/weight [N, D] when the head scores a restricted vocabulary
+                           layer/attn/q_proj/weight, ..., final_norm/scale), plus vocab/tokens [Vd] int32 and
+                           vocab/weight [Vd, D] when the head scores a restricted vocabulary
 
 EAGLE-3's released layout (SafeAILab/EAGLE, `eagle/model/cnets.py`; e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B):
 config.json (a one-layer LlamaConfig with `draft_vocab_size`) and model.safetensors or pytorch_model.bin:
@@ -16,7 +16,7 @@ config.json (a one-layer LlamaConfig with `draft_vocab_size`) and model.safetens
   midlayer.post_attention_layernorm.weight         layer/mlp_norm/scale
   midlayer.mlp.{gate,up,down}_proj.weight          layer/mlp/{gate,up,down}_proj/weight
   norm.weight                                      final_norm/scale
-  lm_head.weight [N, D], d2t [N]                   the restricted vocabulary: draft id i is target id i + d2t[i]
+  lm_head.weight [Vd, D], d2t [Vd]                 the restricted vocabulary: draft id i is target id i + d2t[i]
   t2d [V], embed_tokens.weight                     unused (t2d is the mask of those ids; the embedding is the target's)
 Its features are the residual streams entering the target's blocks 2, L // 2 and L - 3, i.e. after blocks
 1, L // 2 - 1 and L - 4 (`eagle3_layers`); its block's RoPE, heads and MLP come from its config.json.
@@ -84,8 +84,8 @@ def save_head(directory: str, config: EagleConfig, params: Params, vocab: DraftH
   os.makedirs(directory, exist_ok=True)
   tensors = _flatten(params)
   if vocab is not None:
-    tensors["vocab/tokens"] = np.asarray(vocab.tokens_N, np.int32)
-    tensors["vocab/weight"] = np.asarray(vocab.weight_NxD, np.float32)
+    tensors["vocab/tokens"] = np.asarray(vocab.tokens_Vd, np.int32)
+    tensors["vocab/weight"] = np.asarray(vocab.weight_VdxD, np.float32)
   save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump({"format": _FORMAT, "block": dataclasses.asdict(config.block),
@@ -104,9 +104,9 @@ def load_head(directory: str, target_config: ModelConfig) -> tuple[EagleConfig, 
                             "an EAGLE-3 head (config.json)")
   config = dataclasses.replace(config, block=config.block.replace(vocab_size=target_config.vocab_size,
                                                                   dtype=target_config.dtype))
-  tokens_N, weight_NxD = flat.pop("vocab/tokens", None), flat.pop("vocab/weight", None)
-  vocab = None if tokens_N is None else DraftHead(
-      tokens_N=jnp.asarray(tokens_N, jnp.int32), weight_NxD=jnp.asarray(weight_NxD, target_config.jnp_dtype),
+  tokens_Vd, weight_VdxD = flat.pop("vocab/tokens", None), flat.pop("vocab/weight", None)
+  vocab = None if tokens_Vd is None else DraftHead(
+      tokens_Vd=jnp.asarray(tokens_Vd, jnp.int32), weight_VdxD=jnp.asarray(weight_VdxD, target_config.jnp_dtype),
       vocab_size=target_config.vocab_size, softcap=target_config.final_softcap)
   params = _unflatten(flat, target_config.jnp_dtype)
   check_head(config, params, target_config, vocab)
@@ -134,21 +134,21 @@ def _read_eagle3(directory: str, target_config: ModelConfig) -> tuple[EagleConfi
                      f"{hf.get('target_hidden_size', hf['hidden_size'])}, this target's d_model is "
                      f"{target_config.d_model}")
   block = config_from_hf_dict({"model_type": "llama", **hf, "num_hidden_layers": 1})
-  flat, d2t_N, head_NxD = {}, None, None
+  flat, d2t_Vd, head_VdxD = {}, None, None
   for name, array in iter_tensors(directory):
     if name == "d2t":
-      d2t_N = np.asarray(array, np.int64)
+      d2t_Vd = np.asarray(array, np.int64)
     elif name == "lm_head.weight":
-      head_NxD = np.asarray(array, np.float32)
+      head_VdxD = np.asarray(array, np.float32)
     elif name in _EAGLE3_NAMES:
       flat[_EAGLE3_NAMES[name]] = np.asarray(array, np.float32)
     elif name not in _EAGLE3_UNUSED:
       raise ValueError(f"{directory}: unexpected tensor {name!r} for an EAGLE-3 head")
   missing = sorted(name for name, path in _EAGLE3_NAMES.items() if path not in flat)
-  missing += [] if head_NxD is not None else ["lm_head.weight"]
+  missing += [] if head_VdxD is not None else ["lm_head.weight"]
   if missing:
     raise ValueError(f"{directory}: EAGLE-3 head lacks {missing}")
-  tokens_N = np.arange(len(head_NxD)) + (0 if d2t_N is None else d2t_N)
-  order = np.argsort(tokens_N, kind="stable")
-  flat["vocab/tokens"], flat["vocab/weight"] = tokens_N[order].astype(np.int32), head_NxD[order]
+  tokens_Vd = np.arange(len(head_VdxD)) + (0 if d2t_Vd is None else d2t_Vd)
+  order = np.argsort(tokens_Vd, kind="stable")
+  flat["vocab/tokens"], flat["vocab/weight"] = tokens_Vd[order].astype(np.int32), head_VdxD[order]
   return EagleConfig(block=block, feature_layers=eagle3_layers(target_config.n_layers)), flat

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 @flax.struct.dataclass
 class ModelDraftState:
-  cache: KVCache  # [L, B, S, H_kv, D_h] draft cache: the history except `lagging_token` when `behind`
+  cache: KVCache  # [L, B, S, G, Dh] draft cache: the history except `lagging_token` when `behind`
   lagging_token: jax.Array  # [B] int32: the previous round's last accepted draft token d_n
   behind: jax.Array  # [B] bool: the cache lacks `lagging_token` (it was accepted but never fed)
   fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
@@ -145,8 +145,8 @@ class ModelDrafter(ModelBackedDrafter):
     error = _settings_error(self.stop_threshold, self.tree, self.tree_children)
     if error:
       raise ValueError(error)
-    if self.head is not None and self.head.weight_NxD.shape[1] != self.config.d_model:
-      raise ValueError(f"draft_head rows have width {self.head.weight_NxD.shape[1]}, the draft's "
+    if self.head is not None and self.head.weight_VdxD.shape[1] != self.config.d_model:
+      raise ValueError(f"draft_head rows have width {self.head.weight_VdxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
 
   def draft_pass(self) -> DraftPass:
@@ -169,7 +169,7 @@ class ModelDrafter(ModelBackedDrafter):
     _, cache = prefill(self.config, self.params, self._embeddable(prompts_BxP), prompt_lengths_B, cache)
     return ModelDraftState(cache=cache, lagging_token=jnp.zeros((batch,), jnp.int32),
                            behind=jnp.zeros((batch,), bool), fed=jnp.int32(0),
-                           node_slots=(jnp.zeros((batch, self.tree.num_nodes), jnp.int32)
+                           node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
                                        if isinstance(self.tree, DynamicSpec) else None))
 
   def _catch_up(self, state: ModelDraftState, pending_B: jax.Array) -> tuple[jax.Array, KVCache, jax.Array]:
@@ -262,7 +262,7 @@ class ModelDrafter(ModelBackedDrafter):
   def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
                             sampling: SamplingParams) -> tuple[Proposal, ModelDraftState]:
     """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
-    gives the root's distribution, then D - 1 frontier chunks. The state keeps the cache at its committed
+    gives the root's distribution, then Dt - 1 frontier chunks. The state keeps the cache at its committed
     length and each node's slot beyond the root, for `commit`."""
     hidden_BxD, cache, num_valid_B = self._catch_up(state, pending_B)
     root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
@@ -272,7 +272,7 @@ class ModelDrafter(ModelBackedDrafter):
     proposal = full(tokens_BxN, calls=self.tree.max_depth).replace(dynamic_tree=tree)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
 
-  def _commit_dynamic_tree(self, state: ModelDraftState, path_BxD1: jax.Array, path_tokens_BxD: jax.Array,
+  def _commit_dynamic_tree(self, state: ModelDraftState, path_BxDt1: jax.Array, path_tokens_BxDt: jax.Array,
                            num_committed_B: jax.Array) -> ModelDraftState:
     """After a dynamic tree's round the cache holds [(lagging,) root] then the frontier nodes at their
     slots: the accepted nodes a_1 .. a_{n-1} (all expanded, so all fed) move behind the root and a_n,
@@ -280,11 +280,11 @@ class ModelDrafter(ModelBackedDrafter):
     committed_B = num_committed_B > 0
     accepted_B = jnp.maximum(num_committed_B - 1, 0)
     cache = state.cache.advance(jnp.where(committed_B, 1 + state.behind.astype(jnp.int32), 0))
-    if path_BxD1.shape[1] > 2:  # depth >= 2: some accepted node may have been fed
-      sources_BxM = jnp.take_along_axis(state.node_slots, path_BxD1[:, 1:-1], axis=1)
+    if path_BxDt1.shape[1] > 2:  # depth >= 2: some accepted node may have been fed
+      sources_BxM = jnp.take_along_axis(state.node_slots, path_BxDt1[:, 1:-1], axis=1)
       cache = cache.compact(jnp.maximum(sources_BxM, 0))
     lagging_B = committed_B & (accepted_B > 0)
-    last_accepted_B = jnp.take_along_axis(path_tokens_BxD, jnp.maximum(accepted_B - 1, 0)[:, None], axis=1)[:, 0]
+    last_accepted_B = jnp.take_along_axis(path_tokens_BxDt, jnp.maximum(accepted_B - 1, 0)[:, None], axis=1)[:, 0]
     return state.replace(cache=cache.advance(jnp.where(committed_B, jnp.maximum(accepted_B - 1, 0), 0)),
                          lagging_token=jnp.where(lagging_B, last_accepted_B, state.lagging_token),
                          behind=jnp.where(committed_B, lagging_B, state.behind))

@@ -30,7 +30,7 @@ Greedy (`verify_tree_greedy`): the deepest node whose whole path equals the targ
 (the first such node in numbering order), then the target's argmax there: the rule above on one-hot q
 when siblings are distinct (with duplicate siblings it may also go down a later twin, deeper).
 
-Both return per row the accepted path as node indices [D + 1] (entry 0 the root, padded with the
+Both return per row the accepted path as node indices [Dt + 1] (entry 0 the root, padded with the
 last accepted node), the number of accepted draft tokens (its depth) and the next token.
 """
 
@@ -59,29 +59,29 @@ def _try_child(uniform, child, tokens_N, probs_NxW, q_V):
   return uniform * p_x < q_x, residual(q_V, p_W)
 
 
-def _verify_tree_row(key, children_N1xC, path_N1xD1, depth_N1, tokens_N, probs_NxW, target_probs_N1xV):
-  depth, width = path_N1xD1.shape[1] - 1, children_N1xC.shape[1]
+def _verify_tree_row(key, children_N1xC, path_N1xDt1, depth_N1, tokens_N, probs_NxW, target_probs_N1xV):
+  depth, width = path_N1xDt1.shape[1] - 1, children_N1xC.shape[1]
   uniform_key, sample_key = jax.random.split(key)
-  uniforms_DxC = jax.random.uniform(uniform_key, (depth, width), jnp.float32)
+  uniforms_DtxC = jax.random.uniform(uniform_key, (depth, width), jnp.float32)
   node, q_V, searching = jnp.int32(0), target_probs_N1xV[0], jnp.bool_(True)
   for level in range(depth):
     found, next_node = jnp.bool_(False), node
     for rank in range(width):
       child = children_N1xC[node, rank]
       trying = searching & ~found & (child > 0)
-      accepted, rejected_q_V = _try_child(uniforms_DxC[level, rank], jnp.maximum(child, 1), tokens_N,
+      accepted, rejected_q_V = _try_child(uniforms_DtxC[level, rank], jnp.maximum(child, 1), tokens_N,
                                           probs_NxW, q_V)
       q_V = jnp.where(trying & ~accepted, rejected_q_V, q_V)
       next_node = jnp.where(trying & accepted, child, next_node)
       found = found | (trying & accepted)
     node, searching = next_node, found
     q_V = jnp.where(found, target_probs_N1xV[node], q_V)
-  return path_N1xD1[node], depth_N1[node], sample(sample_key, q_V)
+  return path_N1xDt1[node], depth_N1[node], sample(sample_key, q_V)
 
 
 def _tables(tree, batch: int) -> tuple[jax.Array, ...]:
   """Per-row [B, ...] tables of a static `tree.Tree` (broadcast) or a per-row `dynamic_tree.DynamicTree`:
-  parents [N + 1], depths [N + 1], children [N + 1, C], paths [N + 1, D + 1], ancestor mask [N + 1, N + 1]."""
+  parents [N + 1], depths [N + 1], children [N + 1, C], paths [N + 1, Dt + 1], ancestor mask [N + 1, N + 1]."""
   return (per_row(tree.parent, batch, 1), per_row(tree.depth, batch, 1), per_row(tree.children_table(), batch, 2),
           per_row(tree.path_table(), batch, 2), per_row(tree.ancestor_mask(), batch, 2))
 
@@ -99,18 +99,18 @@ def verify_tree(key: jax.Array, tree: Tree | DynamicTree, tokens_BxN: jax.Array,
     target_probs_BxN1xV: float32 target distributions q_0..q_N, q_i scored at node i.
 
   Returns:
-    path_BxD1: int32 accepted path (node indices, root first, padded with the last accepted node).
+    path_BxDt1: int32 accepted path (node indices, root first, padded with the last accepted node).
     num_accepted_B: int32 draft tokens accepted (the depth of the last accepted node).
     next_token_B: int32 the token drawn after them.
   """
   batch = tokens_BxN.shape[0]
   row_keys_B = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch))
-  _, depth_BxN1, children_BxN1xC, path_BxN1xD1, _ = _tables(tree, batch)
+  _, depth_BxN1, children_BxN1xC, path_BxN1xDt1, _ = _tables(tree, batch)
   if probs_BxNxW is None:
     return jax.vmap(lambda key, children, paths, depths, tokens, target: _verify_tree_row(
         key, children, paths, depths, tokens, None, target))(
-            row_keys_B, children_BxN1xC, path_BxN1xD1, depth_BxN1, tokens_BxN, target_probs_BxN1xV)
-  return jax.vmap(_verify_tree_row)(row_keys_B, children_BxN1xC, path_BxN1xD1, depth_BxN1, tokens_BxN,
+            row_keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1, tokens_BxN, target_probs_BxN1xV)
+  return jax.vmap(_verify_tree_row)(row_keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1, tokens_BxN,
                                     probs_BxNxW, target_probs_BxN1xV)
 
 
@@ -123,13 +123,13 @@ def verify_tree_greedy(tree: Tree | DynamicTree, tokens_BxN: jax.Array,
     tokens_BxN: draft tokens of nodes 1..N.
     target_tokens_BxN1: int32 target argmaxes t_0..t_N, t_i scored at node i.
 
-  Returns: (path_BxD1, num_accepted_B, next_token_B) as `verify_tree`, next = t at the last accepted node.
+  Returns: (path_BxDt1, num_accepted_B, next_token_B) as `verify_tree`, next = t at the last accepted node.
   """
-  parent_BxN1, depth_BxN1, _, path_BxN1xD1, ancestors_BxN1xN1 = _tables(tree, tokens_BxN.shape[0])
+  parent_BxN1, depth_BxN1, _, path_BxN1xDt1, ancestors_BxN1xN1 = _tables(tree, tokens_BxN.shape[0])
   matches_BxN = tokens_BxN == jnp.take_along_axis(target_tokens_BxN1, parent_BxN1[:, 1:], axis=1)
   matches_BxN1 = jnp.pad(matches_BxN, ((0, 0), (1, 0)), constant_values=True)
   # A node is reachable when every node on its path (ancestor mask row) matches.
   reachable_BxN1 = ~jnp.any(ancestors_BxN1xN1 & ~matches_BxN1[:, None, :], axis=-1)
   node_B = jnp.argmax(jnp.where(reachable_BxN1, depth_BxN1, -1), axis=-1)  # the first deepest
   row_B = jnp.arange(node_B.shape[0])
-  return path_BxN1xD1[row_B, node_B], depth_BxN1[row_B, node_B], target_tokens_BxN1[row_B, node_B]
+  return path_BxN1xDt1[row_B, node_B], depth_BxN1[row_B, node_B], target_tokens_BxN1[row_B, node_B]

@@ -13,7 +13,7 @@ distributions `tree_acceptance` needs.
 Passes: one tree-masked pass per depth level (`Tree.level`): level d's nodes are written after the
 levels above (uncommitted slots) and attend to the committed cache and their ancestors there; its
 hidden states give the next level's children. A last pass feeds the leaves, so the draft cache holds
-every node's keys and the accepted path is compacted like the target's (no lagging token): D + 1
+every node's keys and the accepted path is compacted like the target's (no lagging token): Dt + 1
 passes feeding N + 1 tokens in all.
 """
 
@@ -48,61 +48,61 @@ def _next_level(tree: Tree, depth: int) -> tuple[list[int], list[int], list[int]
   return nodes, parents, ranks
 
 
-def _without_elders(probs_BxCxW: jax.Array, order_BxCxR: jax.Array, ranks: list[int],
+def _without_elders(probs_BxCxW: jax.Array, order_BxCxRk: jax.Array, ranks: list[int],
                     tokens_BxC: jax.Array) -> jax.Array:
   """Each child's distribution given its elder siblings: p without their tokens, renormalised (a point
   mass on the child's token where nothing is left)."""
   width = probs_BxCxW.shape[-1]
-  elder_CxR = jnp.arange(order_BxCxR.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
-  elders_BxCxW = jnp.any((order_BxCxR[..., None] == jnp.arange(width)[None, None, None, :])
-                         & elder_CxR[None, :, :, None], axis=2)
+  elder_CxRk = jnp.arange(order_BxCxRk.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
+  elders_BxCxW = jnp.any((order_BxCxRk[..., None] == jnp.arange(width)[None, None, None, :])
+                         & elder_CxRk[None, :, :, None], axis=2)
   left_BxCxW = jnp.where(elders_BxCxW, 0.0, probs_BxCxW)
   total_BxCx1 = left_BxCxW.sum(-1, keepdims=True)
   return jnp.where(total_BxCx1 > 0.0, left_BxCxW / jnp.where(total_BxCx1 > 0.0, total_BxCx1, 1.0),
                    jax.nn.one_hot(tokens_BxC, width, dtype=jnp.float32))
 
 
-def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logits_BxLxW: jax.Array,
+def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logits_BxLvxW: jax.Array,
                    parents: list[int], ranks: list[int]) -> tuple[jax.Array, jax.Array | None]:
   """Tokens [B, C] of the next level's C nodes and their distributions [B, C, W] (None: point masses)."""
   most = max(ranks) + 1
-  pick = lambda order_BxLxR: order_BxLxR[:, jnp.asarray(parents), jnp.asarray(ranks)]
+  pick = lambda order_BxLvxRk: order_BxLvxRk[:, jnp.asarray(parents), jnp.asarray(ranks)]
   if sampling.greedy:
-    return pick(jax.lax.top_k(logits_BxLxW, most)[1]), None
-  probs_BxLxW = probabilities(logits_BxLxW, sampling)
+    return pick(jax.lax.top_k(logits_BxLvxW, most)[1]), None
+  probs_BxLvxW = probabilities(logits_BxLvxW, sampling)
   if children == "top":
-    return pick(jax.lax.top_k(probs_BxLxW, most)[1]), None
-  probs_BxCxW = probs_BxLxW[:, jnp.asarray(parents)]
+    return pick(jax.lax.top_k(probs_BxLvxW, most)[1]), None
+  probs_BxCxW = probs_BxLvxW[:, jnp.asarray(parents)]
   if children == "iid":
     return sample(key, probs_BxCxW), probs_BxCxW
-  gumbel_BxLxW = jax.random.gumbel(key, probs_BxLxW.shape, jnp.float32)
-  order_BxLxR = jax.lax.top_k(jnp.log(probs_BxLxW) + gumbel_BxLxW, most)[1]
-  tokens_BxC = pick(order_BxLxR).astype(jnp.int32)
-  return tokens_BxC, _without_elders(probs_BxCxW, order_BxLxR[:, jnp.asarray(parents)], ranks, tokens_BxC)
+  gumbel_BxLvxW = jax.random.gumbel(key, probs_BxLvxW.shape, jnp.float32)
+  order_BxLvxRk = jax.lax.top_k(jnp.log(probs_BxLvxW) + gumbel_BxLvxW, most)[1]
+  tokens_BxC = pick(order_BxLvxRk).astype(jnp.int32)
+  return tokens_BxC, _without_elders(probs_BxCxW, order_BxLvxRk[:, jnp.asarray(parents)], ranks, tokens_BxC)
 
 
 def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
               score_level: Callable, carry: Any) -> tuple[jax.Array, jax.Array | None, Any]:
-  """Draws a static tree level by level: `score_level(carry, tokens_BxL, level, depth)` feeds level
-  `depth`'s tokens (a `TreeLevel` chunk) and returns their logits [B, L, W] and the new carry; each
+  """Draws a static tree level by level: `score_level(carry, tokens_BxLv, level, depth)` feeds level
+  `depth`'s tokens (a `TreeLevel` chunk) and returns their logits [B, Lv, W] and the new carry; each
   node's children are drawn from its logits (`children`).
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
   point masses) and the last carry.
   """
   batch = root_B.shape[0]
-  tokens_BxN1 = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_B)
+  tokens_BxN1 = jnp.zeros((batch, tree.nodes_with_root), jnp.int32).at[:, 0].set(root_B)
   probs_BxN1xW = None
   for depth, level_key in zip(range(tree.max_depth), jax.random.split(key, tree.max_depth)):
     level = tree.level(depth)
-    logits_BxLxW, carry = score_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, depth)
+    logits_BxLvxW, carry = score_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, depth)
     nodes, parents, ranks = _next_level(tree, depth)
-    level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_key, logits_BxLxW, parents,
+    level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_key, logits_BxLvxW, parents,
                                                          ranks)
     tokens_BxN1 = tokens_BxN1.at[:, jnp.asarray(nodes)].set(level_tokens_BxC)
     if level_probs_BxCxW is not None:
       if probs_BxN1xW is None:
-        probs_BxN1xW = jnp.zeros((batch, tree.num_nodes, logits_BxLxW.shape[-1]), jnp.float32)
+        probs_BxN1xW = jnp.zeros((batch, tree.nodes_with_root, logits_BxLvxW.shape[-1]), jnp.float32)
       probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
   return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], carry
 
@@ -115,9 +115,9 @@ def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
   point masses) and the cache with the whole tree written beyond each row's length (not advanced).
   """
-  def score_level(cache, tokens_BxL, level, depth):
-    hidden_BxLxD, cache = forward_hidden(config, params, tokens_BxL, cache, tree=level)
-    return draft_logits(config, params, head, hidden_BxLxD), cache
+  def score_level(cache, tokens_BxLv, level, depth):
+    hidden_BxLvxD, cache = forward_hidden(config, params, tokens_BxLv, cache, tree=level)
+    return draft_logits(config, params, head, hidden_BxLvxD), cache
 
   tokens_BxN, probs_BxNxW, cache = grow_tree(tree, children, root_B, sampling, key, score_level, cache)
   leaves = tree.level(tree.max_depth)

@@ -1,12 +1,12 @@
 """Dynamic draft trees (EAGLE-2): each row's tree is chosen every round by the draft's own confidence,
 under a static node budget, so every shape stays static.
 
-`DynamicSpec(nodes=N, depth=D, expand=b)` (config `tree = "dynamic(N, D, b)"`):
+`DynamicSpec(nodes=N, depth=Dt, expand=b)` (config `tree = "dynamic(N, D, b)"`, D = Dt):
 - the root's b most likely children are the first candidates (depth 1);
-- at each depth d < D the frontier, the b candidates of depth d with the highest cumulative draft
+- at each depth d < Dt the frontier, the b candidates of depth d with the highest cumulative draft
   log-probability (all b at depth 1), is fed to the draft in one chunk (each node attending to the
   committed cache and its fed ancestors), and each frontier node's b most likely children become
-  candidates: b + (D - 1) b^2 candidates in all;
+  candidates: b + (Dt - 1) b^2 candidates in all;
 - the tree is the N candidates of highest cumulative log-probability, ties to the earlier candidate.
   A node's score never exceeds its parent's and its parent was created earlier, so every chosen
   node's parent is chosen: the N nodes form a tree. They are numbered in creation order: level by
@@ -18,7 +18,7 @@ top-k and top-p; of its logits when greedy). Which tokens the tree holds depends
 so `tree_acceptance`'s rule with `probs = None` keeps the output exactly the target's.
 
 `DynamicTree` holds one tree per row (parents and depths [B, N + 1], arrays); the tables attention and
-`tree_acceptance` read are derived in the program (ancestors by D parent hops).
+`tree_acceptance` read are derived in the program (ancestors by Dt parent hops).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 
 @dataclasses.dataclass(frozen=True)
 class DynamicSpec:
-  """The static budget of a dynamic tree: N draft nodes, depth D, b children per expanded node."""
+  """The static budget of a dynamic tree: N draft nodes, depth Dt, b children per expanded node."""
 
   nodes: int
   depth: int
@@ -60,7 +60,7 @@ class DynamicSpec:
     return self.expand + (self.depth - 1) * self.expand ** 2
 
   @property
-  def num_nodes(self) -> int:
+  def nodes_with_root(self) -> int:
     """N + 1: the root and the N draft nodes (the verify chunk's width)."""
     return self.nodes + 1
 
@@ -70,21 +70,21 @@ class DynamicSpec:
 
   @property
   def draft_slots(self) -> int:
-    """Cache slots a proposal writes beyond the committed history: the root and (D - 1) b frontier nodes."""
+    """Cache slots a proposal writes beyond the committed history: the root and (Dt - 1) b frontier nodes."""
     return 1 + (self.depth - 1) * self.expand
 
   is_chain = False
 
   def check_fits(self, cache_len: int, name: str = "cache") -> None:
     """Raises ValueError unless a cache of `cache_len` positions holds a round's chunks."""
-    need = max(self.num_nodes, self.draft_slots)
+    need = max(self.nodes_with_root, self.draft_slots)
     if need > cache_len:
       raise ValueError(f"a dynamic tree of {self.nodes} nodes (depth {self.depth}, expansion {self.expand}) "
                        f"needs {need} free positions per round, the {name} holds {cache_len}")
 
 
 def _hops(parent_BxN1: jax.Array, depth: int) -> jax.Array:
-  """[B, N + 1, D + 1]: entry s of node i is its ancestor s generations up (the root beyond it)."""
+  """[B, N + 1, Dt + 1]: entry s of node i is its ancestor s generations up (the root beyond it)."""
   parent_BxN1 = jnp.maximum(parent_BxN1, 0)  # the root's parent: itself
   hops = [jnp.broadcast_to(jnp.arange(parent_BxN1.shape[1], dtype=jnp.int32), parent_BxN1.shape)]
   for _ in range(depth):
@@ -98,14 +98,14 @@ class DynamicTree:
 
   parent: jax.Array  # [B, N + 1] int32: parent[:, 0] = -1
   depth: jax.Array  # [B, N + 1] int32: depth[:, 0] = 0
-  max_depth: int = flax.struct.field(pytree_node=False)  # D: the deepest a node may be
+  max_depth: int = flax.struct.field(pytree_node=False)  # Dt: the deepest a node may be
   max_children: int = flax.struct.field(pytree_node=False)  # b: the most children a node may have
 
   first = 0  # as a verify chunk, the whole tree (see `tree.TreeLevel`)
   is_chain = False
 
   @property
-  def num_nodes(self) -> int:
+  def nodes_with_root(self) -> int:
     return self.parent.shape[1]
 
   @property
@@ -114,22 +114,22 @@ class DynamicTree:
 
   def ancestor_mask(self) -> jax.Array:
     """[B, N + 1, N + 1] bool: mask[b, i, j] when node j is node i or one of its ancestors."""
-    hops_BxN1xD1 = _hops(self.parent, self.max_depth)
-    return jnp.any(hops_BxN1xD1[..., None] == jnp.arange(self.num_nodes)[None, None, None, :], axis=2)
+    hops_BxN1xDt1 = _hops(self.parent, self.max_depth)
+    return jnp.any(hops_BxN1xDt1[..., None] == jnp.arange(self.nodes_with_root)[None, None, None, :], axis=2)
 
   def path_table(self) -> jax.Array:
-    """[B, N + 1, D + 1] int32: node i's root-to-node path, padded with i beyond its depth."""
-    hops_BxN1xD1 = _hops(self.parent, self.max_depth)
-    up_BxN1xD1 = self.depth[..., None] - jnp.arange(self.max_depth + 1)[None, None, :]  # hops from i to depth j
-    along_BxN1xD1 = jnp.take_along_axis(hops_BxN1xD1, jnp.clip(up_BxN1xD1, 0, self.max_depth), axis=2)
-    own_BxN1 = jnp.broadcast_to(jnp.arange(self.num_nodes, dtype=jnp.int32), self.parent.shape)
-    return jnp.where(up_BxN1xD1 >= 0, along_BxN1xD1, own_BxN1[..., None])
+    """[B, N + 1, Dt + 1] int32: node i's root-to-node path, padded with i beyond its depth."""
+    hops_BxN1xDt1 = _hops(self.parent, self.max_depth)
+    up_BxN1xDt1 = self.depth[..., None] - jnp.arange(self.max_depth + 1)[None, None, :]  # hops from i to depth j
+    along_BxN1xDt1 = jnp.take_along_axis(hops_BxN1xDt1, jnp.clip(up_BxN1xDt1, 0, self.max_depth), axis=2)
+    own_BxN1 = jnp.broadcast_to(jnp.arange(self.nodes_with_root, dtype=jnp.int32), self.parent.shape)
+    return jnp.where(up_BxN1xDt1 >= 0, along_BxN1xDt1, own_BxN1[..., None])
 
   def children_table(self) -> jax.Array:
     """[B, N + 1, C] int32: each node's children in rank (= index) order, padded with -1; C = b."""
-    nodes = jnp.arange(self.num_nodes, dtype=jnp.int32)
+    nodes = jnp.arange(self.nodes_with_root, dtype=jnp.int32)
     is_child_BxN1xN1 = self.parent[:, None, :] == nodes[None, :, None]  # [b, i, j]: j is a child of i
-    order_BxN1xN1 = jnp.argsort(jnp.where(is_child_BxN1xN1, nodes, self.num_nodes), axis=-1, stable=True)
+    order_BxN1xN1 = jnp.argsort(jnp.where(is_child_BxN1xN1, nodes, self.nodes_with_root), axis=-1, stable=True)
     children_BxN1xC = order_BxN1xN1[..., :self.max_children].astype(jnp.int32)
     return jnp.where(jnp.take_along_axis(is_child_BxN1xN1, children_BxN1xC, axis=-1), children_BxN1xC, -1)
 
@@ -155,19 +155,19 @@ class _Frontier:
     return self.mask
 
 
-def _children(logits_BxLxW: jax.Array, sampling: SamplingParams, expand: int) -> tuple[jax.Array, jax.Array]:
-  """The `expand` most likely tokens [B, L, b] of each distribution and their log-probabilities."""
+def _children(logits_BxLvxW: jax.Array, sampling: SamplingParams, expand: int) -> tuple[jax.Array, jax.Array]:
+  """The `expand` most likely tokens [B, Lv, b] of each distribution and their log-probabilities."""
   if sampling.greedy:
-    logp_BxLxW = jax.nn.log_softmax(logits_BxLxW, axis=-1)
+    logp_BxLvxW = jax.nn.log_softmax(logits_BxLvxW, axis=-1)
   else:
-    logp_BxLxW = jnp.log(probabilities(logits_BxLxW, sampling))
-  logp_BxLxb, tokens_BxLxb = jax.lax.top_k(logp_BxLxW, expand)
-  return tokens_BxLxb.astype(jnp.int32), jnp.maximum(logp_BxLxb, -1e30)  # finite: ordered, never NaN
+    logp_BxLvxW = jnp.log(probabilities(logits_BxLvxW, sampling))
+  logp_BxLvxb, tokens_BxLvxb = jax.lax.top_k(logp_BxLvxW, expand)
+  return tokens_BxLvxb.astype(jnp.int32), jnp.maximum(logp_BxLvxb, -1e30)  # finite: ordered, never NaN
 
 
-def _best(scores_BxM: jax.Array, count: int) -> jax.Array:
+def _best(scores_BxC: jax.Array, count: int) -> jax.Array:
   """Indices [B, count] of the `count` highest scores, ties to the lower index."""
-  return jnp.argsort(-scores_BxM, axis=-1, stable=True)[:, :count].astype(jnp.int32)
+  return jnp.argsort(-scores_BxC, axis=-1, stable=True)[:, :count].astype(jnp.int32)
 
 
 def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: SamplingParams,
@@ -181,27 +181,27 @@ def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: S
   Returns the tokens [B, N] of nodes 1..N, the trees, each node's fed slot [B, N + 1] (-1 for nodes
   never fed: the root, which is history, and unexpanded ones) and the last carry.
   """
-  b, D = spec.expand, spec.depth
+  b, Dt = spec.expand, spec.depth
   batch = root_logits_BxW.shape[0]
   tokens_Bxb, scores_Bxb = (x[:, 0] for x in _children(root_logits_BxW[:, None], sampling, b))
-  # Candidates, in creation order: [B, M] each (parent = node index: 0 the root, c + 1 candidate c).
+  # Candidates, in creation order: [B, C] each (parent = node index: 0 the root, c + 1 candidate c).
   tokens, scores = [tokens_Bxb], [scores_Bxb]
   parents, depths = [jnp.zeros((batch, b), jnp.int32)], [jnp.ones((batch, b), jnp.int32)]
   slots = [jnp.full((batch, b), -1, jnp.int32)]
-  fed_mask = jnp.zeros((batch, b, (D - 1) * b), bool)  # [B, M_d, F]: each new candidate's fed ancestors
+  fed_mask = jnp.zeros((batch, b, (Dt - 1) * b), bool)  # [B, C_d, Fr]: each new candidate's fed ancestors
   frontier_Bxb = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (batch, b))  # candidate indices
   created = b
-  for d in range(1, D):
+  for d in range(1, Dt):
     first = (d - 1) * b
     level_start = created - tokens[-1].shape[1]  # candidates of depth d: the last created block
     local_Bxb = frontier_Bxb - level_start
-    own_BxbxF = jax.nn.one_hot(first + jnp.arange(b), (D - 1) * b, dtype=bool)[None]
-    mask_BxbxF = jnp.take_along_axis(fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxF
+    own_BxbxFr = jax.nn.one_hot(first + jnp.arange(b), (Dt - 1) * b, dtype=bool)[None]
+    mask_BxbxFr = jnp.take_along_axis(fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxFr
     chunk_Bxb = jnp.take_along_axis(jnp.concatenate(tokens, 1), frontier_Bxb, axis=1)
     parent_Bxb = jnp.take_along_axis(jnp.concatenate(parents, 1), frontier_Bxb, axis=1)  # node index, 0 = root
     parent_slots_Bxb = jnp.where(parent_Bxb > 0, jnp.take_along_axis(jnp.concatenate(slots, 1),
                                                                       jnp.maximum(parent_Bxb - 1, 0), axis=1), -1)
-    logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxF[:, :, :first + b]),
+    logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxFr[:, :, :first + b]),
                                          parent_slots_Bxb)
     slots[-1] = slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(first + jnp.arange(b, dtype=jnp.int32)[None])
     child_tokens_Bxbxb, child_logp_Bxbxb = _children(logits_BxbxW, sampling, b)
@@ -211,20 +211,20 @@ def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: S
     parents.append(jnp.repeat(frontier_Bxb + 1, b, axis=1))
     depths.append(jnp.full((batch, b * b), d + 1, jnp.int32))
     slots.append(jnp.full((batch, b * b), -1, jnp.int32))
-    fed_mask = jnp.repeat(mask_BxbxF, b, axis=1)
+    fed_mask = jnp.repeat(mask_BxbxFr, b, axis=1)
     frontier_Bxb = created + _best(scores[-1], b)
     created += b * b
   # The N best candidates, renumbered in creation order (node = rank among the chosen + 1).
   chosen_BxN = jnp.sort(_best(jnp.concatenate(scores, 1), spec.nodes), axis=-1)
-  node_of_BxM = jnp.zeros((batch, created), jnp.int32).at[jnp.arange(batch)[:, None], chosen_BxN].set(
+  node_of_BxC = jnp.zeros((batch, created), jnp.int32).at[jnp.arange(batch)[:, None], chosen_BxN].set(
       jnp.arange(1, spec.nodes + 1, dtype=jnp.int32)[None])
   pick = lambda blocks: jnp.take_along_axis(jnp.concatenate(blocks, 1), chosen_BxN, axis=1)
   parent_candidate_BxN = pick(parents)
   parent_BxN = jnp.where(parent_candidate_BxN > 0,
-                         jnp.take_along_axis(node_of_BxM, jnp.maximum(parent_candidate_BxN - 1, 0), axis=1), 0)
+                         jnp.take_along_axis(node_of_BxC, jnp.maximum(parent_candidate_BxN - 1, 0), axis=1), 0)
   root = lambda value: jnp.full((batch, 1), value, jnp.int32)
   tree = DynamicTree(parent=jnp.concatenate([root(-1), parent_BxN], 1),
-                     depth=jnp.concatenate([root(0), pick(depths)], 1), max_depth=D, max_children=b)
+                     depth=jnp.concatenate([root(0), pick(depths)], 1), max_depth=Dt, max_children=b)
   return pick(tokens), tree, jnp.concatenate([root(-1), pick(slots)], 1), carry
 
 

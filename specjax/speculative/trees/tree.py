@@ -32,13 +32,13 @@ class Tree:
   depth: tuple[int, ...]  # [N + 1]: depth[0] = 0, depth[i] = depth[parent[i]] + 1, non-decreasing
 
   @property
-  def num_nodes(self) -> int:
+  def nodes_with_root(self) -> int:
     """N + 1: the root and the N draft nodes (the verify chunk's width)."""
     return len(self.parent)
 
   @property
   def max_depth(self) -> int:
-    """D: the most draft tokens one round can accept."""
+    """Dt: the most draft tokens one round can accept."""
     return max(self.depth)
 
   @property
@@ -54,11 +54,11 @@ class Tree:
   @property
   def draft_slots(self) -> int:
     """Cache slots a draft model's proposal writes beyond the committed history: every node."""
-    return self.num_nodes
+    return self.nodes_with_root
 
   @property
   def is_chain(self) -> bool:
-    return self.parent == tuple(range(-1, self.num_nodes - 1))
+    return self.parent == tuple(range(-1, self.nodes_with_root - 1))
 
   def children(self, node: int) -> tuple[int, ...]:
     """The children of `node`, in rank order."""
@@ -66,8 +66,8 @@ class Tree:
 
   @functools.cached_property
   def _ancestors(self) -> np.ndarray:
-    mask = np.eye(self.num_nodes, dtype=bool)
-    for i in range(1, self.num_nodes):
+    mask = np.eye(self.nodes_with_root, dtype=bool)
+    for i in range(1, self.nodes_with_root):
       mask[i] |= mask[self.parent[i]]
     return mask
 
@@ -76,10 +76,10 @@ class Tree:
     return self._ancestors.copy()
 
   def path_table(self) -> np.ndarray:
-    """[N + 1, D + 1] int32: row i lists node i's root-to-node path (entry j = its ancestor at depth j),
+    """[N + 1, Dt + 1] int32: row i lists node i's root-to-node path (entry j = its ancestor at depth j),
     padded with i itself beyond its depth."""
-    table = np.zeros((self.num_nodes, self.max_depth + 1), np.int32)
-    for i in range(self.num_nodes):
+    table = np.zeros((self.nodes_with_root, self.max_depth + 1), np.int32)
+    for i in range(self.nodes_with_root):
       ancestors = np.flatnonzero(self._ancestors[i])  # ascending index = ascending depth
       table[i, :len(ancestors)] = ancestors
       table[i, len(ancestors):] = i
@@ -88,9 +88,9 @@ class Tree:
   def children_table(self) -> np.ndarray:
     """[N + 1, C] int32: the children of each node in rank order, padded with -1 (C = the largest
     number of children, at least 1)."""
-    width = max(max(len(self.children(i)) for i in range(self.num_nodes)), 1)
-    table = np.full((self.num_nodes, width), -1, np.int32)
-    for i in range(self.num_nodes):
+    width = max(max(len(self.children(i)) for i in range(self.nodes_with_root)), 1)
+    table = np.full((self.nodes_with_root, width), -1, np.int32)
+    for i in range(self.nodes_with_root):
       kids = self.children(i)
       table[i, :len(kids)] = kids
     return table
@@ -101,9 +101,9 @@ class Tree:
 
   def check_fits(self, cache_len: int, name: str = "cache") -> None:
     """Raises ValueError unless a cache of `cache_len` positions can hold a verify chunk of this tree."""
-    if self.num_nodes > cache_len:
-      raise ValueError(f"a tree of {self.num_nodes - 1} nodes (depth {self.max_depth}) needs "
-                       f"{self.num_nodes} free positions per round, the {name} holds {cache_len}")
+    if self.nodes_with_root > cache_len:
+      raise ValueError(f"a tree of {self.nodes_with_root - 1} nodes (depth {self.max_depth}) needs "
+                       f"{self.nodes_with_root} free positions per round, the {name} holds {cache_len}")
 
 
 @dataclasses.dataclass(frozen=True)
