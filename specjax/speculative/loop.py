@@ -5,7 +5,7 @@
 advances by its own n + 1 tokens. Rows stop on their own (EOS or budget) and then stop changing; no
 host round trip per round.
 
-A drafter may propose a tree instead of a chain (`Proposal.shape`: static, or one per row): the target
+A drafter may propose a tree instead of a chain (`Proposal.verified_tree`: static, or one per row): the target
 then scores all its nodes in one tree-masked pass (`_verify_tree_pass`, `tree_acceptance`), the
 accepted path is compacted into contiguous cache slots, and the round continues with that path as the
 proposal.
