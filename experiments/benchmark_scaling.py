@@ -123,7 +123,8 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
           sampling_params(0.0), jax.random.key(0))
   start = time.perf_counter()
   lowered = loop._generate.lower(*args, k=5, out_width=16, pad_id=0, rule=loop.acceptance.verify,
-                                 greedy_rule=loop.acceptance.verify_greedy)
+                                 greedy_rule=loop.acceptance.verify_greedy,
+                                 tree_rule=loop.tree_acceptance.verify_tree)
   traced = time.perf_counter() - start
   compiled = lowered.compile()
   total = time.perf_counter() - start
