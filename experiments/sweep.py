@@ -67,19 +67,6 @@ def _flat(group: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
   return flat
 
 
-def get_field(cfg: ml_collections.ConfigDict, path: str) -> Any:
-  for name in path.split("."):
-    cfg = cfg[name]
-  return cfg
-
-
-def set_field(cfg: ml_collections.ConfigDict, path: str, value: Any) -> None:
-  *groups, leaf = path.split(".")
-  for name in groups:
-    cfg = cfg[name]
-  cfg[leaf] = value
-
-
 def speculative_only(sweep: ml_collections.ConfigDict, point: Point) -> list[str]:
   """The axes of `point` that autoregressive points do not use (a drafter group's fields included)."""
   fields = decode_spec.speculative_fields(sweep.base)
@@ -120,12 +107,12 @@ def grid(sweep: ml_collections.ConfigDict) -> list[tuple[Point, ml_collections.C
     cfg = decode_spec.with_drafter_group(sweep.base)
     for name, value in zip(names, values):
       try:
-        set_field(cfg, name, value)
+        decode_spec.set_field(cfg, name, value)
       except TypeError as error:
         raise ValueError(f"sweep axis {name!r}: value {value!r} does not fit the decode field: {error}"
                          ) from None
     cfg.output = ""  # the table is the sweep's output
-    point = {name: get_field(cfg, name) for name in names}
+    point = {name: decode_spec.get_field(cfg, name) for name in names}
     try:
       spec = decode_spec.from_config(cfg)
     except ValueError as error:
@@ -136,7 +123,7 @@ def grid(sweep: ml_collections.ConfigDict) -> list[tuple[Point, ml_collections.C
     if cfg.mode == "autoregressive":  # one baseline, whatever K and draft came first in the product
       for name in speculative_only(sweep, point):
         point[name] = None
-        set_field(cfg, name, get_field(sweep.base, name))
+        decode_spec.set_field(cfg, name, decode_spec.get_field(sweep.base, name))
     points.setdefault(point_key(point), (point, cfg))
   return sorted(points.values(), key=lambda point_cfg: point_cfg[1].mode != "autoregressive")
 

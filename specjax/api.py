@@ -50,8 +50,8 @@ def apply_fields(cfg: ml_collections.ConfigDict, fields: dict[str, Any]) -> ml_c
     else:
       flat[name] = value
   for path, value in flat.items():
-    if path in decode_config.RENAMED:
-      raise ConfigError(f"config.{path} is now config.{decode_config.RENAMED[path]}")
+    if decode_config.moved(path):
+      raise ConfigError(decode_config.moved(path))
     if path == "drafter" and isinstance(value, str) and cfg.get("mode") == "speculative":
       cfg.drafter = value
       cfg = decode_spec.with_drafter_group(cfg)
@@ -59,12 +59,8 @@ def apply_fields(cfg: ml_collections.ConfigDict, fields: dict[str, Any]) -> ml_c
     message = unknown_field(cfg, path)
     if message:
       raise ConfigError(message)
-    *groups, leaf = path.split(".")
-    node = cfg
-    for group in groups:
-      node = node[group]
     try:
-      node[leaf] = tuple(value) if isinstance(value, list) else value
+      decode_spec.set_field(cfg, path, tuple(value) if isinstance(value, list) else value)
     except (TypeError, ValueError) as e:
       raise ConfigError(f"config.{path}: {e}") from None
   return cfg

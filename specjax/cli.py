@@ -14,7 +14,7 @@ import difflib
 import importlib.util
 import os
 import sys
-from typing import Callable, Mapping, NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import ml_collections
 from absl import app, flags, logging
@@ -39,10 +39,10 @@ def fail(message: str, status: int) -> NoReturn:
 
 
 def run(main: Callable[[ml_collections.ConfigDict], None], config: flags.FlagHolder,
-        renamed: Mapping[str, str] | None = None) -> None:
+        moved: Callable[[str], str | None] = lambda path: None) -> None:
   """`absl.app.run` for a program whose only input is `--config` (a file) and its `--config.FIELD`
-  overrides; `main(config)` does the work. Exits 0, or 1/2 with one `error:` line. `renamed` maps
-  fields that moved (old dotted name -> new one) so that an old name says where it went."""
+  overrides; `main(config)` does the work. Exits 0, or 1/2 with one `error:` line. `moved(path)` is
+  the error for a field that moved elsewhere (None for other names), so an old name says where it went."""
 
   def parse(argv: list[str]) -> list[str]:
     try:
@@ -50,7 +50,7 @@ def run(main: Callable[[ml_collections.ConfigDict], None], config: flags.FlagHol
     except Exception as e:  # noqa: BLE001 -- ml_collections raises KeyError/AttributeError/TypeError
       if debugging():
         raise
-      fail(_parse_error_message(argv, e, config.name, renamed or {}), USAGE)
+      fail(_parse_error_message(argv, e, config.name, moved), USAGE)
 
   def guarded(argv: list[str]) -> None:
     if len(argv) > 1:
@@ -77,7 +77,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def _parse_error_message(argv: Sequence[str], error: Exception, flag_name: str,
-                         renamed: Mapping[str, str]) -> str:
+                         moved: Callable[[str], str | None]) -> str:
   """The message for a command line absl or ml_collections refused: the unknown field when there is
   one (with the closest known names), else the parser's own message."""
   if isinstance(error, flags.Error):
@@ -89,11 +89,9 @@ def _parse_error_message(argv: Sequence[str], error: Exception, flag_name: str,
     except Exception as e:  # noqa: BLE001 -- a config file's own error is reported as it is
       return f"cannot load --{flag_name}={config_file}: {_one_line(e)}"
     for path in overrides:
-      if path in renamed and unknown_field(config, path):
-        return f"config.{path} is now config.{renamed[path]}"
       unknown = unknown_field(config, path)
       if unknown:
-        return unknown
+        return moved(path) or unknown
   return _one_line(error)
 
 

@@ -40,8 +40,7 @@ def _print_stats(stats: dict) -> None:
 
 def main(cfg: ml_collections.ConfigDict) -> None:
   mesh.initialize_distributed()  # a multi-process launch (coordinator, SLURM, TPU pod) joins here
-  log = lambda message: print(message, flush=True) if mesh.is_main_process() else None
-  results = Decoder.from_config(cfg, log=log).run()
+  results = Decoder.from_config(cfg, log=lambda message: print(message, flush=True)).run()
   if not mesh.is_main_process():  # process 0 prints and writes for all
     return
   for number, out in enumerate(results["outputs"], 1):
@@ -55,4 +54,4 @@ def main(cfg: ml_collections.ConfigDict) -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, _CONFIG, renamed=decode_config.RENAMED)
+  cli.run(main, _CONFIG, moved=decode_config.moved)

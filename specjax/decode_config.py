@@ -58,3 +58,8 @@ def default_config() -> ml_collections.ConfigDict:
 RENAMED = {"ngram_min": "ngram.min", "ngram_max": "ngram.max", "draft_layers": "layer_skip.layers",
            "draft_stop_threshold": "model.stop_threshold", "draft_vocab": "model.vocab (or eagle.vocab)",
            "draft_vocab_corpus": "model.vocab_corpus (or eagle.vocab_corpus)"}
+
+
+def moved(path: str) -> str | None:
+  """The one-line error for a field that moved into a group (None for any other name)."""
+  return f"config.{path} is now config.{RENAMED[path]}" if path in RENAMED else None

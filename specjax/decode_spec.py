@@ -6,6 +6,7 @@ ConfigDict at depth. Every check names the field and runs before any model loads
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import ml_collections
@@ -59,6 +60,21 @@ def speculative_fields(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
   return SPECULATIVE_FIELDS + groups
 
 
+def get_field(cfg: ml_collections.ConfigDict, path: str) -> Any:
+  """The value at a dotted path ("ngram.min")."""
+  for name in path.split("."):
+    cfg = cfg[name]
+  return cfg
+
+
+def set_field(cfg: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets the value at a dotted path (ml_collections' type checks apply)."""
+  *groups, leaf = path.split(".")
+  for name in groups:
+    cfg = cfg[name]
+  cfg[leaf] = value
+
+
 def unlocked_copy(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `cfg` that takes new fields (the command line's config is locked)."""
   copy = cfg.copy_and_resolve_references()
@@ -84,9 +100,8 @@ def check_fields(cfg: ml_collections.ConfigDict) -> None:
   for name in cfg.keys():
     if name in known or isinstance(cfg[name], ml_collections.ConfigDict):
       continue
-    if name in decode_config.RENAMED:
-      raise ConfigError(f"config.{name} is now config.{decode_config.RENAMED[name]}")
-    raise ConfigError(f"unknown config field {name!r}; known fields: {', '.join(sorted(known))}")
+    raise ConfigError(decode_config.moved(name)
+                      or f"unknown config field {name!r}; known fields: {', '.join(sorted(known))}")
 
 
 def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:

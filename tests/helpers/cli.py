@@ -63,7 +63,7 @@ def decode_in_process(arguments) -> tuple[int, str]:
   sys.argv = ["specjax.decode", *arguments]
   try:
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-      cli.run(decode.main, decode._CONFIG, renamed=decode_config.RENAMED)
+      cli.run(decode.main, decode._CONFIG, moved=decode_config.moved)
     status = 0
   except SystemExit as e:
     status = 0 if e.code is None else e.code  # absl exits through sys.exit(None) on success
