@@ -31,6 +31,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.chat = True  # wrap each prompt in the tokenizer's chat template
   c.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
   c.k = 5  # draft tokens proposed per round (the most a round can propose)
+  c.k_policy = "fixed"  # how many of the k tokens a round proposes: "fixed" (all k) or "adaptive" (per round,
+  #                       the length with the most expected tokens per second: 0 = a plain target step;
+  #                       chains only, see README "Adaptive speculation")
+  c.adaptive = ml_collections.ConfigDict()  # the adaptive policy's settings (`specjax.speculative.k_policy`)
+  c.adaptive.prior = 0.8  # acceptance estimate of a draft position before any observation, in (0, 1)
+  c.adaptive.decay = 0.8  # weight of the old estimate when a round reaches the position, in [0, 1)
+  c.adaptive.recovery = 0.02  # drift back toward the prior per round a position is not reached, in [0, 1]
+  c.adaptive.calibration_rounds = 3  # rounds timed per candidate length when measuring the cost table
   c.temperature = 0.0  # 0 = greedy (output equals the target's own greedy output)
   c.top_k = 0  # 0 disables top-k
   c.top_p = 1.0  # 1 disables top-p

@@ -16,6 +16,7 @@ from specjax.errors import ConfigError
 from specjax.models.load import SCAN_LAYERS
 from specjax.sampling import SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
+from specjax.speculative import k_policy
 from specjax.speculative.drafters.base import Drafter, DrafterSettings
 from specjax.speculative.trees.dynamic import DynamicSpec
 from specjax.speculative.trees.tree import Tree, parse
@@ -27,7 +28,7 @@ DRAFT_SHARDINGS = ("same", "replicated")
 LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers",
                "attention_block", "prefill_chunk")
 # Top-level fields that only speculative runs read; every drafter group is speculative-only too.
-SPECULATIVE_FIELDS = ("k", "drafter", "draft", "tree", "tree_children")
+SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_children")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,7 @@ class DecodeSpec:
   sampling: SamplingParams  # temperature, top-k, top-p
   k: int  # draft tokens per round: config.k, or the tree's depth
   verify_width: int  # tokens one verify pass feeds: K + 1, or the tree's nodes and root
+  policy: k_policy.KPolicy = k_policy.KPolicy()  # how many of the K tokens a round proposes
 
   @property
   def speculative(self) -> bool:
@@ -162,4 +164,19 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
                              k=cfg.k if tree is None else tree.max_depth)
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
-  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width)
+  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width,
+                    _policy(cfg, tree))
+
+
+def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> k_policy.KPolicy:
+  options = cfg.adaptive
+  error = k_policy.settings_error(cfg.k_policy, options.prior, options.decay, options.recovery)
+  if error:
+    raise ConfigError(f"config.{error}")
+  if int(options.calibration_rounds) != options.calibration_rounds or options.calibration_rounds < 1:
+    raise ConfigError(f"config.adaptive.calibration_rounds must be an integer >= 1, got "
+                      f"{options.calibration_rounds}")
+  if cfg.k_policy == "adaptive" and tree is not None:
+    raise ConfigError("config.k_policy 'adaptive' chooses chain lengths: with config.tree set, use k_policy "
+                      "'fixed' (a tree's shape is its config)")
+  return k_policy.KPolicy(cfg.k_policy, options.prior, options.decay, options.recovery)

@@ -31,6 +31,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import LoadedModel, load_model, scan_layers_for, with_execution
 from specjax.models.tokenizer import Tokenizer
 from specjax.speculative.drafters.base import Drafter
+from specjax.speculative import k_policy
 from specjax.speculative.drafters.model import check_compatible
 from specjax.speculative.loop import speculative_generate
 
@@ -105,14 +106,29 @@ class _Runner:
   cache_len: int
   target_cache: KVCache | None = None  # [L, B, S, G, Dh] returned by the last call; None before
   draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
+  cost_C: np.ndarray | None = None  # [C] the adaptive K policy's cost table (`calibrate`); None = unmeasured
 
-  def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
+  def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
+               round_limit: int | None = None, cost_C: np.ndarray | None = None):
     part = self.target.part
+    cost_C = self.cost_C if cost_C is None else cost_C
     if part is None:
-      return self._generate(prompts_BxP, lengths_B, budget_B, key)
+      return self._generate(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C)
     with jax.set_mesh(part.mesh):
       return self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
-                            key)
+                            key, round_limit, cost_C)
+
+  def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key) -> float:
+    """Measures the adaptive policy's cost table on this device and batch shape, with the compiled
+    program itself (`k_policy.calibrate`); returns the seconds it took."""
+    def run(cost_C: np.ndarray, round_limit: int) -> int:
+      out = self(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C)
+      return int(jax.block_until_ready(out.target_calls)) - 1
+
+    start = time.perf_counter()
+    self.cost_C = k_policy.calibrate(len(self.spec.policy.lengths(self.spec.k)), run,
+                                     self.spec.config.adaptive.calibration_rounds)
+    return time.perf_counter() - start
 
   def _allocate(self, batch: int) -> None:
     """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""
@@ -129,7 +145,7 @@ class _Runner:
                 leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
             self.draft_storage)
 
-  def _generate(self, prompts_BxP, lengths_B, budget_B, key):
+  def _generate(self, prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C):
     spec = self.spec
     self._allocate(prompts_BxP.shape[0])
     eos = self.target.tokenizer.eos_ids
@@ -141,9 +157,33 @@ class _Runner:
       return out
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
                                self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
-                               k=spec.k, out_width=spec.config.max_new_tokens)
+                               k=spec.k, out_width=spec.config.max_new_tokens, policy=spec.policy,
+                               cost_C=cost_C, round_limit=round_limit)
     self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
     return out
+
+
+def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_len: int,
+                    cost_tables: dict[tuple, np.ndarray] | None, prompts_BxP: np.ndarray, lengths_B: np.ndarray,
+                    key, log: Callable[[str], None]) -> dict[str, Any]:
+  """The K policy's record for the results (its kind, lengths, cost table and what measuring it took),
+  measuring the adaptive policy's cost table with the first batch unless `cost_tables` holds this
+  program's (every batch has one shape, so one table serves the run)."""
+  policy, cfg = spec.policy, spec.config
+  record = {"kind": policy.kind, "lengths": list(policy.lengths(spec.k))}
+  if not policy.adaptive:
+    return record
+  program = (cfg.batch_size, cache_len, spec.sampling.greedy, spec.k, policy, id(drafter))
+  tables = {} if cost_tables is None else cost_tables
+  seconds = 0.0
+  if program not in tables:
+    log(f"measuring the adaptive policy's round costs at lengths {record['lengths']} ...")
+    seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32), key)
+    tables[program] = runner.cost_C
+  runner.cost_C = tables[program]
+  costs = ", ".join(f"{n}: {1e3 * c:.1f} ms" for n, c in zip(record["lengths"], runner.cost_C))
+  log(f"round cost by proposal length: {costs}")
+  return {**record, "cost_table_s": [float(c) for c in runner.cost_C], "calibration_time_s": seconds}
 
 
 def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
@@ -224,13 +264,15 @@ def build_drafter(spec: DecodeSpec, target: LoadedModel, draft: LoadedModel | No
 
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None,
-        drafter: tuple[Drafter, dict] | None = None) -> dict[str, Any]:
+        drafter: tuple[Drafter, dict] | None = None,
+        cost_tables: dict[tuple, np.ndarray] | None = None) -> dict[str, Any]:
   """Decodes every prompt of `spec` (or of a config, checked into one); returns the JSON-ready results,
   also written to `config.output` (or, when that fails at the end, to the fallback file named by
   `results["written_to"]`).
 
   `models` = (target, draft or None) already loaded and `drafter` = (a built drafter, its facts) reuse
-  what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps)."""
+  what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `cost_tables` keeps
+  the adaptive policy's measured cost tables across runs, one per compiled program (measured once)."""
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   log = log if meshes.is_main_process() else lambda message: None
@@ -257,9 +299,12 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   _, padded, lengths = batches[0]
   jax.block_until_ready(runner(padded, lengths, np.ones(len(lengths), np.int32), key).tokens)
   compile_time = time.perf_counter() - start
+  policy_record = {}
+  if spec.speculative:
+    policy_record = _measured_costs(spec, runner, drafter, cache_len, cost_tables, padded, lengths, key, log)
 
   outputs, wall_time, calls = [], 0.0, {"target_calls": 0, "draft_calls": 0}
-  acceptance = []
+  acceptance, rounds_per_length = [], 0
   for batch_number, (indices, padded, lengths) in enumerate(batches):
     log(f"batch {batch_number + 1}/{len(batches)} ...")
     budget = np.where(np.arange(len(lengths)) < len(indices), cfg.max_new_tokens, 1).astype(np.int32)
@@ -270,6 +315,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
     calls["target_calls"] += int(out.target_calls)
     if spec.speculative:
       calls["draft_calls"] += int(out.draft_calls)
+      rounds_per_length = rounds_per_length + meshes.to_host(out.rounds_per_length)
       acceptance.append(jax.tree.map(lambda a: a[:len(indices)], meshes.to_host(out.acceptance)))
       per_row = metrics.summarize(acceptance[-1])["per_row"]
     for row, i in enumerate(indices):
@@ -288,6 +334,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
     stats.update(acceptance_rate=totals["acceptance_rate"], alpha_hat=totals["alpha_hat"],
                  mean_accepted_length=totals["mean_accepted_length"],
                  per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
+                 k_policy={**policy_record, "rounds_per_length": [int(n) for n in rounds_per_length]},
                  **drafter_info)
     if "tree_nodes" in drafter_info:  # a tree: positions are depths; every round verifies all its nodes
       verified = drafter_info["tree_nodes"] + 1

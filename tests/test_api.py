@@ -71,6 +71,19 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   ngram = dec.generate(["abcabcabc"], drafter="ngram", ngram={"min": 1, "max": 2})  # another drafter, same target
   assert ngram.token_ids == dec.generate(["abcabcabc"], mode="autoregressive").token_ids
   assert ngram.results["config"]["ngram"] == {"min": 1, "max": 2}
+
+  # The adaptive K policy: its cost table is measured once per program, then reused.
+  adaptive = dec.generate(["def add(a, b):", "hello"], k_policy="adaptive")
+  assert adaptive.token_ids == greedy.token_ids
+  policy = adaptive.stats["k_policy"]
+  assert policy["lengths"] == [0, 1, 2, 3] and len(policy["cost_table_s"]) == 4  # k = 3
+  assert all(cost > 0 for cost in policy["cost_table_s"]) and policy["calibration_time_s"] > 0
+  assert sum(policy["rounds_per_length"]) > 0
+  again = dec.generate(["abc", "x = 1"], k_policy="adaptive")
+  assert again.stats["k_policy"]["calibration_time_s"] == 0
+  assert again.stats["k_policy"]["cost_table_s"] == policy["cost_table_s"]
+  assert greedy.stats["k_policy"] == {"kind": "fixed", "lengths": [3],
+                                      "rounds_per_length": [greedy.stats["target_calls"] - 1]}
   assert len(loads) == 1  # every call above reused the models loaded once
 
 
@@ -80,7 +93,10 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
     (dict(ngram_min=2), "config.ngram_min is now config.ngram.min"),
     ({"ngram.mn": 2}, r"unknown config field 'ngram.mn' \(did you mean 'ngram.min'\?\)"),
     (dict(k="five"), "config.k"),
-    (dict(drafter="ngram", ngram={"min": 0}), "config.ngram.min must be an integer >= 1")])
+    (dict(drafter="ngram", ngram={"min": 0}), "config.ngram.min must be an integer >= 1"),
+    (dict(k_policy="sometimes"), "config.k_policy must be one of"),
+    ({"adaptive.prior": 1.5}, r"config.adaptive.prior must be in \(0, 1\)"),
+    (dict(k_policy="adaptive", tree="(2,1)"), "config.k_policy 'adaptive' chooses chain lengths")])
 def test_bad_fields_fail_with_one_line_naming_them(model_dirs, fields, message):
   dec = specjax.Decoder(config=cli_config(model_dirs, drafter="ngram", draft=""))
   with pytest.raises(ConfigError, match=message):

@@ -27,15 +27,17 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import generation, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
-from specjax.speculative import acceptance
+from specjax.speculative import acceptance, k_policy
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.drafters.base import Drafter
+from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.proposal import Proposal
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
@@ -52,6 +54,7 @@ class _LoopState:
   key: jax.Array  # PRNG key, split once per round
   counts: metrics.AcceptanceCounts  # per-row acceptance counters: [B] and [B, K]
   draft_calls: jax.Array  # [] int32: draft forward passes so far (`Proposal.calls` summed)
+  policy: k_policy.PolicyState  # acceptance estimates [B, K], the cost table [C], rounds per length [C]
 
 
 @flax.struct.dataclass
@@ -61,6 +64,7 @@ class SpeculativeOutput:
   target_calls: jax.Array  # [] int32: target forward passes, prefill included (rounds + 1)
   draft_calls: jax.Array  # [] int32: draft forward passes proposing tokens (prompt prefill excluded)
   acceptance: metrics.AcceptanceCounts  # per-row rounds, proposed and accepted tokens, per position
+  rounds_per_length: jax.Array  # [C] int32: rounds whose policy chose each of `KPolicy.lengths(k)`
   target_cache: KVCache  # final caches, returned so the donated buffers can be reused
   draft_state: Any  # the drafter's final state (ModelDraftState.cache is the draft cache)
 
@@ -115,14 +119,19 @@ def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_ru
   return num_accepted_B, next_B, features_BxDt1xF, target_cache, proposal.along(path_BxDt1)
 
 
+def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
+  """The verify widths a program compiles: the drafter's and the policy's candidate lengths + 1."""
+  return tuple(sorted(set(drafter.verify_widths(k)) | set(policy.widths(k))))
+
+
 @functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule",
-                                             "greedy_rule", "tree_rule"),
+                                             "greedy_rule", "tree_rule", "policy"),
                    donate_argnames=("target_cache", "draft_storage"))
 def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
-              eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int,
-              pad_id: int, rule: AcceptanceRule, greedy_rule: GreedyRule,
-              tree_rule: TreeRule) -> SpeculativeOutput:
+              eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, cost_C: jax.Array,
+              round_limit: jax.Array, *, k: int, out_width: int, pad_id: int, rule: AcceptanceRule,
+              greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   if drafter.reads_prompt_features:  # a drafter reading the target's features of the prompts
@@ -139,16 +148,19 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
   buffer, _ = generation.append(generation.empty_buffer(batch, out_width + k + 1), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
-  widths = drafter.verify_widths(k)
+  widths = loop_widths(drafter, policy, k)
 
   def cond(state: _LoopState):
-    return ~jnp.all(state.buffer.done)
+    return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < round_limit)
 
   def body(state: _LoopState):
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache,
-                                                          state.pending, sampling, draft_key, k)
     live_B = ~state.buffer.done
+    wanted_B, choice = k_policy.choose(policy, state.policy, live_B, k)
+    proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache,
+                                                          state.pending, sampling, draft_key, k, wanted_B)
+    if policy.adaptive:  # what a drafter proposes beyond the chosen length is never verified
+      proposal = proposal.replace(lengths=jnp.minimum(proposal.lengths, wanted_B))
     passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
                                 drafter.feature_layers, state.pending, proposal, sampling, accept_key)
               for width in widths]
@@ -172,16 +184,20 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                       draft_state=drafter.commit(draft_state, proposal, num_committed_B, hidden_BxK1xD),
                       buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
                       counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B),
-                      draft_calls=state.draft_calls + proposal.calls)
+                      draft_calls=state.draft_calls + proposal.calls,
+                      policy=k_policy.update(policy, state.policy, choice, proposal.lengths, num_accepted_B,
+                                             live_B))
 
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
-      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0)))
+      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0),
+      policy=k_policy.init(policy, batch, k, cost_C)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
       tokens=generation.finalize(state.buffer, pad_id)[:, :out_width], counts=state.buffer.counts,
       target_calls=rounds + 1, draft_calls=state.draft_calls,
-      acceptance=state.counts, target_cache=state.target_cache, draft_state=state.draft_state)
+      acceptance=state.counts, rounds_per_length=state.policy.chosen_C, target_cache=state.target_cache,
+      draft_state=state.draft_state)
 
 
 def speculative_generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP,
@@ -189,7 +205,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int | None = None,
                          pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
                          greedy_rule: GreedyRule = acceptance.verify_greedy,
-                         tree_rule: TreeRule = tree_acceptance.verify_tree) -> SpeculativeOutput:
+                         tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
+                         cost_C=None, round_limit: int | None = None) -> SpeculativeOutput:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
   (equal to it token for token when greedy).
@@ -210,6 +227,12 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   (`tree_acceptance`, `tree_rule` static like `rule`), compacts the accepted path in the target cache
   and commits it to the drafter as a chain. The target cache then needs N - 1 positions of slack
   instead of K - 1.
+
+  `policy` (static, `k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
+  (fixed), or the length maximising expected committed tokens per second under the cost table `cost_C`
+  ([C] seconds per round at each of `policy.lengths(k)`, runtime: measured by `k_policy.calibrate`;
+  default all equal). `round_limit` (runtime; None = no limit) stops the loop after that many rounds,
+  finished or not: what calibration times.
   """
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
@@ -220,6 +243,13 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   widths = drafter.verify_widths(k)
   if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] != k + 1:
     raise ValueError(f"the drafter's verify widths {widths} must ascend from >= 1 to K + 1 = {k + 1}")
+  if policy.adaptive and tree is not None:
+    raise ValueError("the adaptive K policy chooses chain lengths: a drafter with a tree uses the fixed policy")
+  num_lengths = len(policy.lengths(k))
+  cost_C = np.ones(num_lengths, np.float32) if cost_C is None else np.asarray(cost_C, np.float32)
+  if cost_C.shape != (num_lengths,) or not np.all(cost_C > 0):
+    raise ValueError(f"cost_C must hold {num_lengths} positive costs (one per length {policy.lengths(k)}), "
+                     f"got {cost_C}")
   batch = prompts_BxP.shape[0]
   if target_cache.batch_size != batch:
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
@@ -233,5 +263,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   drafter.check_fits(draft_storage, prompt_lengths_B, largest, k)
   return _generate(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
                    jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
-                   jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, k=k, out_width=out_width,
-                   pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule)
+                   jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C),
+                   jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k,
+                   out_width=out_width, pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule,
+                   policy=policy)

@@ -15,7 +15,7 @@ Host side, before anything compiles:
 Inside the jitted loop:
   init(storage, prompts, lengths, target_cache) -> state
       (or init_from_features(storage, prompts, lengths, features) when `reads_prompt_features`)
-  propose(state, target_cache, pending, sampling, key, k) -> (Proposal, state, target_cache)
+  propose(state, target_cache, pending, sampling, key, k, wanted) -> (Proposal, state, target_cache)
   commit(state, proposal, num_committed, target_features) -> state
 From a decode config (class methods, `specjax.speculative.drafters.registry`):
   name, config_group(), check_config(options, settings), build(settings, target, draft, log)
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -89,6 +90,34 @@ def short_proposal_widths(k: int) -> tuple[int, ...]:
   compiled target pass; on a CPU a 4-token pass costs about 2 single steps where a 9-token one costs
   about 2.7, so short proposals should not pay for the full block."""
   return tuple(sorted(set(range(1, min(k + 1, 5))) | {k + 1}))
+
+
+DraftStep = Callable[[Any, jax.Array], tuple[Any, tuple[jax.Array, jax.Array | None]]]
+
+
+def draft_chain(step: DraftStep, carry: Any, key: jax.Array, k: int,
+                wanted_B: jax.Array | None) -> tuple[Any, Proposal]:
+  """Draws a chain of draft tokens with `step(carry, key) -> (carry, (token_B, probs_BxW or None))`, one
+  draft pass each, while fewer than the longest `wanted_B` (at most K; None = K) are drawn: no pass
+  that no row wants runs. Returns the final carry and the proposal (slots past the passes run hold zeros)."""
+  keys_K = jax.random.split(key, k)
+  token_shape, probs_shape = jax.eval_shape(step, carry, keys_K[0])[1]
+  batch = token_shape.shape[0]
+  wanted_B = jnp.full((batch,), k, jnp.int32) if wanted_B is None else wanted_B
+  tokens_BxK = jnp.zeros((batch, k), token_shape.dtype)
+  probs_BxKxW = None if probs_shape is None else jnp.zeros((batch, k) + probs_shape.shape[1:], probs_shape.dtype)
+
+  def one_pass(loop):
+    drawn, carry, tokens_BxK, probs_BxKxW = loop
+    carry, (token_B, probs_BxW) = step(carry, keys_K[drawn])
+    return (drawn + 1, carry, tokens_BxK.at[:, drawn].set(token_B),
+            None if probs_BxW is None else probs_BxKxW.at[:, drawn].set(probs_BxW))
+
+  limit = jnp.minimum(jnp.max(wanted_B), k)
+  drawn, carry, tokens_BxK, probs_BxKxW = jax.lax.while_loop(
+      lambda loop: loop[0] < limit, one_pass, (jnp.int32(0), carry, tokens_BxK, probs_BxKxW))
+  return carry, Proposal(tokens=tokens_BxK.astype(jnp.int32),
+                         lengths=jnp.minimum(wanted_B, drawn).astype(jnp.int32), probs=probs_BxKxW, calls=drawn)
 
 
 class Drafter(flax.struct.PyTreeNode):
@@ -184,10 +213,12 @@ class Drafter(flax.struct.PyTreeNode):
                               f"init_from_features")
 
   def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int) -> tuple[Proposal, Any, KVCache]:
+              key: jax.Array, k: int, wanted_B: jax.Array | None = None) -> tuple[Proposal, Any, KVCache]:
     """Up to K tokens per row following the history and `pending_B` (their distributions after
     `sampling`, or point masses), the state, and the target's cache (changed only beyond each row's
-    length). Commits nothing."""
+    length). Commits nothing. `wanted_B` [B] int32 in [0, K] is what the K policy lets row b propose
+    this round (`k_policy`; None = K for every row): the loop never verifies more, so a drafter may
+    ignore it, at the price of draft passes nobody reads (`draft_chain` stops them)."""
     raise NotImplementedError(f"{type(self).__name__} must define propose")
 
   def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,

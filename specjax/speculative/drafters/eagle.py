@@ -50,7 +50,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import (MLP, Attention, Norm, Params, cache_attention, prefill_features,
                                         rotary_tables)
 from specjax.sampling import SamplingParams, tokens_and_probabilities
-from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter
+from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, draft_chain
 from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_logits,
                                                      restricted_draft_head)
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
@@ -348,7 +348,7 @@ class EagleDrafter(ModelBackedDrafter):
     return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
   def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int) -> tuple[Proposal, EagleState, KVCache]:
+              key: jax.Array, k: int, wanted_B: jax.Array | None = None) -> tuple[Proposal, EagleState, KVCache]:
     if isinstance(self.tree, DynamicSpec):
       tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
       proposal = full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree)
@@ -365,11 +365,9 @@ class EagleDrafter(ModelBackedDrafter):
       next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       return (cache.advance(jnp.ones_like(next_B)), out_Bx1xD[:, 0], next_B), (next_B, probs_BxV)
 
-    _, (tokens_KxB, probs_KxBxV) = jax.lax.scan(step, (state.cache, state.feature, pending_B),
-                                                jax.random.split(key, k))
-    probs_BxKxV = None if probs_KxBxV is None else probs_KxBxV.transpose(1, 0, 2)
-    # The K pairs written beyond the head's length are scratch: `commit` rewrites them from the target.
-    return full(tokens_KxB.T, probs_BxKxV, calls=k), state.replace(pending=pending_B), target_cache
+    _, proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, k, wanted_B)
+    # The pairs written beyond the head's length are scratch: `commit` rewrites them from the target.
+    return proposal, state.replace(pending=pending_B), target_cache
 
   def commit(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
              target_hidden_BxK1xF: jax.Array) -> EagleState:

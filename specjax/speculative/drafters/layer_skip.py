@@ -24,8 +24,8 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.errors import ConfigError
-from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter
-from specjax.speculative.proposal import Proposal, full
+from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, draft_chain
+from specjax.speculative.proposal import Proposal
 
 
 def parse_layers(spec: str, n_layers: int) -> tuple[int, ...]:
@@ -94,7 +94,7 @@ class LayerSkipDrafter(ModelBackedDrafter):
     return DraftPass(self.config, self.params, layers=self.layers)
 
   def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int) -> tuple[Proposal, None, KVCache]:
+              key: jax.Array, k: int, wanted_B: jax.Array | None = None) -> tuple[Proposal, None, KVCache]:
     def step(carry, step_key):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
@@ -103,9 +103,6 @@ class LayerSkipDrafter(ModelBackedDrafter):
           step_key, hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0]), sampling)
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
-    # K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.
-    (cache, _), (tokens_KxB, probs_KxBxV) = jax.lax.scan(step, (target_cache, pending_B),
-                                                          jax.random.split(key, k))
-    probs_BxKxV = None if probs_KxBxV is None else probs_KxBxV.transpose(1, 0, 2)
-    return (full(tokens_KxB.T, probs_BxKxV, calls=k), None,
-            cache.replace(lengths=target_cache.lengths))
+    # Up to K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.
+    (cache, _), proposal = draft_chain(step, (target_cache, pending_B), key, k, wanted_B)
+    return proposal, None, cache.replace(lengths=target_cache.lengths)

@@ -194,7 +194,7 @@ class ModelDrafter(ModelBackedDrafter):
     return hidden_BxD, cache, num_valid_B
 
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, k: int
+              sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None
               ) -> tuple[Proposal, ModelDraftState, KVCache]:
     if isinstance(self.tree, DynamicSpec):
       return (*self._propose_dynamic_tree(state, pending_B, sampling), target_cache)
@@ -228,9 +228,13 @@ class ModelDrafter(ModelBackedDrafter):
     # is not proposed). `fed` counts the draft tokens fed, the same for every row.
     # `confident_BxK` [B, K]: d_1 .. d_i confident (False past the drawn tokens); row b is still drafting
     # while its last drawn token is.
+    # The catch-up pass always runs (it feeds the pending token: the cache stays in step even when the
+    # policy proposes nothing); the next pass only while some row wants and may still draw a token.
+    limit = k if wanted_B is None else jnp.minimum(jnp.max(wanted_B), k)
+
     def more(carry):
       fed, _, _, _, confident_BxK = carry
-      return (fed < k - 1) & jnp.any(confident_BxK[:, fed])
+      return (fed + 1 < limit) & jnp.any(confident_BxK[:, fed])
 
     def step(carry):
       fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry

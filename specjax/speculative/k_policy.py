@@ -1,0 +1,151 @@
+"""How many draft tokens a round proposes: the K policy.
+
+`fixed`: every live row proposes K tokens every round (the classic loop). `adaptive`: each round the
+policy picks one length L from a small set of candidates (0 = no draft tokens, a plain target step; the
+set is `KPolicy.lengths`, each the width of a compiled verify pass minus one) to maximise the batch's
+expected committed tokens per second:
+
+  L* = argmax_L  sum_b live_b * (1 + sum_{j=1..L} prod_{i<=j} alpha_b,i) / cost_L
+
+with alpha_b,i the running estimate of row b's conditional acceptance at draft position i (position i
+accepted given 1 .. i-1 were) and cost_L the measured seconds of a round at length L (`calibrate`: the
+compiled program itself, forced to each length, on the running device). A single L serves the whole
+batch because the draft passes and the verify pass are shared: once the batch pays for L, proposing
+fewer tokens in some row would only lose tokens.
+
+Estimates: every position a row's round reached (proposed, earlier ones accepted) moves toward its
+outcome, alpha <- decay * alpha + (1 - decay) * accepted; a position not reached drifts back toward the
+prior by `recovery` per round, so a row that stopped drafting tries again once the prior outweighs the
+cost (drafting resumes where the text starts repeating).
+
+Exactness: the length is chosen before the round's draft from the outcomes of earlier rounds only, so
+given the history it is a fixed number, and the acceptance rule is exact for any proposal length. A
+drafter may still stop early from its own draws (`stop_threshold`): a proposal's length then depends on
+the draft's randomness, never on the target's distributions of the round being verified, which is what
+the rule needs (each accepted/resampled token is drawn exactly given the prefix, whatever decided how
+many draft tokens were offered). A policy reading the target's probabilities of the current round
+would bias the output; the tests show such a policy failing the exactness test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KINDS = ("fixed", "adaptive")
+
+
+@dataclasses.dataclass(frozen=True)
+class KPolicy:
+  """The policy's static settings (hashable: part of the compiled program)."""
+
+  kind: str = "fixed"  # one of KINDS
+  prior: float = 0.8  # the acceptance estimate of a position before any observation, and its drift target
+  decay: float = 0.8  # weight of the old estimate when a round reaches the position
+  recovery: float = 0.02  # drift toward the prior per round in which a position is not reached
+
+  @property
+  def adaptive(self) -> bool:
+    return self.kind == "adaptive"
+
+  def lengths(self, k: int) -> tuple[int, ...]:
+    """The proposal lengths a round may choose (static): K alone when fixed; adaptive: 0 to 3, two
+    thirds of K, and K (each one more compiled verify width)."""
+    if not self.adaptive:
+      return (k,)
+    return tuple(sorted({min(n, k) for n in (0, 1, 2, 3)} | {round(2 * k / 3), k}))
+
+  def widths(self, k: int) -> tuple[int, ...]:
+    """The verify widths the chosen lengths need: each length plus the pending token."""
+    return tuple(n + 1 for n in self.lengths(k))
+
+
+def settings_error(kind: str, prior: float, decay: float, recovery: float) -> str | None:
+  """What is wrong with the policy's settings (None when nothing is), starting with the field's name
+  ("k_policy ...", "adaptive.prior ...")."""
+  if kind not in KINDS:
+    return f"k_policy must be one of {KINDS}, got {kind!r}"
+  if not 0.0 < prior < 1.0:
+    return f"adaptive.prior must be in (0, 1), got {prior}"
+  if not 0.0 <= decay < 1.0:
+    return f"adaptive.decay must be in [0, 1), got {decay}"
+  if not 0.0 <= recovery <= 1.0:
+    return f"adaptive.recovery must be in [0, 1], got {recovery}"
+  return None
+
+
+@flax.struct.dataclass
+class PolicyState:
+  alpha_BxK: jax.Array  # [B, K] float32: per-row conditional acceptance estimate at each draft position
+  cost_C: jax.Array  # [C] float32: seconds of a round at each candidate length (the cost table)
+  chosen_C: jax.Array  # [C] int32: rounds that chose each candidate length
+
+
+def init(policy: KPolicy, batch: int, k: int, cost_C: jax.Array) -> PolicyState:
+  return PolicyState(alpha_BxK=jnp.full((batch, k), policy.prior, jnp.float32),
+                     cost_C=jnp.asarray(cost_C, jnp.float32),
+                     chosen_C=jnp.zeros((len(policy.lengths(k)),), jnp.int32))
+
+
+def expected_committed(alpha_BxK: jax.Array) -> jax.Array:
+  """[B, K + 1]: expected tokens a round commits when row b proposes n = 0 .. K tokens (the accepted
+  prefix plus the target's own token)."""
+  reach_BxK = jnp.cumprod(alpha_BxK, axis=1)  # P(d_1 .. d_j all accepted)
+  return 1.0 + jnp.pad(jnp.cumsum(reach_BxK, axis=1), ((0, 0), (1, 0)))
+
+
+def choose(policy: KPolicy, state: PolicyState, live_B: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """(wanted_B [B] int32: the most tokens each row proposes this round, the chosen candidate's index [])."""
+  lengths_C = jnp.asarray(policy.lengths(k), jnp.int32)
+  if not policy.adaptive:
+    return jnp.full(live_B.shape, k, jnp.int32), jnp.int32(0)
+  committed_BxC = expected_committed(state.alpha_BxK)[:, lengths_C]
+  rate_C = jnp.sum(jnp.where(live_B[:, None], committed_BxC, 0.0), axis=0) / state.cost_C
+  index = jnp.argmax(rate_C).astype(jnp.int32)
+  return jnp.full(live_B.shape, lengths_C[index], jnp.int32), index
+
+
+def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_B: jax.Array,
+           num_accepted_B: jax.Array, live_B: jax.Array) -> PolicyState:
+  """The state after a round in which live row b proposed `num_proposed_B[b]` tokens and accepted the
+  first `num_accepted_B[b]`."""
+  chosen_C = state.chosen_C.at[index].add(jnp.int32(1))
+  if not policy.adaptive:
+    return state.replace(chosen_C=chosen_C)
+  position_1xK = jnp.arange(state.alpha_BxK.shape[1])[None, :]
+  reached_BxK = (live_B[:, None] & (position_1xK <= num_accepted_B[:, None])
+                 & (position_1xK < num_proposed_B[:, None]))
+  accepted_BxK = (position_1xK < num_accepted_B[:, None]).astype(jnp.float32)
+  alpha_BxK = jnp.where(reached_BxK, policy.decay * state.alpha_BxK + (1.0 - policy.decay) * accepted_BxK,
+                        state.alpha_BxK + policy.recovery * (policy.prior - state.alpha_BxK))
+  return state.replace(alpha_BxK=alpha_BxK, chosen_C=chosen_C)
+
+
+def forcing(num_candidates: int, index: int) -> np.ndarray:
+  """A cost table under which the adaptive policy always chooses candidate `index` (for `calibrate`)."""
+  return np.where(np.arange(num_candidates) == index, 1.0, 1e30).astype(np.float32)
+
+
+def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds: int = 3) -> np.ndarray:
+  """The cost table [C] (seconds per round at each candidate length), measured with the compiled
+  program itself: `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy
+  forced to one length by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
+  A round's cost is the time beyond a call that runs no round (prefill and first token), per round;
+  the cheapest of two such calls is the baseline."""
+  def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    ran = run(cost_C, limit)
+    return time.perf_counter() - start, ran
+
+  base = min(timed(forcing(num_candidates, 0), 0)[0] for _ in range(2))
+  cost_C = np.zeros(num_candidates, np.float32)
+  for index in range(num_candidates):
+    seconds, ran = timed(forcing(num_candidates, index), rounds)
+    cost_C[index] = max(seconds - base, 1e-6) / max(ran, 1)
+  return cost_C

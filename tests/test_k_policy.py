@@ -1,0 +1,171 @@
+"""The K policy (`specjax.speculative.k_policy`): its choice and estimates against a numpy reference,
+greedy output unchanged for every drafter while the adaptive policy varies the proposal length (0
+included), no draft pass beyond the chosen length, and the exactness of sampled output with the
+policy on, next to a length choice that peeks at the target and fails the same test."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.sampling import sampling_params
+from specjax.speculative import k_policy, speculative_generate
+from specjax.speculative.drafters.eagle import EagleDrafter
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
+from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.k_policy import KPolicy
+from tests.helpers import ngram as ngram_setup
+from tests.helpers.eagle import eagle_head, run_eagle
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+                                  SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
+                                  target_greedy)
+from tests.helpers.k_policy import PeekingDrafter
+from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
+
+# Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
+# long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
+POLICY = KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3)
+COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
+
+
+def _reference_choice(alpha_BxK, live_B, cost_C, lengths_C):
+  """argmax over the candidate lengths of sum over live rows of expected committed tokens / cost."""
+  rates = []
+  for length, cost in zip(lengths_C, cost_C):
+    committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(length)) for alpha in alpha_BxK])
+    rates.append(committed_B[live_B].sum() / cost)
+  return int(np.argmax(rates))
+
+
+def test_choose_maximises_expected_committed_tokens_per_second():
+  rng = np.random.default_rng(0)
+  k = 8
+  lengths = KPolicy("adaptive").lengths(k)
+  assert lengths == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
+  seen = set()
+  for trial in range(200):
+    alpha_BxK = rng.uniform(0.0, 1.0, (4, k)) ** rng.uniform(0.1, 3.0)
+    live_B = rng.uniform(size=4) < 0.7
+    live_B[trial % 4] = True
+    cost_C = np.sort(rng.uniform(0.5, 3.0, len(lengths))).astype(np.float32)
+    state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK, jnp.float32), cost_C=jnp.asarray(cost_C),
+                                 chosen_C=jnp.zeros(len(lengths), jnp.int32))
+    wanted_B, index = k_policy.choose(KPolicy("adaptive"), state, jnp.asarray(live_B), k)
+    want = _reference_choice(alpha_BxK, live_B, cost_C, lengths)
+    assert int(index) == want and (np.asarray(wanted_B) == lengths[want]).all()
+    seen.add(want)
+  assert len(seen) >= 4  # the trials exercised most of the candidates
+
+
+def test_update_moves_reached_positions_and_recovers_the_others():
+  policy, k = KPolicy("adaptive", prior=0.6, decay=0.75, recovery=0.1), 4
+  alpha_BxK = np.array([[0.9, 0.5, 0.2, 0.7]] * 4, np.float32)
+  state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK), cost_C=jnp.ones(5), chosen_C=jnp.zeros(5, jnp.int32))
+  proposed_B, accepted_B, live_B = np.array([3, 3, 0, 4]), np.array([1, 3, 0, 2]), np.array([True, True, True, False])
+  got = k_policy.update(policy, state, jnp.int32(3), jnp.asarray(proposed_B), jnp.asarray(accepted_B),
+                        jnp.asarray(live_B))
+  want = alpha_BxK.copy()
+  for b in range(4):
+    for i in range(k):
+      reached = live_B[b] and i <= accepted_B[b] and i < proposed_B[b]
+      if reached:
+        want[b, i] = 0.75 * alpha_BxK[b, i] + 0.25 * (i < accepted_B[b])
+      else:
+        want[b, i] = alpha_BxK[b, i] + 0.1 * (0.6 - alpha_BxK[b, i])
+  np.testing.assert_allclose(got.alpha_BxK, want, rtol=1e-6)
+  np.testing.assert_array_equal(got.chosen_C, [0, 0, 0, 1, 0])
+
+
+def _check_rounds(out, calls_per_round):
+  """Every round counted at its chosen length; the draft ran exactly `calls_per_round(L)` passes in a
+  round of length L (none beyond what the policy wanted). Returns the lengths visited."""
+  lengths = POLICY.lengths(3)
+  rounds_C = np.asarray(out.rounds_per_length)
+  assert rounds_C.sum() == int(out.target_calls) - 1
+  assert int(out.draft_calls) == sum(n * calls_per_round(length) for n, length in zip(rounds_C, lengths))
+  return {length for n, length in zip(rounds_C, lengths) if n}
+
+
+@pytest.mark.parametrize("draft_name", ["never", "perturbed"])
+def test_model_drafter_keeps_greedy_output_while_the_length_varies(draft_name):
+  """The catch-up pass always runs (it feeds the pending token), then one pass per further token."""
+  out = run_speculative(DRAFTS[draft_name], k=3, policy=POLICY, cost_C=COSTS_K3)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
+  visited = _check_rounds(out, lambda length: max(length, 1))
+  assert len(visited) >= 2 and 0 in visited  # plain steps too (after rejections, before recovering)
+
+
+def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
+  config, params = TARGET_3
+  layer_skip = LayerSkipDrafter(config, params, (0,))
+  padded, lengths = pad_prompts(PROMPTS)
+  out = speculative_generate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
+                             None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
+                             policy=POLICY, cost_C=COSTS_K3)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
+  assert len(_check_rounds(out, lambda length: length)) >= 2
+  eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params)
+  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=COSTS_K3)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
+  assert len(_check_rounds(out, lambda length: length)) >= 2
+
+
+def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
+  config, params = ngram_setup.MODELS["cycling"]
+  drafter = NgramDrafter(config.vocab_size)
+  padded, lengths = pad_prompts(ngram_setup.PROMPTS)
+  out = speculative_generate(config, params, drafter, padded, lengths,
+                             init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
+                             jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY, cost_C=COSTS_K3)
+  free = ngram_setup.free_greedy(ngram_setup.MODELS["cycling"])
+  assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
+  assert len(_check_rounds(out, lambda length: 0)) >= 2
+
+
+def test_fixed_policy_is_todays_loop():
+  out = run_speculative(DRAFTS["perturbed"], k=3)
+  assert np.asarray(out.rounds_per_length).tolist() == [int(out.target_calls) - 1]
+  assert int(out.draft_calls) == 3 * (int(out.target_calls) - 1)
+
+
+def test_a_forcing_cost_table_fixes_the_length():
+  """What calibration relies on: `forcing` makes every round choose one length, and `round_limit`
+  stops the loop after that many rounds."""
+  for index, length in enumerate(POLICY.lengths(3)):
+    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=k_policy.forcing(4, index), round_limit=2)
+    assert np.asarray(out.rounds_per_length).tolist() == [2 if i == index else 0 for i in range(4)]
+
+
+SAMPLE_ROWS, ALPHA = 30_000, 1e-3
+
+
+def _first_tokens(drafter, cost_C):
+  """The first three tokens of N = 30,000 rows at T = 1, K = 2, the adaptive policy on."""
+  (target_config, target_params), sampling = SMALL_TARGET, sampling_params(1.0)
+  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
+  cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
+  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
+                             init_cache(target_config, SAMPLE_ROWS, cache_len),
+                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
+                             jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
+  return out.tokens, np.asarray(out.rounds_per_length)
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on():
+  """T = 1, K = 2, chi-square at level 0.001 on N = 30,000 rows of the first 3 tokens. Lengths vary with
+  the draft's own draws (early stopping at a top probability of 0.5) and with the policy: the rows'
+  first round proposes 2 tokens (at the prior, with costs (1, 1.2, 1.6)), their second 1 (the live rows
+  are those that rejected d_1: their estimates fell).
+  A drafter that shortens its proposal to 0 where the target would reject d_1, reading the target's
+  distribution of the round being verified, must fail the same test (p < 1e-12)."""
+  cost_C = np.array([1.0, 1.2, 1.6], np.float32)
+  tokens, rounds_C = _first_tokens(ModelDrafter(*SMALL_DRAFT, stop_threshold=0.5), cost_C)
+  assert (rounds_C[1:] > 0).all()  # both proposing lengths were chosen
+  assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), tokens) > ALPHA
+  peeking = PeekingDrafter(*SMALL_DRAFT, target_config=SMALL_TARGET[0], target_params=SMALL_TARGET[1])
+  tokens, _ = _first_tokens(peeking, cost_C)
+  assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), tokens) < 1e-12
