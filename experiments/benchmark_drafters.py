@@ -81,6 +81,7 @@ class System:
   drafter: str  # AUTOREGRESSIVE, or a `config.drafter` value: a registered name or package.module:Class
   k: int = 1
   threshold: float = 0.0  # model.stop_threshold of the model drafter (0 = off)
+  policy: str = "fixed"  # config.k_policy: "fixed" (K every round) or "adaptive" (K the most)
 
   @property
   def speculative(self) -> bool:
@@ -88,25 +89,27 @@ class System:
 
   @property
   def name(self) -> str:
-    """The system's name in the results: "autoregressive", "ngram_k8", "model_k8_t0.5", ..."""
+    """The system's name in the results: "autoregressive", "ngram_k8", "model_k8_t0.5", "model_k8_adaptive"..."""
     if not self.speculative:
       return AUTOREGRESSIVE
-    return f"{self.drafter}_k{self.k}" + (f"_t{self.threshold:g}" if self.threshold else "")
+    return (f"{self.drafter}_k{self.k}" + (f"_t{self.threshold:g}" if self.threshold else "")
+            + ("_adaptive" if self.policy == "adaptive" else ""))
 
   def label(self, cfg: ml_collections.ConfigDict) -> str:
     """The system as the tables name it."""
     if not self.speculative:
       return "specjax autoregressive"
+    k = f"K<={self.k} adaptive" if self.policy == "adaptive" else f"K={self.k}"
     if self.drafter == "ngram":
-      return f"ngram K={self.k} (n={cfg.drafters.ngram.min}..{cfg.drafters.ngram.max})"
+      return f"ngram {k} (n={cfg.drafters.ngram.min}..{cfg.drafters.ngram.max})"
     if self.drafter == "layer_skip":
-      return f"layer_skip K={self.k} (layers {cfg.drafters.layer_skip.layers})"
+      return f"layer_skip {k} (layers {cfg.drafters.layer_skip.layers})"
     if self.drafter == "model":
-      return f"model K={self.k}" + (f", stop below {self.threshold:g}" if self.threshold else "")
-    return f"{self.drafter} K={self.k}"
+      return f"model {k}" + (f", stop below {self.threshold:g}" if self.threshold else "")
+    return f"{self.drafter} {k}"
 
 
-_SYSTEM = re.compile(r"([\w.:]+?)(?:_k(\d+))?(?:_t(\d*\.?\d+))?")
+_SYSTEM = re.compile(r"([\w.:]+?)(?:_k(\d+))?(?:_t(\d*\.?\d+))?(_adaptive)?")
 
 
 def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: str) -> list[System]:
@@ -119,14 +122,14 @@ def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: s
     if not known or (match[3] and match[1] != "model"):
       raise ConfigError(f"{where}: unknown system {name!r}; expected a drafter ({', '.join(registry.names())} or "
                         f"package.module:Class), alone or with a K such as ngram_k4 or model_k5, or model_k8_t0.5 "
-                        f"(K 8, stop threshold 0.5)")
-    drafter, k, threshold = match[1], match[2], match[3]
-    if drafter == "model" and k is None:
+                        f"(K 8, stop threshold 0.5), and _adaptive for the adaptive K policy (model_k8_adaptive)")
+    drafter, k, threshold, policy = match[1], match[2], match[3], "adaptive" if match[4] else "fixed"
+    if drafter == "model" and k is None and policy == "fixed":
       systems += [System("model", int(model_k)) for model_k in cfg.model_ks]
       systems += [System("model", int(cfg.threshold_k), float(t)) for t in cfg.thresholds]
       continue
     default_k = {"ngram": cfg.ngram_k, "layer_skip": cfg.layer_skip_k}.get(drafter, cfg.default_k)
-    systems.append(System(drafter, int(k if k is not None else default_k), float(threshold or 0.0)))
+    systems.append(System(drafter, int(k if k is not None else default_k), float(threshold or 0.0), policy))
   return list(dict.fromkeys(systems))  # once each, in order
 
 
@@ -155,6 +158,7 @@ class Group:
         target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, prompts=self.prompts, chat=self.chat,
         max_new_tokens=cfg.max_new_tokens, batch_size=self.batch_size, temperature=self.temperature,
         seed=cfg.seed, mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k,
+        k_policy=system.policy,
         **({"drafter": system.drafter} if system.speculative else {}), **groups))
 
 
@@ -172,6 +176,7 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
           f"config.ar_every must be an integer >= 1, got {cfg.ar_every}")
   require(cfg.cost_repeats >= 1, f"config.cost_repeats must be >= 1, got {cfg.cost_repeats}")
   require(cfg.batched_size >= 1, f"config.batched_size must be >= 1, got {cfg.batched_size}")
+  require(cfg.large_batch_size >= 1, f"config.large_batch_size must be >= 1, got {cfg.large_batch_size}")
   require(cfg.continuation_lines >= 1, f"config.continuation_lines must be >= 1, got {cfg.continuation_lines}")
   require(not cfg.transformers or cfg.transformers_set in cfg.prompt_sets,
           f"config.transformers_set {cfg.transformers_set!r} is not among config.prompt_sets")
@@ -179,7 +184,7 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
   for name in cfg.prompt_sets:
     settings, prompts = cfg.sets[name], set_prompts(name, cfg)
     regimes = (("greedy", 1, 0.0), ("sampled", 1, float(cfg.sampled_temperature)),
-               ("batched", int(cfg.batched_size), 0.0))
+               ("batched", int(cfg.batched_size), 0.0), ("batched_large", int(cfg.large_batch_size), 0.0))
     for regime, batch_size, temperature in regimes:
       where = f"config.sets.{name}.{regime}"
       systems = parse_systems(settings[regime], cfg, where)
@@ -262,13 +267,13 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, resul
          "label": system.label(cfg), "drafter": system.drafter if system.speculative else None,
          "k": system.k if system.speculative else None,
          "draft_stop_threshold": system.threshold if system.speculative else None,
-         **{field: stats.get(field) for field in _STATS}}
+         "k_policy": stats.get("k_policy"), **{field: stats.get(field) for field in _STATS}}
   row["prompt_tokens"] = [o["prompt_tokens"] for o in result["outputs"]]
   row["token_ids"] = [o["token_ids"] for o in result["outputs"]]
   if system.speculative:
     c = cost["cost_ratio_c"][str(group.batch_size)][system.drafter]
     verify = cost["verify_cost"][str(group.batch_size)][str(system.k)]
-    alpha = stats["alpha_hat"]
+    alpha = None if system.policy == "adaptive" else stats["alpha_hat"]  # the formula assumes K every round
     row.update(cost_ratio_c=c, verify_cost=verify,
                theoretical_speedup=None if alpha is None else metrics.theoretical_speedup(alpha, system.k, c),
                modelled_speedup=None if alpha is None else metrics.theoretical_speedup(alpha, system.k, c, verify))

@@ -56,7 +56,8 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   assert systems == {
       "code_edit/greedy": [AUTOREGRESSIVE, "ngram_k3", "layer_skip_k2", AUTOREGRESSIVE],
       "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
-      "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.06", AUTOREGRESSIVE],
+      "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.06", AUTOREGRESSIVE, "model_k2_adaptive",
+                     AUTOREGRESSIVE],
       "raw/sampled": [AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE]}
   assert results["prompts"]["code_edit/greedy"] == code_edit_prompts.code_edit_prompts()[:2]
   assert len(results["prompts"]["code_edit/batched"]) == 2 and len(results["prompts"]["raw/greedy"]) == 2
@@ -65,6 +66,9 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   assert set(cost["verify_cost"]) == {"1", "2"} and set(cost["verify_cost"]["1"]) == {"2", "3"}
   assert cost["cost_ratio_c"]["1"]["ngram"] == 0.0
   assert cost["cost_ratio_c"]["1"]["model"] > 0 and cost["cost_ratio_c"]["1"]["layer_skip"] > 0
+  adaptive = next(row for row in results["runs"] if row["system"] == "model_k2_adaptive")
+  assert adaptive["k_policy"]["lengths"] == [0, 1, 2] and len(adaptive["k_policy"]["cost_table_s"]) == 3
+  assert sum(adaptive["k_policy"]["rounds_per_length"]) > 0 and adaptive["modelled_speedup"] is None
   for row in results["runs"]:
     assert row["tokens_per_second"] > 0 and row["compile_time_s"] > 0
     assert row["batch_size"] == (2 if row["regime"] == "batched" else 1)
@@ -118,10 +122,13 @@ def test_tables_are_printed_and_reprinted_from_the_file(benchmark):
 def test_systems_expand_and_baselines_interleave():
   cfg = drafters.get_config()
   assert benchmark_drafters.parse_systems(("model", "ngram", "layer_skip_k6", "model_k5", "mine.mod:Lookup_k3",
-                                          "mine.mod:Lookup"), cfg, "x") == [
+                                          "mine.mod:Lookup", "model_k8_adaptive", "ngram_adaptive"), cfg, "x") == [
       System("model", 5), System("model", 8), System("model", 8, 0.3), System("model", 8, 0.5),
       System("model", 8, 0.7), System("ngram", 8), System("layer_skip", 6), System("mine.mod:Lookup", 3),
-      System("mine.mod:Lookup", cfg.default_k)]  # model_k5 once; a drafter of one's own by import path
+      System("mine.mod:Lookup", cfg.default_k),  # model_k5 once; a drafter of one's own by import path
+      System("model", 8, 0.0, "adaptive"), System("ngram", 8, 0.0, "adaptive")]
+  assert [s.name for s in benchmark_drafters.parse_systems(("model_k8_adaptive", "ngram_adaptive"), cfg, "x")] == [
+      "model_k8_adaptive", "ngram_k8_adaptive"]
   group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",),
                                    [System("model", k) for k in (1, 2, 3, 4)])
   assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [

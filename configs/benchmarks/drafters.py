@@ -10,6 +10,9 @@ Systems are named per prompt set and regime:
   "model"              the draft model at every K of model_ks, then at threshold_k with every threshold
   "model_k5"           the draft model at K = 5 (any K); "model_k8_t0.5": K = 8, model.stop_threshold 0.5
   ("ngram_k4", "layer_skip_k6": the same with another K.)
+  "model_k8_adaptive"  the adaptive K policy (config.k_policy) with K = 8 the most; any drafter
+Regimes per set: `greedy` (batch 1, T = 0), `sampled` (batch 1, sampled_temperature), `batched`
+(batched_size, T = 0) and `batched_large` (large_batch_size, T = 0).
 Each (prompt set, batch size, temperature) group runs specjax autoregressive first, again after every
 `ar_every` systems and last; speedups divide by the mean of those runs.
 
@@ -23,14 +26,15 @@ Defaults: about 40 minutes alone on 2 CPU cores for the Qwen pair (2 prompts per
 import ml_collections
 
 
-def _prompt_set(chat: bool, num_prompts: int, greedy: tuple, sampled: tuple, batched: tuple
-                ) -> ml_collections.ConfigDict:
+def _prompt_set(chat: bool, num_prompts: int, greedy: tuple, sampled: tuple, batched: tuple,
+                batched_large: tuple = ()) -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.chat = chat  # apply the tokenizer's chat template (False for raw text, and for tiny test tokenizers)
   s.num_prompts = num_prompts  # prompts of the set run at batch 1 (batched runs: at least one full batch)
   s.greedy = greedy  # systems run at batch 1, temperature 0 (greedy outputs checked against autoregressive)
   s.sampled = sampled  # systems run at batch 1, temperature `sampled_temperature`
   s.batched = batched  # systems run at batch `batched_size`, temperature 0
+  s.batched_large = batched_large  # systems run at batch `large_batch_size`, temperature 0
   return s
 
 
@@ -62,6 +66,7 @@ def get_config(variant: str = ""):
   cfg.default_k = 5  # K of any other drafter named without one (a drafter of your own: "mypkg.mod:Class")
   cfg.sampled_temperature = 1.0  # temperature of the sets' `sampled` runs (top-k/top-p off)
   cfg.batched_size = 4  # batch size of the sets' `batched` runs
+  cfg.large_batch_size = 8  # batch size of the sets' `batched_large` runs
   cfg.prompt_sets = ("code_edit", "chat", "raw")  # which sets run, in this order
   cfg.continuation_lines = 8  # "raw": lines of each function given as the prompt
   cfg.sets = ml_collections.ConfigDict()
@@ -92,7 +97,7 @@ def get_config(variant: str = ""):
     cfg.prompt_sets = ("code_edit", "raw")  # chat, like raw, would only add compile time to the tests
     cfg.sets.code_edit = _prompt_set(False, 2, greedy=("ngram", "layer_skip"), sampled=(), batched=("ngram",))
     cfg.sets.chat = _prompt_set(False, 1, greedy=("model_k2_t0.5",), sampled=(), batched=())
-    cfg.sets.raw = _prompt_set(False, 2, greedy=("model",), sampled=("model_k2",), batched=())
+    cfg.sets.raw = _prompt_set(False, 2, greedy=("model", "model_k2_adaptive"), sampled=("model_k2",), batched=())
     cfg.ar_every = 2
     cfg.cost_repeats = 2
     cfg.output = "tests-will-override"
