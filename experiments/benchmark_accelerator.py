@@ -18,6 +18,10 @@ in the config's dtype. Each cell is one compiled program (`autoregressive.genera
   4. with the whole budget, `repeats` times: `wall_s` (the median), from which decoding alone is
      `wall_s - prefill_s`, over `max_new_tokens - 1` target steps (autoregressive: `step_s`) or the
      loop's rounds (speculative: `round_s`).
+Adaptive cells (`adaptive_ks`): the model drafter with the adaptive K policy (`k_policy`), K the most;
+between 1. and 2. the policy's cost table is measured with the cell's own program on the device
+(`k_policy.calibrate`), and the cell records it with the rounds that chose each length (random weights
+accept nothing, so there the policy settles on plain steps: the floor it keeps on the device).
 Caches are allocated before each timer starts and every timer stops on the tokens reaching the host.
 At the first prompt length, each batch size also times target forwards of T = `verify_widths` tokens
 (`verify_costs`: seconds and multiples of the 1-token step), the cost of verifying a chain of K = T - 1
@@ -81,11 +85,13 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.load import SCAN_LAYERS, load_model, scan_layers_for, with_execution
 from specjax.models.transformer import init_params
 from specjax.sampling import sampling_params
-from specjax.speculative.loop import speculative_generate
+from specjax.speculative import k_policy
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.loop import speculative_generate
 
 Log = Callable[[str], None]
-AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"
+AUTOREGRESSIVE, SPECULATIVE, ADAPTIVE = "autoregressive", "speculative", "adaptive"  # ADAPTIVE: k_policy
 
 # (target, draft) shapes for weights=random. "qwen2.5-coder": Qwen2.5-Coder-1.5B-Instruct and
 # 0.5B-Instruct exactly as specjax loads them from the registry GGUFs (the "config" metadata of their
@@ -119,6 +125,8 @@ def check(cfg: ml_collections.ConfigDict) -> None:
     values = cfg[field]
     require(len(values) > 0 and all(int(v) == v and v >= 1 for v in values),
             f"config.{field} must be a non-empty tuple of integers >= 1, got {values}")
+  require(all(int(v) == v and v >= 1 for v in cfg.adaptive_ks),
+          f"config.adaptive_ks must be a tuple of integers >= 1, got {cfg.adaptive_ks}")
   for field in ("max_new_tokens", "repeats", "cost_repeats"):
     require(int(cfg[field]) == cfg[field] and cfg[field] >= 1, f"config.{field} must be an integer >= 1, "
             f"got {cfg[field]}")
@@ -207,17 +215,20 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   target_config, target_params, draft_config, draft_params, _ = pair
   batch, length = prompts_BxP.shape
   lengths_B = np.full((batch,), length, np.int32)
-  drafter = ModelDrafter(draft_config, draft_params) if mode == SPECULATIVE else None
+  drafter = None if mode == AUTOREGRESSIVE else ModelDrafter(draft_config, draft_params)
+  policy = KPolicy("adaptive" if mode == ADAPTIVE else "fixed")
   sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
+  cost = {"cost_C": None}  # the adaptive policy's cost table, once measured
 
-  def call(budget: int):
+  def call(budget: int, round_limit: int | None = None):
     target_cache = init_cache(target_config, batch, cache_len)
     storage = drafter.storage(batch, cache_len) if drafter else None
     jax.block_until_ready((target_cache, storage))
     start = time.perf_counter()
     if drafter:
       out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
-                                 storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens)
+                                 storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens,
+                                 policy=policy, cost_C=cost["cost_C"], round_limit=round_limit)
     else:
       out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
                                     (), sampling, key, out_width=cfg.max_new_tokens)
@@ -225,6 +236,15 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     return time.perf_counter() - start, out, tokens_BxO, counts_B
 
   compile_s = call(1)[0]
+  calibration_s = 0.0
+  if policy.adaptive:  # the cost table, measured here with this program (`k_policy.calibrate`)
+    def forced(cost_C: np.ndarray, round_limit: int) -> int:
+      cost["cost_C"] = cost_C
+      return int(call(cfg.max_new_tokens, round_limit)[1].target_calls) - 1
+
+    start = time.perf_counter()
+    cost_C = k_policy.calibrate(len(policy.lengths(k)), forced)
+    calibration_s, cost["cost_C"] = time.perf_counter() - start, cost_C
   warmup_s = call(cfg.max_new_tokens)[0]
   prefill_s = float(np.median([call(1)[0] for _ in range(cfg.repeats)]))
   runs = [call(cfg.max_new_tokens) for _ in range(cfg.repeats)]
@@ -242,6 +262,10 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     totals = metrics.summarize(jax.device_get(out.acceptance))["total"]
     row.update(round_s=decode_s / calls, draft_calls=int(out.draft_calls), alpha_hat=totals["alpha_hat"],
                acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
+  if policy.adaptive:
+    row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in cost["cost_C"]],
+                       "calibration_time_s": calibration_s,
+                       "rounds_per_length": [int(n) for n in jax.device_get(out.rounds_per_length)]}
   else:
     row["step_s"] = decode_s / calls
   row.update(tokens_per_second=row["generated_tokens"] / wall_s,
@@ -258,15 +282,18 @@ def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxO: np.ndarray, toke
   target steps, the greedy comparison, the modelled speedups and (real weights) the measured ones."""
   equal_B = (tokens_BxO == baseline_tokens_BxO).all(axis=1)
   k, step_s, round_s = row["k"], baseline["step_s"], row["round_s"]
+  # The models assume K tokens every round: adaptive cells vary the length and get none.
+  fixed = row["mode"] == SPECULATIVE
   row.update(cost_ratio_c=c, round_in_target_steps=round_s / step_s,
              greedy_equals_autoregressive=bool(equal_B.all()), rows_equal_autoregressive=int(equal_B.sum()),
              modelled_speedup={name: modelled(alpha, k, c, step_s, round_s)
-                               for name, alpha in cfg.modelled_alphas.items()})
+                               for name, alpha in cfg.modelled_alphas.items() if fixed})
   if cfg.weights == "real":
     alpha = row["alpha_hat"]
     row.update(speedup=row["tokens_per_second"] / baseline["tokens_per_second"],
                decode_speedup=row["decode_tokens_per_second"] / baseline["decode_tokens_per_second"])
-    row["modelled_speedup"]["measured_alpha"] = None if alpha is None else modelled(alpha, k, c, step_s, round_s)
+    if fixed:
+      row["modelled_speedup"]["measured_alpha"] = None if alpha is None else modelled(alpha, k, c, step_s, round_s)
   else:  # every round emitted one token: nothing here measures acceptance or a speedup
     for field in ("alpha_hat", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
                   "decode_tokens_per_second"):
@@ -307,7 +334,8 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
                        for name, config in (("target", target_config), ("draft", draft_config))}
   results["prompt_source"] = "random token ids" if tokenizer is None else "standard-library sources"
   cells = [(length, batch, mode, k) for length in cfg.prompt_lengths for batch in cfg.batch_sizes
-           for mode, k in [(AUTOREGRESSIVE, None), *((SPECULATIVE, k) for k in cfg.ks)]]
+           for mode, k in [(AUTOREGRESSIVE, None), *((SPECULATIVE, k) for k in cfg.ks),
+                           *((ADAPTIVE, k) for k in cfg.adaptive_ks)]]
   # Every batch size takes the first rows of the same prompts.
   prompts = {length: prompt_ids(tokenizer, target_config.vocab_size, max(cfg.batch_sizes), length, cfg.seed)
              for length in cfg.prompt_lengths}
@@ -321,7 +349,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
                              for p, b, m, kk in cells[number:]]
       log(f"deadline passed at {elapsed:.0f} s: {len(cells) - number} cells skipped")
       break
-    cache_len = -(-(length + cfg.max_new_tokens + max(cfg.ks) + 1) // 64) * 64  # one size per (P, B)
+    cache_len = -(-(length + cfg.max_new_tokens + max(cfg.ks + cfg.adaptive_ks) + 1) // 64) * 64  # one per (P, B)
     if mode == AUTOREGRESSIVE:
       jax.clear_caches()  # the previous (P, B)'s programs are done with
       prompts_BxP = prompts[length][:batch]
@@ -384,6 +412,13 @@ def table(results: dict) -> str:
   lines += ["", "Measured speedup: decode tokens/s over the autoregressive cell's (real weights only). Modelled: "
             "Leviathan et al. at the measured c; round time = expected tokens per round x step / round. "
             "Peak memory: JAX's peak since the process started."]
+  for row in results["cells"]:
+    if "k_policy" in row:
+      policy = row["k_policy"]
+      lines.append(f"Adaptive, prompt {row['prompt_tokens']}, batch {row['batch_size']}, K <= {row['k']}: rounds per "
+                   "length " + ", ".join(f"{n}: {r}" for n, r in zip(policy["lengths"], policy["rounds_per_length"]))
+                   + "; round cost measured on the device " + ", ".join(
+                       f"{n}: {1e3 * c:.2f} ms" for n, c in zip(policy["lengths"], policy["cost_table_s"])) + ".")
   verify = results.get("verify_costs", [])
   if verify:
     widths = list(verify[0]["in_target_steps"])

@@ -41,6 +41,11 @@ PROMPTS = [
     "Implement binary search over a sorted list in Python and explain its complexity.",
     "Write a Python class for a stack with push, pop, peek and is_empty methods.",
     "Write a Python function that parses a CSV file and returns the average of a numeric column.",
+    # More requests of the same kind, for batches of 8 (the benchmarks take the first N).
+    "Write a Python function that merges two sorted lists into one sorted list, with tests.",
+    "Implement a least-recently-used cache class in Python with get and put methods.",
+    "Write a Python function that counts the words in a text file and returns the ten most common.",
+    "Write a Python function that validates an email address with a regular expression and explain it.",
 ]
 
 VOCAB_CORPUS = "stdlib"  # ranks the tokens of restricted draft heads (config.draft_vocabs: decode field model.vocab)

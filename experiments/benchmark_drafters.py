@@ -274,6 +274,10 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, resul
     c = cost["cost_ratio_c"][str(group.batch_size)][system.drafter]
     verify = cost["verify_cost"][str(group.batch_size)][str(system.k)]
     alpha = None if system.policy == "adaptive" else stats["alpha_hat"]  # the formula assumes K every round
+    if system.policy == "adaptive":  # the policy's own work per round, against the cheapest measured round
+      policy = decode_spec.from_config(group.decode_config(cfg, system)).policy
+      row["policy_step_s"] = costs.policy_step_seconds(policy, group.batch_size, system.k)
+      row["policy_share_of_cheapest_round"] = row["policy_step_s"] / min(stats["k_policy"]["cost_table_s"])
     row.update(cost_ratio_c=c, verify_cost=verify,
                theoretical_speedup=None if alpha is None else metrics.theoretical_speedup(alpha, system.k, c),
                modelled_speedup=None if alpha is None else metrics.theoretical_speedup(alpha, system.k, c, verify))
@@ -439,6 +443,15 @@ def tables(results: dict) -> str:
                number(row.get("cost_ratio_c"), ".3f"), number(row.get("modelled_speedup")),
                number(row.get("compile_time_s"), ".1f"), "" if match is None else "yes" if match else "NO"]
       lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+      policy = row.get("k_policy") or {}
+      if policy.get("kind") == "adaptive":
+        lines += ["", f"{row['label']}: rounds per proposal length " + ", ".join(
+            f"{n}: {r}" for n, r in zip(policy["lengths"], policy["rounds_per_length"])) +
+            "; measured round cost " + ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in
+                                                 zip(policy["lengths"], policy["cost_table_s"])) +
+            f" (measured in {policy['calibration_time_s']:.1f} s); policy step {1e6 * row['policy_step_s']:.1f} µs "
+            f"= {100 * row['policy_share_of_cheapest_round']:.3f}% of the cheapest round."]
     by_system = {r["system"]: r for r in rows}
     lookup, plain = by_system.get("transformers_prompt_lookup"), by_system.get("transformers_generate")
     ngram = [r for r in rows if r.get("drafter") == "ngram"]

@@ -111,7 +111,7 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
   from specjax.models.config import ModelConfig
   from specjax.models.kv_cache import init_cache
   from specjax.sampling import sampling_params
-  from specjax.speculative import loop
+  from specjax.speculative import speculative_generate
   from specjax.speculative.drafters.model import ModelDrafter
 
   target = ModelConfig(**TINY, n_layers=target_layers, scan_layers=scan)
@@ -122,9 +122,7 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
           drafter.storage(2, 128), np.array([16, 16], np.int32), np.array([-1], np.int32),
           sampling_params(0.0), jax.random.key(0))
   start = time.perf_counter()
-  lowered = loop._generate.lower(*args, k=5, out_width=16, pad_id=0, rule=loop.acceptance.verify,
-                                 greedy_rule=loop.acceptance.verify_greedy,
-                                 tree_rule=loop.tree_acceptance.verify_tree)
+  lowered = speculative_generate(*args, k=5, out_width=16, lower=True)
   traced = time.perf_counter() - start
   compiled = lowered.compile()
   total = time.perf_counter() - start

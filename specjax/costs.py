@@ -20,7 +20,9 @@ import numpy as np
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward_hidden
+from specjax.speculative import k_policy
 from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
+from specjax.speculative.k_policy import KPolicy
 
 
 def forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
@@ -84,3 +86,25 @@ def drafter_cost_ratio(drafter, target, batch_size: int, repeats: int) -> float:
     return 0.0
   return cost_ratio(target.config, target.params, draft.config, draft.params, batch_size, repeats,
                     head=draft.head, draft_layers=draft.layers)
+
+
+def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, steps: int = 2000) -> float:
+  """Seconds of one round's K-policy work (`k_policy.choose` then `update`, as the loop runs them) at
+  `batch_size` rows: a jitted loop of `steps` rounds on moving estimates, timed after a compiling call,
+  divided by `steps`. Compared with a round's measured cost, it is the policy's overhead."""
+  lengths = policy.lengths(k)
+
+  @jax.jit
+  def rounds(state: k_policy.PolicyState) -> k_policy.PolicyState:
+    def one(i, state):
+      live_B = (jnp.arange(batch_size) + i) % 5 != 0
+      wanted_B, index = k_policy.choose(policy, state, live_B, k)
+      accepted_B = (jnp.arange(batch_size) * 7 + i) % (k + 1)
+      return k_policy.update(policy, state, index, wanted_B, jnp.minimum(accepted_B, wanted_B), live_B)
+    return jax.lax.fori_loop(0, steps, one, state)
+
+  state = k_policy.init(policy, batch_size, k, np.linspace(1.0, 2.0, len(lengths)))
+  jax.block_until_ready(rounds(state))
+  start = time.perf_counter()
+  jax.block_until_ready(rounds(state))
+  return (time.perf_counter() - start) / steps

@@ -1,5 +1,6 @@
 """`experiments.benchmark_accelerator`, the accelerator run kit, dry-run on CPU: its `tiny` config end to end
-through the CLI (random tiny models, float32, 2 prompt lengths x batch 2 x (autoregressive, K = 2, 3)), the
+through the CLI (random tiny models, float32, 2 prompt lengths x batch 2 x (autoregressive, K = 2, 3, adaptive
+K <= 3)), the
 real-weights path on tiny HF directories, the deadline, config errors, and the constants the kit
 hard-codes (the Qwen pair's shapes, the CPU acceptance rates it models speedups at)."""
 
@@ -52,7 +53,12 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
   assert results["finished"] and results["skipped"] == []
   assert results["models"]["target"]["n_layers"] == kit.SHAPES["tiny"][0].n_layers
   assert [(r["prompt_tokens"], r["mode"], r["k"]) for r in results["cells"]] == [
-      (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("speculative", 3))]
+      (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("speculative", 3),
+                                                    ("adaptive", 3))]
+  adaptive = [row for row in results["cells"] if row["mode"] == "adaptive"]
+  for row in adaptive:  # the cost table measured on the device, with the cell's own program
+    assert row["k_policy"]["lengths"] == [0, 1, 2, 3] and all(c > 0 for c in row["k_policy"]["cost_table_s"])
+    assert sum(row["k_policy"]["rounds_per_length"]) == row["target_calls_after_prefill"]
   assert [(c["prompt_tokens"], c["batch_size"]) for c in results["costs"]] == [(8, 2), (20, 2)]
   # Verify widths: timed at the first prompt length only, each width once, as multiples of the 1-token step.
   (verify,) = results["verify_costs"]
@@ -90,6 +96,9 @@ def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
     assert row["cost_ratio_c"] == c > 0
     assert row["round_s"] > 0 and row["round_in_target_steps"] == pytest.approx(row["round_s"] / baseline["step_s"])
     assert row["draft_calls"] > 0
+    if row["mode"] == "adaptive":  # lengths vary: no model of K tokens a round applies
+      assert row["modelled_speedup"] == {}
+      continue
     # Random weights: acceptance and measured throughput are not recorded, only modelled speedups.
     assert not {"alpha_hat", "tokens_per_second", "speedup"} & set(row)
     assert set(row["modelled_speedup"]) == set(cfg.modelled_alphas)
@@ -110,7 +119,7 @@ def test_real_weights_measure_acceptance_and_speedup(tmp_path):
     save_char_tokenizer(str(tmp_path / name))
   cfg = accelerator.get_config("tiny")
   cfg.update(weights="real", target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), prompt_lengths=(24,),
-             ks=(2,), repeats=1, output=str(tmp_path / "real.json"))
+             ks=(2,), adaptive_ks=(), repeats=1, output=str(tmp_path / "real.json"))
   results = kit.run(cfg, log=lambda message: None)
   assert results["prompt_source"] == "standard-library sources" and results["finished"]
   baseline, spec = results["cells"]
@@ -129,17 +138,19 @@ def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
   cfg.update(deadline_s=0.0, output=str(tmp_path / "late.json"))
   results = kit.run(cfg, log=lambda message: None)
   assert results["cells"] == [] and not results["finished"]
-  assert [(s["prompt_tokens"], s["k"]) for s in results["skipped"]] == [
-      (p, k) for p in (8, 20) for k in (None, 2, 3)]
+  assert [(s["prompt_tokens"], s["mode"], s["k"]) for s in results["skipped"]] == [
+      (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("speculative", 3),
+                                                    ("adaptive", 3))]
   assert all(s["reason"].startswith("deadline_s 0 passed") for s in results["skipped"])
   report = accelerator.get_config("tiny")
   report.report = cfg.output
   kit.main(report)
-  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 6
+  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 8
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("weights", "fake", "config.weights"), ("shapes", "gpt-5", "config.shapes"), ("ks", (), "config.ks"),
+    ("adaptive_ks", (0,), "config.adaptive_ks"),
     ("batch_sizes", (0,), "config.batch_sizes"), ("max_new_tokens", 1, "config.max_new_tokens"),
     ("scan_layers", "yes", "config.scan_layers"), ("verify_widths", (5, 9), "config.verify_widths"),
     ("verify_widths", (1, 0), "config.verify_widths")])

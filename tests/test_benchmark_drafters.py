@@ -69,6 +69,7 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   adaptive = next(row for row in results["runs"] if row["system"] == "model_k2_adaptive")
   assert adaptive["k_policy"]["lengths"] == [0, 1, 2] and len(adaptive["k_policy"]["cost_table_s"]) == 3
   assert sum(adaptive["k_policy"]["rounds_per_length"]) > 0 and adaptive["modelled_speedup"] is None
+  assert adaptive["policy_step_s"] > 0 and adaptive["policy_share_of_cheapest_round"] > 0
   for row in results["runs"]:
     assert row["tokens_per_second"] > 0 and row["compile_time_s"] > 0
     assert row["batch_size"] == (2 if row["regime"] == "batched" else 1)
@@ -80,6 +81,8 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
         row["tokens_per_second"] / group["autoregressive_tokens_per_second"])
     assert row["cost_ratio_c"] == cost["cost_ratio_c"][str(row["batch_size"])][row["drafter"]]
     assert row["verify_cost"] == cost["verify_cost"][str(row["batch_size"])][str(row["k"])]
+    if row["k_policy"]["kind"] == "adaptive":  # it may propose nothing (tiny random models agree rarely)
+      continue
     assert row["alpha_hat"] is not None and 0 < row["mean_accepted_length"] <= row["k"] + 1
     assert row["modelled_speedup"] == pytest.approx(row["theoretical_speedup"] * (row["k"] * row["cost_ratio_c"] + 1)
                                                     / (row["k"] * row["cost_ratio_c"] + row["verify_cost"]))
@@ -153,7 +156,7 @@ def test_plan_skips_layer_skip_without_layers():
     ("sets.chat.greedy", ("model_k8_t1.5",), r"config.sets.chat.greedy, system model_k8_t1.5: .*config.model.stop_threshold"),
     ("sets.raw.sampled", ("ngram_t0.5",), r"config.sets.raw.sampled: unknown system 'ngram_t0.5'"),
     ("prompt_sets", ("code_edit", "prose"), r"unknown set 'prose'"),
-    ("sets.chat.num_prompts", 5, r"config.sets.chat.greedy: 5 prompts needed .* the set has 4"),
+    ("sets.chat.num_prompts", 9, r"config.sets.chat.greedy: 9 prompts needed .* the set has 8"),
     ("transformers_set", "chat", r"config.transformers_set 'chat' is not among"),
     ("draft", "", r"config.draft is empty")])
 def test_bad_configs_fail_before_loading(field, value, message):

@@ -166,7 +166,7 @@ def _bad_inputs(tmp_path):
     (tmp_path / name).write_text(text)
   prompts = lambda name: f"--config.prompts_file={tmp_path / name}"
   return [
-      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: attention_block, batch_size, "),
+      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: adaptive, attention_block, "),
       (["--config.k=0"], 2, r"config.k \(draft tokens per round\) must be an integer >= 1, got 0"),
       (["--config.k=abc"], 2, r"flag --config.k=abc: invalid literal"),
       (["--config.temperature=-0.5"], 2, r"config.temperature must be >= 0"),

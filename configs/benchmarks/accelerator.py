@@ -34,6 +34,9 @@ def get_config(variant: str = ""):
   cfg.prompt_lengths = (128, 2048)  # every prompt of a cell has exactly this many tokens
   cfg.batch_sizes = (1, 8, 32)  # rows decoded together
   cfg.ks = (3, 5, 8)  # draft tokens per round of the speculative cells (each K compiles its program)
+  # The most draft tokens per round of the adaptive cells (k_policy "adaptive": the cost table is measured on
+  # the device with the cell's own program before its timed calls); () = none.
+  cfg.adaptive_ks = (8,)
   cfg.max_new_tokens = 128  # tokens generated per row (EOS is ignored: every row runs its whole budget)
   cfg.repeats = 2  # timed prefill (1-token) and whole-budget calls per cell after the warm-up; medians kept
   cfg.cost_repeats = 10  # timed draft/target forward pairs per cost ratio c (the median is kept)
@@ -64,6 +67,7 @@ def get_config(variant: str = ""):
     cfg.prompt_lengths = (8, 20)
     cfg.batch_sizes = (2,)
     cfg.ks = (2, 3)
+    cfg.adaptive_ks = (3,)
     cfg.max_new_tokens = 32  # decoding well above the timer's noise on a shared CPU
     cfg.cost_repeats = 2
     cfg.verify_widths = (1, 3, 9)

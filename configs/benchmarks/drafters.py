@@ -26,7 +26,7 @@ Defaults: about 40 minutes alone on 2 CPU cores for the Qwen pair (2 prompts per
 import ml_collections
 
 
-def _prompt_set(chat: bool, num_prompts: int, greedy: tuple, sampled: tuple, batched: tuple,
+def prompt_set(chat: bool, num_prompts: int, greedy: tuple, sampled: tuple, batched: tuple,
                 batched_large: tuple = ()) -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.chat = chat  # apply the tokenizer's chat template (False for raw text, and for tiny test tokenizers)
@@ -71,13 +71,13 @@ def get_config(variant: str = ""):
   cfg.continuation_lines = 8  # "raw": lines of each function given as the prompt
   cfg.sets = ml_collections.ConfigDict()
   # Input-grounded: edit a standard-library function and return it whole (configs/code_edit_prompts.py).
-  cfg.sets.code_edit = _prompt_set(True, 2, greedy=("ngram", "layer_skip"), sampled=(),
+  cfg.sets.code_edit = prompt_set(True, 2, greedy=("ngram", "layer_skip"), sampled=(),
                                    batched=("ngram", "model_k5", "layer_skip"))
   # Open-ended coding requests (experiments/benchmark_decode.py PROMPTS).
-  cfg.sets.chat = _prompt_set(True, 2, greedy=("ngram", "model_k5", "model_k8", "model_k8_t0.5", "layer_skip"),
+  cfg.sets.chat = prompt_set(True, 2, greedy=("ngram", "model_k5", "model_k8", "model_k8_t0.5", "layer_skip"),
                               sampled=("model_k8", "model_k8_t0.5"), batched=())
   # Raw continuation of standard-library function sources, no chat template.
-  cfg.sets.raw = _prompt_set(False, 2, greedy=("model",), sampled=("model_k8", "model_k8_t0.5"),
+  cfg.sets.raw = prompt_set(False, 2, greedy=("model",), sampled=("model_k8", "model_k8_t0.5"),
                              batched=())
   cfg.ar_every = 3  # rerun the autoregressive baseline after this many systems (and always first and last)
   cfg.cost_repeats = 5  # timed forwards per cost measurement (c, verify cost); the median is kept
@@ -95,9 +95,9 @@ def get_config(variant: str = ""):
     cfg.batched_size = 2
     cfg.continuation_lines = 2
     cfg.prompt_sets = ("code_edit", "raw")  # chat, like raw, would only add compile time to the tests
-    cfg.sets.code_edit = _prompt_set(False, 2, greedy=("ngram", "layer_skip"), sampled=(), batched=("ngram",))
-    cfg.sets.chat = _prompt_set(False, 1, greedy=("model_k2_t0.5",), sampled=(), batched=())
-    cfg.sets.raw = _prompt_set(False, 2, greedy=("model", "model_k2_adaptive"), sampled=("model_k2",), batched=())
+    cfg.sets.code_edit = prompt_set(False, 2, greedy=("ngram", "layer_skip"), sampled=(), batched=("ngram",))
+    cfg.sets.chat = prompt_set(False, 1, greedy=("model_k2_t0.5",), sampled=(), batched=())
+    cfg.sets.raw = prompt_set(False, 2, greedy=("model", "model_k2_adaptive"), sampled=("model_k2",), batched=())
     cfg.ar_every = 2
     cfg.cost_repeats = 2
     cfg.output = "tests-will-override"

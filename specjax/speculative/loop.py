@@ -10,13 +10,18 @@ then scores all its nodes in one tree-masked pass (`_verify_tree_pass`, `tree_ac
 accepted path is compacted into contiguous cache slots, and the round continues with that path as the
 proposal.
 
+How many of the K tokens a round proposes is the K policy's choice (`k_policy`: all K, or adaptive,
+0 included), made before the round's draft from earlier rounds only; the drafter gets it as `wanted_B`
+and the loop verifies no more.
+
 Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
 sampled rounds apply the acceptance rule to the processed distributions.
 
 Static (changing them recompiles): the model config, the drafter's static fields, K, the output
-width, the cache and storage sizes (array shapes), the acceptance rules and the sampling mode (greedy
-or sampled, top-k / top-p on or off: `SamplingParams`' static flags). Runtime: prompts, budgets, EOS
-ids, the sampling knobs' values, keys, and every array of the drafter (a draft model's weights).
+width, the cache and storage sizes (array shapes), the acceptance rules, the K policy and the sampling
+mode (greedy or sampled, top-k / top-p on or off: `SamplingParams`' static flags). Runtime: prompts,
+budgets, EOS ids, the sampling knobs' values, keys, the policy's cost table, a round limit, and every
+array of the drafter (a draft model's weights).
 """
 
 from __future__ import annotations
@@ -206,7 +211,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
                          greedy_rule: GreedyRule = acceptance.verify_greedy,
                          tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
-                         cost_C=None, round_limit: int | None = None) -> SpeculativeOutput:
+                         cost_C=None, round_limit: int | None = None,
+                         lower: bool = False) -> SpeculativeOutput | jax.stages.Lowered:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
   (equal to it token for token when greedy).
@@ -233,6 +239,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   ([C] seconds per round at each of `policy.lengths(k)`, runtime: measured by `k_policy.calibrate`;
   default all equal). `round_limit` (runtime; None = no limit) stops the loop after that many rounds,
   finished or not: what calibration times.
+
+  `lower=True` returns the program lowered for these arguments instead of running it (its HLO, its
+  collectives on a mesh, its compile time).
   """
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
@@ -261,7 +270,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                         k - 1 if tree is None else tree.nodes_with_root - 2, target_cache.max_len,
                         target_config.max_positions)
   drafter.check_fits(draft_storage, prompt_lengths_B, largest, k)
-  return _generate(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
+  return (_generate.lower if lower else _generate)(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
                    jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
                    jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C),
                    jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k,

@@ -30,8 +30,7 @@ from specjax.models.config import ModelConfig  # noqa: E402
 from specjax.models.kv_cache import init_cache  # noqa: E402
 from specjax.models.transformer import init_params  # noqa: E402
 from specjax.sampling import sampling_params  # noqa: E402
-from specjax.speculative import acceptance, loop, speculative_generate  # noqa: E402
-from specjax.speculative.trees import acceptance as tree_acceptance  # noqa: E402
+from specjax.speculative import speculative_generate  # noqa: E402
 from specjax.speculative.drafters.model import ModelDrafter  # noqa: E402
 
 STARTED = meshes.initialize_distributed()  # before anything touches a device; False unless launched so
@@ -133,11 +132,9 @@ def hlo() -> dict:
   with jax.set_mesh(mesh):
     for name, sampling in (("greedy", sampling_params(0.0)), ("sampled", SAMPLED)):
       cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_sharding(TARGET, part))
-      lowered = loop._generate.lower(
+      lowered = speculative_generate(
           TARGET, target, drafter, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), cache,
-          drafter.storage(len(PROMPTS), CACHE), jnp.full((len(PROMPTS),), 20, jnp.int32), jnp.asarray([-1]),
-          sampling, jax.random.key(0), k=3, out_width=20, pad_id=0, rule=acceptance.verify,
-          greedy_rule=acceptance.verify_greedy, tree_rule=tree_acceptance.verify_tree)
+          drafter.storage(len(PROMPTS), CACHE), 20, [-1], sampling, jax.random.key(0), k=3, lower=True)
       results[name] = collectives(lowered.compile().as_text())
     logits = jax.device_put(jnp.ones((16, TARGET.vocab_size)), part.sharding("data", "model"))
     results["control"] = collectives(jax.jit(lambda x: jax.lax.top_k(x, 8)).lower(logits).compile().as_text())

@@ -1,0 +1,29 @@
+"""The adaptive K policy against plain decoding and every fixed K, on the Qwen pair, in one run, one JSON
+file (`python -m experiments.benchmark_drafters --config=configs/benchmarks/adaptive.py`):
+
+  raw        continuation of standard-library code, no chat template: the model draft, batch 1 (T = 0
+             and 1) and 4 (T = 0)
+  chat       open-ended coding requests: the model draft, batch 1 (T = 0 and 1), 4 and 8 (T = 0)
+  code_edit  edit a function and return it whole: n-gram lookup, batch 1 and 4 (T = 0)
+Each group: specjax autoregressive, K = 1, 3, 5, 8 fixed and K <= 8 adaptive (the policy measures its
+cost table on this machine before the group's first timed batch), autoregressive again after every
+three systems and last. About 100 minutes alone on 2 CPU cores.
+"""
+
+from configs.benchmarks import drafters
+
+
+def get_config():
+  cfg = drafters.get_config()
+  cfg.max_new_tokens = 64  # budget per prompt
+  cfg.model_ks = (1, 3, 5, 8)  # "model": every fixed K the adaptive policy is compared with
+  cfg.thresholds = ()  # no early-stopping runs: the policy is the subject
+  model = ("model", "model_k8_adaptive")
+  ngram = ("ngram_k1", "ngram_k3", "ngram_k5", "ngram_k8", "ngram_k8_adaptive")
+  cfg.prompt_sets = ("raw", "chat", "code_edit")  # the losing cells first
+  cfg.sets.raw = drafters.prompt_set(False, 2, greedy=model, sampled=model, batched=model)
+  cfg.sets.chat = drafters.prompt_set(True, 2, greedy=model, sampled=model, batched=model, batched_large=model)
+  cfg.sets.code_edit = drafters.prompt_set(True, 2, greedy=ngram, sampled=(), batched=ngram)
+  cfg.transformers = False  # the peer is measured by configs/benchmarks/drafters.py
+  cfg.output = "experiments/results/adaptive_cpu_float32.json"
+  return cfg
