@@ -16,7 +16,7 @@ autoregressive decoding first, again after every `ar_every` speculative systems 
 each system's tokens/s by the mean of those runs (`speedup_vs_autoregressive`; the machine's speed
 drifts over a long run, which the spread of the baseline shows; `speedup_vs_adjacent_autoregressive`
 divides by the baseline runs just before and after instead). Every run is `specjax.pipeline.run` on
-the models loaded once: compile time (a first 1-token call) is recorded apart from throughput, and
+the models loaded once: compile time (a first 2-token call) is recorded apart from throughput, and
 tokens/s includes each prompt's prefill. Greedy outputs of every speculative run are compared token
 for token with the group's autoregressive output and the result recorded (never asserted: a mismatch
 is a finding to report, not a reason to lose the run).

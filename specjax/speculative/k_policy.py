@@ -137,12 +137,16 @@ def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds
   program itself: `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy
   forced to one length by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
   A round's cost is the time beyond a call that runs no round (prefill and first token), per round;
-  the cheapest of two such calls is the baseline."""
+  the cheapest of two such calls is the baseline. Every length first runs one untimed round: the first
+  execution of a program's branch is several times slower on a CPU (kernels prepared lazily), and
+  calibration is what first runs most of them."""
   def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
     start = time.perf_counter()
     ran = run(cost_C, limit)
     return time.perf_counter() - start, ran
 
+  for index in range(num_candidates):
+    run(forcing(num_candidates, index), 1)
   base = min(timed(forcing(num_candidates, 0), 0)[0] for _ in range(2))
   cost_C = np.zeros(num_candidates, np.float32)
   for index in range(num_candidates):
