@@ -451,7 +451,7 @@ def tables(results: dict) -> str:
             "; measured round cost " + ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in
                                                  zip(policy["lengths"], policy["cost_table_s"])) +
             f" (measured in {policy['calibration_time_s']:.1f} s); policy step {1e6 * row['policy_step_s']:.1f} µs "
-            f"= {100 * row['policy_share_of_cheapest_round']:.3f}% of the cheapest round."]
+            f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."]
     by_system = {r["system"]: r for r in rows}
     lookup, plain = by_system.get("transformers_prompt_lookup"), by_system.get("transformers_generate")
     ngram = [r for r in rows if r.get("drafter") == "ngram"]

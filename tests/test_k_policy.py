@@ -172,15 +172,16 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
 
 
 def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
-  """`calibrate` on a fake clock: a call costs 2 s of prefill plus each round's cost, the first round
-  of each length 5 s more (a first execution); the table must be the per-round costs exactly."""
+  """`calibrate` on a fake clock: a call costs 2 s of prefill (3 s for the first length's calls: a
+  baseline that differs between lengths must not matter) plus each round's cost, the first round of
+  each length 5 s more (a first execution); the table must be the per-round costs exactly."""
   round_s = np.array([0.3, 0.5, 0.6, 0.8], np.float32)
   clock, first_runs, calls = [0.0], set(), []
 
   def run(cost_C, round_limit):
     index = int(np.argmin(cost_C))  # the forced length
     calls.append((index, round_limit))
-    clock[0] += 2.0 + round_limit * round_s[index]
+    clock[0] += (3.0 if index == 0 else 2.0) + round_limit * round_s[index]
     if round_limit and index not in first_runs:
       first_runs.add(index)
       clock[0] += 5.0
@@ -188,4 +189,5 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
 
   monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
   np.testing.assert_allclose(k_policy.calibrate(4, run, rounds=3), round_s, rtol=1e-5)
-  assert calls[:4] == [(0, 1), (1, 1), (2, 1), (3, 1)]  # the untimed warm-up round of every length
+  # Per length: the untimed warm-up round, then 1 and 1 + 3 rounds timed.
+  assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]

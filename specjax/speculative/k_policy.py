@@ -136,20 +136,21 @@ def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds
   """The cost table [C] (seconds per round at each candidate length), measured with the compiled
   program itself: `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy
   forced to one length by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
-  A round's cost is the time beyond a call that runs no round (prefill and first token), per round;
-  the cheapest of two such calls is the baseline. Every length first runs one untimed round: the first
-  execution of a program's branch is several times slower on a CPU (kernels prepared lazily), and
-  calibration is what first runs most of them."""
+  Per length: one untimed round first (the first execution of a program's branch is several times
+  slower on a CPU: kernels are prepared lazily, and calibration is what first runs most of them), then
+  a 1-round call and a (1 + `rounds`)-round call, whose difference over the rounds between them is the
+  cost: the prefill, the first token and the first round cancel within the same length, so no
+  separately timed baseline can bias every entry."""
   def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
     start = time.perf_counter()
     ran = run(cost_C, limit)
     return time.perf_counter() - start, ran
 
-  for index in range(num_candidates):
-    run(forcing(num_candidates, index), 1)
-  base = min(timed(forcing(num_candidates, 0), 0)[0] for _ in range(2))
   cost_C = np.zeros(num_candidates, np.float32)
   for index in range(num_candidates):
-    seconds, ran = timed(forcing(num_candidates, index), rounds)
-    cost_C[index] = max(seconds - base, 1e-6) / max(ran, 1)
+    forced = forcing(num_candidates, index)
+    run(forced, 1)
+    short_s, short_rounds = timed(forced, 1)
+    long_s, long_rounds = timed(forced, 1 + rounds)
+    cost_C[index] = max(long_s - short_s, 1e-6) / max(long_rounds - short_rounds, 1)
   return cost_C
