@@ -47,7 +47,7 @@ class KPolicy:
 
   kind: str = "fixed"  # one of KINDS
   prior: float = 0.8  # the acceptance estimate of a position before any observation, and its drift target
-  decay: float = 0.8  # weight of the old estimate when a round reaches the position
+  decay: float = 0.9  # weight of the old estimate when a round reaches the position
   recovery: float = 0.02  # drift toward the prior per round in which a position is not reached
 
   @property
