@@ -7,13 +7,16 @@ file (`python -m experiments.benchmark_drafters --config=configs/benchmarks/adap
   code_edit  edit a function and return it whole: n-gram lookup, batch 1 and 4 (T = 0)
 Each group: specjax autoregressive, K = 1, 3, 5, 8 fixed and K <= 8 adaptive (the policy measures its
 cost table on this machine before the group's first timed batch), autoregressive again after every
-three systems and last. About 100 minutes alone on 2 CPU cores.
+three systems and last. About 70 minutes alone on 2 CPU cores.
+
+`get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
+policy's estimator settings matter most; about 30 minutes.
 """
 
 from configs.benchmarks import drafters
 
 
-def get_config():
+def get_config(variant: str = ""):
   cfg = drafters.get_config()
   cfg.max_new_tokens = 64  # budget per prompt
   cfg.model_ks = (1, 3, 5, 8)  # "model": every fixed K the adaptive policy is compared with
@@ -26,4 +29,10 @@ def get_config():
   cfg.sets.code_edit = drafters.prompt_set(True, 2, greedy=ngram, sampled=(), batched=ngram)
   cfg.transformers = False  # the peer is measured by configs/benchmarks/drafters.py
   cfg.output = "experiments/results/adaptive_cpu_float32.json"
+  if variant == "batch1":
+    cfg.prompt_sets = ("raw", "chat")
+    cfg.sets.raw.batched = cfg.sets.chat.batched = cfg.sets.chat.batched_large = ()
+    cfg.output = "experiments/results/adaptive_cpu_float32_batch1.json"
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py (known: 'batch1')")
   return cfg
