@@ -170,12 +170,10 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
 
 def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> k_policy.KPolicy:
   options = cfg.adaptive
-  error = k_policy.settings_error(cfg.k_policy, options.prior, options.decay, options.recovery)
+  error = k_policy.settings_error(cfg.k_policy, options.prior, options.decay, options.recovery,
+                                  options.calibration_rounds)
   if error:
     raise ConfigError(f"config.{error}")
-  if int(options.calibration_rounds) != options.calibration_rounds or options.calibration_rounds < 1:
-    raise ConfigError(f"config.adaptive.calibration_rounds must be an integer >= 1, got "
-                      f"{options.calibration_rounds}")
   if cfg.k_policy == "adaptive" and tree is not None:
     raise ConfigError("config.k_policy 'adaptive' chooses chain lengths: with config.tree set, use k_policy "
                       "'fixed' (a tree's shape is its config)")

@@ -35,14 +35,23 @@ def zero_counts(batch_size: int, k: int) -> AcceptanceCounts:
                           accepted_at=zeros_BxK)
 
 
+def reached_and_accepted(num_accepted_B: jax.Array, num_proposed_B: jax.Array, live_B: jax.Array,
+                         k: int) -> tuple[jax.Array, jax.Array]:
+  """([B, K] draft positions each live row's round reached, [B, K] those it accepted): position i + 1
+  is reached when proposed and positions 1 .. i were accepted (jittable)."""
+  position_1xK = jnp.arange(k)[None, :]
+  accepted_BxK = live_B[:, None] & (position_1xK < num_accepted_B[:, None])
+  reached_BxK = (live_B[:, None] & (position_1xK <= num_accepted_B[:, None])
+                 & (position_1xK < num_proposed_B[:, None]))
+  return reached_BxK, accepted_BxK
+
+
 def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, num_proposed_B: jax.Array,
            live_B: jax.Array) -> AcceptanceCounts:
   """Adds one round in which each live row proposed `num_proposed_B[b]` draft tokens and accepted
   the first `num_accepted_B[b]` of them (jittable)."""
-  position_K = jnp.arange(counts.accepted_at.shape[1])
-  accepted_BxK = live_B[:, None] & (position_K[None, :] < num_accepted_B[:, None])
-  reached_BxK = (live_B[:, None] & (position_K[None, :] <= num_accepted_B[:, None])
-                 & (position_K[None, :] < num_proposed_B[:, None]))
+  reached_BxK, accepted_BxK = reached_and_accepted(num_accepted_B, num_proposed_B, live_B,
+                                                   counts.accepted_at.shape[1])
   return AcceptanceCounts(rounds=counts.rounds + live_B,
                           proposed=counts.proposed + jnp.where(live_B, num_proposed_B, 0),
                           accepted=counts.accepted + jnp.where(live_B, num_accepted_B, 0),

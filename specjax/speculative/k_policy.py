@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import metrics
+
 KINDS = ("fixed", "adaptive")
 
 
@@ -66,9 +68,10 @@ class KPolicy:
     return tuple(n + 1 for n in self.lengths(k))
 
 
-def settings_error(kind: str, prior: float, decay: float, recovery: float) -> str | None:
-  """What is wrong with the policy's settings (None when nothing is), starting with the field's name
-  ("k_policy ...", "adaptive.prior ...")."""
+def settings_error(kind: str, prior: float, decay: float, recovery: float,
+                   calibration_rounds: int = 1) -> str | None:
+  """What is wrong with the policy's settings and its calibration's rounds (None when nothing is),
+  starting with the field's name ("k_policy ...", "adaptive.prior ...")."""
   if kind not in KINDS:
     return f"k_policy must be one of {KINDS}, got {kind!r}"
   if not 0.0 < prior < 1.0:
@@ -77,6 +80,8 @@ def settings_error(kind: str, prior: float, decay: float, recovery: float) -> st
     return f"adaptive.decay must be in [0, 1), got {decay}"
   if not 0.0 <= recovery <= 1.0:
     return f"adaptive.recovery must be in [0, 1], got {recovery}"
+  if int(calibration_rounds) != calibration_rounds or calibration_rounds < 1:
+    return f"adaptive.calibration_rounds must be an integer >= 1, got {calibration_rounds}"
   return None
 
 
@@ -118,10 +123,8 @@ def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_B
   chosen_C = state.chosen_C.at[index].add(jnp.int32(1))
   if not policy.adaptive:
     return state.replace(chosen_C=chosen_C)
-  position_1xK = jnp.arange(state.alpha_BxK.shape[1])[None, :]
-  reached_BxK = (live_B[:, None] & (position_1xK <= num_accepted_B[:, None])
-                 & (position_1xK < num_proposed_B[:, None]))
-  accepted_BxK = (position_1xK < num_accepted_B[:, None]).astype(jnp.float32)
+  reached_BxK, accepted_BxK = metrics.reached_and_accepted(num_accepted_B, num_proposed_B, live_B,
+                                                           state.alpha_BxK.shape[1])
   alpha_BxK = jnp.where(reached_BxK, policy.decay * state.alpha_BxK + (1.0 - policy.decay) * accepted_BxK,
                         state.alpha_BxK + policy.recovery * (policy.prior - state.alpha_BxK))
   return state.replace(alpha_BxK=alpha_BxK, chosen_C=chosen_C)
