@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from experiments import harness, hf_reference
-from specjax import costs, metrics, pipeline, records
+from specjax import costs, metrics, pipeline, prompts, records
 from specjax.api import apply_fields
 from specjax.speculative.drafters.draft_head import restricted_draft_head
 from specjax.decode_config import default_config
@@ -119,7 +119,7 @@ def run_specjax(cfg, log) -> dict:
         " ".join(f"K={r['k']}/{r['draft_vocab'] or 'all'}:{r['speedup_vs_specjax_autoregressive']:.2f}"
                  for r in spec_runs))
   result["runs"] = runs
-  result["prompt_ids"] = pipeline.encode_prompts(target.tokenizer, PROMPTS[:cfg.num_prompts], chat=True)
+  result["prompt_ids"] = prompts.encode(target.tokenizer, PROMPTS[:cfg.num_prompts], chat=True)
   result["eos_ids"] = list(target.tokenizer.eos_ids)
   return result
 

@@ -53,7 +53,7 @@ import numpy as np
 from configs import code_edit_prompts
 from experiments import benchmark_decode, harness, hf_reference
 from experiments.harness import number
-from specjax import costs, decode_spec, metrics, pipeline, records
+from specjax import costs, decode_spec, metrics, pipeline, prompts, records
 from specjax.api import apply_fields
 from specjax.decode_config import default_config
 from specjax.speculative.drafters import registry
@@ -182,7 +182,7 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
           f"config.transformers_set {cfg.transformers_set!r} is not among config.prompt_sets")
   groups, skipped = [], []
   for name in cfg.prompt_sets:
-    settings, prompts = cfg.sets[name], set_prompts(name, cfg)
+    settings, texts = cfg.sets[name], set_prompts(name, cfg)
     regimes = (("greedy", 1, 0.0), ("sampled", 1, float(cfg.sampled_temperature)),
                ("batched", int(cfg.batched_size), 0.0), ("batched_large", int(cfg.large_batch_size), 0.0))
     for regime, batch_size, temperature in regimes:
@@ -195,9 +195,9 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
         continue
       require(settings.num_prompts >= 1, f"config.sets.{name}.num_prompts must be >= 1")
       count = -(-max(settings.num_prompts, batch_size) // batch_size) * batch_size  # whole batches
-      require(count <= len(prompts), f"{where}: {count} prompts needed (num_prompts "
-              f"{settings.num_prompts}, batch {batch_size}), the set has {len(prompts)}")
-      group = Group(name, regime, batch_size, temperature, bool(settings.chat), tuple(prompts[:count]), systems)
+      require(count <= len(texts), f"{where}: {count} prompts needed (num_prompts "
+              f"{settings.num_prompts}, batch {batch_size}), the set has {len(texts)}")
+      group = Group(name, regime, batch_size, temperature, bool(settings.chat), tuple(texts[:count]), systems)
       for system in [System(AUTOREGRESSIVE), *systems]:
         try:
           decode_spec.from_config(group.decode_config(cfg, system))
@@ -365,7 +365,7 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
       save()
       log(f"[{number}/{total}] {group.key} {system.name}: {_summary(row)}")
   reference = next((g for g in groups if g.prompt_set == cfg.transformers_set), groups[0])
-  prompt_ids = pipeline.encode_prompts(target.tokenizer,
+  prompt_ids = prompts.encode(target.tokenizer,
                                        reference.prompts[:cfg.sets[reference.prompt_set].num_prompts], reference.chat)
   return prompt_ids, list(target.tokenizer.eos_ids)
 

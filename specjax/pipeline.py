@@ -26,43 +26,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, generation, mesh as meshes, metrics, partitioning, records
+from specjax import autoregressive, generation, mesh as meshes, metrics, partitioning, prompts, records
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import LoadedModel, load_model, scan_layers_for, with_execution
-from specjax.models.tokenizer import Tokenizer
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import k_policy
 from specjax.speculative.drafters.model import check_compatible
 from specjax.speculative.loop import speculative_generate
-
-def read_prompts(path: str) -> list[str]:
-  """One prompt per non-empty line, or (`.jsonl` files) one JSON object per non-empty line with a
-  "prompt" string. Errors name the file and the line (counting every line of the file)."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      lines = f.read().splitlines()
-  except (OSError, UnicodeDecodeError) as e:
-    raise ValueError(f"prompts file {path}: {getattr(e, 'strerror', None) or e}") from None
-  numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
-  if not numbered:
-    raise ValueError(f"prompts file {path} holds no prompt")
-  if not path.endswith(".jsonl"):
-    return [line for _, line in numbered]
-  prompts = []
-  for number, line in numbered:
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-      got = (f"a {type(record).__name__}" if not isinstance(record, dict) else
-             "no 'prompt' field" if "prompt" not in record else
-             f"a 'prompt' of type {type(record['prompt']).__name__}")
-      raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string, got {got}")
-    prompts.append(record["prompt"])
-  return prompts
-
 
 def check_output(path: str) -> None:
   """Proves that results can be written to `path` (its directory exists and takes a file) before any
@@ -187,19 +158,11 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
   return {**record, "cost_table_s": [float(c) for c in runner.cost_C], "calibration_time_s": seconds}
 
 
-def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
-  """The input ids decoded for `texts`: through the tokenizer's chat template when `chat` (whose
-  special tokens are part of it), else with the tokenizer's own special tokens."""
-  if chat:
-    return [tokenizer.encode(tokenizer.apply_chat_template(t), add_special_tokens=False) for t in texts]
-  return [tokenizer.encode(t) for t in texts]
-
-
-def _batches(prompt_ids: Sequence[list[int]], batch_size: int):
+def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
   """(indices, padded prompts [B, P], lengths [B]) with one shape for every batch, so the program
-  compiles once: P = the longest prompt overall, B = batch_size (a short last batch is filled with
-  copies of its first prompt, which get a budget of 1 and are dropped from the results)."""
-  width = max(len(p) for p in prompt_ids)
+  compiles once: P = `width` (`prompts.width_bound`: the longest prompt of any turn), B = batch_size (a
+  short last batch is filled with copies of its first prompt, which get a budget of 1 and are dropped
+  from the results)."""
   for start in range(0, len(prompt_ids), batch_size):
     indices = list(range(start, min(start + batch_size, len(prompt_ids))))
     rows = [prompt_ids[i] for i in indices]
@@ -243,14 +206,18 @@ def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, 
   return record
 
 
-def check_inputs(spec: DecodeSpec) -> list[str]:
-  """The prompts, read, and the output location, proven writable: everything that can fail cheaply
-  fails before the models load (up to minutes for real ones)."""
+def check_inputs(spec: DecodeSpec) -> list[prompts.Conversation]:
+  """The prompts, read as conversations, and the output location, proven writable: everything that
+  can fail cheaply fails before the models load (up to minutes for real ones)."""
   cfg = spec.config
-  texts = read_prompts(cfg.prompts_file) if cfg.prompts_file else list(cfg.prompts)
+  conversations = prompts.conversations(cfg.prompts, cfg.prompts_file)
+  turns = max(len(c.turns) for c in conversations)
+  if turns > 1 and not cfg.chat:
+    raise ValueError(f"config.prompts_file {cfg.prompts_file}: conversations of {turns} turns need config.chat "
+                     f"(each turn is a chat message)")
   if cfg.output:
     check_output(cfg.output)
-  return texts
+  return conversations
 
 
 def build_drafter(spec: DecodeSpec, target: LoadedModel, draft: LoadedModel | None,
@@ -261,6 +228,50 @@ def build_drafter(spec: DecodeSpec, target: LoadedModel, draft: LoadedModel | No
   if spec.tree is not None:
     info["tree_nodes"] = spec.tree.nodes_with_root - 1
   return drafter, info
+
+
+@dataclasses.dataclass
+class _Tally:
+  """What a run's batches add up to: tokens, wall time, passes and acceptance (per turn, or merged)."""
+
+  tokens: int = 0
+  walls: list[float] = dataclasses.field(default_factory=list)  # seconds per batch
+  target_calls: int = 0
+  draft_calls: int = 0
+  acceptance: list = dataclasses.field(default_factory=list)  # per batch: `metrics` counters of its real rows
+  rounds_per_length: Any = 0  # [C] rounds that chose each proposal length (speculative)
+
+  def add(self, spec: DecodeSpec, out, wall: float, counts_B: np.ndarray) -> list[dict] | None:
+    """Counts one batch's output, whose real rows (the first ones; the rest are filler) generated `counts_B` tokens;
+    returns the real rows' statistics (speculative)."""
+    rows = len(counts_B)
+    self.tokens += int(np.sum(counts_B))
+    self.walls.append(wall)
+    self.target_calls += int(out.target_calls)
+    if not spec.speculative:
+      return None
+    self.draft_calls += int(out.draft_calls)
+    self.rounds_per_length = self.rounds_per_length + meshes.to_host(out.rounds_per_length)
+    self.acceptance.append(jax.tree.map(lambda a: a[:rows], meshes.to_host(out.acceptance)))
+    return metrics.summarize(self.acceptance[-1])["per_row"]
+
+  @staticmethod
+  def merged(tallies: Sequence[_Tally]) -> _Tally:
+    return _Tally(sum(t.tokens for t in tallies), [w for t in tallies for w in t.walls],
+                  sum(t.target_calls for t in tallies), sum(t.draft_calls for t in tallies),
+                  [a for t in tallies for a in t.acceptance], sum(t.rounds_per_length for t in tallies))
+
+  def stats(self, spec: DecodeSpec) -> dict[str, Any]:
+    wall = sum(self.walls)
+    stats = {"generated_tokens": self.tokens, "wall_time_s": wall, "tokens_per_second": self.tokens / wall,
+             "target_calls": self.target_calls}
+    if spec.speculative:
+      totals = metrics.summarize(jax.tree.map(lambda *a: np.concatenate(a), *self.acceptance))["total"]
+      stats.update(draft_calls=self.draft_calls, acceptance_rate=totals["acceptance_rate"],
+                   alpha_hat=totals["alpha_hat"], mean_accepted_length=totals["mean_accepted_length"],
+                   per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
+                   k_policy={"rounds_per_length": [int(n) for n in self.rounds_per_length]})
+    return stats
 
 
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
@@ -277,7 +288,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   log = log if meshes.is_main_process() else lambda message: None
-  texts = check_inputs(spec)
+  conversations = check_inputs(spec)
   load_start = time.perf_counter()
   target, draft = models or load_models(spec, log)
   load_time = time.perf_counter() - load_start
@@ -287,17 +298,16 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
     drafter, drafter_info = drafter or build_drafter(spec, target, draft, log)
 
   tok = target.tokenizer
-  prompt_ids = encode_prompts(tok, texts, cfg.chat)
-  longest = max(len(p) for p in prompt_ids)
-  # One shape for all batches, with room for a verify pass past the budget.
-  cache_len = -(-(longest + cfg.max_new_tokens + spec.verify_width) // 64) * 64
+  width = prompts.width_bound(tok, conversations, cfg.chat, cfg.max_new_tokens)
+  # One shape for all batches of every turn, with room for a verify pass past the budget.
+  cache_len = -(-(width + cfg.max_new_tokens + spec.verify_width) // 64) * 64
   runner = _Runner(spec, target, drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
-  batches = list(_batches(prompt_ids, cfg.batch_size))
   log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
   start = time.perf_counter()
-  _, padded, lengths = batches[0]
+  first = [prompts.turn_ids(tok, c, (), cfg.chat) for c in conversations[:cfg.batch_size]]
+  _, padded, lengths = next(_batches(first, cfg.batch_size, width))
   jax.block_until_ready(runner(padded, lengths, np.full(len(lengths), min(2, cfg.max_new_tokens), np.int32),
                                key).tokens)
   compile_time = time.perf_counter() - start
@@ -305,44 +315,49 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   if spec.speculative:
     policy_record = _measured_costs(spec, runner, drafter, cache_len, cost_tables, padded, lengths, key, log)
 
-  outputs, wall_time, calls = [], 0.0, {"target_calls": 0, "draft_calls": 0}
-  acceptance, rounds_per_length = [], 0
-  for batch_number, (indices, padded, lengths) in enumerate(batches):
-    log(f"batch {batch_number + 1}/{len(batches)} ...")
-    budget = np.where(np.arange(len(lengths)) < len(indices), cfg.max_new_tokens, 1).astype(np.int32)
-    start = time.perf_counter()
-    out = runner(padded, lengths, budget, jax.random.fold_in(key, batch_number))
-    tokens, counts = meshes.to_host((out.tokens, out.counts))
-    wall_time += time.perf_counter() - start
-    calls["target_calls"] += int(out.target_calls)
-    if spec.speculative:
-      calls["draft_calls"] += int(out.draft_calls)
-      rounds_per_length = rounds_per_length + meshes.to_host(out.rounds_per_length)
-      acceptance.append(jax.tree.map(lambda a: a[:len(indices)], meshes.to_host(out.acceptance)))
-      per_row = metrics.summarize(acceptance[-1])["per_row"]
-    for row, i in enumerate(indices):
-      ids = [int(t) for t in tokens[row, :counts[row]]]
-      outputs.append({"prompt": texts[i], "prompt_tokens": len(prompt_ids[i]), "text": tok.decode(ids),
-                      "token_ids": ids, "num_tokens": len(ids)})
-      if spec.speculative:
-        outputs[-1]["stats"] = per_row[row]
+  turns = max(len(c.turns) for c in conversations)
+  answers: list[list[str]] = [[] for _ in conversations]
+  outputs, per_turn, batch_number = [], [], 0
+  for turn in range(turns):
+    active = [i for i, c in enumerate(conversations) if len(c.turns) > turn]
+    prompt_ids = [prompts.turn_ids(tok, conversations[i], answers[i], cfg.chat) for i in active]
+    if max(map(len, prompt_ids)) > width:
+      raise RuntimeError(f"turn {turn + 1}: a prompt of {max(map(len, prompt_ids))} tokens exceeds the {width} "
+                         f"the program was compiled for (an earlier answer re-encoded to more than its budget + "
+                         f"{prompts.ANSWER_SLACK} tokens)")
+    tally = _Tally()
+    for indices, padded, lengths in _batches(prompt_ids, cfg.batch_size, width):
+      batch_number += 1
+      log(f"{f'turn {turn + 1}/{turns}, ' if turns > 1 else ''}batch {len(tally.walls) + 1}/"
+          f"{-(-len(active) // cfg.batch_size)} ...")
+      budget = np.where(np.arange(len(lengths)) < len(indices), cfg.max_new_tokens, 1).astype(np.int32)
+      start = time.perf_counter()
+      out = runner(padded, lengths, budget, jax.random.fold_in(key, batch_number - 1))
+      tokens, counts = meshes.to_host((out.tokens, out.counts))
+      wall = time.perf_counter() - start
+      per_row = tally.add(spec, out, wall, counts[:len(indices)])
+      for row, j in enumerate(indices):
+        i = active[j]
+        ids = [int(t) for t in tokens[row, :counts[row]]]
+        answers[i].append(prompts.answer_text(tok, ids))
+        outputs.append({"prompt": conversations[i].turns[turn], "prompt_tokens": len(prompt_ids[j]),
+                        "text": tok.decode(ids), "token_ids": ids, "num_tokens": len(ids),
+                        "batch_wall_time_s": wall, **({"conversation": i, "turn": turn + 1} if turns > 1 else {}),
+                        **conversations[i].meta, **({"stats": per_row[row]} if spec.speculative else {})})
+    per_turn.append(tally)
+  outputs.sort(key=lambda o: o.get("conversation", 0))  # conversation by conversation, turns in order (stable)
 
-  generated = sum(o["num_tokens"] for o in outputs)
-  stats = {"mode": cfg.mode, "num_prompts": len(outputs), "generated_tokens": generated,
-           "wall_time_s": wall_time, "tokens_per_second": generated / wall_time,
-           "compile_time_s": compile_time, "load_time_s": load_time, **calls}
+  stats = {"mode": cfg.mode, "num_prompts": len(outputs), **_Tally.merged(per_turn).stats(spec),
+           "compile_time_s": compile_time, "load_time_s": load_time}
   if spec.speculative:
-    totals = metrics.summarize(jax.tree.map(lambda *a: np.concatenate(a), *acceptance))["total"]
-    stats.update(acceptance_rate=totals["acceptance_rate"], alpha_hat=totals["alpha_hat"],
-                 mean_accepted_length=totals["mean_accepted_length"],
-                 per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
-                 k_policy={**policy_record, "rounds_per_length": [int(n) for n in rounds_per_length]},
-                 **drafter_info)
+    stats.update(k_policy={**policy_record, **stats.pop("k_policy")}, **drafter_info)
     if "tree_nodes" in drafter_info:  # a tree: positions are depths; every round verifies all its nodes
       verified = drafter_info["tree_nodes"] + 1
-      mean = totals["mean_accepted_length"]
+      mean = stats["mean_accepted_length"]
       stats.update(nodes_verified_per_round=verified,
                    accepted_per_verified_node=None if mean is None else mean / verified)
+  if turns > 1:
+    stats["turns"] = [{"turn": t + 1, **tally.stats(spec)} for t, tally in enumerate(per_turn)]
   results = {"config": cfg.as_configdict().to_dict(), "stats": stats, "outputs": outputs,
              "environment": {**records.environment(), **devices_record(target, draft)}}
   if cfg.output and meshes.is_main_process():

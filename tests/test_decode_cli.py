@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import decode, decode_spec, generation, pipeline
+from specjax import decode, decode_spec, generation, pipeline, prompts
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
 from tests.helpers.cli import cli_config, decode_in_process, run_cli
@@ -83,7 +83,7 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   spec = decode_spec.from_config(cfg)
   target, draft = pipeline.load_models(spec, log=lambda m: None)
   drafter_ = pipeline.build_drafter(spec, target, draft, log=lambda m: None)[0] if mode == "speculative" else None
-  ids = pipeline.encode_prompts(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
+  ids = prompts.encode(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
   batches = [generation.pad_prompts(ids[:2], width=max(map(len, ids))),
              generation.pad_prompts(ids[2:], width=max(map(len, ids)))]
   budget, keys = np.array([10, 7], np.int32), [jax.random.key(1), jax.random.key(2)]
@@ -161,6 +161,7 @@ def _bad_inputs(tmp_path):
   """(command-line arguments after the tiny config and models, exit status, message regex) per bad input."""
   files = {"invalid.jsonl": '{"prompt": "a"}\n\n{"prompt": "b"\n', "string.jsonl": '"just a string"\n',
            "number.jsonl": '{"prompt": "a"}\n{"prompt": 3}\n', "no_field.jsonl": '{"text": "a"}\n',
+           "turns.jsonl": '{"turns": ["a", 3]}\n', "two_turns.jsonl": '{"turns": ["a", "b"]}\n',
            "empty.txt": "\n\n"}
   for name, text in files.items():
     (tmp_path / name).write_text(text)
@@ -177,9 +178,16 @@ def _bad_inputs(tmp_path):
       ([prompts("missing.txt")], 1, r"prompts file .*missing.txt: No such file or directory"),
       ([prompts("empty.txt")], 1, r"prompts file .*empty.txt holds no prompt"),
       ([prompts("invalid.jsonl")], 1, r"invalid.jsonl:3: invalid JSON \(Expecting ',' delimiter"),
-      ([prompts("string.jsonl")], 1, r"string.jsonl:1: expected a JSON object with a 'prompt' string, got a str"),
+      ([prompts("string.jsonl")], 1, r"string.jsonl:1: expected a JSON object with a 'prompt' string or a 'turns' list of strings, "
+       r"got a str"),
       ([prompts("number.jsonl")], 1, r"number.jsonl:2: .* got a 'prompt' of type int"),
-      ([prompts("no_field.jsonl")], 1, r"no_field.jsonl:1: .* got no 'prompt' field"),
+      ([prompts("no_field.jsonl")], 1, r"no_field.jsonl:1: .* got neither a 'prompt' nor a 'turns' field"),
+      ([prompts("turns.jsonl")], 1, r"turns.jsonl:1: .* got a 'turns' that is not a non-empty list of strings"),
+      ([prompts("two_turns.jsonl"), "--config.chat=False"], 1, r"config.prompts_file .*two_turns.jsonl: "
+       r"conversations of 2 turns need config.chat"),
+      (["--config.prompts_file=mt-bench?category=poetry"], 1, r"config.prompts_file 'mt-bench\?category=poetry': "
+       r"unknown MT-Bench category poetry; known: writing, roleplay, "),
+      (["--config.prompts_file=mt-bench?per_category=2&turn=1"], 1, r"config.prompts_file .*: unknown option 'turn'"),
       ([f"--config.output={tmp_path / 'missing' / 'out.json'}"], 1, r"config.output .*out.json: directory .* "
        r"does not exist"),
       ([f"--config.output={tmp_path}"], 1, r"config.output .* is a directory"),

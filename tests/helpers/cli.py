@@ -1,5 +1,6 @@
-"""Driving `specjax.decode`: two tiny Qwen2 directories with the character tokenizer (the module fixture
-`model_dirs`; import it into a test module to use it there), the tiny decode config for them, and the
+"""Driving `specjax.decode`: two tiny Qwen2 directories with the character tokenizer (the module fixtures
+`model_dirs`, and `chat_model_dirs` with a chat template; import one into a test module to use it
+there), the tiny decode config for them, and the
 CLI started in a subprocess from the repository root or run in this process."""
 
 import contextlib
@@ -13,21 +14,31 @@ import pytest
 
 from configs import tiny
 from specjax.api import apply_fields
-from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
+from tests.helpers.tiny_hf import CHAT_TEMPLATE, save_char_tokenizer, save_hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _model_dirs(tmp_path_factory, chat_template: str | None = None) -> list[str]:
+  dirs = []
+  for name, seed in (("target", 0), ("draft", 1)):
+    directory = str(tmp_path_factory.mktemp(name))
+    save_hf_model("qwen2", directory, seed=seed)
+    save_char_tokenizer(directory, chat_template)
+    dirs.append(directory)
+  return dirs
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
   """[target, draft]: tiny random Qwen2 directories (seeds 0 and 1) with the character tokenizer."""
-  dirs = []
-  for name, seed in (("target", 0), ("draft", 1)):
-    directory = str(tmp_path_factory.mktemp(name))
-    save_hf_model("qwen2", directory, seed=seed)
-    save_char_tokenizer(directory)
-    dirs.append(directory)
-  return dirs
+  return _model_dirs(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def chat_model_dirs(tmp_path_factory):
+  """`model_dirs` whose tokenizer has a chat template (`tiny_hf.CHAT_TEMPLATE`)."""
+  return _model_dirs(tmp_path_factory, CHAT_TEMPLATE)
 
 
 def cli_config(model_dirs, **overrides) -> ml_collections.ConfigDict:

@@ -77,9 +77,14 @@ def save_hf_model(family: str, directory: str, seed: int = 0, safe: bool = True)
   return model
 
 
-def save_char_tokenizer(directory: str) -> None:
+CHAT_TEMPLATE = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}<eos>{% endfor %}"
+                 "{% if add_generation_prompt %}[assistant]{% endif %}")  # printable ASCII + <eos> only
+
+
+def save_char_tokenizer(directory: str, chat_template: str | None = None) -> None:
   """A character-level `tokenizer.json` for the tiny models: id 0 `<unk>`, 1 `<eos>`, then the 95
-  printable ASCII characters (97 ids = VOCAB), so text prompts can run through the real pipeline."""
+  printable ASCII characters (97 ids = VOCAB), so text prompts can run through the real pipeline;
+  `chat_template` (e.g. `CHAT_TEMPLATE`) goes into tokenizer_config.json."""
   import json
   import os
 
@@ -91,4 +96,5 @@ def save_char_tokenizer(directory: str) -> None:
   backend.decoder = tokenizers.decoders.Fuse()
   backend.save(os.path.join(directory, "tokenizer.json"))
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<eos>", "unk_token": "<unk>"}, f)
+    json.dump({"eos_token": "<eos>", "unk_token": "<unk>",
+               **({"chat_template": chat_template} if chat_template else {})}, f)

@@ -1,0 +1,137 @@
+"""Where a decode's prompts come from, and how each turn of a conversation becomes the model's input.
+
+Every source yields conversations: the user's messages, one per turn (a plain prompt is a one-turn
+conversation). Sources (`config.prompts_file` overrides `config.prompts`):
+  config.prompts         a tuple of strings, one turn each
+  a text file            one prompt per non-empty line
+  a .jsonl file          one object per non-empty line with a "prompt" string, or a "turns" list of
+                         strings (a multi-turn conversation, as FastChat's MT-Bench question.jsonl)
+  "mt-bench"             the MT-Bench questions (`python -m specjax.data fetch mt-bench`), all 80, or a
+                         selection: "mt-bench?category=coding,math&per_category=2"
+Turn t is decoded from the chat template of the first t user messages with the model's own answers to
+the earlier ones (decoded without special tokens, stripped, re-encoded: MT-Bench's second turn as FastChat
+and EAGLE build it), so every turn after the first depends on what was generated before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.parse
+from typing import Any, Sequence
+
+from specjax.data import mtbench, registry
+from specjax.models.tokenizer import Tokenizer
+
+MT_BENCH = "mt-bench"
+ANSWER_SLACK = 16  # tokens an answer may gain when its text is re-encoded for the next turn
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+  turns: tuple[str, ...]  # the user's messages
+  meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # copied into each output (e.g. category)
+
+
+def _read_file(path: str) -> list[Conversation]:
+  """The conversations of a prompts file. Errors name the file and the line (counting every line)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(f"prompts file {path}: {getattr(e, 'strerror', None) or e}") from None
+  numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+  if not numbered:
+    raise ValueError(f"prompts file {path} holds no prompt")
+  if not path.endswith(".jsonl"):
+    return [Conversation((line,)) for _, line in numbered]
+  conversations = []
+  for number, line in numbered:
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
+    turns = record.get("turns") if isinstance(record, dict) else None
+    if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+      turns = [record["prompt"]]
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+      got = (f"a {type(record).__name__}" if not isinstance(record, dict) else
+             f"a 'prompt' of type {type(record['prompt']).__name__}" if "prompt" in record else
+             "a 'turns' that is not a non-empty list of strings" if "turns" in record else
+             "neither a 'prompt' nor a 'turns' field")
+      raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string or a 'turns' list of "
+                       f"strings, got {got}")
+    meta = {k: v for k, v in record.items() if k not in ("prompt", "turns") and isinstance(v, (str, int, float))}
+    conversations.append(Conversation(tuple(turns), meta))
+  return conversations
+
+
+def _read_mt_bench(source: str) -> list[Conversation]:
+  """The MT-Bench selection named by `source` ("mt-bench[?category=a,b&per_category=N]")."""
+  query = urllib.parse.urlsplit(source).query
+  options = urllib.parse.parse_qs(query, keep_blank_values=True, separator="&")
+  unknown = sorted(set(options) - {"category", "per_category"})
+  if unknown:
+    raise ValueError(f"config.prompts_file {source!r}: unknown option {unknown[0]!r}; "
+                     f"expected mt-bench?category=a,b&per_category=N")
+  categories = [c for value in options.get("category", []) for c in value.split(",") if c]
+  raw = options.get("per_category", ["0"])[-1]
+  per_category = int(raw) if raw.strip().lstrip("-").isdigit() else None
+  error = (mtbench.selection_error(categories, per_category) if per_category is not None else
+           f"per_category must be an integer >= 0, got {raw!r}")
+  if error:
+    raise ValueError(f"config.prompts_file {source!r}: {error}")
+  questions = mtbench.select(mtbench.read_questions(registry.installed_path(MT_BENCH)), categories, per_category)
+  return [Conversation(q.turns, {"question_id": q.question_id, "category": q.category}) for q in questions]
+
+
+def is_dataset(source: str) -> bool:
+  return source == MT_BENCH or source.startswith(MT_BENCH + "?")
+
+
+def conversations(prompts: Sequence[str], prompts_file: str) -> list[Conversation]:
+  """The conversations of a decode config's `prompts` and `prompts_file` (which wins when set)."""
+  if not prompts_file:
+    return [Conversation((p,)) for p in prompts]
+  return _read_mt_bench(prompts_file) if is_dataset(prompts_file) else _read_file(prompts_file)
+
+
+def messages(conversation: Conversation, answers: Sequence[str]) -> list[dict[str, str]]:
+  """The chat messages of the turn after `answers`: each user message answered, then the next one."""
+  turn = len(answers)
+  history = [m for user, answer in zip(conversation.turns, answers)
+             for m in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})]
+  return history + [{"role": "user", "content": conversation.turns[turn]}]
+
+
+def turn_ids(tokenizer: Tokenizer, conversation: Conversation, answers: Sequence[str], chat: bool) -> list[int]:
+  """The input ids of the turn after `answers` (the model's answers so far): through the chat template
+  when `chat` (its special tokens are part of it), else the one prompt with the tokenizer's specials."""
+  if not chat:
+    if len(conversation.turns) > 1:
+      raise ValueError("a multi-turn conversation needs config.chat (its turns are chat messages)")
+    return tokenizer.encode(conversation.turns[0])
+  return tokenizer.encode(tokenizer.apply_chat_template(messages(conversation, answers)), add_special_tokens=False)
+
+
+def width_bound(tokenizer: Tokenizer, conversations_: Sequence[Conversation], chat: bool, max_new_tokens: int) -> int:
+  """The most input ids any turn of `conversations_` can take: the longest conversation with empty
+  answers, plus each earlier answer's budget and `ANSWER_SLACK` (its text re-encoded). One width for
+  every turn keeps one compiled program for the whole run."""
+  def bound(conversation: Conversation) -> int:
+    earlier = len(conversation.turns) - 1
+    if not earlier:
+      return len(turn_ids(tokenizer, conversation, (), chat))
+    empty = turn_ids(tokenizer, conversation, [""] * earlier, chat)
+    return len(empty) + earlier * (max_new_tokens + ANSWER_SLACK)
+  return max(bound(c) for c in conversations_)
+
+
+def answer_text(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
+  """A generated answer as the next turn's history holds it: special tokens dropped, stripped."""
+  return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def encode(tokenizer: Tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
+  """The input ids of one-turn prompts `texts` (`turn_ids` of each)."""
+  return [turn_ids(tokenizer, Conversation((text,)), (), chat) for text in texts]
