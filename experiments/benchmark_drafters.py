@@ -151,15 +151,20 @@ class Group:
 
   def decode_config(self, cfg: ml_collections.ConfigDict, system: System) -> ml_collections.ConfigDict:
     """The `pipeline.run` config of `system` in this group."""
-    groups = {name: group.to_dict() for name, group in cfg.drafters.items()}
-    if system.drafter == "model":
-      groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
-    return apply_fields(default_config(), dict(
-        target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, prompts=self.prompts, chat=self.chat,
-        max_new_tokens=cfg.max_new_tokens, batch_size=self.batch_size, temperature=self.temperature,
-        seed=cfg.seed, mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k,
-        k_policy=system.policy,
-        **({"drafter": system.drafter} if system.speculative else {}), **groups))
+    return decode_config(cfg, system, prompts=self.prompts, chat=self.chat, batch_size=self.batch_size,
+                         temperature=self.temperature)
+
+
+def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> ml_collections.ConfigDict:
+  """The `pipeline.run` config of `system` under a benchmark config `cfg` (its target, draft, dtype,
+  budget, seed and drafter groups), with `fields` (the prompts, batch size, temperature...) set."""
+  groups = {name: group.to_dict() for name, group in cfg.drafters.items()}
+  if system.drafter == "model":
+    groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
+  return apply_fields(default_config(), dict(
+      target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+      mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k, k_policy=system.policy,
+      **({"drafter": system.drafter} if system.speculative else {}), **groups, **fields))
 
 
 def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
@@ -404,11 +409,7 @@ def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]]
 def tables(results: dict) -> str:
   """The results as markdown: one table per (prompt set, regime) group, systems as rows."""
   derive(results)
-  env = results["environment"]
-  versions = f"jax {env['jax']}, flax {env['flax']}, transformers {env['transformers']}"
-  versions += f", torch {env['torch']}" if "torch" in env else ""
-  lines = [f"Command: `{results['command']}`  ",
-           f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; {versions}."]
+  lines = harness.provenance(results)
   cost = results.get("costs")
   if cost:
     for batch, verify in cost["verify_cost"].items():

@@ -53,6 +53,15 @@ def write_results(results: dict, path: str) -> None:
       os.unlink(temporary)
 
 
+def provenance(results: dict) -> list[str]:
+  """The markdown lines that say how a results file was made: its command, machine and versions."""
+  env = results["environment"]
+  versions = f"jax {env['jax']}, flax {env['flax']}, transformers {env['transformers']}"
+  versions += f", torch {env['torch']}" if "torch" in env else ""
+  return [f"Command: `{results['command']}`  ",
+          f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; {versions}."]
+
+
 def read_results(path: str, field: str = "report") -> dict:
   """A results file written by `write_results`; a file that is not JSON fails naming `config.<field>`."""
   try:

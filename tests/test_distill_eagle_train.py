@@ -35,7 +35,8 @@ def test_head_training_lowers_the_loss_and_raises_the_acceptance_length(target, 
   assert evals[-1]["loss"] < evals[0]["loss"]
   assert evals[-1]["acceptance_length"] > evals[0]["acceptance_length"] + 0.05
   assert {r["mode"] for r in records if r["split"] == "train"} == {"fixed", "target"}
-  config, params, vocab = load_head(summary["export_dir"], load_model(target).config)
+  teacher = load_model(target)
+  config, params, vocab = load_head(summary["export_dir"], teacher.config, teacher.params)
   assert config.feature_layers == (0, 1) and vocab is None
   with open(os.path.join(tmp_path, train.SUMMARY_FILE)) as f:
     assert json.load(f)["student"]["feature_layers"] == [0, 1]
@@ -80,7 +81,7 @@ def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_pa
                                       always=teacher.tokenizer.eos_ids)
   assert set(teacher.tokenizer.eos_ids) <= set(want_Vd.tolist())
   np.testing.assert_array_equal(np.load(tmp_path / train.HEAD_VOCAB_FILE), want_Vd)
-  _, _, vocab = load_head(summary["export_dir"], teacher.config)
+  _, _, vocab = load_head(summary["export_dir"], teacher.config, teacher.params)
   np.testing.assert_array_equal(np.asarray(vocab.tokens_Vd), want_Vd)
   np.testing.assert_array_equal(np.asarray(vocab.weight_VdxD), np.asarray(output_head(teacher.config, teacher.params))[want_Vd])
   assert np.array_equal(np.asarray(train.latest_head(config)[3].tokens_Vd), want_Vd)

@@ -8,6 +8,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -19,7 +20,7 @@ from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.eagle import fuse, head_forward, head_logits
-from specjax.speculative.drafters.eagle_io import load_head, save_head
+from specjax.speculative.drafters.eagle_io import WEIGHTS_FILE, load_head, save_head
 from tests.helpers.eagle import eagle_head
 from tests.helpers.layer_skip import TARGET
 from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
@@ -34,7 +35,7 @@ def test_specjax_layout_round_trips(tmp_path, feature_layers, restricted):
   config, params = eagle_head(TARGET[0], feature_layers)
   vocab = restrict_head(*TARGET, [1, 4, 9, 30]) if restricted else None
   save_head(str(tmp_path), config, params, vocab)
-  loaded_config, loaded_params, loaded_vocab = load_head(str(tmp_path), TARGET[0])
+  loaded_config, loaded_params, loaded_vocab = load_head(str(tmp_path), *TARGET)
   assert loaded_config == config
   expected, got = _leaves(params), _leaves(loaded_params)
   assert expected.keys() == got.keys()
@@ -47,15 +48,45 @@ def test_specjax_layout_round_trips(tmp_path, feature_layers, restricted):
     assert loaded_vocab is None
 
 
+def test_bfloat16_heads_take_half_the_bytes_and_load_their_rounded_weights(tmp_path):
+  config, params = eagle_head(TARGET[0], (0, 1, 2))
+  vocab = restrict_head(*TARGET, [1, 4, 9, 30])
+  save_head(str(tmp_path / "f32"), config, params, vocab)
+  save_head(str(tmp_path / "bf16"), config, params, vocab, dtype="bfloat16")
+  size = lambda name: os.path.getsize(tmp_path / name / WEIGHTS_FILE)
+  assert size("bf16") < 0.55 * size("f32")
+  _, loaded, loaded_vocab = load_head(str(tmp_path / "bf16"), *TARGET)
+  got = _leaves(loaded)
+  for name, leaf in _leaves(params).items():
+    np.testing.assert_array_equal(got[name], leaf.astype(ml_dtypes.bfloat16).astype(np.float32))
+  np.testing.assert_array_equal(loaded_vocab.weight_VdxD, vocab.weight_VdxD)  # the target's rows, not rounded
+  with pytest.raises(ValueError, match="float32, bfloat16"):
+    save_head(str(tmp_path / "f16"), config, params, vocab, dtype="float16")
+
+
+def test_heads_that_hold_their_vocabulary_rows_still_load_them(tmp_path):
+  """Heads written before the rows were gathered at load time carry vocab/weight: it is used as stored."""
+  config, params = eagle_head(TARGET[0], (0, 1, 2))
+  vocab = restrict_head(*TARGET, [1, 4, 9, 30])
+  save_head(str(tmp_path), config, params, vocab)
+  from safetensors.numpy import load_file
+
+  tensors = load_file(str(tmp_path / WEIGHTS_FILE))
+  stored = 2 * np.asarray(vocab.weight_VdxD, np.float32)
+  save_file({**tensors, "vocab/weight": stored}, str(tmp_path / WEIGHTS_FILE))
+  _, _, loaded_vocab = load_head(str(tmp_path), *TARGET)
+  np.testing.assert_array_equal(loaded_vocab.weight_VdxD, stored)
+
+
 def test_heads_for_another_target_fail_to_load(tmp_path):
   config, params = eagle_head(TARGET[0], (0, 1, 2))
   save_head(str(tmp_path), config, params)
   with pytest.raises(ValueError, match=r"after target layers \[2\].*has 2 layers"):
-    load_head(str(tmp_path), TARGET[0].replace(n_layers=2))
+    load_head(str(tmp_path), TARGET[0].replace(n_layers=2), TARGET[1])
   with pytest.raises(ValueError, match="wide, the target's d_model is 48"):
-    load_head(str(tmp_path), TARGET[0].replace(d_model=48, head_dim=12))
+    load_head(str(tmp_path), TARGET[0].replace(d_model=48, head_dim=12), TARGET[1])
   with pytest.raises(FileNotFoundError, match="neither"):
-    load_head(str(tmp_path / "missing"), TARGET[0])
+    load_head(str(tmp_path / "missing"), *TARGET)
 
 
 # A tiny EAGLE-3 head as the released ones are laid out, for a 9-layer target of width D = 32
@@ -113,7 +144,7 @@ def _eagle3_first_step(t, embed_D, features_3D):
 def test_an_eagle3_head_in_its_released_layout_loads(tmp_path):
   rng = np.random.default_rng(0)
   tensors = _write_eagle3(str(tmp_path), rng)
-  config, params, vocab = load_head(str(tmp_path), EAGLE3_TARGET)
+  config, params, vocab = load_head(str(tmp_path), EAGLE3_TARGET, TARGET[1])
   assert config.feature_layers == (1, 3, 5)
   assert (config.block.n_heads, config.block.n_kv_heads, config.block.d_ff, config.block.norm_eps) == (
       HEADS, KV_HEADS, FF, 1e-5)
@@ -132,7 +163,7 @@ def test_an_eagle3_head_in_its_released_layout_loads(tmp_path):
 def test_an_eagle3_head_for_another_width_fails(tmp_path):
   _write_eagle3(str(tmp_path), np.random.default_rng(0))
   with pytest.raises(ValueError, match="target of width 32, this target's d_model is 64"):
-    load_head(str(tmp_path), EAGLE3_TARGET.replace(d_model=64, head_dim=16))
+    load_head(str(tmp_path), EAGLE3_TARGET.replace(d_model=64, head_dim=16), TARGET[1])
 
 
 def test_eagle_drafter_keeps_greedy_output_through_the_pipeline(tmp_path):
@@ -160,4 +191,4 @@ def test_an_eagle3_head_missing_a_tensor_fails(tmp_path):
   save_file({k: v for k, v in tensors.items() if k not in ("norm.weight", "lm_head.weight")},
             os.path.join(str(tmp_path), "model.safetensors"))
   with pytest.raises(ValueError, match=r"lacks \['norm.weight', 'lm_head.weight'\]"):
-    load_head(str(tmp_path), EAGLE3_TARGET)
+    load_head(str(tmp_path), EAGLE3_TARGET, TARGET[1])

@@ -18,4 +18,6 @@ def get_config(run: str = ""):
   cfg.num_prompts = 4  # held-out prompts written for the decode sweep
   cfg.prompt_tokens = 128  # tokens of each held-out prompt (a prefix of a held-out document)
   cfg.output = f"experiments/{run}/results.json"  # the JSON results; curves.png is written next to it
+  if run == "distill_eagle_smollm2":
+    cfg.head = f"experiments/{run}/head"  # the newest head in bfloat16, committed ("" = not written)
   return cfg

@@ -1,8 +1,10 @@
 """Results of the EAGLE head training on SmolLM2-135M (configs/distill_eagle_smollm2.py), and the inputs
 of its decode sweep (`configs/sweeps/smollm2_eagle.py`).
 
-Writes into the work directory: the head of the newest checkpoint (`heads/step<N>`, specjax's head
-layout, for `--config.drafter=eagle --config.draft=...`), held-out prompts (`heldout_prompts.jsonl`, the
+Writes the head of the newest checkpoint in bfloat16 to `head` (experiments/distill_eagle_smollm2/head,
+committed: `--config.drafter=eagle --config.draft=experiments/distill_eagle_smollm2/head` works from a
+fresh clone), and into the work directory: the same head in float32 (`heads/step<N>`, specjax's head
+layout), held-out prompts (`heldout_prompts.jsonl`, the
 first 128 tokens of stdlib files the run never trained on: the same split, hence the same prompts, as
 the distilled-draft run of `experiments/distill_smollm2/`) and the training files as the corpus that
 ranks restricted heads. Here: results.json (held-out evaluations at step 0 and the newest) and
@@ -55,6 +57,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   teacher, head_config, head_params, vocab, step = train.latest_head(config)
   head_dir = os.path.join(cfg.workdir, "heads", f"step{step}")
   save_head(head_dir, head_config, head_params, vocab)
+  if cfg.head:  # the committed copy: bfloat16, its vocabulary as token ids (rows come from the target)
+    save_head(cfg.head, head_config, head_params, vocab, dtype="bfloat16")
   train_docs, held = split(config)
   prompts_file = write_jsonl(({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, cfg.num_prompts,
                                                                        cfg.prompt_tokens)),
@@ -62,7 +66,7 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   corpus_file = write_train_corpus(train_docs, os.path.join(cfg.workdir, "train_corpus.jsonl"))
   metrics_path = os.path.join(cfg.workdir, train.METRICS_FILE)
   evals = heldout_evals(cfg.workdir)
-  results = {"checkpoint_step": step, "head": records.relative(head_dir), "prompts_file": records.relative(prompts_file),
+  results = {"checkpoint_step": step, "head": records.relative(head_dir), "committed_head": records.relative(cfg.head), "prompts_file": records.relative(prompts_file),
              "vocab_corpus": records.relative(corpus_file), "heldout": {"before": evals[0], "latest": evals[-1]},
              "evals": evals, "environment": records.environment()}
   harness.write_results(results, cfg.output)

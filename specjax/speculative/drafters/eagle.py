@@ -225,7 +225,7 @@ class EagleDrafter(ModelBackedDrafter):
             log: Callable[[str], None] = print) -> tuple[EagleDrafter, dict]:
     from specjax.speculative.drafters.eagle_io import load_head  # eagle_io imports this module
 
-    config, params, vocab = load_head(settings.draft, target.config)
+    config, params, vocab = load_head(settings.draft, target.config, target.params)
     coverage, size = None, settings.options.vocab
     if vocab is None:
       vocab, coverage = restricted_draft_head(size, settings.options.vocab_corpus, target, target, log)

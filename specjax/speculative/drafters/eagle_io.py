@@ -3,9 +3,11 @@
 specjax's layout, a directory of two files:
   eagle_head.json          {"format": "specjax-eagle-head", "block": the block's ModelConfig fields,
                             "feature_layers": [...]}
-  eagle_head.safetensors   the head's parameter tree, keys its paths joined by "/" (fc/weight,
-                           layer/attn/q_proj/weight, ..., final_norm/scale), plus vocab/tokens [Vd] int32 and
-                           vocab/weight [Vd, D] when the head scores a restricted vocabulary
+  eagle_head.safetensors   the head's parameter tree (float32 or bfloat16), keys its paths joined by "/"
+                           (fc/weight, layer/attn/q_proj/weight, ..., final_norm/scale), plus vocab/tokens [Vd]
+                           int32 when the head scores a restricted vocabulary: those rows of the target's
+                           output head, gathered when the head loads (heads written before this held them
+                           too, as vocab/weight [Vd, D], which still loads)
 
 EAGLE-3's released layout (SafeAILab/EAGLE, `eagle/model/cnets.py`; e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B):
 config.json (a one-layer LlamaConfig with `draft_vocab_size`) and model.safetensors or pytorch_model.bin:
@@ -30,12 +32,13 @@ import os
 from typing import Mapping
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from specjax.models.config import ModelConfig
 from specjax.models.hf import config_from_hf_dict, iter_tensors
 from specjax.models.transformer import Params
-from specjax.speculative.drafters.draft_head import DraftHead
+from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
 from specjax.speculative.drafters.eagle import EagleConfig, check_head, eagle3_layers
 
 CONFIG_FILE = "eagle_head.json"
@@ -54,13 +57,13 @@ _EAGLE3_NAMES = {  # EAGLE-3 tensor name -> specjax path (the vocabulary maps ar
 _EAGLE3_UNUSED = ("t2d", "embed_tokens.weight")
 
 
-def _flatten(tree: Params, prefix: str = "") -> dict[str, np.ndarray]:
-  """{"a/b/c": float32 array} for a nested parameter tree."""
+def _flatten(tree: Params, dtype=np.float32, prefix: str = "") -> dict[str, np.ndarray]:
+  """{"a/b/c": array in `dtype`} for a nested parameter tree."""
   if not isinstance(tree, Mapping):
-    return {prefix: np.asarray(tree, np.float32)}
+    return {prefix: np.asarray(tree, np.float32).astype(dtype)}
   flat = {}
   for name, subtree in tree.items():
-    flat.update(_flatten(subtree, f"{prefix}/{name}" if prefix else name))
+    flat.update(_flatten(subtree, dtype, f"{prefix}/{name}" if prefix else name))
   return flat
 
 
@@ -76,25 +79,32 @@ def _unflatten(flat: dict[str, np.ndarray], dtype) -> Params:
   return tree
 
 
-def save_head(directory: str, config: EagleConfig, params: Params, vocab: DraftHead | None = None) -> None:
-  """Writes a head in specjax's layout (weights widened to float32: safetensors' numpy writer has no
-  bfloat16)."""
+SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+def save_head(directory: str, config: EagleConfig, params: Params, vocab: DraftHead | None = None,
+              dtype: str = "float32") -> None:
+  """Writes a head in specjax's layout, its weights in `dtype` ("float32" or "bfloat16": half the bytes,
+  what a head committed to a repository uses); a restricted vocabulary as its token ids alone."""
   from safetensors.numpy import save_file
 
+  if dtype not in SAVE_DTYPES:
+    raise ValueError(f"a head is saved in one of {', '.join(SAVE_DTYPES)}, got {dtype!r}")
   os.makedirs(directory, exist_ok=True)
-  tensors = _flatten(params)
+  tensors = _flatten(params, SAVE_DTYPES[dtype])
   if vocab is not None:
     tensors["vocab/tokens"] = np.asarray(vocab.tokens_Vd, np.int32)
-    tensors["vocab/weight"] = np.asarray(vocab.weight_VdxD, np.float32)
   save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump({"format": _FORMAT, "block": dataclasses.asdict(config.block),
                "feature_layers": list(config.feature_layers)}, f, indent=1)
 
 
-def load_head(directory: str, target_config: ModelConfig) -> tuple[EagleConfig, Params, DraftHead | None]:
-  """A head for `target_config` from `directory`, in specjax's layout or EAGLE-3's (see the module
-  docstring), in the target's dtype; raises ValueError when it does not fit the target."""
+def load_head(directory: str, target_config: ModelConfig, target_params: Params
+              ) -> tuple[EagleConfig, Params, DraftHead | None]:
+  """A head for the target (`target_config`, `target_params`: its output head serves a restricted
+  vocabulary) from `directory`, in specjax's layout or EAGLE-3's (see the module docstring), in the
+  target's dtype; raises ValueError when it does not fit the target."""
   if os.path.exists(os.path.join(directory, CONFIG_FILE)):
     config, flat = _read_specjax(directory)
   elif os.path.exists(os.path.join(directory, "config.json")):
@@ -105,9 +115,16 @@ def load_head(directory: str, target_config: ModelConfig) -> tuple[EagleConfig, 
   config = dataclasses.replace(config, block=config.block.replace(vocab_size=target_config.vocab_size,
                                                                   dtype=target_config.dtype))
   tokens_Vd, weight_VdxD = flat.pop("vocab/tokens", None), flat.pop("vocab/weight", None)
-  vocab = None if tokens_Vd is None else DraftHead(
-      tokens_Vd=jnp.asarray(tokens_Vd, jnp.int32), weight_VdxD=jnp.asarray(weight_VdxD, target_config.jnp_dtype),
-      vocab_size=target_config.vocab_size, softcap=target_config.final_softcap)
+  vocab = None
+  if tokens_Vd is not None and weight_VdxD is None:
+    if tokens_Vd.size and (tokens_Vd.min() < 0 or tokens_Vd.max() >= target_config.vocab_size):
+      raise ValueError(f"{directory}: the head's vocabulary holds ids up to {tokens_Vd.max()}, the target has "
+                       f"{target_config.vocab_size}: this head was trained for another target")
+    vocab = restrict_head(target_config, target_params, tokens_Vd)
+  elif tokens_Vd is not None:
+    vocab = DraftHead(tokens_Vd=jnp.asarray(tokens_Vd, jnp.int32),
+                      weight_VdxD=jnp.asarray(weight_VdxD, target_config.jnp_dtype),
+                      vocab_size=target_config.vocab_size, softcap=target_config.final_softcap)
   params = _unflatten(flat, target_config.jnp_dtype)
   check_head(config, params, target_config, vocab)
   return config, params, vocab
