@@ -137,6 +137,10 @@ def check(cfg: ml_collections.ConfigDict) -> None:
           f"config.verify_widths must be () or integers >= 1 that include 1 (the step), got {widths}")
   for name, alpha in cfg.modelled_alphas.items():
     require(0.0 <= alpha < 1.0, f"config.modelled_alphas.{name} must be in [0, 1), got {alpha}")
+  if cfg.mtbench and cfg.weights == "real":
+    from experiments import mtbench
+
+    mtbench.plan(mtbench_config(cfg))  # its config's errors, before anything loads
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -368,11 +372,44 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
       derive(cfg, row, *baseline, tokens_BxO, c)
     results["cells"].append(row)
     save()
-  results["finished"] = not results["skipped"]
+  if cfg.mtbench:
+    del pair, target_params, draft_params  # mtbench loads the pair again through the decode pipeline
+    results["mtbench"] = run_mtbench(cfg, time.perf_counter() - start, log)
+  results["finished"] = not results["skipped"] and "skipped" not in results.get("mtbench", {})
   results["elapsed_s"] = time.perf_counter() - start
   save()
   log(f"wrote {cfg.output} after {results['elapsed_s']:.0f} s")
   return results
+
+
+def mtbench_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The MT-Bench cell's `experiments.mtbench` config: configs/benchmarks/mtbench.py:accelerator on the
+  kit's pair, dtype and execution, its results next to the kit's (`<output>_mtbench.json`, `.png`)."""
+  from configs.benchmarks import mtbench as mtbench_configs
+
+  mt = mtbench_configs.get_config("accelerator")
+  stem = os.path.splitext(cfg.output)[0]
+  mt.update(target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, output=f"{stem}_mtbench.json",
+            figure=f"{stem}_mtbench.png")
+  return mt
+
+
+def run_mtbench(cfg: ml_collections.ConfigDict, elapsed: float, log: Log) -> dict:
+  """The MT-Bench cell (`mtbench_config`), when the weights are real and the deadline has not passed:
+  its results file, and per group the systems' speedups and τ (or why it was skipped)."""
+  from experiments import mtbench
+
+  if cfg.weights != "real":
+    return {"skipped": "weights=random: MT-Bench needs the real pair and its tokenizer"}
+  if elapsed > cfg.deadline_s:
+    return {"skipped": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"}
+  jax.clear_caches()
+  results = mtbench.run(mtbench_config(cfg), log)
+  summary = {key: {r["system"]: {"speedup_vs_autoregressive": r.get("speedup_vs_autoregressive"),
+                                 "tau": r["mean_accepted_length"], "tokens_per_second": r["tokens_per_second"]}
+                   for r in results["runs"] if r["group"] == key}
+             for key in results["groups"]}
+  return {"output": records.relative(results["config"]["output"]), "groups": summary}
 
 
 _fmt = functools.partial(harness.number, missing="")  # an empty cell for what a cell lacks
@@ -409,6 +446,14 @@ def table(results: dict) -> str:
   for skipped in results["skipped"]:
     lines.append(f"| {skipped['prompt_tokens']} | {skipped['batch_size']} | {skipped['mode']} | "
                  f"{_fmt(skipped['k'], 'd')} | skipped: {skipped['reason']} |" + " |" * (10 + len(alphas)))
+  mt = results.get("mtbench")
+  if mt:
+    lines += ["", f"MT-Bench cell: skipped ({mt['skipped']})." if "skipped" in mt else
+              f"MT-Bench cell (`{mt['output']}`; its tables: `python -m experiments.mtbench "
+              f"--config=configs/benchmarks/mtbench.py:accelerator --config.report={mt['output']}`): " + "; ".join(
+                  f"{key}: " + ", ".join(f"{system} {_fmt(v['speedup_vs_autoregressive'])}x (τ {_fmt(v['tau'])})"
+                                         for system, v in systems.items() if system != "autoregressive")
+                  for key, systems in mt["groups"].items()) + "."]
   lines += ["", "Measured speedup: decode tokens/s over the autoregressive cell's (real weights only). Modelled: "
             "Leviathan et al. at the measured c; round time = expected tokens per round x step / round. "
             "Peak memory: JAX's peak since the process started."]

@@ -148,6 +148,22 @@ def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
   assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 8
 
 
+def test_the_mtbench_cell_runs_the_kits_pair_or_says_why_not(tmp_path, capsys):
+  cfg = accelerator.get_config("mtbench")
+  cfg.update(output=str(tmp_path / "kit.json"))
+  mt = kit.mtbench_config(cfg)
+  assert (mt.target, mt.draft, mt.dtype) == (cfg.target, cfg.draft, "bfloat16")
+  assert (mt.output, mt.figure) == (str(tmp_path / "kit_mtbench.json"), str(tmp_path / "kit_mtbench.png"))
+  assert mt.batch_sizes == (1, 8) and mt.temperatures == (0.0, 1.0) and not mt.transformers
+  tiny = accelerator.get_config("tiny")
+  tiny.update(mtbench=True, deadline_s=0.0, output=str(tmp_path / "random.json"))
+  results = kit.run(tiny, log=lambda message: None)
+  assert results["mtbench"] == {"skipped": "weights=random: MT-Bench needs the real pair and its tokenizer"}
+  assert not results["finished"]
+  print(kit.table(results))
+  assert "MT-Bench cell: skipped (weights=random" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("weights", "fake", "config.weights"), ("shapes", "gpt-5", "config.shapes"), ("ks", (), "config.ks"),
     ("adaptive_ks", (0,), "config.adaptive_ks"),

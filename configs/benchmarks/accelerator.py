@@ -12,6 +12,8 @@ tokens: 24 compiled programs, plus target forwards of 1-65 tokens at the 128-tok
 experiments/benchmark_accelerator.py); `deadline_s` skips what would start later, and smaller grids are
 one override away (`--config.batch_sizes='(1,8)'`, `--config.ks='(5,)'`).
 
+`get_config("mtbench")`: the real pair (its weights must be on the machine), a 1 x 2 x (1 + 1) grid, then
+the MT-Bench cell (`mtbench`).
 `get_config("tiny")`: tiny random models in float32 on CPU, a 2 x 1 x (1 + 2) grid, for the tests.
 """
 
@@ -55,6 +57,10 @@ def get_config(variant: str = ""):
   # alpha_hat at K = 5 on raw standard-library code continuation (group raw/greedy, system model_k5):
   # experiments/results/drafters_cpu_float32_part2.json
   cfg.modelled_alphas.raw_code = 0.781
+  # After the grid (weights=real, before deadline_s): MT-Bench on the pair, configs/benchmarks/mtbench.py:accelerator
+  # (1 question per category, both turns, 256 tokens, batch 1 and 8, T = 0 and 1; AR, K = 5, adaptive K <= 8),
+  # results in <output>_mtbench.json; the "mtbench" variant shrinks the grid so that both fit 8 minutes.
+  cfg.mtbench = False
   cfg.output = "experiments/results/accelerator.json"  # rewritten after every cell
   cfg.report = ""  # a results file to print the table of, instead of running anything
 
@@ -73,6 +79,10 @@ def get_config(variant: str = ""):
     cfg.verify_widths = (1, 3, 9)
     cfg.deadline_s = 600.0
     cfg.output = "tests-will-override"
+  elif variant == "mtbench":  # the real pair: a small grid, then the MT-Bench cell
+    cfg.prompt_lengths, cfg.batch_sizes, cfg.ks, cfg.adaptive_ks, cfg.verify_widths = (128,), (1, 8), (5,), (), ()
+    cfg.mtbench = True
+    cfg.deadline_s = 150.0  # the grid (6 programs) first; MT-Bench (~16 programs) after it
   elif variant:
-    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/accelerator.py (known: 'tiny')")
+    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/accelerator.py (known: 'tiny', 'mtbench')")
   return cfg

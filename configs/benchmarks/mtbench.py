@@ -9,6 +9,8 @@ Variants (`--config=configs/benchmarks/mtbench.py:NAME`):
                 trained by configs/distill_eagle_smollm2.py) and n-gram lookup
   "full"        the whole benchmark as the papers run it (80 questions x 2 turns x 512 tokens, bfloat16):
                 an accelerator's run
+  "accelerator" the accelerator run kit's MT-Bench cell: 8 questions x 2 turns x 256 tokens, bfloat16,
+                batch 1 and 8, T = 0 and 1, the draft model at K = 5 and adaptive
   "tiny"        a small plan for tests on tiny HF directories (pass --config.target and --config.draft)
 
 System names as in configs/benchmarks/drafters.py: "model_k5", "model_k8_adaptive" (the adaptive K
@@ -66,6 +68,13 @@ def get_config(variant: str = ""):
     cfg.transformers = ()
     cfg.output = "experiments/results/mtbench_qwen_accelerator.json"
     cfg.figure = "experiments/results/plots/mtbench_qwen_accelerator.png"
+  elif variant == "accelerator":  # the accelerator run kit's MT-Bench cell (configs/benchmarks/accelerator.py)
+    cfg.dtype = "bfloat16"
+    cfg.max_new_tokens = 256
+    cfg.systems = cfg.batched_systems = ("model_k5", "model_k8_adaptive")
+    cfg.transformers = ()
+    cfg.output = "experiments/results/accelerator_mtbench.json"
+    cfg.figure = "experiments/results/accelerator_mtbench.png"
   elif variant == "tiny":
     cfg.target = cfg.draft = "tests-will-override"  # HF directories of a tiny target and draft
     cfg.questions = "tests-will-override"  # a .jsonl of MT-Bench-style questions
@@ -79,5 +88,5 @@ def get_config(variant: str = ""):
     cfg.output = cfg.figure = "tests-will-override"
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/mtbench.py (known: 'smollm2', 'full', "
-                     f"'tiny')")
+                     f"'accelerator', 'tiny')")
   return cfg
