@@ -3,7 +3,7 @@ first: `python -m specjax.data fetch mt-bench`).
 
 Variants (`--config=configs/benchmarks/mtbench.py:NAME`):
   ""            the Qwen2.5-Coder pair on a CPU, shrunk to finish within an hour on 2 cores: 1 question
-                per category (8 questions, 2 turns each), 96 new tokens per turn; batch 1 at T = 0 and 1,
+                per category (8 questions, 2 turns each), 64 new tokens per turn; batch 1 at T = 0 and 1,
                 batch 8 (all 8 questions in one batch) at T = 0 and 1; transformers at T = 0
   "smollm2"     SmolLM2-135M-Instruct with its EAGLE-3-style head (experiments/distill_eagle_smollm2/head,
                 trained by configs/distill_eagle_smollm2.py) and n-gram lookup
@@ -31,13 +31,13 @@ def get_config(variant: str = ""):
   cfg.questions = "mt-bench"  # the dataset, or a .jsonl of questions in its format (all of them run)
   cfg.categories = ()  # MT-Bench categories to run, in this order; () = all 8
   cfg.questions_per_category = 1  # the first N questions of each category (10 = the whole benchmark)
-  cfg.max_new_tokens = 96  # budget per turn (EOS may stop earlier); the papers use 512 (1024 for some)
+  cfg.max_new_tokens = 64  # budget per turn (EOS may stop earlier); the papers use 512 (1024 for some)
   cfg.seed = 0  # sampling seed of the temperature > 0 runs
   cfg.temperatures = (0.0, 1.0)  # every batch size runs at each (top-k and top-p off)
   cfg.batch_sizes = (1, 8)  # specjax batch sizes; per-category speed is measured at batch 1 only
   cfg.systems = ("model_k5", "model_k8_adaptive", "ngram", "layer_skip")  # at batch 1
   cfg.batched_systems = ("model_k5", "model_k8_adaptive")  # at batch sizes > 1
-  cfg.ar_every = 2  # rerun the autoregressive baseline after this many systems (and first and last)
+  cfg.ar_every = 4  # rerun the autoregressive baseline after this many systems (and first and last)
   # What parse_systems and the decode configs read (configs/benchmarks/drafters.py explains each).
   base = drafters.get_config()
   cfg.model_ks, cfg.thresholds, cfg.threshold_k = base.model_ks, (), base.threshold_k
