@@ -26,9 +26,10 @@ built from its own answers: plain `generate`, assisted generation with the draft
 schedule) and prompt lookup (`prompt_lookup_num_tokens` = ngram_k, `max_matching_ngram_size` =
 drafters.ngram.max), at `transformers_temperatures`, each after a 2-token warm-up call.
 
-The JSON (`output`) is rewritten after every run. Started again with the same config, the script keeps
-what the file holds and runs only what is missing (a killed run resumes; the autoregressive runs it
-already made still count as that group's baseline).
+The JSON (`output`) is rewritten after every run. Started again, the script keeps what the file holds
+and runs only what is missing: a killed run resumes (the autoregressive runs it already made still count
+as that group's baseline), and a grid grown by a temperature, a batch size or a system (`SELECTION_FIELDS`)
+adds only the new runs. A file measured otherwise (another model, budget, question set...) is replaced.
 """
 
 from __future__ import annotations
@@ -366,6 +367,25 @@ def _config_record(cfg: ml_collections.ConfigDict) -> dict:
   return json.loads(json.dumps(config))
 
 
+# Fields that only choose which runs are made: a results file whose config differs in these alone keeps
+# the runs the new plan still holds (a grid grown by a temperature or a system resumes).
+SELECTION_FIELDS = ("temperatures", "batch_sizes", "systems", "batched_systems", "transformers",
+                    "transformers_temperatures", "ar_every", "figure")
+
+
+def reusable(earlier: dict, config: dict, groups: list[Group], cfg: ml_collections.ConfigDict) -> dict | None:
+  """The runs of an earlier results file that the plan `groups` still holds (same group, place in the
+  run order and system; transformers systems still asked for), or None when the earlier file was
+  measured otherwise (its config differs in a field that changes what a run measures)."""
+  strip = lambda c: {k: v for k, v in c.items() if k not in SELECTION_FIELDS}
+  if strip(earlier.get("config", {})) != strip(config):
+    return None
+  order = {(g.key, i): s.name for g in groups for i, s in enumerate(benchmark_drafters.run_order(g, cfg.ar_every))}
+  wanted = {(f"transformers_{name}", float(t)) for name in cfg.transformers for t in cfg.transformers_temperatures}
+  return {"runs": [r for r in earlier["runs"] if order.get((r["group"], r["index"])) == r["system"]],
+          "transformers": [r for r in earlier["transformers"] if (r["system"], r["temperature"]) in wanted]}
+
+
 def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   """Runs what the results file `cfg.output` lacks; returns the results (also written there)."""
   groups = plan(cfg)
@@ -375,13 +395,13 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   results = {"command": records.command(), "environment": records.environment(), "config": config,
              "source": source(cfg), "runs": [], "transformers": []}
   if os.path.exists(cfg.output):
-    earlier = harness.read_results(cfg.output, "output")
-    if earlier.get("config") == config:
-      results.update(runs=earlier["runs"], transformers=earlier["transformers"])
+    kept = reusable(harness.read_results(cfg.output, "output"), config, groups, cfg)
+    if kept is None:
+      log(f"{cfg.output} holds results measured otherwise (another model, budget or question set): starting afresh")
+    else:
+      results.update(kept)
       log(f"resuming {cfg.output}: {len(results['runs'])} specjax and {len(results['transformers'])} transformers "
           f"runs kept")
-    else:
-      log(f"{cfg.output} holds another config's results: starting afresh")
   save = lambda: write_json(results, cfg.output)
   save()
   tokenizer = run_specjax(cfg, groups, results, save, log)

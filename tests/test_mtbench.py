@@ -97,6 +97,21 @@ def test_a_killed_run_resumes_with_what_is_missing(benchmark, monkeypatch):
   assert [r["index"] for r in resumed["runs"]] == [r["index"] for r in results["runs"]]
 
 
+def test_a_smaller_grid_keeps_its_runs_and_another_budget_starts_afresh(benchmark, monkeypatch):
+  cfg, results = benchmark
+  earlier = json.load(open(cfg.output))
+  smaller = cfg.copy_and_resolve_references()
+  smaller.temperatures = (0.0,)
+  groups = mtbench.plan(smaller)
+  kept = mtbench.reusable(earlier, mtbench._config_record(smaller), groups, smaller)
+  assert {r["group"] for r in kept["runs"]} == {"batch1/T0", "batch2/T0"}
+  assert len(kept["runs"]) == len([r for r in earlier["runs"] if r["temperature"] == 0])
+  assert len(kept["transformers"]) == 1
+  longer = cfg.copy_and_resolve_references()
+  longer.max_new_tokens += 1
+  assert mtbench.reusable(earlier, mtbench._config_record(longer), mtbench.plan(longer), longer) is None
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("questions_per_category", 0, "config.questions_per_category must be >= 1"),
     ("categories", ("poetry",), "config.categories: unknown MT-Bench category poetry"),

@@ -2,9 +2,12 @@
 first: `python -m specjax.data fetch mt-bench`).
 
 Variants (`--config=configs/benchmarks/mtbench.py:NAME`):
-  ""            the Qwen2.5-Coder pair on a CPU, shrunk to finish within an hour on 2 cores: 1 question
-                per category (8 questions, 2 turns each), 64 new tokens per turn; batch 1 at T = 0 and 1,
-                batch 8 (all 8 questions in one batch) at T = 0 and 1; transformers at T = 0
+  ""            the Qwen2.5-Coder pair on a CPU, shrunk to about an hour on 2 cores: 1 question per
+                category (8 questions, 2 turns each), 64 new tokens per turn, greedy; batch 1 (AR, the draft
+                model at K = 5 and adaptive, n-gram) and batch 8 (all 8 questions in one batch: AR, K = 5,
+                adaptive); transformers generate, assisted and prompt lookup. Sampling and self-speculation
+                are one override each (--config.temperatures='(0.0,1.0)', add "layer_skip" to systems):
+                each adds ~30-40 minutes on a 2-core host where the target decodes at ~3 tokens/s
   "smollm2"     SmolLM2-135M-Instruct with its EAGLE-3-style head (experiments/distill_eagle_smollm2/head,
                 trained by configs/distill_eagle_smollm2.py) and n-gram lookup
   "full"        the whole benchmark as the papers run it (80 questions x 2 turns x 512 tokens, bfloat16):
@@ -33,9 +36,9 @@ def get_config(variant: str = ""):
   cfg.questions_per_category = 1  # the first N questions of each category (10 = the whole benchmark)
   cfg.max_new_tokens = 64  # budget per turn (EOS may stop earlier); the papers use 512 (1024 for some)
   cfg.seed = 0  # sampling seed of the temperature > 0 runs
-  cfg.temperatures = (0.0, 1.0)  # every batch size runs at each (top-k and top-p off)
+  cfg.temperatures = (0.0,)  # every batch size runs at each (top-k and top-p off); the papers add 1.0
   cfg.batch_sizes = (1, 8)  # specjax batch sizes; per-category speed is measured at batch 1 only
-  cfg.systems = ("model_k5", "model_k8_adaptive", "ngram", "layer_skip")  # at batch 1
+  cfg.systems = ("model_k5", "model_k8_adaptive", "ngram")  # at batch 1 ("layer_skip": 0.63-0.99x elsewhere)
   cfg.batched_systems = ("model_k5", "model_k8_adaptive")  # at batch sizes > 1
   cfg.ar_every = 4  # rerun the autoregressive baseline after this many systems (and first and last)
   # What parse_systems and the decode configs read (configs/benchmarks/drafters.py explains each).
@@ -56,13 +59,14 @@ def get_config(variant: str = ""):
     # at c 0.80): no run. The model drafter: no smaller SmolLM2 here.
     cfg.systems = ("eagle_k4", "eagle_k4_adaptive", "ngram")
     cfg.batched_systems = ("eagle_k4", "ngram")
-    cfg.questions_per_category = 2
-    cfg.max_new_tokens = 128
+    cfg.temperatures = (0.0,)  # this CPU runs SmolLM2 at ~5-6 tokens/s (per-step overhead): greedy only
     cfg.transformers = ("generate", "prompt_lookup")
     cfg.output = "experiments/results/mtbench_smollm2_cpu.json"
     cfg.figure = "experiments/results/plots/mtbench_smollm2_cpu.png"
   elif variant == "full":
     cfg.dtype = "bfloat16"
+    cfg.temperatures = (0.0, 1.0)
+    cfg.systems = ("model_k5", "model_k8_adaptive", "ngram", "layer_skip")
     cfg.questions_per_category = 10
     cfg.max_new_tokens = 512
     cfg.transformers = ()
@@ -70,6 +74,7 @@ def get_config(variant: str = ""):
     cfg.figure = "experiments/results/plots/mtbench_qwen_accelerator.png"
   elif variant == "accelerator":  # the accelerator run kit's MT-Bench cell (configs/benchmarks/accelerator.py)
     cfg.dtype = "bfloat16"
+    cfg.temperatures = (0.0, 1.0)
     cfg.max_new_tokens = 256
     cfg.systems = cfg.batched_systems = ("model_k5", "model_k8_adaptive")
     cfg.transformers = ()
@@ -79,6 +84,7 @@ def get_config(variant: str = ""):
     cfg.target = cfg.draft = "tests-will-override"  # HF directories of a tiny target and draft
     cfg.questions = "tests-will-override"  # a .jsonl of MT-Bench-style questions
     cfg.max_new_tokens = 6
+    cfg.temperatures = (0.0, 1.0)
     cfg.batch_sizes = (1, 2)
     cfg.systems = ("model_k2", "ngram_k2")
     cfg.batched_systems = ("model_k2_adaptive",)
