@@ -186,13 +186,22 @@ def write_json(results: dict, path: str) -> None:
   harness.write_results(results, path)
 
 
+def planned_runs(groups: list[Group], ar_every: int) -> list[tuple[Group, int, System]]:
+  """(group, place in its run order, system) of every specjax run of the plan."""
+  return [(g, i, s) for g in groups for i, s in enumerate(benchmark_drafters.run_order(g, ar_every))]
+
+
+def transformers_runs(cfg: ml_collections.ConfigDict) -> list[tuple[float, str]]:
+  """(temperature, name) of every transformers run the config asks for."""
+  return [(float(t), name) for t in cfg.transformers_temperatures for name in cfg.transformers]
+
+
 def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: dict, save: Callable[[], None],
                 log: Log) -> Tokenizer:
   """Loads the models once and makes every run the results lack; returns the target's tokenizer (the
   models are released when this returns)."""
   done = {(r["group"], r["index"]) for r in results["runs"]}
-  todo = [(g, i, s) for g in groups for i, s in enumerate(benchmark_drafters.run_order(g, cfg.ar_every))
-          if (g.key, i) not in done]
+  todo = [(g, i, s) for g, i, s in planned_runs(groups, cfg.ar_every) if (g.key, i) not in done]
   group, system = next(((g, s) for g in groups for s in g.systems  # one that loads a draft model, if any
                         if decode_spec.from_config(g.decode_config(cfg, s)).loads_draft_model),
                        (groups[0], System(AUTOREGRESSIVE)))
@@ -211,7 +220,7 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
                           cost_tables=cost_tables)
     results["runs"].append(make_row(cfg, group, index, system, result))
     save()
-    row = next(r for r in results["runs"] if r["group"] == group.key and r["index"] == index)
+    row = results["runs"][-1]  # with its speedup and greedy comparison, which `save` derived
     log(f"[{number_}/{len(todo)}] {group.key} {system.name}: {row['tokens_per_second']:.2f} tok/s, tau "
         f"{number(row['mean_accepted_length'])}, speedup {number(row.get('speedup_vs_autoregressive'))}, "
         f"greedy = AR {row.get('outputs_match_autoregressive')}")
@@ -222,8 +231,7 @@ def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, resul
                      save: Callable[[], None], log: Log) -> None:
   """The transformers systems the results lack, batch 1, each conversation's turns from its own answers."""
   done = {(r["system"], r["temperature"]) for r in results["transformers"]}
-  todo = [(t, name) for t in cfg.transformers_temperatures for name in cfg.transformers
-          if (f"transformers_{name}", float(t)) not in done]
+  todo = [(t, name) for t, name in transformers_runs(cfg) if (f"transformers_{name}", t) not in done]
   if not todo:
     return
   model = hf_reference.hf_model(cfg.target)
@@ -380,8 +388,8 @@ def reusable(earlier: dict, config: dict, groups: list[Group], cfg: ml_collectio
   strip = lambda c: {k: v for k, v in c.items() if k not in SELECTION_FIELDS}
   if strip(earlier.get("config", {})) != strip(config):
     return None
-  order = {(g.key, i): s.name for g in groups for i, s in enumerate(benchmark_drafters.run_order(g, cfg.ar_every))}
-  wanted = {(f"transformers_{name}", float(t)) for name in cfg.transformers for t in cfg.transformers_temperatures}
+  order = {(g.key, i): s.name for g, i, s in planned_runs(groups, cfg.ar_every)}
+  wanted = {(f"transformers_{name}", t) for t, name in transformers_runs(cfg)}
   return {"runs": [r for r in earlier["runs"] if order.get((r["group"], r["index"])) == r["system"]],
           "transformers": [r for r in earlier["transformers"] if (r["system"], r["temperature"]) in wanted]}
 

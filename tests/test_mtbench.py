@@ -97,7 +97,7 @@ def test_a_killed_run_resumes_with_what_is_missing(benchmark, monkeypatch):
   assert [r["index"] for r in resumed["runs"]] == [r["index"] for r in results["runs"]]
 
 
-def test_a_smaller_grid_keeps_its_runs_and_another_budget_starts_afresh(benchmark, monkeypatch):
+def test_a_smaller_grid_keeps_its_runs_and_another_budget_starts_afresh(benchmark):
   cfg, results = benchmark
   earlier = json.load(open(cfg.output))
   smaller = cfg.copy_and_resolve_references()
