@@ -7,6 +7,9 @@ written into one JSON file:
            ones of its shape; float32) with 512 live tokens per row, in caches of S_max = 1k and 32k
            positions: live-length attention (`attention_block` 256) vs the dense reference (0). Timers
            alternate, and each ratio is the median of back-to-back pairs (the machine drifts).
+  loop     autoregressive decoding of the same target inside its compiled `while_loop` (the program
+           `python -m specjax.decode` runs): seconds per step at S_max = 1k and 4k, batch 1 and 4, 300-token
+           prompts: the cost of anything the loop adds to a step, such as a copy of the whole cache.
   prefill  peak resident memory and time of prefilling one long prompt into a tiny-width model
            (d_model 64, 2 layers), chunked (`prefill_chunk` 512, live-length attention) vs one shot with
            dense attention (the former behaviour), for prompts of 2k-16k tokens.
@@ -14,7 +17,7 @@ written into one JSON file:
            80 layers with a 16-layer draft model, per-layer loop vs `scan_layers`.
 
   python -m experiments.benchmark_scaling --config=configs/benchmarks/scaling.py
-  python -m experiments.benchmark_scaling --config=configs/benchmarks/scaling.py --config.parts='("decode",)' \
+  python -m experiments.benchmark_scaling --config=configs/benchmarks/scaling.py --config.parts='("loop",)' \
       --config.output=""   # one part, printed only
 """
 
@@ -46,17 +49,8 @@ def decode(repeats: int) -> dict:
   import numpy as np
 
   from specjax import costs
-  from specjax.models import registry
-  from specjax.models.config import ModelConfig
-  from specjax.models.load import load_model
 
-  name = "qwen2.5-coder-1.5b-instruct"
-  if registry.is_installed(registry.MODELS[name]):
-    loaded = load_model(name)
-    config, params, weights = loaded.config, loaded.params, "real"
-  else:
-    config = ModelConfig(**QWEN_1_5B)
-    params, weights = _random_params(config), "random"
+  config, params, weights = _qwen_target()
   cases = {f"S{s}_block{b}": (s, b) for s in (1024, 32768) for b in (256, 0)}
   timers = {case: costs.forward_timer(config.replace(attention_block=b), params, 1, 1, s, 512, None)
             for case, (s, b) in cases.items()}
@@ -69,6 +63,47 @@ def decode(repeats: int) -> dict:
           "seconds": {case: float(np.median(s)) for case, s in samples.items()},
           "ratio_to_S1024_block256": {case: float(np.median(np.array(s) / np.array(base)))
                                       for case, s in samples.items()}}
+
+
+def _qwen_target():
+  """The real Qwen 1.5B target when installed, else random weights of its shape: (config, params, "real" or
+  "random")."""
+  from specjax.models import registry
+  from specjax.models.config import ModelConfig
+  from specjax.models.load import load_model
+
+  name = "qwen2.5-coder-1.5b-instruct"
+  if registry.is_installed(registry.MODELS[name]):
+    loaded = load_model(name)
+    return loaded.config, loaded.params, "real"
+  config = ModelConfig(**QWEN_1_5B)
+  return config, _random_params(config), "random"
+
+
+def decode_loop(s_max: int, batch: int, repeats: int) -> dict:
+  """Seconds per step of autoregressive decoding inside the compiled loop: the best of `repeats` timings
+  of 8 and of 72 new tokens after a 300-token prompt per row, their difference over 64 steps."""
+  import jax
+  import jax.numpy as jnp
+
+  from specjax import autoregressive
+  from specjax.models.kv_cache import init_cache
+  from specjax.sampling import sampling_params
+
+  config, params, weights = _qwen_target()
+  prompts_BxP = jnp.full((batch, 300), 100, jnp.int32)
+  lengths_B = jnp.full((batch,), 300, jnp.int32)
+  cache = init_cache(config, batch, s_max)
+  seconds = {8: [], 72: []}
+  for new_tokens in (8,) + (8, 72) * repeats:  # the first call compiles
+    start = time.perf_counter()
+    out = autoregressive.generate(config, params, prompts_BxP, lengths_B, cache, new_tokens, [-1],
+                                  sampling_params(0.0), jax.random.key(0), out_width=72)
+    out.tokens.block_until_ready()
+    cache = out.cache
+    seconds[new_tokens].append(time.perf_counter() - start)
+  return {"weights": weights, "s_max": s_max, "batch": batch, "prompt_tokens": 300, "repeats": repeats,
+          "seconds_per_step": (min(seconds[72]) - min(seconds[8][1:])) / 64}
 
 
 def prefill(prompt_len: int, chunk: int, block: int) -> dict:
@@ -143,6 +178,11 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   if "decode" in cfg.parts:
     results["decode"] = _child(f"decode({cfg.repeats})")
     log("decode " + json.dumps(results["decode"], indent=1))
+  if "loop" in cfg.parts:
+    results["loop"] = []
+    for s_max, batch in [(1024, 1), (4096, 1), (1024, 4)]:
+      results["loop"].append(_child(f"decode_loop({s_max}, {batch}, {cfg.loop_repeats})"))
+      log(f"loop {results['loop'][-1]}")
   if "prefill" in cfg.parts:
     results["prefill"] = []
     for prompt_len, chunk, block in [(2048, 512, 256), (4096, 512, 256), (8192, 512, 256), (16384, 512, 256),
@@ -162,7 +202,8 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
 
 def main(cfg: ml_collections.ConfigDict) -> None:
   if cfg.child:  # "function(arg, ...)", evaluated in this fresh process (a subprocess of `run`)
-    print(json.dumps(eval(cfg.child, {"decode": decode, "prefill": prefill, "compile_time": compile_time})))
+    functions = {"decode": decode, "decode_loop": decode_loop, "prefill": prefill, "compile_time": compile_time}
+    print(json.dumps(eval(cfg.child, functions)))
     return
   run(cfg, log=harness.log)
 

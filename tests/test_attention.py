@@ -37,7 +37,7 @@ def test_blockwise_equals_dense(T, S, block, window):
     lengths = np.random.default_rng(100 + seed).integers(0, S - T + 1, size=B)
     q, k, v, lengths_B = _inputs(seed, T, S, lengths)
     expected = attention.dense(q, k, v, 1, lengths_B, window)
-    got = jax.jit(attention.blockwise, static_argnums=(5, 6))(q, k, v, 1, lengths_B, window, block)
+    got, _, _ = jax.jit(attention.blockwise, static_argnums=(5, 6))(q, k, v, 1, lengths_B, window, block)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"lengths {lengths}")
 
 
@@ -56,7 +56,7 @@ def test_blockwise_equals_dense_with_softcap_and_traced_windows(softcap):
   def both(layer):
     window = windows[layer]
     return (attention.dense(q, k, v, layer, lengths_B, window, scale, softcap),
-            attention.blockwise(q, k, v, layer, lengths_B, window, block, scale, softcap))
+            attention.blockwise(q, k, v, layer, lengths_B, window, block, scale, softcap)[0])
 
   for layer in (0, 1):
     expected, got = both(jnp.int32(layer))
@@ -80,7 +80,7 @@ def test_blockwise_reads_only_the_live_blocks(window):
   last = -(-(lengths.max() + T) // block) * block
   outside_S = (np.arange(S) < first) | (np.arange(S) >= last)
   poison = lambda x: jnp.where(outside_S[None, None, :, None, None], jnp.nan, x)
-  got = attention.blockwise(q, poison(k), poison(v), 1, lengths_B, window, block)
+  got, _, _ = attention.blockwise(q, poison(k), poison(v), 1, lengths_B, window, block)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   # The same poison reaches a dense pass: the test would see a blockwise pass that reads everything.
   assert np.isnan(attention.dense(q, poison(k), poison(v), 1, lengths_B, window)).any()

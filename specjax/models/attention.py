@@ -106,7 +106,8 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
 def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
               lengths_B: jax.Array, window, block: int, scale: float | None = None,
               softcap: float = 0.0, tree=None) -> jax.Array:
-  """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax)."""
+  """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax), and
+  the cache's keys and values as they leave the loop (unchanged: write the next layer into these)."""
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
   block = min(block, S)
@@ -118,7 +119,7 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   first_block, last_block = start // block, (end + block - 1) // block
 
   def step(i, carry):
-    max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh = carry
+    max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh, k_LxBxSxGxDh, v_LxBxSxGxDh = carry
     # The last block may overhang S_max: it is read from S - block and its keys below i * block (already
     # seen by the previous block) are masked.
     begin = jnp.minimum(i * block, S - block)
@@ -139,22 +140,28 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
     acc_BxGxHgxTxDh = acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None] + jnp.einsum(
         "bkgtn,bnkd->bkgtd", weights_BxGxHgxTxSb.astype(v_LxBxSxGxDh.dtype), v_BxSbxGxDh,
         preferred_element_type=jnp.float32)
-    return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh
+    return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh, k_LxBxSxGxDh, v_LxBxSxGxDh
 
+  # The cache rides in the carry and comes back out: the next write then updates the loop's own buffer
+  # in place. Closed over instead, it is a loop invariant that XLA copies whole (every layer's
+  # positions) before each layer's loop, since the write after the loop would clobber it.
   init = (jnp.full((B, G, Hg, T), -jnp.inf, jnp.float32), jnp.zeros((B, G, Hg, T), jnp.float32),
-          jnp.zeros((B, G, Hg, T, Dh), jnp.float32))
-  _, sum_BxGxHgxT, acc_BxGxHgxTxDh = jax.lax.fori_loop(first_block, last_block, step, init)
+          jnp.zeros((B, G, Hg, T, Dh), jnp.float32), k_LxBxSxGxDh, v_LxBxSxGxDh)
+  _, sum_BxGxHgxT, acc_BxGxHgxTxDh, k_LxBxSxGxDh, v_LxBxSxGxDh = jax.lax.fori_loop(first_block, last_block, step, init)
   # Every query sees at least its own key, so the sum is > 0.
   out_BxGxHgxTxDh = acc_BxGxHgxTxDh / sum_BxGxHgxT[..., None]
-  return out_BxGxHgxTxDh.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxGxDh.dtype)
+  return out_BxGxHgxTxDh.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxGxDh.dtype), k_LxBxSxGxDh, v_LxBxSxGxDh
 
 
 def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
-           window, block: int, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
+           window, block: int, scale: float | None = None, softcap: float = 0.0,
+           tree=None) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`blockwise` with `block` keys per step, or `dense` when `block` is 0, over cache layer `layer` (an
   int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to Dh^(-1/2);
-  `tree` (static, None = a chain) makes the chunk a tree (see `_visible`)."""
+  `tree` (static, None = a chain) makes the chunk a tree (see `_visible`). Returns the output [B, T, G,
+  Hg, Dh] and the cache's keys and values to write the next layer into (see `blockwise`)."""
   if block:
     return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, block, scale, softcap,
                      tree)
-  return dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale, softcap, tree)
+  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale, softcap, tree),
+          k_LxBxSxGxDh, v_LxBxSxGxDh)

@@ -68,15 +68,10 @@ class KVCache:
     """
     T = k_BxTxGxDh.shape[1]
     positions_BxT = self.lengths[:, None] + (offset + jnp.arange(T))[None, :]
-
-    # One row's write, vmapped over the rows: a scatter whose rows are a batch dimension, which
-    # GSPMD keeps on each row's own device (indexing the rows explicitly gathered every update
-    # over the data axis).
-    def write_row(cache_LxSxGxDh, positions_T, update_TxGxDh):
-      return cache_LxSxGxDh.at[layer, positions_T].set(update_TxGxDh.astype(cache_LxSxGxDh.dtype), mode="drop")
-
-    write = jax.vmap(write_row, in_axes=(1, 0, 0), out_axes=1)
-    return self._with_kv(write(self.k, positions_BxT, k_BxTxGxDh), write(self.v, positions_BxT, v_BxTxGxDh))
+    layer_BxT = jnp.broadcast_to(jnp.asarray(layer, jnp.int32), positions_BxT.shape)
+    indices_BxTx2 = jnp.stack([layer_BxT, positions_BxT], axis=-1)
+    return self._with_kv(_scatter_rows(self.k, indices_BxTx2, k_BxTxGxDh),
+                         _scatter_rows(self.v, indices_BxTx2, v_BxTxGxDh))
 
   def compact(self, source_BxM: jax.Array) -> "KVCache":
     """Moves each row's keys/values from slots `lengths[b] + source[b, j]` to `lengths[b] + j` (every
@@ -86,14 +81,40 @@ class KVCache:
     M = source_BxM.shape[1]
     targets_BxM = self.lengths[:, None] + jnp.arange(M)[None, :]
     sources_BxM = self.lengths[:, None] + source_BxM.astype(jnp.int32)
+    L, _, _, G, Dh = self.k.shape
 
-    # Vmapped over the rows like `write`: each row moves its own slots, on its own device.
-    def move_row(cache_LxSxGxDh, sources_M, targets_M):
-      moved_LxMxGxDh = jnp.take(cache_LxSxGxDh, sources_M, axis=1, mode="clip")
-      return cache_LxSxGxDh.at[:, targets_M].set(moved_LxMxGxDh, mode="drop")
+    def move(cache_LxBxSxGxDh):
+      moved_BxMxLxGxDh = jax.lax.gather(cache_LxBxSxGxDh, sources_BxM[..., None], _ROW_GATHER, (L, 1, 1, G, Dh),
+                                        mode=jax.lax.GatherScatterMode.CLIP)
+      return jax.lax.scatter(cache_LxBxSxGxDh, targets_BxM[..., None], moved_BxMxLxGxDh, _ROW_MOVE,
+                             unique_indices=True, mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
 
-    move = jax.vmap(move_row, in_axes=(1, 0, 0), out_axes=1)
-    return self._with_kv(move(self.k, sources_BxM, targets_BxM), move(self.v, sources_BxM, targets_BxM))
+    return self._with_kv(move(self.k), move(self.v))
+
+
+# Row b's updates go to its own row of the cache: the rows are a batching dimension of the scatter (and
+# of the gather in `compact`), so XLA writes in place in the [L, B, S, G, Dh] layout and GSPMD keeps each
+# row's update on its own device. (A vmap over the rows moved B in front: two transposes of the whole
+# stacked cache per layer and write at B > 1; indexing the rows explicitly gathered every update over the
+# data axis of a mesh.)
+_ROW_SCATTER = jax.lax.ScatterDimensionNumbers(
+    update_window_dims=(2, 3), inserted_window_dims=(0, 2), scatter_dims_to_operand_dims=(0, 2),
+    operand_batching_dims=(1,), scatter_indices_batching_dims=(0,))
+# `compact`: every layer's slot `indices[b, m]` of row b, read as [B, M, L, G, Dh] and written back.
+_ROW_GATHER = jax.lax.GatherDimensionNumbers(
+    offset_dims=(2, 3, 4), collapsed_slice_dims=(2,), start_index_map=(2,), operand_batching_dims=(1,),
+    start_indices_batching_dims=(0,))
+_ROW_MOVE = jax.lax.ScatterDimensionNumbers(
+    update_window_dims=(2, 3, 4), inserted_window_dims=(2,), scatter_dims_to_operand_dims=(2,),
+    operand_batching_dims=(1,), scatter_indices_batching_dims=(0,))
+
+
+def _scatter_rows(cache_LxBxSxGxDh: jax.Array, indices_BxTx2: jax.Array, updates_BxTxGxDh: jax.Array) -> jax.Array:
+  """`cache[indices[b, t, 0], b, indices[b, t, 1]] = updates[b, t]` for every row b and t; indices past
+  the cache are dropped."""
+  return jax.lax.scatter(cache_LxBxSxGxDh, indices_BxTx2, updates_BxTxGxDh.astype(cache_LxBxSxGxDh.dtype),
+                         _ROW_SCATTER, indices_are_sorted=False, unique_indices=True,
+                         mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int,

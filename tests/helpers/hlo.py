@@ -1,0 +1,27 @@
+"""Reading compiled programs: the ops that copy or transpose a whole KV cache."""
+
+import re
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]")
+
+
+def whole_cache_moves(hlo_text: str, cache_dims: tuple[int, ...]) -> list[str]:
+  """The instructions of a compiled module (`Compiled.as_text()`) that copy or transpose an array with
+  the cache's dims in any order (every layer's keys or values, in any layout): XLA names such ops, and
+  the fusions around them, `copy` or `transpose`. An in-place cache update has none."""
+  moves = []
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if match and re.search(r"copy|transpose", match.group(1)) and match.group(2):
+      if sorted(int(d) for d in match.group(2).split(",")) == sorted(cache_dims):
+        moves.append(line.strip()[:160])
+  return moves
+
+
+def recording(jitted, texts: list[str]):
+  """`jitted` (a `jax.jit` function) that also appends the compiled text of each call's program to
+  `texts`."""
+  def run(*args, **kwargs):
+    texts.append(jitted.lower(*args, **kwargs).compile().as_text())
+    return jitted(*args, **kwargs)
+  return run
