@@ -15,7 +15,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax import generation
+from specjax import generation, lowering
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward, prefill
@@ -72,7 +72,8 @@ def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, promp
 
 def generate(config: ModelConfig, params: Params, prompts_BxP, prompt_lengths_B, cache: KVCache,
              max_new_tokens, eos_ids, sampling: SamplingParams, key: jax.Array, *,
-             out_width: int | None = None, pad_id: int = 0) -> AutoregressiveOutput:
+             out_width: int | None = None, pad_id: int = 0,
+             lower: bool | str = False) -> AutoregressiveOutput | jax.stages.Lowered:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt.
 
   `cache` comes from `init_cache` (any contents; donated: do not reuse the object passed in, pass the
@@ -83,7 +84,7 @@ def generate(config: ModelConfig, params: Params, prompts_BxP, prompt_lengths_B,
   largest = int(jnp.max(budget_B))
   generation.check_fits("autoregressive generate", prompt_lengths_B, largest, 0, cache.max_len,
                         config.max_positions)
-  return _generate(config, params, jnp.asarray(prompts_BxP, jnp.int32),
-                   jnp.asarray(prompt_lengths_B, jnp.int32), cache, budget_B,
-                   jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key,
-                   out_width=out_width + 1, pad_id=pad_id)  # + 1: room for a done row's ignored write
+  return lowering.call_or_lower(_generate, lower, config, params, jnp.asarray(prompts_BxP, jnp.int32),
+                                jnp.asarray(prompt_lengths_B, jnp.int32), cache, budget_B,
+                                jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key,
+                                out_width=out_width + 1, pad_id=pad_id)  # + 1: room for a done row's ignored write

@@ -43,10 +43,11 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   results = Decoder.from_config(cfg, log=lambda message: print(message, flush=True)).run()
   if not mesh.is_main_process():  # process 0 prints and writes for all
     return
-  for number, out in enumerate(results["outputs"], 1):
+  for number, out in enumerate(results.get("outputs", ()), 1):  # none with config.lower_only
     print(f"\n=== prompt {number}: {out['prompt'][:70]!r}\n{out['text']}")
-  print()
-  _print_stats(results["stats"])
+  if "stats" in results:
+    print()
+    _print_stats(results["stats"])
   if cfg.output and results["written_to"] != cfg.output:
     where = (f"they were written to {results['written_to']} instead" if results["written_to"] else
              "nor could the fallback file be written; the texts are above")

@@ -58,6 +58,9 @@ def default_config() -> ml_collections.ConfigDict:
   #                               axis: "error", or "replicate" it on every device
   c.draft_sharding = "same"  # the draft model's weights: "same" rules as the target, or "replicated"
   c.output = ""  # path of a JSON results file; empty = print only
+  c.lower_only = ""  # "cuda", "rocm", "tpu" or "cpu": lower the decode program for that platform and report
+  #                    its loops, kernels and host transfers (`specjax.lowering`) instead of running; no such
+  #                    device needed; "" = decode
   # Each registered drafter's own settings, config.<drafter>.<field> (its class declares them:
   # `Drafter.config_group`); a drafter given as package.module:Class brings its group along.
   for name, drafter in registry.builtin().items():

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from specjax import decode_config, mesh as meshes, partitioning
+from specjax import decode_config, lowering, mesh as meshes, partitioning
 from specjax.errors import ConfigError
 from specjax.models.load import SCAN_LAYERS
 from specjax.sampling import SamplingParams, sampling_params
@@ -113,6 +113,8 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
 
   require(cfg.mode in MODES, f"config.mode must be one of {MODES}, got {cfg.mode!r}")
   require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
+  require(cfg.lower_only in ("",) + lowering.PLATFORMS, f"config.lower_only must be one of "
+          f"{lowering.PLATFORMS} (or empty: decode), got {cfg.lower_only!r}")
   require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got "
           f"{cfg.scan_layers!r}")
   require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,

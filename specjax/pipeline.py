@@ -26,7 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, generation, mesh as meshes, metrics, partitioning, prompts, records
+from specjax import autoregressive, generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import LoadedModel, load_model, scan_layers_for, with_execution
@@ -81,14 +81,15 @@ class _Runner:
   cost_C: np.ndarray | None = None  # [C] the adaptive K policy's cost table (`calibrate`); None = unmeasured
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
-               round_limit: int | None = None, cost_C: np.ndarray | None = None):
+               round_limit: int | None = None, cost_C: np.ndarray | None = None, lower: str = ""):
+    """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs)."""
     part = self.target.part
     cost_C = self.cost_C if cost_C is None else cost_C
     if part is None:
-      return self._generate(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C)
+      return self._generate(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, lower)
     with jax.set_mesh(part.mesh):
       return self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
-                            key, round_limit, cost_C)
+                            key, round_limit, cost_C, lower)
 
   def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key) -> float:
     """Measures the adaptive policy's cost table on this device and batch shape, with the compiled
@@ -117,21 +118,23 @@ class _Runner:
                 leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
             self.draft_storage)
 
-  def _generate(self, prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C):
+  def _generate(self, prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, lower):
     spec = self.spec
     self._allocate(prompts_BxP.shape[0])
     eos = self.target.tokenizer.eos_ids
     if not spec.speculative:
       out = autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
                                     self.target_cache, budget_B, eos, spec.sampling, key,
-                                    out_width=spec.config.max_new_tokens)
-      self.target_cache = out.cache
+                                    out_width=spec.config.max_new_tokens, lower=lower)
+      if not lower:
+        self.target_cache = out.cache
       return out
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
                                self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
                                k=spec.k, out_width=spec.config.max_new_tokens, policy=spec.policy,
-                               cost_C=cost_C, round_limit=round_limit)
-    self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
+                               cost_C=cost_C, round_limit=round_limit, lower=lower)
+    if not lower:
+      self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
     return out
 
 
@@ -176,7 +179,9 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   start = time.perf_counter()
-  execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
+  # "auto" resolves for the platform the program is for: the one `lower_only` names, else this backend.
+  execution = dict(scan_layers=scan_layers_for(cfg.scan_layers, cfg.lower_only or None),
+                   attention_block=cfg.attention_block,
                    prefill_chunk=cfg.prefill_chunk)
   mesh = meshes.make_mesh(cfg.mesh)
   target_part = draft_part = None
@@ -274,6 +279,24 @@ class _Tally:
     return stats
 
 
+def _lowering_report(spec: DecodeSpec, runner: _Runner, padded: np.ndarray, lengths: np.ndarray, key,
+                     models: tuple[LoadedModel, LoadedModel | None], log: Callable[[str], None]) -> dict[str, Any]:
+  """`config.lower_only`: the run's program lowered for that platform and read (`lowering.report`),
+  written like decode results under "programs"; nothing runs."""
+  cfg = spec.config
+  lowered = runner(padded, lengths, np.full(len(lengths), cfg.max_new_tokens, np.int32), key, lower=cfg.lower_only)
+  program = {"name": cfg.mode, "platform": cfg.lower_only, "batch_size": cfg.batch_size,
+             "cache_len": runner.cache_len, **lowering.report(lowered)}
+  log(f"{cfg.mode} program lowered for {cfg.lower_only}: {program['while_loops_in_round']} data-dependent while "
+      f"loop(s) in the round, {program['data_dependent_while_loops']} in all, custom calls "
+      f"{program['custom_calls'] or 'none'}, {program['host_transfers']} host transfer(s)")
+  results = {"config": cfg.as_configdict().to_dict(), "programs": [program],
+             "environment": {**records.environment(), **devices_record(*models)}}
+  if cfg.output and meshes.is_main_process():
+    results["written_to"] = write_results(results, cfg.output, log)
+  return results
+
+
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None,
         drafter: tuple[Drafter, dict] | None = None,
@@ -304,10 +327,12 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   runner = _Runner(spec, target, drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
-  log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
-  start = time.perf_counter()
   first = [prompts.turn_ids(tok, c, (), cfg.chat) for c in conversations[:cfg.batch_size]]
   _, padded, lengths = next(_batches(first, cfg.batch_size, width))
+  if cfg.lower_only:
+    return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
+  log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
+  start = time.perf_counter()
   jax.block_until_ready(runner(padded, lengths, np.full(len(lengths), min(2, cfg.max_new_tokens), np.int32),
                                key).tokens)
   compile_time = time.perf_counter() - start

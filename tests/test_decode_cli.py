@@ -173,6 +173,7 @@ def _bad_inputs(tmp_path):
       (["--config.temperature=-0.5"], 2, r"config.temperature must be >= 0"),
       (["--config.top_p=0"], 2, r"config.top_p must be in \(0, 1\]"),
       (["--config.mode=beam"], 2, r"config.mode must be one of"),
+      (["--config.lower_only=gpu"], 2, r"config.lower_only must be one of \('cpu', 'cuda', 'rocm', 'tpu'\)"),
       (["--config.prompts=3"], 2, r"config.prompts\[0\] must be a string, got int 3"),
       (["unexpected"], 2, r"unexpected arguments \['unexpected'\]"),
       ([prompts("missing.txt")], 1, r"prompts file .*missing.txt: No such file or directory"),

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import generation, metrics
+from specjax import generation, lowering, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
@@ -212,7 +212,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          greedy_rule: GreedyRule = acceptance.verify_greedy,
                          tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
                          cost_C=None, round_limit: int | None = None,
-                         lower: bool = False) -> SpeculativeOutput | jax.stages.Lowered:
+                         lower: bool | str = False) -> SpeculativeOutput | jax.stages.Lowered:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
   (equal to it token for token when greedy).
@@ -241,7 +241,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   finished or not: what calibration times.
 
   `lower=True` returns the program lowered for these arguments instead of running it (its HLO, its
-  collectives on a mesh, its compile time).
+  collectives on a mesh, its compile time); `lower="cuda"` (any of `lowering.PLATFORMS`) lowers it for
+  that platform, with no such device (`lowering.report`).
   """
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
@@ -270,9 +271,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                         k - 1 if tree is None else tree.nodes_with_root - 2, target_cache.max_len,
                         target_config.max_positions)
   drafter.check_fits(draft_storage, prompt_lengths_B, largest, k)
-  return (_generate.lower if lower else _generate)(target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
-                   jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
-                   jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C),
-                   jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k,
-                   out_width=out_width, pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule,
-                   policy=policy)
+  return lowering.call_or_lower(
+      _generate, lower, target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
+      jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
+      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C),
+      jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k, out_width=out_width,
+      pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule, policy=policy)

@@ -1,0 +1,123 @@
+"""What a decode program does on a platform, read from its lowering for that platform: no device needed,
+nothing runs (`python -m specjax.decode ... --config.lower_only=cuda`).
+
+XLA runs a `while` loop whose trip count is data on GPU by reading its predicate back to the host every
+iteration; a loop inside the round loop therefore costs a host round trip per iteration per round. The
+report counts, per program (its StableHLO, calls followed):
+- `while_loops`: every while loop; `data_dependent_while_loops`: those whose condition is not a compare
+  of the counter with a constant (a scan over layers, a `fori_loop` with static bounds: constant trip
+  count, unrolled or run on device without a predicate read);
+- `while_loops_in_round`: data-dependent loops nested inside the round loop (the outermost
+  data-dependent loop: speculative rounds, or autoregressive steps), at any depth;
+- `max_nesting`: the deepest nesting of while loops;
+- `custom_calls`: the custom-call targets and how often each appears (kernels: Triton, Mosaic, cuDNN);
+- `host_transfers`: sends, receives, in/outfeeds and host callbacks.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import jax
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+_HOST_OPS = ("stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed")
+
+
+def call_or_lower(jitted, lower: bool | str, *args, **kwargs):
+  """`jitted(*args, **kwargs)` (a `jax.jit` function), or with `lower` its program lowered: for the
+  default backend (True) or for the platform `lower` names (one of PLATFORMS; no such device needed)."""
+  if not lower:
+    return jitted(*args, **kwargs)
+  traced = jitted.trace(*args, **kwargs)
+  return traced.lower() if lower is True else traced.lower(lowering_platforms=(lower,))
+
+
+def _name(op) -> str:
+  return op.operation.name
+
+
+def _ops(region):
+  for block in region.blocks:
+    yield from block.operations
+
+
+def _defining_op(value):
+  """The operation that produced `value`, or None for a block argument (a loop carry)."""
+  owner = value.owner
+  return owner if hasattr(owner, "name") and hasattr(owner, "operands") else None
+
+
+def _constant_trip_count(while_op) -> bool:
+  """True when the loop's condition compares a value with a constant defined in the condition (a scan or
+  a `fori_loop` with static bounds), False when the bound is data (a carry or anything computed)."""
+  ops = list(_ops(while_op.regions[0]))
+  names = [_name(op) for op in ops]
+  if sorted(set(names)) != ["stablehlo.compare", "stablehlo.constant", "stablehlo.return"]:
+    return False
+  compare = next(op for op in ops if _name(op) == "stablehlo.compare")
+  producers = [_defining_op(v) for v in compare.operands]
+  return any(p is not None and p.name == "stablehlo.constant" for p in producers)
+
+
+def _size(region_or_op, functions) -> int:
+  """Operations inside (regions and called functions included): how much a loop's body holds."""
+  regions = region_or_op.regions if hasattr(region_or_op, "regions") else [region_or_op]
+  total = 0
+  for region in regions:
+    for op in _ops(region):
+      total += 1 + _size(op, functions)
+      if _name(op) == "func.call":
+        total += _size(functions[op.attributes["callee"].value], functions)
+  return total
+
+
+class _Walk:
+  """A pass over a module's main function, calls followed, counting what `report` holds. The round loop
+  is the data-dependent loop outside every other loop that holds the most operations (the generation
+  loop: the prefill's loops are smaller and come before it); pass its index among the outermost
+  data-dependent loops as `round_index` (None: a first pass, only finding them)."""
+
+  def __init__(self, module, round_index: int | None):
+    self.functions = {op.attributes["sym_name"].value: op for op in module.body.operations
+                      if _name(op) == "func.func"}
+    self.round_index = round_index
+    self.outermost_sizes: list[int] = []  # the data-dependent loops outside every loop, in order
+    self.while_loops = self.data_dependent = self.in_round = self.max_nesting = self.host_transfers = 0
+    self.custom_calls: collections.Counter = collections.Counter()
+    self.region(self.functions["main"].regions[0], 0, False)
+
+  def region(self, region, depth: int, in_round: bool) -> None:
+    for op in _ops(region):
+      name = _name(op)
+      if name == "func.call":
+        self.region(self.functions[op.attributes["callee"].value].regions[0], depth, in_round)
+        continue
+      is_round = False
+      if name == "stablehlo.while":
+        self.while_loops += 1
+        self.max_nesting = max(self.max_nesting, depth + 1)
+        dynamic = not _constant_trip_count(op)
+        self.data_dependent += dynamic
+        self.in_round += dynamic and in_round
+        if dynamic and depth == 0:
+          is_round = len(self.outermost_sizes) == self.round_index
+          self.outermost_sizes.append(_size(op, self.functions))
+      elif name == "stablehlo.custom_call":
+        target = op.attributes["call_target_name"].value
+        self.custom_calls[target] += 1
+        self.host_transfers += "callback" in target
+      self.host_transfers += name in _HOST_OPS
+      for inner in op.regions:
+        self.region(inner, depth + (name == "stablehlo.while"), in_round or is_round)
+
+
+def report(lowered: jax.stages.Lowered) -> dict[str, Any]:
+  """The counts the module docstring lists, for one lowered program."""
+  module = lowered.compiler_ir("stablehlo")
+  sizes = _Walk(module, None).outermost_sizes
+  walk = _Walk(module, sizes.index(max(sizes)) if sizes else None)
+  return {"while_loops": walk.while_loops, "data_dependent_while_loops": walk.data_dependent,
+          "while_loops_in_round": walk.in_round, "max_nesting": walk.max_nesting,
+          "custom_calls": dict(sorted(walk.custom_calls.items())), "host_transfers": walk.host_transfers}

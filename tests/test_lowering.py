@@ -1,0 +1,81 @@
+"""`specjax.lowering`: the loops, kernels and host transfers of a decode program lowered for a platform
+that is not here (CUDA), counted from its StableHLO.
+
+The counts are checked against what the programs are known to hold: the blockwise live-length attention
+is one data-dependent `fori_loop` per layer of every pass (so an autoregressive step of an L-layer model
+holds L), dense attention none; the model drafter's draft loop is the one data-dependent loop a dense
+speculative round holds; a scan over layers is a loop of constant trip count and is not counted; the
+prefill's loops sit outside the round. The CLI's `lower_only` writes one entry per program.
+"""
+
+import dataclasses
+import json
+
+import jax
+import pytest
+
+from specjax import autoregressive, lowering
+from specjax.generation import pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import init_params
+from specjax.speculative import speculative_generate
+from specjax.speculative.drafters.model import ModelDrafter
+from tests.helpers.cli import decode_in_process, model_dirs  # noqa: F401 (the fixture)
+from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
+
+LAYERS, DRAFT_LAYERS, CACHE_LEN = 3, 2, 40
+TARGET, DRAFT = tiny_model(0, n_layers=LAYERS), tiny_model(1, n_layers=DRAFT_LAYERS)
+PADDED, LENGTHS = pad_prompts([[5, 17, 3], [1, 2, 9, 4]])
+
+
+def _autoregressive_report(config, params):
+  lowered = autoregressive.generate(config, params, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN), 4, NO_EOS,
+                                    GREEDY, jax.random.key(0), lower="cuda")
+  return lowering.report(lowered)
+
+
+def _speculative_report(block):
+  config = dataclasses.replace(TARGET[0], attention_block=block)
+  drafter = ModelDrafter(dataclasses.replace(DRAFT[0], attention_block=block), DRAFT[1], None)
+  lowered = speculative_generate(config, TARGET[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
+                                 drafter.storage(2, CACHE_LEN), 6, NO_EOS, GREEDY, jax.random.key(0), k=3,
+                                 lower="cuda")
+  return lowering.report(lowered)
+
+
+@pytest.mark.parametrize("block, in_round", [(0, 0), (16, LAYERS)])
+def test_autoregressive_step_holds_one_loop_per_layer_with_blockwise_attention(block, in_round):
+  report = _autoregressive_report(dataclasses.replace(TARGET[0], attention_block=block), TARGET[1])
+  assert report["while_loops_in_round"] == in_round
+  # The prefill's attention loops (one per layer) and the round loop itself are outside the round.
+  assert report["data_dependent_while_loops"] == 1 + 2 * in_round
+  assert report["host_transfers"] == 0 and report["custom_calls"] == {}
+
+
+def test_a_scan_over_layers_is_not_a_data_dependent_loop():
+  config = dataclasses.replace(TARGET[0], attention_block=0, scan_layers=True)
+  report = _autoregressive_report(config, init_params(config, jax.random.key(0)))
+  assert report["while_loops"] > report["data_dependent_while_loops"] == 1
+  assert report["while_loops_in_round"] == 0 and report["max_nesting"] == 2  # the layer scan in the step loop
+
+
+def test_speculative_round_counts_the_draft_loop_and_every_blockwise_layer():
+  dense, blockwise = _speculative_report(0), _speculative_report(16)
+  assert dense["while_loops_in_round"] == 1  # the draft loop
+  # Each round: K draft passes (a loop: their layers appear once), the verify pass of every compiled
+  # width, each a blockwise loop per layer.
+  assert blockwise["while_loops_in_round"] >= 1 + DRAFT_LAYERS + LAYERS
+  assert blockwise["max_nesting"] >= 3
+
+
+def test_cli_lower_only_writes_the_report_without_decoding(model_dirs, tmp_path):
+  out = tmp_path / "report.json"
+  status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
+                                      f"--config.draft={model_dirs[1]}", "--config.lower_only=cuda",
+                                      f"--config.output={out}"])
+  assert status == 0, stderr[-2000:]
+  results = json.loads(out.read_text())
+  assert "outputs" not in results and "stats" not in results
+  [program] = results["programs"]
+  assert program["name"] == "speculative" and program["platform"] == "cuda"
+  assert program["while_loops_in_round"] >= 1 and program["host_transfers"] == 0
