@@ -74,50 +74,50 @@ def _size(region_or_op, functions) -> int:
 
 
 class _Walk:
-  """A pass over a module's main function, calls followed, counting what `report` holds. The round loop
-  is the data-dependent loop outside every other loop that holds the most operations (the generation
-  loop: the prefill's loops are smaller and come before it); pass its index among the outermost
-  data-dependent loops as `round_index` (None: a first pass, only finding them)."""
+  """One pass over a module's main function, calls followed, counting what `report` holds. Each
+  data-dependent loop outside every other loop is a candidate for the round loop: its size and the
+  data-dependent loops inside it are kept (`outermost`); the round loop is the largest (the generation
+  loop: the prefill's loops are smaller and come before it)."""
 
-  def __init__(self, module, round_index: int | None):
+  def __init__(self, module):
     self.functions = {op.attributes["sym_name"].value: op for op in module.body.operations
                       if _name(op) == "func.func"}
-    self.round_index = round_index
-    self.outermost_sizes: list[int] = []  # the data-dependent loops outside every loop, in order
-    self.while_loops = self.data_dependent = self.in_round = self.max_nesting = self.host_transfers = 0
+    self.outermost: list[list[int]] = []  # [size, data-dependent loops inside] per candidate, in order
+    self.while_loops = self.data_dependent = self.max_nesting = self.host_transfers = 0
     self.custom_calls: collections.Counter = collections.Counter()
-    self.region(self.functions["main"].regions[0], 0, False)
+    self.region(self.functions["main"].regions[0], 0, None)
 
-  def region(self, region, depth: int, in_round: bool) -> None:
+  def region(self, region, depth: int, owner: int | None) -> None:
+    """Counts `region`'s operations; `owner` indexes the outermost data-dependent loop it lies in."""
     for op in _ops(region):
       name = _name(op)
       if name == "func.call":
-        self.region(self.functions[op.attributes["callee"].value].regions[0], depth, in_round)
+        self.region(self.functions[op.attributes["callee"].value].regions[0], depth, owner)
         continue
-      is_round = False
+      inner_owner = owner
       if name == "stablehlo.while":
         self.while_loops += 1
         self.max_nesting = max(self.max_nesting, depth + 1)
-        dynamic = not _constant_trip_count(op)
-        self.data_dependent += dynamic
-        self.in_round += dynamic and in_round
-        if dynamic and depth == 0:
-          is_round = len(self.outermost_sizes) == self.round_index
-          self.outermost_sizes.append(_size(op, self.functions))
+        if not _constant_trip_count(op):
+          self.data_dependent += 1
+          if owner is not None:
+            self.outermost[owner][1] += 1
+          elif depth == 0:
+            inner_owner = len(self.outermost)
+            self.outermost.append([_size(op, self.functions), 0])
       elif name == "stablehlo.custom_call":
         target = op.attributes["call_target_name"].value
         self.custom_calls[target] += 1
         self.host_transfers += "callback" in target
       self.host_transfers += name in _HOST_OPS
       for inner in op.regions:
-        self.region(inner, depth + (name == "stablehlo.while"), in_round or is_round)
+        self.region(inner, depth + (name == "stablehlo.while"), inner_owner)
 
 
 def report(lowered: jax.stages.Lowered) -> dict[str, Any]:
   """The counts the module docstring lists, for one lowered program."""
-  module = lowered.compiler_ir("stablehlo")
-  sizes = _Walk(module, None).outermost_sizes
-  walk = _Walk(module, sizes.index(max(sizes)) if sizes else None)
+  walk = _Walk(lowered.compiler_ir("stablehlo"))
+  in_round = max(walk.outermost, key=lambda candidate: candidate[0])[1] if walk.outermost else 0
   return {"while_loops": walk.while_loops, "data_dependent_while_loops": walk.data_dependent,
-          "while_loops_in_round": walk.in_round, "max_nesting": walk.max_nesting,
+          "while_loops_in_round": in_round, "max_nesting": walk.max_nesting,
           "custom_calls": dict(sorted(walk.custom_calls.items())), "host_transfers": walk.host_transfers}

@@ -16,10 +16,10 @@ import pytest
 from specjax import autoregressive
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
-from specjax.speculative import loop, speculative_generate
+from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
-from tests.helpers.hlo import recording, whole_cache_moves
+from tests.helpers.hlo import whole_cache_moves
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
@@ -38,26 +38,23 @@ def _cache_dims(config, batch):
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("block", [0, 16])
-def test_autoregressive_program_moves_no_whole_cache(batch, block, monkeypatch):
-  texts = []
-  monkeypatch.setattr(autoregressive, "_generate", recording(autoregressive._generate, texts))
+def test_autoregressive_program_moves_no_whole_cache(batch, block):
   config, params = _with_block(TARGET, block)
   padded, lengths = pad_prompts([[5, 17, 3], [1, 2, 9, 4]][:batch])
-  autoregressive.generate(config, params, padded, lengths, init_cache(config, batch, CACHE_LEN), 4, NO_EOS,
-                          GREEDY, jax.random.key(0))
-  assert whole_cache_moves(texts[0], _cache_dims(config, batch)) == []
+  lowered = autoregressive.generate(config, params, padded, lengths, init_cache(config, batch, CACHE_LEN), 4,
+                                    NO_EOS, GREEDY, jax.random.key(0), lower=True)
+  assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config, batch)) == []
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_tree_speculative_program_moves_no_whole_cache(batch, monkeypatch):
-  texts = []
-  monkeypatch.setattr(loop, "_generate", recording(loop._generate, texts))
+def test_tree_speculative_program_moves_no_whole_cache(batch):
   (target_config, target_params), (draft_config, draft_params) = _with_block(TARGET, 16), _with_block(DRAFT, 16)
   tree = TREES["branching"]
   drafter = ModelDrafter(draft_config, draft_params, None, tree=tree)
   padded, lengths = pad_prompts([[5, 17, 3], [1, 2, 9, 4]][:batch])
-  speculative_generate(target_config, target_params, drafter, padded, lengths,
-                       init_cache(target_config, batch, CACHE_LEN), drafter.storage(batch, CACHE_LEN), 6, NO_EOS,
-                       GREEDY, jax.random.key(0), k=tree.max_depth)
+  lowered = speculative_generate(target_config, target_params, drafter, padded, lengths,
+                                 init_cache(target_config, batch, CACHE_LEN), drafter.storage(batch, CACHE_LEN), 6,
+                                 NO_EOS, GREEDY, jax.random.key(0), k=tree.max_depth, lower=True)
+  compiled = lowered.compile().as_text()
   for config in (target_config, draft_config):
-    assert whole_cache_moves(texts[0], _cache_dims(config, batch)) == []
+    assert whole_cache_moves(compiled, _cache_dims(config, batch)) == []

@@ -17,11 +17,3 @@ def whole_cache_moves(hlo_text: str, cache_dims: tuple[int, ...]) -> list[str]:
         moves.append(line.strip()[:160])
   return moves
 
-
-def recording(jitted, texts: list[str]):
-  """`jitted` (a `jax.jit` function) that also appends the compiled text of each call's program to
-  `texts`."""
-  def run(*args, **kwargs):
-    texts.append(jitted.lower(*args, **kwargs).compile().as_text())
-    return jitted(*args, **kwargs)
-  return run
