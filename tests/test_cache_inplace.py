@@ -4,8 +4,10 @@ A copy of every layer's keys and values per layer and pass cost more than the mo
 S_max = 2048 on CPU (a 28-layer step took 4-6x as long). Two ways it happened, each caught here: a
 `fori_loop` (the live-length attention) closing over the stacked cache, which XLA then copies before
 each layer's loop because the next write would clobber it; and a write vmapped over the rows, which
-transposes the whole cache twice per layer at B > 1. Programs: autoregressive decoding and a
-speculative loop with a static tree (writes, verify, `compact`), at B = 1 and 2, dense and blockwise.
+transposes the whole cache twice per layer at B > 1; and a `lax.cond`/`lax.switch` whose branches write
+the cache (the verify widths, the draft's catch-up pass), which XLA copies on entry or exit of every
+branch (`specjax.inplace`). Programs: autoregressive decoding at B = 1 and 2, dense and blockwise, and
+the speculative loop of every drafter kind (chains, trees, early stopping, the adaptive policy).
 """
 
 import dataclasses
@@ -17,7 +19,13 @@ from specjax import autoregressive
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.speculative import speculative_generate
+from specjax.speculative.drafters.eagle import EagleDrafter
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.trees.dynamic import DynamicSpec
+from tests.helpers.eagle import eagle_head
 from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
 from tests.helpers.hlo import whole_cache_moves
 from tests.helpers.trees import TREES
@@ -46,15 +54,36 @@ def test_autoregressive_program_moves_no_whole_cache(batch, block):
   assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config, batch)) == []
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_tree_speculative_program_moves_no_whole_cache(batch):
+def _drafters(target_config, target_params, draft_config, draft_params):
+  """name -> (drafter, K, policy): every drafter kind, and the programs that branch between verify widths
+  (early stopping, the adaptive policy) or between catch-up passes (the model drafter behind by a token)."""
+  return {
+      "model": (ModelDrafter(draft_config, draft_params, None), 3, KPolicy()),
+      "model_adaptive": (ModelDrafter(draft_config, draft_params, None), 5, KPolicy("adaptive")),
+      "model_stop": (ModelDrafter(draft_config, draft_params, None, stop_threshold=0.3), 5, KPolicy()),
+      "model_tree": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
+                     TREES["branching"].max_depth, KPolicy()),
+      "model_dynamic_tree": (ModelDrafter(draft_config, draft_params, None, tree=DynamicSpec(6, 3, 2)), 3, KPolicy()),
+      "ngram_adaptive": (NgramDrafter(target_config.vocab_size), 4, KPolicy("adaptive")),
+      "layer_skip_adaptive": (LayerSkipDrafter(target_config, target_params, (0,)), 4, KPolicy("adaptive")),
+      "eagle_adaptive": (EagleDrafter(*eagle_head(target_config, ()), target_config, target_params), 4,
+                         KPolicy("adaptive")),
+  }
+
+
+@pytest.mark.parametrize("name", ["model", "model_adaptive", "model_stop", "model_tree", "model_dynamic_tree",
+                                  "ngram_adaptive", "layer_skip_adaptive", "eagle_adaptive"])
+def test_speculative_program_moves_no_whole_cache(name):
+  """Verify, draft, catch-up and compaction update both caches in place, whatever the round branches on
+  (a `lax.cond`/`lax.switch` whose branches write a cache copies it: `specjax.inplace`). B = 2: rows as
+  a batching dimension (B = 1 would not show a row-wise transpose)."""
+  batch = 2
   (target_config, target_params), (draft_config, draft_params) = _with_block(TARGET, 16), _with_block(DRAFT, 16)
-  tree = TREES["branching"]
-  drafter = ModelDrafter(draft_config, draft_params, None, tree=tree)
+  drafter, k, policy = _drafters(target_config, target_params, draft_config, draft_params)[name]
   padded, lengths = pad_prompts([[5, 17, 3], [1, 2, 9, 4]][:batch])
   lowered = speculative_generate(target_config, target_params, drafter, padded, lengths,
                                  init_cache(target_config, batch, CACHE_LEN), drafter.storage(batch, CACHE_LEN), 6,
-                                 NO_EOS, GREEDY, jax.random.key(0), k=tree.max_depth, lower=True)
+                                 NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
   compiled = lowered.compile().as_text()
-  for config in (target_config, draft_config):
+  for config in (target_config, draft_config, eagle_head(target_config, ())[0].block):
     assert whole_cache_moves(compiled, _cache_dims(config, batch)) == []

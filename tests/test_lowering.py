@@ -61,7 +61,9 @@ def test_a_scan_over_layers_is_not_a_data_dependent_loop():
 
 def test_speculative_round_counts_the_draft_loop_and_every_blockwise_layer():
   dense, blockwise = _speculative_report(0), _speculative_report(16)
-  assert dense["while_loops_in_round"] == 1  # the draft loop
+  # The draft loop, and the draft's catch-up pass of one or two tokens: `inplace.cond`, a loop of zero or
+  # one trip per branch (a `lax.cond` writing the cache would copy it).
+  assert dense["while_loops_in_round"] == 3
   # Each round: K draft passes (a loop: their layers appear once), the verify pass of every compiled
   # width, each a blockwise loop per layer.
   assert blockwise["while_loops_in_round"] >= 1 + DRAFT_LAYERS + LAYERS

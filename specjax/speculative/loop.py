@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import generation, lowering, metrics
+from specjax import generation, inplace, lowering, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
@@ -79,8 +79,9 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
                  proposal: Proposal, sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
   """Scores [pending, d_1 .. d_{width-1}] and applies the rule (`greedy_rule` on the target's argmaxes
   when greedy) to that many draft tokens per row.
-  Returns (accepted [B], next token [B], the target's features [B, K + 1, F] zero-padded (the final-norm
-  hidden states, or the residual streams after the blocks `features`: `forward_features`), cache)."""
+  Returns (cache, (accepted [B], next token [B], the target's features [B, K + 1, F] zero-padded (the
+  final-norm hidden states, or the residual streams after the blocks `features`: `forward_features`))):
+  the form `inplace.switch` takes."""
   checked = proposal.truncated(width - 1)
   # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
   # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
@@ -94,8 +95,7 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
     num_accepted_B, next_B = greedy_rule(checked, greedy_tokens(logits_BxK1xV))
   else:
     num_accepted_B, next_B = rule(key, checked, probabilities(logits_BxK1xV, sampling))
-  return (num_accepted_B, next_B, jnp.pad(features_BxK1xF, ((0, 0), (0, k + 1 - width), (0, 0))),
-          target_cache)
+  return target_cache, (num_accepted_B, next_B, jnp.pad(features_BxK1xF, ((0, 0), (0, k + 1 - width), (0, 0))))
 
 
 def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_rule: TreeRule,
@@ -174,11 +174,11 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
           target_config, target_params, tree_rule, drafter.feature_layers, state.pending, proposal, sampling,
           accept_key, target_cache)
     elif len(passes) == 1:
-      num_accepted_B, next_B, hidden_BxK1xD, target_cache = passes[0](target_cache)
+      target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = passes[0](target_cache)
     else:  # the narrowest pass that checks every live row's whole proposal
       longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
       index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
-      num_accepted_B, next_B, hidden_BxK1xD, target_cache = jax.lax.switch(index, passes, target_cache)
+      target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])

@@ -365,9 +365,11 @@ class EagleDrafter(ModelBackedDrafter):
       next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       return (cache.advance(jnp.ones_like(next_B)), out_Bx1xD[:, 0], next_B), (next_B, probs_BxV)
 
-    _, proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, k, wanted_B)
-    # The pairs written beyond the head's length are scratch: `commit` rewrites them from the target.
-    return proposal, state.replace(pending=pending_B), target_cache
+    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, k, wanted_B)
+    # The pairs written beyond the head's length are scratch: `commit` rewrites them from the target. The
+    # state keeps the written cache (at its old length): dropping it would make XLA copy the whole cache
+    # so that the old one survives the chain.
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending=pending_B), target_cache
 
   def commit(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
              target_hidden_BxK1xF: jax.Array) -> EagleState:

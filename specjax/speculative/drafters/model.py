@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from specjax import partitioning
+from specjax import inplace, partitioning
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
@@ -184,13 +184,13 @@ class ModelDrafter(ModelBackedDrafter):
       chunk_Bx2 = jnp.stack([jnp.where(state.behind, state.lagging_token, fed_pending_B), fed_pending_B],
                             axis=1)
       hidden_Bx2xD, cache = forward_hidden(self.config, self.params, chunk_Bx2, cache)
-      return jnp.take_along_axis(hidden_Bx2xD, (num_valid_B - 1)[:, None, None], axis=1)[:, 0], cache
+      return cache, jnp.take_along_axis(hidden_Bx2xD, (num_valid_B - 1)[:, None, None], axis=1)[:, 0]
 
     def one_token(cache):
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, fed_pending_B[:, None], cache)
-      return hidden_Bx1xD[:, 0], cache
+      return cache, hidden_Bx1xD[:, 0]
 
-    hidden_BxD, cache = jax.lax.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
+    cache, hidden_BxD = inplace.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
     return hidden_BxD, cache, num_valid_B
 
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
