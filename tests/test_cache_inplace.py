@@ -31,8 +31,12 @@ from tests.helpers.hlo import whole_cache_moves
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
+# Two rows: every fault shows at B = 2 (a closed-over loop or a branch at any B, a vmapped write only at B > 1).
+PROMPTS = [[5, 17, 3], [1, 2, 9, 4]]
+BATCH = len(PROMPTS)
 TARGET = tiny_model(0, n_layers=3)
 DRAFT = tiny_model(1, n_layers=2)
+EAGLE_BLOCK = eagle_head(TARGET[0], ())[0].block  # the EAGLE head's one-layer cache
 
 
 def _with_block(model, block):
@@ -40,18 +44,17 @@ def _with_block(model, block):
   return dataclasses.replace(config, attention_block=block), params
 
 
-def _cache_dims(config, batch):
-  return (config.n_layers, batch, CACHE_LEN, config.n_kv_heads, config.head_dim)
+def _cache_dims(config):
+  return (config.n_layers, BATCH, CACHE_LEN, config.n_kv_heads, config.head_dim)
 
 
 @pytest.mark.parametrize("block", [0, 16])
 def test_autoregressive_program_moves_no_whole_cache(block):
-  batch = 2  # both faults show at B = 2 (the closed-over loop at any B, the vmapped write only at B > 1)
   config, params = _with_block(TARGET, block)
-  padded, lengths = pad_prompts([[5, 17, 3], [1, 2, 9, 4]][:batch])
-  lowered = autoregressive.generate(config, params, padded, lengths, init_cache(config, batch, CACHE_LEN), 4,
+  padded, lengths = pad_prompts(PROMPTS)
+  lowered = autoregressive.generate(config, params, padded, lengths, init_cache(config, BATCH, CACHE_LEN), 4,
                                     NO_EOS, GREEDY, jax.random.key(0), lower=True)
-  assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config, batch)) == []
+  assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config)) == []
 
 
 def _drafters(target_config, target_params, draft_config, draft_params):
@@ -73,15 +76,13 @@ def _drafters(target_config, target_params, draft_config, draft_params):
                                   "ngram_adaptive", "layer_skip_adaptive", "eagle_adaptive"])
 def test_speculative_program_moves_no_whole_cache(name):
   """Verify, draft, catch-up and compaction update both caches in place, whatever the round branches on
-  (a `lax.cond`/`lax.switch` whose branches write a cache copies it: `specjax.inplace`). B = 2: rows as
-  a batching dimension (B = 1 would not show a row-wise transpose)."""
-  batch = 2
+  (a `lax.cond`/`lax.switch` whose branches write a cache copies it: `specjax.inplace`)."""
   (target_config, target_params), (draft_config, draft_params) = _with_block(TARGET, 16), _with_block(DRAFT, 16)
   drafter, k, policy = _drafters(target_config, target_params, draft_config, draft_params)[name]
-  padded, lengths = pad_prompts([[5, 17, 3], [1, 2, 9, 4]][:batch])
+  padded, lengths = pad_prompts(PROMPTS)
   lowered = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                                 init_cache(target_config, batch, CACHE_LEN), drafter.storage(batch, CACHE_LEN), 6,
+                                 init_cache(target_config, BATCH, CACHE_LEN), drafter.storage(BATCH, CACHE_LEN), 6,
                                  NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
   compiled = lowered.compile().as_text()
-  for config in (target_config, draft_config, eagle_head(target_config, ())[0].block):
-    assert whole_cache_moves(compiled, _cache_dims(config, batch)) == []
+  for config in (target_config, draft_config, EAGLE_BLOCK):
+    assert whole_cache_moves(compiled, _cache_dims(config)) == []
