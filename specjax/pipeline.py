@@ -32,7 +32,6 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import LoadedModel, load_model, scan_layers_for, with_execution
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import k_policy
-from specjax.speculative.drafters.model import check_compatible
 from specjax.speculative.loop import speculative_generate
 
 def check_output(path: str) -> None:
@@ -175,7 +174,8 @@ def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
 
 def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print
                 ) -> tuple[LoadedModel, LoadedModel | None]:
-  """The target and (for a drafter that loads a draft model) the draft of `spec`, checked compatible."""
+  """The target and (for a drafter that loads a draft model) the draft of `spec` (whose tokenizer the
+  drafter's `build` checks: another one drafts through the token-level intersection)."""
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   start = time.perf_counter()
@@ -196,7 +196,6 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
   if spec.loads_draft_model:
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
     draft = with_execution(load_model(cfg.draft, cfg.dtype, draft_part), **execution, part=draft_part)
-    check_compatible(target, draft)
   log(f"loaded in {time.perf_counter() - start:.1f} s")
   return target, draft
 

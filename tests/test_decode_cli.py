@@ -134,7 +134,10 @@ def test_every_decode_config_is_valid(name):
   decode_spec.from_config(cfg)
 
 
-def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
+def test_missing_model_and_a_draft_with_another_tokenizer(model_dirs, tmp_path):
+  """A draft whose tokenizer swaps two ids drafts through the token-level intersection (every id pairs with
+  the one of the same text): the greedy output is the target's own, and the log says so; with
+  other_tokenizer "refuse" it stops before decoding."""
   with pytest.raises(FileNotFoundError, match="no such file"):
     pipeline.run(cli_config(model_dirs, target=str(tmp_path / "nope")), log=lambda m: None)
   other = tmp_path / "other"
@@ -144,8 +147,17 @@ def test_missing_model_and_different_tokenizers(model_dirs, tmp_path):
   table["model"]["vocab"]["a"], table["model"]["vocab"]["b"] = (table["model"]["vocab"]["b"],
                                                                 table["model"]["vocab"]["a"])
   json.dump(table, open(other / "tokenizer.json", "w"))
-  with pytest.raises(ValueError, match="different tokenizers"):
-    pipeline.run(cli_config(model_dirs, draft=str(other)), log=lambda m: None)
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("a b ab ba xyz")
+  logged = []
+  spec = pipeline.run(cli_config(model_dirs, draft=str(other), model=dict(vocab_corpus=str(corpus))),
+                      log=logged.append)
+  ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
+  assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
+  assert spec["stats"]["vocab_intersection"] == 97 and spec["stats"]["spelled_ids"] == 1
+  assert any("token-level intersection of 97 ids" in line for line in logged)
+  with pytest.raises(ValueError, match="different tokenizers.*other_tokenizer is 'refuse'"):
+    pipeline.run(cli_config(model_dirs, draft=str(other), model=dict(other_tokenizer="refuse")), log=lambda m: None)
 
 
 def test_cli_runs_without_log_noise(model_dirs):

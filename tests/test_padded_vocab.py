@@ -283,8 +283,12 @@ def test_pipeline_decodes_a_pair_differing_in_padding_rows(hf_dirs, target, draf
   assert spec["stats"]["generated_tokens"] > 0
 
 
-def test_pipeline_refuses_tokenizers_that_differ_on_the_shared_range(hf_dirs):
-  """Two ids below 97 exchanged: refused before decoding, with one line naming the models and the range."""
+def test_pipeline_refuses_tokenizers_that_differ_on_the_shared_range_when_told(hf_dirs):
+  """Two ids below 97 exchanged and other_tokenizer "refuse": refused before decoding, with one line naming
+  the models, the range and the setting."""
+  cfg = tiny.get_config()
+  cfg.target, cfg.draft, cfg.model.other_tokenizer = hf_dirs["plain"], hf_dirs["swapped"], "refuse"
   with pytest.raises(ValueError, match=r"^draft swapped and target plain have different tokenizers: some id "
-                                       r"below 97 \(the range both heads score\) maps to different tokens$"):
-    _run(hf_dirs["plain"], hf_dirs["swapped"])
+                                       r"below 97 \(the range both heads score\) maps to different tokens "
+                                       r"\(config.model.other_tokenizer is 'refuse'\)$"):
+    pipeline.run(cfg, log=lambda message: None)

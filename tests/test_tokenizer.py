@@ -15,18 +15,8 @@ import tokenizers
 import transformers
 
 from specjax.models.tokenizer import Tokenizer
-from tests.helpers.tokenizers import (NUM_PADDING, STYLES, TEXTS, add_tokenizer_metadata, save_hf_dir,
-                                     train_tokenizer)
-
-
-def write_gguf_tokenizer(backend: tokenizers.Tokenizer, path: str, pre: str) -> None:
-  """A GGUF file holding only tokenizer metadata (no tensors needed)."""
-  writer = gguf.GGUFWriter(path, "qwen2")
-  add_tokenizer_metadata(writer, backend, pre)
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
+from tests.helpers.tokenizers import (NUM_PADDING, STYLES, TEXTS, save_hf_dir, train_tokenizer,
+                                     write_gguf_tokenizer)
 
 
 @pytest.fixture(scope="module", params=list(STYLES))

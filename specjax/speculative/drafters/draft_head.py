@@ -9,6 +9,12 @@ draft distribution, and after a rejection the residual max(0, q - p) equals q ou
 tokens the draft cannot propose are still emitted with the target's probability. The price is
 acceptance: a round stops wherever the target wants a token outside the subset. Choosing the subset
 (counting a corpus's tokens) is host-side work: `specjax.draft_vocab`.
+
+A draft with another tokenizer scores through the same kind of head (`intersection_head`): its rows are
+the draft ids of the token-level intersection (`specjax.models.vocab_map`) and its scores land on their
+partners' target ids, so the draft's distribution is its own restricted to the intersection,
+renormalised, over the target's vocabulary; `draft_inputs` turns the target ids it proposed back into
+draft ids to feed.
 """
 
 from __future__ import annotations
@@ -36,10 +42,14 @@ if TYPE_CHECKING:
 class DraftHead:
   """The rows of a draft's output head for a subset of the vocabulary."""
 
-  tokens_Vd: jax.Array  # [Vd] int32 vocabulary ids this head scores, ascending and distinct
+  tokens_Vd: jax.Array  # [Vd] int32 the model's ids this head scores, distinct (ascending unless `targets_Vd`)
   weight_VdxD: jax.Array  # [Vd, D] their rows of the output head (of the embedding when it is tied)
-  vocab_size: int = flax.struct.field(pytree_node=False)  # V, the full vocabulary
+  vocab_size: int = flax.struct.field(pytree_node=False)  # V, the vocabulary the scores are laid out in
   softcap: float = flax.struct.field(pytree_node=False, default=0.0)  # the model's final soft-cap (Gemma 2)
+  # Another tokenizer's ids: where each score lands in V (distinct), and the model's id of each of those
+  # ids (0 elsewhere). None: the scores land on `tokens_Vd` themselves.
+  targets_Vd: jax.Array | None = None  # [Vd] int32
+  inputs_V: jax.Array | None = None  # [V] int32
 
   def scores(self, hidden_xD: jax.Array) -> jax.Array:
     """Float32 (soft-capped) logits [..., Vd] of the subset's tokens, in the order of `tokens_Vd`."""
@@ -50,12 +60,42 @@ class DraftHead:
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
     """Float32 logits [..., V]: the subset's `scores`, -inf (probability 0) everywhere else."""
     logits_xV = jnp.full(hidden_xD.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
-    return logits_xV.at[..., self.tokens_Vd].set(self.scores(hidden_xD))
+    targets_Vd = self.tokens_Vd if self.targets_Vd is None else self.targets_Vd
+    return logits_xV.at[..., targets_Vd].set(self.scores(hidden_xD))
 
 
 def draft_logits(config: ModelConfig, params: Params, head: DraftHead | None, hidden_xD: jax.Array) -> jax.Array:
   """Float32 logits [..., V] of a draft: through its full output head, or through `head` when given."""
   return hidden_to_logits(config, params, hidden_xD) if head is None else head.logits(hidden_xD)
+
+
+def draft_inputs(config: ModelConfig, head: DraftHead | None, tokens_xT: jax.Array) -> jax.Array:
+  """The ids to feed the draft for tokens it proposed (or the target committed, when they share a
+  tokenizer): its own ids through an `intersection_head`, else the tokens, with ids beyond the draft's
+  vocabulary replaced by its last id (`jnp.take` would embed them as NaN, poisoning the draft's cache;
+  any finite guess keeps the rule exact)."""
+  if head is not None and head.inputs_V is not None:
+    return jnp.take(head.inputs_V, tokens_xT, axis=0)
+  return jnp.minimum(tokens_xT, config.vocab_size - 1)
+
+
+def intersection_head(config: ModelConfig, params: Params, draft_ids: Sequence[int], target_ids: Sequence[int],
+                      target_vocab_size: int) -> DraftHead:
+  """The head of a draft with another tokenizer: its rows `draft_ids`, their scores laid out at the paired
+  `target_ids` of a `target_vocab_size` vocabulary (a one-to-one pairing: a duplicate would drop or double
+  count probability mass)."""
+  draft_Vd, target_Vd = np.asarray(draft_ids, np.int64), np.asarray(target_ids, np.int64)
+  if draft_Vd.shape != target_Vd.shape or len(np.unique(draft_Vd)) != draft_Vd.size or (
+      len(np.unique(target_Vd)) != target_Vd.size):
+    raise ValueError("the intersection must pair distinct draft ids with as many distinct target ids")
+  if target_Vd.size and (target_Vd.min() < 0 or target_Vd.max() >= target_vocab_size):
+    raise ValueError(f"target ids must be in [0, {target_vocab_size}), got {target_Vd.min()}..{target_Vd.max()}")
+  head = restrict_head(config, params, draft_Vd)  # rows ascending by draft id
+  order = np.argsort(draft_Vd)
+  inputs_V = np.zeros(target_vocab_size, np.int32)
+  inputs_V[target_Vd] = draft_Vd
+  return head.replace(vocab_size=target_vocab_size, targets_Vd=jnp.asarray(target_Vd[order], jnp.int32),
+                      inputs_V=jnp.asarray(inputs_V))
 
 
 def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) -> DraftHead:

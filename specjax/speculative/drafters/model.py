@@ -28,7 +28,16 @@ the most confident nodes under a static node budget); its last accepted node lag
 The draft's head may have fewer or more rows than the target's (same tokenizer, padding rows): its
 distributions span its own W ids and the acceptance rule extends the smaller side with zeros. Ids the
 draft cannot embed (W <= id < V: prompt tokens or target draws there) are fed to it as its last id
-(`_embeddable`): its guesses after them may be poor, never inexact.
+(`draft_inputs`): its guesses after them may be poor, never inexact.
+
+A draft with another tokenizer (`spelling` set, `head` an `intersection_head`) drafts through the
+token-level intersection: it proposes target ids (its distribution restricted to the intersection,
+renormalised) and reads every committed target token as the draft ids that spell it (`spelling`: up to
+M per token, per-row counts). The catch-up pass then feeds [d_K?, the pending token's ids] (1 to M + 1
+ids, in the narrowest of the passes 1 .. M + 1 that holds every row's), a static tree's first pass
+starts after all but the last of them, and the cache holds M positions per target position (`storage`).
+Exactness is the usual rule's: tokens outside the intersection have draft probability 0 and come from the
+residual with the target's probability.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from specjax import inplace, partitioning
 from specjax.errors import ConfigError
@@ -47,8 +57,9 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, short_proposal_widths
-from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_logits,
-                                                     restricted_draft_head)
+from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_inputs,
+                                                     draft_logits, restricted_draft_head)
+from specjax.speculative.drafters.spelling import Spelling, intersection_drafting, prefill_spelled
 from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
@@ -64,17 +75,30 @@ class ModelDraftState:
   lagging_token: jax.Array  # [B] int32: the previous round's last accepted draft token d_n
   behind: jax.Array  # [B] bool: the cache lacks `lagging_token` (it was accepted but never fed)
   fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
+  pending_ids: jax.Array  # [B] int32: draft ids the last proposal fed for the pending token (1 but with a spelling)
   node_slots: jax.Array | None = None  # [B, N + 1] int32, dynamic trees: each node's cache slot beyond the root
 
 
-def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-  """The acceptance ratio compares probabilities of the same token ids: the tokenizers must agree on
-  every id both heads score. The heads may differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936
-  against Qwen2.5-7B's 152,064): the acceptance rule gives the smaller one probability 0 beyond it."""
+OTHER_TOKENIZER = ("intersect", "refuse")  # config.model.other_tokenizer
+
+
+def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
+  """Why the draft's ids do not mean the target's, None when they do. The acceptance ratio compares
+  probabilities of the same ids: the tokenizers must agree on every id both heads score. The heads may
+  differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936 against Qwen2.5-7B's 152,064): the
+  acceptance rule gives the smaller one probability 0 beyond it."""
   shared = min(draft.config.vocab_size, target.config.vocab_size)
   if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
-    raise ValueError(f"draft {draft.name} and target {target.name} have different tokenizers: some id "
-                     f"below {shared} (the range both heads score) maps to different tokens")
+    return (f"draft {draft.name} and target {target.name} have different tokenizers: some id below {shared} "
+            f"(the range both heads score) maps to different tokens")
+  return None
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+  """Raises ValueError unless the draft's ids mean the target's (`tokenizer_mismatch`)."""
+  mismatch = tokenizer_mismatch(target, draft)
+  if mismatch:
+    raise ValueError(mismatch)
 
 
 def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | None:
@@ -100,12 +124,16 @@ class ModelDrafter(ModelBackedDrafter):
   # Draft this static tree, or a dynamic tree of this budget, each round; None = a chain.
   tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
+  spelling: Spelling | None = None  # another tokenizer's: the target's ids as draft ids (`head` maps back)
 
   @classmethod
   def config_group(cls) -> ml_collections.ConfigDict:
     group = add_vocab_options(ml_collections.ConfigDict())
     group.stop_threshold = 0.0  # a row stops drafting when the draft's top probability falls below this
     #                             (0 = off; in [0, 1))
+    group.other_tokenizer = "intersect"  # a draft whose tokenizer differs from the target's: "intersect"
+    #   drafts through the token-level intersection (the ids whose bytes both vocabularies hold), "refuse"
+    #   stops with an error
     return group
 
   @classmethod
@@ -114,6 +142,9 @@ class ModelDrafter(ModelBackedDrafter):
       raise ConfigError("config.draft is empty but config.drafter is 'model' (or choose drafter 'ngram' or "
                         "'layer_skip', which need no draft model)")
     check_vocab_options(settings.options, settings.group)
+    if settings.options.other_tokenizer not in OTHER_TOKENIZER:
+      raise ConfigError(f"config.{settings.group}.other_tokenizer must be one of {OTHER_TOKENIZER}, got "
+                        f"{settings.options.other_tokenizer!r}")
     error = _settings_error(settings.options.stop_threshold, settings.tree, settings.tree_children)
     if error:
       raise ConfigError(f"config.{'model.' if error.startswith('stop') else ''}{error}")
@@ -123,16 +154,23 @@ class ModelDrafter(ModelBackedDrafter):
             log: Callable[[str], None] = print) -> tuple[ModelDrafter, dict]:
     if draft is None:
       raise ValueError("drafter 'model' needs a loaded draft model")
-    check_compatible(target, draft)
-    head, coverage = restricted_draft_head(settings.options.vocab, settings.options.vocab_corpus, target, draft,
-                                           log)
-    drafter = cls(draft.config, draft.params, head, stop_threshold=settings.options.stop_threshold,
-                  cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree, tree_children=settings.tree_children)
-    return drafter, {"draft_vocab_coverage": coverage}
+    options, mismatch = settings.options, tokenizer_mismatch(target, draft)
+    if mismatch and options.other_tokenizer == "refuse":
+      raise ValueError(f"{mismatch} (config.{settings.group}.other_tokenizer is 'refuse')")
+    spelling = None
+    if mismatch:
+      head, spelling, facts = intersection_drafting(target, draft, options.vocab, options.vocab_corpus, log)
+    else:
+      head, coverage = restricted_draft_head(options.vocab, options.vocab_corpus, target, draft, log)
+      facts = {"draft_vocab_coverage": coverage}
+    drafter = cls(draft.config, draft.params, head, stop_threshold=options.stop_threshold,
+                  cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree,
+                  tree_children=settings.tree_children, spelling=spelling)
+    return drafter, facts
 
   @property
   def vocab_size(self) -> int:
-    return self.config.vocab_size
+    return self.config.vocab_size if self.head is None else self.head.vocab_size
 
   @property
   def cache_config(self) -> ModelConfig:
@@ -148,6 +186,25 @@ class ModelDrafter(ModelBackedDrafter):
     if self.head is not None and self.head.weight_VdxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_VdxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
+    if self.spelling is not None:
+      if self.head is None or self.head.inputs_V is None:
+        raise ValueError("a draft with a spelling of the target's ids needs an intersection_head")
+      if self.spelling.ids_VxM.shape[0] != target_config.vocab_size or self.head.vocab_size != target_config.vocab_size:
+        raise ValueError(f"the spelling covers {self.spelling.ids_VxM.shape[0]} ids and the head scores "
+                         f"{self.head.vocab_size}, the target has {target_config.vocab_size}")
+
+  @property
+  def spelled_ids(self) -> int:
+    """M: the most draft ids the draft reads per target token (1 when they share a tokenizer)."""
+    return 1 if self.spelling is None else self.spelling.max_ids
+
+  def storage(self, batch_size: int, max_len: int) -> KVCache:
+    return super().storage(batch_size, max_len * self.spelled_ids)
+
+  def check_fits(self, storage: KVCache | None, prompt_lengths_B, max_new_tokens: int, k: int) -> None:
+    """Every target position may take M draft positions (`spelled_ids`)."""
+    m = self.spelled_ids
+    super().check_fits(storage, np.asarray(prompt_lengths_B) * m, max_new_tokens * m, k)
 
   def draft_pass(self) -> DraftPass:
     return DraftPass(self.config, self.params, self.head)
@@ -157,41 +214,63 @@ class ModelDrafter(ModelBackedDrafter):
     its N + 1 nodes from there)."""
     return k - 1 if self.tree is None else self.tree.draft_slots - 2
 
-  def _embeddable(self, tokens: jax.Array) -> jax.Array:
-    """`tokens` with ids beyond the draft's vocabulary replaced by its last id: `jnp.take` would embed
-    them as NaN, which would poison the draft's cache (any finite guess keeps the rule exact)."""
-    return jnp.minimum(tokens, self.config.vocab_size - 1)
+  def _spell(self, tokens_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The draft ids [B, M] spelling committed target tokens and their counts [B] (1 with a shared
+    tokenizer: the token itself, `draft_inputs`)."""
+    if self.spelling is None:
+      return draft_inputs(self.config, None, tokens_B)[:, None], jnp.ones_like(tokens_B)
+    return self.spelling.spell(tokens_B)
+
+  def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array, narrowest: int
+            ) -> tuple[jax.Array, KVCache]:
+    """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrowest`
+    .. W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a 2-token pass costs
+    up to 1.8 single ones. Returns the hidden state after each row's last id [B, D] (zeros for a row fed
+    nothing) and the cache written, not advanced."""
+    batch, width = chunk_BxW.shape
+
+    def pass_of(w):
+      def run(cache):
+        if w == 0:
+          return cache, jnp.zeros((batch, self.config.d_model), self.config.jnp_dtype)
+        hidden_BxWxD, cache = forward_hidden(self.config, self.params, chunk_BxW[:, :w], cache)
+        last_B = jnp.clip(num_valid_B - 1, 0, w - 1)
+        return cache, jnp.take_along_axis(hidden_BxWxD, last_B[:, None, None], axis=1)[:, 0]
+      return run
+
+    cache, hidden_BxD = inplace.switch(jnp.max(num_valid_B) - narrowest,
+                                       [pass_of(w) for w in range(narrowest, width + 1)], cache)
+    return hidden_BxD, cache
 
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> ModelDraftState:
     batch = prompts_BxP.shape[0]
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
-    _, cache = prefill(self.config, self.params, self._embeddable(prompts_BxP), prompt_lengths_B, cache)
+    if self.spelling is None:
+      _, cache = prefill(self.config, self.params, draft_inputs(self.config, None, prompts_BxP), prompt_lengths_B,
+                         cache)
+    else:
+      cache = prefill_spelled(self.config, self.params, *self.spelling.spell_rows(prompts_BxP, prompt_lengths_B),
+                              cache)
     return ModelDraftState(cache=cache, lagging_token=jnp.zeros((batch,), jnp.int32),
                            behind=jnp.zeros((batch,), bool), fed=jnp.int32(0),
+                           pending_ids=jnp.ones((batch,), jnp.int32),
                            node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
                                        if isinstance(self.tree, DynamicSpec) else None))
 
-  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array) -> tuple[jax.Array, KVCache, jax.Array]:
-    """The first pass of a proposal: [d_K, pending] for rows that are behind, [pending, (unused)] for the
-    others; just [pending] when no row is behind (a 2-token pass costs up to 1.8 single ones on a CPU).
-    Returns the hidden state after pending [B, D], the cache written (not advanced) and the tokens fed
-    per row [B] (1 or 2)."""
-    num_valid_B = 1 + state.behind.astype(jnp.int32)
-    fed_pending_B = self._embeddable(pending_B)  # the draft's own tokens (d_i, lagging_token) always are
-
-    def two_tokens(cache):
-      chunk_Bx2 = jnp.stack([jnp.where(state.behind, state.lagging_token, fed_pending_B), fed_pending_B],
-                            axis=1)
-      hidden_Bx2xD, cache = forward_hidden(self.config, self.params, chunk_Bx2, cache)
-      return cache, jnp.take_along_axis(hidden_Bx2xD, (num_valid_B - 1)[:, None, None], axis=1)[:, 0]
-
-    def one_token(cache):
-      hidden_Bx1xD, cache = forward_hidden(self.config, self.params, fed_pending_B[:, None], cache)
-      return cache, hidden_Bx1xD[:, 0]
-
-    cache, hidden_BxD = inplace.cond(jnp.any(state.behind), two_tokens, one_token, state.cache)
-    return hidden_BxD, cache, num_valid_B
+  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array
+                ) -> tuple[jax.Array, KVCache, jax.Array, jax.Array]:
+    """The first pass of a proposal: [d_K, pending's ids] for rows that are behind, [pending's ids] for
+    the others (`_feed`: just one token when no row is behind and the tokenizer is shared). Returns the
+    hidden state after pending [B, D], the cache written (not advanced), the ids fed per row [B] and
+    pending's share of them [B]."""
+    spelled_BxM, counts_B = self._spell(pending_B)
+    lagging_B = draft_inputs(self.config, self.head, state.lagging_token)
+    chunk_BxW = jnp.concatenate([lagging_B[:, None], spelled_BxM], axis=1)
+    chunk_BxW = jnp.where(state.behind[:, None], chunk_BxW, jnp.roll(chunk_BxW, -1, axis=1))
+    num_valid_B = state.behind.astype(jnp.int32) + counts_B
+    hidden_BxD, cache = self._feed(state.cache, chunk_BxW, num_valid_B, narrowest=1)
+    return hidden_BxD, cache, num_valid_B, counts_B
 
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
               sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None
@@ -201,7 +280,7 @@ class ModelDrafter(ModelBackedDrafter):
     if self.tree is not None:
       proposal, state = self._propose_tree(state, pending_B, sampling, key)
       return proposal, state, target_cache
-    hidden_BxD, cache, num_valid_B = self._catch_up(state, pending_B)
+    hidden_BxD, cache, num_valid_B, pending_ids_B = self._catch_up(state, pending_B)
 
     def draw(hidden_BxD, step_key):
       """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
@@ -238,7 +317,8 @@ class ModelDrafter(ModelBackedDrafter):
 
     def step(carry):
       fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry
-      hidden_Bx1xD, cache = forward_hidden(self.config, self.params, tokens_BxK[:, fed, None], cache)
+      hidden_Bx1xD, cache = forward_hidden(self.config, self.params,
+                                           draft_inputs(self.config, self.head, tokens_BxK[:, fed, None]), cache)
       next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1])
       return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
               None if probs_BxV is None else probs_BxKxV.at[:, fed + 1].set(probs_BxV),
@@ -249,32 +329,40 @@ class ModelDrafter(ModelBackedDrafter):
         more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
     # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
     lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
-    # The cache now holds [d_K?, pending, d_1 .. d_fed] beyond the history, uncommitted.
+    # The cache now holds [d_K?, pending's ids, d_1 .. d_fed] beyond the history, uncommitted.
     proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV, calls=fed + 1)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed,
+                                   pending_ids=pending_ids_B), target_cache
 
   def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
                     key: jax.Array) -> tuple[Proposal, ModelDraftState]:
     """A tree proposal (`tree_drafting`) after [history, pending]; the draft cache then holds every node
-    beyond the history (uncommitted), for `commit` to compact the accepted path. Never behind."""
+    beyond the history (uncommitted), for `commit` to compact the accepted path. Never behind. With a
+    spelling, pending's ids but the last are fed first and the last is the tree's root."""
+    spelled_BxM, counts_B = self._spell(pending_B)
+    cache = state.cache
+    if self.spelled_ids > 1:
+      _, cache = self._feed(cache, spelled_BxM[:, :-1], counts_B - 1, narrowest=0)
+      cache = cache.advance(counts_B - 1)
+    root_B = jnp.take_along_axis(spelled_BxM, (counts_B - 1)[:, None], axis=1)[:, 0]
     tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
-                                                self.tree_children, state.cache, self._embeddable(pending_B),
-                                                sampling, key)
+                                                self.tree_children, cache, root_B, sampling, key)
     proposal = full(tokens_BxN, probs_BxNxW, calls=self.tree.max_depth + 1).replace(tree=self.tree)
-    return proposal, state.replace(cache=cache)
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending_ids=counts_B)
 
   def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
                             sampling: SamplingParams) -> tuple[Proposal, ModelDraftState]:
     """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
     gives the root's distribution, then Dt - 1 frontier chunks. The state keeps the cache at its committed
     length and each node's slot beyond the root, for `commit`."""
-    hidden_BxD, cache, num_valid_B = self._catch_up(state, pending_B)
+    hidden_BxD, cache, num_valid_B, pending_ids_B = self._catch_up(state, pending_B)
     root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
     tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
                                                              cache.advance(num_valid_B), root_logits_BxW,
                                                              sampling)
     proposal = full(tokens_BxN, calls=self.tree.max_depth).replace(dynamic_tree=tree)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1,
+                                   pending_ids=pending_ids_B)
 
   def _commit_dynamic_tree(self, state: ModelDraftState, path_BxDt1: jax.Array, path_tokens_BxDt: jax.Array,
                            num_committed_B: jax.Array) -> ModelDraftState:
@@ -283,7 +371,7 @@ class ModelDrafter(ModelBackedDrafter):
     perhaps never fed, becomes the lagging token, fed by the next catch-up pass."""
     committed_B = num_committed_B > 0
     accepted_B = jnp.maximum(num_committed_B - 1, 0)
-    cache = state.cache.advance(jnp.where(committed_B, 1 + state.behind.astype(jnp.int32), 0))
+    cache = state.cache.advance(jnp.where(committed_B, state.pending_ids + state.behind.astype(jnp.int32), 0))
     if path_BxDt1.shape[1] > 2:  # depth >= 2: some accepted node may have been fed
       sources_BxM = jnp.take_along_axis(state.node_slots, path_BxDt1[:, 1:-1], axis=1)
       cache = cache.compact(jnp.maximum(sources_BxM, 0))
@@ -297,13 +385,15 @@ class ModelDrafter(ModelBackedDrafter):
              target_hidden_BxK1xD: jax.Array) -> ModelDraftState:
     if isinstance(self.tree, DynamicSpec):  # `proposal` is the accepted path (`Proposal.along`)
       return self._commit_dynamic_tree(state, proposal.path, proposal.tokens, num_committed_B)
-    if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`)
-      cache = state.cache if self.tree.is_chain else state.cache.compact(proposal.path)
-      return state.replace(cache=cache.advance(num_committed_B))
     committed_B = num_committed_B > 0
-    # Written beyond the history: d_K of last round (if behind), pending, d_1 .. d_fed. A row that
+    if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`); the root: pending's last id
+      cache = state.cache.advance(jnp.where(committed_B, state.pending_ids - 1, 0))
+      cache = cache if self.tree.is_chain else cache.compact(proposal.path)
+      return state.replace(cache=cache.advance(num_committed_B))
+    # Written beyond the history: d_K of last round (if behind), pending's ids, d_1 .. d_fed. A row that
     # accepted n > fed draft tokens commits d_n without its keys: it is behind by that one token.
-    held_B = jnp.where(committed_B, state.behind + jnp.minimum(num_committed_B, state.fed + 1), 0)
+    held_B = jnp.where(committed_B, state.behind + state.pending_ids
+                       + jnp.minimum(num_committed_B - 1, state.fed), 0)
     lagging_B = num_committed_B > state.fed + 1
     last_accepted_B = jnp.take_along_axis(proposal.tokens, jnp.maximum(num_committed_B - 2, 0)[:, None],
                                           axis=1)[:, 0]

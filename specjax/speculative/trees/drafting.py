@@ -28,7 +28,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters.draft_head import DraftHead, draft_inputs, draft_logits
 from specjax.speculative.trees.tree import Tree
 
 CHILDREN = ("iid", "without_replacement", "top")
@@ -110,16 +110,19 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
 def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
                cache: KVCache, root_B: jax.Array, sampling: SamplingParams,
                key: jax.Array) -> tuple[jax.Array, jax.Array | None, KVCache]:
-  """Draws a tree with a draft model after each row's history (in `cache`) and its root token `root_B`.
+  """Draws a tree with a draft model after each row's history (in `cache`) and its root `root_B` (a draft
+id: the nodes are the head's ids, fed through `draft_inputs`).
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
   point masses) and the cache with the whole tree written beyond each row's length (not advanced).
   """
   def score_level(cache, tokens_BxLv, level, depth):
-    hidden_BxLvxD, cache = forward_hidden(config, params, tokens_BxLv, cache, tree=level)
+    inputs_BxLv = tokens_BxLv if depth == 0 else draft_inputs(config, head, tokens_BxLv)  # the root already is
+    hidden_BxLvxD, cache = forward_hidden(config, params, inputs_BxLv, cache, tree=level)
     return draft_logits(config, params, head, hidden_BxLvxD), cache
 
   tokens_BxN, probs_BxNxW, cache = grow_tree(tree, children, root_B, sampling, key, score_level, cache)
   leaves = tree.level(tree.max_depth)
-  _, cache = forward_hidden(config, params, tokens_BxN[:, leaves.first - 1:], cache, tree=leaves)
+  _, cache = forward_hidden(config, params, draft_inputs(config, head, tokens_BxN[:, leaves.first - 1:]), cache,
+                            tree=leaves)
   return tokens_BxN, probs_BxNxW, cache

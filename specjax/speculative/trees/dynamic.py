@@ -34,7 +34,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden
 from specjax.sampling import SamplingParams, probabilities
-from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
+from specjax.speculative.drafters.draft_head import DraftHead, draft_inputs, draft_logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +237,7 @@ def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | No
   slots, and the cache."""
 
   def score_frontier(cache, chunk_Bxb, frontier, parent_slots_Bxb):
-    hidden_BxbxD, cache = forward_hidden(config, params, jnp.minimum(chunk_Bxb, config.vocab_size - 1), cache,
+    hidden_BxbxD, cache = forward_hidden(config, params, draft_inputs(config, head, chunk_Bxb), cache,
                                          tree=frontier)
     return draft_logits(config, params, head, hidden_BxbxD), cache
 

@@ -1,0 +1,68 @@
+"""Tiny drafts with another vocabulary than their target's, for the engine tests of drafting through the
+token-level intersection: the pairing of ids, the spelling of every target id as draft ids, and a draft
+built from the target's own weights on the intersection (so that it agrees with the target where its
+history holds only intersection tokens, and acceptance is high enough to reach every code path)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.generation import pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.speculative import speculative_generate
+from specjax.speculative.drafters.draft_head import intersection_head
+from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.spelling import Spelling
+from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, tiny_model
+
+
+def vocabularies(target_vocab: int, draft_vocab: int, shared: int, max_ids: int, seed: int):
+  """(draft ids [I], target ids [I], spelling ids [V, M], counts [V]): `shared` random pairs; a paired
+  target id is spelled as its partner, every other one as 1 .. M random draft ids (at least one 2 and
+  one M long)."""
+  rng = np.random.default_rng(seed)
+  target_I = np.sort(rng.choice(target_vocab, shared, replace=False))
+  draft_I = rng.choice(draft_vocab, shared, replace=False)
+  ids_VxM = np.zeros((target_vocab, max_ids), np.int32)
+  counts_V = np.ones(target_vocab, np.int32)
+  ids_VxM[target_I, 0] = draft_I
+  others = np.setdiff1d(np.arange(target_vocab), target_I)
+  for n, t in enumerate(others):
+    counts_V[t] = [2, max_ids][n] if n < 2 else rng.integers(1, max_ids + 1)
+    ids_VxM[t, :counts_V[t]] = rng.integers(0, draft_vocab, counts_V[t])
+  return draft_I.astype(np.int32), target_I.astype(np.int32), ids_VxM, counts_V
+
+
+def agreeing_draft(target, draft_vocab: int, draft_I: np.ndarray, target_I: np.ndarray, seed: int):
+  """A draft of `draft_vocab` ids whose embedding and output rows at `draft_I` are the target's at
+  `target_I` (other rows random) and whose blocks are the target's."""
+  config, params = target
+  draft_config, draft_params = tiny_model(seed, vocab=draft_vocab, d_model=config.d_model,
+                                          n_layers=config.n_layers)
+  rows = lambda own, theirs: jnp.asarray(own).at[draft_I].set(jnp.asarray(theirs)[target_I])
+  params = dict(params, embed={"embedding": rows(draft_params["embed"]["embedding"], params["embed"]["embedding"])},
+                lm_head={"weight": rows(draft_params["lm_head"]["weight"], params["lm_head"]["weight"])})
+  return draft_config, params
+
+
+def spelling_drafter(target, draft_vocab: int = 50, shared: int = 40, max_ids: int = 3, seed: int = 0,
+                     **fields) -> tuple[ModelDrafter, tuple]:
+  """A model drafter for `target` with another vocabulary (`vocabularies`, `agreeing_draft`), and the
+  tables (draft ids, target ids, spelling ids, counts) it was built from."""
+  tables = vocabularies(target[0].vocab_size, draft_vocab, shared, max_ids, seed)
+  draft_I, target_I, ids_VxM, counts_V = tables
+  config, params = agreeing_draft(target, draft_vocab, draft_I, target_I, seed + 100)
+  head = intersection_head(config, params, draft_I, target_I, target[0].vocab_size)
+  spelling = Spelling(ids_VxM=jnp.asarray(ids_VxM), counts_V=jnp.asarray(counts_V))
+  return ModelDrafter(config, params, head, spelling=spelling, **fields), tables
+
+
+def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY,
+                seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH, **kwargs):
+  """Speculative decoding of `prompts` by `target` with `drafter` (its storage sized by itself)."""
+  target_config, target_params = target
+  padded, lengths = pad_prompts(prompts)
+  return speculative_generate(target_config, target_params, drafter, padded, lengths,
+                              init_cache(target_config, len(prompts), cache_len),
+                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                              jax.random.key(seed), k=k, out_width=out_width, **kwargs)
