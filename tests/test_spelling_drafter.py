@@ -1,6 +1,6 @@
 """Drafting through the token-level intersection (a draft with another vocabulary): greedy output equals
 the target's own for chains, early stopping and both kinds of trees; the draft reads exactly the spelled
-history; sampled output follows the target's exact distribution, and a draft whose restricted
+history; the adaptive K policy works through it; sampled output follows the target's exact distribution, and a draft whose restricted
 distribution is not renormalised fails the same test."""
 
 import jax
@@ -8,29 +8,38 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import tiny
+from specjax import pipeline
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.engine import (NO_EOS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
                                   target_greedy)
 from tests.helpers.spelling import run_drafter, spelling_drafter
 from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.tiny_hf import save_hf_model
+from tests.helpers.tokenizers import OTHER_SOURCES, save_hf_dir, train_tokenizer
 
-SHAPES = {"chain": dict(), "early_stop": dict(stop_threshold=0.3),
-          "tree": dict(tree=tree_lib.from_branching((2, 2, 1))), "dynamic_tree": dict(tree=DynamicSpec(6, 3, 2))}
+# name -> (drafter fields, loop arguments); the adaptive policy's costs are those of lengths 0 .. 3.
+SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
+          "adaptive": ({}, dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3),
+                                cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
+          "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}),
+          "dynamic_tree": (dict(tree=DynamicSpec(6, 3, 2)), {})}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_greedy_output_is_the_targets_own(shape):
   """Ragged rows, budgets that cut blocks, tokens outside the intersection emitted (only the residual can
   give them), and some draft tokens accepted."""
-  drafter, (_, target_I, _, _) = spelling_drafter(TARGET, **SHAPES[shape])
-  k = 3
-  out = run_drafter(drafter, k=k)
+  fields, loop = SHAPES[shape]
+  drafter, (_, target_I, _, _) = spelling_drafter(TARGET, **fields)
+  out = run_drafter(drafter, k=3, **loop)
   got = as_token_lists(out.tokens, out.counts)
   assert got == target_greedy()
   assert not set(sum(got, [])) <= set(target_I.tolist())
@@ -46,6 +55,31 @@ def test_an_eos_inside_an_accepted_block_ends_the_row():
   got = as_token_lists(*(lambda o: (o.tokens, o.counts))(run_drafter(drafter, eos_ids=eos)))
   assert got == target_greedy(eos_ids=eos)
   assert got[2] == free[2][:index + 1]
+
+
+def test_the_pipeline_drafts_with_a_tokenizer_trained_on_another_corpus(tmp_path):
+  """A target with a Qwen2-style BPE of 600 tokens, a draft with a GPT-2-style one of 900 trained on other
+  sources (vocabularies that share a few hundred byte strings, ids unrelated): chosen automatically, the
+  greedy output is the target's own, and the results say what the mapping holds."""
+  dirs = []
+  for name, tokenizer, seed in (("target", train_tokenizer("qwen2"), 0),
+                                ("draft", train_tokenizer("gpt2", OTHER_SOURCES, 900), 1)):
+    directory = str(tmp_path / name)
+    save_hf_model("qwen2", directory, seed=seed, vocab=tokenizer.get_vocab_size())
+    save_hf_dir(tokenizer, directory)
+    dirs.append(directory)
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def add(a, b):\n    return a + b\n")
+  cfg = tiny.get_config()
+  cfg.target, cfg.draft, cfg.model.vocab_corpus = *dirs, str(corpus)
+  cfg.prompts = ("def add(a, b):\n    return", "import json\n\ndata = json.loads(")
+  spec = pipeline.run(cfg, log=lambda m: None)
+  cfg.mode = "autoregressive"
+  alone = pipeline.run(cfg, log=lambda m: None)
+  assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in alone["outputs"]]
+  stats = spec["stats"]
+  assert 100 < stats["vocab_intersection"] < 600 and stats["spelled_ids"] > 1
+  assert 0 < stats["vocab_intersection_coverage"] <= 1
 
 
 def _spelled(history, ids_VxM, counts_V):

@@ -26,10 +26,10 @@ GEMMA = dict(head_dim=24, sliding_window=6, query_pre_attn_scalar=20, hidden_act
 VOCAB = 97
 
 
-def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
-  """A random float32 model of `family`, small enough for a unit test on 2 cores."""
+def make_hf_model(family: str, seed: int = 0, vocab: int = VOCAB) -> transformers.PreTrainedModel:
+  """A random float32 model of `family` scoring `vocab` ids, small enough for a unit test on 2 cores."""
   torch.manual_seed(seed)
-  common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+  common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 rms_norm_eps=1e-6)
   if family == "llama":
@@ -58,7 +58,7 @@ def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     config = transformers.MistralConfig(**common, rope_theta=1e4, sliding_window=None,
                                         tie_word_embeddings=False)
   elif family == "gpt2":
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    config = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256)
   else:
     raise ValueError(family)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -71,8 +71,9 @@ def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
   return model.eval()
 
 
-def save_hf_model(family: str, directory: str, seed: int = 0, safe: bool = True) -> transformers.PreTrainedModel:
-  model = make_hf_model(family, seed)
+def save_hf_model(family: str, directory: str, seed: int = 0, safe: bool = True, vocab: int = VOCAB
+                  ) -> transformers.PreTrainedModel:
+  model = make_hf_model(family, seed, vocab)
   model.save_pretrained(directory, safe_serialization=safe)
   return model
 

@@ -34,7 +34,7 @@ A draft with another tokenizer (`spelling` set, `head` an `intersection_head`) d
 token-level intersection: it proposes target ids (its distribution restricted to the intersection,
 renormalised) and reads every committed target token as the draft ids that spell it (`spelling`: up to
 M per token, per-row counts). The catch-up pass then feeds [d_K?, the pending token's ids] (1 to M + 1
-ids, in the narrowest of the passes 1 .. M + 1 that holds every row's), a static tree's first pass
+ids, in the narrowest of the passes 1, 2 and M + 1 that holds every row's), a static tree's first pass
 starts after all but the last of them, and the cache holds M positions per target position (`storage`).
 Exactness is the usual rule's: tokens outside the intersection have draft probability 0 and come from the
 residual with the target's probability.
@@ -223,11 +223,13 @@ class ModelDrafter(ModelBackedDrafter):
 
   def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array, narrowest: int
             ) -> tuple[jax.Array, KVCache]:
-    """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrowest`
-    .. W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a 2-token pass costs
-    up to 1.8 single ones. Returns the hidden state after each row's last id [B, D] (zeros for a row fed
-    nothing) and the cache written, not advanced."""
+    """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrowest`,
+    `narrowest` + 1 and W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a
+    2-token pass costs up to 1.8 single ones, and wider ones are rare (a token spelled by several draft
+    ids). Returns the hidden state after each row's last id [B, D] (zeros for a row fed nothing) and the
+    cache written, not advanced."""
     batch, width = chunk_BxW.shape
+    widths = sorted({narrowest, min(narrowest + 1, width), width})
 
     def pass_of(w):
       def run(cache):
@@ -238,8 +240,9 @@ class ModelDrafter(ModelBackedDrafter):
         return cache, jnp.take_along_axis(hidden_BxWxD, last_B[:, None, None], axis=1)[:, 0]
       return run
 
-    cache, hidden_BxD = inplace.switch(jnp.max(num_valid_B) - narrowest,
-                                       [pass_of(w) for w in range(narrowest, width + 1)], cache)
+    needed = jnp.max(num_valid_B)
+    cache, hidden_BxD = inplace.switch(sum((needed > w).astype(jnp.int32) for w in widths[:-1]),
+                                       [pass_of(w) for w in widths], cache)
     return hidden_BxD, cache
 
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
