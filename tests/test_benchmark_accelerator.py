@@ -71,7 +71,10 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
   for row in results["cells"]:
     assert row["batch_size"] == 2 and row["generated_tokens"] == 2 * cfg.max_new_tokens
     assert row["compile_time_s"] > 0 and row["warmup_s"] > 0 and len(row["wall_s_runs"]) == 2
-    assert 0 < row["prefill_s"] < row["wall_s"] == pytest.approx(sum(row["wall_s_runs"]) / 2)
+    # prefill_s and wall_s are separate timings (a 1-token call, a full one): on the tiny models a noisy
+    # machine can make the first exceed the second, so only their signs and the mean are checked.
+    assert row["prefill_s"] > 0 and row["wall_s"] > 0
+    assert row["wall_s"] == pytest.approx(sum(row["wall_s_runs"]) / 2)
     assert row["memory"] and all("peak_bytes_in_use" in m for m in row["memory"])
     kv_bytes = 2 * 2 * row["cache_len"] * 2 * 16 * 4  # 2 (k, v) x B x S x G x Dh x float32, per layer
     assert row["kv_cache_bytes"] == kv_bytes * (target.n_layers + (draft.n_layers if row["k"] else 0))
