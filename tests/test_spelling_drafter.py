@@ -12,18 +12,18 @@ from configs import tiny
 from specjax import pipeline
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
+from specjax.models.load import load_model
 from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.spelling import intersection_drafting
 from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.engine import (NO_EOS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
                                   target_greedy)
-from tests.helpers.spelling import run_drafter, spelling_drafter
+from tests.helpers.spelling import bpe_pair_dirs, run_drafter, spelling_drafter
 from tests.helpers.stats import chi_square_pvalue
-from tests.helpers.tiny_hf import save_hf_model
-from tests.helpers.tokenizers import OTHER_SOURCES, save_hf_dir, train_tokenizer
 
 # name -> (drafter fields, loop arguments); the adaptive policy's costs are those of lengths 0 .. 3.
 SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
@@ -61,15 +61,7 @@ def test_the_pipeline_drafts_with_a_tokenizer_trained_on_another_corpus(tmp_path
   """A target with a Qwen2-style BPE of 600 tokens, a draft with a GPT-2-style one of 900 trained on other
   sources (vocabularies that share a few hundred byte strings, ids unrelated): chosen automatically, the
   greedy output is the target's own, and the results say what the mapping holds."""
-  dirs = []
-  for name, tokenizer, seed in (("target", train_tokenizer("qwen2"), 0),
-                                ("draft", train_tokenizer("gpt2", OTHER_SOURCES, 900), 1)):
-    directory = str(tmp_path / name)
-    save_hf_model("qwen2", directory, seed=seed, vocab=tokenizer.get_vocab_size())
-    save_hf_dir(tokenizer, directory)
-    dirs.append(directory)
-  corpus = tmp_path / "corpus.txt"
-  corpus.write_text("def add(a, b):\n    return a + b\n")
+  dirs, corpus = bpe_pair_dirs(tmp_path)
   cfg = tiny.get_config()
   cfg.target, cfg.draft, cfg.model.vocab_corpus = *dirs, str(corpus)
   cfg.prompts = ("def add(a, b):\n    return", "import json\n\ndata = json.loads(")
@@ -80,6 +72,26 @@ def test_the_pipeline_drafts_with_a_tokenizer_trained_on_another_corpus(tmp_path
   stats = spec["stats"]
   assert 100 < stats["vocab_intersection"] < 600 and stats["spelled_ids"] > 1
   assert 0 < stats["vocab_intersection_coverage"] <= 1
+
+
+def test_a_restricted_head_keeps_the_most_frequent_shared_ids_and_the_stop_tokens(tmp_path):
+  """`model.vocab` with another tokenizer: the head scores the N intersection ids most frequent in the
+  corpus (by the target's tokenizer), stop tokens of the intersection always among them."""
+  (target_dir, draft_dir), corpus = bpe_pair_dirs(tmp_path)
+  target, draft = load_model(target_dir, "float32"), load_model(draft_dir, "float32")
+  head, _, facts = intersection_drafting(target, draft, 20, str(corpus), log=lambda m: None)
+  targets = np.asarray(head.targets_Vd)
+  full, _, _ = intersection_drafting(target, draft, 0, str(corpus), log=lambda m: None)
+  shared = set(np.asarray(full.targets_Vd).tolist())
+  assert len(targets) == facts["draft_head_tokens"] == 20 and set(targets.tolist()) <= shared
+  stops = [t for t in target.tokenizer.eos_ids if t in shared]
+  assert stops and set(stops) <= set(targets.tolist())
+  counts = np.bincount(target.tokenizer.encode(corpus.read_text(), add_special_tokens=False),
+                       minlength=target.config.vocab_size)
+  chosen = sorted(set(targets.tolist()) - set(stops))
+  others = sorted(shared - set(targets.tolist()))
+  assert counts[chosen].min() >= counts[others].max()  # no unchosen shared id is more frequent
+  assert (np.asarray(head.inputs_V)[targets] == np.asarray(head.tokens_Vd)).all()
 
 
 def _spelled(history, ids_VxM, counts_V):

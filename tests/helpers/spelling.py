@@ -14,6 +14,8 @@ from specjax.speculative.drafters.draft_head import intersection_head
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import Spelling
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, tiny_model
+from tests.helpers.tiny_hf import save_hf_model
+from tests.helpers.tokenizers import OTHER_SOURCES, save_hf_dir, train_tokenizer
 
 
 def vocabularies(target_vocab: int, draft_vocab: int, shared: int, max_ids: int, seed: int):
@@ -66,3 +68,19 @@ def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_id
                               init_cache(target_config, len(prompts), cache_len),
                               drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
                               jax.random.key(seed), k=k, out_width=out_width, **kwargs)
+
+
+def bpe_pair_dirs(tmp_path):
+  """HF directories of a tiny qwen2 target with a Qwen2-style BPE of 600 tokens and a draft with a
+  GPT-2-style BPE of 900 trained on other sources (a few hundred shared byte strings, ids unrelated), and
+  a small text corpus file."""
+  dirs = []
+  for name, tokenizer, seed in (("target", train_tokenizer("qwen2"), 0),
+                                ("draft", train_tokenizer("gpt2", OTHER_SOURCES, 900), 1)):
+    directory = str(tmp_path / name)
+    save_hf_model("qwen2", directory, seed=seed, vocab=tokenizer.get_vocab_size())
+    save_hf_dir(tokenizer, directory)
+    dirs.append(directory)
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def add(a, b):\n    return a + b\n\nimport json\nprint(json.dumps({'a': [1, 2]}))\n")
+  return dirs, corpus
