@@ -20,7 +20,7 @@ from specjax.speculative.drafters.spelling import intersection_drafting
 from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicSpec
-from tests.helpers.engine import (NO_EOS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
+from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
                                   target_greedy)
 from tests.helpers.spelling import bpe_pair_dirs, run_drafter, spelling_drafter
 from tests.helpers.stats import chi_square_pvalue
@@ -36,14 +36,19 @@ SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_greedy_output_is_the_targets_own(shape):
   """Ragged rows, budgets that cut blocks, tokens outside the intersection emitted (only the residual can
-  give them), and some draft tokens accepted."""
+  give them), and some draft tokens accepted. At the end the draft cache holds exactly the spelling of
+  what the target's cache holds (a tree's pre-fed ids or a catch-up miscounted would shift it)."""
   fields, loop = SHAPES[shape]
-  drafter, (_, target_I, _, _) = spelling_drafter(TARGET, **fields)
+  drafter, (_, target_I, _, counts_V) = spelling_drafter(TARGET, **fields)
   out = run_drafter(drafter, k=3, **loop)
   got = as_token_lists(out.tokens, out.counts)
   assert got == target_greedy()
   assert not set(sum(got, [])) <= set(target_I.tolist())
   assert int(out.acceptance.accepted.sum()) > 0
+  committed = np.asarray(out.target_cache.lengths)
+  spelled = [int(sum(counts_V[t] for t in (prompt + row)[:n])) for prompt, row, n in zip(PROMPTS, got, committed)]
+  state = out.draft_state
+  assert (np.asarray(state.cache.lengths) + np.asarray(state.behind)).tolist() == spelled
 
 
 def test_an_eos_inside_an_accepted_block_ends_the_row():
