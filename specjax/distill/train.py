@@ -297,7 +297,7 @@ def head_vocab(config: ml_collections.ConfigDict, teacher: LoadedModel, train_ro
   except ValueError as e:
     raise ConfigError(f"config.student.draft_vocab: {e}") from None
   print(f"the head trains over {len(tokens_Vd)} of {teacher.config.vocab_size} tokens, "
-        f"{counts_V[tokens_Vd].sum() / max(counts_V.sum(), 1):.2%} of the training tokens", flush=True)
+        f"{draft_vocab.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
   return restrict_head(teacher.config, teacher.params, tokens_Vd)
 
 

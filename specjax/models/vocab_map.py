@@ -13,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specjax import draft_vocab
 from specjax.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+  from specjax.models.load import LoadedModel
 
 NORMAL, SPECIAL, ADDED, UNDEFINED = 0, 1, 2, 3  # TokenBytes.kind_V
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -55,8 +59,7 @@ class VocabMap:
   def coverage(self, target_counts_V: np.ndarray) -> float:
     """The share of target tokens (occurrences per target id over some corpus) that the draft can
     propose: those whose id lies in the intersection; 0.0 for an empty corpus."""
-    total = target_counts_V.sum()
-    return float(target_counts_V[self.target_ids_I].sum() / total) if total else 0.0
+    return draft_vocab.coverage(target_counts_V, self.target_ids_I)
 
 
 def _gpt2_byte_of_char() -> dict[str, int]:
@@ -159,6 +162,12 @@ def _segment(data: bytes, pieces: dict[bytes, int], longest: int) -> tuple[list[
     else:
       start, spelled = start + 1, False
   return ids, spelled
+
+
+def between(target: LoadedModel, draft: LoadedModel) -> VocabMap:
+  """`build` for two loaded models: their tokenizers' bytes over the ids their heads score."""
+  return build(token_bytes(target.tokenizer, target.config.vocab_size),
+               token_bytes(draft.tokenizer, draft.config.vocab_size), draft.tokenizer)
 
 
 def build(target: TokenBytes, draft: TokenBytes, draft_tokenizer: Tokenizer) -> VocabMap:

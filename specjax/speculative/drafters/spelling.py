@@ -97,9 +97,8 @@ def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, co
   intersection (and to the `size` ids of it most frequent in `corpus_source` when size > 0), the spelling
   of the target's ids, and facts for the results (intersection size, its coverage of the corpus's target
   tokens, M, spellings cut). Host work, seconds for 150k-token vocabularies."""
-  target_size, draft_size = target.config.vocab_size, draft.config.vocab_size
-  vocab = vocab_map.build(vocab_map.token_bytes(target.tokenizer, target_size),
-                          vocab_map.token_bytes(draft.tokenizer, draft_size), draft.tokenizer)
+  target_size = target.config.vocab_size
+  vocab = vocab_map.between(target, draft)
   if not vocab.size:
     raise ValueError(f"draft {draft.name} and target {target.name} share no token: nothing to draft")
   counts_V = draft_vocab.corpus_token_counts(target.tokenizer, corpus_source, target_size, registry.cache_dir())
@@ -114,8 +113,8 @@ def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, co
   head = intersection_head(draft.config, draft.params, draft_ids_I, target_ids_I, target_size)
   table, cut = spelling(vocab)
   facts = {"vocab_intersection": int(vocab.size), "vocab_intersection_coverage": coverage,
-           "draft_head_tokens": int(len(target_ids_I)), "draft_head_coverage": float(
-               counts_V[target_ids_I].sum() / max(counts_V.sum(), 1)),
+           "draft_head_tokens": int(len(target_ids_I)),
+           "draft_head_coverage": draft_vocab.coverage(counts_V, target_ids_I),
            "spelled_ids": table.max_ids, "spellings_cut": cut}
   log(f"draft {draft.name} has another tokenizer than target {target.name}: drafting through the token-level "
       f"intersection of {vocab.size} ids ({coverage:.1%} of the target's tokens of {corpus_source!r}); the draft "
