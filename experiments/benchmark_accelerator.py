@@ -18,6 +18,11 @@ in the config's dtype. Each cell is one compiled program (`autoregressive.genera
   4. with the whole budget, `repeats` times: `wall_s` (the median), from which decoding alone is
      `wall_s - prefill_s`, over `max_new_tokens - 1` target steps (autoregressive: `step_s`) or the
      loop's rounds (speculative: `round_s`).
+First of all (`attention_comparison`), the attention implementations side by side: for each of dense,
+blockwise and the kernel (`attention_for` this backend: the Pallas kernel on GPU), the autoregressive and
+K = `comparison_k` cells at the first prompt length and batch 1, each with its program's lowering report
+(`lowering.report`: data-dependent while loops inside the round, kernels) and the speculative cell's
+greedy comparison; the grid then runs with `attention` ("auto": the kernel on GPU).
 Adaptive cells (`adaptive_ks`): the model drafter with the adaptive K policy (`k_policy`), K the most;
 between 1. and 2. the policy's cost table is measured with the cell's own program on the device
 (`k_policy.calibrate`), and the cell records it with the rounds that chose each length (random weights
@@ -82,7 +87,9 @@ from specjax.speculative.drafters.model import check_compatible
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
-from specjax.models.load import SCAN_LAYERS, load_model, scan_layers_for, with_execution
+from specjax import lowering
+from specjax.models.load import (SCAN_LAYERS, attention_for, load_model, narrow_passes_for, scan_layers_for,
+                                 with_execution)
 from specjax.models.transformer import init_params
 from specjax.sampling import sampling_params
 from specjax.speculative import k_policy
@@ -121,6 +128,14 @@ def check(cfg: ml_collections.ConfigDict) -> None:
           f"config.shapes must be one of {', '.join(SHAPES)}, got {cfg.shapes!r}")
   require(cfg.dtype in ("float32", "bfloat16"), f"config.dtype must be float32 or bfloat16, got {cfg.dtype!r}")
   require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got {cfg.scan_layers!r}")
+  try:
+    for setting in (cfg.attention, *cfg.attention_comparison):
+      attention_for(setting)
+    narrow_passes_for(cfg.narrow_passes)
+  except ValueError as error:
+    raise ConfigError(f"config.{error} (attention / attention_comparison / narrow_passes)") from None
+  require(int(cfg.comparison_k) == cfg.comparison_k and cfg.comparison_k >= 1,
+          f"config.comparison_k must be an integer >= 1, got {cfg.comparison_k}")
   for field in ("prompt_lengths", "batch_sizes", "ks"):
     values = cfg[field]
     require(len(values) > 0 and all(int(v) == v and v >= 1 for v in values),
@@ -154,7 +169,8 @@ def _random_model(config: ModelConfig, seed: int):
 def load_pair(cfg: ml_collections.ConfigDict, log: Log):
   """(target config, target params, draft config, draft params, tokenizer or None) of `cfg`."""
   execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
-                   prefill_chunk=cfg.prefill_chunk)
+                   prefill_chunk=cfg.prefill_chunk, attention=attention_for(cfg.attention),
+                   narrow_passes=narrow_passes_for(cfg.narrow_passes))
   start = time.perf_counter()
   if cfg.weights == "real":
     log(f"loading {cfg.target} and {cfg.draft} ({cfg.dtype}) ...")
@@ -213,9 +229,9 @@ def modelled(alpha: float, k: int, c: float, step_s: float, round_s: float) -> d
 
 
 def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: int,
-             log: Log) -> tuple[dict, np.ndarray]:
-  """One program, compiled, warmed up and timed (module docstring); returns its row and its greedy tokens
-  [B, max_new_tokens]."""
+             log: Log, report: bool = False) -> tuple[dict, np.ndarray]:
+  """One program, compiled, warmed up and timed (module docstring); returns its row (with `report`, the
+  program's `lowering.report` too) and its greedy tokens [B, max_new_tokens]."""
   target_config, target_params, draft_config, draft_params, _ = pair
   batch, length = prompts_BxP.shape
   lengths_B = np.full((batch,), length, np.int32)
@@ -224,7 +240,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
   cost = {"cost_C": None}  # the adaptive policy's cost table, once measured
 
-  def call(budget: int, round_limit: int | None = None):
+  def call(budget: int, round_limit: int | None = None, lower: bool = False):
     target_cache = init_cache(target_config, batch, cache_len)
     storage = drafter.storage(batch, cache_len) if drafter else None
     jax.block_until_ready((target_cache, storage))
@@ -232,10 +248,12 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     if drafter:
       out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
                                  storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens,
-                                 policy=policy, cost_C=cost["cost_C"], round_limit=round_limit)
+                                 policy=policy, cost_C=cost["cost_C"], round_limit=round_limit, lower=lower)
     else:
       out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
-                                    (), sampling, key, out_width=cfg.max_new_tokens)
+                                    (), sampling, key, out_width=cfg.max_new_tokens, lower=lower)
+    if lower:
+      return out
     tokens_BxO, counts_B = jax.device_get((out.tokens, out.counts))
     return time.perf_counter() - start, out, tokens_BxO, counts_B
 
@@ -274,6 +292,8 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     row["step_s"] = decode_s / calls
   row.update(tokens_per_second=row["generated_tokens"] / wall_s,
              decode_tokens_per_second=(row["generated_tokens"] - batch) / decode_s, memory=_memory())
+  if report:
+    row["lowering"] = lowering.report(call(cfg.max_new_tokens, lower=True))
   log(f"P={length} B={batch} {mode}{f' K={k}' if drafter else ''}: compile {compile_s:.1f} s, prefill "
       f"{prefill_s * 1e3:.1f} ms, " + (f"round {row['round_s'] * 1e3:.2f} ms" if drafter else
                                         f"step {row['step_s'] * 1e3:.2f} ms, {row['tokens_per_second']:.1f} tok/s"))
@@ -327,7 +347,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
   environment = {**records.environment(), "device_kind": jax.devices()[0].device_kind}
   results = {"command": records.command(), "environment": environment, "config": config, "costs": [],
-             "verify_costs": [], "cells": [], "skipped": [], "finished": False}
+             "verify_costs": [], "attention_comparison": [], "cells": [], "skipped": [], "finished": False}
   save = lambda: harness.write_results(results, cfg.output)
   save()
   pair = load_pair(cfg, log)
@@ -343,6 +363,9 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   # Every batch size takes the first rows of the same prompts.
   prompts = {length: prompt_ids(tokenizer, target_config.vocab_size, max(cfg.batch_sizes), length, cfg.seed)
              for length in cfg.prompt_lengths}
+  for setting in cfg.attention_comparison:
+    compare_attention(cfg, pair, setting, prompts[cfg.prompt_lengths[0]][:1], results, start, log)
+    save()
   log(f"{len(cells)} cells, deadline {cfg.deadline_s:.0f} s")
   baseline = None
   for number, (length, batch, mode, k) in enumerate(cells):
@@ -353,7 +376,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
                              for p, b, m, kk in cells[number:]]
       log(f"deadline passed at {elapsed:.0f} s: {len(cells) - number} cells skipped")
       break
-    cache_len = -(-(length + cfg.max_new_tokens + max(cfg.ks + cfg.adaptive_ks) + 1) // 64) * 64  # one per (P, B)
+    cache_len = _cache_len(cfg, length)
     if mode == AUTOREGRESSIVE:
       jax.clear_caches()  # the previous (P, B)'s programs are done with
       prompts_BxP = prompts[length][:batch]
@@ -380,6 +403,42 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   save()
   log(f"wrote {cfg.output} after {results['elapsed_s']:.0f} s")
   return results
+
+
+def _cache_len(cfg, length: int) -> int:
+  """The caches' positions at prompt length `length`: prompt, budget and the largest K's look-ahead,
+  rounded up to 64 (one per prompt length: batch sizes and modes share it)."""
+  return -(-(length + cfg.max_new_tokens + max(cfg.ks + cfg.adaptive_ks + (cfg.comparison_k,)) + 1) // 64) * 64
+
+
+def compare_attention(cfg, pair, setting: str, prompts_BxP: np.ndarray, results: dict, start: float,
+                      log: Log) -> None:
+  """The autoregressive and K = `comparison_k` cells with attention `setting` (`attention_for` this
+  backend), timed and with their lowering reports, appended to `results["attention_comparison"]`; or
+  skipped past the deadline."""
+  elapsed = time.perf_counter() - start
+  modes = [(AUTOREGRESSIVE, None), (SPECULATIVE, cfg.comparison_k)]
+  if elapsed > cfg.deadline_s:
+    results["skipped"] += [{"prompt_tokens": prompts_BxP.shape[1], "batch_size": 1, "mode": mode, "k": k,
+                            "attention": setting, "reason": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"}
+                           for mode, k in modes]
+    return
+  jax.clear_caches()
+  attention = attention_for(setting)
+  target_config, target_params, draft_config, draft_params, tokenizer = pair
+  compared = (target_config.replace(attention=attention), target_params, draft_config.replace(attention=attention),
+              draft_params, tokenizer)
+  (ar_row, ar_tokens), (row, tokens) = (
+      run_cell(cfg, compared, mode, k, prompts_BxP, _cache_len(cfg, prompts_BxP.shape[1]), log, report=True)
+      for mode, k in modes)
+  row.update(round_in_target_steps=row["round_s"] / ar_row["step_s"],
+             greedy_equals_autoregressive=bool((tokens == ar_tokens).all()))
+  rows = [ar_row, row]
+  for row in rows:
+    row["attention"] = attention
+    log(f"attention {attention} {row['mode']}: {row['lowering']['while_loops_in_round']} data-dependent while "
+        f"loops in the round, kernels {row['lowering']['custom_calls']}")
+  results["attention_comparison"] += rows
 
 
 def mtbench_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -444,8 +503,25 @@ def table(results: dict) -> str:
              _fmt(max(peaks) / 2**30 if peaks else None)]
     lines.append("| " + " | ".join(str(x) for x in cells) + " |")
   for skipped in results["skipped"]:
+    if "attention" in skipped:
+      continue  # listed with the attention comparison
     lines.append(f"| {skipped['prompt_tokens']} | {skipped['batch_size']} | {skipped['mode']} | "
                  f"{_fmt(skipped['k'], 'd')} | skipped: {skipped['reason']} |" + " |" * (10 + len(alphas)))
+  compared = results.get("attention_comparison", [])
+  compared_skipped = [s for s in results["skipped"] if "attention" in s]
+  if compared or compared_skipped:
+    lines += ["", "Attention compared (the first prompt length, batch 1; loops: data-dependent while loops inside "
+              "the round, each a host read of its predicate per iteration on GPU):", "",
+              "| attention | mode | K | compile s | step / round ms | round / step | greedy = AR | loops in round "
+              "| kernels |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in compared:
+      match = row.get("greedy_equals_autoregressive")
+      lines.append(f"| {row['attention']} | {row['mode']} | {_fmt(row['k'], 'd')} | {_fmt(row['compile_time_s'], '.1f')} "
+                   f"| {_fmt(row.get('step_s', row.get('round_s')) * 1e3)} | {_fmt(row.get('round_in_target_steps'))} "
+                   f"| {'' if match is None else 'yes' if match else 'NO'} | {row['lowering']['while_loops_in_round']} | "
+                   f"{', '.join(f'{name} x{n}' for name, n in row['lowering']['custom_calls'].items())} |")
+    lines += [f"| {s['attention']} | {s['mode']} | {_fmt(s['k'], 'd')} | skipped: {s['reason']} | | | | | |"
+              for s in compared_skipped]
   mt = results.get("mtbench")
   if mt:
     lines += ["", f"MT-Bench cell: skipped ({mt['skipped']})." if "skipped" in mt else

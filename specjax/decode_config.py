@@ -50,7 +50,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.dtype = "float32"  # "float32" on CPU; "bfloat16" on GPU/TPU
   c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);
   #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see README)
-  c.attention_block = 256  # keys per block of the live-length attention (0 = dense over the cache)
+  c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;
+  #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see README)
+  c.attention_block = 256  # keys per block of blockwise attention (0 = dense over the cache)
+  c.narrow_passes = "auto"  # "on": a verify / catch-up pass runs its narrowest compiled width that fits (a
+  #                           branch); "off": always the widest; "auto": off on GPU, on elsewhere
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)
   c.mesh = ""  # devices as "data=2,model=4" (batch rows over data, weights' heads/MLP/vocabulary over
   #              model; -1 = the remaining devices); "" = one device (see README, "Several devices")

@@ -29,7 +29,8 @@ import numpy as np
 from specjax import autoregressive, generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.load import LoadedModel, load_model, scan_layers_for, with_execution
+from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
+                                 with_execution)
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import k_policy
 from specjax.speculative.loop import speculative_generate
@@ -181,6 +182,8 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
   start = time.perf_counter()
   # "auto" resolves for the platform the program is for: the one `lower_only` names, else this backend.
   execution = dict(scan_layers=scan_layers_for(cfg.scan_layers, cfg.lower_only or None),
+                   attention=attention_for(cfg.attention, cfg.lower_only or None),
+                   narrow_passes=narrow_passes_for(cfg.narrow_passes, cfg.lower_only or None),
                    attention_block=cfg.attention_block,
                    prefill_chunk=cfg.prefill_chunk)
   mesh = meshes.make_mesh(cfg.mesh)

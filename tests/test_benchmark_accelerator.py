@@ -83,6 +83,14 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
       assert row["target_calls_after_prefill"] == cfg.max_new_tokens - 1
       assert row["step_s"] == pytest.approx(row["decode_s"] / row["target_calls_after_prefill"])
   assert kit.table(results) in stdout
+  # First, the attention comparison: the kernel (interpret mode on CPU), both modes, with their reports.
+  ar, spec = results["attention_comparison"]
+  assert (ar["attention"], ar["mode"], spec["mode"], spec["k"]) == ("kernel_interpret", "autoregressive",
+                                                                    "speculative", cfg.comparison_k)
+  assert spec["greedy_equals_autoregressive"] is True
+  assert spec["round_in_target_steps"] == pytest.approx(spec["round_s"] / ar["step_s"])
+  assert {"while_loops_in_round", "custom_calls"} <= set(ar["lowering"]) and spec["lowering"]["while_loops_in_round"] >= 1
+  assert "| kernel_interpret | speculative | 2 |" in stdout
 
 
 @pytest.mark.slow
@@ -142,13 +150,14 @@ def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
   results = kit.run(cfg, log=lambda message: None)
   assert results["cells"] == [] and not results["finished"]
   assert [(s["prompt_tokens"], s["mode"], s["k"]) for s in results["skipped"]] == [
+      (8, "autoregressive", None), (8, "speculative", 2)] + [  # the attention comparison, then the grid
       (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("speculative", 3),
                                                     ("adaptive", 3))]
   assert all(s["reason"].startswith("deadline_s 0 passed") for s in results["skipped"])
   report = accelerator.get_config("tiny")
   report.report = cfg.output
   kit.main(report)
-  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 8
+  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 10
 
 
 def test_the_mtbench_cell_runs_the_kits_pair_or_says_why_not(tmp_path, capsys):
@@ -172,7 +181,8 @@ def test_the_mtbench_cell_runs_the_kits_pair_or_says_why_not(tmp_path, capsys):
     ("adaptive_ks", (0,), "config.adaptive_ks"),
     ("batch_sizes", (0,), "config.batch_sizes"), ("max_new_tokens", 1, "config.max_new_tokens"),
     ("scan_layers", "yes", "config.scan_layers"), ("verify_widths", (5, 9), "config.verify_widths"),
-    ("verify_widths", (1, 0), "config.verify_widths")])
+    ("verify_widths", (1, 0), "config.verify_widths"), ("attention_comparison", ("flash",), "config.attention"),
+    ("narrow_passes", "maybe", "config.narrow_passes"), ("comparison_k", 0, "config.comparison_k")])
 def test_bad_config_values_fail_naming_the_field(field, value, message):
   cfg = accelerator.get_config("tiny")
   cfg[field] = value

@@ -179,12 +179,17 @@ def _bad_inputs(tmp_path):
     (tmp_path / name).write_text(text)
   prompts = lambda name: f"--config.prompts_file={tmp_path / name}"
   return [
-      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: adaptive, attention_block, "),
+      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: adaptive, attention, attention_block, "),
       (["--config.k=0"], 2, r"config.k \(draft tokens per round\) must be an integer >= 1, got 0"),
       (["--config.k=abc"], 2, r"flag --config.k=abc: invalid literal"),
       (["--config.temperature=-0.5"], 2, r"config.temperature must be >= 0"),
       (["--config.top_p=0"], 2, r"config.top_p must be in \(0, 1\]"),
       (["--config.mode=beam"], 2, r"config.mode must be one of"),
+      (["--config.attention=flash"], 2, r"config.attention must be one of \('auto', 'dense', 'blockwise', 'kernel'\), "
+       r"got 'flash'"),
+      (["--config.attention=kernel", "--config.lower_only=tpu"], 2, r"config.attention='kernel' is the Pallas GPU "
+       r"kernel: tpu has none here \(use blockwise\)"),
+      (["--config.narrow_passes=maybe"], 2, r"config.narrow_passes must be one of \('auto', 'on', 'off'\)"),
       (["--config.lower_only=gpu"], 2, r"config.lower_only must be one of \('cpu', 'cuda', 'rocm', 'tpu'\)"),
       (["--config.prompts=3"], 2, r"config.prompts\[0\] must be a string, got int 3"),
       (["unexpected"], 2, r"unexpected arguments \['unexpected'\]"),

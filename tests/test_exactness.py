@@ -40,7 +40,6 @@ import functools
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -11,14 +11,11 @@ import pytest
 import torch
 import transformers
 
-from specjax import autoregressive
-from specjax.generation import as_token_lists, pad_prompts
 from specjax.models import transformer
 from specjax.models.hf import config_from_hf_dict, load_hf_dir
 from specjax.models.kv_cache import init_cache
 from specjax.models.layout import stack_layers
-from specjax.sampling import sampling_params
-from tests.helpers.tiny_hf import FAMILIES, VOCAB, save_hf_model
+from tests.helpers.tiny_hf import FAMILIES, VOCAB, assert_greedy_matches_generate, save_hf_model
 
 # One compiled forward per (config, shapes): op by op the file ran ~30% longer.
 forward = jax.jit(transformer.forward, static_argnums=0)
@@ -69,16 +66,7 @@ def test_scanned_layers_match_per_layer(loaded):
 def test_greedy_matches_transformers_generate(loaded):
   """Ragged prompts longer than the windows (6) and within the dynamic RoPE's original context (16),
   continued past it."""
-  hf_model, config, params = loaded
-  prompts = [[5, 17, 3, 44, 9, 8, 60, 2, 71], [1, 2, 3, 90, 33, 12, 7, 7, 8, 40, 41, 42, 43]]
-  padded, lengths = pad_prompts(prompts)
-  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, 2, 32), 14, (),
-                                sampling_params(0.0), jax.random.key(0))
-  for prompt, row in zip(prompts, as_token_lists(out.tokens, out.counts)):
-    with torch.no_grad():
-      want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=14, min_new_tokens=14, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
-    assert row == want
+  assert_greedy_matches_generate(*loaded, 14)
 
 
 @pytest.mark.slow

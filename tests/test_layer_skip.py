@@ -4,7 +4,6 @@ token is accepted; sampled output follows the target's exact distribution at T =
 broken rule fails the same test); it shares the target's cache (no storage); bad layer sets fail early."""
 
 import jax
-import numpy as np
 import pytest
 
 from specjax import metrics

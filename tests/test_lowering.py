@@ -5,7 +5,9 @@ The counts are checked against what the programs are known to hold: the blockwis
 is one data-dependent `fori_loop` per layer of every pass (so an autoregressive step of an L-layer model
 holds L), dense attention none; the model drafter's draft loop is the one data-dependent loop a dense
 speculative round holds; a scan over layers is a loop of constant trip count and is not counted; the
-prefill's loops sit outside the round. The CLI's `lower_only` writes one entry per program.
+prefill's loops sit outside the round. Kernel attention leaves no loop per layer: with narrow passes off
+the round holds the draft loop alone, whatever the depth. The CLI's `lower_only` writes one entry per
+program (for CUDA: the kernel round).
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
 LAYERS, DRAFT_LAYERS, CACHE_LEN = 3, 2, 40
 TARGET, DRAFT = tiny_model(0, n_layers=LAYERS), tiny_model(1, n_layers=DRAFT_LAYERS)
 PADDED, LENGTHS = pad_prompts([[5, 17, 3], [1, 2, 9, 4]])
+TRITON = "__gpu$xla.gpu.triton"  # the custom call of a Pallas GPU kernel
 
 
 def _autoregressive_report(config, params):
@@ -34,10 +37,10 @@ def _autoregressive_report(config, params):
   return lowering.report(lowered)
 
 
-def _speculative_report(block):
-  config = dataclasses.replace(TARGET[0], attention_block=block)
-  drafter = ModelDrafter(dataclasses.replace(DRAFT[0], attention_block=block), DRAFT[1], None)
-  lowered = speculative_generate(config, TARGET[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
+def _speculative_report(block, target=TARGET, draft=DRAFT, **execution):
+  config = dataclasses.replace(target[0], attention_block=block, **execution)
+  drafter = ModelDrafter(dataclasses.replace(draft[0], attention_block=block, **execution), draft[1], None)
+  lowered = speculative_generate(config, target[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
                                  drafter.storage(2, CACHE_LEN), 6, NO_EOS, GREEDY, jax.random.key(0), k=3,
                                  lower="cuda")
   return lowering.report(lowered)
@@ -70,6 +73,20 @@ def test_speculative_round_counts_the_draft_loop_and_every_blockwise_layer():
   assert blockwise["max_nesting"] >= 3
 
 
+@pytest.mark.parametrize("layers, draft_layers", [(LAYERS, DRAFT_LAYERS), (6, 4)])
+def test_the_kernel_round_holds_only_the_draft_loop_whatever_the_depth(layers, draft_layers):
+  """Kernel attention: no loop per layer; with narrow passes off, no catch-up branch either: the draft
+  loop alone. The kernel is a Triton custom call; nothing goes to the host."""
+  target, draft = tiny_model(0, n_layers=layers), tiny_model(1, n_layers=draft_layers)
+  branch_free = _speculative_report(16, target, draft, attention="kernel", narrow_passes=False)
+  assert branch_free["while_loops_in_round"] == 1 and branch_free["host_transfers"] == 0
+  assert branch_free["custom_calls"].get(TRITON, 0) >= layers + draft_layers
+  # Narrow passes on: the catch-up's two widths, each a loop of zero or one trip (`inplace.switch`).
+  assert _speculative_report(16, target, draft, attention="kernel")["while_loops_in_round"] == 3
+  step = _autoregressive_report(target[0].replace(attention="kernel"), target[1])
+  assert step["while_loops_in_round"] == 0 and step["data_dependent_while_loops"] == 1  # the step loop
+
+
 def test_cli_lower_only_writes_the_report_without_decoding(model_dirs, tmp_path):
   out = tmp_path / "report.json"
   status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
@@ -80,4 +97,6 @@ def test_cli_lower_only_writes_the_report_without_decoding(model_dirs, tmp_path)
   assert "outputs" not in results and "stats" not in results
   [program] = results["programs"]
   assert program["name"] == "speculative" and program["platform"] == "cuda"
-  assert program["while_loops_in_round"] >= 1 and program["host_transfers"] == 0
+  # attention and narrow_passes "auto" resolve for CUDA: the kernel, one width per pass.
+  assert program["while_loops_in_round"] == 1 and program["host_transfers"] == 0
+  assert TRITON in program["custom_calls"]

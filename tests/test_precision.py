@@ -8,7 +8,6 @@ float32 and returns float32 logits on every path.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from specjax import metrics

@@ -7,6 +7,8 @@ batch size and prompt length of the grid, in bfloat16, one JSON file rewritten a
   --config.weights=real     the registry models (`python -m specjax.models fetch ...` beforehand) and
                             standard-library code as prompts: measured alpha and speedups too
 
+First cells: dense, blockwise and kernel attention side by side (autoregressive and K = 5, 128-token
+prompts, batch 1), each with its program's lowering report (loops inside the round, kernels).
 Default grid: prompts of 128 and 2048 tokens x batch 1, 8, 32 x (autoregressive, K = 3, 5, 8), 128 new
 tokens: 24 compiled programs, plus target forwards of 1-65 tokens at the 128-token prompts. Sized for under 8 minutes on one H200 (estimate in
 experiments/benchmark_accelerator.py); `deadline_s` skips what would start later, and smaller grids are
@@ -31,7 +33,13 @@ def get_config(variant: str = ""):
   cfg.shapes = "qwen2.5-coder"  # weights=random: a (target, draft) pair of benchmark_accelerator.SHAPES
   cfg.dtype = "bfloat16"  # "bfloat16" on GPU/TPU ("float32" on CPU, where bfloat16 matmuls are ~20x slower)
   cfg.scan_layers = decode.scan_layers  # "auto" | "on" | "off", as in the decode config
-  cfg.attention_block = decode.attention_block  # keys per block of the live-length attention (0 = dense)
+  cfg.attention = decode.attention  # the grid's attention: "auto" | "dense" | "blockwise" | "kernel"
+  cfg.attention_block = decode.attention_block  # keys per block of blockwise attention (0 = dense)
+  cfg.narrow_passes = decode.narrow_passes  # "auto" | "on" | "off", as in the decode config
+  # First of all: these attention implementations side by side at the first prompt length, batch 1
+  # (autoregressive and K = comparison_k), each program's lowering report beside its timings; () = none.
+  cfg.attention_comparison = ("dense", "blockwise", "kernel")
+  cfg.comparison_k = 5
   cfg.prefill_chunk = decode.prefill_chunk  # prompt tokens per prefill pass
   cfg.prompt_lengths = (128, 2048)  # every prompt of a cell has exactly this many tokens
   cfg.batch_sizes = (1, 8, 32)  # rows decoded together
@@ -69,6 +77,8 @@ def get_config(variant: str = ""):
     cfg.shapes = "tiny"
     cfg.dtype = "float32"
     cfg.attention_block = 16
+    cfg.attention_comparison = ("kernel",)  # in Pallas interpret mode on CPU
+    cfg.comparison_k = 2
     cfg.prefill_chunk = 16
     cfg.prompt_lengths = (8, 20)
     cfg.batch_sizes = (2,)

@@ -108,7 +108,7 @@ def target_features(target_config: ModelConfig, target_params: Params, feature_l
   """The target's features [B, T, F] and float32 logits [B, T, V] of full sequences (never
   differentiated: the target is fixed)."""
   B, T = tokens_BxT.shape
-  config = target_config.replace(attention_block=0)
+  config = target_config.replace(attention="dense")
   hidden_BxTxD, features_BxTxF, _ = forward_features(config, target_params, tokens_BxT, init_cache(config, B, T),
                                                      feature_layers)
   return jax.lax.stop_gradient((features_BxTxF, hidden_to_logits(config, target_params, hidden_BxTxD)))

@@ -172,7 +172,7 @@ def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Ar
   attention: every key is live, and the blockwise loop's data-dependent trip count cannot be
   reverse-differentiated."""
   B, T = tokens_BxT.shape
-  config = config.replace(attention_block=0)
+  config = config.replace(attention="dense")
   logits_BxTxV, _ = forward(config, params, tokens_BxT, init_cache(config, B, T))
   return logits_BxTxV
 

@@ -2,10 +2,11 @@
 
 Query t of row b sits at position `lengths[b] + t` and sees every key at a position <= its own (and,
 with a sliding window W > 0, > its own - W). A tree chunk (`tree`: static, or per row) puts query t
-at `lengths[b] + depth[t]` and lets it see the committed keys and its ancestors' slots (see `_visible`). W may be a traced scalar: under `scan_layers` each layer's
-window is looked up by the scanned layer index (Gemma's sliding and global layers). Scores are q.k
-times `scale`, optionally soft-capped (c tanh(s / c), Gemma 2) before the mask. Two implementations of
-that one function:
+at `lengths[b] + depth[t]` and lets it see the committed keys and its ancestors' slots (see
+`visible`). W may be a traced scalar: under `scan_layers` each layer's window is looked up by the
+scanned layer index (Gemma's sliding and global layers). Scores are q.k times `scale`, optionally
+soft-capped (c tanh(s / c), Gemma 2) before the mask. Three implementations of that one function
+(`attend` picks one):
 
 - `dense` (`attention_block = 0`): the portable reference. Scores against all S_max cache positions,
   masked: cost and the float32 score tensor [B, G, Hg, T, S_max] grow with the cache's capacity,
@@ -16,10 +17,12 @@ that one function:
   follow what the rows hold; peak scores are [B, G, Hg, T, Sb]. The number of blocks is data: a
   `lax.fori_loop` with a dynamic trip count (on GPU each block costs one read of the loop predicate by
   the host; on CPU nothing). It is not reverse-differentiable: training uses `dense`.
+- `kernel` (GPU): the committed prefix through JAX's Pallas decode kernel, the chunk's own keys densely,
+  merged exactly: no data-dependent XLA loop (`kernel_attention`).
 
-Both read one layer of the stacked cache `[L, B, S, G, Dh]` by index: slicing the layer out first
-would copy all of its S_max positions every pass (at S_max = 32k that copy cost more than the live
-attention). Both compute scores in float32 and feed the softmax weights to the value product in the
+`dense` and `blockwise` read one layer of the stacked cache `[L, B, S, G, Dh]` by index: slicing the
+layer out first would copy all of its S_max positions every pass (at S_max = 32k that copy cost more
+than the live attention; the kernel's custom call needs that copy). All compute scores in float32 and feed the softmax weights to the value product in the
 model dtype.
 """
 
@@ -55,9 +58,10 @@ def _in_window(query_pos_BxT: jax.Array, key_pos_xS: jax.Array, window) -> jax.A
   return (key_pos_xS[:, None, :] > query_pos_BxT[:, :, None] - window) | (window <= 0)
 
 
-def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window, lengths_B: jax.Array,
-             tree=None) -> jax.Array:
-  """[B, T, S] True where query t may attend to the key in cache slot key_pos.
+def visible(query_pos_BxT: jax.Array, key_slot_xS: jax.Array, window, lengths_B: jax.Array,
+            tree=None) -> jax.Array:
+  """[B, T, S] True where query t may attend to the key in cache slot `key_slot_xS` ([1, S]: the same
+  slots for every row, or [B, S]: each row its own).
 
   Chain: the key's position is its slot; causal (<= the query's position) and in the window.
   Tree: slot `lengths[b] + j` holds tree node j, at position `lengths[b] + key_depth[j]`, for j below
@@ -65,16 +69,16 @@ def _visible(query_pos_BxT: jax.Array, key_pos_S: jax.Array, window, lengths_B: 
   below `lengths[b]` and the slots of its ancestors (itself included; `ancestor_mask()` [T, first + T]),
   each in the window measured from its position."""
   if tree is None:
-    visible_BxTxS = key_pos_S[None, None, :] <= query_pos_BxT[:, :, None]
-    return visible_BxTxS & _in_window(query_pos_BxT, key_pos_S[None, :], window)
+    visible_BxTxS = key_slot_xS[:, None, :] <= query_pos_BxT[:, :, None]
+    return visible_BxTxS & _in_window(query_pos_BxT, key_slot_xS, window)
   width = tree.first + query_pos_BxT.shape[1]
-  slot_BxS = key_pos_S[None, :] - lengths_B[:, None]  # the tree node a slot holds, if 0 <= slot < width
+  slot_BxS = key_slot_xS - lengths_B[:, None]  # the tree node a slot holds, if 0 <= slot < width
   in_chunk_BxS = (slot_BxS >= 0) & (slot_BxS < width)
   index_BxS = jnp.clip(slot_BxS, 0, width - 1)
   batch = lengths_B.shape[0]
   ancestor_BxTxS = jnp.take_along_axis(per_row(tree.ancestor_mask(), batch, 2), index_BxS[:, None, :], axis=2)
   key_depth_BxS = jnp.take_along_axis(per_row(tree.key_depth, batch, 1), index_BxS, axis=1)
-  key_pos_BxS = jnp.where(in_chunk_BxS, lengths_B[:, None] + key_depth_BxS, key_pos_S[None, :])
+  key_pos_BxS = jnp.where(in_chunk_BxS, lengths_B[:, None] + key_depth_BxS, key_slot_xS)
   visible_BxTxS = jnp.where(in_chunk_BxS[:, None, :], ancestor_BxTxS, (slot_BxS < 0)[:, None, :])
   return visible_BxTxS & _in_window(query_pos_BxT, key_pos_BxS, window)
 
@@ -84,7 +88,7 @@ def soft_cap(x: jax.Array, cap: float) -> jax.Array:
   return cap * jnp.tanh(x / cap) if cap else x
 
 
-def _scores(q_BxTxGxHgxDh: jax.Array, k_BxSxGxDh: jax.Array, scale: float, softcap: float) -> jax.Array:
+def scores(q_BxTxGxHgxDh: jax.Array, k_BxSxGxDh: jax.Array, scale: float, softcap: float) -> jax.Array:
   scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxGxHgxDh, k_BxSxGxDh, preferred_element_type=jnp.float32) * scale
   return soft_cap(scores, softcap)
 
@@ -95,9 +99,9 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
   k_BxSxGxDh, v_BxSxGxDh = k_LxBxSxGxDh[layer], v_LxBxSxGxDh[layer]
   T, S = q_BxTxGxHgxDh.shape[1], k_BxSxGxDh.shape[1]
   query_pos_BxT = query_positions(lengths_B, T, tree)
-  visible_BxTxS = _visible(query_pos_BxT, jnp.arange(S), window, lengths_B, tree)
+  visible_BxTxS = visible(query_pos_BxT, jnp.arange(S)[None, :], window, lengths_B, tree)
   scale = q_BxTxGxHgxDh.shape[-1] ** -0.5 if scale is None else scale
-  scores_BxGxHgxTxS = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxTxGxHgxDh, k_BxSxGxDh, scale, softcap),
+  scores_BxGxHgxTxS = jnp.where(visible_BxTxS[:, None, None], scores(q_BxTxGxHgxDh, k_BxSxGxDh, scale, softcap),
                                 -jnp.inf)
   weights = jax.nn.softmax(scores_BxGxHgxTxS, axis=-1).astype(v_BxSxGxDh.dtype)
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxGxDh)
@@ -127,10 +131,10 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
     start, size = (layer, 0, begin, 0, 0), (1, B, block, G, Dh)
     k_BxSbxGxDh = jax.lax.dynamic_slice(k_LxBxSxGxDh, start, size)[0]
     v_BxSbxGxDh = jax.lax.dynamic_slice(v_LxBxSxGxDh, start, size)[0]
-    visible_BxTxSb = (_visible(query_pos_BxT, key_pos_Sb, window, lengths_B, tree)
+    visible_BxTxSb = (visible(query_pos_BxT, key_pos_Sb[None, :], window, lengths_B, tree)
                       & (key_pos_Sb >= i * block)[None, None, :])
     visible_Bx1x1xTxSb = visible_BxTxSb[:, None, None]
-    scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, _scores(q_BxTxGxHgxDh, k_BxSbxGxDh, scale, softcap), -jnp.inf)
+    scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, scores(q_BxTxGxHgxDh, k_BxSbxGxDh, scale, softcap), -jnp.inf)
     new_max_BxGxHgxT = jnp.maximum(max_BxGxHgxT, scores_BxGxHgxTxSb.max(axis=-1))
     # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
     shift_BxGxHgxT = jnp.where(jnp.isfinite(new_max_BxGxHgxT), new_max_BxGxHgxT, 0.0)
@@ -154,13 +158,20 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
 
 
 def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
-           window, block: int, scale: float | None = None, softcap: float = 0.0,
+           window, implementation: str, block: int, scale: float | None = None, softcap: float = 0.0,
            tree=None) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`blockwise` with `block` keys per step, or `dense` when `block` is 0, over cache layer `layer` (an
-  int or a traced index) with `window` (an int or a traced scalar); `scale` defaults to Dh^(-1/2);
-  `tree` (static, None = a chain) makes the chunk a tree (see `_visible`). Returns the output [B, T, G,
-  Hg, Dh] and the cache's keys and values to write the next layer into (see `blockwise`)."""
-  if block:
+  """Attention over cache layer `layer` (an int or a traced index) with `window` (an int or a traced
+  scalar) by `implementation` (one of `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with `block` keys per step
+  (`dense` when `block` is 0); the Pallas GPU kernel (`kernel_attention`; `kernel_interpret`: in
+  interpret mode), which has no soft-cap: soft-capped layers run blockwise. `scale` defaults to
+  Dh^(-1/2); `tree` (static, None = a chain) makes the chunk a tree (see `visible`). Returns the output
+  [B, T, G, Hg, Dh] and the cache's keys and values to write the next layer into (see `blockwise`)."""
+  if implementation.startswith("kernel") and not softcap:
+    from specjax.models import kernel_attention  # imports Pallas: only where the kernel runs
+    return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale,
+                                    tree, interpret=implementation == "kernel_interpret"),
+            k_LxBxSxGxDh, v_LxBxSxGxDh)
+  if block and implementation != "dense":
     return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, block, scale, softcap,
                      tree)
   return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale, softcap, tree),

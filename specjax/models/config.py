@@ -23,6 +23,8 @@ from specjax.models.rope import RopeScaling
 ARCHITECTURES = ("llama", "gemma", "gpt2")
 LAYER_TYPES = ("sliding_attention", "full_attention")
 _DTYPES = ("float32", "bfloat16", "float16")
+# How attention runs (`attention.attend`); `kernel_interpret` is the kernel in Pallas interpret mode (CPU).
+ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise", "kernel", "kernel_interpret")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +56,12 @@ class ModelConfig:
   dtype: str = "float32"  # compute and parameter dtype ("bfloat16" on GPU/TPU)
   # How to run it (static, no effect on the numbers beyond float rounding):
   scan_layers: bool = False  # params stacked under `layers` with a leading [L] axis, run by `lax.scan`
-  attention_block: int = 256  # keys per block of the live-length attention; 0 = dense over S_max
+  attention: str = "blockwise"  # one of ATTENTION_IMPLEMENTATIONS
+  attention_block: int = 256  # keys per block of the blockwise attention; 0 = dense over S_max
   prefill_chunk: int = 512  # prompt tokens fed per prefill pass (peak memory ~ chunk x live keys)
+  # A pass that may run at several compiled widths (verify, catch-up) runs the narrowest that fits (a
+  # data-dependent branch: on GPU a host read of its predicate) or, False, always the widest.
+  narrow_passes: bool = True
   remat: bool = False  # `jax.checkpoint` around each block: a backward pass recomputes the block's activations
 
   def __post_init__(self):
@@ -68,6 +74,8 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
     if self.attention_block < 0 or self.prefill_chunk < 1:
       raise ValueError(f"attention_block must be >= 0 and prefill_chunk >= 1, got {self.attention_block} "
                        f"and {self.prefill_chunk}")

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 
 from specjax.models.config import ModelConfig
 
+KERNEL_TILE = 16  # kernel attention's key tile (`kernel_attention`): its caches hold a multiple of it
+
 
 class CacheSharding(Protocol):
   """Where a cache's arrays lie on the ambient mesh (`jax.set_mesh`). The caller makes it from the mesh
@@ -119,9 +121,12 @@ def _scatter_rows(cache_LxBxSxGxDh: jax.Array, indices_BxTx2: jax.Array, updates
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int,
                sharding: CacheSharding | None = None) -> KVCache:
-  """An empty cache for `batch_size` rows of up to `max_len` positions (both static), laid out by
-  `sharding` on the mesh set by `jax.set_mesh` (which must be set): each device allocates only its
-  own shard. None: no placement asked for (one device)."""
+  """An empty cache for `batch_size` rows of up to `max_len` positions (both static; rounded up to the
+  kernel attention's tile when `config.attention` is a kernel), laid out by `sharding` on the mesh set
+  by `jax.set_mesh` (which must be set): each device allocates only its own shard. None: no placement
+  asked for (one device)."""
+  if config.attention.startswith("kernel"):
+    max_len = -(-max_len // KERNEL_TILE) * KERNEL_TILE
   shape = (config.n_layers, batch_size, max_len, config.n_kv_heads, config.head_dim)
 
   def empty():

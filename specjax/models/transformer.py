@@ -3,8 +3,8 @@
 
 Pure forward: `forward(config, params, tokens_BxT, cache) -> (logits_BxTxV, cache)`. Token t of row b
 sits at position `cache.lengths[b] + t`; its keys/values are written there and it attends to every
-position <= its own (see `attention`: only the live part of the cache is read unless
-`attention_block` is 0). A static draft `tree` moves token t to position `lengths[b] + depth[t]`,
+position <= its own (see `attention`: `config.attention` says how; blockwise and the kernel read
+only the live part of the cache). A static draft `tree` moves token t to position `lengths[b] + depth[t]`,
 still written to slot `lengths[b] + t`, seeing the committed cache and its ancestors only.
 `cache.lengths` is not advanced: the caller commits with `KVCache.advance`.
 
@@ -122,7 +122,8 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
            else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
   out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxHxDh.reshape(B, T, G, H // G, Dh), cache.k, cache.v, layer,
                                            cache.lengths, per_layer(cfg.layer_windows(), layer),
-                                           cfg.attention_block, cfg.attention_scale(), cfg.attn_softcap, tree)
+                                           cfg.attention, cfg.attention_block, cfg.attention_scale(),
+                                           cfg.attn_softcap, tree)
   return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
 

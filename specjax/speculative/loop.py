@@ -153,7 +153,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
   buffer, _ = generation.append(generation.empty_buffer(batch, out_width + k + 1), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
-  widths = loop_widths(drafter, policy, k)
+  widths = loop_widths(drafter, policy, k) if target_config.narrow_passes else (k + 1,)
 
   def cond(state: _LoopState):
     return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < round_limit)

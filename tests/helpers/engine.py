@@ -67,9 +67,9 @@ DRAFTS = _drafts()
 
 def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
                     target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, stop_threshold=0.0,
-                    **kwargs):
-  """Speculative decoding of `prompts` by TARGET with the model drafter `draft`."""
-  (target_config, target_params), (draft_config, draft_params) = TARGET, draft
+                    target=TARGET, **kwargs):
+  """Speculative decoding of `prompts` by `target` with the model drafter `draft`."""
+  (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold)
   padded, lengths = pad_prompts(prompts)
   return speculative_generate(target_config, target_params, drafter, padded, lengths,

@@ -226,10 +226,10 @@ class ModelDrafter(ModelBackedDrafter):
     """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrowest`,
     `narrowest` + 1 and W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a
     2-token pass costs up to 1.8 single ones, and wider ones are rare (a token spelled by several draft
-    ids). Returns the hidden state after each row's last id [B, D] (zeros for a row fed nothing) and the
-    cache written, not advanced."""
+    ids); without `config.narrow_passes`, always W. Returns the hidden state after each row's last id
+    [B, D] (zeros for a row fed nothing) and the cache written, not advanced."""
     batch, width = chunk_BxW.shape
-    widths = sorted({narrowest, min(narrowest + 1, width), width})
+    widths = sorted({narrowest, min(narrowest + 1, width), width}) if self.config.narrow_passes else [width]
 
     def pass_of(w):
       def run(cache):
