@@ -42,17 +42,23 @@ def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, blo
   target_config, target_params = TARGET
   config, params = eagle_head(target_config.replace(**block), feature_layers)
   assert ("bias" in params["layer"]["attn"]["q_proj"]) == block.get("qkv_bias", False)
-  features_BxTxF, _ = eagle_steps.target_features(target_config, target_params, feature_layers, TOKENS_2x10)
-  ttt = [logits for _, logits in eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
-                                                        features_BxTxF, NUM_STEPS)]
+  features_BxTxF, _ = jax.jit(eagle_steps.target_features, static_argnums=(0, 2))(
+      target_config, target_params, feature_layers, TOKENS_2x10)
+  ttt = [logits for _, logits in jax.jit(eagle_steps.ttt_unroll, static_argnums=(0, 2, 6))(
+      config, params, target_config, target_params, TOKENS_2x10, features_BxTxF, NUM_STEPS)]
   drafter = EagleDrafter(config, params, target_config, target_params)
   embedding_VxD = target_params["embed"]["embedding"]
+  # Compiled once each (op by op, the six cases took ~3 minutes on 2 cores).
+  init = jax.jit(lambda prompts_BxP: drafter.init(drafter.storage(2, 16), prompts_BxP,
+                                                  jnp.full((2,), prompts_BxP.shape[1]), None))
+  forward = jax.jit(head_forward, static_argnums=0)
+  to_logits = jax.jit(lambda out_BxD: head_logits(config, params, target_config, target_params, None, out_BxD))
   for n in (1, 2, 4, 6):  # history x_0 .. x_{n-1}, pending x_n: the chain starting at position n - 1
-    state = drafter.init(drafter.storage(2, 16), TOKENS_2x10[:, :n], jnp.full((2,), n), None)
+    state = init(TOKENS_2x10[:, :n])
     cache, feature_BxD, token_B = state.cache, state.feature, TOKENS_2x10[:, n]
     for j in range(NUM_STEPS):
-      out_Bx1xD, written = head_forward(config, params, embedding_VxD, token_B[:, None], feature_BxD[:, None], cache)
-      logits_BxV = head_logits(config, params, target_config, target_params, None, out_Bx1xD[:, 0])
+      out_Bx1xD, written = forward(config, params, embedding_VxD, token_B[:, None], feature_BxD[:, None], cache)
+      logits_BxV = to_logits(out_Bx1xD[:, 0])
       np.testing.assert_allclose(ttt[j][:, n - 1], logits_BxV, rtol=2e-4, atol=2e-4, err_msg=f"n={n} j={j}")
       cache, feature_BxD, token_B = written.advance(jnp.ones(2, jnp.int32)), out_Bx1xD[:, 0], TOKENS_2x10[:, n + 1 + j]
   assert not np.allclose(ttt[0], ttt[1])

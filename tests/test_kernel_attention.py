@@ -8,7 +8,7 @@ with huge keys and values in every slot no query may see, so that a part reading
 kernel's range, the window's edge, the chunk) would show. End to end: greedy decoding of tiny HF
 checkpoints equals `transformers` with the kernel on (Gemma 3: sliding and global layers; Gemma 2: its
 soft-capped layers fall back to blockwise), and speculative decoding (chain, static tree, narrow passes
-off) equals the target's own greedy decoding.
+off) equals the target's own greedy decoding; chunked prefill through the kernel equals one dense pass.
 """
 
 import functools
@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.generation import as_token_lists
+from specjax.generation import as_token_lists, pad_prompts
 from specjax.models import attention, kernel_attention
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import prefill
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicTree
-from tests.helpers.engine import DRAFTS, TARGET, run_speculative, target_greedy
+from tests.helpers.engine import DRAFTS, PROMPTS, TARGET, run_speculative, target_greedy, tiny_model
 from tests.helpers.tiny_hf import assert_greedy_matches_generate, save_hf_model
 from tests.helpers.trees import TREES, run_tree_speculative
 
@@ -123,3 +124,16 @@ def test_speculative_greedy_with_the_kernel_equals_the_target():
   assert as_token_lists(chain.tokens, chain.counts) == expected
   tree = run_tree_speculative(_kernel(DRAFTS["perturbed"]), TREES["branching"], target=target)
   assert as_token_lists(tree.tokens, tree.counts) == expected
+
+
+def test_chunked_prefill_with_the_kernel_equals_one_dense_pass():
+  """Prompt chunks of 4 through the kernel (each chunk's prefix in the kernel, the chunk dense): the
+  logits and cache of one dense pass over the whole prompts."""
+  config, params = tiny_model(0, n_layers=2)
+  padded, lengths = pad_prompts(PROMPTS)
+  run = lambda cfg: jax.jit(prefill, static_argnums=0)(cfg, params, padded, lengths, init_cache(cfg, len(PROMPTS), 32))
+  want_logits, want_cache = run(config.replace(prefill_chunk=padded.shape[1], attention="dense"))
+  logits, cache = run(config.replace(prefill_chunk=4, attention="kernel_interpret"))
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(cache.k[:, b, :n], want_cache.k[:, b, :n], rtol=1e-5, atol=1e-5)

@@ -27,7 +27,7 @@ def _bfloat16_model(d_model=64, n_layers=3):
   return config, jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 20, 0.9)])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (0.7, 20, 0.9)])
 def test_identical_bfloat16_draft_is_always_accepted(temperature, top_k, top_p):
   config, params = _bfloat16_model()
   drafter = ModelDrafter(config, params)

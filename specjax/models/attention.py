@@ -163,10 +163,13 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   """Attention over cache layer `layer` (an int or a traced index) with `window` (an int or a traced
   scalar) by `implementation` (one of `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with `block` keys per step
   (`dense` when `block` is 0); the Pallas GPU kernel (`kernel_attention`; `kernel_interpret`: in
-  interpret mode), which has no soft-cap: soft-capped layers run blockwise. `scale` defaults to
+  interpret mode), which has no soft-cap and tiles heads in powers of two on GPU: soft-capped layers and
+  heads of another width run blockwise. `scale` defaults to
   Dh^(-1/2); `tree` (static, None = a chain) makes the chunk a tree (see `visible`). Returns the output
   [B, T, G, Hg, Dh] and the cache's keys and values to write the next layer into (see `blockwise`)."""
-  if implementation.startswith("kernel") and not softcap:
+  head_width = q_BxTxGxHgxDh.shape[-1]
+  kernel_fits = not softcap and (implementation == "kernel_interpret" or head_width & (head_width - 1) == 0)
+  if implementation.startswith("kernel") and kernel_fits:
     from specjax.models import kernel_attention  # imports Pallas: only where the kernel runs
     return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale,
                                     tree, interpret=implementation == "kernel_interpret"),

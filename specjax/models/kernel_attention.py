@@ -16,7 +16,8 @@ The two partial softmaxes are merged exactly through their maxima and sums.
 
 The kernel reads the cache's layer as [B, G, S, Dh] (a copy of the layer's S_max positions that XLA
 makes for the custom call: bandwidth that follows the capacity, not the live length). It has no
-soft-cap: Gemma 2's soft-capped layers fall back to blockwise (`attention.attend`). Its tiles need
+soft-cap, and Triton tiles a head in a power of two: Gemma 2's soft-capped layers and heads of another
+width fall back to blockwise (`attention.attend`). Its tiles need
 S_max to be a multiple of `TILE` (`kv_cache.init_cache` rounds up). On CPU it runs in Pallas interpret
 mode (tests): the same kernel, emulated by XLA loops.
 """
