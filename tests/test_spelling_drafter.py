@@ -145,6 +145,48 @@ def test_the_draft_reads_the_spelled_history():
     assert held.tolist() == [len(_spelled(row, ids_VxM, counts_V)) for row in history]
 
 
+def test_a_static_trees_distributions_follow_the_spelled_history():
+  """A static tree after forced accepted paths (the root alone, a path into the second branch, a whole
+  path; pending tokens spelled by 1 to M ids): every node was drawn from the draft's full forward pass
+  over the spelled [history, pending, its ancestors' tokens], restricted and renormalised; the cache
+  then holds the spelled history. Fails for a root other than pending's last id, pre-fed ids miscounted
+  at commit, or a path compacted from the wrong slots."""
+  tree = tree_lib.from_branching((2, 2, 1))
+  drafter, (draft_I, target_I, ids_VxM, counts_V) = spelling_drafter(TARGET, tree=tree)
+  config, params = drafter.config, drafter.params
+  sampling, batch, cache = sampling_params(1.0), 3, 96
+  prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
+  padded, lengths = pad_prompts(prompts)
+  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, cache // 3), padded, lengths, None)
+  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
+  commit = jax.jit(ModelDrafter.commit)
+  score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, cache))[0])
+  outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), target_I)
+  paths = tree.path_table()  # [N + 1, Dt + 1]: each node's root-to-node path, padded with the node
+  history, pending = [list(p) for p in prompts], [int(outside[0]), int(target_I[1]), int(outside[2])]
+  for round_, leaves in enumerate([[0, 4, 10], [9, 0, 3], [10, 7, 0], [5, 10, 9]]):  # accept the path to these
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
+                                 k=tree.max_depth)
+    tokens_BxN1 = np.pad(np.asarray(proposal.tokens), ((0, 0), (1, 0)))
+    for b in range(batch):
+      spelled = _spelled(history[b] + [pending[b]], ids_VxM, counts_V)
+      for node in range(1, tree.nodes_with_root):
+        ancestors = [int(a) for a in paths[tree.parent[node]][1:tree.depth[node]]]
+        sequence = spelled + [int(draft_I[target_I == tokens_BxN1[b, a]][0]) for a in ancestors]
+        logits_TxW = np.asarray(score(jnp.asarray(np.pad([sequence], ((0, batch - 1), (0, cache - len(sequence)))))))
+        want_I = np.asarray(probabilities(jnp.asarray(logits_TxW[0, len(sequence) - 1][draft_I]), sampling))
+        np.testing.assert_allclose(np.asarray(proposal.probs)[b, node - 1][target_I], want_I, atol=1e-5,
+                                   err_msg=f"round {round_} row {b} node {node}")
+    path_BxDt1 = np.stack([paths[leaf] if leaf else np.zeros(tree.max_depth + 1, int) for leaf in leaves])
+    accepted = [tree.depth[leaf] for leaf in leaves]
+    chain = proposal.along(jnp.asarray(path_BxDt1, jnp.int32))
+    state = commit(drafter, state, chain, jnp.asarray([a + 1 for a in accepted], jnp.int32), None)
+    for b, leaf in enumerate(leaves):
+      history[b] += [pending[b]] + [int(tokens_BxN1[b, node]) for node in paths[leaf][1:accepted[b] + 1]]
+      pending[b] = int(outside[round_ + b]) if (round_ + b) % 2 else int(target_I[round_ + 2 * b])
+    assert np.asarray(state.cache.lengths).tolist() == [len(_spelled(row, ids_VxM, counts_V)) for row in history]
+
+
 ROWS, ALPHA = 30_000, 1e-3
 
 
