@@ -10,10 +10,8 @@ import pytest
 
 from configs import tiny
 from specjax import pipeline
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax.generation import as_token_lists
 from specjax.models.load import load_model
-from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import intersection_drafting
@@ -22,7 +20,8 @@ from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
                                   target_greedy)
-from tests.helpers.spelling import bpe_pair_dirs, run_drafter, spelling_drafter
+from tests.helpers.spelling import (FORCED_CACHE, FORCED_PROMPTS, bpe_pair_dirs, forced_rounds, run_drafter,
+                                    spell_history, spelling_drafter)
 from tests.helpers.stats import chi_square_pvalue
 
 # name -> (drafter fields, loop arguments); the adaptive policy's costs are those of lengths 0 .. 3.
@@ -99,26 +98,14 @@ def test_a_restricted_head_keeps_the_most_frequent_shared_ids_and_the_stop_token
   assert (np.asarray(head.inputs_V)[targets] == np.asarray(head.tokens_Vd)).all()
 
 
-def _spelled(history, ids_VxM, counts_V):
-  return [int(i) for t in history for i in ids_VxM[t, :counts_V[t]]]
-
-
 def test_the_draft_reads_the_spelled_history():
   """After forced outcomes (all proposed tokens accepted, some, none; pending tokens spelled by 1 to M
   draft ids), every proposal's distributions equal the draft's full forward pass over the spelled
   [history, pending, d_1 .. d_{i-1}], restricted to the intersection and renormalised, laid out on the
   target's ids: a miscounted spelling, a lagging token fed twice or a cache off by one shifts them."""
-  drafter, (draft_I, target_I, ids_VxM, counts_V) = spelling_drafter(TARGET)
-  config, params = drafter.config, drafter.params
-  k, sampling, batch, cache = 3, sampling_params(1.0), 3, 96
-  prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
-  padded, lengths = pad_prompts(prompts)
-  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, cache // 3), padded, lengths, None)
-  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
-  commit = jax.jit(ModelDrafter.commit)
-  score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, cache))[0])
-  outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), target_I)
-  history, pending = [list(p) for p in prompts], [int(outside[0]), int(outside[1]), int(target_I[0])]
+  drafter, (draft_I, target_I, ids_VxM, counts_V), state, propose, commit, score, outside = forced_rounds()
+  k, sampling, batch, cache = 3, sampling_params(1.0), len(FORCED_PROMPTS), FORCED_CACHE
+  history, pending = [list(p) for p in FORCED_PROMPTS], [int(outside[0]), int(outside[1]), int(target_I[0])]
   for round_, wanted in enumerate([[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4]]):
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k)
     tokens_BxK = np.asarray(proposal.tokens)
@@ -126,7 +113,7 @@ def test_the_draft_reads_the_spelled_history():
     sequences_BxT = np.zeros((batch, cache), np.int32)
     starts = []
     for b, row in enumerate(history):
-      spelled = _spelled(row + [pending[b]], ids_VxM, counts_V)
+      spelled = spell_history(row + [pending[b]], ids_VxM, counts_V)
       starts.append(len(spelled) - 1)
       sequence = spelled + [int(draft_I[target_I == t][0]) for t in tokens_BxK[b]]
       sequences_BxT[b, :len(sequence)] = sequence
@@ -142,7 +129,7 @@ def test_the_draft_reads_the_spelled_history():
         history[b] += ([pending[b]] + list(tokens_BxK[b]))[:c]
         pending[b] = int(outside[(round_ + b) % len(outside)]) if (round_ + b) % 2 else int(target_I[round_ + b])
     held = np.asarray(state.cache.lengths) + np.asarray(state.behind)
-    assert held.tolist() == [len(_spelled(row, ids_VxM, counts_V)) for row in history]
+    assert held.tolist() == [len(spell_history(row, ids_VxM, counts_V)) for row in history]
 
 
 def test_a_static_trees_distributions_follow_the_spelled_history():
@@ -152,24 +139,16 @@ def test_a_static_trees_distributions_follow_the_spelled_history():
   then holds the spelled history. Fails for a root other than pending's last id, pre-fed ids miscounted
   at commit, or a path compacted from the wrong slots."""
   tree = tree_lib.from_branching((2, 2, 1))
-  drafter, (draft_I, target_I, ids_VxM, counts_V) = spelling_drafter(TARGET, tree=tree)
-  config, params = drafter.config, drafter.params
-  sampling, batch, cache = sampling_params(1.0), 3, 96
-  prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
-  padded, lengths = pad_prompts(prompts)
-  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, cache // 3), padded, lengths, None)
-  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
-  commit = jax.jit(ModelDrafter.commit)
-  score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, cache))[0])
-  outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), target_I)
+  drafter, (draft_I, target_I, ids_VxM, counts_V), state, propose, commit, score, outside = forced_rounds(tree=tree)
+  sampling, batch, cache = sampling_params(1.0), len(FORCED_PROMPTS), FORCED_CACHE
   paths = tree.path_table()  # [N + 1, Dt + 1]: each node's root-to-node path, padded with the node
-  history, pending = [list(p) for p in prompts], [int(outside[0]), int(target_I[1]), int(outside[2])]
+  history, pending = [list(p) for p in FORCED_PROMPTS], [int(outside[0]), int(target_I[1]), int(outside[2])]
   for round_, leaves in enumerate([[0, 4, 10], [9, 0, 3], [10, 7, 0], [5, 10, 9]]):  # accept the path to these
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
                                  k=tree.max_depth)
     tokens_BxN1 = np.pad(np.asarray(proposal.tokens), ((0, 0), (1, 0)))
     for b in range(batch):
-      spelled = _spelled(history[b] + [pending[b]], ids_VxM, counts_V)
+      spelled = spell_history(history[b] + [pending[b]], ids_VxM, counts_V)
       for node in range(1, tree.nodes_with_root):
         ancestors = [int(a) for a in paths[tree.parent[node]][1:tree.depth[node]]]
         sequence = spelled + [int(draft_I[target_I == tokens_BxN1[b, a]][0]) for a in ancestors]
@@ -184,7 +163,7 @@ def test_a_static_trees_distributions_follow_the_spelled_history():
     for b, leaf in enumerate(leaves):
       history[b] += [pending[b]] + [int(tokens_BxN1[b, node]) for node in paths[leaf][1:accepted[b] + 1]]
       pending[b] = int(outside[round_ + b]) if (round_ + b) % 2 else int(target_I[round_ + 2 * b])
-    assert np.asarray(state.cache.lengths).tolist() == [len(_spelled(row, ids_VxM, counts_V)) for row in history]
+    assert np.asarray(state.cache.lengths).tolist() == [len(spell_history(row, ids_VxM, counts_V)) for row in history]
 
 
 ROWS, ALPHA = 30_000, 1e-3

@@ -9,6 +9,7 @@ import numpy as np
 
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
+from specjax.models.transformer import forward
 from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.draft_head import intersection_head
 from specjax.speculative.drafters.model import ModelDrafter
@@ -84,3 +85,25 @@ def bpe_pair_dirs(tmp_path):
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("def add(a, b):\n    return a + b\n\nimport json\nprint(json.dumps({'a': [1, 2]}))\n")
   return dirs, corpus
+
+
+def spell_history(history, ids_VxM, counts_V):
+  """The draft ids spelling the target ids `history` (the spelling table's rows, counts)."""
+  return [int(i) for t in history for i in ids_VxM[t, :counts_V[t]]]
+
+
+FORCED_PROMPTS, FORCED_CACHE = [[4, 8, 15], [16, 23], [42, 7, 9, 1]], 96
+
+
+def forced_rounds(**fields):
+  """A spelling drafter (`fields`: its tree) initialised on FORCED_PROMPTS, its tables, its compiled
+  `propose` and `commit`, the draft's logits of whole draft-id sequences [B, FORCED_CACHE] and the
+  target ids outside the intersection: the kit of the tests that force each round's outcome."""
+  drafter, tables = spelling_drafter(TARGET, **fields)
+  config, params, batch = drafter.config, drafter.params, len(FORCED_PROMPTS)
+  padded, lengths = pad_prompts(FORCED_PROMPTS)
+  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, FORCED_CACHE // 3), padded, lengths, None)
+  score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, FORCED_CACHE))[0])
+  outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), tables[1])
+  return (drafter, tables, state, jax.jit(ModelDrafter.propose, static_argnames="k"), jax.jit(ModelDrafter.commit),
+          score, outside)
