@@ -9,9 +9,15 @@ import os
 import subprocess
 import sys
 
+from tests.helpers.xla_flags import with_fusion_emitters
 
-def run_worker(script: str, *args: str, timeout: float = 900) -> dict:
+
+def run_worker(script: str, *args: str, timeout: float = 900, fusion_emitters: bool = False) -> dict:
+  """`fusion_emitters`: with XLA's default emitters (`xla_flags.with_fusion_emitters`)."""
+  env = dict(os.environ)
+  if fusion_emitters:
+    env["XLA_FLAGS"] = with_fusion_emitters(env.get("XLA_FLAGS", ""))
   done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), *args],
-                        capture_output=True, text=True, timeout=timeout)
+                        capture_output=True, text=True, timeout=timeout, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout.strip().splitlines()[-1])
