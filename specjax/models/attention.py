@@ -22,8 +22,8 @@ soft-capped (c tanh(s / c), Gemma 2) before the mask. Three implementations of t
 
 `dense` and `blockwise` read one layer of the stacked cache `[L, B, S, G, Dh]` by index: slicing the
 layer out first would copy all of its S_max positions every pass (at S_max = 32k that copy cost more
-than the live attention; the kernel's custom call needs that copy). All compute scores in float32 and feed the softmax weights to the value product in the
-model dtype.
+than the live attention; the kernel's custom call needs that copy). All compute scores in float32 and
+feed the softmax weights to the value product in the model dtype.
 """
 
 from __future__ import annotations
@@ -161,12 +161,12 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
            window, implementation: str, block: int, scale: float | None = None, softcap: float = 0.0,
            tree=None) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Attention over cache layer `layer` (an int or a traced index) with `window` (an int or a traced
-  scalar) by `implementation` (one of `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with `block` keys per step
-  (`dense` when `block` is 0); the Pallas GPU kernel (`kernel_attention`; `kernel_interpret`: in
-  interpret mode), which has no soft-cap and tiles heads in powers of two on GPU: soft-capped layers and
-  heads of another width run blockwise. `scale` defaults to
-  Dh^(-1/2); `tree` (static, None = a chain) makes the chunk a tree (see `visible`). Returns the output
-  [B, T, G, Hg, Dh] and the cache's keys and values to write the next layer into (see `blockwise`)."""
+  scalar) by `implementation` (one of `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with
+  `block` keys per step (`dense` when `block` is 0); the Pallas GPU kernel (`kernel_attention`;
+  `kernel_interpret`: in interpret mode), which has no soft-cap and tiles heads in powers of two on GPU:
+  soft-capped layers and heads of another width run blockwise. `scale` defaults to Dh^(-1/2); `tree`
+  (static, None = a chain) makes the chunk a tree (see `visible`). Returns the output [B, T, G, Hg, Dh]
+  and the cache's keys and values to write the next layer into (see `blockwise`)."""
   head_width = q_BxTxGxHgxDh.shape[-1]
   kernel_fits = not softcap and (implementation == "kernel_interpret" or head_width & (head_width - 1) == 0)
   if implementation.startswith("kernel") and kernel_fits:

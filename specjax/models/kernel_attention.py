@@ -42,16 +42,6 @@ def tiling(S: int) -> tuple[int, int]:
   return splits, next(b for b in (128, 64, 32, 16) if (S // splits) % b == 0)
 
 
-def _gather_slots(x_LxBxSxGxDh: jax.Array, layer, start_B: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
-  """Each row's `width` slots from `start_B[b]` of cache layer `layer` ([B, width, G, Dh]) and the slots
-  read ([B, width]): a window that would overhang S_max is shifted inside it (callers mask by slot)."""
-  S = x_LxBxSxGxDh.shape[2]
-  begin_B = jnp.clip(start_B, 0, S - width)
-  index_BxSe = begin_B[:, None] + jnp.arange(width)[None, :]
-  layer_x = jax.lax.dynamic_index_in_dim(x_LxBxSxGxDh, layer, axis=0, keepdims=False)
-  return jnp.take_along_axis(layer_x, index_BxSe[:, :, None, None], axis=1), index_BxSe
-
-
 def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
            lengths_B: jax.Array, window, scale: float | None = None, tree=None,
            interpret: bool = False) -> jax.Array:
@@ -62,22 +52,25 @@ def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   scale = Dh ** -0.5 if scale is None else scale
   width = T + (0 if tree is None else tree.first)  # the chunk's slots, from lengths_B
   windowed = not (isinstance(window, int) and window == 0)
-  window = jnp.asarray(window, jnp.int32)
-  start_B = (jnp.where(window > 0, jnp.clip(lengths_B + width - window, 0, lengths_B), 0) if windowed
+  window_scalar = jnp.asarray(window, jnp.int32)
+  start_B = (jnp.where(window_scalar > 0, jnp.clip(lengths_B + width - window_scalar, 0, lengths_B), 0) if windowed
              else jnp.zeros_like(lengths_B))
+  layer_k_BxSxGxDh = jax.lax.dynamic_index_in_dim(k_LxBxSxGxDh, layer, axis=0, keepdims=False)
+  layer_v_BxSxGxDh = jax.lax.dynamic_index_in_dim(v_LxBxSxGxDh, layer, axis=0, keepdims=False)
 
-  # The rest: the window's edge [max(lengths - W + 1, 0), start) (fewer than `width` slots), the chunk.
+  # The rest, as parts (owned slots [lo, hi), slots read): the window's edge [max(lengths - W + 1, 0),
+  # start) (fewer than `width` slots), then the chunk. A part that would overhang S_max reads a window
+  # shifted inside it; the slots it does not own are masked.
   parts = [(lengths_B, lengths_B + width, width)]
   if windowed and width > 1:
-    edge_start_B = jnp.where(window > 0, jnp.maximum(lengths_B - window + 1, 0), start_B)
+    edge_start_B = jnp.where(window_scalar > 0, jnp.maximum(lengths_B - window_scalar + 1, 0), start_B)
     parts.insert(0, (edge_start_B, start_B, width - 1))
-  gathered = [(_gather_slots(k_LxBxSxGxDh, layer, lo_B, n), _gather_slots(v_LxBxSxGxDh, layer, lo_B, n)[0],
-               lo_B, hi_B) for lo_B, hi_B, n in parts]
-  k_BxSexGxDh = jnp.concatenate([k for (k, _), _, _, _ in gathered], axis=1)
-  v_BxSexGxDh = jnp.concatenate([v for _, v, _, _ in gathered], axis=1)
-  slot_BxSe = jnp.concatenate([slot for (_, slot), _, _, _ in gathered], axis=1)
-  owned_BxSe = jnp.concatenate([(slot >= lo_B[:, None]) & (slot < hi_B[:, None])
-                                for (_, slot), _, lo_B, hi_B in gathered], axis=1)
+  slots = [jnp.clip(lo_B, 0, S - n)[:, None] + jnp.arange(n)[None, :] for lo_B, _, n in parts]
+  slot_BxSe = jnp.concatenate(slots, axis=1)
+  owned_BxSe = jnp.concatenate([(slot_BxN >= lo_B[:, None]) & (slot_BxN < hi_B[:, None])
+                                for slot_BxN, (lo_B, hi_B, _) in zip(slots, parts)], axis=1)
+  k_BxSexGxDh = jnp.take_along_axis(layer_k_BxSxGxDh, slot_BxSe[:, :, None, None], axis=1)
+  v_BxSexGxDh = jnp.take_along_axis(layer_v_BxSxGxDh, slot_BxSe[:, :, None, None], axis=1)
   query_pos_BxT = attention.query_positions(lengths_B, T, tree)
   visible_BxTxSe = owned_BxSe[:, None, :] & attention.visible(query_pos_BxT, slot_BxSe, window, lengths_B, tree)
   scores_BxGxHgxTxSe = jnp.where(visible_BxTxSe[:, None, None],
@@ -92,10 +85,8 @@ def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   # running max and sum (a row whose range is empty gives sum 0, max = float32's lowest: weight 0 below).
   splits, block = tiling(S)
   q_BxQxDh = q_BxTxGxHgxDh.transpose(0, 2, 1, 3, 4).reshape(B, G * T * Hg, Dh)
-  layer_k = jax.lax.dynamic_index_in_dim(k_LxBxSxGxDh, layer, axis=0, keepdims=False)
-  layer_v = jax.lax.dynamic_index_in_dim(v_LxBxSxGxDh, layer, axis=0, keepdims=False)
   acc_BxQxDh, (sum_BxQ, max_BxQ) = decode_attention.gqa(
-      q_BxQxDh, layer_k, layer_v, start_B, lengths_B, sm_scale=scale, k_splits=splits, block_k=block,
+      q_BxQxDh, layer_k_BxSxGxDh, layer_v_BxSxGxDh, start_B, lengths_B, sm_scale=scale, k_splits=splits, block_k=block,
       interpret=interpret, return_residuals=True, normalize_output=False)
   fold = lambda x: x.reshape(B, G, T, Hg, *x.shape[2:]).swapaxes(2, 3)  # -> [B, G, Hg, T, ...]
   prefix_acc_BxGxHgxTxDh, prefix_sum_BxGxHgxT, prefix_max_BxGxHgxT = fold(acc_BxQxDh), fold(sum_BxQ), fold(max_BxQ)
