@@ -110,7 +110,7 @@ class Decoder:
       return self._drafter_instance, {}
     settings = spec.drafter_settings
     key = (spec.drafter, settings.group, settings.options.to_json(), settings.draft, repr(settings.tree),
-           settings.tree_children)
+           settings.tree_children, settings.k_policy)
     if key not in self._drafters:
       self._drafters[key] = pipeline.build_drafter(spec, self.target, self.draft, self._log)
     return self._drafters[key]

@@ -168,7 +168,7 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
   options = cfg[key] if key in cfg else cls.config_group()
   settings = DrafterSettings(group=key, options=ml_collections.FrozenConfigDict(options), draft=cfg.draft,
                              tree=tree, tree_children=cfg.tree_children,
-                             k=cfg.k if tree is None else tree.max_depth)
+                             k=cfg.k if tree is None else tree.max_depth, k_policy=cfg.k_policy)
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
   return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width,

@@ -21,7 +21,7 @@ from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
-                                  target_greedy)
+                                  target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
 from tests.helpers.k_policy import PeekingDrafter
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
 
@@ -191,3 +191,48 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
   np.testing.assert_allclose(k_policy.calibrate(4, run, rounds=3), round_s, rtol=1e-5)
   # Per length: the untimed warm-up round, then 1 and 1 + 3 rounds timed.
   assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]
+
+
+def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes():
+  """With `max_lag` 3, a round whose policy wants no token runs no draft pass (0 calls, nothing
+  proposed) while every row's lag has room for its pending token; the round whose pending token
+  would overflow some row's lag feeds them all (1 call), and so does the next drafting round. Forced
+  outcomes (full, partial, no acceptance, a row that commits nothing) between: the cache plus the lag
+  always hold each row's history, and every drafting round's distributions equal a full forward pass
+  over [history, pending, d_1 .. d_{i-1}] (a lag fed in the wrong order, dropped or doubled fails)."""
+  drafter, state, propose, commit, score = forced_draft_rounds(40, max_lag=3)
+  k, sampling, config = 3, sampling_params(1.0), drafter.config
+  history, pending = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3]
+  # (tokens the policy wants, what each row commits, draft passes the round must run)
+  schedule = [(2, [3, 1, 2], 2), (0, [1, 1, 1], 0), (0, [1, 1, 0], 0), (0, [1, 1, 1], 1), (0, [1, 1, 1], 0),
+              (3, [4, 2, 0], 3), (1, [2, 1, 2], 1), (0, [1, 1, 1], 0), (3, [1, 4, 3], 3)]
+  for round_, (wanted, committed, calls) in enumerate(schedule):
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k,
+                                 wanted_B=jnp.full((3,), wanted, jnp.int32))
+    assert int(proposal.calls) == calls
+    assert np.asarray(proposal.lengths).tolist() == [wanted] * 3
+    sequences_BxT = np.zeros((3, 40), np.int32)
+    for b, row in enumerate(history):
+      sequence = row + [pending[b]] + list(np.asarray(proposal.tokens[b]))
+      sequences_BxT[b, :len(sequence)] = sequence
+    want_BxTxV = np.asarray(score(jnp.asarray(sequences_BxT)))
+    for b, row in enumerate(history):
+      np.testing.assert_allclose(proposal.probs[b, :wanted], want_BxTxV[b, len(row):len(row) + wanted], atol=1e-5)
+    state = commit(drafter, state, proposal, jnp.asarray(committed, jnp.int32), None)
+    for b, c in enumerate(committed):
+      if c:
+        history[b] += ([pending[b]] + list(np.asarray(proposal.tokens[b])))[:c]
+        pending[b] = (7 * round_ + b) % config.vocab_size
+    np.testing.assert_array_equal(state.cache.lengths + state.lag, [len(row) for row in history])
+  assert int(jnp.max(state.lag)) <= 3
+
+
+@pytest.mark.parametrize("max_lag", [2, 5])
+def test_a_deferring_model_drafter_keeps_greedy_output(max_lag):
+  """The loop with plain rounds that skip the draft: greedy output unchanged, and fewer draft passes
+  than the drafter that feeds every pending token (max_lag 1) on the same rounds."""
+  feeding = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3)
+  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, max_lag=max_lag)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
+  assert np.asarray(out.rounds_per_length).tolist() == np.asarray(feeding.rounds_per_length).tolist()
+  assert np.asarray(out.rounds_per_length)[0] > 0 and int(out.draft_calls) < int(feeding.draft_calls)

@@ -18,14 +18,14 @@ import pytest
 from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import forward
-from specjax.sampling import probabilities, sampling_params
+from specjax.sampling import sampling_params
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
-                                  exact_distribution, run_speculative, target_greedy, tiny_model)
+                                  exact_distribution, forced_draft_rounds, FORCED_DRAFT_PROMPTS, run_speculative,
+                                  target_greedy, tiny_model)
 from tests.helpers.stats import chi_square_pvalue
 
 
@@ -197,16 +197,9 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
   probability reaches the threshold, the first unconfident one drawn is not proposed, and the draft
   stops drawing once no row is drafting (here: proposals of 1, 2 and 3 passes, and rows accepting all
   K tokens, whose d_K is caught up in the next round)."""
-  config, params = tiny_model(5, d_model=16)
-  drafter, k, sampling = ModelDrafter(config, params, stop_threshold=stop_threshold), 3, sampling_params(1.0)
-  prompts = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
-  padded, lengths = pad_prompts(prompts)
-  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(3, 32), padded, lengths, None)
-  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
-  commit = jax.jit(ModelDrafter.commit)
-  score = jax.jit(lambda tokens_BxT: probabilities(forward(config, params, tokens_BxT,
-                                                           init_cache(config, 3, 32))[0], sampling))
-  history, pending, short_proposals, passes = [list(p) for p in prompts], [1, 2, 3], 0, set()
+  drafter, state, propose, commit, score = forced_draft_rounds(32, stop_threshold=stop_threshold)
+  k, sampling = 3, sampling_params(1.0)
+  history, pending, short_proposals, passes = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3], 0, set()
   schedule = [[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4], [2, 3, 4]]
   for round_, wanted in enumerate(schedule):
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling,
@@ -232,7 +225,7 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
       if c:
         history[b] += ([pending[b]] + list(np.asarray(tokens_BxK[b])))[:c]
         pending[b] = (7 * round_ + b) % VOCAB  # whatever the target drew next
-    np.testing.assert_array_equal(state.cache.lengths + state.behind, [len(row) for row in history])
+    np.testing.assert_array_equal(state.cache.lengths + state.lag, [len(row) for row in history])
   assert (short_proposals > 3) == (stop_threshold > 0)  # the threshold did stop some rows early
   assert passes == ({1, 2, 3} if stop_threshold else {3})
 

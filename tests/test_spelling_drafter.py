@@ -28,6 +28,8 @@ from tests.helpers.stats import chi_square_pvalue
 SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
           "adaptive": ({}, dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3),
                                 cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
+          "adaptive_deferred": (dict(max_lag=5), dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3),
+                                                       cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
           "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}),
           "dynamic_tree": (dict(tree=DynamicSpec(6, 3, 2)), {})}
 
@@ -47,7 +49,7 @@ def test_greedy_output_is_the_targets_own(shape):
   committed = np.asarray(out.target_cache.lengths)
   spelled = [int(sum(counts_V[t] for t in (prompt + row)[:n])) for prompt, row, n in zip(PROMPTS, got, committed)]
   state = out.draft_state
-  assert (np.asarray(state.cache.lengths) + np.asarray(state.behind)).tolist() == spelled
+  assert (np.asarray(state.cache.lengths) + np.asarray(state.lag)).tolist() == spelled
 
 
 def test_an_eos_inside_an_accepted_block_ends_the_row():
@@ -98,17 +100,32 @@ def test_a_restricted_head_keeps_the_most_frequent_shared_ids_and_the_stop_token
   assert (np.asarray(head.inputs_V)[targets] == np.asarray(head.tokens_Vd)).all()
 
 
-def test_the_draft_reads_the_spelled_history():
+# The K policy's wanted length per round (None: K) and what each row commits; with a lag of 5 ids, plain
+# rounds (0) skip the draft until pending's 1 to 3 ids would overflow some row's lag.
+FORCED_SCHEDULES = {1: [(None, [4, 1, 2]), (None, [4, 4, 0]), (None, [0, 2, 4]), (None, [3, 4, 1]),
+                        (None, [1, 4, 4]), (None, [4, 4, 4])],
+                    5: [(3, [4, 1, 2]), (0, [1, 1, 1]), (0, [1, 0, 1]), (0, [1, 1, 1]), (2, [3, 1, 2]),
+                        (0, [1, 1, 1]), (3, [4, 4, 0]), (3, [1, 4, 4])]}
+
+
+@pytest.mark.parametrize("max_lag", sorted(FORCED_SCHEDULES))
+def test_the_draft_reads_the_spelled_history(max_lag):
   """After forced outcomes (all proposed tokens accepted, some, none; pending tokens spelled by 1 to M
-  draft ids), every proposal's distributions equal the draft's full forward pass over the spelled
-  [history, pending, d_1 .. d_{i-1}], restricted to the intersection and renormalised, laid out on the
-  target's ids: a miscounted spelling, a lagging token fed twice or a cache off by one shifts them."""
-  drafter, (draft_I, target_I, ids_VxM, counts_V), state, propose, commit, score, outside = forced_rounds()
+  draft ids; plain rounds that skip the draft and leave their ids in the lag), every proposal's
+  distributions equal the draft's full forward pass over the spelled [history, pending, d_1 .. d_{i-1}],
+  restricted to the intersection and renormalised, laid out on the target's ids: a miscounted spelling,
+  a lag fed twice, out of order or cut, or a cache off by one shifts them."""
+  drafter, (draft_I, target_I, ids_VxM, counts_V), state, propose, commit, score, outside = forced_rounds(
+      max_lag=max_lag)
   k, sampling, batch, cache = 3, sampling_params(1.0), len(FORCED_PROMPTS), FORCED_CACHE
   history, pending = [list(p) for p in FORCED_PROMPTS], [int(outside[0]), int(outside[1]), int(target_I[0])]
-  for round_, wanted in enumerate([[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4]]):
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k)
-    tokens_BxK = np.asarray(proposal.tokens)
+  longest_lag = 0
+  for round_, (wanted, committed) in enumerate(FORCED_SCHEDULES[max_lag]):
+    wanted_B = None if wanted is None else jnp.full((batch,), wanted, jnp.int32)
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k,
+                                 wanted_B=wanted_B)
+    drawn = k if wanted is None else wanted
+    tokens_BxK = np.asarray(proposal.tokens)[:, :drawn]
     assert np.isin(tokens_BxK, target_I).all()
     sequences_BxT = np.zeros((batch, cache), np.int32)
     starts = []
@@ -119,17 +136,19 @@ def test_the_draft_reads_the_spelled_history():
       sequences_BxT[b, :len(sequence)] = sequence
     logits_BxTxW = np.asarray(score(jnp.asarray(sequences_BxT)))
     for b in range(batch):
-      restricted_KxI = logits_BxTxW[b, starts[b]:starts[b] + k][:, draft_I]
+      restricted_KxI = logits_BxTxW[b, starts[b]:starts[b] + drawn][:, draft_I]
       want_KxI = np.asarray(probabilities(jnp.asarray(restricted_KxI), sampling))
-      np.testing.assert_allclose(np.asarray(proposal.probs)[b][:, target_I], want_KxI, atol=1e-5)
-    committed = np.minimum(wanted, k + 1) * (np.array(wanted) > 0)
+      np.testing.assert_allclose(np.asarray(proposal.probs)[b][:drawn, target_I], want_KxI, atol=1e-5)
+    committed = np.minimum(committed, drawn + 1) * (np.array(committed) > 0)
     state = commit(drafter, state, proposal, jnp.asarray(committed, jnp.int32), None)
     for b, c in enumerate(committed):
       if c:
         history[b] += ([pending[b]] + list(tokens_BxK[b]))[:c]
         pending[b] = int(outside[(round_ + b) % len(outside)]) if (round_ + b) % 2 else int(target_I[round_ + b])
-    held = np.asarray(state.cache.lengths) + np.asarray(state.behind)
+    held = np.asarray(state.cache.lengths) + np.asarray(state.lag)
     assert held.tolist() == [len(spell_history(row, ids_VxM, counts_V)) for row in history]
+    longest_lag = max(longest_lag, int(np.asarray(state.lag).max()))
+  assert (longest_lag > 1) == (max_lag > 1)  # plain rounds left more than d_n behind
 
 
 def test_a_static_trees_distributions_follow_the_spelled_history():

@@ -12,7 +12,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, init_params
-from specjax.sampling import sampling_params
+from specjax.sampling import probabilities, sampling_params
 from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers import reference
@@ -67,10 +67,10 @@ DRAFTS = _drafts()
 
 def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
                     target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, stop_threshold=0.0,
-                    target=TARGET, **kwargs):
+                    target=TARGET, max_lag=1, **kwargs):
   """Speculative decoding of `prompts` by `target` with the model drafter `draft`."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
-  drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold)
+  drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold, max_lag=max_lag)
   padded, lengths = pad_prompts(prompts)
   return speculative_generate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), target_cache_len),
@@ -127,3 +127,20 @@ def accept_all(key, proposal, target_probs_BxK1xV):
 SMALL_TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
 SMALL_DRAFT = perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance about 0.7
 SAMPLE_PROMPT, SAMPLE_STEPS = [3, 1, 4], 3
+
+
+FORCED_DRAFT_PROMPTS = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
+
+
+def forced_draft_rounds(cache_len: int, **fields):
+  """A tiny model drafter (`fields`: its settings) initialised on FORCED_DRAFT_PROMPTS, its compiled
+  `propose` and `commit`, and the draft's distributions at T = 1 of whole sequences [3, cache_len]: the
+  kit of the tests that force each round's outcome and compare proposals with full forward passes."""
+  config, params = tiny_model(5, d_model=16)
+  drafter, batch = ModelDrafter(config, params, **fields), len(FORCED_DRAFT_PROMPTS)
+  padded, lengths = pad_prompts(FORCED_DRAFT_PROMPTS)
+  state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, cache_len), padded, lengths, None)
+  score = jax.jit(lambda tokens_BxT: probabilities(forward(config, params, tokens_BxT,
+                                                           init_cache(config, batch, cache_len))[0],
+                                                   sampling_params(1.0)))
+  return drafter, state, jax.jit(ModelDrafter.propose, static_argnames="k"), jax.jit(ModelDrafter.commit), score

@@ -1,10 +1,18 @@
 """The model drafter: a small language model with its own static KV cache, sampled autoregressively.
 
 Its forward passes feed each draft token d_1 .. d_{K-1} once, so after a round that accepted all K
-tokens the cache lacks d_K (never fed). The next proposal then starts with the two-token chunk
-[d_K, pending] instead of [pending] and reads the logits at the last valid position of each row:
+tokens the cache lacks d_K (never fed). The cache may trail the committed history by a few ids, the
+*lag* (`ModelDraftState.lag_ids`): the next proposal's first pass, the catch-up, feeds [lag, pending]
+(e.g. the two-token chunk [d_K, pending]) and reads the logits at the last valid position of each row:
 K forward passes per proposal, never an extra pass just to catch up (and a 1-token first pass when
-no row is behind). Only the position a pass samples from goes through the output head.
+no row lags). Only the position a pass samples from goes through the output head.
+
+Plain rounds skip the draft (`max_lag` > 1, which `build` sets for the adaptive K policy): a round in
+which no row wants a draft token (the policy chose 0, a plain target step) runs no draft pass at all
+and the pending token joins the lag instead; the first round that drafts again, or the round whose
+pending ids would overflow some row's lag, feeds the whole lag in one catch-up pass (on a CPU a pass of
+33 ids costs about 2.4 single ones: the plain stretch pays a fraction of a draft pass per round,
+instead of a whole one).
 
 Early stopping (`stop_threshold` > 0, HF's `assistant_confidence_threshold`): a row proposes its draft
 tokens only while the top probability of the draft's own distribution (softmax of its logits, before
@@ -71,15 +79,19 @@ if TYPE_CHECKING:
 
 @flax.struct.dataclass
 class ModelDraftState:
-  cache: KVCache  # [L, B, S, G, Dh] draft cache: the history except `lagging_token` when `behind`
-  lagging_token: jax.Array  # [B] int32: the previous round's last accepted draft token d_n
-  behind: jax.Array  # [B] bool: the cache lacks `lagging_token` (it was accepted but never fed)
+  cache: KVCache  # [L, B, S, G, Dh] draft cache: the history but its last `lag` draft ids
+  lag_ids: jax.Array  # [B, Λ] int32: the draft ids of the history the cache lacks (the first `lag`), oldest first
+  lag: jax.Array  # [B] int32 in [0, Λ]: how many (accepted but never fed: d_n, pending ids of plain rounds)
   fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
-  pending_ids: jax.Array  # [B] int32: draft ids the last proposal fed for the pending token (1 but with a spelling)
+  pending_ids: jax.Array  # [B] int32: draft ids spelling the last proposal's pending token (1 but with a spelling)
+  deferred: jax.Array  # [] bool: the last proposal fed nothing (a plain round): its pending ids join the lag
   node_slots: jax.Array | None = None  # [B, N + 1] int32, dynamic trees: each node's cache slot beyond the root
 
 
 OTHER_TOKENIZER = ("intersect", "refuse")  # config.model.other_tokenizer
+# Target tokens' worth of draft ids the cache may trail the history by when plain rounds skip the draft
+# (`max_lag`): one catch-up pass of 33 ids per 32 plain rounds at most.
+DEFERRED_TOKENS = 32
 
 
 def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
@@ -125,6 +137,10 @@ class ModelDrafter(ModelBackedDrafter):
   tree: Tree | DynamicSpec | None = flax.struct.field(pytree_node=False, default=None)
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
   spelling: Spelling | None = None  # another tokenizer's: the target's ids as draft ids (`head` maps back)
+  # Λ: draft ids the cache may trail the committed history by (static). 1: only the last accepted token,
+  # every round feeds the pending token; more: rounds proposing nothing skip the draft (needs
+  # `config.narrow_passes`: the catch-up pass is compiled at Λ + M ids, run only when a lag that long waits).
+  max_lag: int = flax.struct.field(pytree_node=False, default=1)
 
   @classmethod
   def config_group(cls) -> ml_collections.ConfigDict:
@@ -163,10 +179,13 @@ class ModelDrafter(ModelBackedDrafter):
     else:
       head, coverage = restricted_draft_head(options.vocab, options.vocab_corpus, target, draft, log)
       facts = {"draft_vocab_coverage": coverage}
+    # Plain rounds of the adaptive policy skip the draft where branches are cheap (narrow passes).
+    defers = settings.k_policy == "adaptive" and settings.tree is None and draft.config.narrow_passes
+    max_lag = DEFERRED_TOKENS * (1 if spelling is None else spelling.max_ids) if defers else 1
     drafter = cls(draft.config, draft.params, head, stop_threshold=options.stop_threshold,
                   cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree,
-                  tree_children=settings.tree_children, spelling=spelling)
-    return drafter, facts
+                  tree_children=settings.tree_children, spelling=spelling, max_lag=max_lag)
+    return drafter, {**facts, "draft_max_lag": max_lag}
 
   @property
   def vocab_size(self) -> int:
@@ -183,6 +202,12 @@ class ModelDrafter(ModelBackedDrafter):
     error = _settings_error(self.stop_threshold, self.tree, self.tree_children)
     if error:
       raise ValueError(error)
+    if int(self.max_lag) != self.max_lag or self.max_lag < 1:
+      raise ValueError(f"max_lag must be an integer >= 1, got {self.max_lag}")
+    if self.max_lag > 1 and (self.tree is not None or not self.config.narrow_passes):
+      raise ValueError(f"max_lag {self.max_lag} > 1 lets plain chain rounds skip the draft: it needs a chain "
+                       f"(no tree) and the draft's narrow_passes (else every catch-up pass is "
+                       f"{self.max_lag + self.spelled_ids} ids wide)")
     if self.head is not None and self.head.weight_VdxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_VdxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
@@ -221,15 +246,15 @@ class ModelDrafter(ModelBackedDrafter):
       return draft_inputs(self.config, None, tokens_B)[:, None], jnp.ones_like(tokens_B)
     return self.spelling.spell(tokens_B)
 
-  def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array, narrowest: int
+  def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array, narrow: tuple[int, ...]
             ) -> tuple[jax.Array, KVCache]:
-    """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrowest`,
-    `narrowest` + 1 and W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a
-    2-token pass costs up to 1.8 single ones, and wider ones are rare (a token spelled by several draft
-    ids); without `config.narrow_passes`, always W. Returns the hidden state after each row's last id
-    [B, D] (zeros for a row fed nothing) and the cache written, not advanced."""
+    """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrow`
+    and W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a 2-token pass
+    costs up to 1.8 single ones, and wider ones are rare (a lag of plain rounds, a token spelled by
+    several draft ids); without `config.narrow_passes`, always W. Returns the hidden state after each
+    row's last id [B, D] (zeros for a row fed nothing) and the cache written, not advanced."""
     batch, width = chunk_BxW.shape
-    widths = sorted({narrowest, min(narrowest + 1, width), width}) if self.config.narrow_passes else [width]
+    widths = sorted({w for w in narrow if w < width} | {width}) if self.config.narrow_passes else [width]
 
     def pass_of(w):
       def run(cache):
@@ -255,25 +280,33 @@ class ModelDrafter(ModelBackedDrafter):
     else:
       cache = prefill_spelled(self.config, self.params, *self.spelling.spell_rows(prompts_BxP, prompt_lengths_B),
                               cache)
-    return ModelDraftState(cache=cache, lagging_token=jnp.zeros((batch,), jnp.int32),
-                           behind=jnp.zeros((batch,), bool), fed=jnp.int32(0),
-                           pending_ids=jnp.ones((batch,), jnp.int32),
+    return ModelDraftState(cache=cache, lag_ids=jnp.zeros((batch, self.max_lag), jnp.int32),
+                           lag=jnp.zeros((batch,), jnp.int32), fed=jnp.int32(0),
+                           pending_ids=jnp.ones((batch,), jnp.int32), deferred=jnp.bool_(False),
                            node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
                                        if isinstance(self.tree, DynamicSpec) else None))
 
-  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array
-                ) -> tuple[jax.Array, KVCache, jax.Array, jax.Array]:
-    """The first pass of a proposal: [d_K, pending's ids] for rows that are behind, [pending's ids] for
-    the others (`_feed`: just one token when no row is behind and the tokenizer is shared). Returns the
-    hidden state after pending [B, D], the cache written (not advanced), the ids fed per row [B] and
-    pending's share of them [B]."""
+  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array, drafting: jax.Array | bool = True
+                ) -> tuple[jax.Array, ModelDraftState, KVCache, jax.Array]:
+    """The first pass of a proposal: each row's [lag, pending's ids] (`_feed`: just one id when no row
+    lags and the tokenizer is shared). When nothing is `drafting` (a plain round) and every row's lag
+    has room for pending's ids, nothing is fed (no pass runs, `max_lag` > 1 only): the state then holds
+    them as the lag's tail (`lag_ids`), for `commit` to count. Returns the hidden state after pending
+    [B, D] (zeros when deferred), the state (`lag_ids`, `pending_ids`, `deferred` set), the cache
+    written (not advanced) and the ids fed per row [B]."""
     spelled_BxM, counts_B = self._spell(pending_B)
-    lagging_B = draft_inputs(self.config, self.head, state.lagging_token)
-    chunk_BxW = jnp.concatenate([lagging_B[:, None], spelled_BxM], axis=1)
-    chunk_BxW = jnp.where(state.behind[:, None], chunk_BxW, jnp.roll(chunk_BxW, -1, axis=1))
-    num_valid_B = state.behind.astype(jnp.int32) + counts_B
-    hidden_BxD, cache = self._feed(state.cache, chunk_BxW, num_valid_B, narrowest=1)
-    return hidden_BxD, cache, num_valid_B, counts_B
+    capacity, width = self.max_lag, self.max_lag + spelled_BxM.shape[1]
+    # Row b's chunk: its lag ids, then pending's ids right after them.
+    slot_W = jnp.arange(width)[None, :]
+    source_BxW = jnp.where(slot_W < state.lag[:, None], slot_W, capacity + slot_W - state.lag[:, None])
+    chunk_BxW = jnp.take_along_axis(jnp.concatenate([state.lag_ids, spelled_BxM], axis=1),
+                                    jnp.minimum(source_BxW, width - 1), axis=1)
+    waiting_B = state.lag + counts_B
+    deferred = (capacity > 1) & ~jnp.asarray(drafting) & jnp.all(waiting_B <= capacity)
+    num_valid_B = jnp.where(deferred, 0, waiting_B)
+    hidden_BxD, cache = self._feed(state.cache, chunk_BxW, num_valid_B, (0, 1, 2) if capacity > 1 else (1, 2))
+    state = state.replace(lag_ids=chunk_BxW[:, :capacity], pending_ids=counts_B, deferred=deferred)
+    return hidden_BxD, state, cache, num_valid_B
 
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
               sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None
@@ -283,7 +316,9 @@ class ModelDrafter(ModelBackedDrafter):
     if self.tree is not None:
       proposal, state = self._propose_tree(state, pending_B, sampling, key)
       return proposal, state, target_cache
-    hidden_BxD, cache, num_valid_B, pending_ids_B = self._catch_up(state, pending_B)
+    # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
+    drafting = True if wanted_B is None else jnp.max(wanted_B) > 0
+    hidden_BxD, state, cache, num_valid_B = self._catch_up(state, pending_B, drafting)
 
     def draw(hidden_BxD, step_key):
       """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
@@ -298,8 +333,14 @@ class ModelDrafter(ModelBackedDrafter):
       top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
       return token_B, probs_BxV, top_B >= self.stop_threshold
 
+    def no_draw(hidden_BxD, step_key):
+      return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), jax.eval_shape(draw, hidden_BxD, step_key))
+
     keys_K = jax.random.split(key, k)
-    token_B, probs_BxV, confident_B = draw(hidden_BxD, keys_K[0])
+    # No head for a plain round where branches are cheap (narrow passes: CPU); its d_1 is never verified.
+    skippable = wanted_B is not None and self.config.narrow_passes
+    token_B, probs_BxV, confident_B = (jax.lax.cond(drafting, draw, no_draw, hidden_BxD, keys_K[0]) if skippable
+                                       else draw(hidden_BxD, keys_K[0]))
     tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
     # Greedy proposals are point masses: no [B, K, V] buffer.
     probs_BxKxV = None if probs_BxV is None else jnp.zeros(
@@ -310,8 +351,8 @@ class ModelDrafter(ModelBackedDrafter):
     # is not proposed). `fed` counts the draft tokens fed, the same for every row.
     # `confident_BxK` [B, K]: d_1 .. d_i confident (False past the drawn tokens); row b is still drafting
     # while its last drawn token is.
-    # The catch-up pass always runs (it feeds the pending token: the cache stays in step even when the
-    # policy proposes nothing); the next pass only while some row wants and may still draw a token.
+    # The catch-up pass runs unless the round is plain and deferred (it feeds the lag and the pending
+    # token); the next pass only while some row wants and may still draw a token.
     limit = k if wanted_B is None else jnp.minimum(jnp.max(wanted_B), k)
 
     def more(carry):
@@ -332,20 +373,21 @@ class ModelDrafter(ModelBackedDrafter):
         more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
     # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
     lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
-    # The cache now holds [d_K?, pending's ids, d_1 .. d_fed] beyond the history, uncommitted.
-    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV, calls=fed + 1)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed,
-                                   pending_ids=pending_ids_B), target_cache
+    # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
+    # when deferred).
+    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
+                        calls=jnp.where(state.deferred, 0, fed + 1))
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
 
   def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
                     key: jax.Array) -> tuple[Proposal, ModelDraftState]:
     """A tree proposal (`tree_drafting`) after [history, pending]; the draft cache then holds every node
-    beyond the history (uncommitted), for `commit` to compact the accepted path. Never behind. With a
+    beyond the history (uncommitted), for `commit` to compact the accepted path. Never lags. With a
     spelling, pending's ids but the last are fed first and the last is the tree's root."""
     spelled_BxM, counts_B = self._spell(pending_B)
     cache = state.cache
     if self.spelled_ids > 1:
-      _, cache = self._feed(cache, spelled_BxM[:, :-1], counts_B - 1, narrowest=0)
+      _, cache = self._feed(cache, spelled_BxM[:, :-1], counts_B - 1, (0, 1))
       cache = cache.advance(counts_B - 1)
     root_B = jnp.take_along_axis(spelled_BxM, (counts_B - 1)[:, None], axis=1)[:, 0]
     tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
@@ -358,31 +400,37 @@ class ModelDrafter(ModelBackedDrafter):
     """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
     gives the root's distribution, then Dt - 1 frontier chunks. The state keeps the cache at its committed
     length and each node's slot beyond the root, for `commit`."""
-    hidden_BxD, cache, num_valid_B, pending_ids_B = self._catch_up(state, pending_B)
+    hidden_BxD, state, cache, num_valid_B = self._catch_up(state, pending_B)
     root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
     tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
                                                              cache.advance(num_valid_B), root_logits_BxW,
                                                              sampling)
     proposal = full(tokens_BxN, calls=self.tree.max_depth).replace(dynamic_tree=tree)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1,
-                                   pending_ids=pending_ids_B)
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
 
   def _commit_dynamic_tree(self, state: ModelDraftState, path_BxDt1: jax.Array, path_tokens_BxDt: jax.Array,
                            num_committed_B: jax.Array) -> ModelDraftState:
-    """After a dynamic tree's round the cache holds [(lagging,) root] then the frontier nodes at their
+    """After a dynamic tree's round the cache holds [lag, root] then the frontier nodes at their
     slots: the accepted nodes a_1 .. a_{n-1} (all expanded, so all fed) move behind the root and a_n,
-    perhaps never fed, becomes the lagging token, fed by the next catch-up pass."""
+    perhaps never fed, becomes the lag, fed by the next catch-up pass."""
     committed_B = num_committed_B > 0
     accepted_B = jnp.maximum(num_committed_B - 1, 0)
-    cache = state.cache.advance(jnp.where(committed_B, state.pending_ids + state.behind.astype(jnp.int32), 0))
+    cache = state.cache.advance(jnp.where(committed_B, state.pending_ids + state.lag, 0))
     if path_BxDt1.shape[1] > 2:  # depth >= 2: some accepted node may have been fed
       sources_BxM = jnp.take_along_axis(state.node_slots, path_BxDt1[:, 1:-1], axis=1)
       cache = cache.compact(jnp.maximum(sources_BxM, 0))
     lagging_B = committed_B & (accepted_B > 0)
     last_accepted_B = jnp.take_along_axis(path_tokens_BxDt, jnp.maximum(accepted_B - 1, 0)[:, None], axis=1)[:, 0]
-    return state.replace(cache=cache.advance(jnp.where(committed_B, jnp.maximum(accepted_B - 1, 0), 0)),
-                         lagging_token=jnp.where(lagging_B, last_accepted_B, state.lagging_token),
-                         behind=jnp.where(committed_B, lagging_B, state.behind))
+    state = state.replace(cache=cache.advance(jnp.where(committed_B, jnp.maximum(accepted_B - 1, 0), 0)))
+    return self._lagging(state, committed_B, lagging_B, last_accepted_B)
+
+  def _lagging(self, state: ModelDraftState, committed_B: jax.Array, lagging_B: jax.Array,
+               last_accepted_B: jax.Array) -> ModelDraftState:
+    """The lag after a round that fed it: the last accepted token (never fed) where `lagging_B`, nothing
+    in the other committed rows; rows that committed nothing keep theirs."""
+    last_id_B = jnp.where(lagging_B, draft_inputs(self.config, self.head, last_accepted_B), state.lag_ids[:, 0])
+    return state.replace(lag_ids=state.lag_ids.at[:, 0].set(last_id_B),
+                         lag=jnp.where(committed_B, lagging_B.astype(jnp.int32), state.lag))
 
   def commit(self, state: ModelDraftState, proposal: Proposal, num_committed_B: jax.Array,
              target_hidden_BxK1xD: jax.Array) -> ModelDraftState:
@@ -393,14 +441,15 @@ class ModelDrafter(ModelBackedDrafter):
       cache = state.cache.advance(jnp.where(committed_B, state.pending_ids - 1, 0))
       cache = cache if self.tree.is_chain else cache.compact(proposal.path)
       return state.replace(cache=cache.advance(num_committed_B))
-    # Written beyond the history: d_K of last round (if behind), pending's ids, d_1 .. d_fed. A row that
-    # accepted n > fed draft tokens commits d_n without its keys: it is behind by that one token.
-    held_B = jnp.where(committed_B, state.behind + state.pending_ids
-                       + jnp.minimum(num_committed_B - 1, state.fed), 0)
+    # A deferred (plain) round wrote nothing: pending's ids join the lag (`_catch_up` put them there).
+    deferred_lag_B = jnp.where(committed_B, state.lag + state.pending_ids, state.lag)
+    # Otherwise written beyond the history: the lag, pending's ids, d_1 .. d_fed. A row that accepted
+    # n > fed draft tokens commits d_n without its keys: it lags by that one token.
+    held_B = jnp.where(committed_B & ~state.deferred,
+                       state.lag + state.pending_ids + jnp.minimum(num_committed_B - 1, state.fed), 0)
     lagging_B = num_committed_B > state.fed + 1
     last_accepted_B = jnp.take_along_axis(proposal.tokens, jnp.maximum(num_committed_B - 2, 0)[:, None],
                                           axis=1)[:, 0]
-    return state.replace(
-        cache=state.cache.advance(held_B),
-        lagging_token=jnp.where(lagging_B, last_accepted_B, state.lagging_token),
-        behind=jnp.where(committed_B, lagging_B, state.behind))
+    fed_state = self._lagging(state.replace(cache=state.cache.advance(held_B)), committed_B, lagging_B,
+                              last_accepted_B)
+    return fed_state.replace(lag=jnp.where(state.deferred, deferred_lag_B, fed_state.lag))
