@@ -93,7 +93,7 @@ from specjax.models.load import (SCAN_LAYERS, attention_for, load_model, narrow_
 from specjax.models.transformer import init_params
 from specjax.sampling import sampling_params
 from specjax.speculative import k_policy
-from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.model import ModelDrafter, lag_for
 from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.loop import speculative_generate
 
@@ -235,10 +235,12 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   target_config, target_params, draft_config, draft_params, _ = pair
   batch, length = prompts_BxP.shape
   lengths_B = np.full((batch,), length, np.int32)
-  drafter = None if mode == AUTOREGRESSIVE else ModelDrafter(draft_config, draft_params)
   policy = KPolicy("adaptive" if mode == ADAPTIVE else "fixed")
+  drafter = None if mode == AUTOREGRESSIVE else ModelDrafter(draft_config, draft_params,
+                                                             max_lag=lag_for(policy.kind, draft_config))
   sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
-  cost = {"cost_C": None}  # the adaptive policy's cost table, once measured
+  # The policy's cost table and acceptance prior (what the adaptive one learns; a fixed K ignores them).
+  memory = k_policy.Memory(prior_K=np.full(k, policy.prior, np.float32)) if drafter else None
 
   def call(budget: int, round_limit: int | None = None, lower: bool = False):
     target_cache = init_cache(target_config, batch, cache_len)
@@ -248,25 +250,29 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     if drafter:
       out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
                                  storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens,
-                                 policy=policy, cost_C=cost["cost_C"], round_limit=round_limit, lower=lower)
+                                 policy=policy, cost_C=memory.cost_C, prior_K=memory.prior_K,
+                                 round_limit=round_limit, lower=lower)
     else:
       out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
                                     (), sampling, key, out_width=cfg.max_new_tokens, lower=lower)
     if lower:
       return out
     tokens_BxO, counts_B = jax.device_get((out.tokens, out.counts))
+    if policy.adaptive:
+      memory.learn(*(np.asarray(n).sum(axis=0) for n in jax.device_get((out.acceptance.reached_at,
+                                                                        out.acceptance.accepted_at))))
     return time.perf_counter() - start, out, tokens_BxO, counts_B
 
   compile_s = call(1)[0]
   calibration_s = 0.0
   if policy.adaptive:  # the cost table, measured here with this program (`k_policy.calibrate`)
     def forced(cost_C: np.ndarray, round_limit: int) -> int:
-      cost["cost_C"] = cost_C
+      memory.cost_C = cost_C
       return int(call(cfg.max_new_tokens, round_limit)[1].target_calls) - 1
 
     start = time.perf_counter()
     cost_C = k_policy.calibrate(len(policy.lengths(k)), forced)
-    calibration_s, cost["cost_C"] = time.perf_counter() - start, cost_C
+    calibration_s, memory.cost_C = time.perf_counter() - start, cost_C
   warmup_s = call(cfg.max_new_tokens)[0]
   prefill_s = float(np.median([call(1)[0] for _ in range(cfg.repeats)]))
   runs = [call(cfg.max_new_tokens) for _ in range(cfg.repeats)]
@@ -285,8 +291,8 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     row.update(round_s=decode_s / calls, draft_calls=int(out.draft_calls), alpha_hat=totals["alpha_hat"],
                acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
   if policy.adaptive:
-    row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in cost["cost_C"]],
-                       "calibration_time_s": calibration_s,
+    row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in memory.cost_C],
+                       "calibration_time_s": calibration_s, "acceptance_learned": [float(a) for a in memory.prior_K],
                        "rounds_per_length": [int(n) for n in jax.device_get(out.rounds_per_length)]}
   else:
     row["step_s"] = decode_s / calls

@@ -207,7 +207,7 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
                        (groups[0], System(AUTOREGRESSIVE)))
   target, draft = pipeline.load_models(group.decode_config(cfg, system), log)
   log(f"{len(todo)} specjax runs to make ({len(done)} already in {cfg.output})")
-  cost_tables: dict = {}
+  policy_memory: dict = {}
   current = None
   for number_, (group, index, system) in enumerate(todo, 1):
     if group.key != current:
@@ -217,7 +217,7 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
       current = group.key
       log(f"== {group.key}: {', '.join(s.name for s in group.systems)}")
     result = pipeline.run(group.decode_config(cfg, system), log=lambda m: log(f"  {m}"), models=(target, draft),
-                          cost_tables=cost_tables)
+                          policy_memory=policy_memory)
     results["runs"].append(make_row(cfg, group, index, system, result))
     save()
     row = results["runs"][-1]  # with its speedup and greedy comparison, which `save` derived

@@ -103,7 +103,7 @@ def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, steps: int = 2
       return k_policy.update(policy, state, index, wanted_B, jnp.minimum(accepted_B, wanted_B), live_B)
     return jax.lax.fori_loop(0, steps, one, state)
 
-  state = k_policy.init(policy, batch_size, k, np.linspace(1.0, 2.0, len(lengths)))
+  state = k_policy.init(policy, batch_size, k, np.linspace(1.0, 2.0, len(lengths)), np.full(k, policy.prior))
   jax.block_until_ready(rounds(state))
   start = time.perf_counter()
   jax.block_until_ready(rounds(state))

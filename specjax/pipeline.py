@@ -78,18 +78,23 @@ class _Runner:
   cache_len: int
   target_cache: KVCache | None = None  # [L, B, S, G, Dh] returned by the last call; None before
   draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
-  cost_C: np.ndarray | None = None  # [C] the adaptive K policy's cost table (`calibrate`); None = unmeasured
+  memory: k_policy.Memory | None = None  # the adaptive K policy's cost table and acceptance prior; None = fixed
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
                round_limit: int | None = None, cost_C: np.ndarray | None = None, lower: str = ""):
     """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs)."""
     part = self.target.part
-    cost_C = self.cost_C if cost_C is None else cost_C
+    cost_C = self.memory.cost_C if cost_C is None and self.memory else cost_C
     if part is None:
-      return self._generate(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, lower)
-    with jax.set_mesh(part.mesh):
-      return self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
-                            key, round_limit, cost_C, lower)
+      out = self._generate(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, lower)
+    else:
+      with jax.set_mesh(part.mesh):
+        out = self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
+                             key, round_limit, cost_C, lower)
+    if self.memory and not lower:  # what the policy learns from every call, calibration's included
+      reached_BxK, accepted_BxK = meshes.to_host((out.acceptance.reached_at, out.acceptance.accepted_at))
+      self.memory.learn(reached_BxK.sum(axis=0), accepted_BxK.sum(axis=0))
+    return out
 
   def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key) -> float:
     """Measures the adaptive policy's cost table on this device and batch shape, with the compiled
@@ -99,7 +104,7 @@ class _Runner:
       return int(jax.block_until_ready(out.target_calls)) - 1
 
     start = time.perf_counter()
-    self.cost_C = k_policy.calibrate(len(self.spec.policy.lengths(self.spec.k)), run,
+    self.memory.cost_C = k_policy.calibrate(len(self.spec.policy.lengths(self.spec.k)), run,
                                      self.spec.config.adaptive.calibration_rounds)
     return time.perf_counter() - start
 
@@ -132,33 +137,38 @@ class _Runner:
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
                                self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
                                k=spec.k, out_width=spec.config.max_new_tokens, policy=spec.policy,
-                               cost_C=cost_C, round_limit=round_limit, lower=lower)
+                               cost_C=cost_C, prior_K=self.memory.prior_K if self.memory else None,
+                               round_limit=round_limit, lower=lower)
     if not lower:
       self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
     return out
 
 
 def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_len: int,
-                    cost_tables: dict[tuple, np.ndarray] | None, prompts_BxP: np.ndarray, lengths_B: np.ndarray,
-                    key, log: Callable[[str], None]) -> dict[str, Any]:
-  """The K policy's record for the results (its kind, lengths, cost table and what measuring it took),
-  measuring the adaptive policy's cost table with the first batch unless `cost_tables` holds this
-  program's (every batch has one shape, so one table serves the run)."""
+                    policy_memory: dict[tuple, k_policy.Memory] | None, prompts_BxP: np.ndarray,
+                    lengths_B: np.ndarray, key, log: Callable[[str], None]) -> dict[str, Any]:
+  """The K policy's record for the results (its kind, lengths, cost table, what measuring it took and
+  the acceptance prior the timed calls start from). The adaptive policy keeps one `k_policy.Memory` per
+  compiled program in `policy_memory` (every batch has one shape): its cost table is measured with the
+  first batch unless the memory holds it, and every call teaches it acceptance."""
   policy, cfg = spec.policy, spec.config
   record = {"kind": policy.kind, "lengths": list(policy.lengths(spec.k))}
   if not policy.adaptive:
     return record
   program = (cfg.batch_size, cache_len, spec.sampling.greedy, spec.k, policy, id(drafter))
-  tables = {} if cost_tables is None else cost_tables
+  memories = {} if policy_memory is None else policy_memory
+  if program not in memories:
+    memories[program] = k_policy.Memory(prior_K=np.full(spec.k, policy.prior, np.float32))
+  runner.memory = memories[program]
   seconds = 0.0
-  if program not in tables:
+  if runner.memory.cost_C is None:
     log(f"measuring the adaptive policy's round costs at lengths {record['lengths']} ...")
     seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32), key)
-    tables[program] = runner.cost_C
-  runner.cost_C = tables[program]
-  costs = ", ".join(f"{n}: {1e3 * c:.1f} ms" for n, c in zip(record["lengths"], runner.cost_C))
-  log(f"round cost by proposal length: {costs}")
-  return {**record, "cost_table_s": [float(c) for c in runner.cost_C], "calibration_time_s": seconds}
+  cost_C, prior_K = runner.memory.cost_C, runner.memory.prior_K
+  log(f"round cost by proposal length: {', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(record['lengths'], cost_C))}"
+      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_K)}")
+  return {**record, "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
+          "acceptance_prior": [float(a) for a in prior_K]}
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
@@ -302,14 +312,15 @@ def _lowering_report(spec: DecodeSpec, runner: _Runner, padded: np.ndarray, leng
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None,
         drafter: tuple[Drafter, dict] | None = None,
-        cost_tables: dict[tuple, np.ndarray] | None = None) -> dict[str, Any]:
+        policy_memory: dict[tuple, k_policy.Memory] | None = None) -> dict[str, Any]:
   """Decodes every prompt of `spec` (or of a config, checked into one); returns the JSON-ready results,
   also written to `config.output` (or, when that fails at the end, to the fallback file named by
   `results["written_to"]`).
 
   `models` = (target, draft or None) already loaded and `drafter` = (a built drafter, its facts) reuse
-  what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `cost_tables` keeps
-  the adaptive policy's measured cost tables across runs, one per compiled program (measured once)."""
+  what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `policy_memory` keeps
+  the adaptive policy's measured cost table (measured once) and learned acceptance across runs, one
+  `k_policy.Memory` per compiled program."""
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   log = log if meshes.is_main_process() else lambda message: None
@@ -340,7 +351,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   compile_time = time.perf_counter() - start
   policy_record = {}
   if spec.speculative:
-    policy_record = _measured_costs(spec, runner, drafter, cache_len, cost_tables, padded, lengths, key, log)
+    policy_record = _measured_costs(spec, runner, drafter, cache_len, policy_memory, padded, lengths, key, log)
 
   turns = max(len(c.turns) for c in conversations)
   answers: list[list[str]] = [[] for _ in conversations]

@@ -51,7 +51,8 @@ def test_choose_maximises_expected_committed_tokens_per_second():
     live_B = rng.uniform(size=4) < 0.7
     live_B[trial % 4] = True
     cost_C = np.sort(rng.uniform(0.5, 3.0, len(lengths))).astype(np.float32)
-    state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK, jnp.float32), cost_C=jnp.asarray(cost_C),
+    state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK, jnp.float32), prior_K=jnp.full(k, 0.8),
+                                 cost_C=jnp.asarray(cost_C),
                                  chosen_C=jnp.zeros(len(lengths), jnp.int32))
     wanted_B, index = k_policy.choose(KPolicy("adaptive"), state, jnp.asarray(live_B), k)
     want = _reference_choice(alpha_BxK, live_B, cost_C, lengths)
@@ -61,9 +62,11 @@ def test_choose_maximises_expected_committed_tokens_per_second():
 
 
 def test_update_moves_reached_positions_and_recovers_the_others():
+  """Toward each position's own prior (the runtime one, not the policy's constant)."""
   policy, k = KPolicy("adaptive", prior=0.6, decay=0.75, recovery=0.1), 4
-  alpha_BxK = np.array([[0.9, 0.5, 0.2, 0.7]] * 4, np.float32)
-  state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK), cost_C=jnp.ones(5), chosen_C=jnp.zeros(5, jnp.int32))
+  alpha_BxK, prior_K = np.array([[0.9, 0.5, 0.2, 0.7]] * 4, np.float32), np.array([0.6, 0.5, 0.8, 0.3], np.float32)
+  state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK), prior_K=jnp.asarray(prior_K), cost_C=jnp.ones(5),
+                               chosen_C=jnp.zeros(5, jnp.int32))
   proposed_B, accepted_B, live_B = np.array([3, 3, 0, 4]), np.array([1, 3, 0, 2]), np.array([True, True, True, False])
   got = k_policy.update(policy, state, jnp.int32(3), jnp.asarray(proposed_B), jnp.asarray(accepted_B),
                         jnp.asarray(live_B))
@@ -74,7 +77,7 @@ def test_update_moves_reached_positions_and_recovers_the_others():
       if reached:
         want[b, i] = 0.75 * alpha_BxK[b, i] + 0.25 * (i < accepted_B[b])
       else:
-        want[b, i] = alpha_BxK[b, i] + 0.1 * (0.6 - alpha_BxK[b, i])
+        want[b, i] = alpha_BxK[b, i] + 0.1 * (prior_K[i] - alpha_BxK[b, i])
   np.testing.assert_allclose(got.alpha_BxK, want, rtol=1e-6)
   np.testing.assert_array_equal(got.chosen_C, [0, 0, 0, 1, 0])
 
@@ -236,3 +239,21 @@ def test_a_deferring_model_drafter_keeps_greedy_output(max_lag):
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert np.asarray(out.rounds_per_length).tolist() == np.asarray(feeding.rounds_per_length).tolist()
   assert np.asarray(out.rounds_per_length)[0] > 0 and int(out.draft_calls) < int(feeding.draft_calls)
+
+
+def test_memory_pools_each_calls_acceptance_into_the_next_prior():
+  memory = k_policy.Memory(prior_K=np.full(3, 0.8, np.float32))
+  memory.learn(np.array([40, 8, 0]), np.array([10, 8, 0]))
+  np.testing.assert_allclose(memory.prior_K, [(6.4 + 10) / 48, (6.4 + 8) / 16, 0.8], rtol=1e-6)
+  memory.learn(np.array([1000, 0, 0]), np.array([1000, 0, 0]))
+  assert memory.prior_K[0] == np.float32(0.99)  # never taken for granted
+
+
+def test_a_prior_sets_the_first_rounds_choice():
+  """The same program, two runtime priors: at 0.95 the first round proposes K = 3, at 0.3 nothing."""
+  rounds = {}
+  for prior in (0.95, 0.3):
+    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_K=np.full(3, prior),
+                          round_limit=1)
+    rounds[prior] = np.asarray(out.rounds_per_length).tolist()
+  assert rounds == {0.95: [0, 0, 0, 1], 0.3: [1, 0, 0, 0]}

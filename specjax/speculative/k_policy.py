@@ -16,7 +16,11 @@ fewer tokens in some row would only lose tokens.
 Estimates: every position a row's round reached (proposed, earlier ones accepted) moves toward its
 outcome, alpha <- decay * alpha + (1 - decay) * accepted; a position not reached drifts back toward the
 prior by `recovery` per round, so a row that stopped drafting tries again once the prior outweighs the
-cost (drafting resumes where the text starts repeating).
+cost (drafting resumes where the text starts repeating). The prior is per position and runtime
+(`prior_K`): `KPolicy.prior` at first, then the acceptance a decoder measured in its earlier calls of
+the same program (`Memory.learn`, calibration's forced rounds included), as a server learns from its
+traffic: the first rounds of a call need not relearn what the pair accepts, and a pair whose drafts
+seldom pay is not sent back to drafting by an optimistic constant.
 
 Exactness: the length is chosen before the round's draft from the outcomes of earlier rounds only, so
 given the history it is a fixed number, and the acceptance rule is exact for any proposal length. A
@@ -48,7 +52,7 @@ class KPolicy:
   """The policy's static settings (hashable: part of the compiled program)."""
 
   kind: str = "fixed"  # one of KINDS
-  prior: float = 0.8  # the acceptance estimate of a position before any observation, and its drift target
+  prior: float = 0.8  # every position's acceptance prior until a decoder has measured its own (`Memory`)
   decay: float = 0.9  # weight of the old estimate when a round reaches the position
   recovery: float = 0.02  # drift toward the prior per round in which a position is not reached
 
@@ -88,12 +92,14 @@ def settings_error(kind: str, prior: float, decay: float, recovery: float,
 @flax.struct.dataclass
 class PolicyState:
   alpha_BxK: jax.Array  # [B, K] float32: per-row conditional acceptance estimate at each draft position
+  prior_K: jax.Array  # [K] float32: each position's estimate before any observation, and its drift target
   cost_C: jax.Array  # [C] float32: seconds of a round at each candidate length (the cost table)
   chosen_C: jax.Array  # [C] int32: rounds that chose each candidate length
 
 
-def init(policy: KPolicy, batch: int, k: int, cost_C: jax.Array) -> PolicyState:
-  return PolicyState(alpha_BxK=jnp.full((batch, k), policy.prior, jnp.float32),
+def init(policy: KPolicy, batch: int, k: int, cost_C: jax.Array, prior_K: jax.Array) -> PolicyState:
+  prior_K = jnp.asarray(prior_K, jnp.float32)
+  return PolicyState(alpha_BxK=jnp.broadcast_to(prior_K, (batch, k)), prior_K=prior_K,
                      cost_C=jnp.asarray(cost_C, jnp.float32),
                      chosen_C=jnp.zeros((len(policy.lengths(k)),), jnp.int32))
 
@@ -126,8 +132,29 @@ def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_B
   reached_BxK, accepted_BxK = metrics.reached_and_accepted(num_accepted_B, num_proposed_B, live_B,
                                                            state.alpha_BxK.shape[1])
   alpha_BxK = jnp.where(reached_BxK, policy.decay * state.alpha_BxK + (1.0 - policy.decay) * accepted_BxK,
-                        state.alpha_BxK + policy.recovery * (policy.prior - state.alpha_BxK))
+                        state.alpha_BxK + policy.recovery * (state.prior_K[None, :] - state.alpha_BxK))
   return state.replace(alpha_BxK=alpha_BxK, chosen_C=chosen_C)
+
+
+# The weight, in rounds, of the acceptance a decoder learned before a call against that call's own
+# observations of a position (`Memory.learn`): a few calls' worth of rounds move it, one round does not.
+PRIOR_ROUNDS = 8.0
+
+
+@dataclasses.dataclass
+class Memory:
+  """What a decoder keeps between calls of one compiled program: the measured cost table [C] (None until
+  `calibrate` ran) and the per-position acceptance prior [K] the next call starts from."""
+
+  prior_K: np.ndarray
+  cost_C: np.ndarray | None = None
+
+  def learn(self, reached_K: np.ndarray, accepted_K: np.ndarray) -> None:
+    """Pools a call's rounds that reached each position and those that accepted it (summed over rows)
+    into the prior: (PRIOR_ROUNDS * prior + accepted) / (PRIOR_ROUNDS + reached), kept inside
+    [0.01, 0.99] (a position is never written off nor taken for granted)."""
+    pooled_K = (PRIOR_ROUNDS * self.prior_K + accepted_K) / (PRIOR_ROUNDS + reached_K)
+    self.prior_K = np.clip(pooled_K, 0.01, 0.99).astype(np.float32)
 
 
 def forcing(num_candidates: int, index: int) -> np.ndarray:

@@ -135,7 +135,7 @@ def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
 def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
               eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, cost_C: jax.Array,
-              round_limit: jax.Array, *, k: int, out_width: int, pad_id: int, rule: AcceptanceRule,
+              prior_K: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int, rule: AcceptanceRule,
               greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
@@ -196,7 +196,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
       counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0),
-      policy=k_policy.init(policy, batch, k, cost_C)))
+      policy=k_policy.init(policy, batch, k, cost_C, prior_K)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
       tokens=generation.finalize(state.buffer, pad_id)[:, :out_width], counts=state.buffer.counts,
@@ -211,7 +211,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
                          greedy_rule: GreedyRule = acceptance.verify_greedy,
                          tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
-                         cost_C=None, round_limit: int | None = None,
+                         cost_C=None, prior_K=None, round_limit: int | None = None,
                          lower: bool | str = False) -> SpeculativeOutput | jax.stages.Lowered:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
@@ -237,8 +237,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   `policy` (static, `k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
   (fixed), or the length maximising expected committed tokens per second under the cost table `cost_C`
   ([C] seconds per round at each of `policy.lengths(k)`, runtime: measured by `k_policy.calibrate`;
-  default all equal). `round_limit` (runtime; None = no limit) stops the loop after that many rounds,
-  finished or not: what calibration times.
+  default all equal) and the per-position acceptance prior `prior_K` ([K] in (0, 1), runtime: what earlier
+  calls measured, `k_policy.Memory`; default `policy.prior` everywhere). `round_limit` (runtime; None =
+  no limit) stops the loop after that many rounds, finished or not: what calibration times.
 
   `lower=True` returns the program lowered for these arguments instead of running it (its HLO, its
   collectives on a mesh, its compile time); `lower="cuda"` (any of `lowering.PLATFORMS`) lowers it for
@@ -260,6 +261,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   if cost_C.shape != (num_lengths,) or not np.all(cost_C > 0):
     raise ValueError(f"cost_C must hold {num_lengths} positive costs (one per length {policy.lengths(k)}), "
                      f"got {cost_C}")
+  prior_K = np.full(k, policy.prior, np.float32) if prior_K is None else np.asarray(prior_K, np.float32)
+  if prior_K.shape != (k,) or not np.all((prior_K > 0) & (prior_K < 1)):
+    raise ValueError(f"prior_K must hold K = {k} acceptance probabilities in (0, 1), got {prior_K}")
   batch = prompts_BxP.shape[0]
   if target_cache.batch_size != batch:
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
@@ -274,6 +278,6 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   return lowering.call_or_lower(
       _generate, lower, target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
       jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
-      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C),
+      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C), jnp.asarray(prior_K),
       jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k, out_width=out_width,
       pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule, policy=policy)

@@ -113,6 +113,14 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     raise ValueError(mismatch)
 
 
+def lag_for(k_policy: str, config: ModelConfig, tree=None, spelled_ids: int = 1) -> int:
+  """`ModelDrafter.max_lag` for a K policy kind: plain rounds of the adaptive policy skip the draft where
+  branches are cheap (the draft's narrow passes: CPU) and it drafts chains, up to DEFERRED_TOKENS
+  tokens of M spelled ids each; 1 otherwise."""
+  defers = k_policy == "adaptive" and tree is None and config.narrow_passes
+  return DEFERRED_TOKENS * spelled_ids if defers else 1
+
+
 def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | None:
   """What is wrong with the early-stop threshold, the tree and its children (None when nothing is),
   starting with the setting's name ("stop_threshold ...", "tree ...", "tree_children ...")."""
@@ -179,9 +187,7 @@ class ModelDrafter(ModelBackedDrafter):
     else:
       head, coverage = restricted_draft_head(options.vocab, options.vocab_corpus, target, draft, log)
       facts = {"draft_vocab_coverage": coverage}
-    # Plain rounds of the adaptive policy skip the draft where branches are cheap (narrow passes).
-    defers = settings.k_policy == "adaptive" and settings.tree is None and draft.config.narrow_passes
-    max_lag = DEFERRED_TOKENS * (1 if spelling is None else spelling.max_ids) if defers else 1
+    max_lag = lag_for(settings.k_policy, draft.config, settings.tree, 1 if spelling is None else spelling.max_ids)
     drafter = cls(draft.config, draft.params, head, stop_threshold=options.stop_threshold,
                   cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree,
                   tree_children=settings.tree_children, spelling=spelling, max_lag=max_lag)
