@@ -10,7 +10,8 @@ cost table on this machine before the group's first timed batch), autoregressive
 three systems and last. About 70 minutes alone on 2 CPU cores.
 
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
-policy's estimator settings matter most; about 30 minutes.
+policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
+(raw code at batch 4, chat requests at batch 4 and 8, code edits); about 45 minutes.
 """
 
 from configs.benchmarks import drafters
@@ -33,6 +34,9 @@ def get_config(variant: str = ""):
     cfg.prompt_sets = ("raw", "chat")
     cfg.sets.raw.batched = cfg.sets.chat.batched = cfg.sets.chat.batched_large = ()
     cfg.output = "experiments/results/adaptive_cpu_float32_batch1.json"
+  elif variant == "batched":
+    cfg.sets.raw.greedy = cfg.sets.raw.sampled = cfg.sets.chat.greedy = cfg.sets.chat.sampled = ()
+    cfg.output = "experiments/results/adaptive_cpu_float32_batched.json"
   elif variant:
-    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py (known: 'batch1')")
+    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py (known: 'batch1', 'batched')")
   return cfg
