@@ -240,7 +240,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
                                                              max_lag=lag_for(policy.kind, draft_config))
   sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
   # The policy's cost table and acceptance prior (what the adaptive one learns; a fixed K ignores them).
-  memory = k_policy.Memory(prior_K=np.full(k, policy.prior, np.float32)) if drafter else None
+  memory = k_policy.Memory(policy.prior, k) if drafter else None
 
   def call(budget: int, round_limit: int | None = None, lower: bool = False):
     target_cache = init_cache(target_config, batch, cache_len)

@@ -158,7 +158,7 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
   program = (cfg.batch_size, cache_len, spec.sampling.greedy, spec.k, policy, id(drafter))
   memories = {} if policy_memory is None else policy_memory
   if program not in memories:
-    memories[program] = k_policy.Memory(prior_K=np.full(spec.k, policy.prior, np.float32))
+    memories[program] = k_policy.Memory(policy.prior, spec.k)
   runner.memory = memories[program]
   seconds = 0.0
   if runner.memory.cost_C is None:

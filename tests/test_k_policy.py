@@ -196,25 +196,37 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
   assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]
 
 
-def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes():
-  """With `max_lag` 3, a round whose policy wants no token runs no draft pass (0 calls, nothing
-  proposed) while every row's lag has room for its pending token; the round whose pending token
-  would overflow some row's lag feeds them all (1 call), and so does the next drafting round. Forced
-  outcomes (full, partial, no acceptance, a row that commits nothing) between: the cache plus the lag
-  always hold each row's history, and every drafting round's distributions equal a full forward pass
-  over [history, pending, d_1 .. d_{i-1}] (a lag fed in the wrong order, dropped or doubled fails)."""
-  drafter, state, propose, commit, score = forced_draft_rounds(40, max_lag=3)
+# (tokens the policy wants, what each row commits, draft passes the round must run: bounded lag of 3, the
+# whole history as the lag)
+LAG_SCHEDULE = [(2, [3, 1, 2], 2, 2), (0, [1, 1, 1], 0, 0), (0, [1, 1, 0], 0, 0), (0, [1, 1, 1], 1, 0),
+                (0, [1, 1, 1], 0, 0), (3, [4, 2, 0], 3, 3), (1, [2, 1, 2], 1, 1), (0, [1, 1, 1], 0, 0),
+                (3, [1, 4, 3], 3, 3)]
+# The whole history: 36 plain rounds, then a drafting round whose catch-up takes two passes (37 or more
+# ids: LAG_CHUNK is 32), then a plain and a drafting round.
+HISTORY_SCHEDULE = ([(0, [1, 1, 1], 0, 0)] * 36 + [(2, [3, 1, 2], 0, 3), (0, [1, 1, 1], 0, 0), (3, [4, 2, 0], 0, 3)])
+
+
+@pytest.mark.parametrize("max_lag", [3, None])
+def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes(max_lag):
+  """A round whose policy wants no token runs no draft pass (0 calls, nothing proposed) while every
+  row's lag has room for its pending token; with `max_lag` 3, the round whose pending token would
+  overflow some row's lag feeds them all (1 call), and so does the next drafting round. With the whole
+  history as its lag (None) the draft starts empty: the prompts wait in the lag for the first drafting
+  round, and a long plain stretch is fed in passes of LAG_CHUNK ids. Forced outcomes (full, partial, no
+  acceptance, a row that commits nothing) between: the cache plus the lag always hold each row's
+  history, and every drafting round's distributions equal a full forward pass over [history, pending,
+  d_1 .. d_{i-1}] (a lag fed in the wrong order, dropped, doubled or cut at a chunk's edge fails)."""
+  cache_len = 40 if max_lag else 64
+  drafter, state, propose, commit, score = forced_draft_rounds(cache_len, max_lag=max_lag)
   k, sampling, config = 3, sampling_params(1.0), drafter.config
   history, pending = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3]
-  # (tokens the policy wants, what each row commits, draft passes the round must run)
-  schedule = [(2, [3, 1, 2], 2), (0, [1, 1, 1], 0), (0, [1, 1, 0], 0), (0, [1, 1, 1], 1), (0, [1, 1, 1], 0),
-              (3, [4, 2, 0], 3), (1, [2, 1, 2], 1), (0, [1, 1, 1], 0), (3, [1, 4, 3], 3)]
-  for round_, (wanted, committed, calls) in enumerate(schedule):
+  assert np.asarray(state.cache.lengths).tolist() == ([len(p) for p in history] if max_lag else [0, 0, 0])
+  for round_, (wanted, committed, *calls) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k,
                                  wanted_B=jnp.full((3,), wanted, jnp.int32))
-    assert int(proposal.calls) == calls
+    assert int(proposal.calls) == calls[0 if max_lag else 1]
     assert np.asarray(proposal.lengths).tolist() == [wanted] * 3
-    sequences_BxT = np.zeros((3, 40), np.int32)
+    sequences_BxT = np.zeros((3, cache_len), np.int32)
     for b, row in enumerate(history):
       sequence = row + [pending[b]] + list(np.asarray(proposal.tokens[b]))
       sequences_BxT[b, :len(sequence)] = sequence
@@ -227,10 +239,10 @@ def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes():
         history[b] += ([pending[b]] + list(np.asarray(proposal.tokens[b])))[:c]
         pending[b] = (7 * round_ + b) % config.vocab_size
     np.testing.assert_array_equal(state.cache.lengths + state.lag, [len(row) for row in history])
-  assert int(jnp.max(state.lag)) <= 3
+  assert int(jnp.max(state.lag)) <= (3 if max_lag else 1)
 
 
-@pytest.mark.parametrize("max_lag", [2, 5])
+@pytest.mark.parametrize("max_lag", [2, 5, None])
 def test_a_deferring_model_drafter_keeps_greedy_output(max_lag):
   """The loop with plain rounds that skip the draft: greedy output unchanged, and fewer draft passes
   than the drafter that feeds every pending token (max_lag 1) on the same rounds."""
@@ -241,12 +253,36 @@ def test_a_deferring_model_drafter_keeps_greedy_output(max_lag):
   assert np.asarray(out.rounds_per_length)[0] > 0 and int(out.draft_calls) < int(feeding.draft_calls)
 
 
+def test_a_call_that_never_drafts_never_runs_the_draft():
+  """With the whole history as the lag and a prior under which no length pays, every round is plain:
+  greedy output unchanged, no draft pass, and the draft's cache still empty at the end (its prompt was
+  never prefilled)."""
+  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_K=np.full(3, 0.05),
+                        max_lag=None)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
+  assert np.asarray(out.rounds_per_length)[1:].sum() == 0 and int(out.draft_calls) == 0
+  assert np.asarray(out.draft_state.cache.lengths).tolist() == [0] * len(PROMPTS)
+
+
 def test_memory_pools_each_calls_acceptance_into_the_next_prior():
-  memory = k_policy.Memory(prior_K=np.full(3, 0.8, np.float32))
+  """Each position's prior is its observed rate shrunk toward the position before it (the first: toward
+  the constant), so a position no round reached inherits its predecessor's, not the constant's; later
+  calls add up, and a position keeps at most MEMORY_ROUNDS observations."""
+  memory = k_policy.Memory(0.8, 3)
+  np.testing.assert_allclose(memory.prior_K, [0.8, 0.8, 0.8])
   memory.learn(np.array([40, 8, 0]), np.array([10, 8, 0]))
-  np.testing.assert_allclose(memory.prior_K, [(6.4 + 10) / 48, (6.4 + 8) / 16, 0.8], rtol=1e-6)
+  first = (6.4 + 10) / 48
+  second = (8 * first + 8) / 16
+  np.testing.assert_allclose(memory.prior_K, [first, second, second], rtol=1e-6)
+  memory.learn(np.array([40, 8, 0]), np.array([30, 0, 0]))
+  first = (6.4 + 40) / 88
+  np.testing.assert_allclose(memory.prior_K, [first, (8 * first + 8) / 24, (8 * first + 8) / 24], rtol=1e-6)
   memory.learn(np.array([1000, 0, 0]), np.array([1000, 0, 0]))
-  assert memory.prior_K[0] == np.float32(0.99)  # never taken for granted
+  assert memory.reached_K[0] == k_policy.MEMORY_ROUNDS  # the 1080 rounds seen, scaled to 256
+  np.testing.assert_allclose(memory.prior_K[0], (6.4 + 256 * 1040 / 1080) / (8 + 256), rtol=1e-6)
+  always = k_policy.Memory(0.8, 1)
+  always.learn(np.array([10_000]), np.array([10_000]))
+  assert always.prior_K[0] == np.float32(0.99)  # never taken for granted
 
 
 def test_a_prior_sets_the_first_rounds_choice():

@@ -30,6 +30,9 @@ SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
                                 cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
           "adaptive_deferred": (dict(max_lag=5), dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3),
                                                        cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
+          "adaptive_history": (dict(max_lag=None), dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5,
+                                                                       recovery=0.3),
+                                                        cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
           "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}),
           "dynamic_tree": (dict(tree=DynamicSpec(6, 3, 2)), {})}
 
@@ -105,10 +108,12 @@ def test_a_restricted_head_keeps_the_most_frequent_shared_ids_and_the_stop_token
 FORCED_SCHEDULES = {1: [(None, [4, 1, 2]), (None, [4, 4, 0]), (None, [0, 2, 4]), (None, [3, 4, 1]),
                         (None, [1, 4, 4]), (None, [4, 4, 4])],
                     5: [(3, [4, 1, 2]), (0, [1, 1, 1]), (0, [1, 0, 1]), (0, [1, 1, 1]), (2, [3, 1, 2]),
-                        (0, [1, 1, 1]), (3, [4, 4, 0]), (3, [1, 4, 4])]}
+                        (0, [1, 1, 1]), (3, [4, 4, 0]), (3, [1, 4, 4])],
+                    None: [(0, [1, 1, 1]), (0, [1, 0, 1]), (3, [4, 1, 2]), (0, [1, 1, 1]), (2, [3, 1, 2]),
+                           (3, [1, 4, 4])]}  # the whole history: the spelled prompts wait for the first draft
 
 
-@pytest.mark.parametrize("max_lag", sorted(FORCED_SCHEDULES))
+@pytest.mark.parametrize("max_lag", list(FORCED_SCHEDULES))
 def test_the_draft_reads_the_spelled_history(max_lag):
   """After forced outcomes (all proposed tokens accepted, some, none; pending tokens spelled by 1 to M
   draft ids; plain rounds that skip the draft and leave their ids in the lag), every proposal's
@@ -148,7 +153,7 @@ def test_the_draft_reads_the_spelled_history(max_lag):
     held = np.asarray(state.cache.lengths) + np.asarray(state.lag)
     assert held.tolist() == [len(spell_history(row, ids_VxM, counts_V)) for row in history]
     longest_lag = max(longest_lag, int(np.asarray(state.lag).max()))
-  assert (longest_lag > 1) == (max_lag > 1)  # plain rounds left more than d_n behind
+  assert (longest_lag > 1) == (max_lag != 1)  # plain rounds (or the prompts) left more than d_n behind
 
 
 def test_a_static_trees_distributions_follow_the_spelled_history():

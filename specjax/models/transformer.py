@@ -320,6 +320,29 @@ def prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_
   return logits_BxV, cache
 
 
+def feed_rows(config: ModelConfig, params: Params, ids_BxT: jax.Array, lengths_B: jax.Array, cache: KVCache,
+              chunk: int) -> tuple[jax.Array, KVCache]:
+  """Feeds right-padded rows of ids `chunk` positions per pass, only while some row has ids left (a
+  buffer mostly padding, e.g. a lag as long as the whole history or a prompt spelled by another
+  tokenizer, costs the passes its longest row needs). Returns the hidden state after each row's last id
+  [B, D] (zeros for an empty row) and the cache advanced by each row's length."""
+  B, T = ids_BxT.shape
+  chunk = min(chunk, T)
+  ids_BxT = jnp.pad(ids_BxT, ((0, 0), (0, -T % chunk)))
+
+  def feed(carry):
+    start, cache, last_BxD = carry
+    hidden_BxCxD, cache = forward_hidden(config, params, jax.lax.dynamic_slice_in_dim(ids_BxT, start, chunk, axis=1),
+                                         cache)
+    real_B = jnp.clip(lengths_B - start, 0, chunk)  # this chunk's ids per row; its last one at real - 1
+    last_here_BxD = jnp.take_along_axis(hidden_BxCxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
+    return start + chunk, cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)
+
+  _, cache, last_BxD = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(lengths_B), feed,
+                                          (jnp.int32(0), cache, jnp.zeros((B, config.d_model), config.jnp_dtype)))
+  return last_BxD, cache
+
+
 def prefill_features(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
                      cache: KVCache, feature_layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, KVCache]:
   """`prefill`, also returning the features [B, P, F] of every prompt position (`forward_features`;

@@ -18,9 +18,10 @@ outcome, alpha <- decay * alpha + (1 - decay) * accepted; a position not reached
 prior by `recovery` per round, so a row that stopped drafting tries again once the prior outweighs the
 cost (drafting resumes where the text starts repeating). The prior is per position and runtime
 (`prior_K`): `KPolicy.prior` at first, then the acceptance a decoder measured in its earlier calls of
-the same program (`Memory.learn`, calibration's forced rounds included), as a server learns from its
-traffic: the first rounds of a call need not relearn what the pair accepts, and a pair whose drafts
-seldom pay is not sent back to drafting by an optimistic constant.
+the same program (`Memory`, calibration's forced rounds included), as a server learns from its
+traffic: the first rounds of a call need not relearn what the pair accepts, a pair whose drafts
+seldom pay is not sent back to drafting by an optimistic constant, and deep positions that few rounds
+reached are assumed to accept like the shallower ones measured, not like the constant.
 
 Exactness: the length is chosen before the round's draft from the outcomes of earlier rounds only, so
 given the history it is a fixed number, and the acceptance rule is exact for any proposal length. A
@@ -136,25 +137,51 @@ def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_B
   return state.replace(alpha_BxK=alpha_BxK, chosen_C=chosen_C)
 
 
-# The weight, in rounds, of the acceptance a decoder learned before a call against that call's own
-# observations of a position (`Memory.learn`): a few calls' worth of rounds move it, one round does not.
+# The weight, in rounds, of a position's base (the prior for the first position, the estimate of the one
+# before it for the others) against the rounds a decoder observed there (`Memory.prior_K`).
 PRIOR_ROUNDS = 8.0
+# The rounds per position a decoder remembers: older observations are scaled down to this many, so the
+# prior follows traffic that changes.
+MEMORY_ROUNDS = 256.0
 
 
 @dataclasses.dataclass
 class Memory:
   """What a decoder keeps between calls of one compiled program: the measured cost table [C] (None until
-  `calibrate` ran) and the per-position acceptance prior [K] the next call starts from."""
+  `calibrate` ran) and the rounds that reached and accepted each draft position, summed over its calls'
+  rows (calibration's forced rounds included), from which the next call's prior comes (`prior_K`)."""
 
-  prior_K: np.ndarray
+  prior: float  # `KPolicy.prior`: the first position's acceptance before any observation
+  k: int
   cost_C: np.ndarray | None = None
+  reached_K: np.ndarray | None = None  # [K] float64 (zeros when not given)
+  accepted_K: np.ndarray | None = None  # [K] float64
+
+  def __post_init__(self):
+    self.reached_K = np.zeros(self.k) if self.reached_K is None else self.reached_K
+    self.accepted_K = np.zeros(self.k) if self.accepted_K is None else self.accepted_K
+
+  @property
+  def prior_K(self) -> np.ndarray:
+    """[K] float32: position j's observed rate shrunk toward a base by PRIOR_ROUNDS pseudo-rounds,
+    (PRIOR_ROUNDS * base_j + accepted_j) / (PRIOR_ROUNDS + reached_j), the base being `prior` for the
+    first position and the estimate of position j - 1 for the others: a position seldom reached (deep
+    ones: only long proposals reach them) is assumed to accept like the one before it, not like a
+    constant. Kept inside [0.01, 0.99] (never written off nor taken for granted)."""
+    prior_K, base = np.zeros(self.k, np.float32), self.prior
+    for j in range(self.k):
+      base = float(np.clip((PRIOR_ROUNDS * base + self.accepted_K[j]) / (PRIOR_ROUNDS + self.reached_K[j]),
+                           0.01, 0.99))
+      prior_K[j] = base
+    return prior_K
 
   def learn(self, reached_K: np.ndarray, accepted_K: np.ndarray) -> None:
-    """Pools a call's rounds that reached each position and those that accepted it (summed over rows)
-    into the prior: (PRIOR_ROUNDS * prior + accepted) / (PRIOR_ROUNDS + reached), kept inside
-    [0.01, 0.99] (a position is never written off nor taken for granted)."""
-    pooled_K = (PRIOR_ROUNDS * self.prior_K + accepted_K) / (PRIOR_ROUNDS + reached_K)
-    self.prior_K = np.clip(pooled_K, 0.01, 0.99).astype(np.float32)
+    """Adds a call's rounds that reached each position and those that accepted it (summed over rows);
+    a position observed more than MEMORY_ROUNDS times keeps that many, in proportion."""
+    self.reached_K = self.reached_K + reached_K
+    self.accepted_K = self.accepted_K + accepted_K
+    scale_K = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_K, 1.0))
+    self.reached_K, self.accepted_K = self.reached_K * scale_K, self.accepted_K * scale_K
 
 
 def forcing(num_candidates: int, index: int) -> np.ndarray:

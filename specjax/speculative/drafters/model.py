@@ -7,12 +7,14 @@ tokens the cache lacks d_K (never fed). The cache may trail the committed histor
 K forward passes per proposal, never an extra pass just to catch up (and a 1-token first pass when
 no row lags). Only the position a pass samples from goes through the output head.
 
-Plain rounds skip the draft (`max_lag` > 1, which `build` sets for the adaptive K policy): a round in
-which no row wants a draft token (the policy chose 0, a plain target step) runs no draft pass at all
-and the pending token joins the lag instead; the first round that drafts again, or the round whose
-pending ids would overflow some row's lag, feeds the whole lag in one catch-up pass (on this project's
-CPU a pass of 9 ids of the 0.5B Qwen draft took 2.4 single ones: a plain stretch pays a fraction of a
-draft pass per round, instead of a whole one).
+Plain rounds skip the draft (`max_lag` other than 1; `build` sets None, the whole history, for the
+adaptive K policy): a round in which no row wants a draft token (the policy chose 0, a plain target
+step) runs no draft pass at all and the pending token joins the lag instead; the first round that
+drafts again, or the round whose pending ids would overflow a bounded lag, feeds the whole lag in
+catch-up passes of up to LAG_CHUNK ids (on this project's CPU a pass of 9 ids of the 0.5B Qwen draft
+took 2.4 single ones: a plain stretch pays a fraction of a draft pass per round, instead of a whole
+one). With the whole history as its lag the draft starts empty: the prompt is the first lag, fed by the
+first round that drafts, so a call whose rounds are all plain runs the draft not once.
 
 Early stopping (`stop_threshold` > 0, HF's `assistant_confidence_threshold`): a row proposes its draft
 tokens only while the top probability of the draft's own distribution (softmax of its logits, before
@@ -62,12 +64,12 @@ from specjax import inplace, partitioning
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_hidden, prefill
+from specjax.models.transformer import Params, feed_rows, forward_hidden, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, short_proposal_widths
 from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_inputs,
                                                      draft_logits, restricted_draft_head)
-from specjax.speculative.drafters.spelling import Spelling, intersection_drafting, prefill_spelled
+from specjax.speculative.drafters.spelling import Spelling, intersection_drafting
 from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
@@ -80,8 +82,10 @@ if TYPE_CHECKING:
 @flax.struct.dataclass
 class ModelDraftState:
   cache: KVCache  # [L, B, S, G, Dh] draft cache: the history but its last `lag` draft ids
-  lag_ids: jax.Array  # [B, Λ] int32: the draft ids of the history the cache lacks (the first `lag`), oldest first
-  lag: jax.Array  # [B] int32 in [0, Λ]: how many (accepted but never fed: d_n, pending ids of plain rounds)
+  # [B, Λ + M] int32: the draft ids of the history the cache lacks (the first `lag`), oldest first, then
+  # room for the pending token's M ids (`_catch_up` writes them there)
+  lag_ids: jax.Array
+  lag: jax.Array  # [B] int32 in [0, Λ]: how many (accepted but never fed: d_n, pending ids of plain rounds, the prompt)
   fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
   pending_ids: jax.Array  # [B] int32: draft ids spelling the last proposal's pending token (1 but with a spelling)
   deferred: jax.Array  # [] bool: the last proposal fed nothing (a plain round): its pending ids join the lag
@@ -89,9 +93,8 @@ class ModelDraftState:
 
 
 OTHER_TOKENIZER = ("intersect", "refuse")  # config.model.other_tokenizer
-# Target tokens' worth of draft ids the cache may trail the history by when plain rounds skip the draft
-# (`max_lag`): one catch-up pass of 33 ids per 32 plain rounds at most.
-DEFERRED_TOKENS = 32
+# Draft ids per catch-up pass beyond the narrow ones (1 and 2): a lag of n ids costs ceil(n / LAG_CHUNK).
+LAG_CHUNK = 32
 
 
 def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
@@ -113,12 +116,11 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     raise ValueError(mismatch)
 
 
-def lag_for(k_policy: str, config: ModelConfig, tree=None, spelled_ids: int = 1) -> int:
-  """`ModelDrafter.max_lag` for a K policy kind: plain rounds of the adaptive policy skip the draft where
-  branches are cheap (the draft's narrow passes: CPU) and it drafts chains, up to DEFERRED_TOKENS
-  tokens of M spelled ids each; 1 otherwise."""
-  defers = k_policy == "adaptive" and tree is None and config.narrow_passes
-  return DEFERRED_TOKENS * spelled_ids if defers else 1
+def lag_for(k_policy: str, config: ModelConfig, tree=None) -> int | None:
+  """`ModelDrafter.max_lag` for a K policy kind: None (the whole history: plain rounds of the adaptive
+  policy skip the draft, the prompt included) where branches are cheap (the draft's narrow passes:
+  CPU) and it drafts chains; 1 otherwise."""
+  return None if k_policy == "adaptive" and tree is None and config.narrow_passes else 1
 
 
 def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | None:
@@ -146,9 +148,10 @@ class ModelDrafter(ModelBackedDrafter):
   tree_children: str = flax.struct.field(pytree_node=False, default="iid")  # `tree_drafting.CHILDREN`
   spelling: Spelling | None = None  # another tokenizer's: the target's ids as draft ids (`head` maps back)
   # Λ: draft ids the cache may trail the committed history by (static). 1: only the last accepted token,
-  # every round feeds the pending token; more: rounds proposing nothing skip the draft (needs
-  # `config.narrow_passes`: the catch-up pass is compiled at Λ + M ids, run only when a lag that long waits).
-  max_lag: int = flax.struct.field(pytree_node=False, default=1)
+  # every round feeds the pending token; more, or None (the whole history, prompt included: the storage's
+  # length): rounds proposing nothing skip the draft (needs `config.narrow_passes`: the catch-up passes
+  # are compiled at 1, 2 and up to LAG_CHUNK ids, the widest run only while a lag that long waits).
+  max_lag: int | None = flax.struct.field(pytree_node=False, default=1)
 
   @classmethod
   def config_group(cls) -> ml_collections.ConfigDict:
@@ -187,11 +190,11 @@ class ModelDrafter(ModelBackedDrafter):
     else:
       head, coverage = restricted_draft_head(options.vocab, options.vocab_corpus, target, draft, log)
       facts = {"draft_vocab_coverage": coverage}
-    max_lag = lag_for(settings.k_policy, draft.config, settings.tree, 1 if spelling is None else spelling.max_ids)
+    max_lag = lag_for(settings.k_policy, draft.config, settings.tree)
     drafter = cls(draft.config, draft.params, head, stop_threshold=options.stop_threshold,
                   cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree,
                   tree_children=settings.tree_children, spelling=spelling, max_lag=max_lag)
-    return drafter, {**facts, "draft_max_lag": max_lag}
+    return drafter, {**facts, "draft_max_lag": "history" if max_lag is None else max_lag}
 
   @property
   def vocab_size(self) -> int:
@@ -208,12 +211,11 @@ class ModelDrafter(ModelBackedDrafter):
     error = _settings_error(self.stop_threshold, self.tree, self.tree_children)
     if error:
       raise ValueError(error)
-    if int(self.max_lag) != self.max_lag or self.max_lag < 1:
-      raise ValueError(f"max_lag must be an integer >= 1, got {self.max_lag}")
-    if self.max_lag > 1 and (self.tree is not None or not self.config.narrow_passes):
-      raise ValueError(f"max_lag {self.max_lag} > 1 lets plain chain rounds skip the draft: it needs a chain "
-                       f"(no tree) and the draft's narrow_passes (else every catch-up pass is "
-                       f"{self.max_lag + self.spelled_ids} ids wide)")
+    if self.max_lag is not None and (int(self.max_lag) != self.max_lag or self.max_lag < 1):
+      raise ValueError(f"max_lag must be an integer >= 1 or None (the whole history), got {self.max_lag}")
+    if self.max_lag != 1 and (self.tree is not None or not self.config.narrow_passes):
+      raise ValueError(f"max_lag {self.max_lag} lets plain chain rounds skip the draft: it needs a chain "
+                       f"(no tree) and the draft's narrow_passes (else every catch-up pass is the widest)")
     if self.head is not None and self.head.weight_VdxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_VdxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
@@ -253,12 +255,13 @@ class ModelDrafter(ModelBackedDrafter):
     return self.spelling.spell(tokens_B)
 
   def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array, narrow: tuple[int, ...]
-            ) -> tuple[jax.Array, KVCache]:
+            ) -> tuple[jax.Array, KVCache, jax.Array]:
     """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrow`
-    and W (static; one compiled pass each, 0 = none) that holds every row's: on a CPU a 2-token pass
-    costs up to 1.8 single ones, and wider ones are rare (a lag of plain rounds, a token spelled by
-    several draft ids); without `config.narrow_passes`, always W. Returns the hidden state after each
-    row's last id [B, D] (zeros for a row fed nothing) and the cache written, not advanced."""
+    and W (static; one compiled pass each, 0 = none) that holds every row's, W itself in passes of
+    LAG_CHUNK ids when it is wider: on a CPU a 2-token pass costs up to 1.8 single ones, and wider ones
+    are rare (a lag of plain rounds, a token spelled by several draft ids); without
+    `config.narrow_passes`, always W. Returns the hidden state after each row's last id [B, D] (zeros
+    for a row fed nothing), the cache written, not advanced, and the passes run []."""
     batch, width = chunk_BxW.shape
     widths = sorted({w for w in narrow if w < width} | {width}) if self.config.narrow_passes else [width]
 
@@ -266,6 +269,9 @@ class ModelDrafter(ModelBackedDrafter):
       def run(cache):
         if w == 0:
           return cache, jnp.zeros((batch, self.config.d_model), self.config.jnp_dtype)
+        if w > LAG_CHUNK:
+          hidden_BxD, fed = feed_rows(self.config, self.params, chunk_BxW, num_valid_B, cache, LAG_CHUNK)
+          return fed.replace(lengths=cache.lengths), hidden_BxD
         hidden_BxWxD, cache = forward_hidden(self.config, self.params, chunk_BxW[:, :w], cache)
         last_B = jnp.clip(num_valid_B - 1, 0, w - 1)
         return cache, jnp.take_along_axis(hidden_BxWxD, last_B[:, None, None], axis=1)[:, 0]
@@ -274,20 +280,29 @@ class ModelDrafter(ModelBackedDrafter):
     needed = jnp.max(num_valid_B)
     cache, hidden_BxD = inplace.switch(sum((needed > w).astype(jnp.int32) for w in widths[:-1]),
                                        [pass_of(w) for w in widths], cache)
-    return hidden_BxD, cache
+    return hidden_BxD, cache, -(-needed // min(width, LAG_CHUNK))
 
   def init(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
            target_cache: KVCache) -> ModelDraftState:
+    """The draft's state after the prompts: prefilled, or (`max_lag` None) empty with the prompts' draft
+    ids as the lag, fed by the first round that drafts."""
     batch = prompts_BxP.shape[0]
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
     if self.spelling is None:
-      _, cache = prefill(self.config, self.params, draft_inputs(self.config, None, prompts_BxP), prompt_lengths_B,
-                         cache)
+      ids_BxT, lengths_B = draft_inputs(self.config, None, prompts_BxP), prompt_lengths_B
     else:
-      cache = prefill_spelled(self.config, self.params, *self.spelling.spell_rows(prompts_BxP, prompt_lengths_B),
-                              cache)
-    return ModelDraftState(cache=cache, lag_ids=jnp.zeros((batch, self.max_lag), jnp.int32),
-                           lag=jnp.zeros((batch,), jnp.int32), fed=jnp.int32(0),
+      ids_BxT, lengths_B = self.spelling.spell_rows(prompts_BxP, prompt_lengths_B)
+    capacity = storage.max_len if self.max_lag is None else self.max_lag
+    lag_ids = jnp.zeros((batch, capacity + self.spelled_ids), jnp.int32)
+    if self.max_lag is None:
+      lag_ids, lag_B = lag_ids.at[:, :ids_BxT.shape[1]].set(ids_BxT), lengths_B
+    elif self.spelling is None:
+      _, cache = prefill(self.config, self.params, ids_BxT, lengths_B, cache)
+      lag_B = jnp.zeros((batch,), jnp.int32)
+    else:
+      _, cache = feed_rows(self.config, self.params, ids_BxT, lengths_B, cache, self.config.prefill_chunk)
+      lag_B = jnp.zeros((batch,), jnp.int32)
+    return ModelDraftState(cache=cache, lag_ids=lag_ids, lag=lag_B, fed=jnp.int32(0),
                            pending_ids=jnp.ones((batch,), jnp.int32), deferred=jnp.bool_(False),
                            node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
                                        if isinstance(self.tree, DynamicSpec) else None))
@@ -299,20 +314,21 @@ class ModelDrafter(ModelBackedDrafter):
     has room for pending's ids, nothing is fed (no pass runs, `max_lag` > 1 only): the state then holds
     them as the lag's tail (`lag_ids`), for `commit` to count. Returns the hidden state after pending
     [B, D] (zeros when deferred), the state (`lag_ids`, `pending_ids`, `deferred` set), the cache
-    written (not advanced) and the ids fed per row [B]."""
+    written (not advanced), the ids fed per row [B] and the draft passes that fed them []."""
     spelled_BxM, counts_B = self._spell(pending_B)
-    capacity, width = self.max_lag, self.max_lag + spelled_BxM.shape[1]
+    batch, m = spelled_BxM.shape
+    capacity = state.lag_ids.shape[1] - m
     # Row b's chunk: its lag ids, then pending's ids right after them.
-    slot_W = jnp.arange(width)[None, :]
-    source_BxW = jnp.where(slot_W < state.lag[:, None], slot_W, capacity + slot_W - state.lag[:, None])
-    chunk_BxW = jnp.take_along_axis(jnp.concatenate([state.lag_ids, spelled_BxM], axis=1),
-                                    jnp.minimum(source_BxW, width - 1), axis=1)
+    slot_BxM = jnp.where(jnp.arange(m)[None, :] < counts_B[:, None], state.lag[:, None] + jnp.arange(m)[None, :],
+                         capacity + m)  # dropped
+    chunk_BxW = state.lag_ids.at[jnp.arange(batch)[:, None], slot_BxM].set(spelled_BxM, mode="drop")
     waiting_B = state.lag + counts_B
     deferred = (capacity > 1) & ~jnp.asarray(drafting) & jnp.all(waiting_B <= capacity)
     num_valid_B = jnp.where(deferred, 0, waiting_B)
-    hidden_BxD, cache = self._feed(state.cache, chunk_BxW, num_valid_B, (0, 1, 2) if capacity > 1 else (1, 2))
-    state = state.replace(lag_ids=chunk_BxW[:, :capacity], pending_ids=counts_B, deferred=deferred)
-    return hidden_BxD, state, cache, num_valid_B
+    hidden_BxD, cache, passes = self._feed(state.cache, chunk_BxW, num_valid_B,
+                                           (0, 1, 2) if capacity > 1 else (1, 2))
+    state = state.replace(lag_ids=chunk_BxW, pending_ids=counts_B, deferred=deferred)
+    return hidden_BxD, state, cache, num_valid_B, passes
 
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
               sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None
@@ -324,7 +340,7 @@ class ModelDrafter(ModelBackedDrafter):
       return proposal, state, target_cache
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
     drafting = True if wanted_B is None else jnp.max(wanted_B) > 0
-    hidden_BxD, state, cache, num_valid_B = self._catch_up(state, pending_B, drafting)
+    hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, drafting)
 
     def draw(hidden_BxD, step_key):
       """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
@@ -382,7 +398,7 @@ class ModelDrafter(ModelBackedDrafter):
     # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
     # when deferred).
     proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
-                        calls=jnp.where(state.deferred, 0, fed + 1))
+                        calls=fed + catch_up_passes)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
 
   def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
@@ -393,7 +409,7 @@ class ModelDrafter(ModelBackedDrafter):
     spelled_BxM, counts_B = self._spell(pending_B)
     cache = state.cache
     if self.spelled_ids > 1:
-      _, cache = self._feed(cache, spelled_BxM[:, :-1], counts_B - 1, (0, 1))
+      _, cache, _ = self._feed(cache, spelled_BxM[:, :-1], counts_B - 1, (0, 1))
       cache = cache.advance(counts_B - 1)
     root_B = jnp.take_along_axis(spelled_BxM, (counts_B - 1)[:, None], axis=1)[:, 0]
     tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
@@ -406,7 +422,7 @@ class ModelDrafter(ModelBackedDrafter):
     """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
     gives the root's distribution, then Dt - 1 frontier chunks. The state keeps the cache at its committed
     length and each node's slot beyond the root, for `commit`."""
-    hidden_BxD, state, cache, num_valid_B = self._catch_up(state, pending_B)
+    hidden_BxD, state, cache, num_valid_B, _ = self._catch_up(state, pending_B)
     root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
     tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
                                                              cache.advance(num_valid_B), root_logits_BxW,

@@ -21,9 +21,6 @@ import numpy as np
 
 from specjax import draft_vocab
 from specjax.models import registry, vocab_map
-from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_hidden
 from specjax.speculative.drafters.draft_head import DraftHead, intersection_head
 
 if TYPE_CHECKING:
@@ -70,25 +67,6 @@ def spelling(vocab: vocab_map.VocabMap, limit: int = MAX_SPELLING) -> tuple[Spel
   counts_V = np.minimum(vocab.feed_counts_V, limit)
   return (Spelling(ids_VxM=jnp.asarray(vocab.feed_VxM[:, :limit], jnp.int32), counts_V=jnp.asarray(counts_V, jnp.int32)),
           int((vocab.feed_counts_V > limit).sum()))
-
-
-def prefill_spelled(config: ModelConfig, params: Params, ids_BxT: jax.Array, lengths_B: jax.Array,
-                    cache: KVCache) -> KVCache:
-  """Feeds right-padded rows of draft ids, `config.prefill_chunk` per pass, only while some row has ids
-  left: a spelled prompt buffer is M times the prompt's width, mostly padding. Returns the cache
-  advanced by each row's length."""
-  B, T = ids_BxT.shape
-  chunk = min(config.prefill_chunk, T)
-  ids_BxT = jnp.pad(ids_BxT, ((0, 0), (0, -T % chunk)))
-
-  def feed(carry):
-    start, cache = carry
-    tokens_BxC = jax.lax.dynamic_slice_in_dim(ids_BxT, start, chunk, axis=1)
-    _, cache = forward_hidden(config, params, tokens_BxC, cache)
-    return start + chunk, cache.advance(jnp.clip(lengths_B - start, 0, chunk))
-
-  _, cache = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(lengths_B), feed, (jnp.int32(0), cache))
-  return cache
 
 
 def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, corpus_source: str,
