@@ -89,6 +89,7 @@ class Decoder:
     self.target, self.draft = pipeline.load_models(spec, self._log)
     self._drafters: dict[tuple, tuple[Drafter, dict]] = {}
     self._policy_memory: dict[tuple, Any] = {}  # the adaptive K policy's, one per compiled program
+    self._warm: set[tuple] = set()  # programs compiled and run once (`pipeline.program_key`): no warm-up call
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, log: Callable[[str], None] | None = None) -> Decoder:
@@ -128,7 +129,7 @@ class Decoder:
       raise ConfigError(f"config.drafter {cfg.drafter!r} needs a draft model, which this Decoder did not load: "
                         f"make a new Decoder with it")
     return pipeline.run(spec, self._log, models=(self.target, self.draft), drafter=self._drafter(spec),
-                        policy_memory=self._policy_memory)
+                        policy_memory=self._policy_memory, warm=self._warm)
 
   def generate(self, prompts: str | Sequence[str], **fields) -> Generation:
     """Decodes `prompts` (a string or a sequence of them) with `fields` changed for this call only."""

@@ -171,6 +171,21 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
           "acceptance_prior": [float(a) for a in prior_K]}
 
 
+# Config fields that reach a compiled program only as runtime values (or not at all): a run changing
+# only these reuses the program an earlier run compiled (sampling's static flags are keyed apart).
+_RUNTIME_FIELDS = ("prompts", "prompts_file", "seed", "output", "temperature", "top_k", "top_p", "max_new_tokens",
+                   "chat")
+
+
+def program_key(spec: DecodeSpec, cache_len: int, width: int, drafter: Drafter | None) -> tuple:
+  """What identifies a run's compiled program: every config field but `_RUNTIME_FIELDS`, the shapes
+  (cache length, prompt width), sampling's static flags and the drafter built (by identity)."""
+  fields = {name: value for name, value in spec.config.as_configdict().to_dict().items() if name not in _RUNTIME_FIELDS}
+  sampling = spec.sampling
+  return (json.dumps(fields, sort_keys=True, default=repr), cache_len, width, sampling.greedy, sampling.use_top_k,
+          sampling.use_top_p, sampling.candidates, id(drafter))
+
+
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
   """(indices, padded prompts [B, P], lengths [B]) with one shape for every batch, so the program
   compiles once: P = `width` (`prompts.width_bound`: the longest prompt of any turn), B = batch_size (a
@@ -312,7 +327,7 @@ def _lowering_report(spec: DecodeSpec, runner: _Runner, padded: np.ndarray, leng
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None,
         drafter: tuple[Drafter, dict] | None = None,
-        policy_memory: dict[tuple, k_policy.Memory] | None = None) -> dict[str, Any]:
+        policy_memory: dict[tuple, k_policy.Memory] | None = None, warm: set | None = None) -> dict[str, Any]:
   """Decodes every prompt of `spec` (or of a config, checked into one); returns the JSON-ready results,
   also written to `config.output` (or, when that fails at the end, to the fallback file named by
   `results["written_to"]`).
@@ -320,7 +335,8 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   `models` = (target, draft or None) already loaded and `drafter` = (a built drafter, its facts) reuse
   what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `policy_memory` keeps
   the adaptive policy's measured cost table (measured once) and learned acceptance across runs, one
-  `k_policy.Memory` per compiled program."""
+  `k_policy.Memory` per compiled program; `warm` holds the programs an earlier run already compiled and
+  ran (`program_key`), which skip the warm-up call (compile_time_s 0), and gains this run's."""
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   log = log if meshes.is_main_process() else lambda message: None
@@ -344,11 +360,15 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   _, padded, lengths = next(_batches(first, cfg.batch_size, width))
   if cfg.lower_only:
     return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
-  log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
-  start = time.perf_counter()
-  jax.block_until_ready(runner(padded, lengths, np.full(len(lengths), min(2, cfg.max_new_tokens), np.int32),
-                               key).tokens)
-  compile_time = time.perf_counter() - start
+  program, compile_time = program_key(spec, cache_len, width, drafter), 0.0
+  if warm is None or program not in warm:
+    log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
+    start = time.perf_counter()
+    jax.block_until_ready(runner(padded, lengths, np.full(len(lengths), min(2, cfg.max_new_tokens), np.int32),
+                                 key).tokens)
+    compile_time = time.perf_counter() - start
+    if warm is not None:
+      warm.add(program)
   policy_record = {}
   if spec.speculative:
     policy_record = _measured_costs(spec, runner, drafter, cache_len, policy_memory, padded, lengths, key, log)

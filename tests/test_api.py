@@ -11,7 +11,6 @@ import specjax
 from specjax import decode_spec, pipeline
 from specjax.errors import ConfigError
 from specjax.speculative import loop
-from specjax.speculative.drafters import model
 from tests.helpers.cli import cli_config, decode_in_process
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.readme import python_block
@@ -67,6 +66,9 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   compiled = loop._generate._cache_size()
   second = dec.generate(["abc", "x = 1"], temperature=1.0, seed=2, top_k=0)
   assert loop._generate._cache_size() == compiled  # other knobs, other prompts: the same program
+  # ... which ran before: no warm-up call (a first sampled program had one)
+  assert first.stats["compile_time_s"] > 0 and second.stats["compile_time_s"] == 0
+  assert dec.generate(["def add(a, b):", "hello"], temperature=0.0).token_ids == greedy.token_ids
   assert first.results["config"]["temperature"] == 0.7 and second.results["config"]["temperature"] == 1.0
 
   ngram = dec.generate(["abcabcabc"], drafter="ngram", ngram={"min": 1, "max": 2})  # another drafter, same target

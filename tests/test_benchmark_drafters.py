@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from configs import code_edit_prompts
-from configs.benchmarks import drafters
+from configs.benchmarks import adaptive, drafters, other_tokenizer
 from experiments import benchmark_drafters
 from experiments.benchmark_drafters import AUTOREGRESSIVE, System
 from specjax.errors import ConfigError
@@ -136,6 +136,15 @@ def test_systems_expand_and_baselines_interleave():
                                    [System("model", k) for k in (1, 2, 3, 4)])
   assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
       AUTOREGRESSIVE, "model_k1", "model_k2", "model_k3", AUTOREGRESSIVE, "model_k4", AUTOREGRESSIVE]
+
+
+@pytest.mark.parametrize("module, variant, groups", [
+    (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5),
+    (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5)])
+def test_benchmark_configs_plan_their_groups(module, variant, groups):
+  """The committed benchmark configs built on this one plan before loading anything (a system name or
+  set that no longer parses fails here, not an hour into a run)."""
+  assert len(benchmark_drafters.plan(module.get_config(variant), print)) == groups
 
 
 def test_plan_skips_layer_skip_without_layers():

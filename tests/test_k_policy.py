@@ -196,6 +196,28 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
   assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]
 
 
+def test_calibration_times_enough_rounds_and_a_longer_proposal_never_costs_less(monkeypatch):
+  """Rounds of 15-30 ms (a small model): 3 timed rounds last under MIN_TIMED_S, so the long call grows
+  until they last it, or until the budget (40 rounds here) ends the call; length 1's measured dip below
+  length 0 (noise: it does more work) is lifted to length 0's cost."""
+  round_s = np.array([0.02, 0.015, 0.03])
+  clock, calls = [0.0], []
+
+  def run(cost_C, round_limit):
+    index = int(np.argmin(cost_C))
+    calls.append((index, round_limit))
+    ran = min(round_limit, 40)
+    clock[0] += 0.1 + ran * round_s[index]
+    return ran
+
+  monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
+  np.testing.assert_allclose(k_policy.calibrate(3, run, rounds=3), [0.02, 0.02, 0.03], rtol=1e-5)
+  for index in range(3):
+    limits = [limit for i, limit in calls if i == index]
+    assert limits[:3] == [1, 1, 4] and len(limits) == 4  # one longer call sufficed (or hit the budget)
+    assert (min(limits[3], 40) - 1) * round_s[index] >= k_policy.MIN_TIMED_S or limits[3] > 40
+
+
 # (tokens the policy wants, what each row commits, draft passes the round must run: bounded lag of 3, the
 # whole history as the lag)
 LAG_SCHEDULE = [(2, [3, 1, 2], 2, 2), (0, [1, 1, 1], 0, 0), (0, [1, 1, 0], 0, 0), (0, [1, 1, 1], 1, 0),

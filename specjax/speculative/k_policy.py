@@ -189,15 +189,24 @@ def forcing(num_candidates: int, index: int) -> np.ndarray:
   return np.where(np.arange(num_candidates) == index, 1.0, 1e30).astype(np.float32)
 
 
+# The least time the timed rounds of one calibration length must take: a round of a small model on a
+# fast device lasts milliseconds, and a few of them drown in a call's own jitter. At most MAX_EXTENSIONS
+# longer calls per length reach for it.
+MIN_TIMED_S = 0.5
+MAX_EXTENSIONS = 2
+
+
 def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds: int = 3) -> np.ndarray:
   """The cost table [C] (seconds per round at each candidate length), measured with the compiled
   program itself: `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy
   forced to one length by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
   Per length: one untimed round first (the first execution of a program's branch is several times
   slower on a CPU: kernels are prepared lazily, and calibration is what first runs most of them), then
-  a 1-round call and a (1 + `rounds`)-round call, whose difference over the rounds between them is the
-  cost: the prefill, the first token and the first round cancel within the same length, so no
-  separately timed baseline can bias every entry."""
+  a 1-round call and a (1 + n)-round call, whose difference over the rounds between them is the cost:
+  the prefill, the first token and the first round cancel within the same length, so no separately
+  timed baseline can bias every entry. n starts at `rounds` and grows until the difference lasts
+  MIN_TIMED_S (or the budget ends the call first, or MAX_EXTENSIONS longer calls were made). A longer proposal never costs less (it does what a
+  shorter one does, and more), so the table is made nondecreasing: a measured dip is noise."""
   def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
     start = time.perf_counter()
     ran = run(cost_C, limit)
@@ -208,6 +217,12 @@ def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds
     forced = forcing(num_candidates, index)
     run(forced, 1)
     short_s, short_rounds = timed(forced, 1)
-    long_s, long_rounds = timed(forced, 1 + rounds)
-    cost_C[index] = max(long_s - short_s, 1e-6) / max(long_rounds - short_rounds, 1)
-  return cost_C
+    asked = rounds
+    for _ in range(MAX_EXTENSIONS + 1):
+      long_s, long_rounds = timed(forced, 1 + asked)
+      seconds, ran = max(long_s - short_s, 1e-6), max(long_rounds - short_rounds, 1)
+      if seconds >= MIN_TIMED_S or long_rounds < 1 + asked:
+        break
+      asked = max(asked + 1, int(np.ceil(1.2 * MIN_TIMED_S / (seconds / ran))))
+    cost_C[index] = seconds / ran
+  return np.maximum.accumulate(cost_C)

@@ -1,0 +1,34 @@
+"""A draft with another tokenizer drafting for the Qwen2.5-Coder-1.5B target through the token-level
+intersection, against plain decoding in one run (`python -m experiments.benchmark_drafters
+--config=configs/benchmarks/other_tokenizer.py`; fetch `smollm2-135m-instruct` first):
+
+  raw   continuation of standard-library code, no chat template: batch 1 at T = 0 and 1, batch 4 at T = 0
+  chat  open-ended coding requests: batch 1 at T = 1 (T = 0: experiments/results/other_tokenizer/
+        drafters_smollm2_chat.json), batch 4 at T = 0
+Each cell: specjax autoregressive, fixed K = 3 and the adaptive K policy (K <= 8), autoregressive again
+after every two systems. 64 new tokens per prompt. About 30 minutes alone on 2 CPU cores.
+
+`get_config("gemma")`: the Gemma-3-270M draft (SentencePiece with byte fallback) instead of SmolLM2-135M.
+"""
+
+from configs.benchmarks import drafters
+
+
+def get_config(variant: str = ""):
+  cfg = drafters.get_config()
+  cfg.draft = "smollm2-135m-instruct"  # another tokenizer: drafted through the intersection
+  cfg.max_new_tokens = 64
+  cfg.model_ks, cfg.thresholds = (3,), ()
+  systems = ("model_k3", "model_k8_adaptive")
+  cfg.prompt_sets = ("raw", "chat")
+  cfg.sets.raw = drafters.prompt_set(False, 2, greedy=systems, sampled=systems, batched=systems)
+  cfg.sets.chat = drafters.prompt_set(True, 2, greedy=(), sampled=systems, batched=systems)
+  cfg.ar_every = 2
+  cfg.transformers = False
+  cfg.output = "experiments/results/other_tokenizer/cells_smollm2.json"
+  if variant == "gemma":
+    cfg.draft = "gemma-3-270m"
+    cfg.output = "experiments/results/other_tokenizer/cells_gemma.json"
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/other_tokenizer.py (known: 'gemma')")
+  return cfg
