@@ -82,7 +82,7 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   assert policy["lengths"] == [0, 1, 2, 3] and len(policy["cost_table_s"]) == 4  # k = 3
   assert all(cost > 0 for cost in policy["cost_table_s"]) and policy["calibration_time_s"] > 0
   assert sum(policy["rounds_per_length"]) > 0
-  # Its plain rounds skip the draft (a lag of up to 32 tokens), a fixed policy's draft lags by one at most.
+  # Its plain rounds skip the draft (the whole history may wait as its lag), a fixed policy's lags by one at most.
   assert adaptive.stats["draft_max_lag"] == "history" and greedy.stats["draft_max_lag"] == 1
   again = dec.generate(["abc", "x = 1"], k_policy="adaptive")
   assert again.stats["k_policy"]["calibration_time_s"] == 0

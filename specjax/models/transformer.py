@@ -320,6 +320,13 @@ def prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_
   return logits_BxV, cache
 
 
+def hidden_after(hidden_BxTxD: jax.Array, count_B: jax.Array) -> jax.Array:
+  """[B, D]: each row's hidden state at its `count_B`-th position of the pass (its last real id; the first
+  position's for a row with none, which callers mask or ignore)."""
+  last_B = jnp.clip(count_B - 1, 0, hidden_BxTxD.shape[1] - 1)
+  return jnp.take_along_axis(hidden_BxTxD, last_B[:, None, None], axis=1)[:, 0]
+
+
 def feed_rows(config: ModelConfig, params: Params, ids_BxT: jax.Array, lengths_B: jax.Array, cache: KVCache,
               chunk: int) -> tuple[jax.Array, KVCache]:
   """Feeds right-padded rows of ids `chunk` positions per pass, only while some row has ids left (a
@@ -334,9 +341,9 @@ def feed_rows(config: ModelConfig, params: Params, ids_BxT: jax.Array, lengths_B
     start, cache, last_BxD = carry
     hidden_BxCxD, cache = forward_hidden(config, params, jax.lax.dynamic_slice_in_dim(ids_BxT, start, chunk, axis=1),
                                          cache)
-    real_B = jnp.clip(lengths_B - start, 0, chunk)  # this chunk's ids per row; its last one at real - 1
-    last_here_BxD = jnp.take_along_axis(hidden_BxCxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
-    return start + chunk, cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)
+    real_B = jnp.clip(lengths_B - start, 0, chunk)  # this chunk's ids per row
+    return (start + chunk, cache.advance(real_B),
+            jnp.where((real_B > 0)[:, None], hidden_after(hidden_BxCxD, real_B), last_BxD))
 
   _, cache, last_BxD = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(lengths_B), feed,
                                           (jnp.int32(0), cache, jnp.zeros((B, config.d_model), config.jnp_dtype)))
@@ -365,9 +372,8 @@ def _prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt
     hidden_BxTxD, features_BxTxF, cache = forward_features(config, params, tokens_BxT, cache,
                                                            feature_layers or ())
     real_B = jnp.clip(prompt_lengths_B - index * chunk, 0, chunk)  # this chunk's prompt tokens per row
-    # The last chunk holding prompt tokens of a row holds its last one, at index real - 1.
-    last_here_BxD = jnp.take_along_axis(hidden_BxTxD, jnp.maximum(real_B - 1, 0)[:, None, None], axis=1)[:, 0]
-    return ((cache.advance(real_B), jnp.where((real_B > 0)[:, None], last_here_BxD, last_BxD)),
+    # The last chunk holding prompt tokens of a row holds its last one.
+    return ((cache.advance(real_B), jnp.where((real_B > 0)[:, None], hidden_after(hidden_BxTxD, real_B), last_BxD)),
             None if feature_layers is None else features_BxTxF)
 
   last_BxD = jnp.zeros((B, config.d_model), config.jnp_dtype)

@@ -64,7 +64,7 @@ from specjax import inplace, partitioning
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, feed_rows, forward_hidden, prefill
+from specjax.models.transformer import Params, feed_rows, forward_hidden, hidden_after, prefill
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, short_proposal_widths
 from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_inputs,
@@ -273,8 +273,7 @@ class ModelDrafter(ModelBackedDrafter):
           hidden_BxD, fed = feed_rows(self.config, self.params, chunk_BxW, num_valid_B, cache, LAG_CHUNK)
           return fed.replace(lengths=cache.lengths), hidden_BxD
         hidden_BxWxD, cache = forward_hidden(self.config, self.params, chunk_BxW[:, :w], cache)
-        last_B = jnp.clip(num_valid_B - 1, 0, w - 1)
-        return cache, jnp.take_along_axis(hidden_BxWxD, last_B[:, None, None], axis=1)[:, 0]
+        return cache, hidden_after(hidden_BxWxD, num_valid_B)
       return run
 
     needed = jnp.max(num_valid_B)
