@@ -3,8 +3,8 @@
 Six tiny tokenizers with different vocabularies: byte-level BPEs in the Qwen2 (read back from GGUF, with
 UNUSED padding rows), SmolLM and GPT-2 styles, one trained on another corpus with a padded head, and
 SentencePiece-style BPEs with byte fallback as Gemma's (no prefix space) and Llama 2's (prefix "▁").
-Every ordered pair is mapped. The real pair (Qwen2.5-Coder-1.5B and SmolLM2-135M GGUF files) runs with
-the real-model tests (SPECJAX_REAL_MODEL_TESTS=1) when both files are installed.
+Every ordered pair is mapped. The real pairs (Qwen2.5-Coder-1.5B with SmolLM2-135M or Gemma-3-270M GGUF files)
+run with the real-model tests (SPECJAX_REAL_MODEL_TESTS=1) when both files are installed.
 """
 
 import collections
@@ -263,21 +263,27 @@ def test_build_is_deterministic(vocabularies, maps):
     np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
 
 
+# (draft, its vocabulary size, target ids Qwen's feed cannot spell, ids the draft's feed cannot spell): SmolLM2's
+# vocabulary lacks 21 single bytes; Gemma's byte fallback spells every byte.
+REAL_DRAFTS = [("smollm2-135m-instruct", 49_152, 21, 0), ("gemma-3-270m", 262_144, 0, 0)]
+
+
 @pytest.mark.slow
-def test_real_pair_qwen_coder_and_smollm2():
-  """Qwen2.5-Coder-1.5B (151,936 ids) <-> SmolLM2-135M (49,152 ids), both directions: every target id
-  spelled by its feed row, except the 21 single bytes SmolLM2's vocabulary lacks. Opt-in, as every
-  real-model test (about 20 s, most of it reading Qwen's GGUF tokenizer)."""
+@pytest.mark.parametrize("draft_name,draft_size,unspelled_by_draft,unspelled_by_qwen", REAL_DRAFTS)
+def test_real_pair_with_qwen_coder(draft_name, draft_size, unspelled_by_draft, unspelled_by_qwen):
+  """Qwen2.5-Coder-1.5B (151,936 ids) <-> a real draft of another family, both directions: every id of the
+  target spelled by its feed row (decoded back to the target id's bytes), except the bytes the draft lacks
+  and padding rows. Opt-in, as every real-model test (20-40 s each, most of it reading the GGUF tokenizers)."""
   if os.environ.get("SPECJAX_REAL_MODEL_TESTS") != "1":
     pytest.skip("real-model tests are opt-in: set SPECJAX_REAL_MODEL_TESTS=1")
-  paths = [registry.model_path(registry.get_spec(name))
-           for name in ("qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct")]
+  paths = [registry.model_path(registry.get_spec(name)) for name in ("qwen2.5-coder-1.5b-instruct", draft_name)]
   if not all(os.path.isfile(p) for p in paths):
     pytest.skip(f"needs both {paths}")
-  qwen, smollm = (Tokenizer.from_gguf(p) for p in paths)
+  qwen, other = (Tokenizer.from_gguf(p) for p in paths)
+  assert other.vocab_size == draft_size
   vocabs = {"qwen": (qwen, vocab_map.token_bytes(qwen, qwen.vocab_size)),
-            "smollm": (smollm, vocab_map.token_bytes(smollm, smollm.vocab_size))}
-  for target, draft in (("qwen", "smollm"), ("smollm", "qwen")):
+            "other": (other, vocab_map.token_bytes(other, other.vocab_size))}
+  for target, draft, unspelled_expected in (("qwen", "other", unspelled_by_draft), ("other", "qwen", unspelled_by_qwen)):
     target_vocab, (draft_tokenizer, draft_vocab) = vocabs[target][1], vocabs[draft]
     start = time.perf_counter()
     m = vocab_map.build(target_vocab, draft_vocab, draft_tokenizer)
@@ -285,9 +291,9 @@ def test_real_pair_qwen_coder_and_smollm2():
     counts_V = np.zeros(len(target_vocab.strings), np.int64)
     for text in sample_texts():
       np.add.at(counts_V, vocabs[target][0].encode(text, add_special_tokens=False), 1)
-    print(f"{target} <- {draft}: I = {m.size}, M = {m.max_feed}, build {seconds:.1f} s, "
+    print(f"{target} <- {draft} ({draft_name}): I = {m.size}, M = {m.max_feed}, build {seconds:.1f} s, "
           f"not spelled {np.count_nonzero(~m.spelled_V)}, coverage of sample texts {m.coverage(counts_V):.3f}")
-    assert 30_000 < m.size < 49_152 and 1 < m.max_feed <= 32 and seconds < 30
+    assert 30_000 < m.size < min(qwen.vocab_size, draft_size) and 1 < m.max_feed <= 32 and seconds < 30
     for t in range(len(target_vocab.strings)):
       string, row = target_vocab.strings[t], m.feed_VxM[t, :m.feed_counts_V[t]].tolist()
       if m.spelled_V[t]:
@@ -296,4 +302,4 @@ def test_real_pair_qwen_coder_and_smollm2():
         assert target_vocab.kind_V[t] == UNDEFINED or len(string) == 1, t
         assert row == [draft_tokenizer.eos_ids[0]] and t not in m.target_ids_I
     unspelled = np.count_nonzero(~m.spelled_V) - np.count_nonzero(target_vocab.kind_V == UNDEFINED)
-    assert unspelled == (21 if target == "qwen" else 0)
+    assert unspelled == unspelled_expected
