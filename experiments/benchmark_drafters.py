@@ -82,17 +82,24 @@ class System:
   k: int = 1
   threshold: float = 0.0  # model.stop_threshold of the model drafter (0 = off)
   policy: str = "fixed"  # config.k_policy: "fixed" (K every round) or "adaptive" (K the most)
+  draft: str = ""  # an alias of the benchmark's `other_drafts`: the draft model it loads ("" = `draft`)
 
   @property
   def speculative(self) -> bool:
     return self.drafter != AUTOREGRESSIVE
 
   @property
+  def source(self) -> str:
+    """The drafter with its draft model's alias: what a cost ratio c is measured for ("model@qwen05b")."""
+    return self.drafter + (f"@{self.draft}" if self.draft else "")
+
+  @property
   def name(self) -> str:
-    """The system's name in the results: "autoregressive", "ngram_k8", "model_k8_t0.5", "model_k8_adaptive"..."""
+    """The system's name in the results: "autoregressive", "ngram_k8", "model_k8_t0.5", "model_k8_adaptive",
+    "model@qwen05b_k3"..."""
     if not self.speculative:
       return AUTOREGRESSIVE
-    return (f"{self.drafter}_k{self.k}" + (f"_t{self.threshold:g}" if self.threshold else "")
+    return (f"{self.source}_k{self.k}" + (f"_t{self.threshold:g}" if self.threshold else "")
             + ("_adaptive" if self.policy == "adaptive" else ""))
 
   def label(self, cfg: ml_collections.ConfigDict) -> str:
@@ -104,12 +111,13 @@ class System:
       return f"ngram {k} (n={cfg.drafters.ngram.min}..{cfg.drafters.ngram.max})"
     if self.drafter == "layer_skip":
       return f"layer_skip {k} (layers {cfg.drafters.layer_skip.layers})"
+    draft = f" ({self.draft})" if self.draft else ""
     if self.drafter == "model":
-      return f"model {k}" + (f", stop below {self.threshold:g}" if self.threshold else "")
-    return f"{self.drafter} {k}"
+      return f"model{draft} {k}" + (f", stop below {self.threshold:g}" if self.threshold else "")
+    return f"{self.drafter}{draft} {k}"
 
 
-_SYSTEM = re.compile(r"([\w.:]+?)(?:_k(\d+))?(?:_t(\d*\.?\d+))?(_adaptive)?")
+_SYSTEM = re.compile(r"([\w.:]+?)(?:@([A-Za-z0-9.-]+))?(?:_k(\d+))?(?:_t(\d*\.?\d+))?(_adaptive)?")
 
 
 def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: str) -> list[System]:
@@ -119,17 +127,23 @@ def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: s
   for name in names:
     match = _SYSTEM.fullmatch(str(name))
     known = match and (match[1] in registry.names() or ":" in match[1])
-    if not known or (match[3] and match[1] != "model"):
+    if not known or (match[4] and match[1] != "model"):
       raise ConfigError(f"{where}: unknown system {name!r}; expected a drafter ({', '.join(registry.names())} or "
                         f"package.module:Class), alone or with a K such as ngram_k4 or model_k5, or model_k8_t0.5 "
-                        f"(K 8, stop threshold 0.5), and _adaptive for the adaptive K policy (model_k8_adaptive)")
-    drafter, k, threshold, policy = match[1], match[2], match[3], "adaptive" if match[4] else "fixed"
+                        f"(K 8, stop threshold 0.5), and _adaptive for the adaptive K policy (model_k8_adaptive); "
+                        f"model@ALIAS_k5 drafts with the model config.other_drafts.ALIAS")
+    drafter, draft, k, threshold = match[1], match[2] or "", match[3], match[4]
+    policy = "adaptive" if match[5] else "fixed"
+    other_drafts = cfg.get("other_drafts") or {}
+    if draft and draft not in other_drafts:
+      raise ConfigError(f"{where}: system {name!r} names the draft {draft!r}, which config.other_drafts lacks "
+                        f"(it has: {', '.join(other_drafts) or 'none'})")
     if drafter == "model" and k is None and policy == "fixed":
-      systems += [System("model", int(model_k)) for model_k in cfg.model_ks]
-      systems += [System("model", int(cfg.threshold_k), float(t)) for t in cfg.thresholds]
+      systems += [System("model", int(model_k), draft=draft) for model_k in cfg.model_ks]
+      systems += [System("model", int(cfg.threshold_k), float(t), draft=draft) for t in cfg.thresholds]
       continue
     default_k = {"ngram": cfg.ngram_k, "layer_skip": cfg.layer_skip_k}.get(drafter, cfg.default_k)
-    systems.append(System(drafter, int(k if k is not None else default_k), float(threshold or 0.0), policy))
+    systems.append(System(drafter, int(k if k is not None else default_k), float(threshold or 0.0), policy, draft))
   return list(dict.fromkeys(systems))  # once each, in order
 
 
@@ -162,7 +176,8 @@ def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> m
   if system.drafter == "model":
     groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
   return apply_fields(default_config(), dict(
-      target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+      target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,
+      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
       mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k, k_policy=system.policy,
       **({"drafter": system.drafter} if system.speculative else {}), **groups, **fields))
 
@@ -205,9 +220,11 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
       group = Group(name, regime, batch_size, temperature, bool(settings.chat), tuple(texts[:count]), systems)
       for system in [System(AUTOREGRESSIVE), *systems]:
         try:
-          decode_spec.from_config(group.decode_config(cfg, system))
+          spec = decode_spec.from_config(group.decode_config(cfg, system))
         except ConfigError as e:
           raise ConfigError(f"{where}, system {system.name}: {e}") from None
+        require(not system.draft or spec.loads_draft_model,
+                f"{where}, system {system.name}: its drafter loads no draft model, so @{system.draft} means nothing")
       groups.append(group)
   require(not cfg.transformers or any(g.prompt_set == cfg.transformers_set for g in groups),
           f"config.transformers_set {cfg.transformers_set!r} has no runs: its input ids and baseline come from them")
@@ -231,10 +248,11 @@ def run_order(group: Group, ar_every: int) -> list[System]:
 
 
 def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: LoadedModel,
-                  draft: LoadedModel | None, log: Log) -> dict:
+                  drafts: dict[str, LoadedModel | None], log: Log) -> dict:
   """Per batch size: the target's T-token forward times for T = 1 and every K + 1 used, the verify cost
-  of each K (T = K + 1 over T = 1), and each drafter's c (measured once per drafter and batch size; the
-  model drafter's c does not depend on K or on its stop threshold)."""
+  of each K (T = K + 1 over T = 1), and each drafter's c (measured once per drafter, draft model and batch
+  size, keyed by `System.source`; the model drafter's c does not depend on K or on its stop threshold).
+  `drafts`: the loaded draft models by alias ("" = `draft`)."""
   forward_s, verify_cost, c = {}, {}, {}
   for batch_size in sorted({g.batch_size for g in groups}):
     systems = [(g, s) for g in groups if g.batch_size == batch_size for s in g.systems]
@@ -245,10 +263,10 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
     verify_cost[str(batch_size)] = {str(T - 1): s / seconds[1] for T, s in seconds.items() if T > 1}
     c[str(batch_size)] = {}
     for group, system in systems:
-      if system.drafter not in c[str(batch_size)]:
+      if system.source not in c[str(batch_size)]:
         drafter, _ = pipeline.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
-                                            draft, log)
-        c[str(batch_size)][system.drafter] = costs.drafter_cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
+                                            drafts[system.draft], log)
+        c[str(batch_size)][system.source] = costs.drafter_cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
     log(f"batch {batch_size}: target T=1 {seconds[1] * 1e3:.0f} ms; verify cost " +
         " ".join(f"K={k}:{r:.2f}" for k, r in verify_cost[str(batch_size)].items()) + "; c " +
         " ".join(f"{d}:{v:.3f}" for d, v in c[str(batch_size)].items()))
@@ -267,20 +285,23 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, resul
   """One run's record: its group, system, `pipeline.run` stats, costs, modelled speedups and outputs
   (speedups over the baseline and the greedy comparison are filled in by `derive`)."""
   stats = result["stats"]
+  system_config = group.decode_config(cfg, system)
+  loads_draft = decode_spec.from_config(system_config).loads_draft_model
   row = {"group": group.key, "prompt_set": group.prompt_set, "regime": group.regime,
          "batch_size": group.batch_size, "temperature": group.temperature, "system": system.name,
          "label": system.label(cfg), "drafter": system.drafter if system.speculative else None,
+         "draft_model": records.relative(system_config.draft) if loads_draft else None,
          "k": system.k if system.speculative else None,
          "draft_stop_threshold": system.threshold if system.speculative else None,
          "k_policy": stats.get("k_policy"), **{field: stats.get(field) for field in _STATS}}
   row["prompt_tokens"] = [o["prompt_tokens"] for o in result["outputs"]]
   row["token_ids"] = [o["token_ids"] for o in result["outputs"]]
   if system.speculative:
-    c = cost["cost_ratio_c"][str(group.batch_size)][system.drafter]
+    c = cost["cost_ratio_c"][str(group.batch_size)][system.source]
     verify = cost["verify_cost"][str(group.batch_size)][str(system.k)]
     alpha = None if system.policy == "adaptive" else stats["alpha_hat"]  # the formula assumes K every round
     if system.policy == "adaptive":  # the policy's own work per round, against the cheapest measured round
-      policy = decode_spec.from_config(group.decode_config(cfg, system)).policy
+      policy = decode_spec.from_config(system_config).policy
       row["policy_step_s"] = costs.policy_step_seconds(policy, group.batch_size, system.k)
       row["policy_share_of_cheapest_round"] = row["policy_step_s"] / min(stats["k_policy"]["cost_table_s"])
     row.update(cost_ratio_c=c, verify_cost=verify,
@@ -348,11 +369,16 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
   """Loads the models, measures the costs and runs every group; returns the input ids of the
   transformers set's greedy prompts and the stop ids, for `run_transformers` (the models are released
   when this returns)."""
-  needs_draft = any(decode_spec.from_config(g.decode_config(cfg, s)).loads_draft_model
-                    for g in groups for s in g.systems)
-  model_system = System("model", 1) if needs_draft else System(AUTOREGRESSIVE)
-  target, draft = pipeline.load_models(groups[0].decode_config(cfg, model_system), log)
-  results["costs"] = measure_costs(cfg, groups, target, draft, log)
+  loading = {}  # alias ("" = `draft`) -> a system that loads that draft model
+  for group in groups:
+    for system in group.systems:
+      if decode_spec.from_config(group.decode_config(cfg, system)).loads_draft_model:
+        loading.setdefault(system.draft, (group, system))
+  group, system = loading.pop("", (groups[0], System(AUTOREGRESSIVE)))
+  target, draft = pipeline.load_models(group.decode_config(cfg, system), log)
+  drafts = {"": draft} | {alias: pipeline.load_models(group.decode_config(cfg, system), log, target=target)[1]
+                          for alias, (group, system) in loading.items()}
+  results["costs"] = measure_costs(cfg, groups, target, drafts, log)
   save()
   total = sum(len(run_order(g, cfg.ar_every)) for g in groups)
   number = 0
@@ -364,7 +390,8 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
         f"{len(group.prompts)} prompts: {', '.join(s.name for s in group.systems)}")
     for system in run_order(group, cfg.ar_every):
       number += 1
-      result = pipeline.run(group.decode_config(cfg, system), log=lambda m: log(f"  {m}"), models=(target, draft))
+      result = pipeline.run(group.decode_config(cfg, system), log=lambda m: log(f"  {m}"),
+                            models=(target, drafts[system.draft]))
       row = make_row(cfg, group, system, result, results["costs"])
       results["runs"].append(row)
       save()
@@ -476,6 +503,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   pipeline.check_output(cfg.output)
   config = cfg.to_dict()
   config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
+  config["other_drafts"] = {alias: records.relative(name) for alias, name in cfg.other_drafts.items()}
   results = {"command": records.command(), "environment": records.environment(), "config": config,
              "prompts": {g.key: list(g.prompts) for g in groups}, "runs": [], "transformers": []}
   save = lambda: write_json(results, cfg.output)

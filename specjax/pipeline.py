@@ -198,10 +198,12 @@ def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
     yield indices, *generation.pad_prompts(rows, width=width)
 
 
-def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print
-                ) -> tuple[LoadedModel, LoadedModel | None]:
+def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
+                target: LoadedModel | None = None) -> tuple[LoadedModel, LoadedModel | None]:
   """The target and (for a drafter that loads a draft model) the draft of `spec` (whose tokenizer the
-  drafter's `build` checks: another one drafts through the token-level intersection)."""
+  drafter's `build` checks: another one drafts through the token-level intersection). `target`: the
+  spec's target already loaded (its mesh and execution settings are the draft's): only the draft loads,
+  for a benchmark comparing drafts of one target."""
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   start = time.perf_counter()
@@ -211,17 +213,18 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
                    narrow_passes=narrow_passes_for(cfg.narrow_passes, cfg.lower_only or None),
                    attention_block=cfg.attention_block,
                    prefill_chunk=cfg.prefill_chunk)
-  mesh = meshes.make_mesh(cfg.mesh)
-  target_part = draft_part = None
-  if mesh is not None:
-    target_part = partitioning.Partitioning(mesh, partitioning.DECODE_RULES, cfg.mesh_indivisible, "target")
-    draft_part = dataclasses.replace(target_part, name="draft")
-    draft_part = draft_part.replicated() if cfg.draft_sharding == "replicated" else draft_part
-    log(f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices")
-  log(f"loading target {cfg.target} ({cfg.dtype}) ...")
-  target = with_execution(load_model(cfg.target, cfg.dtype, target_part), **execution, part=target_part)
+  if target is None:
+    mesh = meshes.make_mesh(cfg.mesh)
+    target_part = None
+    if mesh is not None:
+      target_part = partitioning.Partitioning(mesh, partitioning.DECODE_RULES, cfg.mesh_indivisible, "target")
+      log(f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices")
+    log(f"loading target {cfg.target} ({cfg.dtype}) ...")
+    target = with_execution(load_model(cfg.target, cfg.dtype, target_part), **execution, part=target_part)
   draft = None
   if spec.loads_draft_model:
+    draft_part = None if target.part is None else dataclasses.replace(target.part, name="draft")
+    draft_part = draft_part.replicated() if draft_part and cfg.draft_sharding == "replicated" else draft_part
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
     draft = with_execution(load_model(cfg.draft, cfg.dtype, draft_part), **execution, part=draft_part)
   log(f"loaded in {time.perf_counter() - start:.1f} s")

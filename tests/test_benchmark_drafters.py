@@ -30,12 +30,14 @@ def _save_tiny(directory: str, seed: int) -> None:
 @pytest.fixture(scope="module")
 def benchmark(tmp_path_factory):
   """One run of the CLI on the tiny config: (results, stdout, output path)."""
-  target, draft = (str(tmp_path_factory.mktemp(name)) for name in ("target", "draft"))
+  target, draft, second = (str(tmp_path_factory.mktemp(name)) for name in ("target", "draft", "second"))
   _save_tiny(target, seed=0)
   _save_tiny(draft, seed=1)  # another model: drafts are rejected too
+  _save_tiny(second, seed=2)  # the draft of raw/sampled (other_drafts.second)
   output = str(tmp_path_factory.mktemp("results") / "drafters.json")
   command = [sys.executable, "-m", "experiments.benchmark_drafters", "--config=configs/benchmarks/drafters.py:tiny",
-             f"--config.target={target}", f"--config.draft={draft}", f"--config.output={output}"]
+             f"--config.target={target}", f"--config.draft={draft}", f"--config.other_drafts.second={second}",
+             f"--config.output={output}"]
   done = subprocess.run(command, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
                         text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -58,7 +60,7 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
       "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
       "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.06", AUTOREGRESSIVE, "model_k2_adaptive",
                      AUTOREGRESSIVE],
-      "raw/sampled": [AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE]}
+      "raw/sampled": [AUTOREGRESSIVE, "model@second_k2", AUTOREGRESSIVE]}
   assert results["prompts"]["code_edit/greedy"] == code_edit_prompts.code_edit_prompts()[:2]
   assert len(results["prompts"]["code_edit/batched"]) == 2 and len(results["prompts"]["raw/greedy"]) == 2
 
@@ -66,6 +68,10 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   assert set(cost["verify_cost"]) == {"1", "2"} and set(cost["verify_cost"]["1"]) == {"2", "3"}
   assert cost["cost_ratio_c"]["1"]["ngram"] == 0.0
   assert cost["cost_ratio_c"]["1"]["model"] > 0 and cost["cost_ratio_c"]["1"]["layer_skip"] > 0
+  assert cost["cost_ratio_c"]["1"]["model@second"] > 0
+  drafts = {row["system"]: row["draft_model"] for row in results["runs"] if row["drafter"] == "model"}
+  assert os.path.basename(drafts["model_k2"]).startswith("draft")  # the draft each run loaded
+  assert os.path.basename(drafts["model@second_k2"]).startswith("second")
   adaptive = next(row for row in results["runs"] if row["system"] == "model_k2_adaptive")
   assert adaptive["k_policy"]["lengths"] == [0, 1, 2] and len(adaptive["k_policy"]["cost_table_s"]) == 3
   assert sum(adaptive["k_policy"]["rounds_per_length"]) > 0 and adaptive["modelled_speedup"] is None
@@ -79,7 +85,8 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
     group = results["groups"][row["group"]]
     assert row["speedup_vs_autoregressive"] == pytest.approx(
         row["tokens_per_second"] / group["autoregressive_tokens_per_second"])
-    assert row["cost_ratio_c"] == cost["cost_ratio_c"][str(row["batch_size"])][row["drafter"]]
+    source = row["system"].split("_k")[0]  # the drafter, with "@" and its draft's alias if it names one
+    assert row["cost_ratio_c"] == cost["cost_ratio_c"][str(row["batch_size"])][source]
     assert row["verify_cost"] == cost["verify_cost"][str(row["batch_size"])][str(row["k"])]
     if row["k_policy"]["kind"] == "adaptive":  # it may propose nothing (tiny random models agree rarely)
       continue
@@ -132,6 +139,12 @@ def test_systems_expand_and_baselines_interleave():
       System("model", 8, 0.0, "adaptive"), System("ngram", 8, 0.0, "adaptive")]
   assert [s.name for s in benchmark_drafters.parse_systems(("model_k8_adaptive", "ngram_adaptive"), cfg, "x")] == [
       "model_k8_adaptive", "ngram_k8_adaptive"]
+  cfg.other_drafts.small = "smollm2-135m-instruct"
+  other = benchmark_drafters.parse_systems(("model@small_k3", "model@small_k8_t0.5_adaptive"), cfg, "x")
+  assert other == [System("model", 3, draft="small"), System("model", 8, 0.5, "adaptive", "small")]
+  assert [s.name for s in other] == ["model@small_k3", "model@small_k8_t0.5_adaptive"]
+  assert benchmark_drafters.decode_config(cfg, other[0]).draft == "smollm2-135m-instruct"
+  assert benchmark_drafters.decode_config(cfg, System("model", 3)).draft == cfg.draft
   group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",),
                                    [System("model", k) for k in (1, 2, 3, 4)])
   assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
@@ -140,7 +153,7 @@ def test_systems_expand_and_baselines_interleave():
 
 @pytest.mark.parametrize("module, variant, groups", [
     (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5),
-    (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5)])
+    (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
 def test_benchmark_configs_plan_their_groups(module, variant, groups):
   """The committed benchmark configs built on this one plan before loading anything (a system name or
   set that no longer parses fails here, not an hour into a run)."""
@@ -167,7 +180,10 @@ def test_plan_skips_layer_skip_without_layers():
     ("prompt_sets", ("code_edit", "prose"), r"unknown set 'prose'"),
     ("sets.chat.num_prompts", 9, r"config.sets.chat.greedy: 9 prompts needed .* the set has 8"),
     ("transformers_set", "chat", r"config.transformers_set 'chat' is not among"),
-    ("draft", "", r"config.draft is empty")])
+    ("draft", "", r"config.draft is empty"),
+    ("sets.raw.greedy", ("model@nowhere_k3",), r"config.sets.raw.greedy: system 'model@nowhere_k3' names the "
+                                               r"draft 'nowhere', which config.other_drafts lacks \(it has: none\)"),
+    ("other_drafts", {"small": "smollm2-135m-instruct"}, None)])
 def test_bad_configs_fail_before_loading(field, value, message):
   cfg = drafters.get_config()
   if field == "transformers_set":
@@ -177,6 +193,9 @@ def test_bad_configs_fail_before_loading(field, value, message):
   for part in path:
     node = node[part]
   node[name] = value
+  if field == "other_drafts":  # an alias on a drafter that loads no draft model
+    cfg.sets.raw.greedy, message = ("ngram@small_k3",), (r"config.sets.raw.greedy, system ngram@small_k3: its "
+                                                         r"drafter loads no draft model, so @small means nothing")
   with pytest.raises(ConfigError, match=message):
     benchmark_drafters.plan(cfg, print)
 
