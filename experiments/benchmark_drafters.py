@@ -195,6 +195,8 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
   require(int(cfg.ar_every) == cfg.ar_every and cfg.ar_every >= 1,
           f"config.ar_every must be an integer >= 1, got {cfg.ar_every}")
   require(cfg.cost_repeats >= 1, f"config.cost_repeats must be >= 1, got {cfg.cost_repeats}")
+  require(int(cfg.repeats) == cfg.repeats and cfg.repeats >= 1, f"config.repeats must be an integer >= 1, "
+          f"got {cfg.repeats}")
   require(cfg.batched_size >= 1, f"config.batched_size must be >= 1, got {cfg.batched_size}")
   require(cfg.large_batch_size >= 1, f"config.large_batch_size must be >= 1, got {cfg.large_batch_size}")
   require(cfg.continuation_lines >= 1, f"config.continuation_lines must be >= 1, got {cfg.continuation_lines}")
@@ -234,13 +236,15 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
   return groups
 
 
-def run_order(group: Group, ar_every: int) -> list[System]:
-  """The group's runs: the baseline first, after every `ar_every` systems, and last."""
+def run_order(group: Group, ar_every: int, repeats: int = 1) -> list[System]:
+  """The group's runs: the baseline first, after every `ar_every` systems and after the last; the
+  systems and their baselines `repeats` times over (an A/B that averages the machine's drift)."""
   order = [System(AUTOREGRESSIVE)]
-  for count, system in enumerate(group.systems, 1):
-    order.append(system)
-    if count % ar_every == 0 or count == len(group.systems):
-      order.append(System(AUTOREGRESSIVE))
+  for _ in range(repeats):
+    for count, system in enumerate(group.systems, 1):
+      order.append(system)
+      if count % ar_every == 0 or count == len(group.systems):
+        order.append(System(AUTOREGRESSIVE))
   return order
 
 
@@ -340,11 +344,24 @@ def derive(results: dict) -> None:
                                                    if adjacent else None)
       row["outputs_match_autoregressive"] = (row["token_ids"] == reference
                                              if row["temperature"] == 0 and reference is not None else None)
+    results["groups"][key]["repeated"] = _repeated(rows)
   for row in results.get("transformers", []):
     baseline = [r for r in rows_by_group.get(row["group"], []) if r["system"] == AUTOREGRESSIVE]
     mean = results["groups"][row["group"]]["autoregressive_tokens_per_second"] if baseline else None
     row["speedup_vs_autoregressive"] = row["tokens_per_second"] / mean if mean else None
     row["outputs_match_autoregressive"] = row["token_ids"] == baseline[0]["token_ids"] if baseline else None
+
+
+def _repeated(rows: list[dict]) -> dict[str, dict]:
+  """Per system run more than once in a group (`repeats`): its runs' speedups over their adjacent
+  baselines (the A/B estimate that the machine's drift disturbs least), mean, min and max."""
+  ratios: dict[str, list[float]] = {}
+  for row in rows:
+    if row["system"] != AUTOREGRESSIVE and row.get("speedup_vs_adjacent_autoregressive") is not None:
+      ratios.setdefault(row["system"], []).append(row["speedup_vs_adjacent_autoregressive"])
+  return {system: {"runs": len(r), "speedup_vs_adjacent_mean": float(np.mean(r)),
+                   "speedup_vs_adjacent_min": min(r), "speedup_vs_adjacent_max": max(r)}
+          for system, r in ratios.items() if len(r) > 1}
 
 
 def write_json(results: dict, path: str) -> None:
@@ -380,7 +397,7 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
                           for alias, (group, system) in loading.items()}
   results["costs"] = measure_costs(cfg, groups, target, drafts, log)
   save()
-  total = sum(len(run_order(g, cfg.ar_every)) for g in groups)
+  total = sum(len(run_order(g, cfg.ar_every, cfg.repeats)) for g in groups)
   number = 0
   for group in groups:
     # Every compiled program of the 1.5B target holds ~1 GB of code and buffers: keeping all of them
@@ -388,7 +405,7 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
     jax.clear_caches()
     log(f"== {group.key}: batch {group.batch_size}, temperature {group.temperature:g}, "
         f"{len(group.prompts)} prompts: {', '.join(s.name for s in group.systems)}")
-    for system in run_order(group, cfg.ar_every):
+    for system in run_order(group, cfg.ar_every, cfg.repeats):
       number += 1
       result = pipeline.run(group.decode_config(cfg, system), log=lambda m: log(f"  {m}"),
                             models=(target, drafts[system.draft]))
@@ -480,6 +497,10 @@ def tables(results: dict) -> str:
                                                  zip(policy["lengths"], policy["cost_table_s"])) +
             f" (measured in {policy['calibration_time_s']:.1f} s); policy step {1e6 * row['policy_step_s']:.1f} µs "
             f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."]
+    for system, summary in group.get("repeated", {}).items():
+      lines += ["", f"{system}, {summary['runs']} runs: speedup over the adjacent autoregressive runs "
+                f"{summary['speedup_vs_adjacent_mean']:.3f} on average ({summary['speedup_vs_adjacent_min']:.3f}"
+                f"-{summary['speedup_vs_adjacent_max']:.3f})."]
     by_system = {r["system"]: r for r in rows}
     lookup, plain = by_system.get("transformers_prompt_lookup"), by_system.get("transformers_generate")
     ngram = [r for r in rows if r.get("drafter") == "ngram"]
@@ -508,7 +529,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
              "prompts": {g.key: list(g.prompts) for g in groups}, "runs": [], "transformers": []}
   save = lambda: write_json(results, cfg.output)
   save()
-  runs = sum(len(run_order(g, cfg.ar_every)) for g in groups)
+  runs = sum(len(run_order(g, cfg.ar_every, cfg.repeats)) for g in groups)
   log(f"{len(groups)} groups, {runs} specjax runs" + (", then transformers" if cfg.transformers else ""))
   prompt_ids, eos_ids = run_specjax(cfg, groups, results, save, log)
   if cfg.transformers:

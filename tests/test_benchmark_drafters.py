@@ -149,10 +149,30 @@ def test_systems_expand_and_baselines_interleave():
                                    [System("model", k) for k in (1, 2, 3, 4)])
   assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
       AUTOREGRESSIVE, "model_k1", "model_k2", "model_k3", AUTOREGRESSIVE, "model_k4", AUTOREGRESSIVE]
+  group.systems = group.systems[:2]
+  assert [s.name for s in benchmark_drafters.run_order(group, 1, repeats=2)] == [
+      AUTOREGRESSIVE, "model_k1", AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE,
+      "model_k1", AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE]
+
+
+def test_a_repeated_system_is_summarised_over_its_adjacent_baselines():
+  """repeats = 2 of one system: each run's speedup over the baseline runs before and after it, and their
+  mean, min and max (9 / 10 and 10.5 / 10.5 here: 0.95, 0.9, 1.0); a system run once has no summary."""
+  speeds = [(AUTOREGRESSIVE, 10.0), ("a", 9.0), (AUTOREGRESSIVE, 10.0), ("a", 10.5), ("b", 7.0), (AUTOREGRESSIVE, 11.0)]
+  runs = [{"group": "raw/greedy", "prompt_set": "raw", "regime": "greedy", "batch_size": 1, "temperature": 0.0,
+           "system": name, "label": name, "tokens_per_second": speed, "token_ids": [[1]], "prompt_tokens": [3],
+           "compile_time_s": 1.0} for name, speed in speeds]
+  environment = {"jax": "", "flax": "", "transformers": "", "processor": "", "platform": "", "backend": "cpu"}
+  results = {"command": "python -m experiments.benchmark_drafters", "environment": environment, "runs": runs}
+  printed = benchmark_drafters.tables(results)
+  assert results["groups"]["raw/greedy"]["repeated"] == {"a": {
+      "runs": 2, "speedup_vs_adjacent_mean": pytest.approx(0.95), "speedup_vs_adjacent_min": pytest.approx(0.9),
+      "speedup_vs_adjacent_max": pytest.approx(1.0)}}
+  assert "a, 2 runs: speedup over the adjacent autoregressive runs 0.950 on average (0.900-1.000)." in printed
 
 
 @pytest.mark.parametrize("module, variant, groups", [
-    (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5),
+    (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5), (adaptive, "plain_ab", 1),
     (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
 def test_benchmark_configs_plan_their_groups(module, variant, groups):
   """The committed benchmark configs built on this one plan before loading anything (a system name or
@@ -181,6 +201,7 @@ def test_plan_skips_layer_skip_without_layers():
     ("sets.chat.num_prompts", 9, r"config.sets.chat.greedy: 9 prompts needed .* the set has 8"),
     ("transformers_set", "chat", r"config.transformers_set 'chat' is not among"),
     ("draft", "", r"config.draft is empty"),
+    ("repeats", 0, r"config.repeats must be an integer >= 1, got 0"),
     ("sets.raw.greedy", ("model@nowhere_k3",), r"config.sets.raw.greedy: system 'model@nowhere_k3' names the "
                                                r"draft 'nowhere', which config.other_drafts lacks \(it has: none\)"),
     ("other_drafts", {"small": "smollm2-135m-instruct"}, None)])

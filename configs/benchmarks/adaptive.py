@@ -11,7 +11,9 @@ three systems and last. About 70 minutes alone on 2 CPU cores.
 
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
 policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
-(raw code at batch 4, chat requests at batch 4 and 8, code edits); about 45 minutes.
+(raw code at batch 4, chat requests at batch 4 and 8, code edits); about 45 minutes. `get_config("plain_ab")`:
+raw code at batch 1, greedy, where the policy decodes every round plainly: adaptive and autoregressive
+alternating six times (the A/B that bounds what the adaptive loop costs over plain decoding); ~25 minutes.
 """
 
 from configs.benchmarks import drafters
@@ -37,6 +39,12 @@ def get_config(variant: str = ""):
   elif variant == "batched":
     cfg.sets.raw.greedy = cfg.sets.raw.sampled = cfg.sets.chat.greedy = cfg.sets.chat.sampled = ()
     cfg.output = "experiments/results/adaptive_cpu_float32_batched.json"
+  elif variant == "plain_ab":
+    cfg.prompt_sets = ("raw",)
+    cfg.sets.raw = drafters.prompt_set(False, 2, greedy=("model_k8_adaptive",), sampled=(), batched=())
+    cfg.ar_every, cfg.repeats = 1, 6
+    cfg.output = "experiments/results/adaptive_cpu_float32_plain_ab.json"
   elif variant:
-    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py (known: 'batch1', 'batched')")
+    raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py "
+                     f"(known: 'batch1', 'batched', 'plain_ab')")
   return cfg
