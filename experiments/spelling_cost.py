@@ -28,7 +28,7 @@ from experiments import harness
 from specjax import prompts, records
 from specjax.models import vocab_map
 from specjax.models.kv_cache import init_cache
-from specjax.models.load import load_model
+from specjax.models.load import load_model, load_tokenizer
 from specjax.models.transformer import forward
 from specjax.speculative.drafters import spelling as spelling_lib
 
@@ -43,8 +43,9 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   with open(cfg.source) as f:
     source = json.load(f)
   log(f"loading target tokenizer {cfg.target} and draft {cfg.draft} ...")
-  target, draft = load_model(cfg.target, "float32"), load_model(cfg.draft, "float32")
-  vocab = vocab_map.between(target, draft)
+  (target_tokenizer, target_config), draft = load_tokenizer(cfg.target), load_model(cfg.draft, "float32")
+  vocab = vocab_map.build(vocab_map.token_bytes(target_tokenizer, target_config.vocab_size),
+                          vocab_map.token_bytes(draft.tokenizer, draft.config.vocab_size), draft.tokenizer)
   table, _ = spelling_lib.spelling(vocab, cfg.max_spelling)
   ids_VxM, counts_V = np.asarray(table.ids_VxM), np.asarray(table.counts_V)
   draft_I, target_of_I = vocab.draft_ids_I, vocab.target_ids_I
@@ -60,13 +61,13 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   rows = {"spelled": {"agree": 0, "p_target": 0.0}, "canonical": {"agree": 0, "p_target": 0.0}}
   positions = shared = 0
   for output in source["outputs"]:
-    prompt = prompts.encode(target.tokenizer, [output["prompt"]], cfg.chat)[0]
+    prompt = prompts.encode(target_tokenizer, [output["prompt"]], cfg.chat)[0]
     generated = output["token_ids"][:cfg.positions_per_output]
     spelled = [int(i) for t in prompt + generated for i in ids_VxM[t, :counts_V[t]]]
     spelled_logits_TxW = logits_after(spelled)
     ends = np.cumsum([counts_V[t] for t in prompt + generated])
     for j, token in enumerate(generated):
-      canonical = draft.tokenizer.encode(target.tokenizer.decode(prompt + generated[:j]), add_special_tokens=False)
+      canonical = draft.tokenizer.encode(target_tokenizer.decode(prompt + generated[:j]), add_special_tokens=False)
       histories = {"spelled": spelled_logits_TxW[ends[len(prompt) + j - 1] - 1],
                    "canonical": logits_after(canonical)[len(canonical) - 1]}
       for way, logits_W in histories.items():

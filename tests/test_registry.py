@@ -5,15 +5,16 @@ whose parts are tiny files (a tiny GGUF model split in two) served by a fake ins
 import base64
 import hashlib
 import os
+import shutil
 import zipfile
 
 import jax
 import numpy as np
 import pytest
 
-from specjax.models import gguf_loader, registry
+from specjax.models import gguf_loader, hf, load, registry
 from specjax.models.__main__ import main
-from specjax.models.load import load_model
+from specjax.models.load import load_model, load_tokenizer
 from tests.helpers.gguf import write_gguf
 from tests.helpers.tiny_hf import make_hf_model, save_hf_model
 from tests.helpers.tokenizers import add_tokenizer_metadata, save_hf_dir, train_tokenizer
@@ -157,6 +158,33 @@ def test_load_gguf_file_and_hf_dir(tmp_path, tiny_gguf):
   assert from_dir.tokenizer.fingerprint() == from_file.tokenizer.fingerprint()
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                                        atol=1e-2), from_dir.params, from_file.params)
+
+
+def test_a_tokenizer_loads_without_the_weights(cache, monkeypatch, tmp_path, tiny_gguf):
+  """`load_tokenizer`: the tokenizer and float32 config `load_model` gives, for a registry model, a GGUF
+  file and an HF directory, without reading a weight of the converted cache or the directory (a GGUF not
+  converted yet is converted first); the same error for a missing model."""
+  (tmp_path / "tiny.gguf").write_bytes(tiny_gguf)
+  hf_dir = tmp_path / "hf"
+  save_hf_model("qwen2", str(hf_dir))
+  save_hf_dir(train_tokenizer("qwen2"), str(hf_dir))
+  registry.fetch(register(tiny_gguf), fake_installer(tiny_gguf, []))
+  models = {name: load_model(name) for name in ("tiny", str(tmp_path / "tiny.gguf"), str(hf_dir))}
+  shutil.rmtree(os.path.join(registry.cache_dir(), "converted"))  # the first load_tokenizer converts again
+  read_safetensors = load._read_safetensors
+
+  def header_only(file):
+    def weights():
+      yield pytest.fail("read a converted weight")
+    return read_safetensors(file)[0], weights()
+
+  monkeypatch.setattr(load, "_read_safetensors", header_only)
+  monkeypatch.setattr(hf, "iter_tensors", lambda path: pytest.fail("read a weight of an HF directory"))
+  for name, model in models.items():
+    tokenizer, config = load_tokenizer(name)
+    assert config == model.config and tokenizer.fingerprint() == model.tokenizer.fingerprint(), name
+  with pytest.raises(FileNotFoundError, match="no such file or directory, and not a registry model"):
+    load_tokenizer(str(tmp_path / "nowhere.gguf"))
 
 
 def test_missing_paths(tmp_path):

@@ -291,14 +291,24 @@ def _gpt2_arrays(name: str, array: np.ndarray) -> dict[str, np.ndarray] | None:
   return None
 
 
-def load_hf_dir(path: str, dtype: str = "float32", placement: Placement | None = None) -> tuple[ModelConfig, Params]:
-  """(config, params) from a Hugging Face model directory (of a multimodal Gemma 3: its language model);
-  `placement` as in `assemble_params`."""
+def _hf_dict(path: str) -> dict[str, Any]:
+  """The `config.json` of a Hugging Face model directory; a directory without one fails naming it."""
   config_file = os.path.join(path, "config.json")
   if not os.path.isfile(config_file):
     raise FileNotFoundError(f"{path}: not a Hugging Face model directory (no config.json)")
   with open(config_file) as f:
-    hf = json.load(f)
+    return json.load(f)
+
+
+def hf_config(path: str, dtype: str = "float32") -> ModelConfig:
+  """The ModelConfig of a Hugging Face model directory, without reading its weights."""
+  return config_from_hf_dict(_hf_dict(path), dtype)
+
+
+def load_hf_dir(path: str, dtype: str = "float32", placement: Placement | None = None) -> tuple[ModelConfig, Params]:
+  """(config, params) from a Hugging Face model directory (of a multimodal Gemma 3: its language model);
+  `placement` as in `assemble_params`."""
+  hf = _hf_dict(path)
   config = config_from_hf_dict(hf, dtype)
   arrays: dict[str, np.ndarray] = {}
   for name, array in iter_tensors(path):

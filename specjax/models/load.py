@@ -31,9 +31,9 @@ import safetensors.numpy
 
 from specjax.models import gguf_loader, hub, registry
 from specjax.models.config import ModelConfig
-from specjax.models.hf import load_hf_dir
+from specjax.models.hf import hf_config, load_hf_dir
 from specjax.models.layout import to_layout
-from specjax.models.param_tree import Placement, on_one_device
+from specjax.models.param_tree import on_one_device
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 
@@ -121,47 +121,11 @@ def load_model(name_or_path: str, dtype: str = "float32",
   model `org/name[@revision]`, in that order of precedence (see the module docstring); with `part`,
   every weight straight into its shards on its mesh."""
   placement = on_one_device if part is None else part.placement
-  path = os.path.abspath(os.path.expanduser(name_or_path))
-  name = os.path.basename(path.rstrip(os.sep))
-  if os.path.isdir(path):
-    return _load_hf_dir(path, name, dtype, placement, part)
-  if os.path.isfile(path):
-    stat = os.stat(path)
-    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    return _load_gguf_cached(path, name.removesuffix(".gguf"), key, dtype, placement, part)
-  if name_or_path in registry.MODELS:
-    spec = registry.MODELS[name_or_path]
-    if not registry.is_installed(spec):
-      raise FileNotFoundError(f"model {spec.name!r} is not installed in {registry.cache_dir()}; "
-                              f"run `{registry.fetch_command(spec.name)}` first")
-    return _load_gguf_cached(registry.model_path(spec), spec.name, spec.sha256, dtype, placement, part)
-  if hub.parse(name_or_path):
-    return _load_hf_dir(hub.snapshot(name_or_path), name_or_path, dtype, placement, part)
-  raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
-                          f"(known: {', '.join(registry.MODELS)}) nor a hub name org/name[@revision]")
-
-
-def _load_hf_dir(path: str, name: str, dtype: str, placement: Placement,
-                 part: ParamSharding | None) -> LoadedModel:
-  config, params = load_hf_dir(path, dtype, placement)
-  return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-  flat = {}
-  for key, value in tree.items():
-    path = f"{prefix}{key}"
-    flat.update(_flatten(value, path + "/") if isinstance(value, dict) else {path: value})
-  return flat
-
-
-def _load_gguf_cached(path: str, name: str, key: str, dtype: str,
-                      placement: Placement, part: ParamSharding | None) -> LoadedModel:
-  directory = os.path.join(registry.cache_dir(), "converted", key[:32])
-  params_file, tokenizer_file = (os.path.join(directory, f) for f in ("params.safetensors", "tokenizer.json"))
-  if not (os.path.isfile(params_file) and os.path.isfile(tokenizer_file)
-          and _read_safetensors(params_file)[0].get("version") == _CACHE_VERSION):
-    _convert(path, directory, params_file, tokenizer_file)
+  name, path, gguf_key = _locate(name_or_path)
+  if gguf_key is None:
+    config, params = load_hf_dir(path, dtype, placement)
+    return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
+  params_file, tokenizer_file = _converted(path, gguf_key)
   meta, tensors = _read_safetensors(params_file)
   config = ModelConfig.from_dict({**json.loads(meta["config"]), "dtype": dtype})
   place = placement(config)
@@ -172,8 +136,65 @@ def _load_gguf_cached(path: str, name: str, key: str, dtype: str,
     for parent in parents:
       node = node.setdefault(parent, {})
     node[leaf] = place(tensor_path, array)
-  with open(tokenizer_file) as f:
-    return LoadedModel(name, config, params, Tokenizer.from_dict(json.load(f)), part)
+  return LoadedModel(name, config, params, _read_tokenizer(tokenizer_file), part)
+
+
+def load_tokenizer(name_or_path: str) -> tuple[Tokenizer, ModelConfig]:
+  """The tokenizer and config of the model `load_model` would load, without reading its weights (a
+  vocabulary map needs the tokenizer and the ids the head scores, `config.vocab_size`)."""
+  _, path, gguf_key = _locate(name_or_path)
+  if gguf_key is None:
+    return Tokenizer.from_hf_dir(path), hf_config(path)
+  params_file, tokenizer_file = _converted(path, gguf_key)
+  meta, _ = _read_safetensors(params_file)
+  return _read_tokenizer(tokenizer_file), ModelConfig.from_dict(json.loads(meta["config"]))
+
+
+def _locate(name_or_path: str) -> tuple[str, str, str | None]:
+  """(the model's name, its HF directory or GGUF file, the GGUF's converted-cache key or None for a
+  directory), by `load_model`'s precedence; a registry model that is not fetched fails naming the command."""
+  path = os.path.abspath(os.path.expanduser(name_or_path))
+  name = os.path.basename(path.rstrip(os.sep))
+  if os.path.isdir(path):
+    return name, path, None
+  if os.path.isfile(path):
+    stat = os.stat(path)
+    key = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return name.removesuffix(".gguf"), path, key
+  if name_or_path in registry.MODELS:
+    spec = registry.MODELS[name_or_path]
+    if not registry.is_installed(spec):
+      raise FileNotFoundError(f"model {spec.name!r} is not installed in {registry.cache_dir()}; "
+                              f"run `{registry.fetch_command(spec.name)}` first")
+    return spec.name, registry.model_path(spec), spec.sha256
+  if hub.parse(name_or_path):
+    return name_or_path, hub.snapshot(name_or_path), None
+  raise FileNotFoundError(f"{name_or_path}: no such file or directory, and not a registry model "
+                          f"(known: {', '.join(registry.MODELS)}) nor a hub name org/name[@revision]")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    path = f"{prefix}{key}"
+    flat.update(_flatten(value, path + "/") if isinstance(value, dict) else {path: value})
+  return flat
+
+
+def _converted(path: str, key: str) -> tuple[str, str]:
+  """The converted cache's params and tokenizer files of the GGUF at `path`, converting it first if they
+  are missing or of another cache version."""
+  directory = os.path.join(registry.cache_dir(), "converted", key[:32])
+  params_file, tokenizer_file = (os.path.join(directory, f) for f in ("params.safetensors", "tokenizer.json"))
+  if not (os.path.isfile(params_file) and os.path.isfile(tokenizer_file)
+          and _read_safetensors(params_file)[0].get("version") == _CACHE_VERSION):
+    _convert(path, directory, params_file, tokenizer_file)
+  return params_file, tokenizer_file
+
+
+def _read_tokenizer(file: str) -> Tokenizer:
+  with open(file) as f:
+    return Tokenizer.from_dict(json.load(f))
 
 
 def _convert(path: str, directory: str, params_file: str, tokenizer_file: str) -> None:
