@@ -42,6 +42,8 @@ def default_config() -> ml_collections.ConfigDict:
   #                         choosing plain steps in 27% of the rounds at alpha 0.88
   c.adaptive.recovery = 0.02  # drift back toward the prior per round a position is not reached, in [0, 1]
   c.adaptive.calibration_rounds = 3  # rounds timed per candidate length when measuring the cost table
+  c.adaptive.reuse_costs = True  # reuse the cost table this machine measured for the same program (kept in
+  #                                $SPECJAX_CACHE/cost_tables); False measures it again and replaces it
   c.temperature = 0.0  # 0 = greedy (output equals the target's own greedy output)
   c.top_k = 0  # 0 disables top-k
   c.top_p = 1.0  # 1 disables top-p

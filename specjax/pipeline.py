@@ -32,7 +32,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
                                  with_execution)
 from specjax.speculative.drafters.base import Drafter
-from specjax.speculative import k_policy
+from specjax.speculative import cost_store, k_policy
 from specjax.speculative.loop import speculative_generate
 
 def check_output(path: str) -> None:
@@ -160,15 +160,43 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
   if program not in memories:
     memories[program] = k_policy.Memory(policy.prior, spec.k)
   runner.memory = memories[program]
-  seconds = 0.0
+  seconds, stored_at = 0.0, None
   if runner.memory.cost_C is None:
-    log(f"measuring the adaptive policy's round costs at lengths {record['lengths']} ...")
-    seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32), key)
+    lengths = policy.lengths(spec.k)
+    description = _cost_description(spec, cache_len, drafter)
+    # Several processes must all measure or all reuse (calibrating runs the program, collectives
+    # included): their disks may differ, so only a single process stores and reuses tables.
+    stores = jax.process_count() == 1
+    if cfg.adaptive.reuse_costs and stores:
+      runner.memory.cost_C, note = cost_store.load(description, lengths)
+      if runner.memory.cost_C is not None:
+        stored_at = note
+        log(f"reusing the round costs this machine measured for this program at {stored_at} "
+            f"(config.adaptive.reuse_costs=False measures them again)")
+      elif note:
+        log(note)
+    if runner.memory.cost_C is None:
+      log(f"measuring the adaptive policy's round costs at lengths {record['lengths']} ...")
+      seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32),
+                                 key)
+      if stores:
+        cost_store.save(description, lengths, runner.memory.cost_C, seconds)
   cost_C, prior_K = runner.memory.cost_C, runner.memory.prior_K
   log(f"round cost by proposal length: {', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(record['lengths'], cost_C))}"
       f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_K)}")
   return {**record, "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-          "acceptance_prior": [float(a) for a in prior_K]}
+          "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_K]}
+
+
+def _cost_description(spec: DecodeSpec, cache_len: int, drafter: Drafter) -> dict[str, Any]:
+  """What a stored cost table is kept for (`cost_store`): the machine, the config fields compiled into
+  the program but the policy's own settings, the cache length, sampling's static flags and the
+  drafter's class. The prompt width is left out: it shapes the prefill, not a round."""
+  sampling = spec.sampling
+  return {"machine": cost_store.machine(), "config": {n: v for n, v in _compiled_fields(spec).items() if n != "adaptive"},
+          "cache_len": cache_len, "sampling": [sampling.greedy, sampling.use_top_k, sampling.use_top_p,
+                                               sampling.candidates],
+          "drafter": f"{type(drafter).__module__}.{type(drafter).__qualname__}"}
 
 
 # Config fields that reach a compiled program only as runtime values (or not at all): a run changing
@@ -177,13 +205,17 @@ _RUNTIME_FIELDS = ("prompts", "prompts_file", "seed", "output", "temperature", "
                    "chat")
 
 
+def _compiled_fields(spec: DecodeSpec) -> dict[str, Any]:
+  """The config fields a compiled program depends on: all but `_RUNTIME_FIELDS`."""
+  return {name: value for name, value in spec.config.as_configdict().to_dict().items() if name not in _RUNTIME_FIELDS}
+
+
 def program_key(spec: DecodeSpec, cache_len: int, width: int, drafter: Drafter | None) -> tuple:
   """What identifies a run's compiled program: every config field but `_RUNTIME_FIELDS`, the shapes
   (cache length, prompt width), sampling's static flags and the drafter built (by identity)."""
-  fields = {name: value for name, value in spec.config.as_configdict().to_dict().items() if name not in _RUNTIME_FIELDS}
   sampling = spec.sampling
-  return (json.dumps(fields, sort_keys=True, default=repr), cache_len, width, sampling.greedy, sampling.use_top_k,
-          sampling.use_top_p, sampling.candidates, id(drafter))
+  return (json.dumps(_compiled_fields(spec), sort_keys=True, default=repr), cache_len, width, sampling.greedy,
+          sampling.use_top_k, sampling.use_top_p, sampling.candidates, id(drafter))
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):

@@ -7,6 +7,7 @@ import jax
 import pytest
 import torch
 
+from specjax.speculative import cost_store
 from tests.helpers.xla_flags import FAST_COMPILE_FLAGS
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -31,6 +32,8 @@ def pytest_configure(config):
   if _CACHE_ENV not in os.environ:  # the first pytest process of the run (the xdist controller)
     os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="specjax-test-jax-cache-")
     os.environ[_MADE_CACHE_ENV] = os.environ[_CACHE_ENV]
+    # The adaptive policy's stored cost tables: inside this run's directory, never the user's cache.
+    os.environ[cost_store.DIRECTORY_ENV] = os.path.join(os.environ[_CACHE_ENV], "cost_tables")
     # Programs that took a second or more to compile are cached (subprocesses read these at import);
     # writing every small one too made a whole run ~13% slower (48 against 55 CPU-minutes).
     os.environ.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
@@ -53,6 +56,13 @@ def _mappings() -> int:
       return sum(1 for _ in f)
   except OSError:  # not Linux: no per-process mapping limit to watch
     return 0
+
+
+@pytest.fixture(autouse=True)
+def own_cost_tables(tmp_path, monkeypatch):
+  """Each test stores and finds the adaptive policy's cost tables in a directory of its own (a table
+  another test measured for the same program is not there), as do the CLIs it starts."""
+  monkeypatch.setenv(cost_store.DIRECTORY_ENV, str(tmp_path / "cost_tables"))
 
 
 @pytest.fixture(autouse=True, scope="module")

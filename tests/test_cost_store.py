@@ -1,0 +1,78 @@
+"""The adaptive policy's cost tables stored per machine and program (`specjax/speculative/cost_store.py`):
+measured once, reused by later runs of the same program, measured again for another program, on request,
+or when the stored file is damaged."""
+
+import json
+import os
+
+import numpy as np
+
+from specjax import pipeline
+from specjax.speculative import cost_store
+from tests.helpers.cli import cli_config
+from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
+
+PROMPTS = ["def add(a, b):", "hello"]
+
+
+def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, monkeypatch):
+  calibrations = []
+  calibrate = pipeline._Runner.calibrate
+  monkeypatch.setattr(pipeline._Runner, "calibrate",
+                      lambda self, *args: calibrations.append(self.cache_len) or calibrate(self, *args))
+
+  def run(**fields):
+    logs = []
+    config = cli_config(model_dirs, k_policy="adaptive", k=2, prompts=PROMPTS, **fields)
+    return pipeline.run(config, log=logs.append)["stats"]["k_policy"], logs
+
+  first, _ = run()
+  (first_len,) = calibrations
+  assert first["calibration_time_s"] > 0
+  assert first["cost_table_measured_at"] is None
+  (stored,) = os.listdir(cost_store.directory())
+  with open(os.path.join(cost_store.directory(), stored)) as f:
+    record = json.load(f)
+  assert record["cost_table_s"] == first["cost_table_s"] and record["lengths"] == [0, 1, 2]
+  assert record["description"]["machine"]["jax"] and record["description"]["cache_len"] == first_len
+
+  # A later run of the same program (a new decoder: nothing in memory) reads it and measures nothing.
+  again, logs = run(seed=3, temperature=0.0)
+  assert calibrations == [first_len] and again["calibration_time_s"] == 0
+  assert again["cost_table_s"] == first["cost_table_s"]
+  assert again["cost_table_measured_at"] == record["measured_at"]
+  assert any("reusing the round costs this machine measured for this program" in m for m in logs)
+
+  # Asked to, it measures again and replaces the table.
+  remeasured, _ = run(**{"adaptive.reuse_costs": False})
+  assert len(calibrations) == 2 and remeasured["cost_table_measured_at"] is None
+  assert os.listdir(cost_store.directory()) == [stored]
+
+  # Another program (a longer budget: another cache length) has a table of its own.
+  run(max_new_tokens=70)
+  assert len(calibrations) == 3 and calibrations[-1] != first_len
+  assert len(os.listdir(cost_store.directory())) == 2
+
+  # A damaged file is named, not used, and replaced.
+  with open(os.path.join(cost_store.directory(), stored), "w") as f:
+    f.write('{"cost_table_s": [1.0')
+  damaged, logs = run()
+  assert len(calibrations) == 4 and damaged["calibration_time_s"] > 0
+  assert any(m.startswith(f"ignoring the stored cost table {os.path.join(cost_store.directory(), stored)}")
+             for m in logs)
+  assert run()[0]["cost_table_measured_at"] is not None and len(calibrations) == 4
+
+
+def test_a_table_of_another_program_or_machine_is_not_found():
+  """The file is named by the whole description: a different machine or setting misses; a file that
+  answers to the name but describes another program (a hash collision, a hand-edited file) is refused."""
+  description = {"machine": cost_store.machine(), "config": {"k": 2}, "cache_len": 128}
+  cost_store.save(description, (0, 1, 2), [0.1, 0.2, 0.3], 1.0)
+  table, measured_at = cost_store.load(description, (0, 1, 2))
+  np.testing.assert_allclose(table, [0.1, 0.2, 0.3], rtol=1e-6)
+  assert measured_at
+  assert cost_store.load({**description, "machine": {**description["machine"], "host": "elsewhere"}}, (0, 1, 2)) \
+      == (None, "")
+  assert cost_store.load({**description, "cache_len": 192}, (0, 1, 2)) == (None, "")
+  table, why = cost_store.load(description, (0, 1, 2, 3))
+  assert table is None and "describes another program or holds no valid table" in why
