@@ -193,9 +193,9 @@ def _cost_description(spec: DecodeSpec, cache_len: int, drafter: Drafter) -> dic
   the program but the policy's own settings, the cache length, sampling's static flags and the
   drafter's class. The prompt width is left out: it shapes the prefill, not a round."""
   sampling = spec.sampling
-  return {"machine": cost_store.machine(), "config": {n: v for n, v in _compiled_fields(spec).items() if n != "adaptive"},
-          "cache_len": cache_len, "sampling": [sampling.greedy, sampling.use_top_k, sampling.use_top_p,
-                                               sampling.candidates],
+  fields = {name: value for name, value in _compiled_fields(spec).items() if name != "adaptive"}
+  return {"machine": cost_store.machine(), "config": fields, "cache_len": cache_len,
+          "sampling": [sampling.greedy, sampling.use_top_k, sampling.use_top_p, sampling.candidates],
           "drafter": f"{type(drafter).__module__}.{type(drafter).__qualname__}"}
 
 
