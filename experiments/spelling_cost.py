@@ -44,8 +44,7 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
     source = json.load(f)
   log(f"loading target tokenizer {cfg.target} and draft {cfg.draft} ...")
   (target_tokenizer, target_config), draft = load_tokenizer(cfg.target), load_model(cfg.draft, "float32")
-  vocab = vocab_map.build(vocab_map.token_bytes(target_tokenizer, target_config.vocab_size),
-                          vocab_map.token_bytes(draft.tokenizer, draft.config.vocab_size), draft.tokenizer)
+  vocab = vocab_map.between((target_tokenizer, target_config), (draft.tokenizer, draft.config))
   table, _ = spelling_lib.spelling(vocab, cfg.max_spelling)
   ids_VxM, counts_V = np.asarray(table.ids_VxM), np.asarray(table.counts_V)
   draft_I, target_of_I = vocab.draft_ids_I, vocab.target_ids_I

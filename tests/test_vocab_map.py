@@ -283,7 +283,8 @@ def test_real_pair_with_qwen_coder(draft_name, draft_size, unspelled_by_draft, u
   assert other.vocab_size == draft_size
   vocabs = {"qwen": (qwen, vocab_map.token_bytes(qwen, qwen.vocab_size)),
             "other": (other, vocab_map.token_bytes(other, other.vocab_size))}
-  for target, draft, unspelled_expected in (("qwen", "other", unspelled_by_draft), ("other", "qwen", unspelled_by_qwen)):
+  directions = (("qwen", "other", unspelled_by_draft), ("other", "qwen", unspelled_by_qwen))
+  for target, draft, unspelled_expected in directions:
     target_vocab, (draft_tokenizer, draft_vocab) = vocabs[target][1], vocabs[draft]
     start = time.perf_counter()
     m = vocab_map.build(target_vocab, draft_vocab, draft_tokenizer)

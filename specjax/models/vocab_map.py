@@ -13,15 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from specjax import draft_vocab
+from specjax.models.config import ModelConfig
 from specjax.models.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-  from specjax.models.load import LoadedModel
 
 NORMAL, SPECIAL, ADDED, UNDEFINED = 0, 1, 2, 3  # TokenBytes.kind_V
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -164,10 +162,12 @@ def _segment(data: bytes, pieces: dict[bytes, int], longest: int) -> tuple[list[
   return ids, spelled
 
 
-def between(target: LoadedModel, draft: LoadedModel) -> VocabMap:
-  """`build` for two loaded models: their tokenizers' bytes over the ids their heads score."""
-  return build(token_bytes(target.tokenizer, target.config.vocab_size),
-               token_bytes(draft.tokenizer, draft.config.vocab_size), draft.tokenizer)
+def between(target: tuple[Tokenizer, ModelConfig], draft: tuple[Tokenizer, ModelConfig]) -> VocabMap:
+  """`build` for two models given as (tokenizer, config) (a loaded model's, or `load.load_tokenizer`'s):
+  their tokenizers' bytes over the ids their heads score."""
+  (target_tokenizer, target_config), (draft_tokenizer, draft_config) = target, draft
+  return build(token_bytes(target_tokenizer, target_config.vocab_size),
+               token_bytes(draft_tokenizer, draft_config.vocab_size), draft_tokenizer)
 
 
 def build(target: TokenBytes, draft: TokenBytes, draft_tokenizer: Tokenizer) -> VocabMap:

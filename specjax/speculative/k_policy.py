@@ -205,8 +205,9 @@ def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds
   a 1-round call and a (1 + n)-round call, whose difference over the rounds between them is the cost:
   the prefill, the first token and the first round cancel within the same length, so no separately
   timed baseline can bias every entry. n starts at `rounds` and grows until the difference lasts
-  MIN_TIMED_S (or the budget ends the call first, or MAX_EXTENSIONS longer calls were made). A longer proposal never costs less (it does what a
-  shorter one does, and more), so the table is made nondecreasing: a measured dip is noise."""
+  MIN_TIMED_S (or the budget ends the call first, or MAX_EXTENSIONS longer calls were made). A longer
+  proposal never costs less (it does what a shorter one does, and more), so the table is made
+  nondecreasing: a measured dip is noise."""
   def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
     start = time.perf_counter()
     ran = run(cost_C, limit)

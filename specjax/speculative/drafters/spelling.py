@@ -76,7 +76,7 @@ def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, co
   of the target's ids, and facts for the results (intersection size, its coverage of the corpus's target
   tokens, M, spellings cut). Host work, seconds for 150k-token vocabularies."""
   target_size = target.config.vocab_size
-  vocab = vocab_map.between(target, draft)
+  vocab = vocab_map.between((target.tokenizer, target.config), (draft.tokenizer, draft.config))
   if not vocab.size:
     raise ValueError(f"draft {draft.name} and target {target.name} share no token: nothing to draft")
   counts_V = draft_vocab.corpus_token_counts(target.tokenizer, corpus_source, target_size, registry.cache_dir())
