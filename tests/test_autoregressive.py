@@ -2,8 +2,6 @@
 EOS and budgets stop each row on its own, and bad inputs fail early."""
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 import torch
 
@@ -12,7 +10,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from tests.helpers.tiny_hf import VOCAB, save_hf_model
+from tests.helpers.tiny_hf import save_hf_model
 
 GREEDY = sampling_params(0.0)
 

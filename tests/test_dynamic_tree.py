@@ -175,7 +175,7 @@ def _first_tokens(tree_rule=None):
 
 @pytest.mark.slow
 def test_sampled_dynamic_tree_decoding_follows_the_exact_target_distribution():
-  """30,000 rows, first 3 tokens, level 1e-3 (see test_tree_exactness); a rule that forgets the
+  """10,000 rows, first 3 tokens, level 1e-3 (see test_tree_exactness); a rule that forgets the
   rejected children fails."""
   counts, out = _first_tokens()
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]

@@ -27,6 +27,7 @@ from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (CACHE_LEN, GREEDY, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, accept_all,
                                   first_tokens_pvalue)
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
+from tests.helpers.stats import SAMPLE_ROWS
 
 
 def _drafter(target, feature_layers, vocab=None, seed=3, final_scale=1.0, tree=None, children="iid"):
@@ -108,9 +109,9 @@ def test_greedy_with_a_restricted_vocabulary_equals_target_greedy():
 
 @pytest.mark.parametrize("rule, passes", [(verify, True), (accept_all, False)])
 def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
-  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 30,000 rows; chi-square at level 0.001 (the broken
+  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 10,000 rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12)."""
-  sampling, rows = sampling_params(0.7, top_k=5), 30_000
+  sampling, rows = sampling_params(0.7, top_k=5), SAMPLE_ROWS
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05)  # first-token acceptance ~0.36
   out = run_eagle(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
                   seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
@@ -233,13 +234,13 @@ def test_drafted_dynamic_tree_is_eagle2s_selection_from_plain_head_chains():
 @pytest.mark.slow
 def test_sampled_tree_drafting_follows_the_exact_target_distribution(monkeypatch):
   """The tree (2, 1) with children drawn without replacement, T = 0.7, top-k 5, first 3 tokens of
-  N = 30,000 rows: chi-square at level 0.001. The head's final norm scale 0.3 makes its drafts peaked
+  N = 10,000 rows: chi-square at level 0.001. The head's final norm scale 0.3 makes its drafts peaked
   (a depth-1 node accepted in about 0.45 of the rounds), so the second child is tried often and its
   distribution (renormalised without the elder's large mass) matters. It fails (p < 1e-6) with
   `_without_elders` leaving the renormalisation out (mutants.WITHOUT_REPLACEMENT_MUTANTS;
-  not removing the elder gives the same tokens here), measured p = 4.5e-88 (the correct engine
-  p = 0.39); at the flat scale 0.05 this mutant gave p = 0.18."""
-  sampling, rows = sampling_params(0.7, top_k=5), 30_000
+  not removing the elder gives the same tokens here), measured p = 3e-31 (the correct engine
+  p = 0.012; at 30,000 rows 4.5e-88 and 0.39); at the flat scale 0.05 this mutant gave p = 0.18."""
+  sampling, rows = sampling_params(0.7, top_k=5), SAMPLE_ROWS
   tree = tree_lib.from_branching((2, 1))
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.3, tree=tree, children="without_replacement")
   run = lambda **kwargs: run_eagle(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS,

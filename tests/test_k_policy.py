@@ -24,6 +24,7 @@ from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OU
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
 from tests.helpers.k_policy import PeekingDrafter
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
+from tests.helpers.stats import SAMPLE_ROWS
 
 # Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
 # long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
@@ -142,11 +143,11 @@ def test_a_forcing_cost_table_fixes_the_length():
     assert np.asarray(out.rounds_per_length).tolist() == [2 if i == index else 0 for i in range(4)]
 
 
-SAMPLE_ROWS, ALPHA = 30_000, 1e-3
+ALPHA = 1e-3
 
 
 def _first_tokens(drafter, cost_C):
-  """The first three tokens of N = 30,000 rows at T = 1, K = 2, the adaptive policy on."""
+  """The first three tokens of N = 10,000 rows at T = 1, K = 2, the adaptive policy on."""
   (target_config, target_params), sampling = SMALL_TARGET, sampling_params(1.0)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
@@ -159,7 +160,7 @@ def _first_tokens(drafter, cost_C):
 
 @pytest.mark.slow
 def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on():
-  """T = 1, K = 2, chi-square at level 0.001 on N = 30,000 rows of the first 3 tokens. Lengths vary with
+  """T = 1, K = 2, chi-square at level 0.001 on N = 10,000 rows of the first 3 tokens. Lengths vary with
   the draft's own draws (early stopping at a top probability of 0.5) and with the policy: the rows'
   first round proposes 2 tokens (at the prior, with costs (1, 1.2, 1.6)), their second 1 (the live rows
   are those that rejected d_1: their estimates fell).

@@ -15,6 +15,7 @@ from specjax.speculative.drafters.layer_skip import LayerSkipDrafter, parse_laye
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, accept_all, first_tokens_pvalue, tiny_model)
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
+from tests.helpers.stats import SAMPLE_ROWS
 
 
 def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sampling=GREEDY, seed=0,
@@ -49,9 +50,9 @@ def test_eos_inside_an_accepted_block():
 
 @pytest.mark.parametrize("rule, passes", [(verify, True), (accept_all, False)])
 def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
-  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 30,000 rows; chi-square at level 0.001 (the broken
+  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 10,000 rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12). The 1-layer draft is accepted in part: both branches of the rule matter."""
-  sampling, rows = sampling_params(0.7, top_k=5), 30_000
+  sampling, rows = sampling_params(0.7, top_k=5), SAMPLE_ROWS
   out = _run(SMALL_TARGET, (0,), 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
              seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
   pvalue = first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, out.tokens)

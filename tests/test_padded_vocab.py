@@ -9,15 +9,15 @@ What is checked, from the rule to the pipeline:
   target tokens the smaller draft cannot embed (ids >= W are fed to it as its last id; without that
   its cache fills with NaN and it never gets a token accepted again, which the test would see).
 - The engine, sampled: the joint distribution of the first 3 generated tokens (K = 1: the prefill's
-  token, round one's draft position, then its bonus or round two's first token) over N = 30,000 seeded
+  token, round one's draft position, then its bonus or round two's first token) over N = 10,000 seeded
   rows, by a chi-square test at level ALPHA = 0.001 against the target's exact distribution
   (enumerated), at T = 0.7 with top-k 3 and T = 1.5 with top-p 0.8, in both directions. A deliberately
   wrong extension must fail the same test with p < 1e-6: cutting the target to the draft's ids and
   renormalising (draft smaller: the target's own extra ids are never emitted), and renormalising the
   draft on the target's ids (draft larger: its mass on ids the target lacks is wrongly moved onto the
   shared ones, so shared ids are accepted too rarely). Fixed seeds: the outcomes are deterministic;
-  the correct rule gives p = 0.15-0.54, the wrong extensions score statistics of 413,557 on 23
-  degrees of freedom (draft smaller) and 8,920 on 21 (draft larger): p underflows to 0, every draw
+  the correct rule gives p = 0.03-0.08, the wrong extensions score statistics of 136,826 on 22
+  degrees of freedom (draft smaller) and 2,675 on 20 (draft larger): p underflows to 0, every draw
   inside the target's support, so the statistic itself rejects.
 - The pipeline: HF directories whose heads differ only in padding rows (made with `transformers`'
   `resize_token_embeddings`) decode to the autoregressive output, even when the padded model's
@@ -43,7 +43,7 @@ from specjax.speculative import ModelDrafter, proposal, residual, speculative_ge
 from tests.helpers import tiny_hf
 from tests.helpers.engine import (TARGET, VOCAB, exact_distribution, perturbed, run_speculative, target_greedy,
                                   tiny_model)
-from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 ALPHA = 1e-3  # level of every chi-square test of the correct rule
 REJECTED = 1e-6  # a wrong extension must give a p-value below this
@@ -158,7 +158,7 @@ def test_a_smaller_draft_reads_ids_it_lacks_as_its_last_id():
 
 # --- the engine, sampled ----------------------------------------------------------------------------
 
-ROWS, STEPS, K, SEED = 30_000, 3, 1, 1
+ROWS, STEPS, K, SEED = SAMPLE_ROWS, 3, 1, 1
 SAMPLINGS = {"t0.7_top_k3": sampling_params(0.7, top_k=3), "t1.5_top_p0.8": sampling_params(1.5, top_p=0.8)}
 
 
@@ -217,7 +217,7 @@ def _pvalue(direction, name, tokens_ZxT):
 @pytest.mark.slow
 @pytest.mark.parametrize("direction, name", [("smaller", "t0.7_top_k3"), ("larger", "t1.5_top_p0.8")])
 def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
-  """Chi-square at level 0.001 on N = 30,000 rows over the first 3 tokens; each direction with one of
+  """Chi-square at level 0.001 on N = 10,000 rows over the first 3 tokens; each direction with one of
   the two sampling settings (top-k for the smaller draft, top-p for the larger one)."""
   assert _pvalue(direction, name, _first_tokens(direction, SAMPLINGS[name], verify)) > ALPHA
 
@@ -225,7 +225,7 @@ def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("direction", sorted(PAIRS))
 def test_a_wrong_extension_fails_the_same_test(direction):
-  """The same statistic (T = 0.7, top-k 3, N = 30,000) rejects the wrong extension with p < 1e-6."""
+  """The same statistic (T = 0.7, top-k 3, N = 10,000) rejects the wrong extension with p < 1e-6."""
   name = "t0.7_top_k3"
   tokens_ZxT = _first_tokens(direction, SAMPLINGS[name], WRONG_EXTENSIONS[direction])
   assert _pvalue(direction, name, tokens_ZxT) < REJECTED

@@ -20,7 +20,6 @@ from scipy import stats
 
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
-from specjax.speculative.acceptance import residual
 from tests.helpers import mutants
 from tests.helpers.stats import chi_square_pvalue
 

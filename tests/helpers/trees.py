@@ -16,7 +16,7 @@ from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SMALL_TARGET, TARGET, exact_distribution)
-from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
          "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])}
@@ -35,7 +35,7 @@ def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BU
                               jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
 
 
-ROWS, ALPHA, REJECTED = 30_000, 1e-3, 1e-6
+ROWS, ALPHA, REJECTED = SAMPLE_ROWS, 1e-3, 1e-6
 SAMPLED = sampling_params(0.8, top_k=6)
 STEPS = 3  # the prefill's token and the first round's two
 
