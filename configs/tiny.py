@@ -12,6 +12,7 @@ def get_config():
   cfg.chat = False  # tiny tokenizers have no chat template
   cfg.max_new_tokens = 12
   cfg.k = 3
+  cfg.k_policy = "fixed"  # K every round; the default ("auto") measures the adaptive policy's costs first
   cfg.batch_size = 2  # both prompts in one batch
   cfg.layer_skip.layers = "0"  # layer_skip: the first layer of the tiny target
   return cfg

@@ -31,9 +31,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.chat = True  # wrap each prompt in the tokenizer's chat template
   c.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
   c.k = 5  # draft tokens proposed per round (the most a round can propose)
-  c.k_policy = "fixed"  # how many of the k tokens a round proposes: "fixed" (all k) or "adaptive" (per round,
-  #                       the length with the most expected tokens per second: 0 = a plain target step;
-  #                       chains only, see README "Adaptive speculation")
+  c.k_policy = "auto"  # how many of the k tokens a round proposes: "fixed" (all k), "adaptive" (per round,
+  #                      the length with the most expected tokens per second: 0 = a plain target step;
+  #                      chains only, see README "Adaptive speculation") or "auto": adaptive for a chain,
+  #                      fixed for a tree
   c.adaptive = ml_collections.ConfigDict()  # the adaptive policy's settings (`specjax.speculative.k_policy`)
   c.adaptive.prior = 0.8  # acceptance estimate of a draft position before any observation, in (0, 1)
   c.adaptive.decay = 0.9  # weight of the old estimate when a round reaches the position, in [0, 1); 0.9

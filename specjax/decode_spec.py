@@ -35,7 +35,7 @@ SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_childre
 class DecodeSpec:
   """A validated decode config with its parsed parts."""
 
-  config: ml_collections.FrozenConfigDict  # every field, as given (read-only)
+  config: ml_collections.FrozenConfigDict  # every field, as given (read-only; k_policy "auto" resolved)
   drafter: type[Drafter] | None  # the drafter's class; None in autoregressive mode
   drafter_settings: DrafterSettings | None  # what it is checked and built from; None in autoregressive mode
   sampling: SamplingParams  # temperature, top-k, top-p
@@ -164,6 +164,8 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
     tree = parse(cfg.tree)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  policy = _policy(cfg, tree)
+  cfg.k_policy = policy.kind  # "auto" resolved: the spec holds what runs
   key = cls.config_key()
   options = cfg[key] if key in cfg else cls.config_group()
   settings = DrafterSettings(group=key, options=ml_collections.FrozenConfigDict(options), draft=cfg.draft,
@@ -171,8 +173,7 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
                              k=cfg.k if tree is None else tree.max_depth, k_policy=cfg.k_policy)
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
-  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width,
-                    _policy(cfg, tree))
+  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy)
 
 
 def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> k_policy.KPolicy:
@@ -183,5 +184,6 @@ def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> 
     raise ConfigError(f"config.{error}")
   if cfg.k_policy == "adaptive" and tree is not None:
     raise ConfigError("config.k_policy 'adaptive' chooses chain lengths: with config.tree set, use k_policy "
-                      "'fixed' (a tree's shape is its config)")
-  return k_policy.KPolicy(cfg.k_policy, options.prior, options.decay, options.recovery)
+                      "'fixed' or 'auto' (a tree's shape is its config)")
+  return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, tree is not None), options.prior, options.decay,
+                          options.recovery)

@@ -8,6 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import decode_spec
+from specjax.api import apply_fields
+from specjax.decode_config import default_config
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
@@ -127,6 +130,21 @@ def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
   free = ngram_setup.free_greedy(ngram_setup.MODELS["cycling"])
   assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   assert len(_check_rounds(out, lambda length: 0)) >= 2
+
+
+@pytest.mark.parametrize("fields, kind", [
+    ({}, "adaptive"), ({"tree": "(2,1)"}, "fixed"), ({"tree": "dynamic(6,3,2)"}, "fixed"),
+    ({"drafter": "ngram", "draft": ""}, "adaptive"), ({"k_policy": "fixed"}, "fixed"),
+    ({"k_policy": "adaptive"}, "adaptive")])
+def test_the_default_policy_adapts_a_chain_and_keeps_a_tree_fixed(fields, kind):
+  """config.k_policy "auto" (the default) is adaptive for a chain and fixed for a tree; the spec's config,
+  the drafter's settings and the policy all hold the kind that runs (the stats and stored cost tables say
+  "adaptive", not "auto")."""
+  cfg = default_config()
+  assert cfg.k_policy == "auto"
+  cfg.target, cfg.draft = "target-directory", "draft-directory"
+  spec = decode_spec.from_config(apply_fields(cfg, fields))
+  assert (spec.policy.kind, spec.config.k_policy, spec.drafter_settings.k_policy) == (kind, kind, kind)
 
 
 def test_fixed_policy_is_todays_loop():

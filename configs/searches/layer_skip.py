@@ -20,6 +20,7 @@ TARGETS = {"qwen": "qwen2.5-coder-1.5b-instruct", "smollm2": "smollm2-135m-instr
 def get_config(target="qwen"):
   cfg = ml_collections.ConfigDict()
   cfg.base = default_config()  # the decode config of every evaluation (specjax/decode_config.py)
+  cfg.base.k_policy = "fixed"  # K tokens every round: each evaluation measures acceptance at K (the default adapts)
   cfg.base.target = TARGETS[target]  # the model drafting for itself
   cfg.base.drafter = "layer_skip"
   cfg.base.layer_skip.layers = "0"  # a placeholder: each evaluation sets its candidate

@@ -23,6 +23,7 @@ PROMPTS = qwen_coder_k.PROMPTS + (  # 8 prompts, so that every batch size runs f
 def get_config():
   cfg = ml_collections.ConfigDict()
   cfg.base = qwen_coder.get_config()  # the real pair; configs/qwen_coder.py documents every field
+  cfg.base.k_policy = "fixed"  # K tokens every round: the points measure each K (the default adapts)
   cfg.base.prompts = PROMPTS  # eight coding prompts
   cfg.base.chat = True  # through the tokenizer's chat template
   cfg.base.max_new_tokens = 64  # budget per prompt

@@ -20,6 +20,7 @@ PROMPTS = (  # chat-formatted coding requests (the chat template is applied by t
 def get_config():
   cfg = ml_collections.ConfigDict()
   cfg.base = qwen_coder.get_config()  # the real pair; configs/qwen_coder.py documents every field
+  cfg.base.k_policy = "fixed"  # K tokens every round: the points measure each K (the default adapts)
   cfg.base.prompts = PROMPTS[:2]  # two coding prompts
   cfg.base.chat = True  # through the tokenizer's chat template
   cfg.base.max_new_tokens = 128  # budget per prompt

@@ -20,6 +20,7 @@ from configs.code_edit_prompts import code_edit_prompts
 def get_config():
   cfg = ml_collections.ConfigDict()
   cfg.base = qwen_coder_ngram.get_config()  # prompt lookup, suffixes of 3-5 tokens (fields: configs/qwen_coder.py)
+  cfg.base.k_policy = "fixed"  # K tokens every round: the points measure each K (the default adapts)
   cfg.base.prompts = tuple(code_edit_prompts()[:4])  # whole functions with a local edit to make
   cfg.base.chat = True  # requests, as a user would send them
   cfg.base.max_new_tokens = 128  # budget per prompt

@@ -24,6 +24,7 @@ WORKDIR = "experiments/distill_smollm2/workdir"  # configs/distill_smollm2.py's 
 def get_config():
   cfg = ml_collections.ConfigDict()
   cfg.base = qwen_coder.get_config()  # every decode field; configs/qwen_coder.py documents them
+  cfg.base.k_policy = "fixed"  # K tokens every round: the points measure each K (the default adapts)
   cfg.base.target = "smollm2-135m-instruct"  # the distillation's target (registry name)
   cfg.base.draft = f"{WORKDIR}/drafts/step1000"  # replaced by the draft axis
   cfg.base.prompts_file = f"{WORKDIR}/heldout_prompts.jsonl"  # 128-token prefixes of held-out stdlib files

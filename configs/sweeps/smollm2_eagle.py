@@ -25,6 +25,7 @@ WORKDIR = "experiments/distill_eagle_smollm2/workdir"  # the training run, as it
 def get_config():
   cfg = ml_collections.ConfigDict()
   cfg.base = qwen_coder.get_config()  # every decode field; configs/qwen_coder.py documents them
+  cfg.base.k_policy = "fixed"  # K tokens every round: the points measure each K (the default adapts)
   cfg.base.target = "smollm2-135m-instruct"  # the head's target (registry name)
   cfg.base.drafter = "eagle"  # a head reading the target's features
   cfg.base.draft = f"{WORKDIR}/heads/step{distill_eagle_smollm2.get_config().num_steps}"  # the finished run

@@ -45,7 +45,16 @@ import numpy as np
 
 from specjax import metrics
 
-KINDS = ("fixed", "adaptive")
+KINDS = ("fixed", "adaptive")  # what a compiled program runs
+AUTO = "auto"  # config.k_policy's default: adaptive for a chain, fixed for a tree (`resolve`)
+
+
+def resolve(kind: str, tree: bool) -> str:
+  """config.k_policy as the program runs it: "auto" is adaptive for a chain and fixed for a tree (a tree's
+  shape is its config; the policy chooses chain lengths)."""
+  if kind == AUTO:
+    return "fixed" if tree else "adaptive"
+  return kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +86,8 @@ def settings_error(kind: str, prior: float, decay: float, recovery: float,
                    calibration_rounds: int = 1) -> str | None:
   """What is wrong with the policy's settings and its calibration's rounds (None when nothing is),
   starting with the field's name ("k_policy ...", "adaptive.prior ...")."""
-  if kind not in KINDS:
-    return f"k_policy must be one of {KINDS}, got {kind!r}"
+  if kind not in (*KINDS, AUTO):
+    return f"k_policy must be one of {(*KINDS, AUTO)}, got {kind!r}"
   if not 0.0 < prior < 1.0:
     return f"adaptive.prior must be in (0, 1), got {prior}"
   if not 0.0 <= decay < 1.0:
