@@ -33,9 +33,24 @@ def _print_stats(stats: dict) -> None:
     if "nodes_verified_per_round" in stats:  # a tree: the positions above are its depths
       rows += [("nodes verified / round", stats["nodes_verified_per_round"]),
                ("accepted / verified node", fmt(stats["accepted_per_verified_node"]))]
+    rows += _policy_rows(stats["k_policy"])
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f"  {name:<{width}}  {value}")
+
+
+def _policy_rows(policy: dict) -> list[tuple[str, str]]:
+  """The K policy's rows: its kind, and for the adaptive one the rounds that chose each length and the
+  cost table (measured now, in how long, or stored by an earlier run)."""
+  lengths = policy["lengths"]
+  if policy["kind"] != "adaptive":
+    return [("k policy", f"fixed, K = {lengths[0]}")]
+  source = (f"stored {policy['cost_table_measured_at']}" if policy["cost_table_measured_at"] else
+            f"measured in {policy['calibration_time_s']:.1f} s")
+  return [("k policy", f"adaptive, K <= {lengths[-1]}"),
+          ("rounds per length", "  ".join(f"{n}: {r}" for n, r in zip(lengths, policy["rounds_per_length"]))),
+          ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(lengths, policy["cost_table_s"]))
+           + f"  ({source})")]
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:

@@ -165,8 +165,20 @@ def test_cli_runs_without_log_noise(model_dirs):
                 "--config.max_new_tokens=5", "--config.k=2"])
   stdout, stderr = ok.communicate()
   assert ok.returncode == 0, stderr[-3000:]
-  assert "acceptance rate" in stdout and "tokens / s" in stdout
+  assert "acceptance rate" in stdout and "tokens / s" in stdout and re.search(r"\n  k policy +fixed, K = 2\n", stdout)
   assert stderr == ""  # no absl INFO line ("Unable to initialize backend 'tpu'") nor anything else
+
+
+def test_the_printed_stats_say_what_the_adaptive_policy_chose_and_what_its_costs_are():
+  policy = {"kind": "adaptive", "lengths": [0, 1, 3], "rounds_per_length": [7, 0, 2],
+            "cost_table_s": [0.2, 0.85, 1.2501], "calibration_time_s": 54.14, "cost_table_measured_at": None}
+  assert decode._policy_rows(policy) == [
+      ("k policy", "adaptive, K <= 3"), ("rounds per length", "0: 7  1: 0  3: 2"),
+      ("round cost (ms)", "0: 200.0  1: 850.0  3: 1250.1  (measured in 54.1 s)")]
+  stored = dict(policy, calibration_time_s=0.0, cost_table_measured_at="2026-12-04T14:11:18+00:00")
+  assert decode._policy_rows(stored)[-1][1].endswith("(stored 2026-12-04T14:11:18+00:00)")
+  assert decode._policy_rows({"kind": "fixed", "lengths": [5], "rounds_per_length": [49]}) == [
+      ("k policy", "fixed, K = 5")]
 
 
 def _bad_inputs(tmp_path):
