@@ -78,7 +78,7 @@ class DrafterSettings:
   tree: Tree | DynamicSpec | None = None  # config.tree, parsed; None = a chain
   tree_children: str = "iid"  # config.tree_children
   k: int = 5  # config.k: the most draft tokens a round proposes (a tree's depth when `tree` is set)
-  k_policy: str = "fixed"  # config.k_policy: "adaptive" rounds may propose nothing (`k_policy.KINDS`)
+  k_policy: str = "fixed"  # config.k_policy resolved (`k_policy.KINDS`): "adaptive" rounds may propose nothing
 
   def field(self, name: str) -> str:
     """The dotted name of one of the drafter's options, for error messages: "config.ngram.min"."""
