@@ -55,8 +55,9 @@ SYSTEMS = ("specjax", "transformers")
 def decode_config(cfg, mode: str, k: int, batch_size: int, draft_vocab: int = 0) -> ml_collections.ConfigDict:
   return apply_fields(default_config(), dict(
       target=cfg.target, draft=cfg.draft, mode=mode, prompts=tuple(PROMPTS[:cfg.num_prompts]), chat=True,
-      max_new_tokens=cfg.max_new_tokens, k=k, k_policy="fixed", model=dict(vocab=draft_vocab, vocab_corpus=VOCAB_CORPUS),
-      temperature=0.0, batch_size=batch_size, dtype=cfg.dtype))
+      max_new_tokens=cfg.max_new_tokens, k=k, k_policy="fixed",
+      model=dict(vocab=draft_vocab, vocab_corpus=VOCAB_CORPUS), temperature=0.0, batch_size=batch_size,
+      dtype=cfg.dtype))
 
 
 def run_specjax(cfg, log) -> dict:

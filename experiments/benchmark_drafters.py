@@ -495,8 +495,7 @@ def tables(results: dict) -> str:
             f"{n}: {r}" for n, r in zip(policy["lengths"], policy["rounds_per_length"])) +
             "; measured round cost " + ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in
                                                  zip(policy["lengths"], policy["cost_table_s"])) +
-            (f" (measured in {policy['calibration_time_s']:.1f} s)" if not policy.get("cost_table_measured_at")
-             else f" (stored, measured at {policy['cost_table_measured_at']})") +
+            f" ({pipeline.cost_table_source(policy)})" +
             f"; policy step {1e6 * row['policy_step_s']:.1f} µs "
             f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."]
     for system, summary in group.get("repeated", {}).items():

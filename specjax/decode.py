@@ -12,7 +12,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_flags
 
-from specjax import cli, decode_config, mesh
+from specjax import cli, decode_config, mesh, pipeline
 from specjax.api import Decoder
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
@@ -45,12 +45,10 @@ def _policy_rows(policy: dict) -> list[tuple[str, str]]:
   lengths = policy["lengths"]
   if policy["kind"] != "adaptive":
     return [("k policy", f"fixed, K = {lengths[0]}")]
-  source = (f"stored {policy['cost_table_measured_at']}" if policy["cost_table_measured_at"] else
-            f"measured in {policy['calibration_time_s']:.1f} s")
   return [("k policy", f"adaptive, K <= {lengths[-1]}"),
           ("rounds per length", "  ".join(f"{n}: {r}" for n, r in zip(lengths, policy["rounds_per_length"]))),
           ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(lengths, policy["cost_table_s"]))
-           + f"  ({source})")]
+           + f"  ({pipeline.cost_table_source(policy)})")]
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:

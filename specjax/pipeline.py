@@ -188,6 +188,14 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
           "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_K]}
 
 
+def cost_table_source(policy_record: dict[str, Any]) -> str:
+  """Where an adaptive run's cost table came from (`_measured_costs`' record), for printing: "measured in
+  54.1 s" now, or "stored, measured at <when>" by an earlier run."""
+  if policy_record.get("cost_table_measured_at"):
+    return f"stored, measured at {policy_record['cost_table_measured_at']}"
+  return f"measured in {policy_record['calibration_time_s']:.1f} s"
+
+
 def _cost_description(spec: DecodeSpec, cache_len: int, drafter: Drafter) -> dict[str, Any]:
   """What a stored cost table is kept for (`cost_store`): the machine, the config fields compiled into
   the program but the policy's own settings, the cache length, sampling's static flags and the

@@ -176,7 +176,7 @@ def test_the_printed_stats_say_what_the_adaptive_policy_chose_and_what_its_costs
       ("k policy", "adaptive, K <= 3"), ("rounds per length", "0: 7  1: 0  3: 2"),
       ("round cost (ms)", "0: 200.0  1: 850.0  3: 1250.1  (measured in 54.1 s)")]
   stored = dict(policy, calibration_time_s=0.0, cost_table_measured_at="2026-12-04T14:11:18+00:00")
-  assert decode._policy_rows(stored)[-1][1].endswith("(stored 2026-12-04T14:11:18+00:00)")
+  assert decode._policy_rows(stored)[-1][1].endswith("(stored, measured at 2026-12-04T14:11:18+00:00)")
   assert decode._policy_rows({"kind": "fixed", "lengths": [5], "rounds_per_length": [49]}) == [
       ("k policy", "fixed, K = 5")]
 
