@@ -182,8 +182,8 @@ def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> 
                                   options.calibration_rounds)
   if error:
     raise ConfigError(f"config.{error}")
-  if cfg.k_policy == "adaptive" and tree is not None:
-    raise ConfigError("config.k_policy 'adaptive' chooses chain lengths: with config.tree set, use k_policy "
-                      "'fixed' or 'auto' (a tree's shape is its config)")
+  if cfg.k_policy == "adaptive" and isinstance(tree, DynamicSpec):
+    raise ConfigError("config.k_policy 'adaptive' chooses chain lengths and static trees' depths: with a dynamic "
+                      "config.tree, use k_policy 'fixed' or 'auto'")
   return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, tree is not None), options.prior, options.decay,
                           options.recovery)

@@ -102,7 +102,7 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
     (dict(k_policy="sometimes"), "config.k_policy must be one of"),
     ({"adaptive.prior": 1.5}, r"config.adaptive.prior must be in \(0, 1\)"),
     ({"adaptive.calibration_rounds": 0}, "config.adaptive.calibration_rounds must be an integer >= 1"),
-    (dict(k_policy="adaptive", tree="(2,1)"), "config.k_policy 'adaptive' chooses chain lengths")])
+    (dict(k_policy="adaptive", tree="dynamic(6,3,2)"), "config.k_policy 'adaptive' chooses chain lengths and static")])
 def test_bad_fields_fail_with_one_line_naming_them(model_dirs, fields, message):
   dec = specjax.Decoder(config=cli_config(model_dirs, drafter="ngram", draft=""))
   with pytest.raises(ConfigError, match=message):

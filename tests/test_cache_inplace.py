@@ -64,6 +64,8 @@ def _drafters(target_config, target_params, draft_config, draft_params):
       "model_adaptive": (ModelDrafter(draft_config, draft_params, None), 5, KPolicy("adaptive")),
       "model_tree": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
                      TREES["branching"].max_depth, KPolicy()),
+      "model_tree_adaptive": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
+                              TREES["branching"].max_depth, KPolicy("adaptive")),
       "model_dynamic_tree": (ModelDrafter(draft_config, draft_params, None, tree=DynamicSpec(6, 3, 2)), 3, KPolicy()),
       "ngram_adaptive": (NgramDrafter(target_config.vocab_size), 4, KPolicy("adaptive")),
       "layer_skip_adaptive": (LayerSkipDrafter(target_config, target_params, (0,)), 4, KPolicy("adaptive")),
@@ -72,7 +74,7 @@ def _drafters(target_config, target_params, draft_config, draft_params):
   }
 
 
-@pytest.mark.parametrize("name", ["model_adaptive", "model_tree", "model_dynamic_tree",
+@pytest.mark.parametrize("name", ["model_adaptive", "model_tree", "model_tree_adaptive", "model_dynamic_tree",
                                   "ngram_adaptive", "layer_skip_adaptive", "eagle_adaptive"])
 def test_speculative_program_moves_no_whole_cache(name):
   """Verify, draft, catch-up and compaction update both caches in place, whatever the round branches on

@@ -34,6 +34,16 @@ def test_cond_runs_the_true_branch_when_the_predicate_holds(predicate):
   assert int(extras["n"]) == int(predicate)
 
 
+@pytest.mark.parametrize("predicate", [False, True])
+def test_when_runs_its_branch_only_when_the_predicate_holds(predicate):
+  branch = _branches()[2]
+  operand = jnp.arange(np.prod(SHAPE), dtype=jnp.float32).reshape(SHAPE)
+  got, extras = jax.jit(lambda p, x: inplace.when(p, branch, x))(jnp.bool_(predicate), operand)
+  want = branch(operand) if predicate else jax.tree.map(jnp.zeros_like, branch(operand))
+  np.testing.assert_array_equal(got, want[0] if predicate else operand)
+  jax.tree.map(np.testing.assert_array_equal, extras, want[1])
+
+
 def test_switch_in_a_loop_copies_no_operand_and_lax_switch_does():
   def program(switch):
     return jax.jit(lambda x, steps: jax.lax.fori_loop(

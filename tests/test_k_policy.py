@@ -20,14 +20,16 @@ from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
-from tests.helpers.k_policy import PeekingDrafter
+from tests.helpers.k_policy import PeekingDrafter, ShallowTreeDrafter
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
 from tests.helpers.stats import SAMPLE_ROWS
+from tests.helpers.trees import SAMPLED, STEPS, TREES, run_tree_speculative, sampled_pvalue
 
 # Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
 # long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
@@ -132,10 +134,39 @@ def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
   assert len(_check_rounds(out, lambda length: 0)) >= 2
 
 
+@pytest.mark.parametrize("draft_name", ["never", "perturbed"])
+def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name):
+  """A static tree verified at the depth the policy chose (the tree cut there, `Tree.cut`): depth 0 is a
+  plain step, whose one draft pass feeds the pending token (a tree drafter never lags); depth d costs
+  d + 1 draft passes (the cut's levels and its leaves), none beyond."""
+  out = run_tree_speculative(DRAFTS[draft_name], TREES["paths"], policy=POLICY, cost_C=COSTS_K3)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
+  assert len(_check_rounds(out, lambda depth: depth + 1)) >= 3
+
+
+def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
+  """EAGLE's tree costs d head passes at depth d (none for a plain step); n-gram spines cost none."""
+  config, params = TARGET_3
+  tree = tree_lib.from_branching((2, 2, 1))
+  eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params, tree=tree)
+  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=COSTS_K3)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
+  assert len(_check_rounds(out, lambda depth: depth)) >= 2
+  config, params = ngram_setup.MODELS["random"]
+  drafter = NgramDrafter(config.vocab_size, tree=tree_lib.from_branching((2, 1, 1)))
+  padded, lengths = pad_prompts(ngram_setup.PROMPTS)
+  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, 3, 48),
+                             drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3,
+                             out_width=OUT_WIDTH, policy=POLICY, cost_C=COSTS_K3)
+  free = ngram_setup.free_greedy(ngram_setup.MODELS["random"])
+  assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
+  assert len(_check_rounds(out, lambda depth: 0)) >= 2
+
+
 @pytest.mark.parametrize("fields, kind", [
     ({}, "adaptive"), ({"tree": "(2,1)"}, "fixed"), ({"tree": "dynamic(6,3,2)"}, "fixed"),
     ({"drafter": "ngram", "draft": ""}, "adaptive"), ({"k_policy": "fixed"}, "fixed"),
-    ({"k_policy": "adaptive"}, "adaptive")])
+    ({"k_policy": "adaptive"}, "adaptive"), ({"k_policy": "adaptive", "tree": "(2,1)"}, "adaptive")])
 def test_the_default_policy_adapts_a_chain_and_keeps_a_tree_fixed(fields, kind):
   """config.k_policy "auto" (the default) is adaptive for a chain and fixed for a tree; the spec's config,
   the drafter's settings and the policy all hold the kind that runs (the stats and stored cost tables say
@@ -191,6 +222,33 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
   peeking = PeekingDrafter(*SMALL_DRAFT, target_config=SMALL_TARGET[0], target_params=SMALL_TARGET[1])
   tokens, _ = _first_tokens(peeking, cost_C)
   assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), tokens) < 1e-12
+
+
+def _tree_first_tokens(drafter_class):
+  """The first STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes of
+  look-ahead)."""
+  drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"])
+  (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + STEPS + 9
+  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
+  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
+                             drafter.storage(SAMPLE_ROWS, cache_len), STEPS, NO_EOS, SAMPLED, jax.random.key(2),
+                             k=3, policy=POLICY, cost_C=np.array([1.0, 1.2, 1.6, 10.0], np.float32))
+  index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * STEPS)
+  return np.bincount(index, minlength=config.vocab_size ** STEPS), np.asarray(out.rounds_per_length)
+
+
+@pytest.mark.slow
+def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
+  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth: chi-square at level 0.001 on N =
+  10,000 rows of the first 3 tokens. The rows' first round verifies depth 2 (costs (1, 1.2, 1.6, 10) at
+  the prior 0.8): its leaves have children in the whole tree, which the cut must not try. A drafter that
+  draws one level less than the loop verifies (the deepest level's tokens never drawn, probability 0
+  under the draft) must fail the same test (p < 1e-6)."""
+  counts, rounds_C = _tree_first_tokens(ModelDrafter)
+  assert rounds_C[2] > 0 and rounds_C[3] == 0
+  assert sampled_pvalue(counts) > ALPHA
+  counts, _ = _tree_first_tokens(ShallowTreeDrafter)
+  assert sampled_pvalue(counts) < 1e-6
 
 
 def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):

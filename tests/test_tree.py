@@ -22,6 +22,17 @@ def test_chain_is_the_tree_of_ones():
   assert not tree_lib.from_branching((2,)).is_chain
 
 
+def test_a_cut_keeps_the_nodes_no_deeper_than_its_depth_and_their_numbers():
+  paths = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+  tree = tree_lib.from_paths(paths)
+  for depth in range(4):
+    cut = tree.cut(depth)
+    expected = tree_lib.from_paths([p for p in paths if len(p) <= depth]) if depth else tree_lib.Tree((-1,), (0,))
+    assert cut == expected and cut.max_depth == depth
+    assert cut.parent == tree.parent[:cut.nodes_with_root]  # a prefix: node i is node i of the whole tree
+  assert tree.cut(5) == tree and tree.cut(0).nodes_with_root == 1 and tree.cut(0).is_chain
+
+
 def test_masks_and_tables():
   tree = tree_lib.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])  # nodes 1, 2, 3 (0,0), 4 (0,1), 5
   assert tree.parent == (-1, 0, 0, 1, 1, 3)

@@ -13,6 +13,11 @@ compiled program itself, forced to each length, on the running device). A single
 batch because the draft passes and the verify pass are shared: once the batch pays for L, proposing
 fewer tokens in some row would only lose tokens.
 
+A static tree (a drafter's `tree`, K its depth Dt) is chosen the same way by depth: a round of depth L
+drafts and verifies the tree cut at L (`Tree.cut`: its nodes no deeper than L, a prefix of its nodes,
+one compiled tree pass per candidate), alpha_b,i being the chance that some child at depth i is
+accepted given its parent was. Dynamic trees keep the fixed policy (their shape is drawn each round).
+
 Estimates: every position a row's round reached (proposed, earlier ones accepted) moves toward its
 outcome, alpha <- decay * alpha + (1 - decay) * accepted; a position not reached drifts back toward the
 prior by `recovery` per round, so a row that stopped drafting tries again once the prior outweighs the
@@ -51,7 +56,7 @@ AUTO = "auto"  # config.k_policy's default: adaptive for a chain, fixed for a tr
 
 def resolve(kind: str, tree: bool) -> str:
   """config.k_policy as the program runs it: "auto" is adaptive for a chain and fixed for a tree (a tree's
-  shape is its config; the policy chooses chain lengths)."""
+  shape is its config; "adaptive" chooses a static tree's depth only where asked)."""
   if kind == AUTO:
     return "fixed" if tree else "adaptive"
   return kind

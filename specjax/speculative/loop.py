@@ -12,7 +12,7 @@ proposal.
 
 How many of the K tokens a round proposes is the K policy's choice (`k_policy`: all K, or adaptive,
 0 included), made before the round's draft from earlier rounds only; the drafter gets it as `wanted_B`
-and the loop verifies no more.
+(None when fixed) and the loop verifies no more: for a static tree, its cut at that depth.
 
 Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
 sampled rounds apply the acceptance rule to the processed distributions.
@@ -44,6 +44,7 @@ from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.proposal import Proposal
+from specjax.speculative.trees.tree import Tree
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
 GreedyRule = Callable[[Proposal, jax.Array], tuple[jax.Array, jax.Array]]
@@ -100,13 +101,17 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
 
 def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_rule: TreeRule,
                       features: tuple[int, ...], pending_B: jax.Array, proposal: Proposal,
-                      sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
-  """Scores the tree [pending, nodes 1..N] in one tree-masked pass, applies the tree rule (greedy on the
+                      sampling: SamplingParams, key: jax.Array, depth: int | None, target_cache: KVCache):
+  """Scores the tree [pending, nodes 1..N] (static: only its cut at `depth`, `Tree.cut`, a prefix of the
+  nodes: what an adaptive round chose) in one tree-masked pass, applies the tree rule (greedy on the
   target's argmaxes) and compacts the accepted path's keys/values (not for a chain: statically free).
-  Returns (accepted [B], next token [B], the target's features along the path [B, Dt + 1, F] (as
-  `_verify_pass`), cache,
-  the proposal's accepted path as a chain (`Proposal.along`))."""
-  tree = proposal.verified_tree
+  Returns (cache, (accepted [B], next token [B], the target's features along the path [B, Dt + 1, F]
+  (as `_verify_pass`), the accepted path [B, Dt + 1] (`Proposal.along`), both padded with its last
+  node)): the form `inplace.switch` takes."""
+  tree, full_depth = proposal.verified_tree, proposal.verified_tree.max_depth
+  if depth is not None:
+    tree = tree.cut(depth)
+    proposal = proposal.truncated(tree.nodes_with_root - 1)
   fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
   block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
   hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(target_config, target_params, block_BxN1,
@@ -120,8 +125,9 @@ def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_ru
                                                    probabilities(logits_BxN1xV, sampling))
   if not tree.is_chain:
     target_cache = target_cache.compact(path_BxDt1)
+  path_BxDt1 = jnp.pad(path_BxDt1, ((0, 0), (0, full_depth + 1 - path_BxDt1.shape[1])), mode="edge")
   features_BxDt1xF = jnp.take_along_axis(features_BxN1xF, path_BxDt1[:, :, None], axis=1)
-  return num_accepted_B, next_B, features_BxDt1xF, target_cache, proposal.along(path_BxDt1)
+  return target_cache, (num_accepted_B, next_B, features_BxDt1xF, path_BxDt1)
 
 
 def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
@@ -162,21 +168,26 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
     wanted_B, choice = k_policy.choose(policy, state.policy, live_B, k)
-    proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache,
-                                                          state.pending, sampling, draft_key, k, wanted_B)
+    proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
+                                                          sampling, draft_key, k, wanted_B if policy.adaptive else None)
     if policy.adaptive:  # what a drafter proposes beyond the chosen length is never verified
       proposal = proposal.replace(lengths=jnp.minimum(proposal.lengths, wanted_B))
-    passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
-                                drafter.feature_layers, state.pending, proposal, sampling, accept_key)
-              for width in widths]
+    longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
-      num_accepted_B, next_B, hidden_BxK1xD, target_cache, proposal = _verify_tree_pass(
-          target_config, target_params, tree_rule, drafter.feature_layers, state.pending, proposal, sampling,
-          accept_key, target_cache)
-    elif len(passes) == 1:
-      target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = passes[0](target_cache)
+      tree_pass = functools.partial(_verify_tree_pass, target_config, target_params, tree_rule,
+                                    drafter.feature_layers, state.pending, proposal, sampling, accept_key)
+      if policy.adaptive:  # the tree cut at the chosen depth (every live row's: one per round)
+        depths = policy.lengths(k)
+        target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = inplace.switch(
+            jnp.searchsorted(jnp.asarray(depths), longest), [functools.partial(tree_pass, d) for d in depths],
+            target_cache)
+      else:
+        target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = tree_pass(None, target_cache)
+      proposal = proposal.along(path_BxDt1)
     else:  # the narrowest pass that checks every live row's whole proposal
-      longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
+      passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
+                                  drafter.feature_layers, state.pending, proposal, sampling, accept_key)
+                for width in widths]
       index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
       target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
@@ -232,7 +243,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   proposes trees: K must be Dt, each round verifies the N + 1 nodes in one tree-masked target pass
   (`tree_acceptance`, `tree_rule` static like `rule`), compacts the accepted path in the target cache
   and commits it to the drafter as a chain. The target cache then needs N - 1 positions of slack
-  instead of K - 1.
+  instead of K - 1. With the adaptive policy a round verifies the tree cut at the chosen depth (one
+  compiled tree pass per candidate depth); a dynamic tree needs the fixed policy.
 
   `policy` (static, `k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
   (fixed), or the length maximising expected committed tokens per second under the cost table `cost_C`
@@ -254,8 +266,9 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   widths = drafter.verify_widths(k)
   if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] != k + 1:
     raise ValueError(f"the drafter's verify widths {widths} must ascend from >= 1 to K + 1 = {k + 1}")
-  if policy.adaptive and tree is not None:
-    raise ValueError("the adaptive K policy chooses chain lengths: a drafter with a tree uses the fixed policy")
+  if policy.adaptive and tree is not None and not isinstance(tree, Tree):
+    raise ValueError("the adaptive K policy chooses chain lengths and static trees' depths: a drafter with a "
+                     "dynamic tree uses the fixed policy")
   num_lengths = len(policy.lengths(k))
   cost_C = np.ones(num_lengths, np.float32) if cost_C is None else np.asarray(cost_C, np.float32)
   if cost_C.shape != (num_lengths,) or not np.all(cost_C > 0):

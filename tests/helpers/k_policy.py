@@ -28,3 +28,12 @@ class PeekingDrafter(ModelDrafter):
     sure_B = (jnp.take_along_axis(target_BxV, first_B[:, None], axis=1)[:, 0]
               >= jnp.take_along_axis(proposal.probs[:, 0], first_B[:, None], axis=1)[:, 0])
     return proposal.replace(lengths=jnp.where(sure_B, proposal.lengths, 0)), state, target_cache
+
+
+class ShallowTreeDrafter(ModelDrafter):
+  """The model drafter drafting its tree one level shallower than the policy chose: the deepest level the
+  loop verifies holds tokens never drawn (zeros, with probability 0 under the draft), which the tree
+  rule then accepts wherever the target gives them mass."""
+
+  def propose(self, state, target_cache, pending_B, sampling, key, k, wanted_B=None):
+    return super().propose(state, target_cache, pending_B, sampling, key, k, jnp.maximum(wanted_B - 1, 0))

@@ -218,8 +218,9 @@ class Drafter(flax.struct.PyTreeNode):
     """Up to K tokens per row following the history and `pending_B` (their distributions after
     `sampling`, or point masses), the state, and the target's cache (changed only beyond each row's
     length). Commits nothing. `wanted_B` [B] int32 in [0, K] is what the K policy lets row b propose
-    this round (`k_policy`; None = K for every row): the loop never verifies more, so a drafter may
-    ignore it, at the price of draft passes nobody reads (`draft_chain` stops them)."""
+    this round (`k_policy`; None = K for every row: the fixed policy): the loop never verifies more
+    (a static tree: its cut at that depth, `Tree.cut`), so a drafter may ignore it, at the price of
+    draft passes nobody reads (`draft_chain` and `grow_tree` stop them)."""
     raise NotImplementedError(f"{type(self).__name__} must define propose")
 
   def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,

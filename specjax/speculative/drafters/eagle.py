@@ -297,27 +297,29 @@ class EagleDrafter(ModelBackedDrafter):
                       pending=jnp.zeros((batch,), jnp.int32))
 
   def _propose_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array) -> Proposal:
+                    key: jax.Array, depth: jax.Array | None) -> Proposal:
     """A static tree drawn level by level: the root pairs (f_{n-1}, x_n), every other node (its parent's
     head output, its token), each level one tree-masked head pass written beyond the head's length
-    (scratch: `commit` rewrites the accepted path from the target's features)."""
+    (scratch: `commit` rewrites the accepted path from the target's features). Cut at `depth` (None:
+    whole; the adaptive policy's choice): that many passes."""
     tree, batch = self.tree, pending_B.shape[0]
     parent_N1 = np.maximum(np.asarray(tree.parent), 0)
 
-    def score_level(carry, tokens_BxLv, level, depth):
+    def feed_level(carry, tokens_BxLv, level, depth):
       cache, outs_BxN1xD = carry
       nodes = np.arange(level.first, level.first + level.count)
       fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
       out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD, cache,
                                        tree=level)
-      logits_BxLvxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
-                                  out_BxLvxD)
-      return logits_BxLvxV, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
+      return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
+
+    def head(out_BxLvxD):
+      return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
 
     outs_BxN1xD = jnp.zeros((batch, tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
-    tokens_BxN, probs_BxNxW, _ = grow_tree(tree, self.tree_children, pending_B, sampling, key, score_level,
-                                           (state.cache, outs_BxN1xD))
-    return full(tokens_BxN, probs_BxNxW, calls=tree.max_depth).replace(tree=tree)
+    tokens_BxN, probs_BxNxW, _ = grow_tree(tree, self.tree_children, pending_B, sampling, key, feed_level, head,
+                                           (state.cache, outs_BxN1xD), depth)
+    return full(tokens_BxN, probs_BxNxW).replace(tree=tree, calls=jnp.int32(tree.max_depth if depth is None else depth))
 
   def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams
                          ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
@@ -354,7 +356,8 @@ class EagleDrafter(ModelBackedDrafter):
       proposal = full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree)
       return proposal, state.replace(pending=pending_B), target_cache
     if self.tree is not None:
-      return self._propose_tree(state, pending_B, sampling, key), state.replace(pending=pending_B), target_cache
+      proposal = self._propose_tree(state, pending_B, sampling, key, None if wanted_B is None else jnp.max(wanted_B))
+      return proposal, state.replace(pending=pending_B), target_cache
 
     def step(carry, step_key):
       cache, fused_BxD, token_B = carry

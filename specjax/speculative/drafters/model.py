@@ -28,7 +28,9 @@ Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distrib
 
 `tree` (optional, static) makes the drafter propose that static tree each round instead of a chain
 (`tree_drafting`: children i.i.d., without replacement or the top tokens, `tree_children`); the loop
-verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache. A
+verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache (the
+adaptive K policy's rounds draft its cut at the chosen depth d: d + 1 passes, the pending token's alone
+for a plain round, since a tree drafter never lags). A
 `dynamic_tree.DynamicSpec` grows each row's own tree every round instead (EAGLE-2: the top tokens of
 the most confident nodes under a static node budget); its last accepted node lags like a chain's d_K.
 
@@ -335,7 +337,8 @@ class ModelDrafter(ModelBackedDrafter):
     if isinstance(self.tree, DynamicSpec):
       return (*self._propose_dynamic_tree(state, pending_B, sampling), target_cache)
     if self.tree is not None:
-      proposal, state = self._propose_tree(state, pending_B, sampling, key)
+      proposal, state = self._propose_tree(state, pending_B, sampling, key,
+                                           None if wanted_B is None else jnp.max(wanted_B))
       return proposal, state, target_cache
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
     drafting = True if wanted_B is None else jnp.max(wanted_B) > 0
@@ -401,10 +404,11 @@ class ModelDrafter(ModelBackedDrafter):
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
 
   def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array) -> tuple[Proposal, ModelDraftState]:
-    """A tree proposal (`tree_drafting`) after [history, pending]; the draft cache then holds every node
-    beyond the history (uncommitted), for `commit` to compact the accepted path. Never lags. With a
-    spelling, pending's ids but the last are fed first and the last is the tree's root."""
+                    key: jax.Array, depth: jax.Array | None) -> tuple[Proposal, ModelDraftState]:
+    """A tree proposal (`tree_drafting`) after [history, pending], cut at `depth` (None: whole; the
+    adaptive policy's choice: depth 0 feeds pending alone); the draft cache then holds every node
+    drafted beyond the history (uncommitted), for `commit` to compact the accepted path. Never lags.
+    With a spelling, pending's ids but the last are fed first and the last is the tree's root."""
     spelled_BxM, counts_B = self._spell(pending_B)
     cache = state.cache
     if self.spelled_ids > 1:
@@ -412,8 +416,9 @@ class ModelDrafter(ModelBackedDrafter):
       cache = cache.advance(counts_B - 1)
     root_B = jnp.take_along_axis(spelled_BxM, (counts_B - 1)[:, None], axis=1)[:, 0]
     tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
-                                                self.tree_children, cache, root_B, sampling, key)
-    proposal = full(tokens_BxN, probs_BxNxW, calls=self.tree.max_depth + 1).replace(tree=self.tree)
+                                                self.tree_children, cache, root_B, sampling, key, depth)
+    proposal = full(tokens_BxN, probs_BxNxW).replace(
+        tree=self.tree, calls=jnp.int32(self.tree.max_depth if depth is None else depth) + 1)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending_ids=counts_B)
 
   def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,

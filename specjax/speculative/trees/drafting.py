@@ -14,7 +14,8 @@ Passes: one tree-masked pass per depth level (`Tree.level`): level d's nodes are
 levels above (uncommitted slots) and attend to the committed cache and their ancestors there; its
 hidden states give the next level's children. A last pass feeds the leaves, so the draft cache holds
 every node's keys and the accepted path is compacted like the target's (no lagging token): Dt + 1
-passes feeding N + 1 tokens in all.
+passes feeding N + 1 tokens in all. A round of the adaptive K policy drafts only the tree cut at its
+chosen depth d (d + 1 passes; `grow_tree`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from specjax import inplace
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden
@@ -82,47 +84,74 @@ def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logi
 
 
 def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-              score_level: Callable, carry: Any) -> tuple[jax.Array, jax.Array | None, Any]:
-  """Draws a static tree level by level: `score_level(carry, tokens_BxLv, level, depth)` feeds level
-  `depth`'s tokens (a `TreeLevel` chunk) and returns their logits [B, Lv, W] and the new carry; each
-  node's children are drawn from its logits (`children`).
+              feed_level: Callable, head: Callable, carry: Any, depth: jax.Array | None = None,
+              feeds_leaves: bool = False) -> tuple[jax.Array, jax.Array | None, Any]:
+  """Draws a static tree level by level: `feed_level(carry, tokens_BxLv, level, depth)` feeds level
+  `depth`'s tokens (a `TreeLevel` chunk) and returns their outputs and the new carry, `head(outputs)`
+  their logits [B, Lv, W]; each node's children are drawn from its logits (`children`). With
+  `feeds_leaves` the deepest level is fed too (no head: a draft cache then holds every node).
+
+  `depth` [] int32 (None: the tree's) draws only the tree cut at that depth (`Tree.cut`, what an
+  adaptive round verifies): levels below it are neither fed (but the cut's leaves, with `feeds_leaves`)
+  nor drawn, so a shallow round costs `depth` (+ 1) passes; their tokens stay zeros.
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
   point masses) and the last carry.
   """
   batch = root_B.shape[0]
   tokens_BxN1 = jnp.zeros((batch, tree.nodes_with_root), jnp.int32).at[:, 0].set(root_B)
-  probs_BxN1xW = None
-  for depth, level_key in zip(range(tree.max_depth), jax.random.split(key, tree.max_depth)):
-    level = tree.level(depth)
-    logits_BxLvxW, carry = score_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, depth)
-    nodes, parents, ranks = _next_level(tree, depth)
-    level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_key, logits_BxLvxW, parents,
-                                                         ranks)
-    tokens_BxN1 = tokens_BxN1.at[:, jnp.asarray(nodes)].set(level_tokens_BxC)
-    if level_probs_BxCxW is not None:
-      if probs_BxN1xW is None:
-        probs_BxN1xW = jnp.zeros((batch, tree.nodes_with_root, logits_BxLvxW.shape[-1]), jnp.float32)
-      probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
+  level_keys = jax.random.split(key, tree.max_depth)
+
+  def fed(level_depth):
+    def run(loop):
+      carry, tokens_BxN1, probs = loop
+      level = tree.level(level_depth)
+      outputs, carry = feed_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, level_depth)
+      return (carry, tokens_BxN1, probs), outputs
+    return run
+
+  def drawn(level_depth, outputs):
+    def run(loop):
+      carry, tokens_BxN1, probs_BxN1xW = loop
+      nodes, parents, ranks = _next_level(tree, level_depth)
+      level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_keys[level_depth],
+                                                           head(outputs), parents, ranks)
+      tokens_BxN1 = tokens_BxN1.at[:, jnp.asarray(nodes)].set(level_tokens_BxC)
+      if level_probs_BxCxW is not None:
+        probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
+      return (carry, tokens_BxN1, probs_BxN1xW), ()
+    return run
+
+  loop = (carry, tokens_BxN1, None)
+  if not (sampling.greedy or children == "top"):  # each node's distribution, allocated once
+    width = jax.eval_shape(lambda loop: head(fed(0)(loop)[1]), loop).shape[-1]
+    loop = (carry, tokens_BxN1, jnp.zeros((batch, tree.nodes_with_root, width), jnp.float32))
+  for level_depth in range(tree.max_depth + feeds_leaves):
+    if depth is None:
+      loop, outputs = fed(level_depth)(loop)
+    else:
+      loop, outputs = inplace.when(level_depth < depth + feeds_leaves, fed(level_depth), loop)
+    if level_depth < tree.max_depth:
+      draw = drawn(level_depth, outputs)
+      loop, _ = draw(loop) if depth is None else inplace.when(level_depth < depth, draw, loop)
+  carry, tokens_BxN1, probs_BxN1xW = loop
   return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], carry
 
 
 def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
-               cache: KVCache, root_B: jax.Array, sampling: SamplingParams,
-               key: jax.Array) -> tuple[jax.Array, jax.Array | None, KVCache]:
+               cache: KVCache, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+               depth: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None, KVCache]:
   """Draws a tree with a draft model after each row's history (in `cache`) and its root `root_B` (a draft
-id: the nodes are the head's ids, fed through `draft_inputs`).
+id: the nodes are the head's ids, fed through `draft_inputs`), or only its cut at `depth` (`grow_tree`).
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
-  point masses) and the cache with the whole tree written beyond each row's length (not advanced).
+  point masses) and the cache with the (cut) tree written beyond each row's length (not advanced).
   """
-  def score_level(cache, tokens_BxLv, level, depth):
+  def feed_level(cache, tokens_BxLv, level, depth):
     inputs_BxLv = tokens_BxLv if depth == 0 else draft_inputs(config, head, tokens_BxLv)  # the root already is
-    hidden_BxLvxD, cache = forward_hidden(config, params, inputs_BxLv, cache, tree=level)
-    return draft_logits(config, params, head, hidden_BxLvxD), cache
+    return forward_hidden(config, params, inputs_BxLv, cache, tree=level)
 
-  tokens_BxN, probs_BxNxW, cache = grow_tree(tree, children, root_B, sampling, key, score_level, cache)
-  leaves = tree.level(tree.max_depth)
-  _, cache = forward_hidden(config, params, draft_inputs(config, head, tokens_BxN[:, leaves.first - 1:]), cache,
-                            tree=leaves)
+  tokens_BxN, probs_BxNxW, cache = grow_tree(tree, children, root_B, sampling, key, feed_level,
+                                             lambda hidden: draft_logits(config, params, head, hidden), cache,
+                                             depth, feeds_leaves=True)
   return tokens_BxN, probs_BxNxW, cache

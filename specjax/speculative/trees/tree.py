@@ -95,6 +95,12 @@ class Tree:
       table[i, :len(kids)] = kids
     return table
 
+  def cut(self, depth: int) -> "Tree":
+    """The tree of the nodes no deeper than `depth`: a prefix of the nodes (numbered level by level), so
+    every node keeps its index (what an adaptive round verifies of a deeper draft: `k_policy`)."""
+    count = sum(1 for d in self.depth if d <= depth)
+    return Tree(self.parent[:count], self.depth[:count])
+
   def level(self, depth: int) -> "TreeLevel":
     """The nodes of one depth as a chunk fed after the levels above it (drafting level by level)."""
     return TreeLevel(self, self.depth.index(depth), self.depth.count(depth))
