@@ -57,6 +57,7 @@ from specjax import costs, decode_spec, metrics, pipeline, prompts, records
 from specjax.api import apply_fields
 from specjax.decode_config import default_config
 from specjax.speculative.drafters import registry
+from specjax.speculative.trees import tree as tree_lib
 from specjax.errors import ConfigError
 from specjax.models.load import LoadedModel
 
@@ -83,6 +84,7 @@ class System:
   threshold: float = 0.0  # model.stop_threshold of the model drafter (0 = off)
   policy: str = "fixed"  # config.k_policy: "fixed" (K every round) or "adaptive" (K the most)
   draft: str = ""  # an alias of the benchmark's `other_drafts`: the draft model it loads ("" = `draft`)
+  tree: str = ""  # an alias of the benchmark's `trees`: the static tree it drafts, K its depth ("" = a chain)
 
   @property
   def speculative(self) -> bool:
@@ -99,8 +101,12 @@ class System:
     "model@qwen05b_k3"..."""
     if not self.speculative:
       return AUTOREGRESSIVE
-    return (f"{self.source}_k{self.k}" + (f"_t{self.threshold:g}" if self.threshold else "")
-            + ("_adaptive" if self.policy == "adaptive" else ""))
+    return (self.source + (f"+{self.tree}" if self.tree else f"_k{self.k}")
+            + (f"_t{self.threshold:g}" if self.threshold else "") + ("_adaptive" if self.policy == "adaptive" else ""))
+
+  def verified(self, cfg: ml_collections.ConfigDict) -> int:
+    """Draft tokens a round verifies at most: K, or the tree's nodes."""
+    return tree_lib.parse(cfg.trees[self.tree]).nodes_with_root - 1 if self.tree else self.k
 
   def label(self, cfg: ml_collections.ConfigDict) -> str:
     """The system as the tables name it."""
@@ -112,12 +118,15 @@ class System:
     if self.drafter == "layer_skip":
       return f"layer_skip {k} (layers {cfg.drafters.layer_skip.layers})"
     draft = f" ({self.draft})" if self.draft else ""
+    if self.tree:
+      k = f"depth<={self.k} adaptive" if self.policy == "adaptive" else f"depth {self.k}"
+      return f"{self.drafter}{draft} tree {cfg.trees[self.tree]}, {k}"
     if self.drafter == "model":
       return f"model{draft} {k}" + (f", stop below {self.threshold:g}" if self.threshold else "")
     return f"{self.drafter}{draft} {k}"
 
 
-_SYSTEM = re.compile(r"([\w.:]+?)(?:@([A-Za-z0-9.-]+))?(?:_k(\d+))?(?:_t(\d*\.?\d+))?(_adaptive)?")
+_SYSTEM = re.compile(r"([\w.:]+?)(?:@([A-Za-z0-9.-]+))?(?:\+([A-Za-z0-9.-]+)|_k(\d+))?(?:_t(\d*\.?\d+))?(_adaptive)?")
 
 
 def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: str) -> list[System]:
@@ -127,17 +136,23 @@ def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: s
   for name in names:
     match = _SYSTEM.fullmatch(str(name))
     known = match and (match[1] in registry.names() or ":" in match[1])
-    if not known or (match[4] and match[1] != "model"):
+    if not known or (match[5] and match[1] != "model"):
       raise ConfigError(f"{where}: unknown system {name!r}; expected a drafter ({', '.join(registry.names())} or "
                         f"package.module:Class), alone or with a K such as ngram_k4 or model_k5, or model_k8_t0.5 "
                         f"(K 8, stop threshold 0.5), and _adaptive for the adaptive K policy (model_k8_adaptive); "
-                        f"model@ALIAS_k5 drafts with the model config.other_drafts.ALIAS")
-    drafter, draft, k, threshold = match[1], match[2] or "", match[3], match[4]
-    policy = "adaptive" if match[5] else "fixed"
-    other_drafts = cfg.get("other_drafts") or {}
-    if draft and draft not in other_drafts:
-      raise ConfigError(f"{where}: system {name!r} names the draft {draft!r}, which config.other_drafts lacks "
-                        f"(it has: {', '.join(other_drafts) or 'none'})")
+                        f"model@ALIAS_k5 drafts with the model config.other_drafts.ALIAS, model+ALIAS the tree "
+                        f"config.trees.ALIAS")
+    drafter, draft, tree, k, threshold = match[1], match[2] or "", match[3] or "", match[4], match[5]
+    policy = "adaptive" if match[6] else "fixed"
+    for alias, field in ((draft, "other_drafts"), (tree, "trees")):
+      known = cfg.get(field) or {}
+      if alias and alias not in known:
+        raise ConfigError(f"{where}: system {name!r} names {alias!r}, which config.{field} lacks "
+                          f"(it has: {', '.join(known) or 'none'})")
+    if tree:
+      depth = tree_lib.parse(cfg.trees[tree]).max_depth
+      systems.append(System(drafter, depth, float(threshold or 0.0), policy, draft, tree))
+      continue
     if drafter == "model" and k is None and policy == "fixed":
       systems += [System("model", int(model_k), draft=draft) for model_k in cfg.model_ks]
       systems += [System("model", int(cfg.threshold_k), float(t), draft=draft) for t in cfg.thresholds]
@@ -179,6 +194,7 @@ def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> m
       target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,
       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
       mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k, k_policy=system.policy,
+      tree=cfg.trees[system.tree] if system.tree else "",
       **({"drafter": system.drafter} if system.speculative else {}), **groups, **fields))
 
 
@@ -260,7 +276,7 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
   forward_s, verify_cost, c = {}, {}, {}
   for batch_size in sorted({g.batch_size for g in groups}):
     systems = [(g, s) for g in groups if g.batch_size == batch_size for s in g.systems]
-    widths = sorted({1} | {s.k + 1 for _, s in systems})
+    widths = sorted({1} | {s.verified(cfg) + 1 for _, s in systems})
     log(f"timing target forwards of T = {widths} tokens at batch {batch_size} ...")
     seconds = costs.forward_seconds(target.config, target.params, widths, cfg.cost_repeats, batch_size=batch_size)
     forward_s[str(batch_size)] = {str(T): s for T, s in seconds.items()}
@@ -295,15 +311,16 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, resul
          "batch_size": group.batch_size, "temperature": group.temperature, "system": system.name,
          "label": system.label(cfg), "drafter": system.drafter if system.speculative else None,
          "draft_model": records.relative(system_config.draft) if loads_draft else None,
-         "k": system.k if system.speculative else None,
+         "k": system.k if system.speculative else None, "tree": cfg.trees[system.tree] if system.tree else None,
          "draft_stop_threshold": system.threshold if system.speculative else None,
          "k_policy": stats.get("k_policy"), **{field: stats.get(field) for field in _STATS}}
   row["prompt_tokens"] = [o["prompt_tokens"] for o in result["outputs"]]
   row["token_ids"] = [o["token_ids"] for o in result["outputs"]]
   if system.speculative:
     c = cost["cost_ratio_c"][str(group.batch_size)][system.source]
-    verify = cost["verify_cost"][str(group.batch_size)][str(system.k)]
-    alpha = None if system.policy == "adaptive" else stats["alpha_hat"]  # the formula assumes K every round
+    verify = cost["verify_cost"][str(group.batch_size)][str(system.verified(cfg))]
+    # The formula assumes a chain of K every round.
+    alpha = None if system.policy == "adaptive" or system.tree else stats["alpha_hat"]
     if system.policy == "adaptive":  # the policy's own work per round, against the cheapest measured round
       policy = decode_spec.from_config(system_config).policy
       row["policy_step_s"] = costs.policy_step_seconds(policy, group.batch_size, system.k)

@@ -4,6 +4,7 @@ config errors, and the standard-library prompt sets it decodes."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -59,13 +60,14 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
       "code_edit/greedy": [AUTOREGRESSIVE, "ngram_k3", "layer_skip_k2", AUTOREGRESSIVE],
       "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
       "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.06", AUTOREGRESSIVE, "model_k2_adaptive",
-                     AUTOREGRESSIVE],
+                     "model+pair_adaptive", AUTOREGRESSIVE],
       "raw/sampled": [AUTOREGRESSIVE, "model@second_k2", AUTOREGRESSIVE]}
   assert results["prompts"]["code_edit/greedy"] == code_edit_prompts.code_edit_prompts()[:2]
   assert len(results["prompts"]["code_edit/batched"]) == 2 and len(results["prompts"]["raw/greedy"]) == 2
 
   cost = results["costs"]
-  assert set(cost["verify_cost"]) == {"1", "2"} and set(cost["verify_cost"]["1"]) == {"2", "3"}
+  # Verified draft tokens: K = 2 and 3 (chains), 4 (the tree (2, 1)).
+  assert set(cost["verify_cost"]) == {"1", "2"} and set(cost["verify_cost"]["1"]) == {"2", "3", "4"}
   assert cost["cost_ratio_c"]["1"]["ngram"] == 0.0
   assert cost["cost_ratio_c"]["1"]["model"] > 0 and cost["cost_ratio_c"]["1"]["layer_skip"] > 0
   assert cost["cost_ratio_c"]["1"]["model@second"] > 0
@@ -76,6 +78,9 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   assert adaptive["k_policy"]["lengths"] == [0, 1, 2] and len(adaptive["k_policy"]["cost_table_s"]) == 3
   assert sum(adaptive["k_policy"]["rounds_per_length"]) > 0 and adaptive["modelled_speedup"] is None
   assert adaptive["policy_step_s"] > 0 and adaptive["policy_share_of_cheapest_round"] > 0
+  tree = next(row for row in results["runs"] if row["system"] == "model+pair_adaptive")
+  assert (tree["tree"], tree["k"], tree["k_policy"]["lengths"]) == ("(2, 1)", 2, [0, 1, 2])
+  assert sum(tree["k_policy"]["rounds_per_length"]) > 0 and tree["outputs_match_autoregressive"]
   for row in results["runs"]:
     assert row["tokens_per_second"] > 0 and row["compile_time_s"] > 0
     assert row["batch_size"] == (2 if row["regime"] == "batched" else 1)
@@ -85,9 +90,10 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
     group = results["groups"][row["group"]]
     assert row["speedup_vs_autoregressive"] == pytest.approx(
         row["tokens_per_second"] / group["autoregressive_tokens_per_second"])
-    source = row["system"].split("_k")[0]  # the drafter, with "@" and its draft's alias if it names one
+    source = re.split(r"_k|\+", row["system"])[0]  # the drafter, with "@" and its draft's alias if it names one
     assert row["cost_ratio_c"] == cost["cost_ratio_c"][str(row["batch_size"])][source]
-    assert row["verify_cost"] == cost["verify_cost"][str(row["batch_size"])][str(row["k"])]
+    verified = 4 if row["tree"] else row["k"]
+    assert row["verify_cost"] == cost["verify_cost"][str(row["batch_size"])][str(verified)]
     if row["k_policy"]["kind"] == "adaptive":  # it may propose nothing (tiny random models agree rarely)
       continue
     assert row["alpha_hat"] is not None and 0 < row["mean_accepted_length"] <= row["k"] + 1
@@ -145,6 +151,16 @@ def test_systems_expand_and_baselines_interleave():
   assert [s.name for s in other] == ["model@small_k3", "model@small_k8_t0.5_adaptive"]
   assert benchmark_drafters.decode_config(cfg, other[0]).draft == "smollm2-135m-instruct"
   assert benchmark_drafters.decode_config(cfg, System("model", 3)).draft == cfg.draft
+  cfg.trees.spines = "(3, 1, 1)"
+  trees = benchmark_drafters.parse_systems(("model+spines", "model@small+spines_adaptive"), cfg, "x")
+  assert trees == [System("model", 3, tree="spines"), System("model", 3, 0.0, "adaptive", "small", "spines")]
+  assert [s.name for s in trees] == ["model+spines", "model@small+spines_adaptive"]
+  assert [s.verified(cfg) for s in trees] == [9, 9] and System("model", 3).verified(cfg) == 3
+  tree_config = benchmark_drafters.decode_config(cfg, trees[1])
+  assert (tree_config.tree, tree_config.k, tree_config.k_policy) == ("(3, 1, 1)", 3, "adaptive")
+  assert benchmark_drafters.decode_config(cfg, System("model", 3)).tree == ""
+  with pytest.raises(ConfigError, match="names 'other', which config.trees lacks"):
+    benchmark_drafters.parse_systems(("model+other",), cfg, "x")
   group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",),
                                    [System("model", k) for k in (1, 2, 3, 4)])
   assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
@@ -172,7 +188,7 @@ def test_a_repeated_system_is_summarised_over_its_adjacent_baselines():
 
 
 @pytest.mark.parametrize("module, variant, groups", [
-    (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5), (adaptive, "plain_ab", 1),
+    (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5), (adaptive, "plain_ab", 1), (adaptive, "trees", 3),
     (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
 def test_benchmark_configs_plan_their_groups(module, variant, groups):
   """The committed benchmark configs built on this one plan before loading anything (a system name or
@@ -202,8 +218,8 @@ def test_plan_skips_layer_skip_without_layers():
     ("transformers_set", "chat", r"config.transformers_set 'chat' is not among"),
     ("draft", "", r"config.draft is empty"),
     ("repeats", 0, r"config.repeats must be an integer >= 1, got 0"),
-    ("sets.raw.greedy", ("model@nowhere_k3",), r"config.sets.raw.greedy: system 'model@nowhere_k3' names the "
-                                               r"draft 'nowhere', which config.other_drafts lacks \(it has: none\)"),
+    ("sets.raw.greedy", ("model@nowhere_k3",), r"config.sets.raw.greedy: system 'model@nowhere_k3' names "
+                                               r"'nowhere', which config.other_drafts lacks \(it has: none\)"),
     ("other_drafts", {"small": "smollm2-135m-instruct"}, None)])
 def test_bad_configs_fail_before_loading(field, value, message):
   cfg = drafters.get_config()

@@ -9,6 +9,11 @@ Each group: specjax autoregressive, K = 1, 3, 5, 8 fixed and K <= 8 adaptive (th
 cost table on this machine before the group's first timed batch), autoregressive again after every
 three systems and last. About 70 minutes alone on 2 CPU cores.
 
+`get_config("trees")`: static trees of the model draft, fixed against the adaptive depth (the tree cut at
+the chosen depth each round), the spines (3, 1, 1, 1, 1) and (2, 1, 1, 1, 1, 1, 1, 1) of the trees sweep
+(configs/sweeps/qwen_coder_trees.py) on raw code and chat requests at batch 1 and chat requests at
+batch 4, greedy; about 40 minutes.
+
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
 policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
 (raw code at batch 4, chat requests at batch 4 and 8, code edits); about 45 minutes. `get_config("plain_ab")`:
@@ -44,7 +49,16 @@ def get_config(variant: str = ""):
     cfg.sets.raw = drafters.prompt_set(False, 2, greedy=("model_k8_adaptive",), sampled=(), batched=())
     cfg.ar_every, cfg.repeats = 1, 6
     cfg.output = "experiments/results/adaptive_cpu_float32_plain_ab.json"
+  elif variant == "trees":
+    cfg.trees.spines5 = "(3, 1, 1, 1, 1)"  # N = 15, depth 5
+    cfg.trees.spines8 = "(2, 1, 1, 1, 1, 1, 1, 1)"  # N = 16, depth 8
+    trees = ("model+spines5", "model+spines5_adaptive", "model+spines8", "model+spines8_adaptive")
+    cfg.prompt_sets = ("raw", "chat")
+    cfg.sets.raw = drafters.prompt_set(False, 2, greedy=trees, sampled=(), batched=())
+    cfg.sets.chat = drafters.prompt_set(True, 2, greedy=trees, sampled=(), batched=trees)
+    cfg.ar_every = 2
+    cfg.output = "experiments/results/adaptive_cpu_float32_trees.json"
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py "
-                     f"(known: 'batch1', 'batched', 'plain_ab')")
+                     f"(known: 'batch1', 'batched', 'plain_ab', 'trees')")
   return cfg

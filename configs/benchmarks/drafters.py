@@ -12,6 +12,8 @@ Systems are named per prompt set and regime:
   ("ngram_k4", "layer_skip_k6": the same with another K.)
   "model_k8_adaptive"  the adaptive K policy (config.k_policy) with K = 8 the most; any drafter
   "model@gemma_k3"     the draft model other_drafts.gemma instead of `draft` (any of the forms above)
+  "model+spines"       the draft model drafting the static tree trees.spines, K = its depth (fixed, or
+                       "model+spines_adaptive": the policy chooses the depth each round)
 Regimes per set: `greedy` (batch 1, T = 0), `sampled` (batch 1, sampled_temperature), `batched`
 (batched_size, T = 0) and `batched_large` (large_batch_size, T = 0).
 Each (prompt set, batch size, temperature) group runs specjax autoregressive first, again after every
@@ -46,6 +48,9 @@ def get_config(variant: str = ""):
   # More draft models by alias, for comparing drafts of one target in one run: system "model@ALIAS_k3"
   # drafts with other_drafts.ALIAS (letters, digits, "." and "-"; loaded once, beside the target).
   cfg.other_drafts = ml_collections.ConfigDict()
+  # Draft trees by alias: system "model+ALIAS" drafts the tree trees.ALIAS (K = its depth; a config.tree
+  # value: a branching tuple or a path list; letters, digits, "." and "-" in the alias).
+  cfg.trees = ml_collections.ConfigDict()
   cfg.dtype = "float32"  # "float32" on CPU
   cfg.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
   cfg.seed = 0  # sampling seed of the temperature > 0 runs
@@ -102,8 +107,9 @@ def get_config(variant: str = ""):
     cfg.prompt_sets = ("code_edit", "raw")  # chat, like raw, would only add compile time to the tests
     cfg.sets.code_edit = prompt_set(False, 2, greedy=("ngram", "layer_skip"), sampled=(), batched=("ngram",))
     cfg.sets.chat = prompt_set(False, 1, greedy=("model_k2_t0.5",), sampled=(), batched=())
-    cfg.sets.raw = prompt_set(False, 2, greedy=("model", "model_k2_adaptive"), sampled=("model@second_k2",),
-                              batched=())
+    cfg.sets.raw = prompt_set(False, 2, greedy=("model", "model_k2_adaptive", "model+pair_adaptive"),
+                              sampled=("model@second_k2",), batched=())
+    cfg.trees.pair = "(2, 1)"
     cfg.other_drafts.second = "tests-will-override"  # another tiny draft
     cfg.ar_every = 2
     cfg.cost_repeats = 2
