@@ -17,7 +17,7 @@ from specjax.sampling import sampling_params
 from specjax.speculative import k_policy, speculative_generate
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
-from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.model import LAG_CHUNK, ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.trees import tree as tree_lib
@@ -134,14 +134,15 @@ def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
   assert len(_check_rounds(out, lambda length: 0)) >= 2
 
 
-@pytest.mark.parametrize("draft_name", ["never", "perturbed"])
-def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name):
-  """A static tree verified at the depth the policy chose (the tree cut there, `Tree.cut`): depth 0 is a
-  plain step, whose one draft pass feeds the pending token (a tree drafter never lags); depth d costs
-  d + 1 draft passes (the cut's levels and its leaves), none beyond."""
-  out = run_tree_speculative(DRAFTS[draft_name], TREES["paths"], policy=POLICY, cost_C=COSTS_K3)
+@pytest.mark.parametrize("draft_name, max_lag", [("never", 1), ("never", None), ("perturbed", None)])
+def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name, max_lag):
+  """A static tree verified at the depth the policy chose (the tree cut there, `Tree.cut`): depth d
+  costs d + 1 draft passes (the catch-up, whose last id is the root, then the cut's levels and its
+  leaves), none beyond; depth 0 is a plain step, which runs no draft pass when the draft may lag
+  (`max_lag` None; the prompt is the first lag) and the catch-up alone when it may not (1)."""
+  out = run_tree_speculative(DRAFTS[draft_name], TREES["paths"], policy=POLICY, cost_C=COSTS_K3, max_lag=max_lag)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
-  assert len(_check_rounds(out, lambda depth: depth + 1)) >= 3
+  assert len(_check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0)) >= 3
 
 
 def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
@@ -226,8 +227,8 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
 
 def _tree_first_tokens(drafter_class):
   """The first STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes of
-  look-ahead)."""
-  drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"])
+  look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first round)."""
+  drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + STEPS + 9
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
@@ -339,6 +340,47 @@ def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes(ma
         pending[b] = (7 * round_ + b) % config.vocab_size
     np.testing.assert_array_equal(state.cache.lengths + state.lag, [len(row) for row in history])
   assert int(jnp.max(state.lag)) <= (3 if max_lag else 1)
+
+
+@pytest.mark.parametrize("max_lag", [3, None])
+def test_a_tree_drafter_defers_plain_rounds_and_feeds_its_lag_when_drafting_resumes(max_lag):
+  """The schedules above with the tree (2, 2, 1): a round of depth d runs the catch-up passes and d
+  more (the tree feeds its leaves, so no accepted token lags), a plain round none unless some row's
+  pending token would overflow its lag (then the catch-up alone), and every drafting round's root and
+  level-2 distributions equal a full forward pass over [history, pending] and [history, pending, node 1].
+  Row b commits the branch under the root's child b mod 2 (first children below), down to the depth
+  the schedule commits."""
+  tree = TREES["branching"]
+  cache_len = 40 if max_lag else 64
+  drafter, state, propose, commit, score = forced_draft_rounds(cache_len, max_lag=max_lag, tree=tree)
+  sampling, config, paths = sampling_params(1.0), drafter.config, tree.path_table()
+  history, pending = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3]
+  lag = [0] * 3 if max_lag else [len(p) for p in history]  # what the draft cache lacks, modelled
+  for round_, (wanted, committed, *_) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=3,
+                                 wanted_B=jnp.full((3,), wanted, jnp.int32))
+    deferred = wanted == 0 and max(lag) + 1 <= (max_lag or cache_len)
+    catch_up = 0 if deferred else -(-(max(lag) + 1) // min((max_lag or cache_len) + 1, LAG_CHUNK))
+    assert int(proposal.calls) == catch_up + wanted
+    lag = [(n + 1 if deferred else 0) if c else n for n, c in zip(lag, committed)]
+    tokens_BxN1 = np.pad(np.asarray(proposal.tokens), ((0, 0), (1, 0)))
+    sequences_BxT = np.zeros((3, cache_len), np.int32)
+    for b, row in enumerate(history):
+      sequence = row + [pending[b], tokens_BxN1[b, 1]]
+      sequences_BxT[b, :len(sequence)] = sequence
+    want_BxTxV = np.asarray(score(jnp.asarray(sequences_BxT)))
+    for b, row in enumerate(history):
+      for node, offset in ((1, 0), (3, 1))[:wanted]:  # node 1 (the root's child), node 3 (node 1's)
+        np.testing.assert_allclose(proposal.probs[b, node - 1], want_BxTxV[b, len(row) + offset], atol=1e-5)
+    nodes = [[0, 1 + b % 2, 3 + 2 * (b % 2), 7 + 2 * (b % 2)][max(c - 1, 0)] for b, c in enumerate(committed)]
+    path_BxDt1 = jnp.asarray(paths[nodes])
+    state = commit(drafter, state, proposal.along(path_BxDt1), jnp.asarray(committed, jnp.int32), None)
+    for b, c in enumerate(committed):
+      if c:
+        history[b] += [pending[b]] + [int(tokens_BxN1[b, node]) for node in paths[nodes[b]][1:c]]
+        pending[b] = (7 * round_ + b) % config.vocab_size
+    np.testing.assert_array_equal(state.cache.lengths + state.lag, [len(row) for row in history])
+    np.testing.assert_array_equal(state.lag, lag)
 
 
 @pytest.mark.parametrize("max_lag", [2, 5, None])

@@ -24,10 +24,10 @@ TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
 
 def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS,
                          sampling=GREEDY, children="iid", seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH,
-                         head=None, **kwargs):
+                         head=None, max_lag=1, **kwargs):
   """Speculative decoding of `prompts` by `target` with the model drafter `draft` drafting `tree`."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
-  drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children)
+  drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children, max_lag=max_lag)
   padded, lengths = pad_prompts(prompts)
   return speculative_generate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), cache_len),

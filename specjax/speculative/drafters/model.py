@@ -8,7 +8,7 @@ K forward passes per proposal, never an extra pass just to catch up (and a 1-tok
 no row lags). Only the position a pass samples from goes through the output head.
 
 Plain rounds skip the draft (`max_lag` other than 1; `build` sets None, the whole history, for the
-adaptive K policy): a round in which no row wants a draft token (the policy chose 0, a plain target
+adaptive K policy, chains and static trees): a round in which no row wants a draft token (the policy chose 0, a plain target
 step) runs no draft pass at all and the pending token joins the lag instead; the first round that
 drafts again, or the round whose pending ids would overflow a bounded lag, feeds the whole lag in
 catch-up passes of up to LAG_CHUNK ids (on this project's CPU a pass of 9 ids of the 0.5B Qwen draft
@@ -28,9 +28,10 @@ Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distrib
 
 `tree` (optional, static) makes the drafter propose that static tree each round instead of a chain
 (`tree_drafting`: children i.i.d., without replacement or the top tokens, `tree_children`); the loop
-verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache (the
-adaptive K policy's rounds draft its cut at the chosen depth d: d + 1 passes, the pending token's alone
-for a plain round, since a tree drafter never lags). A
+verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache: its
+root is the last id the catch-up pass feeds, then one pass per level and one for the leaves, so a tree
+leaves no accepted token behind (its lag is only what plain rounds deferred). The adaptive K policy's
+rounds draft its cut at the chosen depth d: the catch-up and d passes, none for a plain round. A
 `dynamic_tree.DynamicSpec` grows each row's own tree every round instead (EAGLE-2: the top tokens of
 the most confident nodes under a static node budget); its last accepted node lags like a chain's d_K.
 
@@ -121,8 +122,8 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
 def lag_for(k_policy: str, config: ModelConfig, tree=None) -> int | None:
   """`ModelDrafter.max_lag` for a K policy kind: None (the whole history: plain rounds of the adaptive
   policy skip the draft, the prompt included) where branches are cheap (the draft's narrow passes:
-  CPU) and it drafts chains; 1 otherwise."""
-  return None if k_policy == "adaptive" and tree is None and config.narrow_passes else 1
+  CPU) and it drafts chains or static trees; 1 otherwise."""
+  return None if k_policy == "adaptive" and not isinstance(tree, DynamicSpec) and config.narrow_passes else 1
 
 
 def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | None:
@@ -215,9 +216,9 @@ class ModelDrafter(ModelBackedDrafter):
       raise ValueError(error)
     if self.max_lag is not None and (int(self.max_lag) != self.max_lag or self.max_lag < 1):
       raise ValueError(f"max_lag must be an integer >= 1 or None (the whole history), got {self.max_lag}")
-    if self.max_lag != 1 and (self.tree is not None or not self.config.narrow_passes):
-      raise ValueError(f"max_lag {self.max_lag} lets plain chain rounds skip the draft: it needs a chain "
-                       f"(no tree) and the draft's narrow_passes (else every catch-up pass is the widest)")
+    if self.max_lag != 1 and (isinstance(self.tree, DynamicSpec) or not self.config.narrow_passes):
+      raise ValueError(f"max_lag {self.max_lag} lets plain rounds skip the draft: it needs a chain or a static "
+                       f"tree and the draft's narrow_passes (else every catch-up pass is the widest)")
     if self.head is not None and self.head.weight_VdxD.shape[1] != self.config.d_model:
       raise ValueError(f"draft_head rows have width {self.head.weight_VdxD.shape[1]}, the draft's "
                        f"d_model is {self.config.d_model}: restrict the draft's own head")
@@ -406,20 +407,17 @@ class ModelDrafter(ModelBackedDrafter):
   def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
                     key: jax.Array, depth: jax.Array | None) -> tuple[Proposal, ModelDraftState]:
     """A tree proposal (`tree_drafting`) after [history, pending], cut at `depth` (None: whole; the
-    adaptive policy's choice: depth 0 feeds pending alone); the draft cache then holds every node
-    drafted beyond the history (uncommitted), for `commit` to compact the accepted path. Never lags.
-    With a spelling, pending's ids but the last are fed first and the last is the tree's root."""
-    spelled_BxM, counts_B = self._spell(pending_B)
-    cache = state.cache
-    if self.spelled_ids > 1:
-      _, cache, _ = self._feed(cache, spelled_BxM[:, :-1], counts_B - 1, (0, 1))
-      cache = cache.advance(counts_B - 1)
-    root_B = jnp.take_along_axis(spelled_BxM, (counts_B - 1)[:, None], axis=1)[:, 0]
-    tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree,
-                                                self.tree_children, cache, root_B, sampling, key, depth)
-    proposal = full(tokens_BxN, probs_BxNxW).replace(
-        tree=self.tree, calls=jnp.int32(self.tree.max_depth if depth is None else depth) + 1)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending_ids=counts_B)
+    adaptive policy's choice). The catch-up pass feeds [lag, pending's ids] (`_catch_up`; at depth 0 it
+    defers: nothing runs), the last of them the tree's root; the draft cache then holds every node
+    drafted beyond the history (uncommitted), for `commit` to compact the accepted path."""
+    drafting = True if depth is None else depth > 0
+    root_hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, drafting)
+    tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree, self.tree_children,
+                                                cache.advance(jnp.maximum(num_valid_B - 1, 0)), root_hidden_BxD,
+                                                sampling, key, depth)
+    levels = jnp.int32(self.tree.max_depth) if depth is None else depth
+    proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=catch_up_passes + levels)
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths))
 
   def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
                             sampling: SamplingParams) -> tuple[Proposal, ModelDraftState]:
@@ -463,12 +461,14 @@ class ModelDrafter(ModelBackedDrafter):
     if isinstance(self.tree, DynamicSpec):  # `proposal` is the accepted path (`Proposal.along`)
       return self._commit_dynamic_tree(state, proposal.path, proposal.tokens, num_committed_B)
     committed_B = num_committed_B > 0
-    if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`); the root: pending's last id
-      cache = state.cache.advance(jnp.where(committed_B, state.pending_ids - 1, 0))
-      cache = cache if self.tree.is_chain else cache.compact(proposal.path)
-      return state.replace(cache=cache.advance(num_committed_B))
     # A deferred (plain) round wrote nothing: pending's ids join the lag (`_catch_up` put them there).
     deferred_lag_B = jnp.where(committed_B, state.lag + state.pending_ids, state.lag)
+    if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`); the root: pending's last id
+      fed_B = committed_B & ~state.deferred  # its lag and pending's ids were written before the root
+      cache = state.cache.advance(jnp.where(fed_B, state.lag + state.pending_ids - 1, 0))
+      cache = cache if self.tree.is_chain else cache.compact(proposal.path)
+      return state.replace(cache=cache.advance(jnp.where(fed_B, num_committed_B, 0)),
+                           lag=jnp.where(state.deferred, deferred_lag_B, jnp.where(committed_B, 0, state.lag)))
     # Otherwise written beyond the history: the lag, pending's ids, d_1 .. d_fed. A row that accepted
     # n > fed draft tokens commits d_n without its keys: it lags by that one token.
     held_B = jnp.where(committed_B & ~state.deferred,

@@ -10,12 +10,13 @@ Children of a node (`children`, static):
 Greedy decoding always takes the b largest logits (point masses). These are exactly the "drawn from"
 distributions `tree_acceptance` needs.
 
-Passes: one tree-masked pass per depth level (`Tree.level`): level d's nodes are written after the
-levels above (uncommitted slots) and attend to the committed cache and their ancestors there; its
-hidden states give the next level's children. A last pass feeds the leaves, so the draft cache holds
-every node's keys and the accepted path is compacted like the target's (no lagging token): Dt + 1
-passes feeding N + 1 tokens in all. A round of the adaptive K policy drafts only the tree cut at its
-chosen depth d (d + 1 passes; `grow_tree`).
+Passes: the root is fed by the drafter's catch-up pass (with whatever the draft cache lags by), then
+one tree-masked pass per depth level (`Tree.level`): level d's nodes are written after the levels above
+(uncommitted slots) and attend to the committed cache and their ancestors there; its hidden states give
+the next level's children. A last pass feeds the leaves, so the draft cache holds every node's keys and
+the accepted path is compacted like the target's (no lagging token): Dt + 1 passes in all. A round of
+the adaptive K policy drafts only the tree cut at its chosen depth d (the catch-up and d passes;
+`grow_tree`).
 """
 
 from __future__ import annotations
@@ -85,15 +86,16 @@ def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logi
 
 def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
               feed_level: Callable, head: Callable, carry: Any, depth: jax.Array | None = None,
-              feeds_leaves: bool = False) -> tuple[jax.Array, jax.Array | None, Any]:
+              feeds_leaves: bool = False, root_outputs: Any = None) -> tuple[jax.Array, jax.Array | None, Any]:
   """Draws a static tree level by level: `feed_level(carry, tokens_BxLv, level, depth)` feeds level
   `depth`'s tokens (a `TreeLevel` chunk) and returns their outputs and the new carry, `head(outputs)`
   their logits [B, Lv, W]; each node's children are drawn from its logits (`children`). With
-  `feeds_leaves` the deepest level is fed too (no head: a draft cache then holds every node).
+  `feeds_leaves` the deepest level is fed too (no head: a draft cache then holds every node). With
+  `root_outputs` the root was fed by the caller: level 0 is not fed again.
 
   `depth` [] int32 (None: the tree's) draws only the tree cut at that depth (`Tree.cut`, what an
   adaptive round verifies): levels below it are neither fed (but the cut's leaves, with `feeds_leaves`)
-  nor drawn, so a shallow round costs `depth` (+ 1) passes; their tokens stay zeros.
+  nor drawn, so a shallow round costs only its own levels' passes; their tokens stay zeros.
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
   point masses) and the last carry.
@@ -104,6 +106,8 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
 
   def fed(level_depth):
     def run(loop):
+      if level_depth == 0 and root_outputs is not None:
+        return loop, root_outputs
       carry, tokens_BxN1, probs = loop
       level = tree.level(level_depth)
       outputs, carry = feed_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, level_depth)
@@ -127,7 +131,7 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
     width = jax.eval_shape(lambda loop: head(fed(0)(loop)[1]), loop).shape[-1]
     loop = (carry, tokens_BxN1, jnp.zeros((batch, tree.nodes_with_root, width), jnp.float32))
   for level_depth in range(tree.max_depth + feeds_leaves):
-    if depth is None:
+    if depth is None or (level_depth == 0 and root_outputs is not None):
       loop, outputs = fed(level_depth)(loop)
     else:
       loop, outputs = inplace.when(level_depth < depth + feeds_leaves, fed(level_depth), loop)
@@ -139,19 +143,20 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
 
 
 def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
-               cache: KVCache, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+               cache: KVCache, root_hidden_BxD: jax.Array, sampling: SamplingParams, key: jax.Array,
                depth: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None, KVCache]:
-  """Draws a tree with a draft model after each row's history (in `cache`) and its root `root_B` (a draft
-id: the nodes are the head's ids, fed through `draft_inputs`), or only its cut at `depth` (`grow_tree`).
+  """Draws a tree with a draft model after each row's history and its root, both already in `cache` (the
+  root at slot `length`, its hidden state `root_hidden_BxD`: the caller's catch-up pass fed it), or only
+  its cut at `depth` (`grow_tree`). The nodes are the head's ids, fed through `draft_inputs`.
 
-  Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
-  point masses) and the cache with the (cut) tree written beyond each row's length (not advanced).
+  Returns the tokens [B, N] of nodes 1..N (the root's token is not read), the distributions [B, N, W]
+  they were drawn from (None for point masses) and the cache with the (cut) tree written beyond each
+  row's length (not advanced).
   """
   def feed_level(cache, tokens_BxLv, level, depth):
-    inputs_BxLv = tokens_BxLv if depth == 0 else draft_inputs(config, head, tokens_BxLv)  # the root already is
-    return forward_hidden(config, params, inputs_BxLv, cache, tree=level)
+    return forward_hidden(config, params, draft_inputs(config, head, tokens_BxLv), cache, tree=level)
 
-  tokens_BxN, probs_BxNxW, cache = grow_tree(tree, children, root_B, sampling, key, feed_level,
-                                             lambda hidden: draft_logits(config, params, head, hidden), cache,
-                                             depth, feeds_leaves=True)
-  return tokens_BxN, probs_BxNxW, cache
+  root_B = jnp.zeros(root_hidden_BxD.shape[:1], jnp.int32)
+  return grow_tree(tree, children, root_B, sampling, key, feed_level,
+                   lambda hidden: draft_logits(config, params, head, hidden), cache, depth, feeds_leaves=True,
+                   root_outputs=root_hidden_BxD[:, None])
