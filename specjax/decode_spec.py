@@ -185,5 +185,5 @@ def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> 
   if cfg.k_policy == "adaptive" and isinstance(tree, DynamicSpec):
     raise ConfigError("config.k_policy 'adaptive' chooses chain lengths and static trees' depths: with a dynamic "
                       "config.tree, use k_policy 'fixed' or 'auto'")
-  return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, tree is not None), options.prior, options.decay,
+  return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, isinstance(tree, DynamicSpec)), options.prior, options.decay,
                           options.recovery)

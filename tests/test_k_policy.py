@@ -165,11 +165,12 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
 
 
 @pytest.mark.parametrize("fields, kind", [
-    ({}, "adaptive"), ({"tree": "(2,1)"}, "fixed"), ({"tree": "dynamic(6,3,2)"}, "fixed"),
+    ({}, "adaptive"), ({"tree": "(2,1)"}, "adaptive"), ({"tree": "dynamic(6,3,2)"}, "fixed"),
     ({"drafter": "ngram", "draft": ""}, "adaptive"), ({"k_policy": "fixed"}, "fixed"),
     ({"k_policy": "adaptive"}, "adaptive"), ({"k_policy": "adaptive", "tree": "(2,1)"}, "adaptive")])
-def test_the_default_policy_adapts_a_chain_and_keeps_a_tree_fixed(fields, kind):
-  """config.k_policy "auto" (the default) is adaptive for a chain and fixed for a tree; the spec's config,
+def test_the_default_policy_adapts_a_chain_and_a_static_tree_and_keeps_a_dynamic_tree_fixed(fields, kind):
+  """config.k_policy "auto" (the default) is adaptive for a chain and a static tree and fixed for a
+  dynamic tree; the spec's config,
   the drafter's settings and the policy all hold the kind that runs (the stats and stored cost tables say
   "adaptive", not "auto")."""
   cfg = default_config()

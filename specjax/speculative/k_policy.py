@@ -51,14 +51,14 @@ import numpy as np
 from specjax import metrics
 
 KINDS = ("fixed", "adaptive")  # what a compiled program runs
-AUTO = "auto"  # config.k_policy's default: adaptive for a chain, fixed for a tree (`resolve`)
+AUTO = "auto"  # config.k_policy's default: adaptive, but fixed for a dynamic tree (`resolve`)
 
 
-def resolve(kind: str, tree: bool) -> str:
-  """config.k_policy as the program runs it: "auto" is adaptive for a chain and fixed for a tree (a tree's
-  shape is its config; "adaptive" chooses a static tree's depth only where asked)."""
+def resolve(kind: str, dynamic_tree: bool) -> str:
+  """config.k_policy as the program runs it: "auto" is adaptive (a chain's length, a static tree's depth)
+  and fixed for a dynamic tree, whose shape is drawn each round."""
   if kind == AUTO:
-    return "fixed" if tree else "adaptive"
+    return "fixed" if dynamic_tree else "adaptive"
   return kind
 
 
