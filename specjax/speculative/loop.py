@@ -176,7 +176,9 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
       tree_pass = functools.partial(_verify_tree_pass, target_config, target_params, tree_rule,
                                     drafter.feature_layers, state.pending, proposal, sampling, accept_key)
-      if policy.adaptive:  # the tree cut at the chosen depth (every live row's: one per round)
+      # The tree cut at the chosen depth (every live row's: one per round), whatever narrow_passes says:
+      # the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
+      if policy.adaptive:
         depths = policy.lengths(k)
         target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = inplace.switch(
             jnp.searchsorted(jnp.asarray(depths), longest), [functools.partial(tree_pass, d) for d in depths],
