@@ -31,7 +31,7 @@ def _print_stats(stats: dict) -> None:
              ("mean accepted length", fmt(stats["mean_accepted_length"])),
              ("per-position acceptance", " ".join(fmt(x) for x in stats["per_position_acceptance"]))]
     if "nodes_verified_per_round" in stats:  # a tree: the positions above are its depths
-      rows += [("nodes verified / round", stats["nodes_verified_per_round"]),
+      rows += [("nodes verified / round", fmt(stats["nodes_verified_per_round"])),
                ("accepted / verified node", fmt(stats["accepted_per_verified_node"]))]
     rows += _policy_rows(stats["k_policy"])
   width = max(len(name) for name, _ in rows)

@@ -34,6 +34,7 @@ from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import cost_store, k_policy
 from specjax.speculative.loop import speculative_generate
+from specjax.speculative.trees.tree import Tree
 
 def check_output(path: str) -> None:
   """Proves that results can be written to `path` (its directory exists and takes a file) before any
@@ -186,6 +187,16 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
       f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_K)}")
   return {**record, "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
           "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_K]}
+
+
+def _nodes_verified_per_round(tree: Any, nodes: int, policy: dict) -> float:
+  """The nodes a round verified on average, the pending token included: a static tree's cut at each
+  round's chosen depth (all N + 1 nodes under the fixed policy), a dynamic tree's N + 1."""
+  rounds = sum(policy["rounds_per_length"])
+  if not isinstance(tree, Tree) or not rounds:
+    return nodes + 1
+  return sum(n * tree.cut(depth).nodes_with_root
+             for n, depth in zip(policy["rounds_per_length"], policy["lengths"])) / rounds
 
 
 def cost_table_source(policy_record: dict[str, Any]) -> str:
@@ -452,8 +463,8 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
            "compile_time_s": compile_time, "load_time_s": load_time}
   if spec.speculative:
     stats.update(k_policy={**policy_record, **stats.pop("k_policy")}, **drafter_info)
-    if "tree_nodes" in drafter_info:  # a tree: positions are depths; every round verifies all its nodes
-      verified = drafter_info["tree_nodes"] + 1
+    if "tree_nodes" in drafter_info:  # a tree: positions are depths; a round verifies the tree cut at its depth
+      verified = _nodes_verified_per_round(spec.drafter_settings.tree, drafter_info["tree_nodes"], stats["k_policy"])
       mean = stats["mean_accepted_length"]
       stats.update(nodes_verified_per_round=verified,
                    accepted_per_verified_node=None if mean is None else mean / verified)

@@ -11,6 +11,7 @@ import pytest
 from specjax import decode, decode_spec, generation, pipeline, prompts
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
+from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.cli import cli_config, decode_in_process, run_cli
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.tiny_hf import save_char_tokenizer, save_hf_model
@@ -332,6 +333,16 @@ def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree,
   assert spec["stats"]["nodes_verified_per_round"] == {"(2,2)": 7, "[[0], [1], [0, 0]]": 4, "dynamic(4, 2, 2)": 5,
                                                        "(2, 1)": 5}[tree]
   assert len(spec["stats"]["per_position_acceptance"]) == 2
+
+
+def test_an_adaptive_tree_counts_the_nodes_of_the_cut_each_round_verified():
+  """(2, 2): its cuts at depths 0, 1 and 2 hold 1, 3 and 7 nodes with the root; three plain rounds and
+  one of depth 2 verified (3 * 1 + 7) / 4 = 2.5 nodes a round; the fixed policy verifies all 7."""
+  tree, dynamic = tree_lib.parse("(2, 2)"), tree_lib.parse("dynamic(4, 2, 2)")
+  adaptive = {"lengths": [0, 1, 2], "rounds_per_length": [3, 0, 1]}
+  assert pipeline._nodes_verified_per_round(tree, 6, adaptive) == 2.5
+  assert pipeline._nodes_verified_per_round(tree, 6, {"lengths": [2], "rounds_per_length": [9]}) == 7
+  assert pipeline._nodes_verified_per_round(dynamic, 4, {"lengths": [2], "rounds_per_length": [9]}) == 5
 
 
 @pytest.mark.parametrize("overrides, message", [
