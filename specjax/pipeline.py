@@ -169,9 +169,10 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
     # included): their disks may differ, so only a single process stores and reuses tables.
     stores = jax.process_count() == 1
     if cfg.adaptive.reuse_costs and stores:
-      runner.memory.cost_C, note = cost_store.load(description, lengths)
-      if runner.memory.cost_C is not None:
-        stored_at = note
+      stored, note = cost_store.load(description, lengths, spec.k)
+      if stored is not None:  # its calibration's acceptance too: this run starts where that one did
+        runner.memory.cost_C, stored_at = stored.cost_C, stored.measured_at
+        runner.memory.learn(stored.reached_K, stored.accepted_K)
         log(f"reusing the round costs this machine measured for this program at {stored_at} "
             f"(config.adaptive.reuse_costs=False measures them again)")
       elif note:
@@ -181,7 +182,8 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
       seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32),
                                  key)
       if stores:
-        cost_store.save(description, lengths, runner.memory.cost_C, seconds)
+        cost_store.save(description, lengths, runner.memory.cost_C, seconds, runner.memory.reached_K,
+                        runner.memory.accepted_K)
   cost_C, prior_K = runner.memory.cost_C, runner.memory.prior_K
   log(f"round cost by proposal length: {', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(record['lengths'], cost_C))}"
       f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_K)}")

@@ -1,11 +1,12 @@
 """The adaptive policy's cost tables stored per machine and program (`specjax/speculative/cost_store.py`):
-measured once, reused by later runs of the same program, measured again for another program, on request,
-or when the stored file is damaged."""
+measured once, reused by later runs of the same program (with the acceptance its calibration observed),
+measured again for another program, on request, or when the stored file is damaged."""
 
 import json
 import os
 
 import numpy as np
+import pytest
 
 from specjax import pipeline
 from specjax.speculative import cost_store
@@ -35,12 +36,17 @@ def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, m
     record = json.load(f)
   assert record["cost_table_s"] == first["cost_table_s"] and record["lengths"] == [0, 1, 2]
   assert record["description"]["machine"]["jax"] and record["description"]["cache_len"] == first_len
+  # Calibration's forced rounds reached position 1 in every proposing round: their counts are stored.
+  assert record["calibration_reached"][0] > 0 and len(record["calibration_accepted"]) == 2
 
   # A later run of the same program (a new decoder: nothing in memory) reads it and measures nothing.
   again, logs = run(seed=3, temperature=0.0)
   assert calibrations == [first_len] and again["calibration_time_s"] == 0
   assert again["cost_table_s"] == first["cost_table_s"]
   assert again["cost_table_measured_at"] == record["measured_at"]
+  # ... and starts from the acceptance prior its calibration left, not from adaptive.prior.
+  assert again["acceptance_prior"] == pytest.approx(first["acceptance_prior"])
+  assert first["acceptance_prior"] != pytest.approx([0.8, 0.8])
   assert any("reusing the round costs this machine measured for this program" in m for m in logs)
 
   # Asked to, it measures again and replaces the table.
@@ -67,12 +73,28 @@ def test_a_table_of_another_program_or_machine_is_not_found():
   """The file is named by the whole description: a different machine or setting misses; a file that
   answers to the name but describes another program (a hash collision, a hand-edited file) is refused."""
   description = {"machine": cost_store.machine(), "config": {"k": 2}, "cache_len": 128}
-  cost_store.save(description, (0, 1, 2), [0.1, 0.2, 0.3], 1.0)
-  table, measured_at = cost_store.load(description, (0, 1, 2))
-  np.testing.assert_allclose(table, [0.1, 0.2, 0.3], rtol=1e-6)
-  assert measured_at
-  assert cost_store.load({**description, "machine": {**description["machine"], "host": "elsewhere"}}, (0, 1, 2)) \
-      == (None, "")
-  assert cost_store.load({**description, "cache_len": 192}, (0, 1, 2)) == (None, "")
-  table, why = cost_store.load(description, (0, 1, 2, 3))
-  assert table is None and "describes another program or holds no valid table" in why
+  cost_store.save(description, (0, 1, 2), [0.1, 0.2, 0.3], 1.0, np.array([9.0, 4.0]), np.array([6.0, 1.0]))
+  stored, note = cost_store.load(description, (0, 1, 2), 2)
+  np.testing.assert_allclose(stored.cost_C, [0.1, 0.2, 0.3], rtol=1e-6)
+  np.testing.assert_array_equal(stored.reached_K, [9, 4])
+  np.testing.assert_array_equal(stored.accepted_K, [6, 1])
+  assert stored.measured_at and note == ""
+  elsewhere = {**description, "machine": {**description["machine"], "host": "elsewhere"}}
+  assert cost_store.load(elsewhere, (0, 1, 2), 2) == (None, "")
+  assert cost_store.load({**description, "cache_len": 192}, (0, 1, 2), 2) == (None, "")
+  for lengths, k in (((0, 1, 2, 3), 2), ((0, 1, 2), 3)):
+    stored, why = cost_store.load(description, lengths, k)
+    assert stored is None and "describes another program or holds no valid table" in why
+
+
+def test_a_table_stored_before_the_acceptance_counts_loads_with_none_observed():
+  description = {"machine": cost_store.machine(), "config": {"k": 2}, "cache_len": 64}
+  path = cost_store.save(description, (0, 1, 2), [0.1, 0.2, 0.3], 1.0, np.zeros(2), np.zeros(2))
+  with open(path) as f:
+    record = json.load(f)
+  del record["calibration_reached"], record["calibration_accepted"]
+  with open(path, "w") as f:
+    json.dump(record, f)
+  stored, _ = cost_store.load(description, (0, 1, 2), 2)
+  np.testing.assert_array_equal(stored.reached_K, [0, 0])
+  np.testing.assert_array_equal(stored.accepted_K, [0, 0])

@@ -8,6 +8,11 @@ and every setting that shapes the program's rounds (`pipeline` describes them: t
 are compiled in, the cache length, sampling's static flags, the drafter's class). A table only steers
 which proposal lengths the policy chooses, never what it outputs; a stale one (the machine got busier)
 costs speed, and `adaptive.reuse_costs = False` measures again and replaces it.
+
+Beside the table: the acceptance calibration observed (its forced rounds: those that reached and
+accepted each draft position), which a later run learns as its prior (`k_policy.Memory.learn`), as the
+run that measured it did. Without it a run with a stored table starts from the configured prior, and a
+policy that then chooses plain rounds never observes the pair's acceptance.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import hashlib
 import json
 import os
 import platform
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -44,9 +49,16 @@ def _path(description: dict[str, Any]) -> str:
   return os.path.join(directory(), f"{digest[:32]}.json")
 
 
-def load(description: dict[str, Any], lengths: tuple[int, ...]) -> tuple[np.ndarray, str] | tuple[None, str]:
-  """(the cost table [C] stored for `description`, when it was measured), or (None, why not: "" when none
-  is stored). A file that does not hold a table of these lengths (damaged, another layout) is not used."""
+class Stored(NamedTuple):
+  cost_C: np.ndarray  # [C] seconds per round at each candidate length
+  measured_at: str  # ISO time
+  reached_K: np.ndarray  # [K] calibration's rounds (summed over rows) that reached each draft position
+  accepted_K: np.ndarray  # [K] those that accepted it (zeros, with reached_K, in a file that has none)
+
+
+def load(description: dict[str, Any], lengths: tuple[int, ...], k: int) -> tuple[Stored | None, str]:
+  """(what is stored for `description`, ""), or (None, why not: "" when nothing is stored). A file that
+  does not hold a table of these lengths and counts of K positions (damaged, another layout) is not used."""
   path = _path(description)
   if not os.path.isfile(path):
     return None, ""
@@ -54,21 +66,28 @@ def load(description: dict[str, Any], lengths: tuple[int, ...]) -> tuple[np.ndar
     with open(path) as f:
       stored = json.load(f)
     cost_C = np.asarray(stored["cost_table_s"], np.float32)
+    reached_K = np.asarray(stored.get("calibration_reached", [0.0] * k), np.float64)
+    accepted_K = np.asarray(stored.get("calibration_accepted", [0.0] * k), np.float64)
     if (stored["description"] != json.loads(json.dumps(description, default=repr))
             or stored["lengths"] != list(lengths) or cost_C.shape != (len(lengths),)
-            or not np.all(np.isfinite(cost_C) & (cost_C > 0))):
+            or not np.all(np.isfinite(cost_C) & (cost_C > 0))
+            or reached_K.shape != (k,) or accepted_K.shape != (k,)
+            or not np.all((0 <= accepted_K) & (accepted_K <= reached_K))):
       raise ValueError("it describes another program or holds no valid table")
-    return cost_C, str(stored["measured_at"])
+    return Stored(cost_C, str(stored["measured_at"]), reached_K, accepted_K), ""
   except (OSError, ValueError, KeyError, TypeError) as e:
     return None, f"ignoring the stored cost table {path} ({e})"
 
 
-def save(description: dict[str, Any], lengths: tuple[int, ...], cost_C: np.ndarray, seconds: float) -> str:
-  """Stores a measured table for `description` (replacing any); returns its file."""
+def save(description: dict[str, Any], lengths: tuple[int, ...], cost_C: np.ndarray, seconds: float,
+         reached_K: np.ndarray, accepted_K: np.ndarray) -> str:
+  """Stores a measured table for `description`, with the acceptance its calibration observed (replacing
+  any); returns its file."""
   path = _path(description)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   record = {"description": description, "lengths": list(lengths), "cost_table_s": [float(c) for c in cost_C],
-            "calibration_time_s": seconds,
+            "calibration_time_s": seconds, "calibration_reached": [float(n) for n in reached_K],
+            "calibration_accepted": [float(n) for n in accepted_K],
             "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
