@@ -182,8 +182,8 @@ def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> 
                                   options.calibration_rounds)
   if error:
     raise ConfigError(f"config.{error}")
-  if cfg.k_policy == "adaptive" and isinstance(tree, DynamicSpec):
+  dynamic = isinstance(tree, DynamicSpec)
+  if cfg.k_policy == "adaptive" and dynamic:
     raise ConfigError("config.k_policy 'adaptive' chooses chain lengths and static trees' depths: with a dynamic "
                       "config.tree, use k_policy 'fixed' or 'auto'")
-  return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, isinstance(tree, DynamicSpec)), options.prior, options.decay,
-                          options.recovery)
+  return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, dynamic), options.prior, options.decay, options.recovery)

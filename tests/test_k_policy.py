@@ -122,16 +122,22 @@ def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
   assert len(_check_rounds(out, lambda length: length)) >= 2
 
 
-def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
-  config, params = ngram_setup.MODELS["cycling"]
-  drafter = NgramDrafter(config.vocab_size)
+def _ngram_greedy(model_name, tree=None):
+  """Greedy output of the n-gram drafter (K = 3, or spines of `tree`) with the policy on, checked against
+  the target's own greedy tokens; returns the loop's output."""
+  config, params = ngram_setup.MODELS[model_name]
+  drafter = NgramDrafter(config.vocab_size, tree=tree)
   padded, lengths = pad_prompts(ngram_setup.PROMPTS)
   out = speculative_generate(config, params, drafter, padded, lengths,
                              init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
                              jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY, cost_C=COSTS_K3)
-  free = ngram_setup.free_greedy(ngram_setup.MODELS["cycling"])
+  free = ngram_setup.free_greedy(ngram_setup.MODELS[model_name])
   assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
-  assert len(_check_rounds(out, lambda length: 0)) >= 2
+  return out
+
+
+def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
+  assert len(_check_rounds(_ngram_greedy("cycling"), lambda length: 0)) >= 2
 
 
 @pytest.mark.parametrize("draft_name, max_lag", [("never", 1), ("never", None), ("perturbed", None)])
@@ -153,15 +159,7 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
   out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda depth: depth)) >= 2
-  config, params = ngram_setup.MODELS["random"]
-  drafter = NgramDrafter(config.vocab_size, tree=tree_lib.from_branching((2, 1, 1)))
-  padded, lengths = pad_prompts(ngram_setup.PROMPTS)
-  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, 3, 48),
-                             drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3,
-                             out_width=OUT_WIDTH, policy=POLICY, cost_C=COSTS_K3)
-  free = ngram_setup.free_greedy(ngram_setup.MODELS["random"])
-  assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
-  assert len(_check_rounds(out, lambda depth: 0)) >= 2
+  assert len(_check_rounds(_ngram_greedy("random", tree_lib.from_branching((2, 1, 1))), lambda depth: 0)) >= 2
 
 
 @pytest.mark.parametrize("fields, kind", [

@@ -106,8 +106,6 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
 
   def fed(level_depth):
     def run(loop):
-      if level_depth == 0 and root_outputs is not None:
-        return loop, root_outputs
       carry, tokens_BxN1, probs = loop
       level = tree.level(level_depth)
       outputs, carry = feed_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, level_depth)
@@ -128,10 +126,13 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
 
   loop = (carry, tokens_BxN1, None)
   if not (sampling.greedy or children == "top"):  # each node's distribution, allocated once
-    width = jax.eval_shape(lambda loop: head(fed(0)(loop)[1]), loop).shape[-1]
+    first = (lambda loop: root_outputs) if root_outputs is not None else (lambda loop: fed(0)(loop)[1])
+    width = jax.eval_shape(lambda loop: head(first(loop)), loop).shape[-1]
     loop = (carry, tokens_BxN1, jnp.zeros((batch, tree.nodes_with_root, width), jnp.float32))
   for level_depth in range(tree.max_depth + feeds_leaves):
-    if depth is None or (level_depth == 0 and root_outputs is not None):
+    if level_depth == 0 and root_outputs is not None:
+      outputs = root_outputs
+    elif depth is None:
       loop, outputs = fed(level_depth)(loop)
     else:
       loop, outputs = inplace.when(level_depth < depth + feeds_leaves, fed(level_depth), loop)
