@@ -250,7 +250,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     if drafter:
       out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
                                  storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens,
-                                 policy=policy, cost_C=memory.cost_C, prior_K=memory.prior_K,
+                                 policy=policy, cost_C=memory.cost_C, prior_SxK=memory.prior_SxK,
                                  round_limit=round_limit, lower=lower)
     else:
       out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
@@ -259,8 +259,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
       return out
     tokens_BxO, counts_B = jax.device_get((out.tokens, out.counts))
     if policy.adaptive:
-      memory.learn(*(np.asarray(n).sum(axis=0) for n in jax.device_get((out.acceptance.reached_at,
-                                                                        out.acceptance.accepted_at))))
+      memory.learn(*jax.device_get((out.policy_reached, out.policy_accepted)))
     return time.perf_counter() - start, out, tokens_BxO, counts_B
 
   compile_s = call(1)[0]
@@ -271,7 +270,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
       return int(call(cfg.max_new_tokens, round_limit)[1].target_calls) - 1
 
     start = time.perf_counter()
-    cost_C = k_policy.calibrate(len(policy.lengths(k)), forced)
+    cost_C = k_policy.calibrate(policy.candidates(k), forced)
     calibration_s, memory.cost_C = time.perf_counter() - start, cost_C
   warmup_s = call(cfg.max_new_tokens)[0]
   prefill_s = float(np.median([call(1)[0] for _ in range(cfg.repeats)]))
@@ -292,7 +291,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
                acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
   if policy.adaptive:
     row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in memory.cost_C],
-                       "calibration_time_s": calibration_s, "acceptance_learned": [float(a) for a in memory.prior_K],
+                       "calibration_time_s": calibration_s, "acceptance_learned": [float(a) for a in memory.prior_SxK[0]],
                        "rounds_per_length": [int(n) for n in jax.device_get(out.rounds_per_length)]}
   else:
     row["step_s"] = decode_s / calls

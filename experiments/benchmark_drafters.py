@@ -57,6 +57,7 @@ from specjax import costs, decode_spec, metrics, pipeline, prompts, records
 from specjax.api import apply_fields
 from specjax.decode_config import default_config
 from specjax.speculative.drafters import registry
+from specjax.speculative import k_policy
 from specjax.speculative.trees import tree as tree_lib
 from specjax.errors import ConfigError
 from specjax.models.load import LoadedModel
@@ -323,7 +324,8 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, resul
     alpha = None if system.policy == "adaptive" or system.tree else stats["alpha_hat"]
     if system.policy == "adaptive":  # the policy's own work per round, against the cheapest measured round
       policy = decode_spec.from_config(system_config).policy
-      row["policy_step_s"] = costs.policy_step_seconds(policy, group.batch_size, system.k)
+      tree = tree_lib.parse(cfg.trees[system.tree]) if system.tree else None
+      row["policy_step_s"] = costs.policy_step_seconds(policy, group.batch_size, system.k, tree)
       row["policy_share_of_cheapest_round"] = row["policy_step_s"] / min(stats["k_policy"]["cost_table_s"])
     row.update(cost_ratio_c=c, verify_cost=verify,
                theoretical_speedup=None if alpha is None else metrics.theoretical_speedup(alpha, system.k, c),
@@ -509,9 +511,9 @@ def tables(results: dict) -> str:
       policy = row.get("k_policy") or {}
       if policy.get("kind") == "adaptive":
         lines += ["", f"{row['label']}: rounds per proposal length " + ", ".join(
-            f"{n}: {r}" for n, r in zip(policy["lengths"], policy["rounds_per_length"])) +
+            f"{n}: {r}" for n, r in zip(k_policy.labels(policy), policy["rounds_per_length"])) +
             "; measured round cost " + ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in
-                                                 zip(policy["lengths"], policy["cost_table_s"])) +
+                                                 zip(k_policy.labels(policy), policy["cost_table_s"])) +
             f" ({pipeline.cost_table_source(policy)})" +
             f"; policy step {1e6 * row['policy_step_s']:.1f} µs "
             f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."]

@@ -27,17 +27,18 @@ from specjax.speculative.k_policy import KPolicy
 
 def simulate(policy: KPolicy, k: int, cost_C: np.ndarray, alpha: float, rounds: int, seed: int) -> dict:
   """Tokens per second of `policy` over `rounds` simulated rounds, and the share of rounds per length."""
+  candidates = policy.candidates(k)
   lengths_C = jnp.asarray(policy.lengths(k))
 
   def round_(state, key):
     live_B = jnp.ones((1,), bool)
-    wanted_B, index = k_policy.choose(policy, state, live_B, k)
+    wanted_B, index = k_policy.choose(policy, state, live_B, candidates)
     accepted_K = jax.random.uniform(key, (k,)) < alpha
     num_accepted = jnp.minimum(jnp.sum(jnp.cumprod(accepted_K)), wanted_B[0])
-    state = k_policy.update(policy, state, index, wanted_B, num_accepted[None], live_B)
+    state = k_policy.update(policy, state, index, wanted_B[None], num_accepted[None, None], live_B)
     return state, (num_accepted + 1, state.cost_C[index])
 
-  state = k_policy.init(policy, 1, k, cost_C)
+  state = k_policy.init(policy, 1, candidates, cost_C, np.full((1, k), policy.prior, np.float32))
   state, (tokens_R, seconds_R) = jax.jit(lambda s: jax.lax.scan(round_, s, jax.random.split(
       jax.random.key(seed), rounds)))(state)
   chosen = np.asarray(state.chosen_C) / rounds

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -88,22 +88,25 @@ def drafter_cost_ratio(drafter, target, batch_size: int, repeats: int) -> float:
                     head=draft.head, draft_layers=draft.layers)
 
 
-def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, steps: int = 2000) -> float:
+def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = None, steps: int = 2000) -> float:
   """Seconds of one round's K-policy work (`k_policy.choose` then `update`, as the loop runs them) at
-  `batch_size` rows: a jitted loop of `steps` rounds on moving estimates, timed after a compiling call,
-  divided by `steps`. Compared with a round's measured cost, it is the policy's overhead."""
-  lengths = policy.lengths(k)
+  `batch_size` rows (and a drafter's static `tree`: its spine candidates): a jitted loop of `steps`
+  rounds on moving estimates, timed after a compiling call, divided by `steps`. Compared with a
+  round's measured cost, it is the policy's overhead."""
+  candidates, rows = policy.candidates(k, tree), policy.rows(k, tree)
 
   @jax.jit
   def rounds(state: k_policy.PolicyState) -> k_policy.PolicyState:
     def one(i, state):
       live_B = (jnp.arange(batch_size) + i) % 5 != 0
-      wanted_B, index = k_policy.choose(policy, state, live_B, k)
-      accepted_B = (jnp.arange(batch_size) * 7 + i) % (k + 1)
-      return k_policy.update(policy, state, index, wanted_B, jnp.minimum(accepted_B, wanted_B), live_B)
+      wanted_B, index = k_policy.choose(policy, state, live_B, candidates)
+      accepted_SxB = (jnp.arange(rows)[:, None] + jnp.arange(batch_size) * 7 + i) % (k + 1)
+      return k_policy.update(policy, state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
+                             jnp.minimum(accepted_SxB, wanted_B), live_B)
     return jax.lax.fori_loop(0, steps, one, state)
 
-  state = k_policy.init(policy, batch_size, k, np.linspace(1.0, 2.0, len(lengths)), np.full(k, policy.prior))
+  state = k_policy.init(policy, batch_size, candidates, np.linspace(1.0, 2.0, len(candidates)),
+                        np.full((rows, k), policy.prior))
   jax.block_until_ready(rounds(state))
   start = time.perf_counter()
   jax.block_until_ready(rounds(state))

@@ -14,6 +14,7 @@ from ml_collections import config_flags
 
 from specjax import cli, decode_config, mesh, pipeline
 from specjax.api import Decoder
+from specjax.speculative import k_policy
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
                                           lock_config=True)
@@ -42,12 +43,12 @@ def _print_stats(stats: dict) -> None:
 def _policy_rows(policy: dict) -> list[tuple[str, str]]:
   """The K policy's rows: its kind, and for the adaptive one the rounds that chose each length and the
   cost table (measured now, in how long, or stored by an earlier run)."""
-  lengths = policy["lengths"]
+  lengths, labels = policy["lengths"], k_policy.labels(policy)
   if policy["kind"] != "adaptive":
     return [("k policy", f"fixed, K = {lengths[0]}")]
   return [("k policy", f"adaptive, K <= {lengths[-1]}"),
-          ("rounds per length", "  ".join(f"{n}: {r}" for n, r in zip(lengths, policy["rounds_per_length"]))),
-          ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(lengths, policy["cost_table_s"]))
+          ("rounds per length", "  ".join(f"{n}: {r}" for n, r in zip(labels, policy["rounds_per_length"]))),
+          ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(labels, policy["cost_table_s"]))
            + f"  ({pipeline.cost_table_source(policy)})")]
 
 

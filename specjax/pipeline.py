@@ -93,9 +93,13 @@ class _Runner:
         out = self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
                              key, round_limit, cost_C, lower)
     if self.memory and not lower:  # what the policy learns from every call, calibration's included
-      reached_BxK, accepted_BxK = meshes.to_host((out.acceptance.reached_at, out.acceptance.accepted_at))
-      self.memory.learn(reached_BxK.sum(axis=0), accepted_BxK.sum(axis=0))
+      self.memory.learn(*meshes.to_host((out.policy_reached, out.policy_accepted)))
     return out
+
+  @property
+  def candidates(self) -> tuple[k_policy.Candidate, ...]:
+    """What the adaptive policy's rounds may verify (`KPolicy.candidates`)."""
+    return self.spec.policy.candidates(self.spec.k, self.drafter.tree)
 
   def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key) -> float:
     """Measures the adaptive policy's cost table on this device and batch shape, with the compiled
@@ -105,8 +109,7 @@ class _Runner:
       return int(jax.block_until_ready(out.target_calls)) - 1
 
     start = time.perf_counter()
-    self.memory.cost_C = k_policy.calibrate(len(self.spec.policy.lengths(self.spec.k)), run,
-                                     self.spec.config.adaptive.calibration_rounds)
+    self.memory.cost_C = k_policy.calibrate(self.candidates, run, self.spec.config.adaptive.calibration_rounds)
     return time.perf_counter() - start
 
   def _allocate(self, batch: int) -> None:
@@ -138,7 +141,7 @@ class _Runner:
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
                                self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
                                k=spec.k, out_width=spec.config.max_new_tokens, policy=spec.policy,
-                               cost_C=cost_C, prior_K=self.memory.prior_K if self.memory else None,
+                               cost_C=cost_C, prior_SxK=self.memory.prior_SxK if self.memory else None,
                                round_limit=round_limit, lower=lower)
     if not lower:
       self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
@@ -153,52 +156,61 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
   compiled program in `policy_memory` (every batch has one shape): its cost table is measured with the
   first batch unless the memory holds it, and every call teaches it acceptance."""
   policy, cfg = spec.policy, spec.config
-  record = {"kind": policy.kind, "lengths": list(policy.lengths(spec.k))}
+  candidates = policy.candidates(spec.k, drafter.tree if drafter is not None else None)
+  record = {"kind": policy.kind, "lengths": [c.length for c in candidates]}
+  if any(c.spine for c in candidates):  # a tree's: which candidates verify only the spine
+    record["spine"] = [c.spine for c in candidates]
   if not policy.adaptive:
     return record
   program = (cfg.batch_size, cache_len, spec.sampling.greedy, spec.k, policy, id(drafter))
   memories = {} if policy_memory is None else policy_memory
   if program not in memories:
-    memories[program] = k_policy.Memory(policy.prior, spec.k)
+    memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, drafter.tree))
   runner.memory = memories[program]
   seconds, stored_at = 0.0, None
   if runner.memory.cost_C is None:
-    lengths = policy.lengths(spec.k)
     description = _cost_description(spec, cache_len, drafter)
     # Several processes must all measure or all reuse (calibrating runs the program, collectives
     # included): their disks may differ, so only a single process stores and reuses tables.
     stores = jax.process_count() == 1
     if cfg.adaptive.reuse_costs and stores:
-      stored, note = cost_store.load(description, lengths, spec.k)
+      stored, note = cost_store.load(description, candidates, runner.memory.reached_SxK.shape)
       if stored is not None:  # its calibration's acceptance too: this run starts where that one did
         runner.memory.cost_C, stored_at = stored.cost_C, stored.measured_at
-        runner.memory.learn(stored.reached_K, stored.accepted_K)
+        runner.memory.learn(stored.reached_SxK, stored.accepted_SxK)
         log(f"reusing the round costs this machine measured for this program at {stored_at} "
             f"(config.adaptive.reuse_costs=False measures them again)")
       elif note:
         log(note)
     if runner.memory.cost_C is None:
-      log(f"measuring the adaptive policy's round costs at lengths {record['lengths']} ...")
+      log(f"measuring the adaptive policy's round costs at {', '.join(k_policy.labels(record))} ...")
       seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32),
                                  key)
       if stores:
-        cost_store.save(description, lengths, runner.memory.cost_C, seconds, runner.memory.reached_K,
-                        runner.memory.accepted_K)
-  cost_C, prior_K = runner.memory.cost_C, runner.memory.prior_K
-  log(f"round cost by proposal length: {', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(record['lengths'], cost_C))}"
-      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_K)}")
-  return {**record, "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-          "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_K]}
+        cost_store.save(description, candidates, runner.memory.cost_C, seconds, runner.memory.reached_SxK,
+                        runner.memory.accepted_SxK)
+  cost_C, prior_SxK = runner.memory.cost_C, runner.memory.prior_SxK
+  log(f"round cost by proposal length: "
+      f"{', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(k_policy.labels(record), cost_C))}"
+      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_SxK[0])}"
+      + (f" (spine: {' '.join(f'{a:.2f}' for a in prior_SxK[1])})" if len(prior_SxK) > 1 else ""))
+  record.update({"cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
+                 "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_SxK[0]]})
+  if len(prior_SxK) > 1:
+    record["spine_acceptance_prior"] = [float(a) for a in prior_SxK[1]]
+  return record
 
 
 def _nodes_verified_per_round(tree: Any, nodes: int, policy: dict) -> float:
-  """The nodes a round verified on average, the pending token included: a static tree's cut at each
-  round's chosen depth (all N + 1 nodes under the fixed policy), a dynamic tree's N + 1."""
+  """The nodes a round verified on average, the pending token included: a static tree's chosen
+  candidate each round (its cut at a depth, or that cut's spine; all N + 1 nodes under the fixed
+  policy), a dynamic tree's N + 1."""
   rounds = sum(policy["rounds_per_length"])
   if not isinstance(tree, Tree) or not rounds:
     return nodes + 1
-  return sum(n * tree.cut(depth).nodes_with_root
-             for n, depth in zip(policy["rounds_per_length"], policy["lengths"])) / rounds
+  spine = policy.get("spine") or [False] * len(policy["lengths"])
+  return sum(n * k_policy.Candidate(length, s).nodes(tree)
+             for n, length, s in zip(policy["rounds_per_length"], policy["lengths"], spine)) / rounds
 
 
 def cost_table_source(policy_record: dict[str, Any]) -> str:

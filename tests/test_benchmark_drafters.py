@@ -79,7 +79,8 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   assert sum(adaptive["k_policy"]["rounds_per_length"]) > 0 and adaptive["modelled_speedup"] is None
   assert adaptive["policy_step_s"] > 0 and adaptive["policy_share_of_cheapest_round"] > 0
   tree = next(row for row in results["runs"] if row["system"] == "model+pair_adaptive")
-  assert (tree["tree"], tree["k"], tree["k_policy"]["lengths"]) == ("(2, 1)", 2, [0, 1, 2])
+  assert (tree["tree"], tree["k"], tree["k_policy"]["lengths"]) == ("(2, 1)", 2, [0, 1, 1, 2, 2])
+  assert tree["k_policy"]["spine"] == [False, True, False, True, False]  # each depth's spine, then its cut
   assert sum(tree["k_policy"]["rounds_per_length"]) > 0 and tree["outputs_match_autoregressive"]
   for row in results["runs"]:
     assert row["tokens_per_second"] > 0 and row["compile_time_s"] > 0

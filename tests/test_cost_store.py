@@ -10,6 +10,7 @@ import pytest
 
 from specjax import pipeline
 from specjax.speculative import cost_store
+from specjax.speculative.k_policy import Candidate
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 
@@ -37,7 +38,7 @@ def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, m
   assert record["cost_table_s"] == first["cost_table_s"] and record["lengths"] == [0, 1, 2]
   assert record["description"]["machine"]["jax"] and record["description"]["cache_len"] == first_len
   # Calibration's forced rounds reached position 1 in every proposing round: their counts are stored.
-  assert record["calibration_reached"][0] > 0 and len(record["calibration_accepted"]) == 2
+  assert record["calibration_reached"][0][0] > 0 and np.shape(record["calibration_accepted"]) == (1, 2)
 
   # A later run of the same program (a new decoder: nothing in memory) reads it and measures nothing.
   again, logs = run(seed=3, temperature=0.0)
@@ -69,32 +70,53 @@ def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, m
   assert run()[0]["cost_table_measured_at"] is not None and len(calibrations) == 4
 
 
+CHAIN = tuple(map(Candidate, (0, 1, 2)))
+TREE = (Candidate(0), Candidate(1, True), Candidate(1), Candidate(2, True), Candidate(2))
+
+
 def test_a_table_of_another_program_or_machine_is_not_found():
   """The file is named by the whole description: a different machine or setting misses; a file that
   answers to the name but describes another program (a hash collision, a hand-edited file) is refused."""
   description = {"machine": cost_store.machine(), "config": {"k": 2}, "cache_len": 128}
-  cost_store.save(description, (0, 1, 2), [0.1, 0.2, 0.3], 1.0, np.array([9.0, 4.0]), np.array([6.0, 1.0]))
-  stored, note = cost_store.load(description, (0, 1, 2), 2)
+  cost_store.save(description, CHAIN, [0.1, 0.2, 0.3], 1.0, np.array([[9.0, 4.0]]), np.array([[6.0, 1.0]]))
+  stored, note = cost_store.load(description, CHAIN, (1, 2))
   np.testing.assert_allclose(stored.cost_C, [0.1, 0.2, 0.3], rtol=1e-6)
-  np.testing.assert_array_equal(stored.reached_K, [9, 4])
-  np.testing.assert_array_equal(stored.accepted_K, [6, 1])
+  np.testing.assert_array_equal(stored.reached_SxK, [[9, 4]])
+  np.testing.assert_array_equal(stored.accepted_SxK, [[6, 1]])
   assert stored.measured_at and note == ""
   elsewhere = {**description, "machine": {**description["machine"], "host": "elsewhere"}}
-  assert cost_store.load(elsewhere, (0, 1, 2), 2) == (None, "")
-  assert cost_store.load({**description, "cache_len": 192}, (0, 1, 2), 2) == (None, "")
-  for lengths, k in (((0, 1, 2, 3), 2), ((0, 1, 2), 3)):
-    stored, why = cost_store.load(description, lengths, k)
+  assert cost_store.load(elsewhere, CHAIN, (1, 2)) == (None, "")
+  assert cost_store.load({**description, "cache_len": 192}, CHAIN, (1, 2)) == (None, "")
+  for candidates, shape in ((CHAIN + (Candidate(3),), (1, 2)), (CHAIN, (1, 3)), (TREE[:3], (1, 2))):
+    stored, why = cost_store.load(description, candidates, shape)
     assert stored is None and "describes another program or holds no valid table" in why
 
 
+def test_a_tree_table_keeps_its_spine_candidates_and_both_estimates_counts():
+  description = {"machine": cost_store.machine(), "config": {"k": 2, "tree": "(2, 1)"}, "cache_len": 128}
+  reached_SxK, accepted_SxK = np.array([[9.0, 4.0], [7.0, 3.0]]), np.array([[6.0, 1.0], [5.0, 0.0]])
+  cost_store.save(description, TREE, [0.1, 0.2, 0.3, 0.3, 0.4], 1.0, reached_SxK, accepted_SxK)
+  stored, _ = cost_store.load(description, TREE, (2, 2))
+  np.testing.assert_array_equal(stored.reached_SxK, reached_SxK)
+  np.testing.assert_array_equal(stored.accepted_SxK, accepted_SxK)
+  # The same lengths without the spine flags (or with them elsewhere) are another table.
+  for candidates in (tuple(Candidate(c.length) for c in TREE), TREE[:1] + (TREE[2], TREE[1]) + TREE[3:]):
+    assert cost_store.load(description, candidates, (2, 2))[0] is None
+
+
 def test_a_table_stored_before_the_acceptance_counts_loads_with_none_observed():
+  """A file without counts (and one from before spines: no "spine" field) still loads for a chain."""
   description = {"machine": cost_store.machine(), "config": {"k": 2}, "cache_len": 64}
-  path = cost_store.save(description, (0, 1, 2), [0.1, 0.2, 0.3], 1.0, np.zeros(2), np.zeros(2))
+  path = cost_store.save(description, CHAIN, [0.1, 0.2, 0.3], 1.0, np.zeros((1, 2)), np.zeros((1, 2)))
   with open(path) as f:
     record = json.load(f)
-  del record["calibration_reached"], record["calibration_accepted"]
+  del record["calibration_reached"], record["calibration_accepted"], record["spine"]
   with open(path, "w") as f:
     json.dump(record, f)
-  stored, _ = cost_store.load(description, (0, 1, 2), 2)
-  np.testing.assert_array_equal(stored.reached_K, [0, 0])
-  np.testing.assert_array_equal(stored.accepted_K, [0, 0])
+  stored, _ = cost_store.load(description, CHAIN, (1, 2))
+  np.testing.assert_array_equal(stored.reached_SxK, [[0, 0]])
+  np.testing.assert_array_equal(stored.accepted_SxK, [[0, 0]])
+  record.update(calibration_reached=[4.0, 2.0], calibration_accepted=[3.0, 1.0])  # counts of [K], as then
+  with open(path, "w") as f:
+    json.dump(record, f)
+  np.testing.assert_array_equal(cost_store.load(description, CHAIN, (1, 2))[0].reached_SxK, [[4, 2]])

@@ -180,6 +180,8 @@ def test_the_printed_stats_say_what_the_adaptive_policy_chose_and_what_its_costs
   assert decode._policy_rows(stored)[-1][1].endswith("(stored, measured at 2026-12-04T14:11:18+00:00)")
   assert decode._policy_rows({"kind": "fixed", "lengths": [5], "rounds_per_length": [49]}) == [
       ("k policy", "fixed, K = 5")]
+  tree = dict(policy, lengths=[0, 2, 2], spine=[False, True, False])  # a tree's spine and its whole cut
+  assert decode._policy_rows(tree)[1] == ("rounds per length", "0: 7  2 spine: 0  2: 2")
 
 
 def _bad_inputs(tmp_path):
@@ -336,11 +338,13 @@ def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree,
 
 
 def test_an_adaptive_tree_counts_the_nodes_of_the_cut_each_round_verified():
-  """(2, 2): its cuts at depths 0, 1 and 2 hold 1, 3 and 7 nodes with the root; three plain rounds and
-  one of depth 2 verified (3 * 1 + 7) / 4 = 2.5 nodes a round; the fixed policy verifies all 7."""
+  """(2, 2): its cuts at depths 0, 1 and 2 hold 1, 3 and 7 nodes with the root, its spines of depth 1 and
+  2 hold 2 and 3; three plain rounds, two of the spine of depth 2 and one of the cut of depth 2 verified
+  (3 * 1 + 2 * 3 + 7) / 6 nodes a round; the fixed policy verifies all 7."""
   tree, dynamic = tree_lib.parse("(2, 2)"), tree_lib.parse("dynamic(4, 2, 2)")
-  adaptive = {"lengths": [0, 1, 2], "rounds_per_length": [3, 0, 1]}
-  assert pipeline._nodes_verified_per_round(tree, 6, adaptive) == 2.5
+  adaptive = {"lengths": [0, 1, 1, 2, 2], "spine": [False, True, False, True, False],
+              "rounds_per_length": [3, 0, 0, 2, 1]}
+  assert pipeline._nodes_verified_per_round(tree, 6, adaptive) == pytest.approx(16 / 6)
   assert pipeline._nodes_verified_per_round(tree, 6, {"lengths": [2], "rounds_per_length": [9]}) == 7
   assert pipeline._nodes_verified_per_round(dynamic, 4, {"lengths": [2], "rounds_per_length": [9]}) == 5
 

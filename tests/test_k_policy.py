@@ -14,12 +14,12 @@ from specjax.decode_config import default_config
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import k_policy, speculative_generate
+from specjax.speculative import k_policy, loop, speculative_generate
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import LAG_CHUNK, ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.k_policy import Candidate, KPolicy
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
@@ -37,65 +37,96 @@ POLICY = KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3)
 COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 
 
-def _reference_choice(alpha_BxK, live_B, cost_C, lengths_C):
-  """argmax over the candidate lengths of sum over live rows of expected committed tokens / cost."""
+def _reference_choice(alpha_BxSxK, live_B, cost_C, candidates):
+  """argmax over the candidates of sum over live rows of expected committed tokens / cost, each candidate
+  priced by its own estimate (the whole cut's or the spine's)."""
   rates = []
-  for length, cost in zip(lengths_C, cost_C):
-    committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(length)) for alpha in alpha_BxK])
+  for candidate, cost in zip(candidates, cost_C):
+    alpha_BxK = alpha_BxSxK[:, candidate.row]
+    committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(candidate.length)) for alpha in alpha_BxK])
     rates.append(committed_B[live_B].sum() / cost)
   return int(np.argmax(rates))
 
 
-def test_choose_maximises_expected_committed_tokens_per_second():
+def _state(alpha_BxSxK, prior_SxK, num_candidates):
+  return k_policy.PolicyState(alpha_BxSxK=jnp.asarray(alpha_BxSxK, jnp.float32),
+                              prior_SxK=jnp.asarray(prior_SxK, jnp.float32),
+                              cost_C=jnp.ones(num_candidates), chosen_C=jnp.zeros(num_candidates, jnp.int32),
+                              reached_SxK=jnp.zeros(np.shape(prior_SxK)), accepted_SxK=jnp.zeros(np.shape(prior_SxK)))
+
+
+@pytest.mark.parametrize("tree", [None, tree_lib.from_branching((3, 2, 1, 1, 1, 1, 1, 1))], ids=["chain", "tree"])
+def test_choose_maximises_expected_committed_tokens_per_second(tree):
   rng = np.random.default_rng(0)
-  k = 8
-  lengths = KPolicy("adaptive").lengths(k)
-  assert lengths == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
+  k, policy = 8, KPolicy("adaptive")
+  candidates = policy.candidates(k, tree)
+  assert policy.lengths(k) == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
+  rows = policy.rows(k, tree)
+  assert rows == (1 if tree is None else 2) and len(candidates) == (6 if tree is None else 11)
   seen = set()
   for trial in range(200):
-    alpha_BxK = rng.uniform(0.0, 1.0, (4, k)) ** rng.uniform(0.1, 3.0)
+    alpha_BxSxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
     live_B = rng.uniform(size=4) < 0.7
     live_B[trial % 4] = True
-    cost_C = np.sort(rng.uniform(0.5, 3.0, len(lengths))).astype(np.float32)
-    state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK, jnp.float32), prior_K=jnp.full(k, 0.8),
-                                 cost_C=jnp.asarray(cost_C),
-                                 chosen_C=jnp.zeros(len(lengths), jnp.int32))
-    wanted_B, index = k_policy.choose(KPolicy("adaptive"), state, jnp.asarray(live_B), k)
-    want = _reference_choice(alpha_BxK, live_B, cost_C, lengths)
-    assert int(index) == want and (np.asarray(wanted_B) == lengths[want]).all()
+    cost_C = np.sort(rng.uniform(0.5, 3.0, len(candidates))).astype(np.float32)
+    state = _state(alpha_BxSxK, np.full((rows, k), 0.8), len(candidates)).replace(cost_C=jnp.asarray(cost_C))
+    wanted_B, index = k_policy.choose(policy, state, jnp.asarray(live_B), candidates)
+    want = _reference_choice(alpha_BxSxK, live_B, cost_C, candidates)
+    assert int(index) == want and (np.asarray(wanted_B) == candidates[want].length).all()
     seen.add(want)
   assert len(seen) >= 4  # the trials exercised most of the candidates
+  if tree is not None:
+    assert any(candidates[i].spine for i in seen) and any(not candidates[i].spine for i in seen)
 
 
 def test_update_moves_reached_positions_and_recovers_the_others():
-  """Toward each position's own prior (the runtime one, not the policy's constant)."""
+  """Toward each position's own prior (the runtime one, not the policy's constant), each estimate from
+  its own observation; the counts a `Memory` learns are the reached and accepted positions summed."""
   policy, k = KPolicy("adaptive", prior=0.6, decay=0.75, recovery=0.1), 4
-  alpha_BxK, prior_K = np.array([[0.9, 0.5, 0.2, 0.7]] * 4, np.float32), np.array([0.6, 0.5, 0.8, 0.3], np.float32)
-  state = k_policy.PolicyState(alpha_BxK=jnp.asarray(alpha_BxK), prior_K=jnp.asarray(prior_K), cost_C=jnp.ones(5),
-                               chosen_C=jnp.zeros(5, jnp.int32))
-  proposed_B, accepted_B, live_B = np.array([3, 3, 0, 4]), np.array([1, 3, 0, 2]), np.array([True, True, True, False])
-  got = k_policy.update(policy, state, jnp.int32(3), jnp.asarray(proposed_B), jnp.asarray(accepted_B),
-                        jnp.asarray(live_B))
-  want = alpha_BxK.copy()
-  for b in range(4):
-    for i in range(k):
-      reached = live_B[b] and i <= accepted_B[b] and i < proposed_B[b]
-      if reached:
-        want[b, i] = 0.75 * alpha_BxK[b, i] + 0.25 * (i < accepted_B[b])
-      else:
-        want[b, i] = alpha_BxK[b, i] + 0.1 * (prior_K[i] - alpha_BxK[b, i])
-  np.testing.assert_allclose(got.alpha_BxK, want, rtol=1e-6)
+  alpha_BxSxK = np.array([[[0.9, 0.5, 0.2, 0.7], [0.3, 0.4, 0.5, 0.6]]] * 4, np.float32)
+  prior_SxK = np.array([[0.6, 0.5, 0.8, 0.3], [0.2, 0.9, 0.7, 0.4]], np.float32)
+  proposed_SxB = np.array([[3, 3, 0, 4], [2, 0, 3, 4]])
+  accepted_SxB = np.array([[1, 3, 0, 2], [1, 0, 3, 2]])
+  live_B = np.array([True, True, True, False])
+  got = k_policy.update(policy, _state(alpha_BxSxK, prior_SxK, 5), jnp.int32(3), jnp.asarray(proposed_SxB),
+                        jnp.asarray(accepted_SxB), jnp.asarray(live_B))
+  want, reached, accepted = alpha_BxSxK.copy(), np.zeros((2, k)), np.zeros((2, k))
+  for b, s, i in np.ndindex(4, 2, k):
+    if live_B[b] and i <= accepted_SxB[s, b] and i < proposed_SxB[s, b]:
+      want[b, s, i] = 0.75 * alpha_BxSxK[b, s, i] + 0.25 * (i < accepted_SxB[s, b])
+      reached[s, i] += 1
+      accepted[s, i] += i < accepted_SxB[s, b]
+    else:
+      want[b, s, i] = alpha_BxSxK[b, s, i] + 0.1 * (prior_SxK[s, i] - alpha_BxSxK[b, s, i])
+  np.testing.assert_allclose(got.alpha_BxSxK, want, rtol=1e-6)
   np.testing.assert_array_equal(got.chosen_C, [0, 0, 0, 1, 0])
+  np.testing.assert_array_equal(got.reached_SxK, reached)
+  np.testing.assert_array_equal(got.accepted_SxK, accepted)
 
 
-def _check_rounds(out, calls_per_round):
-  """Every round counted at its chosen length; the draft ran exactly `calls_per_round(L)` passes in a
-  round of length L (none beyond what the policy wanted). Returns the lengths visited."""
-  lengths = POLICY.lengths(3)
+def tree_costs(tree):
+  """A cost table for `tree`'s candidates at K = 3: COSTS_K3 by depth, the whole cut 5% more per node
+  beyond the spine's (so both widths get chosen as the estimates move)."""
+  return np.array([COSTS_K3[c.length] * (1 + 0.05 * (c.nodes(tree) - c.length - 1))
+                   for c in POLICY.candidates(3, tree)], np.float32)
+
+
+def test_the_spine_estimate_observes_the_accepted_paths_first_choice_prefix():
+  """Nodes of TREES["paths"]: 1 [0], 2 [1], 3 [2], 4 [0, 0], 5 [0, 1], 6 [1, 0], 7 [0, 0, 0]."""
+  path_BxDt1 = np.array([[0, 1, 4, 7], [0, 1, 5, 5], [0, 2, 6, 6], [0, 1, 4, 4], [0, 0, 0, 0], [0, 1, 1, 1]])
+  accepted_B = np.array([3, 2, 2, 2, 0, 1])
+  got = loop._spine_accepted(TREES["paths"], jnp.asarray(path_BxDt1), jnp.asarray(accepted_B))
+  assert np.asarray(got).tolist() == [3, 1, 0, 2, 0, 1]
+
+
+def _check_rounds(out, calls_per_round, tree=None):
+  """Every round counted at its chosen candidate; the draft ran exactly `calls_per_round(L)` passes in a
+  round of length (depth) L (none beyond what the policy wanted). Returns the candidates visited."""
+  candidates = POLICY.candidates(3, tree)
   rounds_C = np.asarray(out.rounds_per_length)
   assert rounds_C.sum() == int(out.target_calls) - 1
-  assert int(out.draft_calls) == sum(n * calls_per_round(length) for n, length in zip(rounds_C, lengths))
-  return {length for n, length in zip(rounds_C, lengths) if n}
+  assert int(out.draft_calls) == sum(n * calls_per_round(c.length) for n, c in zip(rounds_C, candidates))
+  return {c for n, c in zip(rounds_C, candidates) if n}
 
 
 @pytest.mark.parametrize("draft_name", ["never", "perturbed"])
@@ -104,7 +135,7 @@ def test_model_drafter_keeps_greedy_output_while_the_length_varies(draft_name):
   out = run_speculative(DRAFTS[draft_name], k=3, policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   visited = _check_rounds(out, lambda length: max(length, 1))
-  assert len(visited) >= 2 and 0 in visited  # plain steps too (after rejections, before recovering)
+  assert len(visited) >= 2 and Candidate(0) in visited  # plain steps too (after rejections, before recovering)
 
 
 def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
@@ -130,7 +161,8 @@ def _ngram_greedy(model_name, tree=None):
   padded, lengths = pad_prompts(ngram_setup.PROMPTS)
   out = speculative_generate(config, params, drafter, padded, lengths,
                              init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
-                             jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY, cost_C=COSTS_K3)
+                             jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
+                             cost_C=COSTS_K3 if tree is None else tree_costs(tree))
   free = ngram_setup.free_greedy(ngram_setup.MODELS[model_name])
   assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   return out
@@ -146,9 +178,11 @@ def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name, max_l
   costs d + 1 draft passes (the catch-up, whose last id is the root, then the cut's levels and its
   leaves), none beyond; depth 0 is a plain step, which runs no draft pass when the draft may lag
   (`max_lag` None; the prompt is the first lag) and the catch-up alone when it may not (1)."""
-  out = run_tree_speculative(DRAFTS[draft_name], TREES["paths"], policy=POLICY, cost_C=COSTS_K3, max_lag=max_lag)
+  tree = TREES["paths"]
+  out = run_tree_speculative(DRAFTS[draft_name], tree, policy=POLICY, cost_C=tree_costs(tree), max_lag=max_lag)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
-  assert len(_check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0)) >= 3
+  visited = _check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0, tree)
+  assert len(visited) >= 3 and any(c.spine for c in visited) and any(c.length and not c.spine for c in visited)
 
 
 def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
@@ -156,10 +190,11 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
   config, params = TARGET_3
   tree = tree_lib.from_branching((2, 2, 1))
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params, tree=tree)
-  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=COSTS_K3)
+  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=tree_costs(tree))
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
-  assert len(_check_rounds(out, lambda depth: depth)) >= 2
-  assert len(_check_rounds(_ngram_greedy("random", tree_lib.from_branching((2, 1, 1))), lambda depth: 0)) >= 2
+  assert len(_check_rounds(out, lambda depth: depth, tree)) >= 2
+  spines = tree_lib.from_branching((2, 1, 1))
+  assert len(_check_rounds(_ngram_greedy("random", spines), lambda depth: 0, spines)) >= 2
 
 
 @pytest.mark.parametrize("fields, kind", [
@@ -224,6 +259,12 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
   assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), tokens) < 1e-12
 
 
+# Candidates 0, 1 spine, 1, 2 spine, 2, 3 spine, 3 of the tree (2, 2, 1): at the prior 0.8 the first round
+# verifies the spine of depth 2; once the spine's estimate has dropped below the whole cut's (still at
+# the prior), the cut of depth 2.
+TREE_CHI2_COSTS = np.array([1.0, 1.2, 1.3, 1.5, 1.6, 10.0, 10.0], np.float32)
+
+
 def _tree_first_tokens(drafter_class):
   """The first STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes of
   look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first round)."""
@@ -232,20 +273,21 @@ def _tree_first_tokens(drafter_class):
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
                              drafter.storage(SAMPLE_ROWS, cache_len), STEPS, NO_EOS, SAMPLED, jax.random.key(2),
-                             k=3, policy=POLICY, cost_C=np.array([1.0, 1.2, 1.6, 10.0], np.float32))
+                             k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * STEPS)
   return np.bincount(index, minlength=config.vocab_size ** STEPS), np.asarray(out.rounds_per_length)
 
 
 @pytest.mark.slow
 def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
-  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth: chi-square at level 0.001 on N =
-  10,000 rows of the first 3 tokens. The rows' first round verifies depth 2 (costs (1, 1.2, 1.6, 10) at
-  the prior 0.8): its leaves have children in the whole tree, which the cut must not try. A drafter that
-  draws one level less than the loop verifies (the deepest level's tokens never drawn, probability 0
-  under the draft) must fail the same test (p < 1e-6)."""
+  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth, whole or its spine alone: chi-square
+  at level 0.001 on N = 10,000 rows of the first 3 tokens. The rows' first round verifies the spine of
+  depth 2, a later one the whole cut of depth 2 (`TREE_CHI2_COSTS`): its leaves have children in the
+  whole tree, which the cut must not try, and the spine's nodes are not a prefix of the tree's. A
+  drafter that draws one level less than the loop verifies (the deepest level's tokens never drawn,
+  probability 0 under the draft) must fail the same test (p < 1e-6)."""
   counts, rounds_C = _tree_first_tokens(ModelDrafter)
-  assert rounds_C[2] > 0 and rounds_C[3] == 0
+  assert rounds_C[3] > 0 and rounds_C[4] > 0 and rounds_C[5:].sum() == 0
   assert sampled_pvalue(counts) > ALPHA
   counts, _ = _tree_first_tokens(ShallowTreeDrafter)
   assert sampled_pvalue(counts) < 1e-6
@@ -268,7 +310,7 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
     return round_limit
 
   monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
-  np.testing.assert_allclose(k_policy.calibrate(4, run, rounds=3), round_s, rtol=1e-5)
+  np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(4))), run, rounds=3), round_s, rtol=1e-5)
   # Per length: the untimed warm-up round, then 1 and 1 + 3 rounds timed.
   assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]
 
@@ -288,7 +330,7 @@ def test_calibration_times_enough_rounds_and_a_longer_proposal_never_costs_less(
     return ran
 
   monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
-  np.testing.assert_allclose(k_policy.calibrate(3, run, rounds=3), [0.02, 0.02, 0.03], rtol=1e-5)
+  np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(3))), run, rounds=3), [0.02, 0.02, 0.03], rtol=1e-5)
   for index in range(3):
     limits = [limit for i, limit in calls if i == index]
     assert limits[:3] == [1, 1, 4] and len(limits) == 4  # one longer call sufficed (or hit the budget)
@@ -397,7 +439,7 @@ def test_a_call_that_never_drafts_never_runs_the_draft():
   """With the whole history as the lag and a prior under which no length pays, every round is plain:
   greedy output unchanged, no draft pass, and the draft's cache still empty at the end (its prompt was
   never prefilled)."""
-  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_K=np.full(3, 0.05),
+  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_SxK=np.full(3, 0.05),
                         max_lag=None)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert np.asarray(out.rounds_per_length)[1:].sum() == 0 and int(out.draft_calls) == 0
@@ -408,28 +450,29 @@ def test_memory_pools_each_calls_acceptance_into_the_next_prior():
   """Each position's prior is its observed rate shrunk toward the position before it (the first: toward
   the constant), so a position no round reached inherits its predecessor's, not the constant's; later
   calls add up, and a position keeps at most MEMORY_ROUNDS observations."""
-  memory = k_policy.Memory(0.8, 3)
-  np.testing.assert_allclose(memory.prior_K, [0.8, 0.8, 0.8])
-  memory.learn(np.array([40, 8, 0]), np.array([10, 8, 0]))
+  memory = k_policy.Memory(0.8, 3, rows=2)  # row 1 (a spine's estimate) learns only what it is given
+  np.testing.assert_allclose(memory.prior_SxK, np.full((2, 3), 0.8))
+  memory.learn(np.array([[40, 8, 0], [0, 0, 0]]), np.array([[10, 8, 0], [0, 0, 0]]))
   first = (6.4 + 10) / 48
   second = (8 * first + 8) / 16
-  np.testing.assert_allclose(memory.prior_K, [first, second, second], rtol=1e-6)
-  memory.learn(np.array([40, 8, 0]), np.array([30, 0, 0]))
+  np.testing.assert_allclose(memory.prior_SxK, [[first, second, second], [0.8, 0.8, 0.8]], rtol=1e-6)
+  memory.learn(np.array([[40, 8, 0], [8, 0, 0]]), np.array([[30, 0, 0], [0, 0, 0]]))
   first = (6.4 + 40) / 88
-  np.testing.assert_allclose(memory.prior_K, [first, (8 * first + 8) / 24, (8 * first + 8) / 24], rtol=1e-6)
-  memory.learn(np.array([1000, 0, 0]), np.array([1000, 0, 0]))
-  assert memory.reached_K[0] == k_policy.MEMORY_ROUNDS  # the 1080 rounds seen, scaled to 256
-  np.testing.assert_allclose(memory.prior_K[0], (6.4 + 256 * 1040 / 1080) / (8 + 256), rtol=1e-6)
+  np.testing.assert_allclose(memory.prior_SxK[0], [first, (8 * first + 8) / 24, (8 * first + 8) / 24], rtol=1e-6)
+  np.testing.assert_allclose(memory.prior_SxK[1], [0.4] * 3, rtol=1e-6)
+  memory.learn(np.array([[1000, 0, 0], [0, 0, 0]]), np.array([[1000, 0, 0], [0, 0, 0]]))
+  assert memory.reached_SxK[0, 0] == k_policy.MEMORY_ROUNDS  # the 1080 rounds seen, scaled to 256
+  np.testing.assert_allclose(memory.prior_SxK[0, 0], (6.4 + 256 * 1040 / 1080) / (8 + 256), rtol=1e-6)
   always = k_policy.Memory(0.8, 1)
-  always.learn(np.array([10_000]), np.array([10_000]))
-  assert always.prior_K[0] == np.float32(0.99)  # never taken for granted
+  always.learn(np.array([[10_000]]), np.array([[10_000]]))
+  assert always.prior_SxK[0, 0] == np.float32(0.99)  # never taken for granted
 
 
 def test_a_prior_sets_the_first_rounds_choice():
   """The same program, two runtime priors: at 0.95 the first round proposes K = 3, at 0.3 nothing."""
   rounds = {}
   for prior in (0.95, 0.3):
-    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_K=np.full(3, prior),
+    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_SxK=np.full(3, prior),
                           round_limit=1)
     rounds[prior] = np.asarray(out.rounds_per_length).tolist()
   assert rounds == {0.95: [0, 0, 0, 1], 0.3: [1, 0, 0, 0]}

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from specjax.speculative.k_policy import Candidate, KPolicy
 from specjax.speculative.trees import tree as tree_lib
 
 
@@ -31,6 +32,28 @@ def test_a_cut_keeps_the_nodes_no_deeper_than_its_depth_and_their_numbers():
     assert cut == expected and cut.max_depth == depth
     assert cut.parent == tree.parent[:cut.nodes_with_root]  # a prefix: node i is node i of the whole tree
   assert tree.cut(5) == tree and tree.cut(0).nodes_with_root == 1 and tree.cut(0).is_chain
+
+
+def test_the_spine_follows_first_children_and_the_policy_offers_it_below_each_cut():
+  """Nodes: 1 [0], 2 [1], 3 [2], 4 [0, 0], 5 [0, 1], 6 [1, 0], 7 [0, 0, 0]; a tree whose first child is
+  a leaf has a shorter spine than its depth; candidates come after those they cover."""
+  tree = tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+  assert tree.spine() == (0, 1, 4, 7) and tree.spine(2) == (0, 1, 4) and tree.spine(0) == (0,)
+  assert tree.is_first_child == (True, True, False, False, True, False, True, True)
+  short = tree_lib.from_paths([[0], [1], [1, 0]])
+  assert short.spine() == (0, 1) and short.max_depth == 2
+  policy = KPolicy("adaptive")
+  assert [c.label for c in policy.candidates(3, tree)] == ["0", "1 spine", "1", "2 spine", "2", "3 spine", "3"]
+  assert [c.label for c in policy.candidates(2, short)] == ["0", "1 spine", "1", "2"]
+  assert [c.nodes(tree) for c in policy.candidates(3, tree)] == [1, 2, 4, 3, 7, 4, 8]
+  assert policy.candidates(3, tree_lib.chain(3)) == policy.candidates(3) and policy.rows(3, tree_lib.chain(3)) == 1
+  assert KPolicy().candidates(3, tree) == (Candidate(3),) and policy.rows(3, tree) == 2
+  candidates = policy.candidates(3, tree)
+  for i, candidate in enumerate(candidates):  # covers: a superset of nodes, and never a later candidate
+    for j, other in enumerate(candidates):
+      nodes = set(tree.spine(candidate.length) if candidate.spine else range(candidate.nodes(tree)))
+      others = set(tree.spine(other.length) if other.spine else range(other.nodes(tree)))
+      assert candidate.covers(other) == (others <= nodes) and (j <= i or not candidate.covers(other))
 
 
 def test_masks_and_tables():

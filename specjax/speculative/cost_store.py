@@ -10,7 +10,7 @@ which proposal lengths the policy chooses, never what it outputs; a stale one (t
 costs speed, and `adaptive.reuse_costs = False` measures again and replaces it.
 
 Beside the table: the acceptance calibration observed (its forced rounds: those that reached and
-accepted each draft position), which a later run learns as its prior (`k_policy.Memory.learn`), as the
+accepted each draft position, per acceptance estimate of `k_policy`), which a later run learns as its prior (`k_policy.Memory.learn`), as the
 run that measured it did. Without it a run with a stored table starts from the configured prior, and a
 policy that then chooses plain rounds never observes the pair's acceptance.
 """
@@ -50,15 +50,30 @@ def _path(description: dict[str, Any]) -> str:
 
 
 class Stored(NamedTuple):
-  cost_C: np.ndarray  # [C] seconds per round at each candidate length
+  cost_C: np.ndarray  # [C] seconds per round at each candidate
   measured_at: str  # ISO time
-  reached_K: np.ndarray  # [K] calibration's rounds (summed over rows) that reached each draft position
-  accepted_K: np.ndarray  # [K] those that accepted it (zeros, with reached_K, in a file that has none)
+  reached_SxK: np.ndarray  # [S, K] calibration's rounds (summed over rows) that reached each draft position
+  accepted_SxK: np.ndarray  # [S, K] those that accepted it (zeros, with reached_SxK, in a file that has none)
 
 
-def load(description: dict[str, Any], lengths: tuple[int, ...], k: int) -> tuple[Stored | None, str]:
+def _candidates_record(candidates: tuple[Any, ...]) -> dict[str, list]:
+  """A table's candidates (`k_policy.Candidate`s) as stored: their lengths and spine flags."""
+  return {"lengths": [c.length for c in candidates], "spine": [c.spine for c in candidates]}
+
+
+def _counts(stored: dict[str, Any], field: str, counts_shape: tuple[int, int]) -> np.ndarray:
+  """A stored file's counts of one field: zeros when it has none, one row when it has [K] (as written
+  before spines)."""
+  counts = np.asarray(stored.get(field, np.zeros(counts_shape)), np.float64)
+  return counts[None] if counts.ndim == 1 else counts
+
+
+def load(description: dict[str, Any], candidates: tuple[Any, ...],
+         counts_shape: tuple[int, int]) -> tuple[Stored | None, str]:
   """(what is stored for `description`, ""), or (None, why not: "" when nothing is stored). A file that
-  does not hold a table of these lengths and counts of K positions (damaged, another layout) is not used."""
+  does not hold a table of these candidates and counts of `counts_shape` = (S, K) (damaged, another
+  layout) is not used; a file written before spines (no "spine", counts [K]) reads as all whole cuts and
+  one row of counts."""
   path = _path(description)
   if not os.path.isfile(path):
     return None, ""
@@ -66,28 +81,31 @@ def load(description: dict[str, Any], lengths: tuple[int, ...], k: int) -> tuple
     with open(path) as f:
       stored = json.load(f)
     cost_C = np.asarray(stored["cost_table_s"], np.float32)
-    reached_K = np.asarray(stored.get("calibration_reached", [0.0] * k), np.float64)
-    accepted_K = np.asarray(stored.get("calibration_accepted", [0.0] * k), np.float64)
+    reached_SxK, accepted_SxK = (_counts(stored, field, counts_shape)
+                                 for field in ("calibration_reached", "calibration_accepted"))
+    wanted = _candidates_record(candidates)
     if (stored["description"] != json.loads(json.dumps(description, default=repr))
-            or stored["lengths"] != list(lengths) or cost_C.shape != (len(lengths),)
-            or not np.all(np.isfinite(cost_C) & (cost_C > 0))
-            or reached_K.shape != (k,) or accepted_K.shape != (k,)
-            or not np.all((0 <= accepted_K) & (accepted_K <= reached_K))):
+            or stored["lengths"] != wanted["lengths"]
+            or stored.get("spine", [False] * len(stored["lengths"])) != wanted["spine"]
+            or cost_C.shape != (len(candidates),) or not np.all(np.isfinite(cost_C) & (cost_C > 0))
+            or reached_SxK.shape != tuple(counts_shape) or accepted_SxK.shape != tuple(counts_shape)
+            or not np.all((0 <= accepted_SxK) & (accepted_SxK <= reached_SxK))):
       raise ValueError("it describes another program or holds no valid table")
-    return Stored(cost_C, str(stored["measured_at"]), reached_K, accepted_K), ""
+    return Stored(cost_C, str(stored["measured_at"]), reached_SxK, accepted_SxK), ""
   except (OSError, ValueError, KeyError, TypeError) as e:
     return None, f"ignoring the stored cost table {path} ({e})"
 
 
-def save(description: dict[str, Any], lengths: tuple[int, ...], cost_C: np.ndarray, seconds: float,
-         reached_K: np.ndarray, accepted_K: np.ndarray) -> str:
+def save(description: dict[str, Any], candidates: tuple[Any, ...], cost_C: np.ndarray, seconds: float,
+         reached_SxK: np.ndarray, accepted_SxK: np.ndarray) -> str:
   """Stores a measured table for `description`, with the acceptance its calibration observed (replacing
   any); returns its file."""
   path = _path(description)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  record = {"description": description, "lengths": list(lengths), "cost_table_s": [float(c) for c in cost_C],
-            "calibration_time_s": seconds, "calibration_reached": [float(n) for n in reached_K],
-            "calibration_accepted": [float(n) for n in accepted_K],
+  record = {"description": description, **_candidates_record(candidates),
+            "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
+            "calibration_reached": np.asarray(reached_SxK, float).tolist(),
+            "calibration_accepted": np.asarray(accepted_SxK, float).tolist(),
             "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:

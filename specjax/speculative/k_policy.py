@@ -13,16 +13,22 @@ compiled program itself, forced to each length, on the running device). A single
 batch because the draft passes and the verify pass are shared: once the batch pays for L, proposing
 fewer tokens in some row would only lose tokens.
 
-A static tree (a drafter's `tree`, K its depth Dt) is chosen the same way by depth: a round of depth L
-drafts and verifies the tree cut at L (`Tree.cut`: its nodes no deeper than L, a prefix of its nodes,
-one compiled tree pass per candidate), alpha_b,i being the chance that some child at depth i is
-accepted given its parent was. Dynamic trees keep the fixed policy (their shape is drawn each round).
+A static tree (a drafter's `tree`, K its depth Dt) is chosen by depth and width: a candidate
+(`Candidate`) is a depth L and either the whole tree cut at L (`Tree.cut`: its nodes no deeper than L)
+or only that cut's spine (`Tree.spine`: each node's first-choice child, a chain of L tokens), one
+compiled tree pass each. The round drafts the cut at L and verifies the candidate's nodes. Each row
+keeps two estimates per depth i (rows s of alpha_b,s,i): s = 0, that some child at depth i is accepted
+given its parent was (what the whole cut gains), and s = 1, that the spine's node at depth i is
+accepted given the spine's node above it was (what the spine gains; a round of the whole cut observes
+it too, along the accepted path's first-choice prefix). The spine wins where the other branches do not
+pay for the wider verify pass (a large batch, a slow device, siblings the target seldom takes).
+Dynamic trees keep the fixed policy (their shape is drawn each round).
 
 Estimates: every position a row's round reached (proposed, earlier ones accepted) moves toward its
 outcome, alpha <- decay * alpha + (1 - decay) * accepted; a position not reached drifts back toward the
 prior by `recovery` per round, so a row that stopped drafting tries again once the prior outweighs the
 cost (drafting resumes where the text starts repeating). The prior is per position and runtime
-(`prior_K`): `KPolicy.prior` at first, then the acceptance a decoder measured in its earlier calls of
+(`prior_SxK`): `KPolicy.prior` at first, then the acceptance a decoder measured in its earlier calls of
 the same program (`Memory`, calibration's forced rounds included), as a server learns from its
 traffic: the first rounds of a call need not relearn what the pair accepts, a pair whose drafts
 seldom pay is not sent back to drafting by an optimistic constant, and deep positions that few rounds
@@ -33,7 +39,9 @@ given the history it is a fixed number, and the acceptance rule is exact for any
 drafter may still stop early from its own draws (`stop_threshold`): a proposal's length then depends on
 the draft's randomness, never on the target's distributions of the round being verified, which is what
 the rule needs (each accepted/resampled token is drawn exactly given the prefix, whatever decided how
-many draft tokens were offered). A policy reading the target's probabilities of the current round
+many draft tokens were offered). A spine is a tree too (each node's first child, drawn as in the
+whole tree: from the draft's distribution after its path), and the tree rule is exact for any tree
+chosen before the round. A policy reading the target's probabilities of the current round
 would bias the output; the tests show such a policy failing the exactness test.
 """
 
@@ -41,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -49,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import metrics
+from specjax.speculative.trees.tree import Tree
 
 KINDS = ("fixed", "adaptive")  # what a compiled program runs
 AUTO = "auto"  # config.k_policy's default: adaptive, but fixed for a dynamic tree (`resolve`)
@@ -60,6 +69,39 @@ def resolve(kind: str, dynamic_tree: bool) -> str:
   if kind == AUTO:
     return "fixed" if dynamic_tree else "adaptive"
   return kind
+
+
+class Candidate(NamedTuple):
+  """One shape a round may verify: `length` draft tokens (a tree's depth: its cut at that depth) or, with
+  `spine`, only the cut's first-choice path (a chain of `length` tokens: `Tree.spine`)."""
+
+  length: int
+  spine: bool = False
+
+  @property
+  def row(self) -> int:
+    """Which acceptance estimate prices it: 0 = the whole cut's (a chain's), 1 = the spine's."""
+    return int(self.spine)
+
+  @property
+  def label(self) -> str:
+    return f"{self.length} spine" if self.spine else str(self.length)
+
+  def covers(self, other: "Candidate") -> bool:
+    """Whether this candidate verifies every node `other` verifies (so it cannot cost less)."""
+    return self.length >= other.length and (other.spine or not self.spine or other.length == 0)
+
+  def nodes(self, tree: Tree | None) -> int:
+    """The tokens its verify pass scores, the pending one included (`tree` None: a chain)."""
+    if tree is None or self.spine:
+      return self.length + 1
+    return tree.cut(self.length).nodes_with_root
+
+
+def labels(record: dict) -> list[str]:
+  """The candidates' labels of a results record's "lengths" and "spine" lists (`pipeline`)."""
+  spine = record.get("spine") or [False] * len(record["lengths"])
+  return [Candidate(n, s).label for n, s in zip(record["lengths"], spine)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +128,24 @@ class KPolicy:
     """The verify widths the chosen lengths need: each length plus the pending token."""
     return tuple(n + 1 for n in self.lengths(k))
 
+  def candidates(self, k: int, tree: Any = None) -> tuple[Candidate, ...]:
+    """What a round may verify (static), ordered so that a candidate comes after those it covers:
+    each of `lengths(k)`; for a static tree (a drafter's `tree`, K its depth) that branches, under the
+    adaptive policy, each length's spine before its whole cut (where the cut is not already a chain)."""
+    if not self.adaptive or not isinstance(tree, Tree) or tree.is_chain:
+      return tuple(Candidate(n) for n in self.lengths(k))
+    candidates = []
+    for n in self.lengths(k):
+      spine = Candidate(len(tree.spine(n)) - 1, True)
+      if not tree.cut(n).is_chain and spine not in candidates:
+        candidates.append(spine)
+      candidates.append(Candidate(n))
+    return tuple(candidates)
+
+  def rows(self, k: int, tree: Any = None) -> int:
+    """S: the acceptance estimates per depth its candidates need (2 when some verify a spine)."""
+    return 1 + any(c.spine for c in self.candidates(k, tree))
+
 
 def settings_error(kind: str, prior: float, decay: float, recovery: float,
                    calibration_rounds: int = 1) -> str | None:
@@ -106,53 +166,63 @@ def settings_error(kind: str, prior: float, decay: float, recovery: float,
 
 @flax.struct.dataclass
 class PolicyState:
-  alpha_BxK: jax.Array  # [B, K] float32: per-row conditional acceptance estimate at each draft position
-  prior_K: jax.Array  # [K] float32: each position's estimate before any observation, and its drift target
-  cost_C: jax.Array  # [C] float32: seconds of a round at each candidate length (the cost table)
-  chosen_C: jax.Array  # [C] int32: rounds that chose each candidate length
+  alpha_BxSxK: jax.Array  # [B, S, K] float32: per-row conditional acceptance estimates at each draft position
+  prior_SxK: jax.Array  # [S, K] float32: each estimate before any observation, and its drift target
+  cost_C: jax.Array  # [C] float32: seconds of a round at each candidate (the cost table)
+  chosen_C: jax.Array  # [C] int32: rounds that chose each candidate
+  reached_SxK: jax.Array  # [S, K] float32: rounds (summed over rows) that reached each position (`Memory`)
+  accepted_SxK: jax.Array  # [S, K] float32: those that accepted it
 
 
-def init(policy: KPolicy, batch: int, k: int, cost_C: jax.Array, prior_K: jax.Array) -> PolicyState:
-  prior_K = jnp.asarray(prior_K, jnp.float32)
-  return PolicyState(alpha_BxK=jnp.broadcast_to(prior_K, (batch, k)), prior_K=prior_K,
-                     cost_C=jnp.asarray(cost_C, jnp.float32),
-                     chosen_C=jnp.zeros((len(policy.lengths(k)),), jnp.int32))
+def init(policy: KPolicy, batch: int, candidates: tuple[Candidate, ...], cost_C: jax.Array,
+         prior_SxK: jax.Array) -> PolicyState:
+  prior_SxK = jnp.asarray(prior_SxK, jnp.float32)
+  return PolicyState(alpha_BxSxK=jnp.broadcast_to(prior_SxK, (batch, *prior_SxK.shape)), prior_SxK=prior_SxK,
+                     cost_C=jnp.asarray(cost_C, jnp.float32), chosen_C=jnp.zeros((len(candidates),), jnp.int32),
+                     reached_SxK=jnp.zeros(prior_SxK.shape, jnp.float32),
+                     accepted_SxK=jnp.zeros(prior_SxK.shape, jnp.float32))
 
 
-def expected_committed(alpha_BxK: jax.Array) -> jax.Array:
-  """[B, K + 1]: expected tokens a round commits when row b proposes n = 0 .. K tokens (the accepted
-  prefix plus the target's own token)."""
-  reach_BxK = jnp.cumprod(alpha_BxK, axis=1)  # P(d_1 .. d_j all accepted)
-  return 1.0 + jnp.pad(jnp.cumsum(reach_BxK, axis=1), ((0, 0), (1, 0)))
+def expected_committed(alpha_xK: jax.Array) -> jax.Array:
+  """[..., K + 1]: expected tokens a round commits when it proposes n = 0 .. K tokens (the accepted
+  prefix plus the target's own token), from conditional acceptances [..., K]."""
+  reach_xK = jnp.cumprod(alpha_xK, axis=-1)  # P(d_1 .. d_j all accepted)
+  return 1.0 + jnp.pad(jnp.cumsum(reach_xK, axis=-1), [(0, 0)] * (alpha_xK.ndim - 1) + [(1, 0)])
 
 
-def choose(policy: KPolicy, state: PolicyState, live_B: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """(wanted_B [B] int32: the most tokens each row proposes this round, the chosen candidate's index [])."""
-  lengths_C = jnp.asarray(policy.lengths(k), jnp.int32)
+def choose(policy: KPolicy, state: PolicyState, live_B: jax.Array,
+           candidates: tuple[Candidate, ...]) -> tuple[jax.Array, jax.Array]:
+  """(wanted_B [B] int32: the most tokens (the depth) each row proposes this round, the chosen
+  candidate's index [])."""
+  lengths_C = np.asarray([c.length for c in candidates], np.int32)
   if not policy.adaptive:
-    return jnp.full(live_B.shape, k, jnp.int32), jnp.int32(0)
-  committed_BxC = expected_committed(state.alpha_BxK)[:, lengths_C]
+    return jnp.full(live_B.shape, lengths_C[0], jnp.int32), jnp.int32(0)
+  committed_BxC = expected_committed(state.alpha_BxSxK)[:, [c.row for c in candidates], lengths_C]
   rate_C = jnp.sum(jnp.where(live_B[:, None], committed_BxC, 0.0), axis=0) / state.cost_C
   index = jnp.argmax(rate_C).astype(jnp.int32)
-  return jnp.full(live_B.shape, lengths_C[index], jnp.int32), index
+  return jnp.full(live_B.shape, jnp.asarray(lengths_C)[index], jnp.int32), index
 
 
-def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_B: jax.Array,
-           num_accepted_B: jax.Array, live_B: jax.Array) -> PolicyState:
-  """The state after a round in which live row b proposed `num_proposed_B[b]` tokens and accepted the
-  first `num_accepted_B[b]`."""
+def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_SxB: jax.Array,
+           num_accepted_SxB: jax.Array, live_B: jax.Array) -> PolicyState:
+  """The state after a round in which, as estimate s sees it, live row b proposed
+  `num_proposed_SxB[s, b]` tokens and accepted the first `num_accepted_SxB[s, b]` (0 proposed: a round
+  that told estimate s nothing)."""
   chosen_C = state.chosen_C.at[index].add(jnp.int32(1))
   if not policy.adaptive:
     return state.replace(chosen_C=chosen_C)
-  reached_BxK, accepted_BxK = metrics.reached_and_accepted(num_accepted_B, num_proposed_B, live_B,
-                                                           state.alpha_BxK.shape[1])
-  alpha_BxK = jnp.where(reached_BxK, policy.decay * state.alpha_BxK + (1.0 - policy.decay) * accepted_BxK,
-                        state.alpha_BxK + policy.recovery * (state.prior_K[None, :] - state.alpha_BxK))
-  return state.replace(alpha_BxK=alpha_BxK, chosen_C=chosen_C)
+  reached_SxBxK, accepted_SxBxK = jax.vmap(metrics.reached_and_accepted, in_axes=(0, 0, None, None))(
+      num_accepted_SxB, num_proposed_SxB, live_B, state.alpha_BxSxK.shape[2])
+  reached_BxSxK, accepted_BxSxK = reached_SxBxK.transpose(1, 0, 2), accepted_SxBxK.transpose(1, 0, 2)
+  alpha_BxSxK = jnp.where(reached_BxSxK, policy.decay * state.alpha_BxSxK + (1.0 - policy.decay) * accepted_BxSxK,
+                          state.alpha_BxSxK + policy.recovery * (state.prior_SxK[None] - state.alpha_BxSxK))
+  return state.replace(alpha_BxSxK=alpha_BxSxK, chosen_C=chosen_C,
+                       reached_SxK=state.reached_SxK + jnp.sum(reached_SxBxK, axis=1),
+                       accepted_SxK=state.accepted_SxK + jnp.sum(accepted_SxBxK, axis=1))
 
 
 # The weight, in rounds, of a position's base (the prior for the first position, the estimate of the one
-# before it for the others) against the rounds a decoder observed there (`Memory.prior_K`).
+# before it for the others) against the rounds a decoder observed there (`Memory.prior_SxK`).
 PRIOR_ROUNDS = 8.0
 # The rounds per position a decoder remembers: older observations are scaled down to this many, so the
 # prior follows traffic that changes.
@@ -162,40 +232,44 @@ MEMORY_ROUNDS = 256.0
 @dataclasses.dataclass
 class Memory:
   """What a decoder keeps between calls of one compiled program: the measured cost table [C] (None until
-  `calibrate` ran) and the rounds that reached and accepted each draft position, summed over its calls'
-  rows (calibration's forced rounds included), from which the next call's prior comes (`prior_K`)."""
+  `calibrate` ran) and, per estimate s (`KPolicy.rows`), the rounds that reached and accepted each draft
+  position, summed over its calls' rows (calibration's forced rounds included: `PolicyState`'s
+  counts), from which the next call's prior comes (`prior_SxK`)."""
 
   prior: float  # `KPolicy.prior`: the first position's acceptance before any observation
   k: int
+  rows: int = 1  # S
   cost_C: np.ndarray | None = None
-  reached_K: np.ndarray | None = None  # [K] float64 (zeros when not given)
-  accepted_K: np.ndarray | None = None  # [K] float64
+  reached_SxK: np.ndarray | None = None  # [S, K] float64 (zeros when not given)
+  accepted_SxK: np.ndarray | None = None  # [S, K] float64
 
   def __post_init__(self):
-    self.reached_K = np.zeros(self.k) if self.reached_K is None else self.reached_K
-    self.accepted_K = np.zeros(self.k) if self.accepted_K is None else self.accepted_K
+    self.reached_SxK = np.zeros((self.rows, self.k)) if self.reached_SxK is None else self.reached_SxK
+    self.accepted_SxK = np.zeros((self.rows, self.k)) if self.accepted_SxK is None else self.accepted_SxK
 
   @property
-  def prior_K(self) -> np.ndarray:
-    """[K] float32: position j's observed rate shrunk toward a base by PRIOR_ROUNDS pseudo-rounds,
+  def prior_SxK(self) -> np.ndarray:
+    """[S, K] float32: position j's observed rate shrunk toward a base by PRIOR_ROUNDS pseudo-rounds,
     (PRIOR_ROUNDS * base_j + accepted_j) / (PRIOR_ROUNDS + reached_j), the base being `prior` for the
     first position and the estimate of position j - 1 for the others: a position seldom reached (deep
     ones: only long proposals reach them) is assumed to accept like the one before it, not like a
     constant. Kept inside [0.01, 0.99] (never written off nor taken for granted)."""
-    prior_K, base = np.zeros(self.k, np.float32), self.prior
-    for j in range(self.k):
-      base = float(np.clip((PRIOR_ROUNDS * base + self.accepted_K[j]) / (PRIOR_ROUNDS + self.reached_K[j]),
-                           0.01, 0.99))
-      prior_K[j] = base
-    return prior_K
+    prior_SxK = np.zeros((self.rows, self.k), np.float32)
+    for s in range(self.rows):
+      base = self.prior
+      for j in range(self.k):
+        base = float(np.clip((PRIOR_ROUNDS * base + self.accepted_SxK[s, j])
+                             / (PRIOR_ROUNDS + self.reached_SxK[s, j]), 0.01, 0.99))
+        prior_SxK[s, j] = base
+    return prior_SxK
 
-  def learn(self, reached_K: np.ndarray, accepted_K: np.ndarray) -> None:
+  def learn(self, reached_SxK: np.ndarray, accepted_SxK: np.ndarray) -> None:
     """Adds a call's rounds that reached each position and those that accepted it (summed over rows);
     a position observed more than MEMORY_ROUNDS times keeps that many, in proportion."""
-    self.reached_K = self.reached_K + reached_K
-    self.accepted_K = self.accepted_K + accepted_K
-    scale_K = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_K, 1.0))
-    self.reached_K, self.accepted_K = self.reached_K * scale_K, self.accepted_K * scale_K
+    self.reached_SxK = self.reached_SxK + reached_SxK
+    self.accepted_SxK = self.accepted_SxK + accepted_SxK
+    scale_SxK = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_SxK, 1.0))
+    self.reached_SxK, self.accepted_SxK = self.reached_SxK * scale_SxK, self.accepted_SxK * scale_SxK
 
 
 def forcing(num_candidates: int, index: int) -> np.ndarray:
@@ -210,23 +284,25 @@ MIN_TIMED_S = 0.5
 MAX_EXTENSIONS = 2
 
 
-def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds: int = 3) -> np.ndarray:
-  """The cost table [C] (seconds per round at each candidate length), measured with the compiled
+def calibrate(candidates: tuple[Candidate, ...], run: Callable[[np.ndarray, int], int],
+              rounds: int = 3) -> np.ndarray:
+  """The cost table [C] (seconds per round at each candidate), measured with the compiled
   program itself: `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy
-  forced to one length by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
-  Per length: one untimed round first (the first execution of a program's branch is several times
+  forced to one candidate by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
+  Per candidate: one untimed round first (the first execution of a program's branch is several times
   slower on a CPU: kernels are prepared lazily, and calibration is what first runs most of them), then
   a 1-round call and a (1 + n)-round call, whose difference over the rounds between them is the cost:
   the prefill, the first token and the first round cancel within the same length, so no separately
   timed baseline can bias every entry. n starts at `rounds` and grows until the difference lasts
-  MIN_TIMED_S (or the budget ends the call first, or MAX_EXTENSIONS longer calls were made). A longer
-  proposal never costs less (it does what a shorter one does, and more), so the table is made
-  nondecreasing: a measured dip is noise."""
+  MIN_TIMED_S (or the budget ends the call first, or MAX_EXTENSIONS longer calls were made). A
+  candidate never costs less than one it covers (`Candidate.covers`: it does what that one does, and
+  more), so such a measured dip is lifted: it is noise."""
   def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
     start = time.perf_counter()
     ran = run(cost_C, limit)
     return time.perf_counter() - start, ran
 
+  num_candidates = len(candidates)
   cost_C = np.zeros(num_candidates, np.float32)
   for index in range(num_candidates):
     forced = forcing(num_candidates, index)
@@ -240,4 +316,7 @@ def calibrate(num_candidates: int, run: Callable[[np.ndarray, int], int], rounds
         break
       asked = max(asked + 1, int(np.ceil(1.2 * MIN_TIMED_S / (seconds / ran))))
     cost_C[index] = seconds / ran
-  return np.maximum.accumulate(cost_C)
+  for index, candidate in enumerate(candidates):  # those it covers come earlier: already lifted
+    cost_C[index] = max([cost_C[index]] + [cost_C[j] for j, other in enumerate(candidates[:index])
+                                           if candidate.covers(other)])
+  return cost_C

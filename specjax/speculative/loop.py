@@ -12,7 +12,8 @@ proposal.
 
 How many of the K tokens a round proposes is the K policy's choice (`k_policy`: all K, or adaptive,
 0 included), made before the round's draft from earlier rounds only; the drafter gets it as `wanted_B`
-(None when fixed) and the loop verifies no more: for a static tree, its cut at that depth.
+(None when fixed) and the loop verifies no more: for a static tree, its cut at that depth, or only that
+cut's spine (`k_policy.Candidate`).
 
 Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
 sampled rounds apply the acceptance rule to the processed distributions.
@@ -44,7 +45,7 @@ from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.k_policy import KPolicy
 from specjax.speculative.proposal import Proposal
-from specjax.speculative.trees.tree import Tree
+from specjax.speculative.trees.tree import Tree, chain
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
 GreedyRule = Callable[[Proposal, jax.Array], tuple[jax.Array, jax.Array]]
@@ -60,7 +61,7 @@ class _LoopState:
   key: jax.Array  # PRNG key, split once per round
   counts: metrics.AcceptanceCounts  # per-row acceptance counters: [B] and [B, K]
   draft_calls: jax.Array  # [] int32: draft forward passes so far (`Proposal.calls` summed)
-  policy: k_policy.PolicyState  # acceptance estimates [B, K], the cost table [C], rounds per length [C]
+  policy: k_policy.PolicyState  # acceptance estimates [B, S, K], the cost table [C], rounds per candidate [C]
 
 
 @flax.struct.dataclass
@@ -70,7 +71,9 @@ class SpeculativeOutput:
   target_calls: jax.Array  # [] int32: target forward passes, prefill included (rounds + 1)
   draft_calls: jax.Array  # [] int32: draft forward passes proposing tokens (prompt prefill excluded)
   acceptance: metrics.AcceptanceCounts  # per-row rounds, proposed and accepted tokens, per position
-  rounds_per_length: jax.Array  # [C] int32: rounds whose policy chose each of `KPolicy.lengths(k)`
+  rounds_per_length: jax.Array  # [C] int32: rounds whose policy chose each of `KPolicy.candidates`
+  policy_reached: jax.Array  # [S, K] float32: the policy's observations, rounds (summed over rows) that
+  policy_accepted: jax.Array  # reached and accepted each position, per estimate (`k_policy.Memory`)
   target_cache: KVCache  # final caches, returned so the donated buffers can be reused
   draft_state: Any  # the drafter's final state (ModelDraftState.cache is the draft cache)
 
@@ -101,16 +104,22 @@ def _verify_pass(target_config: ModelConfig, target_params: Params, rule: Accept
 
 def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_rule: TreeRule,
                       features: tuple[int, ...], pending_B: jax.Array, proposal: Proposal,
-                      sampling: SamplingParams, key: jax.Array, depth: int | None, target_cache: KVCache):
-  """Scores the tree [pending, nodes 1..N] (static: only its cut at `depth`, `Tree.cut`, a prefix of the
-  nodes: what an adaptive round chose) in one tree-masked pass, applies the tree rule (greedy on the
-  target's argmaxes) and compacts the accepted path's keys/values (not for a chain: statically free).
+                      sampling: SamplingParams, key: jax.Array, candidate: k_policy.Candidate | None,
+                      target_cache: KVCache):
+  """Scores the tree [pending, nodes 1..N] (static: only what an adaptive round chose, `candidate`: its
+  cut at a depth, `Tree.cut`, a prefix of the nodes, or that cut's spine, `Tree.spine`, a chain) in one
+  tree-masked pass, applies the tree rule (greedy on the target's argmaxes) and compacts the accepted
+  path's keys/values (not for a chain: statically free).
   Returns (cache, (accepted [B], next token [B], the target's features along the path [B, Dt + 1, F]
-  (as `_verify_pass`), the accepted path [B, Dt + 1] (`Proposal.along`), both padded with its last
-  node)): the form `inplace.switch` takes."""
+  (as `_verify_pass`), the accepted path [B, Dt + 1] (node indices of the whole tree: `Proposal.along`),
+  both padded with its last node)): the form `inplace.switch` takes."""
   tree, full_depth = proposal.verified_tree, proposal.verified_tree.max_depth
-  if depth is not None:
-    tree = tree.cut(depth)
+  nodes = None  # the verified nodes' indices in the whole tree, when not a prefix of them
+  if candidate is not None and candidate.spine:
+    nodes = np.asarray(tree.spine(candidate.length))
+    tree, proposal = chain(len(nodes) - 1), proposal.picked(nodes[1:])
+  elif candidate is not None:
+    tree = tree.cut(candidate.length)
     proposal = proposal.truncated(tree.nodes_with_root - 1)
   fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
   block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
@@ -127,7 +136,17 @@ def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_ru
     target_cache = target_cache.compact(path_BxDt1)
   path_BxDt1 = jnp.pad(path_BxDt1, ((0, 0), (0, full_depth + 1 - path_BxDt1.shape[1])), mode="edge")
   features_BxDt1xF = jnp.take_along_axis(features_BxN1xF, path_BxDt1[:, :, None], axis=1)
+  if nodes is not None:
+    path_BxDt1 = jnp.asarray(nodes, jnp.int32)[path_BxDt1]
   return target_cache, (num_accepted_B, next_B, features_BxDt1xF, path_BxDt1)
+
+
+def _spine_accepted(tree: Tree, path_BxDt1: jax.Array, num_accepted_B: jax.Array) -> jax.Array:
+  """[B] int32: how many of the accepted path's nodes are first-choice children from the root on (what
+  the spine's acceptance estimate observes of a round that verified the whole cut)."""
+  first_BxDt = jnp.asarray(tree.is_first_child)[path_BxDt1[:, 1:]]
+  accepted_BxDt = jnp.arange(tree.max_depth)[None, :] < num_accepted_B[:, None]
+  return jnp.sum(jnp.cumprod(first_BxDt & accepted_BxDt, axis=1), axis=1).astype(jnp.int32)
 
 
 def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
@@ -141,7 +160,7 @@ def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
 def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
               eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, cost_C: jax.Array,
-              prior_K: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int, rule: AcceptanceRule,
+              prior_SxK: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int, rule: AcceptanceRule,
               greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
@@ -160,6 +179,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
   buffer, _ = generation.append(generation.empty_buffer(batch, out_width + k + 1), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
   widths = loop_widths(drafter, policy, k) if target_config.narrow_passes else (k + 1,)
+  candidates = policy.candidates(k, drafter.tree)
+  lengths_C, spine_C = (jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
 
   def cond(state: _LoopState):
     return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < round_limit)
@@ -167,7 +188,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
   def body(state: _LoopState):
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
-    wanted_B, choice = k_policy.choose(policy, state.policy, live_B, k)
+    wanted_B, choice = k_policy.choose(policy, state.policy, live_B, candidates)
     proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
                                                           sampling, draft_key, k, wanted_B if policy.adaptive else None)
     if policy.adaptive:  # what a drafter proposes beyond the chosen length is never verified
@@ -176,13 +197,12 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
       tree_pass = functools.partial(_verify_tree_pass, target_config, target_params, tree_rule,
                                     drafter.feature_layers, state.pending, proposal, sampling, accept_key)
-      # The tree cut at the chosen depth (every live row's: one per round), whatever narrow_passes says:
-      # the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
+      # The chosen candidate (one per round), cut at the longest live proposal, whatever narrow_passes
+      # says: the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
       if policy.adaptive:
-        depths = policy.lengths(k)
+        fits_C = (lengths_C >= longest) & ((spine_C == spine_C[choice]) | (lengths_C == 0))
         target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = inplace.switch(
-            jnp.searchsorted(jnp.asarray(depths), longest), [functools.partial(tree_pass, d) for d in depths],
-            target_cache)
+            jnp.argmax(fits_C), [functools.partial(tree_pass, c) for c in candidates], target_cache)
       else:
         target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = tree_pass(None, target_cache)
       proposal = proposal.along(path_BxDt1)
@@ -192,6 +212,14 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                 for width in widths]
       index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
       target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
+    # What each acceptance estimate observed: the whole cut's (a chain's) from the round's outcome, unless
+    # the round verified a spine; the spine's from the accepted path's first-choice prefix.
+    proposed_SxB, accepted_SxB = proposal.lengths[None], num_accepted_B[None]
+    if policy.rows(k, drafter.tree) == 2:
+      spine_depth = len(drafter.tree.spine()) - 1
+      proposed_SxB = jnp.stack([jnp.where(spine_C[choice], 0, proposal.lengths),
+                                jnp.minimum(proposal.lengths, spine_depth)])
+      accepted_SxB = jnp.stack([num_accepted_B, _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])
@@ -203,18 +231,18 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                       buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
                       counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B),
                       draft_calls=state.draft_calls + proposal.calls,
-                      policy=k_policy.update(policy, state.policy, choice, proposal.lengths, num_accepted_B,
-                                             live_B))
+                      policy=k_policy.update(policy, state.policy, choice, proposed_SxB, accepted_SxB, live_B))
 
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
       counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0),
-      policy=k_policy.init(policy, batch, k, cost_C, prior_K)))
+      policy=k_policy.init(policy, batch, candidates, cost_C, prior_SxK)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
       tokens=generation.finalize(state.buffer, pad_id)[:, :out_width], counts=state.buffer.counts,
       target_calls=rounds + 1, draft_calls=state.draft_calls,
-      acceptance=state.counts, rounds_per_length=state.policy.chosen_C, target_cache=state.target_cache,
+      acceptance=state.counts, rounds_per_length=state.policy.chosen_C, policy_reached=state.policy.reached_SxK,
+      policy_accepted=state.policy.accepted_SxK, target_cache=state.target_cache,
       draft_state=state.draft_state)
 
 
@@ -224,7 +252,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
                          greedy_rule: GreedyRule = acceptance.verify_greedy,
                          tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
-                         cost_C=None, prior_K=None, round_limit: int | None = None,
+                         cost_C=None, prior_SxK=None, round_limit: int | None = None,
                          lower: bool | str = False) -> SpeculativeOutput | jax.stages.Lowered:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
@@ -245,14 +273,15 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   proposes trees: K must be Dt, each round verifies the N + 1 nodes in one tree-masked target pass
   (`tree_acceptance`, `tree_rule` static like `rule`), compacts the accepted path in the target cache
   and commits it to the drafter as a chain. The target cache then needs N - 1 positions of slack
-  instead of K - 1. With the adaptive policy a round verifies the tree cut at the chosen depth (one
-  compiled tree pass per candidate depth); a dynamic tree needs the fixed policy.
+  instead of K - 1. With the adaptive policy a round verifies the tree cut at the chosen depth, or that
+  cut's spine (one compiled tree pass per candidate); a dynamic tree needs the fixed policy.
 
   `policy` (static, `k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
-  (fixed), or the length maximising expected committed tokens per second under the cost table `cost_C`
-  ([C] seconds per round at each of `policy.lengths(k)`, runtime: measured by `k_policy.calibrate`;
-  default all equal) and the per-position acceptance prior `prior_K` ([K] in (0, 1), runtime: what earlier
-  calls measured, `k_policy.Memory`; default `policy.prior` everywhere). `round_limit` (runtime; None =
+  (fixed), or the candidate maximising expected committed tokens per second under the cost table `cost_C`
+  ([C] seconds per round at each of `policy.candidates(k, tree)`, runtime: measured by
+  `k_policy.calibrate`; default all equal) and the per-position acceptance prior `prior_SxK` ([S, K] in
+  (0, 1), S = `policy.rows(k, tree)`, or [K] for every row; runtime: what earlier calls measured,
+  `k_policy.Memory`; default `policy.prior` everywhere). `round_limit` (runtime; None =
   no limit) stops the loop after that many rounds, finished or not: what calibration times.
 
   `lower=True` returns the program lowered for these arguments instead of running it (its HLO, its
@@ -271,14 +300,16 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   if policy.adaptive and tree is not None and not isinstance(tree, Tree):
     raise ValueError("the adaptive K policy chooses chain lengths and static trees' depths: a drafter with a "
                      "dynamic tree uses the fixed policy")
-  num_lengths = len(policy.lengths(k))
-  cost_C = np.ones(num_lengths, np.float32) if cost_C is None else np.asarray(cost_C, np.float32)
-  if cost_C.shape != (num_lengths,) or not np.all(cost_C > 0):
-    raise ValueError(f"cost_C must hold {num_lengths} positive costs (one per length {policy.lengths(k)}), "
-                     f"got {cost_C}")
-  prior_K = np.full(k, policy.prior, np.float32) if prior_K is None else np.asarray(prior_K, np.float32)
-  if prior_K.shape != (k,) or not np.all((prior_K > 0) & (prior_K < 1)):
-    raise ValueError(f"prior_K must hold K = {k} acceptance probabilities in (0, 1), got {prior_K}")
+  candidates = policy.candidates(k, tree)
+  cost_C = np.ones(len(candidates), np.float32) if cost_C is None else np.asarray(cost_C, np.float32)
+  if cost_C.shape != (len(candidates),) or not np.all(cost_C > 0):
+    raise ValueError(f"cost_C must hold {len(candidates)} positive costs (one per candidate "
+                     f"{[c.label for c in candidates]}), got {cost_C}")
+  rows = policy.rows(k, tree)
+  prior_SxK = np.full(k, policy.prior, np.float32) if prior_SxK is None else np.asarray(prior_SxK, np.float32)
+  prior_SxK = np.broadcast_to(prior_SxK, (rows, k)) if prior_SxK.shape == (k,) else prior_SxK
+  if prior_SxK.shape != (rows, k) or not np.all((prior_SxK > 0) & (prior_SxK < 1)):
+    raise ValueError(f"prior_SxK must hold {rows} x K = {k} acceptance probabilities in (0, 1), got {prior_SxK}")
   batch = prompts_BxP.shape[0]
   if target_cache.batch_size != batch:
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
@@ -293,6 +324,6 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   return lowering.call_or_lower(
       _generate, lower, target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
       jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
-      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C), jnp.asarray(prior_K),
+      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C), jnp.asarray(prior_SxK),
       jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k, out_width=out_width,
       pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule, policy=policy)

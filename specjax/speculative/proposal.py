@@ -55,6 +55,14 @@ class Proposal:
     return Proposal(tokens=tokens_BxDt, lengths=jnp.minimum(self.lengths, tokens_BxDt.shape[1]),
                     calls=self.calls, path=path_BxDt1)
 
+  def picked(self, nodes: Any) -> "Proposal":
+    """The nodes `nodes` (static indices >= 1, in order) of a tree proposal as a proposal of their own,
+    e.g. a chain of them (a tree's spine: `Tree.spine`); `tree` is kept, the verifier is given the
+    smaller tree."""
+    slots = [node - 1 for node in nodes]
+    return self.replace(tokens=self.tokens[:, slots], lengths=jnp.minimum(self.lengths, len(slots)),
+                        probs=None if self.probs is None else self.probs[:, slots])
+
   def truncated(self, width: int) -> "Proposal":
     """The first `width` slots (static): what a verify pass of `width` + 1 tokens can check."""
     return self.replace(tokens=self.tokens[:, :width], lengths=jnp.minimum(self.lengths, width),

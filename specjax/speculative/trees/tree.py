@@ -101,6 +101,20 @@ class Tree:
     count = sum(1 for d in self.depth if d <= depth)
     return Tree(self.parent[:count], self.depth[:count])
 
+  def spine(self, depth: int | None = None) -> tuple[int, ...]:
+    """The nodes of the first-choice path, root first: each node's rank-0 child down to a leaf (or to
+    `depth`). Verified alone it is a chain (what an adaptive round verifies when the tree's other
+    branches do not pay: `k_policy.Candidate.spine`)."""
+    nodes = [0]
+    while (depth is None or len(nodes) <= depth) and self.children(nodes[-1]):
+      nodes.append(self.children(nodes[-1])[0])
+    return tuple(nodes)
+
+  @property
+  def is_first_child(self) -> tuple[bool, ...]:
+    """[N + 1]: whether each node is the rank-0 child of its parent (the root counts as one)."""
+    return tuple(i == 0 or self.children(self.parent[i])[0] == i for i in range(self.nodes_with_root))
+
   def level(self, depth: int) -> "TreeLevel":
     """The nodes of one depth as a chunk fed after the levels above it (drafting level by level)."""
     return TreeLevel(self, self.depth.index(depth), self.depth.count(depth))
