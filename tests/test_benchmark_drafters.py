@@ -190,7 +190,7 @@ def test_a_repeated_system_is_summarised_over_its_adjacent_baselines():
 
 @pytest.mark.parametrize("module, variant, groups", [
     (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5), (adaptive, "plain_ab", 1),
-    (adaptive, "trees", 3),
+    (adaptive, "trees", 3), (adaptive, "tree_widths", 3),
     (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
 def test_benchmark_configs_plan_their_groups(module, variant, groups):
   """The committed benchmark configs built on this one plan before loading anything (a system name or

@@ -12,7 +12,12 @@ three systems and last. About 70 minutes alone on 2 CPU cores.
 `get_config("trees")`: static trees of the model draft, fixed against the adaptive depth (the tree cut at
 the chosen depth each round), the spines (3, 1, 1, 1, 1) and (2, 1, 1, 1, 1, 1, 1, 1) of the trees sweep
 (configs/sweeps/qwen_coder_trees.py) on raw code and chat requests at batch 1 and chat requests at
-batch 4, greedy; about 40 minutes.
+batch 4, greedy; about 40 minutes (experiments/results/adaptive_cpu_float32_trees.json was measured when
+the adaptive rounds chose the depth only; they now choose the spine or the whole cut too).
+
+`get_config("tree_widths")`: the tree (3, 1, 1, 1, 1) fixed and adaptive (depth and width: the cut or its
+spine each round) against the chain of its spine, K <= 5 adaptive, on the same three cells; about 35
+minutes.
 
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
 policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
@@ -58,7 +63,15 @@ def get_config(variant: str = ""):
     cfg.sets.chat = drafters.prompt_set(True, 2, greedy=trees, sampled=(), batched=trees)
     cfg.ar_every = 2
     cfg.output = "experiments/results/adaptive_cpu_float32_trees.json"
+  elif variant == "tree_widths":
+    cfg.trees.spines5 = "(3, 1, 1, 1, 1)"
+    systems = ("model+spines5", "model+spines5_adaptive", "model_k5_adaptive")
+    cfg.prompt_sets = ("raw", "chat")
+    cfg.sets.raw = drafters.prompt_set(False, 2, greedy=systems, sampled=(), batched=())
+    cfg.sets.chat = drafters.prompt_set(True, 2, greedy=systems, sampled=(), batched=systems)
+    cfg.ar_every = 3
+    cfg.output = "experiments/results/adaptive_cpu_float32_tree_widths.json"
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py "
-                     f"(known: 'batch1', 'batched', 'plain_ab', 'trees')")
+                     f"(known: 'batch1', 'batched', 'plain_ab', 'trees', 'tree_widths')")
   return cfg
