@@ -250,7 +250,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     if drafter:
       out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
                                  storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens,
-                                 policy=policy, cost_C=memory.cost_C, prior_SxK=memory.prior_SxK,
+                                 policy=policy, cost_C=memory.cost_C, prior_AxK=memory.prior_AxK,
                                  round_limit=round_limit, lower=lower)
     else:
       out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
@@ -291,7 +291,8 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
                acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
   if policy.adaptive:
     row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in memory.cost_C],
-                       "calibration_time_s": calibration_s, "acceptance_learned": [float(a) for a in memory.prior_SxK[0]],
+                       "calibration_time_s": calibration_s,
+                       "acceptance_learned": [float(a) for a in memory.prior_AxK[0]],
                        "rounds_per_length": [int(n) for n in jax.device_get(out.rounds_per_length)]}
   else:
     row["step_s"] = decode_s / calls

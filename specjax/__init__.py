@@ -27,6 +27,7 @@ a leading `x`, as in `probs_xV`, stands for any leading axes). Each letter or le
   SJ  S then J keys, concatenated         ShC the C best of each of Sh vocabulary shards
   Z   rows of folded leading axes, or independent samples (z: one device's share of them)
   Rd  rounds of a recorded run            Col, U   key columns and the unique keys among rows (tests)
+  A   the K policy's acceptance estimates per depth (a tree's whole cut, and its spine)
   a number: an axis of that static size
 """
 

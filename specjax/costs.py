@@ -100,9 +100,9 @@ def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = No
     def one(i, state):
       live_B = (jnp.arange(batch_size) + i) % 5 != 0
       wanted_B, index = k_policy.choose(policy, state, live_B, candidates)
-      accepted_SxB = (jnp.arange(rows)[:, None] + jnp.arange(batch_size) * 7 + i) % (k + 1)
+      accepted_AxB = (jnp.arange(rows)[:, None] + jnp.arange(batch_size) * 7 + i) % (k + 1)
       return k_policy.update(policy, state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
-                             jnp.minimum(accepted_SxB, wanted_B), live_B)
+                             jnp.minimum(accepted_AxB, wanted_B), live_B)
     return jax.lax.fori_loop(0, steps, one, state)
 
   state = k_policy.init(policy, batch_size, candidates, np.linspace(1.0, 2.0, len(candidates)),

@@ -141,7 +141,7 @@ class _Runner:
     out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
                                self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
                                k=spec.k, out_width=spec.config.max_new_tokens, policy=spec.policy,
-                               cost_C=cost_C, prior_SxK=self.memory.prior_SxK if self.memory else None,
+                               cost_C=cost_C, prior_AxK=self.memory.prior_AxK if self.memory else None,
                                round_limit=round_limit, lower=lower)
     if not lower:
       self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
@@ -174,10 +174,10 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
     # included): their disks may differ, so only a single process stores and reuses tables.
     stores = jax.process_count() == 1
     if cfg.adaptive.reuse_costs and stores:
-      stored, note = cost_store.load(description, candidates, runner.memory.reached_SxK.shape)
+      stored, note = cost_store.load(description, candidates, runner.memory.reached_AxK.shape)
       if stored is not None:  # its calibration's acceptance too: this run starts where that one did
         runner.memory.cost_C, stored_at = stored.cost_C, stored.measured_at
-        runner.memory.learn(stored.reached_SxK, stored.accepted_SxK)
+        runner.memory.learn(stored.reached_AxK, stored.accepted_AxK)
         log(f"reusing the round costs this machine measured for this program at {stored_at} "
             f"(config.adaptive.reuse_costs=False measures them again)")
       elif note:
@@ -187,17 +187,17 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
       seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32),
                                  key)
       if stores:
-        cost_store.save(description, candidates, runner.memory.cost_C, seconds, runner.memory.reached_SxK,
-                        runner.memory.accepted_SxK)
-  cost_C, prior_SxK = runner.memory.cost_C, runner.memory.prior_SxK
+        cost_store.save(description, candidates, runner.memory.cost_C, seconds, runner.memory.reached_AxK,
+                        runner.memory.accepted_AxK)
+  cost_C, prior_AxK = runner.memory.cost_C, runner.memory.prior_AxK
   log(f"round cost by proposal length: "
       f"{', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(k_policy.labels(record), cost_C))}"
-      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_SxK[0])}"
-      + (f" (spine: {' '.join(f'{a:.2f}' for a in prior_SxK[1])})" if len(prior_SxK) > 1 else ""))
+      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_AxK[0])}"
+      + (f" (spine: {' '.join(f'{a:.2f}' for a in prior_AxK[1])})" if len(prior_AxK) > 1 else ""))
   record.update({"cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-                 "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_SxK[0]]})
-  if len(prior_SxK) > 1:
-    record["spine_acceptance_prior"] = [float(a) for a in prior_SxK[1]]
+                 "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_AxK[0]]})
+  if len(prior_AxK) > 1:
+    record["spine_acceptance_prior"] = [float(a) for a in prior_AxK[1]]
   return record
 
 

@@ -81,8 +81,8 @@ def test_a_table_of_another_program_or_machine_is_not_found():
   cost_store.save(description, CHAIN, [0.1, 0.2, 0.3], 1.0, np.array([[9.0, 4.0]]), np.array([[6.0, 1.0]]))
   stored, note = cost_store.load(description, CHAIN, (1, 2))
   np.testing.assert_allclose(stored.cost_C, [0.1, 0.2, 0.3], rtol=1e-6)
-  np.testing.assert_array_equal(stored.reached_SxK, [[9, 4]])
-  np.testing.assert_array_equal(stored.accepted_SxK, [[6, 1]])
+  np.testing.assert_array_equal(stored.reached_AxK, [[9, 4]])
+  np.testing.assert_array_equal(stored.accepted_AxK, [[6, 1]])
   assert stored.measured_at and note == ""
   elsewhere = {**description, "machine": {**description["machine"], "host": "elsewhere"}}
   assert cost_store.load(elsewhere, CHAIN, (1, 2)) == (None, "")
@@ -94,11 +94,11 @@ def test_a_table_of_another_program_or_machine_is_not_found():
 
 def test_a_tree_table_keeps_its_spine_candidates_and_both_estimates_counts():
   description = {"machine": cost_store.machine(), "config": {"k": 2, "tree": "(2, 1)"}, "cache_len": 128}
-  reached_SxK, accepted_SxK = np.array([[9.0, 4.0], [7.0, 3.0]]), np.array([[6.0, 1.0], [5.0, 0.0]])
-  cost_store.save(description, TREE, [0.1, 0.2, 0.3, 0.3, 0.4], 1.0, reached_SxK, accepted_SxK)
+  reached_AxK, accepted_AxK = np.array([[9.0, 4.0], [7.0, 3.0]]), np.array([[6.0, 1.0], [5.0, 0.0]])
+  cost_store.save(description, TREE, [0.1, 0.2, 0.3, 0.3, 0.4], 1.0, reached_AxK, accepted_AxK)
   stored, _ = cost_store.load(description, TREE, (2, 2))
-  np.testing.assert_array_equal(stored.reached_SxK, reached_SxK)
-  np.testing.assert_array_equal(stored.accepted_SxK, accepted_SxK)
+  np.testing.assert_array_equal(stored.reached_AxK, reached_AxK)
+  np.testing.assert_array_equal(stored.accepted_AxK, accepted_AxK)
   # The same lengths without the spine flags (or with them elsewhere) are another table.
   for candidates in (tuple(Candidate(c.length) for c in TREE), TREE[:1] + (TREE[2], TREE[1]) + TREE[3:]):
     assert cost_store.load(description, candidates, (2, 2))[0] is None
@@ -114,9 +114,9 @@ def test_a_table_stored_before_the_acceptance_counts_loads_with_none_observed():
   with open(path, "w") as f:
     json.dump(record, f)
   stored, _ = cost_store.load(description, CHAIN, (1, 2))
-  np.testing.assert_array_equal(stored.reached_SxK, [[0, 0]])
-  np.testing.assert_array_equal(stored.accepted_SxK, [[0, 0]])
+  np.testing.assert_array_equal(stored.reached_AxK, [[0, 0]])
+  np.testing.assert_array_equal(stored.accepted_AxK, [[0, 0]])
   record.update(calibration_reached=[4.0, 2.0], calibration_accepted=[3.0, 1.0])  # counts of [K], as then
   with open(path, "w") as f:
     json.dump(record, f)
-  np.testing.assert_array_equal(cost_store.load(description, CHAIN, (1, 2))[0].reached_SxK, [[4, 2]])
+  np.testing.assert_array_equal(cost_store.load(description, CHAIN, (1, 2))[0].reached_AxK, [[4, 2]])

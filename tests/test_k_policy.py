@@ -37,22 +37,22 @@ POLICY = KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3)
 COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 
 
-def _reference_choice(alpha_BxSxK, live_B, cost_C, candidates):
+def _reference_choice(alpha_BxAxK, live_B, cost_C, candidates):
   """argmax over the candidates of sum over live rows of expected committed tokens / cost, each candidate
   priced by its own estimate (the whole cut's or the spine's)."""
   rates = []
   for candidate, cost in zip(candidates, cost_C):
-    alpha_BxK = alpha_BxSxK[:, candidate.row]
+    alpha_BxK = alpha_BxAxK[:, candidate.row]
     committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(candidate.length)) for alpha in alpha_BxK])
     rates.append(committed_B[live_B].sum() / cost)
   return int(np.argmax(rates))
 
 
-def _state(alpha_BxSxK, prior_SxK, num_candidates):
-  return k_policy.PolicyState(alpha_BxSxK=jnp.asarray(alpha_BxSxK, jnp.float32),
-                              prior_SxK=jnp.asarray(prior_SxK, jnp.float32),
+def _state(alpha_BxAxK, prior_AxK, num_candidates):
+  return k_policy.PolicyState(alpha_BxAxK=jnp.asarray(alpha_BxAxK, jnp.float32),
+                              prior_AxK=jnp.asarray(prior_AxK, jnp.float32),
                               cost_C=jnp.ones(num_candidates), chosen_C=jnp.zeros(num_candidates, jnp.int32),
-                              reached_SxK=jnp.zeros(np.shape(prior_SxK)), accepted_SxK=jnp.zeros(np.shape(prior_SxK)))
+                              reached_AxK=jnp.zeros(np.shape(prior_AxK)), accepted_AxK=jnp.zeros(np.shape(prior_AxK)))
 
 
 @pytest.mark.parametrize("tree", [None, tree_lib.from_branching((3, 2, 1, 1, 1, 1, 1, 1))], ids=["chain", "tree"])
@@ -65,13 +65,13 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree):
   assert rows == (1 if tree is None else 2) and len(candidates) == (6 if tree is None else 11)
   seen = set()
   for trial in range(200):
-    alpha_BxSxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
+    alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
     live_B = rng.uniform(size=4) < 0.7
     live_B[trial % 4] = True
     cost_C = np.sort(rng.uniform(0.5, 3.0, len(candidates))).astype(np.float32)
-    state = _state(alpha_BxSxK, np.full((rows, k), 0.8), len(candidates)).replace(cost_C=jnp.asarray(cost_C))
+    state = _state(alpha_BxAxK, np.full((rows, k), 0.8), len(candidates)).replace(cost_C=jnp.asarray(cost_C))
     wanted_B, index = k_policy.choose(policy, state, jnp.asarray(live_B), candidates)
-    want = _reference_choice(alpha_BxSxK, live_B, cost_C, candidates)
+    want = _reference_choice(alpha_BxAxK, live_B, cost_C, candidates)
     assert int(index) == want and (np.asarray(wanted_B) == candidates[want].length).all()
     seen.add(want)
   assert len(seen) >= 4  # the trials exercised most of the candidates
@@ -83,25 +83,25 @@ def test_update_moves_reached_positions_and_recovers_the_others():
   """Toward each position's own prior (the runtime one, not the policy's constant), each estimate from
   its own observation; the counts a `Memory` learns are the reached and accepted positions summed."""
   policy, k = KPolicy("adaptive", prior=0.6, decay=0.75, recovery=0.1), 4
-  alpha_BxSxK = np.array([[[0.9, 0.5, 0.2, 0.7], [0.3, 0.4, 0.5, 0.6]]] * 4, np.float32)
-  prior_SxK = np.array([[0.6, 0.5, 0.8, 0.3], [0.2, 0.9, 0.7, 0.4]], np.float32)
-  proposed_SxB = np.array([[3, 3, 0, 4], [2, 0, 3, 4]])
-  accepted_SxB = np.array([[1, 3, 0, 2], [1, 0, 3, 2]])
+  alpha_BxAxK = np.array([[[0.9, 0.5, 0.2, 0.7], [0.3, 0.4, 0.5, 0.6]]] * 4, np.float32)
+  prior_AxK = np.array([[0.6, 0.5, 0.8, 0.3], [0.2, 0.9, 0.7, 0.4]], np.float32)
+  proposed_AxB = np.array([[3, 3, 0, 4], [2, 0, 3, 4]])
+  accepted_AxB = np.array([[1, 3, 0, 2], [1, 0, 3, 2]])
   live_B = np.array([True, True, True, False])
-  got = k_policy.update(policy, _state(alpha_BxSxK, prior_SxK, 5), jnp.int32(3), jnp.asarray(proposed_SxB),
-                        jnp.asarray(accepted_SxB), jnp.asarray(live_B))
-  want, reached, accepted = alpha_BxSxK.copy(), np.zeros((2, k)), np.zeros((2, k))
+  got = k_policy.update(policy, _state(alpha_BxAxK, prior_AxK, 5), jnp.int32(3), jnp.asarray(proposed_AxB),
+                        jnp.asarray(accepted_AxB), jnp.asarray(live_B))
+  want, reached, accepted = alpha_BxAxK.copy(), np.zeros((2, k)), np.zeros((2, k))
   for b, s, i in np.ndindex(4, 2, k):
-    if live_B[b] and i <= accepted_SxB[s, b] and i < proposed_SxB[s, b]:
-      want[b, s, i] = 0.75 * alpha_BxSxK[b, s, i] + 0.25 * (i < accepted_SxB[s, b])
+    if live_B[b] and i <= accepted_AxB[s, b] and i < proposed_AxB[s, b]:
+      want[b, s, i] = 0.75 * alpha_BxAxK[b, s, i] + 0.25 * (i < accepted_AxB[s, b])
       reached[s, i] += 1
-      accepted[s, i] += i < accepted_SxB[s, b]
+      accepted[s, i] += i < accepted_AxB[s, b]
     else:
-      want[b, s, i] = alpha_BxSxK[b, s, i] + 0.1 * (prior_SxK[s, i] - alpha_BxSxK[b, s, i])
-  np.testing.assert_allclose(got.alpha_BxSxK, want, rtol=1e-6)
+      want[b, s, i] = alpha_BxAxK[b, s, i] + 0.1 * (prior_AxK[s, i] - alpha_BxAxK[b, s, i])
+  np.testing.assert_allclose(got.alpha_BxAxK, want, rtol=1e-6)
   np.testing.assert_array_equal(got.chosen_C, [0, 0, 0, 1, 0])
-  np.testing.assert_array_equal(got.reached_SxK, reached)
-  np.testing.assert_array_equal(got.accepted_SxK, accepted)
+  np.testing.assert_array_equal(got.reached_AxK, reached)
+  np.testing.assert_array_equal(got.accepted_AxK, accepted)
 
 
 def tree_costs(tree):
@@ -330,7 +330,8 @@ def test_calibration_times_enough_rounds_and_a_longer_proposal_never_costs_less(
     return ran
 
   monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
-  np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(3))), run, rounds=3), [0.02, 0.02, 0.03], rtol=1e-5)
+  np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(3))), run, rounds=3), [0.02, 0.02, 0.03],
+                             rtol=1e-5)
   for index in range(3):
     limits = [limit for i, limit in calls if i == index]
     assert limits[:3] == [1, 1, 4] and len(limits) == 4  # one longer call sufficed (or hit the budget)
@@ -390,16 +391,22 @@ def test_a_tree_drafter_defers_plain_rounds_and_feeds_its_lag_when_drafting_resu
   pending token would overflow its lag (then the catch-up alone), and every drafting round's root and
   level-2 distributions equal a full forward pass over [history, pending] and [history, pending, node 1].
   Row b commits the branch under the root's child b mod 2 (first children below), down to the depth
-  the schedule commits."""
+  the schedule commits; every other drafting round (the first too) verifies only the spine (nodes 1, 3, 7): the
+  drafter draws nothing else (zeros elsewhere) and every row commits along it, whose keys the draft
+  cache holds in consecutive slots (a compaction by tree slots would corrupt the next round's
+  distributions)."""
   tree = TREES["branching"]
   cache_len = 40 if max_lag else 64
   drafter, state, propose, commit, score = forced_draft_rounds(cache_len, max_lag=max_lag, tree=tree)
   sampling, config, paths = sampling_params(1.0), drafter.config, tree.path_table()
   history, pending = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3]
   lag = [0] * 3 if max_lag else [len(p) for p in history]  # what the draft cache lacks, modelled
+  drafting_rounds = 0
   for round_, (wanted, committed, *_) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
+    spine = wanted > 0 and drafting_rounds % 2 == 0  # a whole cut's round follows each spine's
+    drafting_rounds += wanted > 0
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=3,
-                                 wanted_B=jnp.full((3,), wanted, jnp.int32))
+                                 wanted_B=jnp.full((3,), wanted, jnp.int32), spine=jnp.bool_(spine))
     deferred = wanted == 0 and max(lag) + 1 <= (max_lag or cache_len)
     catch_up = 0 if deferred else -(-(max(lag) + 1) // min((max_lag or cache_len) + 1, LAG_CHUNK))
     assert int(proposal.calls) == catch_up + wanted
@@ -413,7 +420,11 @@ def test_a_tree_drafter_defers_plain_rounds_and_feeds_its_lag_when_drafting_resu
     for b, row in enumerate(history):
       for node, offset in ((1, 0), (3, 1))[:wanted]:  # node 1 (the root's child), node 3 (node 1's)
         np.testing.assert_allclose(proposal.probs[b, node - 1], want_BxTxV[b, len(row) + offset], atol=1e-5)
-    nodes = [[0, 1 + b % 2, 3 + 2 * (b % 2), 7 + 2 * (b % 2)][max(c - 1, 0)] for b, c in enumerate(committed)]
+    if spine:
+      off_spine = [node - 1 for node in range(1, tree.nodes_with_root) if node not in tree.spine()]
+      assert not np.asarray(proposal.tokens)[:, off_spine].any() and not np.asarray(proposal.probs)[:, off_spine].any()
+    branch = [0] * 3 if spine else [b % 2 for b in range(3)]
+    nodes = [[0, 1 + branch[b], 3 + 2 * branch[b], 7 + 2 * branch[b]][max(c - 1, 0)] for b, c in enumerate(committed)]
     path_BxDt1 = jnp.asarray(paths[nodes])
     state = commit(drafter, state, proposal.along(path_BxDt1), jnp.asarray(committed, jnp.int32), None)
     for b, c in enumerate(committed):
@@ -439,7 +450,7 @@ def test_a_call_that_never_drafts_never_runs_the_draft():
   """With the whole history as the lag and a prior under which no length pays, every round is plain:
   greedy output unchanged, no draft pass, and the draft's cache still empty at the end (its prompt was
   never prefilled)."""
-  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_SxK=np.full(3, 0.05),
+  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_AxK=np.full(3, 0.05),
                         max_lag=None)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert np.asarray(out.rounds_per_length)[1:].sum() == 0 and int(out.draft_calls) == 0
@@ -451,28 +462,28 @@ def test_memory_pools_each_calls_acceptance_into_the_next_prior():
   the constant), so a position no round reached inherits its predecessor's, not the constant's; later
   calls add up, and a position keeps at most MEMORY_ROUNDS observations."""
   memory = k_policy.Memory(0.8, 3, rows=2)  # row 1 (a spine's estimate) learns only what it is given
-  np.testing.assert_allclose(memory.prior_SxK, np.full((2, 3), 0.8))
+  np.testing.assert_allclose(memory.prior_AxK, np.full((2, 3), 0.8))
   memory.learn(np.array([[40, 8, 0], [0, 0, 0]]), np.array([[10, 8, 0], [0, 0, 0]]))
   first = (6.4 + 10) / 48
   second = (8 * first + 8) / 16
-  np.testing.assert_allclose(memory.prior_SxK, [[first, second, second], [0.8, 0.8, 0.8]], rtol=1e-6)
+  np.testing.assert_allclose(memory.prior_AxK, [[first, second, second], [0.8, 0.8, 0.8]], rtol=1e-6)
   memory.learn(np.array([[40, 8, 0], [8, 0, 0]]), np.array([[30, 0, 0], [0, 0, 0]]))
   first = (6.4 + 40) / 88
-  np.testing.assert_allclose(memory.prior_SxK[0], [first, (8 * first + 8) / 24, (8 * first + 8) / 24], rtol=1e-6)
-  np.testing.assert_allclose(memory.prior_SxK[1], [0.4] * 3, rtol=1e-6)
+  np.testing.assert_allclose(memory.prior_AxK[0], [first, (8 * first + 8) / 24, (8 * first + 8) / 24], rtol=1e-6)
+  np.testing.assert_allclose(memory.prior_AxK[1], [0.4] * 3, rtol=1e-6)
   memory.learn(np.array([[1000, 0, 0], [0, 0, 0]]), np.array([[1000, 0, 0], [0, 0, 0]]))
-  assert memory.reached_SxK[0, 0] == k_policy.MEMORY_ROUNDS  # the 1080 rounds seen, scaled to 256
-  np.testing.assert_allclose(memory.prior_SxK[0, 0], (6.4 + 256 * 1040 / 1080) / (8 + 256), rtol=1e-6)
+  assert memory.reached_AxK[0, 0] == k_policy.MEMORY_ROUNDS  # the 1080 rounds seen, scaled to 256
+  np.testing.assert_allclose(memory.prior_AxK[0, 0], (6.4 + 256 * 1040 / 1080) / (8 + 256), rtol=1e-6)
   always = k_policy.Memory(0.8, 1)
   always.learn(np.array([[10_000]]), np.array([[10_000]]))
-  assert always.prior_SxK[0, 0] == np.float32(0.99)  # never taken for granted
+  assert always.prior_AxK[0, 0] == np.float32(0.99)  # never taken for granted
 
 
 def test_a_prior_sets_the_first_rounds_choice():
   """The same program, two runtime priors: at 0.95 the first round proposes K = 3, at 0.3 nothing."""
   rounds = {}
   for prior in (0.95, 0.3):
-    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_SxK=np.full(3, prior),
+    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_AxK=np.full(3, prior),
                           round_limit=1)
     rounds[prior] = np.asarray(out.rounds_per_length).tolist()
   assert rounds == {0.95: [0, 0, 0, 1], 0.3: [1, 0, 0, 0]}

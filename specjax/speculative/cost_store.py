@@ -10,8 +10,8 @@ which proposal lengths the policy chooses, never what it outputs; a stale one (t
 costs speed, and `adaptive.reuse_costs = False` measures again and replaces it.
 
 Beside the table: the acceptance calibration observed (its forced rounds: those that reached and
-accepted each draft position, per acceptance estimate of `k_policy`), which a later run learns as its prior (`k_policy.Memory.learn`), as the
-run that measured it did. Without it a run with a stored table starts from the configured prior, and a
+accepted each draft position, per acceptance estimate of `k_policy`), which a later run learns as its
+prior (`k_policy.Memory.learn`), as the run that measured it did. Without it a run with a stored table starts from the configured prior, and a
 policy that then chooses plain rounds never observes the pair's acceptance.
 """
 
@@ -52,8 +52,8 @@ def _path(description: dict[str, Any]) -> str:
 class Stored(NamedTuple):
   cost_C: np.ndarray  # [C] seconds per round at each candidate
   measured_at: str  # ISO time
-  reached_SxK: np.ndarray  # [S, K] calibration's rounds (summed over rows) that reached each draft position
-  accepted_SxK: np.ndarray  # [S, K] those that accepted it (zeros, with reached_SxK, in a file that has none)
+  reached_AxK: np.ndarray  # [A, K] calibration's rounds (summed over rows) that reached each draft position
+  accepted_AxK: np.ndarray  # [A, K] those that accepted it (zeros, with reached_AxK, in a file that has none)
 
 
 def _candidates_record(candidates: tuple[Any, ...]) -> dict[str, list]:
@@ -71,7 +71,7 @@ def _counts(stored: dict[str, Any], field: str, counts_shape: tuple[int, int]) -
 def load(description: dict[str, Any], candidates: tuple[Any, ...],
          counts_shape: tuple[int, int]) -> tuple[Stored | None, str]:
   """(what is stored for `description`, ""), or (None, why not: "" when nothing is stored). A file that
-  does not hold a table of these candidates and counts of `counts_shape` = (S, K) (damaged, another
+  does not hold a table of these candidates and counts of `counts_shape` = (A, K) (damaged, another
   layout) is not used; a file written before spines (no "spine", counts [K]) reads as all whole cuts and
   one row of counts."""
   path = _path(description)
@@ -81,31 +81,31 @@ def load(description: dict[str, Any], candidates: tuple[Any, ...],
     with open(path) as f:
       stored = json.load(f)
     cost_C = np.asarray(stored["cost_table_s"], np.float32)
-    reached_SxK, accepted_SxK = (_counts(stored, field, counts_shape)
+    reached_AxK, accepted_AxK = (_counts(stored, field, counts_shape)
                                  for field in ("calibration_reached", "calibration_accepted"))
     wanted = _candidates_record(candidates)
     if (stored["description"] != json.loads(json.dumps(description, default=repr))
             or stored["lengths"] != wanted["lengths"]
             or stored.get("spine", [False] * len(stored["lengths"])) != wanted["spine"]
             or cost_C.shape != (len(candidates),) or not np.all(np.isfinite(cost_C) & (cost_C > 0))
-            or reached_SxK.shape != tuple(counts_shape) or accepted_SxK.shape != tuple(counts_shape)
-            or not np.all((0 <= accepted_SxK) & (accepted_SxK <= reached_SxK))):
+            or reached_AxK.shape != tuple(counts_shape) or accepted_AxK.shape != tuple(counts_shape)
+            or not np.all((0 <= accepted_AxK) & (accepted_AxK <= reached_AxK))):
       raise ValueError("it describes another program or holds no valid table")
-    return Stored(cost_C, str(stored["measured_at"]), reached_SxK, accepted_SxK), ""
+    return Stored(cost_C, str(stored["measured_at"]), reached_AxK, accepted_AxK), ""
   except (OSError, ValueError, KeyError, TypeError) as e:
     return None, f"ignoring the stored cost table {path} ({e})"
 
 
 def save(description: dict[str, Any], candidates: tuple[Any, ...], cost_C: np.ndarray, seconds: float,
-         reached_SxK: np.ndarray, accepted_SxK: np.ndarray) -> str:
+         reached_AxK: np.ndarray, accepted_AxK: np.ndarray) -> str:
   """Stores a measured table for `description`, with the acceptance its calibration observed (replacing
   any); returns its file."""
   path = _path(description)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   record = {"description": description, **_candidates_record(candidates),
             "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-            "calibration_reached": np.asarray(reached_SxK, float).tolist(),
-            "calibration_accepted": np.asarray(accepted_SxK, float).tolist(),
+            "calibration_reached": np.asarray(reached_AxK, float).tolist(),
+            "calibration_accepted": np.asarray(accepted_AxK, float).tolist(),
             "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:

@@ -17,8 +17,8 @@ A static tree (a drafter's `tree`, K its depth Dt) is chosen by depth and width:
 (`Candidate`) is a depth L and either the whole tree cut at L (`Tree.cut`: its nodes no deeper than L)
 or only that cut's spine (`Tree.spine`: each node's first-choice child, a chain of L tokens), one
 compiled tree pass each. The round drafts the cut at L and verifies the candidate's nodes. Each row
-keeps two estimates per depth i (rows s of alpha_b,s,i): s = 0, that some child at depth i is accepted
-given its parent was (what the whole cut gains), and s = 1, that the spine's node at depth i is
+keeps two estimates per depth i (rows a of alpha_b,a,i): a = 0, that some child at depth i is accepted
+given its parent was (what the whole cut gains), and a = 1, that the spine's node at depth i is
 accepted given the spine's node above it was (what the spine gains; a round of the whole cut observes
 it too, along the accepted path's first-choice prefix). The spine wins where the other branches do not
 pay for the wider verify pass (a large batch, a slow device, siblings the target seldom takes).
@@ -28,7 +28,7 @@ Estimates: every position a row's round reached (proposed, earlier ones accepted
 outcome, alpha <- decay * alpha + (1 - decay) * accepted; a position not reached drifts back toward the
 prior by `recovery` per round, so a row that stopped drafting tries again once the prior outweighs the
 cost (drafting resumes where the text starts repeating). The prior is per position and runtime
-(`prior_SxK`): `KPolicy.prior` at first, then the acceptance a decoder measured in its earlier calls of
+(`prior_AxK`): `KPolicy.prior` at first, then the acceptance a decoder measured in its earlier calls of
 the same program (`Memory`, calibration's forced rounds included), as a server learns from its
 traffic: the first rounds of a call need not relearn what the pair accepts, a pair whose drafts
 seldom pay is not sent back to drafting by an optimistic constant, and deep positions that few rounds
@@ -143,7 +143,7 @@ class KPolicy:
     return tuple(candidates)
 
   def rows(self, k: int, tree: Any = None) -> int:
-    """S: the acceptance estimates per depth its candidates need (2 when some verify a spine)."""
+    """A: the acceptance estimates per depth its candidates need (2 when some verify a spine)."""
     return 1 + any(c.spine for c in self.candidates(k, tree))
 
 
@@ -166,21 +166,21 @@ def settings_error(kind: str, prior: float, decay: float, recovery: float,
 
 @flax.struct.dataclass
 class PolicyState:
-  alpha_BxSxK: jax.Array  # [B, S, K] float32: per-row conditional acceptance estimates at each draft position
-  prior_SxK: jax.Array  # [S, K] float32: each estimate before any observation, and its drift target
+  alpha_BxAxK: jax.Array  # [B, A, K] float32: per-row conditional acceptance estimates at each draft position
+  prior_AxK: jax.Array  # [A, K] float32: each estimate before any observation, and its drift target
   cost_C: jax.Array  # [C] float32: seconds of a round at each candidate (the cost table)
   chosen_C: jax.Array  # [C] int32: rounds that chose each candidate
-  reached_SxK: jax.Array  # [S, K] float32: rounds (summed over rows) that reached each position (`Memory`)
-  accepted_SxK: jax.Array  # [S, K] float32: those that accepted it
+  reached_AxK: jax.Array  # [A, K] float32: rounds (summed over rows) that reached each position (`Memory`)
+  accepted_AxK: jax.Array  # [A, K] float32: those that accepted it
 
 
 def init(policy: KPolicy, batch: int, candidates: tuple[Candidate, ...], cost_C: jax.Array,
-         prior_SxK: jax.Array) -> PolicyState:
-  prior_SxK = jnp.asarray(prior_SxK, jnp.float32)
-  return PolicyState(alpha_BxSxK=jnp.broadcast_to(prior_SxK, (batch, *prior_SxK.shape)), prior_SxK=prior_SxK,
+         prior_AxK: jax.Array) -> PolicyState:
+  prior_AxK = jnp.asarray(prior_AxK, jnp.float32)
+  return PolicyState(alpha_BxAxK=jnp.broadcast_to(prior_AxK, (batch, *prior_AxK.shape)), prior_AxK=prior_AxK,
                      cost_C=jnp.asarray(cost_C, jnp.float32), chosen_C=jnp.zeros((len(candidates),), jnp.int32),
-                     reached_SxK=jnp.zeros(prior_SxK.shape, jnp.float32),
-                     accepted_SxK=jnp.zeros(prior_SxK.shape, jnp.float32))
+                     reached_AxK=jnp.zeros(prior_AxK.shape, jnp.float32),
+                     accepted_AxK=jnp.zeros(prior_AxK.shape, jnp.float32))
 
 
 def expected_committed(alpha_xK: jax.Array) -> jax.Array:
@@ -197,32 +197,32 @@ def choose(policy: KPolicy, state: PolicyState, live_B: jax.Array,
   lengths_C = np.asarray([c.length for c in candidates], np.int32)
   if not policy.adaptive:
     return jnp.full(live_B.shape, lengths_C[0], jnp.int32), jnp.int32(0)
-  committed_BxC = expected_committed(state.alpha_BxSxK)[:, [c.row for c in candidates], lengths_C]
+  committed_BxC = expected_committed(state.alpha_BxAxK)[:, [c.row for c in candidates], lengths_C]
   rate_C = jnp.sum(jnp.where(live_B[:, None], committed_BxC, 0.0), axis=0) / state.cost_C
   index = jnp.argmax(rate_C).astype(jnp.int32)
   return jnp.full(live_B.shape, jnp.asarray(lengths_C)[index], jnp.int32), index
 
 
-def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_SxB: jax.Array,
-           num_accepted_SxB: jax.Array, live_B: jax.Array) -> PolicyState:
-  """The state after a round in which, as estimate s sees it, live row b proposed
-  `num_proposed_SxB[s, b]` tokens and accepted the first `num_accepted_SxB[s, b]` (0 proposed: a round
-  that told estimate s nothing)."""
+def update(policy: KPolicy, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array,
+           num_accepted_AxB: jax.Array, live_B: jax.Array) -> PolicyState:
+  """The state after a round in which, as estimate a sees it, live row b proposed
+  `num_proposed_AxB[a, b]` tokens and accepted the first `num_accepted_AxB[a, b]` (0 proposed: a round
+  that told estimate a nothing)."""
   chosen_C = state.chosen_C.at[index].add(jnp.int32(1))
   if not policy.adaptive:
     return state.replace(chosen_C=chosen_C)
-  reached_SxBxK, accepted_SxBxK = jax.vmap(metrics.reached_and_accepted, in_axes=(0, 0, None, None))(
-      num_accepted_SxB, num_proposed_SxB, live_B, state.alpha_BxSxK.shape[2])
-  reached_BxSxK, accepted_BxSxK = reached_SxBxK.transpose(1, 0, 2), accepted_SxBxK.transpose(1, 0, 2)
-  alpha_BxSxK = jnp.where(reached_BxSxK, policy.decay * state.alpha_BxSxK + (1.0 - policy.decay) * accepted_BxSxK,
-                          state.alpha_BxSxK + policy.recovery * (state.prior_SxK[None] - state.alpha_BxSxK))
-  return state.replace(alpha_BxSxK=alpha_BxSxK, chosen_C=chosen_C,
-                       reached_SxK=state.reached_SxK + jnp.sum(reached_SxBxK, axis=1),
-                       accepted_SxK=state.accepted_SxK + jnp.sum(accepted_SxBxK, axis=1))
+  reached_AxBxK, accepted_AxBxK = jax.vmap(metrics.reached_and_accepted, in_axes=(0, 0, None, None))(
+      num_accepted_AxB, num_proposed_AxB, live_B, state.alpha_BxAxK.shape[2])
+  reached_BxAxK, accepted_BxAxK = reached_AxBxK.transpose(1, 0, 2), accepted_AxBxK.transpose(1, 0, 2)
+  alpha_BxAxK = jnp.where(reached_BxAxK, policy.decay * state.alpha_BxAxK + (1.0 - policy.decay) * accepted_BxAxK,
+                          state.alpha_BxAxK + policy.recovery * (state.prior_AxK[None] - state.alpha_BxAxK))
+  return state.replace(alpha_BxAxK=alpha_BxAxK, chosen_C=chosen_C,
+                       reached_AxK=state.reached_AxK + jnp.sum(reached_AxBxK, axis=1),
+                       accepted_AxK=state.accepted_AxK + jnp.sum(accepted_AxBxK, axis=1))
 
 
 # The weight, in rounds, of a position's base (the prior for the first position, the estimate of the one
-# before it for the others) against the rounds a decoder observed there (`Memory.prior_SxK`).
+# before it for the others) against the rounds a decoder observed there (`Memory.prior_AxK`).
 PRIOR_ROUNDS = 8.0
 # The rounds per position a decoder remembers: older observations are scaled down to this many, so the
 # prior follows traffic that changes.
@@ -232,44 +232,44 @@ MEMORY_ROUNDS = 256.0
 @dataclasses.dataclass
 class Memory:
   """What a decoder keeps between calls of one compiled program: the measured cost table [C] (None until
-  `calibrate` ran) and, per estimate s (`KPolicy.rows`), the rounds that reached and accepted each draft
+  `calibrate` ran) and, per estimate a (`KPolicy.rows`), the rounds that reached and accepted each draft
   position, summed over its calls' rows (calibration's forced rounds included: `PolicyState`'s
-  counts), from which the next call's prior comes (`prior_SxK`)."""
+  counts), from which the next call's prior comes (`prior_AxK`)."""
 
   prior: float  # `KPolicy.prior`: the first position's acceptance before any observation
   k: int
-  rows: int = 1  # S
+  rows: int = 1  # A
   cost_C: np.ndarray | None = None
-  reached_SxK: np.ndarray | None = None  # [S, K] float64 (zeros when not given)
-  accepted_SxK: np.ndarray | None = None  # [S, K] float64
+  reached_AxK: np.ndarray | None = None  # [A, K] float64 (zeros when not given)
+  accepted_AxK: np.ndarray | None = None  # [A, K] float64
 
   def __post_init__(self):
-    self.reached_SxK = np.zeros((self.rows, self.k)) if self.reached_SxK is None else self.reached_SxK
-    self.accepted_SxK = np.zeros((self.rows, self.k)) if self.accepted_SxK is None else self.accepted_SxK
+    self.reached_AxK = np.zeros((self.rows, self.k)) if self.reached_AxK is None else self.reached_AxK
+    self.accepted_AxK = np.zeros((self.rows, self.k)) if self.accepted_AxK is None else self.accepted_AxK
 
   @property
-  def prior_SxK(self) -> np.ndarray:
-    """[S, K] float32: position j's observed rate shrunk toward a base by PRIOR_ROUNDS pseudo-rounds,
+  def prior_AxK(self) -> np.ndarray:
+    """[A, K] float32: position j's observed rate shrunk toward a base by PRIOR_ROUNDS pseudo-rounds,
     (PRIOR_ROUNDS * base_j + accepted_j) / (PRIOR_ROUNDS + reached_j), the base being `prior` for the
     first position and the estimate of position j - 1 for the others: a position seldom reached (deep
     ones: only long proposals reach them) is assumed to accept like the one before it, not like a
     constant. Kept inside [0.01, 0.99] (never written off nor taken for granted)."""
-    prior_SxK = np.zeros((self.rows, self.k), np.float32)
-    for s in range(self.rows):
+    prior_AxK = np.zeros((self.rows, self.k), np.float32)
+    for a in range(self.rows):
       base = self.prior
       for j in range(self.k):
-        base = float(np.clip((PRIOR_ROUNDS * base + self.accepted_SxK[s, j])
-                             / (PRIOR_ROUNDS + self.reached_SxK[s, j]), 0.01, 0.99))
-        prior_SxK[s, j] = base
-    return prior_SxK
+        base = float(np.clip((PRIOR_ROUNDS * base + self.accepted_AxK[a, j])
+                             / (PRIOR_ROUNDS + self.reached_AxK[a, j]), 0.01, 0.99))
+        prior_AxK[a, j] = base
+    return prior_AxK
 
-  def learn(self, reached_SxK: np.ndarray, accepted_SxK: np.ndarray) -> None:
+  def learn(self, reached_AxK: np.ndarray, accepted_AxK: np.ndarray) -> None:
     """Adds a call's rounds that reached each position and those that accepted it (summed over rows);
     a position observed more than MEMORY_ROUNDS times keeps that many, in proportion."""
-    self.reached_SxK = self.reached_SxK + reached_SxK
-    self.accepted_SxK = self.accepted_SxK + accepted_SxK
-    scale_SxK = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_SxK, 1.0))
-    self.reached_SxK, self.accepted_SxK = self.reached_SxK * scale_SxK, self.accepted_SxK * scale_SxK
+    self.reached_AxK = self.reached_AxK + reached_AxK
+    self.accepted_AxK = self.accepted_AxK + accepted_AxK
+    scale_AxK = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_AxK, 1.0))
+    self.reached_AxK, self.accepted_AxK = self.reached_AxK * scale_AxK, self.accepted_AxK * scale_AxK
 
 
 def forcing(num_candidates: int, index: int) -> np.ndarray:

@@ -61,7 +61,7 @@ class _LoopState:
   key: jax.Array  # PRNG key, split once per round
   counts: metrics.AcceptanceCounts  # per-row acceptance counters: [B] and [B, K]
   draft_calls: jax.Array  # [] int32: draft forward passes so far (`Proposal.calls` summed)
-  policy: k_policy.PolicyState  # acceptance estimates [B, S, K], the cost table [C], rounds per candidate [C]
+  policy: k_policy.PolicyState  # acceptance estimates [B, A, K], the cost table [C], rounds per candidate [C]
 
 
 @flax.struct.dataclass
@@ -72,7 +72,7 @@ class SpeculativeOutput:
   draft_calls: jax.Array  # [] int32: draft forward passes proposing tokens (prompt prefill excluded)
   acceptance: metrics.AcceptanceCounts  # per-row rounds, proposed and accepted tokens, per position
   rounds_per_length: jax.Array  # [C] int32: rounds whose policy chose each of `KPolicy.candidates`
-  policy_reached: jax.Array  # [S, K] float32: the policy's observations, rounds (summed over rows) that
+  policy_reached: jax.Array  # [A, K] float32: the policy's observations, rounds (summed over rows) that
   policy_accepted: jax.Array  # reached and accepted each position, per estimate (`k_policy.Memory`)
   target_cache: KVCache  # final caches, returned so the donated buffers can be reused
   draft_state: Any  # the drafter's final state (ModelDraftState.cache is the draft cache)
@@ -160,7 +160,8 @@ def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
 def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
               eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, cost_C: jax.Array,
-              prior_SxK: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int, rule: AcceptanceRule,
+              prior_AxK: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int,
+              rule: AcceptanceRule,
               greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
@@ -189,8 +190,11 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
     wanted_B, choice = k_policy.choose(policy, state.policy, live_B, candidates)
+    # A branching static tree's drafter also learns whether the round verifies only the spine.
+    spine = {"spine": spine_C[choice]} if policy.rows(k, drafter.tree) == 2 else {}
     proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
-                                                          sampling, draft_key, k, wanted_B if policy.adaptive else None)
+                                                          sampling, draft_key, k, wanted_B if policy.adaptive else None,
+                                                          **spine)
     if policy.adaptive:  # what a drafter proposes beyond the chosen length is never verified
       proposal = proposal.replace(lengths=jnp.minimum(proposal.lengths, wanted_B))
     longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
@@ -214,12 +218,12 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
       target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
     # What each acceptance estimate observed: the whole cut's (a chain's) from the round's outcome, unless
     # the round verified a spine; the spine's from the accepted path's first-choice prefix.
-    proposed_SxB, accepted_SxB = proposal.lengths[None], num_accepted_B[None]
+    proposed_AxB, accepted_AxB = proposal.lengths[None], num_accepted_B[None]
     if policy.rows(k, drafter.tree) == 2:
       spine_depth = len(drafter.tree.spine()) - 1
-      proposed_SxB = jnp.stack([jnp.where(spine_C[choice], 0, proposal.lengths),
+      proposed_AxB = jnp.stack([jnp.where(spine_C[choice], 0, proposal.lengths),
                                 jnp.minimum(proposal.lengths, spine_depth)])
-      accepted_SxB = jnp.stack([num_accepted_B, _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
+      accepted_AxB = jnp.stack([num_accepted_B, _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])
@@ -231,18 +235,18 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                       buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
                       counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B),
                       draft_calls=state.draft_calls + proposal.calls,
-                      policy=k_policy.update(policy, state.policy, choice, proposed_SxB, accepted_SxB, live_B))
+                      policy=k_policy.update(policy, state.policy, choice, proposed_AxB, accepted_AxB, live_B))
 
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
       counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0),
-      policy=k_policy.init(policy, batch, candidates, cost_C, prior_SxK)))
+      policy=k_policy.init(policy, batch, candidates, cost_C, prior_AxK)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
       tokens=generation.finalize(state.buffer, pad_id)[:, :out_width], counts=state.buffer.counts,
       target_calls=rounds + 1, draft_calls=state.draft_calls,
-      acceptance=state.counts, rounds_per_length=state.policy.chosen_C, policy_reached=state.policy.reached_SxK,
-      policy_accepted=state.policy.accepted_SxK, target_cache=state.target_cache,
+      acceptance=state.counts, rounds_per_length=state.policy.chosen_C, policy_reached=state.policy.reached_AxK,
+      policy_accepted=state.policy.accepted_AxK, target_cache=state.target_cache,
       draft_state=state.draft_state)
 
 
@@ -252,7 +256,7 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
                          pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
                          greedy_rule: GreedyRule = acceptance.verify_greedy,
                          tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
-                         cost_C=None, prior_SxK=None, round_limit: int | None = None,
+                         cost_C=None, prior_AxK=None, round_limit: int | None = None,
                          lower: bool | str = False) -> SpeculativeOutput | jax.stages.Lowered:
   """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
@@ -279,8 +283,8 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   `policy` (static, `k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
   (fixed), or the candidate maximising expected committed tokens per second under the cost table `cost_C`
   ([C] seconds per round at each of `policy.candidates(k, tree)`, runtime: measured by
-  `k_policy.calibrate`; default all equal) and the per-position acceptance prior `prior_SxK` ([S, K] in
-  (0, 1), S = `policy.rows(k, tree)`, or [K] for every row; runtime: what earlier calls measured,
+  `k_policy.calibrate`; default all equal) and the per-position acceptance prior `prior_AxK` ([A, K] in
+  (0, 1), A = `policy.rows(k, tree)`, or [K] for every row; runtime: what earlier calls measured,
   `k_policy.Memory`; default `policy.prior` everywhere). `round_limit` (runtime; None =
   no limit) stops the loop after that many rounds, finished or not: what calibration times.
 
@@ -306,10 +310,10 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
     raise ValueError(f"cost_C must hold {len(candidates)} positive costs (one per candidate "
                      f"{[c.label for c in candidates]}), got {cost_C}")
   rows = policy.rows(k, tree)
-  prior_SxK = np.full(k, policy.prior, np.float32) if prior_SxK is None else np.asarray(prior_SxK, np.float32)
-  prior_SxK = np.broadcast_to(prior_SxK, (rows, k)) if prior_SxK.shape == (k,) else prior_SxK
-  if prior_SxK.shape != (rows, k) or not np.all((prior_SxK > 0) & (prior_SxK < 1)):
-    raise ValueError(f"prior_SxK must hold {rows} x K = {k} acceptance probabilities in (0, 1), got {prior_SxK}")
+  prior_AxK = np.full(k, policy.prior, np.float32) if prior_AxK is None else np.asarray(prior_AxK, np.float32)
+  prior_AxK = np.broadcast_to(prior_AxK, (rows, k)) if prior_AxK.shape == (k,) else prior_AxK
+  if prior_AxK.shape != (rows, k) or not np.all((prior_AxK > 0) & (prior_AxK < 1)):
+    raise ValueError(f"prior_AxK must hold {rows} x K = {k} acceptance probabilities in (0, 1), got {prior_AxK}")
   batch = prompts_BxP.shape[0]
   if target_cache.batch_size != batch:
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
@@ -324,6 +328,6 @@ def speculative_generate(target_config: ModelConfig, target_params: Params, draf
   return lowering.call_or_lower(
       _generate, lower, target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
       jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
-      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C), jnp.asarray(prior_SxK),
+      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C), jnp.asarray(prior_AxK),
       jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k, out_width=out_width,
       pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule, policy=policy)

@@ -35,5 +35,5 @@ class ShallowTreeDrafter(ModelDrafter):
   loop verifies holds tokens never drawn (zeros, with probability 0 under the draft), which the tree
   rule then accepts wherever the target gives them mass."""
 
-  def propose(self, state, target_cache, pending_B, sampling, key, k, wanted_B=None):
-    return super().propose(state, target_cache, pending_B, sampling, key, k, jnp.maximum(wanted_B - 1, 0))
+  def propose(self, state, target_cache, pending_B, sampling, key, k, wanted_B=None, spine=None):
+    return super().propose(state, target_cache, pending_B, sampling, key, k, jnp.maximum(wanted_B - 1, 0), spine)

@@ -15,7 +15,7 @@ Host side, before anything compiles:
 Inside the jitted loop:
   init(storage, prompts, lengths, target_cache) -> state
       (or init_from_features(storage, prompts, lengths, features) when `reads_prompt_features`)
-  propose(state, target_cache, pending, sampling, key, k, wanted) -> (Proposal, state, target_cache)
+  propose(state, target_cache, pending, sampling, key, k, wanted[, spine]) -> (Proposal, state, target_cache)
   commit(state, proposal, num_committed, target_features) -> state
 From a decode config (class methods, `specjax.speculative.drafters.registry`):
   name, config_group(), check_config(options, settings), build(settings, target, draft, log)
@@ -214,13 +214,17 @@ class Drafter(flax.struct.PyTreeNode):
                               f"init_from_features")
 
   def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int, wanted_B: jax.Array | None = None) -> tuple[Proposal, Any, KVCache]:
+              key: jax.Array, k: int, wanted_B: jax.Array | None = None,
+              spine: jax.Array | None = None) -> tuple[Proposal, Any, KVCache]:
     """Up to K tokens per row following the history and `pending_B` (their distributions after
     `sampling`, or point masses), the state, and the target's cache (changed only beyond each row's
     length). Commits nothing. `wanted_B` [B] int32 in [0, K] is what the K policy lets row b propose
     this round (`k_policy`; None = K for every row: the fixed policy): the loop never verifies more
     (a static tree: its cut at that depth, `Tree.cut`), so a drafter may ignore it, at the price of
-    draft passes nobody reads (`draft_chain` and `grow_tree` stop them)."""
+    draft passes nobody reads (`draft_chain` and `grow_tree` stop them). `spine` [] bool is given only
+    to a drafter of a branching static tree under the adaptive policy: where it holds, the round
+    verifies only the cut's spine (`Tree.spine`), so the drafter may draw just that
+    (`tree_drafting.spine_or_whole`) or ignore it, at the price of the other nodes' drawing."""
     raise NotImplementedError(f"{type(self).__name__} must define propose")
 
   def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,

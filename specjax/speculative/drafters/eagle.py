@@ -56,7 +56,7 @@ from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_option
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import children_error, grow_tree
+from specjax.speculative.trees.drafting import children_error, grow_tree, spine_or_whole
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
@@ -297,29 +297,36 @@ class EagleDrafter(ModelBackedDrafter):
                       pending=jnp.zeros((batch,), jnp.int32))
 
   def _propose_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, depth: jax.Array | None) -> Proposal:
+                    key: jax.Array, depth: jax.Array | None, spine: jax.Array | None) -> Proposal:
     """A static tree drawn level by level: the root pairs (f_{n-1}, x_n), every other node (its parent's
     head output, its token), each level one tree-masked head pass written beyond the head's length
     (scratch: `commit` rewrites the accepted path from the target's features). Cut at `depth` (None:
-    whole; the adaptive policy's choice): that many passes."""
-    tree, batch = self.tree, pending_B.shape[0]
-    parent_N1 = np.maximum(np.asarray(tree.parent), 0)
+    whole; the adaptive policy's choice): that many passes; where `spine` holds, only the cut's spine
+    (one node a pass: `spine_or_whole`)."""
+    batch = pending_B.shape[0]
 
-    def feed_level(carry, tokens_BxLv, level, depth):
-      cache, outs_BxN1xD = carry
-      nodes = np.arange(level.first, level.first + level.count)
-      fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
-      out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD, cache,
-                                       tree=level)
-      return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
+    def draw(tree: Tree, cache: KVCache):
+      parent_N1 = np.maximum(np.asarray(tree.parent), 0)
 
-    def head(out_BxLvxD):
-      return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
+      def feed_level(carry, tokens_BxLv, level, depth):
+        cache, outs_BxN1xD = carry
+        nodes = np.arange(level.first, level.first + level.count)
+        fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
+        out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD,
+                                         cache, tree=level)
+        return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
 
-    outs_BxN1xD = jnp.zeros((batch, tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
-    tokens_BxN, probs_BxNxW, _ = grow_tree(tree, self.tree_children, pending_B, sampling, key, feed_level, head,
-                                           (state.cache, outs_BxN1xD), depth)
-    return full(tokens_BxN, probs_BxNxW).replace(tree=tree, calls=jnp.int32(tree.max_depth if depth is None else depth))
+      def head(out_BxLvxD):
+        return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
+
+      outs_BxN1xD = jnp.zeros((batch, tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
+      tokens_BxN, probs_BxNxW, (cache, _) = grow_tree(tree, self.tree_children, pending_B, sampling, key, feed_level,
+                                                      head, (cache, outs_BxN1xD), depth)
+      return cache, (tokens_BxN, probs_BxNxW)
+
+    _, (tokens_BxN, probs_BxNxW) = spine_or_whole(self.tree, spine, draw, state.cache)
+    return full(tokens_BxN, probs_BxNxW).replace(tree=self.tree,
+                                                 calls=jnp.int32(self.tree.max_depth if depth is None else depth))
 
   def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams
                          ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
@@ -350,13 +357,15 @@ class EagleDrafter(ModelBackedDrafter):
     return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
   def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int, wanted_B: jax.Array | None = None) -> tuple[Proposal, EagleState, KVCache]:
+              key: jax.Array, k: int, wanted_B: jax.Array | None = None,
+              spine: jax.Array | None = None) -> tuple[Proposal, EagleState, KVCache]:
     if isinstance(self.tree, DynamicSpec):
       tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
       proposal = full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree)
       return proposal, state.replace(pending=pending_B), target_cache
     if self.tree is not None:
-      proposal = self._propose_tree(state, pending_B, sampling, key, None if wanted_B is None else jnp.max(wanted_B))
+      proposal = self._propose_tree(state, pending_B, sampling, key, None if wanted_B is None else jnp.max(wanted_B),
+                                    spine)
       return proposal, state.replace(pending=pending_B), target_cache
 
     def step(carry, step_key):

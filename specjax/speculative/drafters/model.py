@@ -76,7 +76,7 @@ from specjax.speculative.drafters.spelling import Spelling, intersection_draftin
 from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import children_error, draft_tree
+from specjax.speculative.trees.drafting import children_error, draft_tree, spine_or_whole
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
@@ -92,6 +92,7 @@ class ModelDraftState:
   fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
   pending_ids: jax.Array  # [B] int32: draft ids spelling the last proposal's pending token (1 but with a spelling)
   deferred: jax.Array  # [] bool: the last proposal fed nothing (a plain round): its pending ids join the lag
+  spine: jax.Array  # [] bool: the last proposal drew only its tree's spine, as a chain (keys in consecutive slots)
   node_slots: jax.Array | None = None  # [B, N + 1] int32, dynamic trees: each node's cache slot beyond the root
 
 
@@ -306,6 +307,7 @@ class ModelDrafter(ModelBackedDrafter):
       lag_B = jnp.zeros((batch,), jnp.int32)
     return ModelDraftState(cache=cache, lag_ids=lag_ids, lag=lag_B, fed=jnp.int32(0),
                            pending_ids=jnp.ones((batch,), jnp.int32), deferred=jnp.bool_(False),
+                           spine=jnp.bool_(False),
                            node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
                                        if isinstance(self.tree, DynamicSpec) else None))
 
@@ -333,13 +335,13 @@ class ModelDrafter(ModelBackedDrafter):
     return hidden_BxD, state, cache, num_valid_B, passes
 
   def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None
-              ) -> tuple[Proposal, ModelDraftState, KVCache]:
+              sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None,
+              spine: jax.Array | None = None) -> tuple[Proposal, ModelDraftState, KVCache]:
     if isinstance(self.tree, DynamicSpec):
       return (*self._propose_dynamic_tree(state, pending_B, sampling), target_cache)
     if self.tree is not None:
       proposal, state = self._propose_tree(state, pending_B, sampling, key,
-                                           None if wanted_B is None else jnp.max(wanted_B))
+                                           None if wanted_B is None else jnp.max(wanted_B), spine)
       return proposal, state, target_cache
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
     drafting = True if wanted_B is None else jnp.max(wanted_B) > 0
@@ -405,19 +407,28 @@ class ModelDrafter(ModelBackedDrafter):
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
 
   def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, depth: jax.Array | None) -> tuple[Proposal, ModelDraftState]:
+                    key: jax.Array, depth: jax.Array | None, spine: jax.Array | None
+                    ) -> tuple[Proposal, ModelDraftState]:
     """A tree proposal (`tree_drafting`) after [history, pending], cut at `depth` (None: whole; the
-    adaptive policy's choice). The catch-up pass feeds [lag, pending's ids] (`_catch_up`; at depth 0 it
-    defers: nothing runs), the last of them the tree's root; the draft cache then holds every node
-    drafted beyond the history (uncommitted), for `commit` to compact the accepted path."""
+    adaptive policy's choice), or only that cut's spine where `spine` holds (drawn as a chain: each
+    level's pass feeds one node, not the level; its tokens land at the spine's nodes). The catch-up
+    pass feeds [lag, pending's ids] (`_catch_up`; at depth 0 it defers: nothing runs), the last of them
+    the tree's root; the draft cache then holds every node drafted beyond the history (uncommitted), for
+    `commit` to compact the accepted path."""
     drafting = True if depth is None else depth > 0
     root_hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, drafting)
-    tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, self.tree, self.tree_children,
-                                                cache.advance(jnp.maximum(num_valid_B - 1, 0)), root_hidden_BxD,
-                                                sampling, key, depth)
+
+    def draw(tree: Tree, cache: KVCache):
+      tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, tree, self.tree_children,
+                                                  cache, root_hidden_BxD, sampling, key, depth)
+      return cache, (tokens_BxN, probs_BxNxW)
+
+    cache, (tokens_BxN, probs_BxNxW) = spine_or_whole(self.tree, spine, draw,
+                                                      cache.advance(jnp.maximum(num_valid_B - 1, 0)))
     levels = jnp.int32(self.tree.max_depth) if depth is None else depth
     proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=catch_up_passes + levels)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths))
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths),
+                                   spine=jnp.bool_(False) if spine is None else spine)
 
   def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
                             sampling: SamplingParams) -> tuple[Proposal, ModelDraftState]:
@@ -466,7 +477,8 @@ class ModelDrafter(ModelBackedDrafter):
     if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`); the root: pending's last id
       fed_B = committed_B & ~state.deferred  # its lag and pending's ids were written before the root
       cache = state.cache.advance(jnp.where(fed_B, state.lag + state.pending_ids - 1, 0))
-      cache = cache if self.tree.is_chain else cache.compact(proposal.path)
+      if not self.tree.is_chain:  # a spine round's keys are already in path order (`_propose_tree`)
+        cache = cache.compact(jnp.where(state.spine, jnp.arange(proposal.path.shape[1]), proposal.path))
       return state.replace(cache=cache.advance(jnp.where(fed_B, num_committed_B, 0)),
                            lag=jnp.where(state.deferred, deferred_lag_B, jnp.where(committed_B, 0, state.lag)))
     # Otherwise written beyond the history: the lag, pending's ids, d_1 .. d_fed. A row that accepted

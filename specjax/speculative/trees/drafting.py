@@ -16,7 +16,8 @@ one tree-masked pass per depth level (`Tree.level`): level d's nodes are written
 the next level's children. A last pass feeds the leaves, so the draft cache holds every node's keys and
 the accepted path is compacted like the target's (no lagging token): Dt + 1 passes in all. A round of
 the adaptive K policy drafts only the tree cut at its chosen depth d (the catch-up and d passes;
-`grow_tree`).
+`grow_tree`), and a round that verifies only the cut's spine draws only the spine, as a chain: each
+pass feeds one node, not a level (`spine_or_whole`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import inplace
 from specjax.models.config import ModelConfig
@@ -32,7 +34,7 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_hidden
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.speculative.drafters.draft_head import DraftHead, draft_inputs, draft_logits
-from specjax.speculative.trees.tree import Tree
+from specjax.speculative.trees.tree import Tree, chain
 
 CHILDREN = ("iid", "without_replacement", "top")
 
@@ -82,6 +84,30 @@ def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logi
   order_BxLvxRk = jax.lax.top_k(jnp.log(probs_BxLvxW) + gumbel_BxLvxW, most)[1]
   tokens_BxC = pick(order_BxLvxRk).astype(jnp.int32)
   return tokens_BxC, _without_elders(probs_BxCxW, order_BxLvxRk[:, jnp.asarray(parents)], ranks, tokens_BxC)
+
+
+Drawn = tuple[jax.Array, jax.Array | None]  # tokens [B, n] of a tree's nodes 1..n, their distributions [B, n, W]
+
+
+def spine_or_whole(tree: Tree, spine: jax.Array | None, draw: Callable[[Tree, Any], tuple[Any, Drawn]],
+                   operand: Any) -> tuple[Any, Drawn]:
+  """`draw(tree, operand)` -> (operand, (tokens, distributions)) of the tree's nodes, updating `operand`
+  (a cache) in place; where `spine` ([] bool, None: never) holds, `draw` the tree's spine as a chain
+  instead (`Tree.spine`: what the round verifies) and place its tokens at the spine's nodes (the other
+  nodes hold zeros: never verified)."""
+  if spine is None:
+    return draw(tree, operand)
+  nodes = np.asarray(tree.spine())
+
+  def spine_only(operand):
+    operand, (tokens_BxDs, probs_BxDsxW) = draw(chain(len(nodes) - 1), operand)
+    slots = jnp.asarray(nodes[1:] - 1)
+    tokens_BxN = jnp.zeros((tokens_BxDs.shape[0], tree.nodes_with_root - 1), jnp.int32).at[:, slots].set(tokens_BxDs)
+    probs_BxNxW = None if probs_BxDsxW is None else jnp.zeros(
+        (*tokens_BxN.shape, probs_BxDsxW.shape[-1]), jnp.float32).at[:, slots].set(probs_BxDsxW)
+    return operand, (tokens_BxN, probs_BxNxW)
+
+  return inplace.cond(spine, spine_only, lambda operand: draw(tree, operand), operand)
 
 
 def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
