@@ -55,12 +55,12 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   systems = {}
   for row in results["runs"]:
     systems.setdefault(row["group"], []).append(row["system"])
-  # The baseline first, after every ar_every = 2 systems, and last; "model" = K 2, then K 2 stopping below 0.06.
+  # The baseline first, after every ar_every = 2 systems, and last; "model" = K 2 (no threshold runs).
   assert systems == {
       "code_edit/greedy": [AUTOREGRESSIVE, "ngram_k3", "layer_skip_k2", AUTOREGRESSIVE],
       "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
-      "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.06", AUTOREGRESSIVE, "model_k2_adaptive",
-                     "model+pair_adaptive", AUTOREGRESSIVE],
+      "raw/greedy": [AUTOREGRESSIVE, "model_k2", "model_k2_t0.06_adaptive", AUTOREGRESSIVE, "model+pair_adaptive",
+                     AUTOREGRESSIVE],
       "raw/sampled": [AUTOREGRESSIVE, "model@second_k2", AUTOREGRESSIVE]}
   assert results["prompts"]["code_edit/greedy"] == code_edit_prompts.code_edit_prompts()[:2]
   assert len(results["prompts"]["code_edit/batched"]) == 2 and len(results["prompts"]["raw/greedy"]) == 2
@@ -74,7 +74,7 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
   drafts = {row["system"]: row["draft_model"] for row in results["runs"] if row["drafter"] == "model"}
   assert os.path.basename(drafts["model_k2"]).startswith("draft")  # the draft each run loaded
   assert os.path.basename(drafts["model@second_k2"]).startswith("second")
-  adaptive = next(row for row in results["runs"] if row["system"] == "model_k2_adaptive")
+  adaptive = next(row for row in results["runs"] if row["system"] == "model_k2_t0.06_adaptive")
   assert adaptive["k_policy"]["lengths"] == [0, 1, 2] and len(adaptive["k_policy"]["cost_table_s"]) == 3
   assert sum(adaptive["k_policy"]["rounds_per_length"]) > 0 and adaptive["modelled_speedup"] is None
   assert adaptive["policy_step_s"] > 0 and adaptive["policy_share_of_cheapest_round"] > 0

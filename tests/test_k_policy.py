@@ -63,6 +63,7 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree):
   assert policy.lengths(k) == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
   rows = policy.rows(k, tree)
   assert rows == (1 if tree is None else 2) and len(candidates) == (6 if tree is None else 11)
+  choose = jax.jit(lambda state, live_B: k_policy.choose(policy, state, live_B, candidates))  # one compile
   seen = set()
   for trial in range(200):
     alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
@@ -70,7 +71,7 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree):
     live_B[trial % 4] = True
     cost_C = np.sort(rng.uniform(0.5, 3.0, len(candidates))).astype(np.float32)
     state = _state(alpha_BxAxK, np.full((rows, k), 0.8), len(candidates)).replace(cost_C=jnp.asarray(cost_C))
-    wanted_B, index = k_policy.choose(policy, state, jnp.asarray(live_B), candidates)
+    wanted_B, index = choose(state, jnp.asarray(live_B))
     want = _reference_choice(alpha_BxAxK, live_B, cost_C, candidates)
     assert int(index) == want and (np.asarray(wanted_B) == candidates[want].length).all()
     seen.add(want)
@@ -183,6 +184,11 @@ def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name, max_l
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   visited = _check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0, tree)
   assert len(visited) >= 3 and any(c.spine for c in visited) and any(c.length and not c.spine for c in visited)
+  # What the estimates observed (a `Memory` learns it): the spine's in every drafting round, the whole
+  # cut's in its own rounds only, never an acceptance its round did not reach.
+  reached_AxK, accepted_AxK = np.asarray(out.policy_reached), np.asarray(out.policy_accepted)
+  assert (accepted_AxK <= reached_AxK).all() and (reached_AxK[:, 0] > 0).all()
+  assert reached_AxK[1, 0] > reached_AxK[0, 0]
 
 
 def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():

@@ -99,7 +99,7 @@ def get_config(variant: str = ""):
   if variant == "tiny":
     cfg.target = cfg.draft = "tests-will-override"  # HF directories of a tiny target and draft
     cfg.max_new_tokens = 8
-    cfg.model_ks, cfg.thresholds, cfg.threshold_k = (2,), (0.06,), 2  # tiny models: top probability ~0.05
+    cfg.model_ks, cfg.thresholds = (2,), ()  # the stop threshold runs with the adaptive policy, below
     cfg.ngram_k, cfg.drafters.ngram.min, cfg.drafters.ngram.max = 3, 1, 2
     cfg.drafters.layer_skip.layers, cfg.layer_skip_k = "0", 2
     cfg.batched_size = 2
@@ -107,7 +107,8 @@ def get_config(variant: str = ""):
     cfg.prompt_sets = ("code_edit", "raw")  # chat, like raw, would only add compile time to the tests
     cfg.sets.code_edit = prompt_set(False, 2, greedy=("ngram", "layer_skip"), sampled=(), batched=("ngram",))
     cfg.sets.chat = prompt_set(False, 1, greedy=("model_k2_t0.5",), sampled=(), batched=())
-    cfg.sets.raw = prompt_set(False, 2, greedy=("model", "model_k2_adaptive", "model+pair_adaptive"),
+    # Tiny models' top probability is ~0.05: 0.06 stops some drafts.
+    cfg.sets.raw = prompt_set(False, 2, greedy=("model", "model_k2_t0.06_adaptive", "model+pair_adaptive"),
                               sampled=("model@second_k2",), batched=())
     cfg.trees.pair = "(2, 1)"
     cfg.other_drafts.second = "tests-will-override"  # another tiny draft

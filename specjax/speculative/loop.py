@@ -221,9 +221,10 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     proposed_AxB, accepted_AxB = proposal.lengths[None], num_accepted_B[None]
     if policy.rows(k, drafter.tree) == 2:
       spine_depth = len(drafter.tree.spine()) - 1
-      proposed_AxB = jnp.stack([jnp.where(spine_C[choice], 0, proposal.lengths),
-                                jnp.minimum(proposal.lengths, spine_depth)])
-      accepted_AxB = jnp.stack([num_accepted_B, _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
+      whole_cut = ~spine_C[choice]
+      proposed_AxB = jnp.stack([jnp.where(whole_cut, proposal.lengths, 0), jnp.minimum(proposal.lengths, spine_depth)])
+      accepted_AxB = jnp.stack([jnp.where(whole_cut, num_accepted_B, 0),
+                                _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])
