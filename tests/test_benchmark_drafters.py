@@ -127,7 +127,7 @@ def test_tables_are_printed_and_reprinted_from_the_file(benchmark):
   for heading in ("#### code_edit, greedy: batch 1, temperature 0", "#### raw, sampled: batch 1, temperature 1",
                   "#### code_edit, batched: batch 2"):
     assert heading in printed
-  assert "| ngram K=3 (n=1..2) |" in printed and "| model K=2, stop below 0.06 |" in printed
+  assert "| ngram K=3 (n=1..2) |" in printed and "| model K<=2 adaptive, stop below 0.06 |" in printed
   assert "transformers prompt lookup / transformers generate:" in printed
   assert "differ from specjax autoregressive: none." in printed
   report = subprocess.run([sys.executable, "-m", "experiments.benchmark_drafters",
