@@ -33,8 +33,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.k = 5  # draft tokens proposed per round (the most a round can propose)
   c.k_policy = "auto"  # how many of the k tokens a round proposes: "fixed" (all k), "adaptive" (per round,
   #                      the length with the most expected tokens per second: 0 = a plain target step;
-  #                      a static tree's depth; see README "Adaptive speculation") or "auto": adaptive,
-  #                      but fixed for a dynamic tree
+  #                      a static tree's depth, whole or its spine; see README "Adaptive speculation") or
+  #                      "auto": adaptive, but fixed for a dynamic tree
   c.adaptive = ml_collections.ConfigDict()  # the adaptive policy's settings (`specjax.speculative.k_policy`)
   c.adaptive.prior = 0.8  # acceptance estimate of a draft position before any observation, in (0, 1)
   c.adaptive.decay = 0.9  # weight of the old estimate when a round reaches the position, in [0, 1); 0.9
