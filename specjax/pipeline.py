@@ -156,7 +156,7 @@ def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_l
   compiled program in `policy_memory` (every batch has one shape): its cost table is measured with the
   first batch unless the memory holds it, and every call teaches it acceptance."""
   policy, cfg = spec.policy, spec.config
-  candidates = policy.candidates(spec.k, drafter.tree if drafter is not None else None)
+  candidates = runner.candidates
   record = {"kind": policy.kind, "lengths": [c.length for c in candidates]}
   if any(c.spine for c in candidates):  # a tree's: which candidates verify only the spine
     record["spine"] = [c.spine for c in candidates]

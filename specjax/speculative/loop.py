@@ -161,8 +161,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
               prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
               eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, cost_C: jax.Array,
               prior_AxK: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int,
-              rule: AcceptanceRule,
-              greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy) -> SpeculativeOutput:
+              rule: AcceptanceRule, greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy
+              ) -> SpeculativeOutput:
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   if drafter.reads_prompt_features:  # a drafter reading the target's features of the prompts
@@ -182,6 +182,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
   widths = loop_widths(drafter, policy, k) if target_config.narrow_passes else (k + 1,)
   candidates = policy.candidates(k, drafter.tree)
   lengths_C, spine_C = (jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
+  spines = any(c.spine for c in candidates)  # a branching static tree under the adaptive policy
 
   def cond(state: _LoopState):
     return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < round_limit)
@@ -191,7 +192,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     live_B = ~state.buffer.done
     wanted_B, choice = k_policy.choose(policy, state.policy, live_B, candidates)
     # A branching static tree's drafter also learns whether the round verifies only the spine.
-    spine = {"spine": spine_C[choice]} if policy.rows(k, drafter.tree) == 2 else {}
+    spine = {"spine": spine_C[choice]} if spines else {}
     proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
                                                           sampling, draft_key, k, wanted_B if policy.adaptive else None,
                                                           **spine)
@@ -219,7 +220,7 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     # What each acceptance estimate observed: the whole cut's (a chain's) from the round's outcome, unless
     # the round verified a spine; the spine's from the accepted path's first-choice prefix.
     proposed_AxB, accepted_AxB = proposal.lengths[None], num_accepted_B[None]
-    if policy.rows(k, drafter.tree) == 2:
+    if spines:
       spine_depth = len(drafter.tree.spine()) - 1
       whole_cut = ~spine_C[choice]
       proposed_AxB = jnp.stack([jnp.where(whole_cut, proposal.lengths, 0), jnp.minimum(proposal.lengths, spine_depth)])
