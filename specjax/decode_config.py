@@ -56,6 +56,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;
   #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see README)
   c.attention_block = 256  # keys per block of blockwise attention (0 = dense over the cache)
+  c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's AVX-512 CPU kernel: float32, bfloat16) or
+  #                    "auto": the kernel on a CPU that runs it vectorised for `dtype`, XLA elsewhere
   c.narrow_passes = "auto"  # "on": a verify / catch-up pass runs its narrowest compiled width that fits (a
   #                           branch); "off": always the widest; "auto": off on GPU, on elsewhere
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)

@@ -13,6 +13,7 @@ import ml_collections
 
 from specjax import decode_config, lowering, mesh as meshes, partitioning
 from specjax.errors import ConfigError
+from specjax.models import matmul
 from specjax.models.load import SCAN_LAYERS, attention_for, narrow_passes_for
 from specjax.sampling import SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
@@ -26,7 +27,7 @@ DTYPES = ("float32", "bfloat16")
 DRAFT_SHARDINGS = ("same", "replicated")
 # Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload).
 LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers",
-               "attention", "attention_block", "narrow_passes", "prefill_chunk")
+               "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul")
 # Top-level fields that only speculative runs read; every drafter group is speculative-only too.
 SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_children")
 
@@ -120,6 +121,7 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
   try:  # the settings, and a kernel on a platform without one
     attention_for(cfg.attention, cfg.lower_only or None)
     narrow_passes_for(cfg.narrow_passes)
+    matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None)
   except ValueError as error:
     raise ConfigError(f"config.{error}") from None
   require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,

@@ -28,6 +28,7 @@ import numpy as np
 
 from specjax import autoregressive, generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
 from specjax.decode_spec import DecodeSpec, from_config
+from specjax.models import matmul
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
                                  with_execution)
@@ -276,6 +277,7 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
   execution = dict(scan_layers=scan_layers_for(cfg.scan_layers, cfg.lower_only or None),
                    attention=attention_for(cfg.attention, cfg.lower_only or None),
                    narrow_passes=narrow_passes_for(cfg.narrow_passes, cfg.lower_only or None),
+                   matmul=matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None),
                    attention_block=cfg.attention_block,
                    prefill_chunk=cfg.prefill_chunk)
   if target is None:
@@ -292,14 +294,16 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
     draft_part = draft_part.replicated() if draft_part and cfg.draft_sharding == "replicated" else draft_part
     log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
     draft = with_execution(load_model(cfg.draft, cfg.dtype, draft_part), **execution, part=draft_part)
-  log(f"loaded in {time.perf_counter() - start:.1f} s")
+  log(f"loaded in {time.perf_counter() - start:.1f} s; weight matmuls: "
+      f"{matmul.describe(target.config.matmul, target.config.dtype)}")
   return target, draft
 
 
 def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, Any]:
-  """The devices a run used, for its results: mesh, device kind and count, processes, and the bytes
-  of each model's parameters per device (the most any device holds)."""
+  """The devices a run used, for its results: mesh, device kind and count, processes, what the weight
+  matmuls ran on, and the bytes of each model's parameters per device (the most any device holds)."""
   record = meshes.describe(target.part.mesh if target.part else None)
+  record["matmul"] = matmul.describe(target.config.matmul, target.config.dtype)
   for role, model in (("target", target), ("draft", draft)):
     if model is not None:
       record[f"{role}_param_bytes_per_device"] = max(partitioning.bytes_per_device(model.params).values())

@@ -25,6 +25,7 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 _DTYPES = ("float32", "bfloat16", "float16")
 # How attention runs (`attention.attend`); `kernel_interpret` is the kernel in Pallas interpret mode (CPU).
 ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise", "kernel", "kernel_interpret")
+MATMUL_BACKENDS = ("xla", "cpu_kernel")  # how weight matmuls run (`matmul`); "cpu_kernel": float32/bfloat16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,7 @@ class ModelConfig:
   # data-dependent branch: on GPU a host read of its predicate) or, False, always the widest.
   narrow_passes: bool = True
   remat: bool = False  # `jax.checkpoint` around each block: a backward pass recomputes the block's activations
+  matmul: str = "xla"  # one of MATMUL_BACKENDS: every weight matmul's backend (see `matmul`)
 
   def __post_init__(self):
     if self.arch not in ARCHITECTURES:
@@ -76,6 +78,10 @@ class ModelConfig:
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
+    if self.matmul not in MATMUL_BACKENDS:
+      raise ValueError(f"matmul must be one of {MATMUL_BACKENDS}, got {self.matmul!r}")
+    if self.matmul == "cpu_kernel" and self.dtype == "float16":
+      raise ValueError("matmul='cpu_kernel' multiplies float32 or bfloat16 weights, not float16")
     if self.attention_block < 0 or self.prefill_chunk < 1:
       raise ValueError(f"attention_block must be >= 0 and prefill_chunk >= 1, got {self.attention_block} "
                        f"and {self.prefill_chunk}")

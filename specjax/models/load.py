@@ -103,12 +103,12 @@ def attention_for(setting: str, backend: str | None = None) -> str:
 
 def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int, prefill_chunk: int,
                    part: ParamSharding | None = None, attention: str = "blockwise",
-                   narrow_passes: bool = True) -> LoadedModel:
-  """`model` set up to run with these execution settings (resolved: see `attention_for` and
-  `narrow_passes_for`; its params restacked if the layout changes, and laid out by `part` on its
-  mesh)."""
+                   narrow_passes: bool = True, matmul: str = "xla") -> LoadedModel:
+  """`model` set up to run with these execution settings (resolved: see `attention_for`,
+  `narrow_passes_for` and `matmul.backend_for`; its params restacked if the layout changes, and laid
+  out by `part` on its mesh)."""
   config = model.config.replace(scan_layers=scan_layers, attention=attention, attention_block=attention_block,
-                                prefill_chunk=prefill_chunk, narrow_passes=narrow_passes)
+                                prefill_chunk=prefill_chunk, narrow_passes=narrow_passes, matmul=matmul)
   params = to_layout(config, model.params)
   if part is not None:
     params = part.shard(config, params)

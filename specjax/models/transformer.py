@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models import attention, rope
+from specjax.models import attention, matmul, rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.layout import to_layout
@@ -53,18 +53,19 @@ def _along_last(vector: jax.Array, ndim: int) -> jax.Array:
 
 
 class Linear(nn.Module):
-  """y = x W^T (+ b) with W stored `[out, in]`."""
+  """y = x W^T (+ b) with W stored `[out, in]`, through the config's matmul backend."""
 
   features: int
   use_bias: bool
-  dtype: Any
+  config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxTxDin):
-    weight_DoutxDin = self.param("weight", _init, (self.features, x_BxTxDin.shape[-1]), self.dtype)
-    y_BxTxDout = jax.lax.dot_general(x_BxTxDin, weight_DoutxDin, (((x_BxTxDin.ndim - 1,), (1,)), ((), ())))
+    dtype = self.config.jnp_dtype
+    weight_DoutxDin = self.param("weight", _init, (self.features, x_BxTxDin.shape[-1]), dtype)
+    y_BxTxDout = matmul.dense(x_BxTxDin, weight_DoutxDin, self.config.matmul)
     if self.use_bias:
-      bias_Dout = self.param("bias", nn.initializers.zeros, (self.features,), self.dtype)
+      bias_Dout = self.param("bias", nn.initializers.zeros, (self.features,), dtype)
       y_BxTxDout = y_BxTxDout + _along_last(bias_Dout, y_BxTxDout.ndim)
     return y_BxTxDout
 
@@ -142,9 +143,9 @@ class Attention(nn.Module):
     B, T, _ = x_BxTxD.shape
     H, G, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     bias = cfg.qkv_bias or cfg.arch == "gpt2"
-    q = Linear(H * Dh, bias, cfg.jnp_dtype, name="q_proj")(x_BxTxD).reshape(B, T, H, Dh)
-    k = Linear(G * Dh, bias, cfg.jnp_dtype, name="k_proj")(x_BxTxD).reshape(B, T, G, Dh)
-    v = Linear(G * Dh, bias, cfg.jnp_dtype, name="v_proj")(x_BxTxD).reshape(B, T, G, Dh)
+    q = Linear(H * Dh, bias, cfg, name="q_proj")(x_BxTxD).reshape(B, T, H, Dh)
+    k = Linear(G * Dh, bias, cfg, name="k_proj")(x_BxTxD).reshape(B, T, G, Dh)
+    v = Linear(G * Dh, bias, cfg, name="v_proj")(x_BxTxD).reshape(B, T, G, Dh)
     if cfg.qk_norm:
       q = Norm(cfg, Dh, name="q_norm")(q)
       k = Norm(cfg, Dh, name="k_norm")(k)
@@ -153,7 +154,7 @@ class Attention(nn.Module):
       cos_BxTxFq, sin_BxTxFq = rotary[0][index], rotary[1][index]
       q, k = rope.rotate(q, cos_BxTxFq, sin_BxTxFq), rope.rotate(k, cos_BxTxFq, sin_BxTxFq)
     out_BxTxHxDh, cache = self.core(cfg, q, k, v, cache, layer, tree)
-    out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg.jnp_dtype, name="o_proj")(out_BxTxHxDh.reshape(B, T, H * Dh))
+    out = Linear(cfg.d_model, cfg.arch == "gpt2", cfg, name="o_proj")(out_BxTxHxDh.reshape(B, T, H * Dh))
     return out, cache
 
 
@@ -164,14 +165,14 @@ class MLP(nn.Module):
   def __call__(self, x_BxTxD):
     cfg = self.config
     if cfg.arch == "gpt2":
-      hidden = Linear(cfg.d_ff, True, cfg.jnp_dtype, name="up_proj")(x_BxTxD)
+      hidden = Linear(cfg.d_ff, True, cfg, name="up_proj")(x_BxTxD)
       hidden = jax.nn.gelu(hidden, approximate=True)  # GPT-2's "gelu_new"
-      return Linear(cfg.d_model, True, cfg.jnp_dtype, name="down_proj")(hidden)
-    gate = Linear(cfg.d_ff, False, cfg.jnp_dtype, name="gate_proj")(x_BxTxD)
-    up = Linear(cfg.d_ff, False, cfg.jnp_dtype, name="up_proj")(x_BxTxD)
+      return Linear(cfg.d_model, True, cfg, name="down_proj")(hidden)
+    gate = Linear(cfg.d_ff, False, cfg, name="gate_proj")(x_BxTxD)
+    up = Linear(cfg.d_ff, False, cfg, name="up_proj")(x_BxTxD)
     # Gemma's "gelu_pytorch_tanh" (GeGLU), Llama's SiLU (SwiGLU)
     activation = jax.nn.gelu(gate, approximate=True) if cfg.arch == "gemma" else jax.nn.silu(gate)
-    return Linear(cfg.d_model, False, cfg.jnp_dtype, name="down_proj")(activation * up)
+    return Linear(cfg.d_model, False, cfg, name="down_proj")(activation * up)
 
 
 class Block(nn.Module):
@@ -273,8 +274,7 @@ def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) 
   float32 accumulation (a float32 copy of a [V, D] head per call would cost more than the matmul),
   soft-capped by `config.final_softcap` (Gemma 2)."""
   weight_VxD = output_head(config, params)
-  logits_xV = jax.lax.dot_general(hidden_xD.astype(weight_VxD.dtype), weight_VxD,
-                                  (((hidden_xD.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  logits_xV = matmul.dense(hidden_xD.astype(weight_VxD.dtype), weight_VxD, config.matmul, jnp.float32)
   return attention.soft_cap(logits_xV, config.final_softcap)
 
 

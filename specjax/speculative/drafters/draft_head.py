@@ -29,7 +29,7 @@ import numpy as np
 
 from specjax import draft_vocab
 from specjax.errors import ConfigError
-from specjax.models import registry
+from specjax.models import matmul, registry
 from specjax.models.attention import soft_cap
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Params, hidden_to_logits, output_head
@@ -46,6 +46,7 @@ class DraftHead:
   weight_VdxD: jax.Array  # [Vd, D] their rows of the output head (of the embedding when it is tied)
   vocab_size: int = flax.struct.field(pytree_node=False)  # V, the vocabulary the scores are laid out in
   softcap: float = flax.struct.field(pytree_node=False, default=0.0)  # the model's final soft-cap (Gemma 2)
+  matmul: str = flax.struct.field(pytree_node=False, default="xla")  # the model's `ModelConfig.matmul`
   # Another tokenizer's ids: where each score lands in V (distinct), and the model's id of each of those
   # ids (0 elsewhere). None: the scores land on `tokens_Vd` themselves.
   targets_Vd: jax.Array | None = None  # [Vd] int32
@@ -53,8 +54,8 @@ class DraftHead:
 
   def scores(self, hidden_xD: jax.Array) -> jax.Array:
     """Float32 (soft-capped) logits [..., Vd] of the subset's tokens, in the order of `tokens_Vd`."""
-    scores_xVd = jnp.einsum("...d,nd->...n", hidden_xD.astype(self.weight_VdxD.dtype), self.weight_VdxD,
-                            preferred_element_type=jnp.float32)  # accumulated in float32, never rounded
+    scores_xVd = matmul.dense(hidden_xD.astype(self.weight_VdxD.dtype), self.weight_VdxD, self.matmul,
+                              jnp.float32)  # accumulated in float32, never rounded
     return soft_cap(scores_xVd, self.softcap)
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
@@ -108,7 +109,7 @@ def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) ->
   full_VxD = output_head(config, params)
   tokens_Vd = jnp.asarray(tokens_Vd, jnp.int32)
   return DraftHead(tokens_Vd=tokens_Vd, weight_VdxD=jnp.take(full_VxD, tokens_Vd, axis=0),
-                   vocab_size=config.vocab_size, softcap=config.final_softcap)
+                   vocab_size=config.vocab_size, softcap=config.final_softcap, matmul=config.matmul)
 
 
 def add_vocab_options(group: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

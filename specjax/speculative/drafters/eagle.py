@@ -44,7 +44,7 @@ import numpy as np
 
 from specjax import partitioning
 from specjax.errors import ConfigError
-from specjax.models import attention
+from specjax.models import attention, matmul
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import (MLP, Attention, Norm, Params, cache_attention, prefill_features,
@@ -127,7 +127,7 @@ def fuse(config: EagleConfig, params: Params, features_xF: jax.Array) -> jax.Arr
   if not config.feature_layers:
     return features_xF.astype(config.block.jnp_dtype)
   weight_DxF = params["fc"]["weight"]
-  return jnp.einsum("...f,df->...d", features_xF.astype(weight_DxF.dtype), weight_DxF)
+  return matmul.dense(features_xF.astype(weight_DxF.dtype), weight_DxF, config.block.matmul)
 
 
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,

@@ -113,7 +113,8 @@ def load_head(directory: str, target_config: ModelConfig, target_params: Params
     raise FileNotFoundError(f"{directory}: neither an EAGLE head in specjax's layout ({CONFIG_FILE}) nor "
                             "an EAGLE-3 head (config.json)")
   config = dataclasses.replace(config, block=config.block.replace(vocab_size=target_config.vocab_size,
-                                                                  dtype=target_config.dtype))
+                                                                  dtype=target_config.dtype,
+                                                                  matmul=target_config.matmul))
   tokens_Vd, weight_VdxD = flat.pop("vocab/tokens", None), flat.pop("vocab/weight", None)
   vocab = None
   if tokens_Vd is not None and weight_VdxD is None:
@@ -124,7 +125,8 @@ def load_head(directory: str, target_config: ModelConfig, target_params: Params
   elif tokens_Vd is not None:
     vocab = DraftHead(tokens_Vd=jnp.asarray(tokens_Vd, jnp.int32),
                       weight_VdxD=jnp.asarray(weight_VdxD, target_config.jnp_dtype),
-                      vocab_size=target_config.vocab_size, softcap=target_config.final_softcap)
+                      vocab_size=target_config.vocab_size, softcap=target_config.final_softcap,
+                      matmul=target_config.matmul)
   params = _unflatten(flat, target_config.jnp_dtype)
   check_head(config, params, target_config, vocab)
   return config, params, vocab

@@ -1,0 +1,128 @@
+"""Every weight matmul of the models, `y = x W^T` with W stored `[out, in]`, on one of two backends.
+
+- "xla": `lax.dot_general`, what XLA makes of it on each platform (GPU/TPU: their GEMM libraries).
+- "cpu_kernel": specjax's own XLA FFI handler on the CPU (`cpu_kernels/matmul.cc`, built by
+  `pip install`): AVX-512 float32, or AVX512_BF16 dot products with float32 accumulation, streaming each
+  weight once per tile of rows. XLA:CPU multiplies a handful of rows far below the machine's peak
+  (bfloat16 worst of all), so there a pass over K + 1 tokens cost several single-token steps; through
+  the kernel it costs about what one does. It is batch-invariant: a row's result does not depend on
+  how many rows are multiplied with it (a verify pass computes bit for bit what a one-token step
+  computes). A `custom_vjp` makes it differentiable (the backward runs XLA's matmuls).
+
+`ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
+on a CPU that runs it vectorised for the dtype (AVX-512 for float32, AVX512_BF16 for bfloat16), XLA
+everywhere else (GPUs and TPUs are untouched).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+BACKENDS = ("xla", "cpu_kernel")  # what `ModelConfig.matmul` holds
+SETTINGS = ("auto",) + BACKENDS  # what the `matmul` config field takes
+KERNEL_DTYPES = ("float32", "bfloat16")
+_LIBRARY = "_cpu_kernels"  # the extension setup.py builds beside this module
+_TARGETS = {"float32": "specjax_matmul_f32", "bfloat16": "specjax_matmul_bf16"}
+_VECTOR_FEATURE = {"float32": (1, "AVX-512F"), "bfloat16": (2, "AVX512_BF16")}  # specjax_cpu_features bits
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+  """The kernel library with its handlers registered for the CPU, or None and why it is unavailable."""
+  here = pathlib.Path(__file__).parent
+  found = [here / (_LIBRARY + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES
+           if (here / (_LIBRARY + suffix)).exists()]
+  if not found:
+    return None, ("the CPU matmul kernel was not built (it builds with `pip install -e .` where a C++17 "
+                  "compiler and jaxlib's FFI headers are present)")
+  try:
+    library = ctypes.CDLL(str(found[0]))
+  except OSError as error:
+    return None, f"the CPU matmul kernel {found[0].name} does not load: {error}"
+  jax.ffi.register_ffi_target(_TARGETS["float32"], jax.ffi.pycapsule(library.SpecjaxMatmulF32), platform="cpu")
+  jax.ffi.register_ffi_target(_TARGETS["bfloat16"], jax.ffi.pycapsule(library.SpecjaxMatmulBf16), platform="cpu")
+  return library, ""
+
+
+def kernel_status(dtype: str) -> tuple[bool, str]:
+  """(whether the kernel runs vectorised on this CPU for `dtype`, a phrase saying so or why not)."""
+  library, why_not = _library()
+  if library is None:
+    return False, why_not
+  if dtype not in KERNEL_DTYPES:
+    return False, f"the CPU matmul kernel has no {dtype} path (it has {', '.join(KERNEL_DTYPES)})"
+  bit, feature = _VECTOR_FEATURE[dtype]
+  if not library.specjax_cpu_features() & bit:
+    return False, f"this CPU lacks {feature}: the kernel's {dtype} path would run its portable loop"
+  return True, f"the CPU matmul kernel ({dtype}, {feature})"
+
+
+def backend_for(setting: str, dtype: str, platform: str | None = None) -> str:
+  """`ModelConfig.matmul` for the setting `matmul` (one of SETTINGS) with weights in `dtype` on
+  `platform` (None: this one). "cpu_kernel" where it cannot run is an error naming the reason."""
+  if setting not in SETTINGS:
+    raise ValueError(f"matmul must be one of {SETTINGS}, got {setting!r}")
+  on_cpu = (platform or jax.default_backend()) == "cpu"
+  if setting == "xla" or (setting == "auto" and not on_cpu):
+    return "xla"
+  if setting == "cpu_kernel" and not on_cpu:
+    raise ValueError(f"matmul='cpu_kernel' runs on the CPU only, not on {platform or jax.default_backend()}")
+  runs, why = kernel_status(dtype)
+  if setting == "auto":
+    return "cpu_kernel" if runs else "xla"
+  if _library()[0] is None or dtype not in KERNEL_DTYPES:
+    raise ValueError(f"matmul='cpu_kernel': {why}")
+  return "cpu_kernel"
+
+
+def describe(backend: str, dtype: str) -> str:
+  """What a model with `ModelConfig.matmul = backend` multiplies with, for run stats."""
+  return kernel_status(dtype)[1] if backend == "cpu_kernel" else "XLA's dot_general"
+
+
+def dense(x_xK: jax.Array, weight_NxK: jax.Array, backend: str, out_dtype=None) -> jax.Array:
+  """x W^T [..., N] for x [..., K] and W [N, K], accumulated in float32 and returned in `out_dtype`
+  (None: x's dtype after promotion with W's, as `dot_general` returns). x is cast to W's dtype on the
+  kernel path (both operands in the weights' precision)."""
+  if backend == "xla":
+    return jax.lax.dot_general(x_xK, weight_NxK, (((x_xK.ndim - 1,), (1,)), ((), ())),
+                               preferred_element_type=out_dtype)
+  out_dtype = out_dtype or jnp.promote_types(x_xK.dtype, weight_NxK.dtype)
+  lead = x_xK.shape[:-1]
+  y_MxN = _kernel_matmul(x_xK.reshape(-1, x_xK.shape[-1]).astype(weight_NxK.dtype), weight_NxK)
+  return y_MxN.reshape(*lead, weight_NxK.shape[0]).astype(out_dtype)
+
+
+@jax.custom_vjp
+def _kernel_matmul(x_MxK: jax.Array, weight_NxK: jax.Array) -> jax.Array:
+  """Float32 x W^T [M, N] through the FFI handler of W's dtype."""
+  dtype = jnp.dtype(weight_NxK.dtype).name
+  if dtype not in _TARGETS or x_MxK.dtype != weight_NxK.dtype:
+    raise ValueError(f"the CPU matmul kernel multiplies float32 or bfloat16 operands of one dtype, got "
+                     f"{x_MxK.dtype} x {weight_NxK.dtype}")
+  _library()
+  out = jax.ShapeDtypeStruct((x_MxK.shape[0], weight_NxK.shape[0]), jnp.float32)
+  return jax.ffi.ffi_call(_TARGETS[dtype], out, vmap_method="sequential")(x_MxK, weight_NxK)
+
+
+def _kernel_forward(x_MxK, weight_NxK):
+  return _kernel_matmul(x_MxK, weight_NxK), (x_MxK, weight_NxK)
+
+
+def _kernel_backward(residuals, dy_MxN):
+  """dx = dy W and dW = dy^T x, by XLA with float32 accumulation, in the operands' dtypes."""
+  x_MxK, weight_NxK = residuals
+  dx_MxK = jax.lax.dot_general(dy_MxN.astype(weight_NxK.dtype), weight_NxK, (((1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+  dw_NxK = jax.lax.dot_general(dy_MxN.astype(x_MxK.dtype), x_MxK, (((0,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+  return dx_MxK.astype(x_MxK.dtype), dw_NxK.astype(weight_NxK.dtype)
+
+
+_kernel_matmul.defvjp(_kernel_forward, _kernel_backward)

@@ -1,0 +1,174 @@
+"""The CPU matmul kernel (`specjax.models.matmul`, `cpu_kernels/matmul.cc`): equal to XLA's matmul
+(float32 within 1e-5 relative; bfloat16 within float32 rounding of the bfloat16 products) on ragged
+shapes, inside loops; batch-invariant bit for bit; differentiable; models through it equal
+`transformers`, and greedy speculative decoding through it equals greedy autoregressive decoding in
+bfloat16 too; "auto" and the config fall back to XLA, or fail in one line, where it is not built."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import decode_config, decode_spec
+from specjax.errors import ConfigError
+from specjax.models import matmul, transformer
+from specjax.models.hf import load_hf_dir
+from specjax.models.kv_cache import init_cache
+from tests.helpers import engine
+from tests.helpers.tiny_hf import VOCAB, save_hf_model
+
+# CI builds the kernel with the package (`pip install -e .`): a missing build fails here, not skips.
+KERNEL = "cpu_kernel"
+SHAPES = [(1, 7, 5), (3, 33, 17), (6, 130, 67), (17, 64, 96), (2, 257, 1031)]  # (M, N, K): tails of every tile
+dense = jax.jit(matmul.dense, static_argnums=(2, 3))
+
+
+def _operands(M, N, K, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.standard_normal((M, K)), dtype), jnp.asarray(rng.standard_normal((N, K)), dtype))
+
+
+def test_kernel_is_built():
+  library, why_not = matmul._library()
+  assert library is not None, why_not
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_float32_equals_xla(M, N, K):
+  x, w = _operands(M, N, K, jnp.float32)
+  got, want = np.asarray(dense(x, w, KERNEL, None)), np.asarray(dense(x, w, "xla", None))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_bfloat16_equals_float64_products(M, N, K):
+  """Exact bfloat16 products summed in float32: within K float32 roundings of float64's sum."""
+  x, w = _operands(M, N, K, jnp.bfloat16)
+  got = np.asarray(dense(x, w, KERNEL, jnp.float32))
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+  scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
+  assert np.all(np.abs(got - want) <= K * 2.0 ** -24 * scale + 1e-30)
+  xla = np.asarray(dense(x, w, "xla", jnp.float32))
+  np.testing.assert_allclose(got, xla, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_leading_axes_and_output_dtype():
+  """[B, T, K] inputs (the models' shape), a bfloat16 result like `dot_general`'s, float32 on request."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((2, 3, 40)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((24, 40)), jnp.bfloat16)
+  got = dense(x, w, KERNEL, None)
+  assert got.shape == (2, 3, 24) and got.dtype == jnp.bfloat16
+  want = dense(x, w, "xla", jnp.float32)
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2 ** -7, atol=1e-2)
+  assert dense(x, w, KERNEL, jnp.float32).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_batch_invariant(dtype):
+  """Row m of a product over M rows is bitwise row m over any slice holding it: a verify pass computes
+  what the one-token steps would (XLA's own float32 matmul is not: its sums depend on M)."""
+  x, w = _operands(20, 300, 1536, dtype, seed=2)
+  full = np.asarray(dense(x, w, KERNEL, jnp.float32))
+  for start, rows in [(0, 1), (5, 1), (0, 2), (3, 3), (7, 6), (2, 9), (4, 16)]:
+    part = np.asarray(dense(x[start:start + rows], w, KERNEL, jnp.float32))
+    np.testing.assert_array_equal(part, full[start:start + rows])
+
+
+def test_inside_while_loop_and_scan():
+  x, w = _operands(4, 48, 32, jnp.float32, seed=3)
+
+  def body(i, acc_MxN):
+    return acc_MxN + matmul.dense(x * (i + 1).astype(jnp.float32), w, KERNEL)
+
+  got = jax.jit(lambda: jax.lax.fori_loop(0, jnp.int32(3), body, jnp.zeros((4, 48), jnp.float32)))()
+  want = 6.0 * dense(x, w, "xla", None)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
+  stacked = jnp.stack([w, 2 * w])
+  scanned, _ = jax.lax.scan(lambda c, wi: (c + matmul.dense(x, wi, KERNEL), None), jnp.zeros((4, 48)), stacked)
+  np.testing.assert_allclose(np.asarray(scanned), np.asarray(3 * want / 6), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_gradients_equal_xla(dtype, tolerance):
+  x, w = _operands(5, 24, 40, dtype, seed=4)
+  loss = lambda backend: lambda x, w: jnp.sum(jnp.sin(matmul.dense(x, w, backend, jnp.float32)))
+  got = jax.grad(loss(KERNEL), argnums=(0, 1))(x, w)
+  want = jax.grad(loss("xla"), argnums=(0, 1))(x, w)
+  for g, v in zip(got, want):
+    assert g.dtype == v.dtype == dtype
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(v, np.float32), rtol=tolerance,
+                               atol=tolerance * float(jnp.abs(v.astype(jnp.float32)).max()))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])  # biases on q/k/v, and everywhere (gpt2)
+def test_model_logits_equal_transformers(family, tmp_path):
+  """Every weight matmul through the kernel (q/k/v/o, MLP, output head): logits equal transformers'."""
+  import torch
+
+  hf_model = save_hf_model(family, str(tmp_path))
+  config, params = load_hf_dir(str(tmp_path))
+  config = config.replace(matmul=KERNEL)
+  tokens = np.random.default_rng(0).integers(0, VOCAB, size=(2, 11))
+  with torch.no_grad():
+    want = hf_model(torch.tensor(tokens)).logits.numpy()
+  got, _ = jax.jit(transformer.forward, static_argnums=0)(config, params, jnp.asarray(tokens, jnp.int32),
+                                                          init_cache(config, 2, 16))
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
+
+
+def test_verify_pass_equals_single_steps_bitwise():
+  """A 4-token pass through a bfloat16 model computes each position's logits bit for bit as four
+  one-token steps through the cache do (XLA's matmuls gave differences of ~1e-6 here)."""
+  config, params = engine.tiny_model(0, d_model=64, n_layers=2)
+  config = config.replace(dtype="bfloat16", matmul=KERNEL)
+  params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+  forward = jax.jit(transformer.forward, static_argnums=0)
+  tokens_1x7 = jnp.asarray([[5, 17, 3, 44, 9, 2, 7]], jnp.int32)
+  _, cache = forward(config, params, tokens_1x7[:, :3], init_cache(config, 1, 32))
+  cache = cache.advance(jnp.asarray([3]))
+  verify_1x4xV, _ = forward(config, params, tokens_1x7[:, 3:], cache)
+  for t in range(4):
+    step_1x1xV, cache = forward(config, params, tokens_1x7[:, 3 + t:4 + t], cache)
+    cache = cache.advance(jnp.asarray([1]))
+    np.testing.assert_array_equal(np.asarray(step_1x1xV[:, 0]), np.asarray(verify_1x4xV[:, t]))
+
+
+def test_bfloat16_greedy_speculative_equals_autoregressive():
+  """In bfloat16 through the kernel, a (K + 1)-token verify pass computes each position bit for bit as
+  the one-token steps do, so greedy speculative output is the target's greedy output token for token
+  (with XLA's matmuls it may not be: their sums depend on how many rows are multiplied)."""
+  to_bf16 = lambda model: (model[0].replace(dtype="bfloat16", matmul=KERNEL),
+                           jax.tree.map(lambda a: a.astype(jnp.bfloat16), model[1]))
+  target, draft = to_bf16(engine.TARGET), to_bf16(engine.DRAFTS["perturbed"])
+  padded, lengths = engine.pad_prompts(engine.PROMPTS)
+  want = engine.autoregressive.generate(target[0], target[1], padded, lengths,
+                                        init_cache(target[0], len(engine.PROMPTS), engine.CACHE_LEN),
+                                        engine.BUDGETS, engine.NO_EOS, engine.GREEDY, jax.random.key(0),
+                                        out_width=engine.OUT_WIDTH)
+  got = engine.run_speculative(draft, target=target, k=3)
+  assert engine.as_token_lists(got.tokens, got.counts) == engine.as_token_lists(want.tokens, want.counts)
+  assert int(np.asarray(got.acceptance.accepted).sum()) > 0  # rounds did draft and accept
+
+
+def test_unbuilt_kernel_falls_back_or_fails_in_one_line(monkeypatch):
+  matmul._library.cache_clear()
+  monkeypatch.setattr(matmul, "_library", lambda: (None, "the CPU matmul kernel was not built"))
+  assert matmul.backend_for("auto", "bfloat16", "cpu") == "xla"
+  assert matmul.backend_for("auto", "float32", "cuda") == "xla"
+  with pytest.raises(ValueError, match="matmul='cpu_kernel': the CPU matmul kernel was not built"):
+    matmul.backend_for(KERNEL, "float32", "cpu")
+  cfg = decode_config.default_config()
+  cfg.target, cfg.prompts, cfg.matmul = "some/model", ("hi",), KERNEL
+  with pytest.raises(ConfigError, match="^config.matmul='cpu_kernel': the CPU matmul kernel was not built"):
+    decode_spec.from_config(cfg)
+
+
+def test_settings_resolve():
+  assert matmul.backend_for("auto", "float32", "tpu") == "xla"
+  assert matmul.backend_for("xla", "bfloat16", "cpu") == "xla"
+  assert matmul.backend_for("auto", "bfloat16", "cpu") == (KERNEL if matmul.kernel_status("bfloat16")[0] else "xla")
+  with pytest.raises(ValueError, match="runs on the CPU only"):
+    matmul.backend_for(KERNEL, "float32", "cuda")
+  with pytest.raises(ValueError, match="matmul must be one of"):
+    matmul.backend_for("mkl", "float32", "cpu")
