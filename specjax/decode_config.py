@@ -50,14 +50,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.top_p = 1.0  # 1 disables top-p
   c.seed = 0  # PRNG seed for sampling
   c.batch_size = 1  # prompts decoded together; each row accepts its own number of tokens
-  c.dtype = "float32"  # "float32" on CPU; "bfloat16" on GPU/TPU
+  c.dtype = "float32"  # "float32" or "bfloat16" (half the bytes; on CPU through the matmul kernel, below)
   c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);
   #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see README)
   c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;
   #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see README)
   c.attention_block = 256  # keys per block of blockwise attention (0 = dense over the cache)
   c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's AVX-512 CPU kernel: float32, bfloat16) or
-  #                    "auto": the kernel on a CPU that runs it vectorised for `dtype`, XLA elsewhere
+  #                    "auto": the kernel for bfloat16 on a CPU with AVX512_BF16, XLA elsewhere
   c.narrow_passes = "auto"  # "on": a verify / catch-up pass runs its narrowest compiled width that fits (a
   #                           branch); "off": always the widest; "auto": off on GPU, on elsewhere
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)

@@ -132,6 +132,14 @@ class ModelConfig:
   def jnp_dtype(self):
     return jnp.dtype(self.dtype)
 
+  @property
+  def cache_dtype(self):
+    """The KV cache's dtype, and so attention's: the model dtype, except float32 where the CPU matmul
+    kernel runs the weights (around it XLA:CPU runs attention, and its bfloat16 dots are slow and made
+    it convert every layer's cache to float32 inside each layer's attention loop). bfloat16 keys and
+    values are held exactly in float32."""
+    return jnp.dtype(jnp.float32) if self.matmul == "cpu_kernel" else self.jnp_dtype
+
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 

@@ -130,7 +130,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int,
   shape = (config.n_layers, batch_size, max_len, config.n_kv_heads, config.head_dim)
 
   def empty():
-    zeros = lambda: jnp.zeros(shape, config.jnp_dtype)  # k and v: two buffers
+    zeros = lambda: jnp.zeros(shape, config.cache_dtype)  # k and v: two buffers
     lengths = jnp.zeros((batch_size,), jnp.int32)
     if sharding is None:
       return KVCache(k=zeros(), v=zeros(), lengths=lengths)
