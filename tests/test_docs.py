@@ -7,8 +7,8 @@ shared with the rest of the module), the distillation in one subprocess (its `--
 without running: the module exists, the config file and its variant load, every `--config.FIELD` they
 set is a field of that config, every registry name they fetch is registered, every path they name
 exists. The commands of experiments/ READMEs get the same checks. The python blocks compile (the
-plug-in example runs in tests/test_api.py). And the front page stays a front page: small, undated, no
-test-suite timings anywhere."""
+plug-in example runs in tests/test_api.py), links reach their files and headings, and the front page
+stays a front page: small, undated, no test-suite timings anywhere."""
 
 import importlib
 import importlib.util
@@ -140,6 +140,24 @@ def test_the_front_page_is_short_and_undated():
   assert text.startswith("# specjax\n\n```bash\npip install -e . && python -m specjax.models fetch ")
   for link in re.findall(r"\]\(((?:docs|experiments)/[^)#]+)", text):
     assert os.path.exists(os.path.join(readme.ROOT, link)), link
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a markdown heading."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", readme.DOCS + readme.EXPERIMENT_READMES, ids=lambda p: os.path.relpath(p, readme.ROOT))
+def test_links_reach_their_files_and_headings(path):
+  for target in re.findall(r"\]\(([^)\s]+)\)", open(path).read()):
+    if target.startswith(("http://", "https://")):
+      continue
+    file, _, anchor = target.partition("#")
+    linked = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+    assert os.path.exists(linked), f"{os.path.relpath(path, readme.ROOT)}: {target}"
+    if anchor:
+      headings = re.findall(r"^#+ (.*)$", re.sub(r"```.*?```", "", open(linked).read(), flags=re.S), flags=re.M)
+      assert anchor in {_anchor(h) for h in headings}, f"{os.path.relpath(path, readme.ROOT)}: {target}"
 
 
 DURATION = re.compile(r"\b\d+(\.\d+)?\s*(s|sec|seconds|min|minutes|CPU-minutes|h|hours)\b")
