@@ -14,7 +14,7 @@ divide by the mean of those runs, whose spread is recorded. The settings are con
   python -m experiments.benchmark_decode --config=configs/benchmarks/decode.py --config.dtype=bfloat16 \
       --config.systems='("specjax",)' --config.output=experiments/results/decode_gpu_bfloat16.json  # GPU
   python -m experiments.benchmark_decode --config=configs/benchmarks/decode.py \
-      --config.report=experiments/results/decode_cpu_float32_v2.json  # the tables of a results file
+      --config.report=experiments/results/decode_cpu_float32.json  # the tables of a results file
 
 The tables (markdown) quote the JSON, so that the report never retypes a number.
 """

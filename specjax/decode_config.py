@@ -17,7 +17,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.target = ""  # .gguf file, HF directory, registry name or hub name org/name[@revision] (required)
   c.mode = "speculative"  # "speculative" or "autoregressive" (the target alone: the baseline)
   c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle", or the
-  #                     import path "package.module:ClassName" of a Drafter subclass (see README)
+  #                     import path "package.module:ClassName" of a Drafter subclass (see docs/writing-a-drafter.md)
   c.draft = ""  # drafter "model": the draft model (as target; same tokenizer, head may be padded);
   #               drafter "eagle": the head's directory (specjax's or EAGLE-3's layout)
   c.tree = ""  # drafters "model", "eagle": draft a static tree each round, "(4,2,2,1)" (children per node at
@@ -33,7 +33,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.k = 5  # draft tokens proposed per round (the most a round can propose)
   c.k_policy = "auto"  # how many of the k tokens a round proposes: "fixed" (all k), "adaptive" (per round,
   #                      the length with the most expected tokens per second: 0 = a plain target step;
-  #                      a static tree's depth, whole or its spine; see README "Adaptive speculation") or
+  #                      a static tree's depth, whole or its spine; see docs/k-policy.md) or
   #                      "auto": adaptive, but fixed for a dynamic tree
   c.adaptive = ml_collections.ConfigDict()  # the adaptive policy's settings (`specjax.speculative.k_policy`)
   c.adaptive.prior = 0.8  # acceptance estimate of a draft position before any observation, in (0, 1)
@@ -52,9 +52,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.batch_size = 1  # prompts decoded together; each row accepts its own number of tokens
   c.dtype = "float32"  # "float32" or "bfloat16" (half the bytes; on CPU through the matmul kernel, below)
   c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);
-  #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see README)
+  #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see docs/devices.md)
   c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;
-  #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see README)
+  #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see docs/devices.md)
   c.attention_block = 256  # keys per block of blockwise attention (0 = dense over the cache)
   c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's AVX-512 CPU kernel: float32, bfloat16) or
   #                    "auto": the kernel for bfloat16 on a CPU with AVX512_BF16, XLA elsewhere
@@ -62,7 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
   #                           branch); "off": always the widest; "auto": off on GPU, on elsewhere
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)
   c.mesh = ""  # devices as "data=2,model=4" (batch rows over data, weights' heads/MLP/vocabulary over
-  #              model; -1 = the remaining devices); "" = one device (see README, "Several devices")
+  #              model; -1 = the remaining devices); "" = one device (see docs/devices.md, "Several devices")
   c.mesh_indivisible = "error"  # a weight axis (heads, MLP, vocabulary) that does not split over its mesh
   #                               axis: "error", or "replicate" it on every device
   c.draft_sharding = "same"  # the draft model's weights: "same" rules as the target, or "replicated"

@@ -1,4 +1,4 @@
-"""`specjax.Decoder` and the plug-in interface: the README's own drafter, written outside specjax, decodes
+"""`specjax.Decoder` and the plug-in interface: the manual's own drafter (docs/writing-a-drafter.md), written outside specjax, decodes
 through the command line and the Python API with the target's greedy output; a Decoder loads once and
 generates with new sampling knobs without reloading or recompiling; bad fields fail with one line."""
 
@@ -20,7 +20,7 @@ PROMPTS = ("abcabcabcab", "def add(a, b): return a + b\ndef add(a, b): ret")  # 
 
 @pytest.fixture(scope="module")
 def readme_drafter(tmp_path_factory):
-  """The README's example drafter as the module `my_drafters` in a directory of its own on sys.path."""
+  """The manual's example drafter as the module `my_drafters` in a directory of its own on sys.path."""
   source = python_block("class LastMatch(HistoryDrafter)")
   assert len(source.strip().splitlines()) <= 25  # "a drafter in one file", shown in full
   directory = tmp_path_factory.mktemp("plugin")

@@ -194,7 +194,7 @@ def test_bad_config_values_fail_naming_the_field(field, value, message):
 
 def test_modelled_alphas_are_the_committed_cpu_measurements():
   alphas = accelerator.get_config().modelled_alphas
-  with open(os.path.join(RESULTS, "decode_cpu_float32_v2.json")) as f:
+  with open(os.path.join(RESULTS, "decode_cpu_float32.json")) as f:
     runs = json.load(f)["specjax"]["runs"]
   chat = next(r["alpha_hat"] for r in runs if r["system"] == "specjax_speculative" and r["batch_size"] == 1
               and r["k"] == 5 and r["draft_vocab"] == 0)

@@ -101,7 +101,7 @@ def test_plots_preset_names_the_committed_figures():
 
 
 def test_decode_report_renders_a_committed_results_file():
-  with open(os.path.join(ROOT, "experiments", "results", "decode_cpu_float32_v2.json")) as f:
+  with open(os.path.join(ROOT, "experiments", "results", "decode_cpu_float32.json")) as f:
     text = benchmark_decode.tables(json.load(f))
   row = "| specjax_speculative | 1 | 5 | all | 6.42 | 1.42 | 2.10 | 1.57 | 0.947 | 0.868 | 5.34 | 37.2 | yes |"
   assert row in text

@@ -48,7 +48,7 @@ def test_sampled_tokens_on_a_mesh_equal_the_single_device_tokens_with_the_same_s
 @pytest.mark.slow
 def test_two_processes_on_one_global_mesh_give_the_single_device_tokens():
   """The multi-host path on one machine: two processes of 4 simulated devices each join through
-  `mesh.initialize_distributed` (the coordinator variables of the README's launch) and decode on the
+  `mesh.initialize_distributed` (the coordinator variables of docs/devices.md's launch) and decode on the
   global data=2,model=4 mesh; each process gets every row's sampled tokens, equal to the single-device
   run's."""
   with socket.socket() as probe:

@@ -61,7 +61,7 @@ def get_config(variant: str = ""):
   # speedups are computed for every K:
   cfg.modelled_alphas = ml_collections.ConfigDict()
   # alpha_hat at K = 5 on chat-formatted coding requests, full draft head (0.944-0.949 over K = 3..8):
-  # experiments/results/decode_cpu_float32_v2.json
+  # experiments/results/decode_cpu_float32.json
   cfg.modelled_alphas.chat_code = 0.947
   # alpha_hat at K = 5 on raw standard-library code continuation (group raw/greedy, system model_k5):
   # experiments/results/drafters_cpu_float32_part2.json

@@ -12,8 +12,8 @@ three systems and last. About 70 minutes alone on 2 CPU cores.
 `get_config("trees")`: static trees of the model draft, fixed against the adaptive depth (the tree cut at
 the chosen depth each round), the spines (3, 1, 1, 1, 1) and (2, 1, 1, 1, 1, 1, 1, 1) of the trees sweep
 (configs/sweeps/qwen_coder_trees.py) on raw code and chat requests at batch 1 and chat requests at
-batch 4, greedy; about 40 minutes (experiments/results/adaptive_cpu_float32_trees.json was measured when
-the adaptive rounds chose the depth only; they now choose the spine or the whole cut too).
+batch 4, greedy; about 40 minutes (the adaptive rounds choose the depth and the width: the spine or the
+whole cut).
 
 `get_config("tree_widths")`: the tree (3, 1, 1, 1, 1) fixed and adaptive (depth and width: the cut or its
 spine each round) against the chain of its spine, K <= 5 adaptive, on the same three cells; about 35

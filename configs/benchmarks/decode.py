@@ -5,7 +5,7 @@ specjax autoregressive, specjax speculative (a K sweep, each K with every draft 
 The committed runs (experiments/README.md) overrode the grid, e.g.
 
   python -m experiments.benchmark_decode --config=configs/benchmarks/decode.py --config.num_prompts=3 \
-      --config.batched_ks='(4,)' --config.ar_every=4 --config.output=experiments/results/decode_cpu_float32_v2.json
+      --config.batched_ks='(4,)' --config.ar_every=4 --config.output=experiments/results/decode_cpu_float32.json
 """
 
 import ml_collections

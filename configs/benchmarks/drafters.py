@@ -61,7 +61,7 @@ def get_config(variant: str = ""):
   # Shortest and longest suffix looked up. 3..5 rather than the library's 1..3: on the chat prompts a
   # 1- or 2-token suffix matches often and wrongly, and every match pays a (K+1)-token verify pass
   # (~2 target steps on this CPU); replaying the greedy outputs of experiments/results/
-  # decode_cpu_float32_v2.json gives a modelled 0.83x at 1..3 and 1.01x at 3..5 (K = 8), while copying
+  # decode_cpu_float32.json gives a modelled 0.83x at 1..3 and 1.01x at 3..5 (K = 8), while copying
   # from an edited function loses almost nothing.
   cfg.drafters = ml_collections.ConfigDict()  # drafter groups of the decode config, as decode takes them
   cfg.drafters.ngram = ml_collections.ConfigDict()

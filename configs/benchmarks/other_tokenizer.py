@@ -3,8 +3,7 @@ intersection, against plain decoding in one run (`python -m experiments.benchmar
 --config=configs/benchmarks/other_tokenizer.py`; fetch `smollm2-135m-instruct` first):
 
   raw   continuation of standard-library code, no chat template: batch 1 at T = 0 and 1, batch 4 at T = 0
-  chat  open-ended coding requests: batch 1 at T = 1 (T = 0: experiments/results/other_tokenizer/
-        drafters_smollm2_chat.json), batch 4 at T = 0
+  chat  open-ended coding requests: batch 1 at T = 1, batch 4 at T = 0
 Each cell: specjax autoregressive, fixed K = 3 and the adaptive K policy (K <= 8), autoregressive again
 after every two systems. 64 new tokens per prompt. About 30 minutes alone on 2 CPU cores.
 

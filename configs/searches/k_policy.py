@@ -8,7 +8,7 @@ def get_config():
   cfg = ml_collections.ConfigDict()
   cfg.k = 8  # the most draft tokens a round proposes (lengths 0, 1, 2, 3, 5, 8)
   # Seconds per round at each length: the Qwen pair's table measured by the adaptive run of chat/sampled in
-  # experiments/results/adaptive_cpu_float32.json (batch 1, T = 1, 2-core CPU).
+  # the adaptive benchmark's first run at commit 64bcc4b (batch 1, T = 1, 2-core CPU; in git history).
   cfg.cost_table_s = (0.179, 0.513, 0.439, 0.474, 0.612, 0.793)
   cfg.plain_step_s = 0.150  # a plain target step on the same run (6.6 tokens/s autoregressive)
   cfg.alphas = (0.5, 0.77, 0.88, 0.95)  # per-position acceptance: poor, raw code, chat at T = 1, chat greedy

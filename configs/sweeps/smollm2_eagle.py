@@ -10,7 +10,6 @@ Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.
 --config=configs/reports/distill.py:distill_eagle_smollm2`, which exports
 the newest checkpoint's head to `heads/step<N>` and writes the prompts and the corpus. For a run stopped
 early: `--config.base.draft=WORKDIR/heads/stepN` (and a new `--config.output`: a table's points are not rerun).
-The step-300 head's table (the run's first 300 steps, full-vocabulary loss) is `sweep_smollm2_eagle_step300.jsonl`.
 
   python -m experiments.sweep --config=configs/sweeps/smollm2_eagle.py
 """
