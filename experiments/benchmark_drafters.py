@@ -10,6 +10,9 @@ Prompt sets (configs/benchmarks/drafters.py chooses which systems run on which):
              the answer mostly repeats the prompt (configs/code_edit_prompts.py)
   chat       open-ended coding requests (experiments/benchmark_decode.py PROMPTS)
   raw        the first lines of standard-library functions, continued as plain text (no chat template)
+  readme     the two coding requests of the README's command (configs/qwen_coder.py)
+  mtbench    MT-Bench first turns, one question per category in file order (`python -m specjax.data
+             fetch mt-bench` first)
 Each set runs in up to three regimes: `greedy` (batch 1, temperature 0), `sampled` (batch 1,
 `sampled_temperature`) and `batched` (`batched_size`, greedy). A (set, regime) group runs specjax
 autoregressive decoding first, again after every `ar_every` speculative systems and last, and divides
@@ -50,7 +53,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from configs import code_edit_prompts
+from configs import code_edit_prompts, qwen_coder
 from experiments import benchmark_decode, harness, hf_reference
 from experiments.harness import number
 from specjax import costs, decode_spec, metrics, pipeline, prompts, records
@@ -62,7 +65,7 @@ from specjax.speculative.trees import tree as tree_lib
 from specjax.errors import ConfigError
 from specjax.models.load import LoadedModel
 
-SETS = ("code_edit", "chat", "raw")
+SETS = ("code_edit", "chat", "raw", "readme", "mtbench")
 AUTOREGRESSIVE = "autoregressive"
 Log = Callable[[str], None]
 
@@ -73,6 +76,10 @@ def set_prompts(name: str, cfg: ml_collections.ConfigDict) -> list[str]:
     return code_edit_prompts.code_edit_prompts()
   if name == "chat":
     return list(benchmark_decode.PROMPTS)
+  if name == "readme":
+    return list(qwen_coder.get_config().prompts)
+  if name == "mtbench":
+    return [c.turns[0] for c in prompts.conversations((), prompts.MT_BENCH + "?per_category=1")]
   return code_edit_prompts.continuation_prompts(cfg.continuation_lines)
 
 
@@ -443,22 +450,29 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
 
 def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]], eos_ids: list[int],
                      results: dict, save: Callable[[], None], log: Log) -> None:
-  """Plain `generate` and prompt lookup on the transformers set's greedy prompts, batch 1 (transformers'
-  prompt lookup takes one row), each after a 2-token warm-up call."""
+  """Plain `generate`, prompt lookup and (with a draft) assisted generation, K = default_k drafted
+  tokens a round, on the transformers set's greedy prompts in `cfg.dtype`, batch 1 (transformers'
+  prompt lookup and assisted generation take one row), each after a 2-token warm-up call."""
   start = time.perf_counter()
-  model = hf_reference.hf_model(cfg.target)
+  model = hf_reference.hf_model(cfg.target, cfg.dtype)
   log(f"transformers loaded the target in {time.perf_counter() - start:.0f} s")
   lookup = {"prompt_lookup_num_tokens": int(cfg.ngram_k), "max_matching_ngram_size": int(cfg.drafters.ngram.max)}
-  for system, label, kwargs in (("transformers_generate", "transformers generate", {}),
-                                ("transformers_prompt_lookup",
-                                 f"transformers prompt lookup K={cfg.ngram_k} (n<={cfg.drafters.ngram.max})", lookup)):
+  systems = [("transformers_generate", "transformers generate", {}),
+             ("transformers_prompt_lookup", f"transformers prompt lookup K={cfg.ngram_k} (n<={cfg.drafters.ngram.max})",
+              lookup)]
+  if cfg.draft:
+    assisted = {"assistant_model": hf_reference.hf_model(cfg.draft, cfg.dtype),
+                "num_assistant_tokens": int(cfg.default_k), "num_assistant_tokens_schedule": "constant"}
+    systems.append(("transformers_assisted", f"transformers assisted generation K={cfg.default_k}", assisted))
+  for system, label, kwargs in systems:
     hf_reference.generate(model, [prompt_ids[0]], eos_ids, 2, **kwargs)  # warm-up
     outputs = [hf_reference.generate(model, [ids], eos_ids, cfg.max_new_tokens, **kwargs) for ids in prompt_ids]
     tokens, seconds = sum(len(rows[0]) for rows, _ in outputs), sum(s for _, s in outputs)
     results["transformers"].append({
         "group": f"{cfg.transformers_set}/greedy", "prompt_set": cfg.transformers_set, "regime": "greedy",
         "batch_size": 1,
-        "temperature": 0.0, "system": system, "label": label, "generate_kwargs": kwargs,
+        "temperature": 0.0, "system": system, "label": label, "dtype": cfg.dtype,
+        "generate_kwargs": {k: v for k, v in kwargs.items() if k != "assistant_model"},
         "generated_tokens": tokens, "wall_time_s": seconds, "tokens_per_second": tokens / seconds,
         "token_ids": [rows[0] for rows, _ in outputs]})
     save()

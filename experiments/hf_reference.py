@@ -8,17 +8,17 @@ import time
 from typing import Sequence
 
 
-def hf_model(name: str):
-  """A float32 `transformers` causal LM from an HF directory, a `.gguf` file or a registry name."""
+def hf_model(name: str, dtype: str = "float32"):
+  """A `transformers` causal LM in `dtype` from an HF directory, a `.gguf` file or a registry name."""
   import transformers
 
   from specjax.models import registry
 
   if os.path.isdir(name):
-    return transformers.AutoModelForCausalLM.from_pretrained(name, dtype="float32").eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
   path = registry.model_path(registry.get_spec(name)) if name in registry.MODELS else name
   return transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype="float32").eval()
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype).eval()
 
 
 def generate(model, batch_ids: Sequence[Sequence[int]], eos_ids: Sequence[int], max_new_tokens: int,

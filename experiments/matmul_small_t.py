@@ -1,13 +1,9 @@
-"""How to contract T = 1..9 token rows with a `[out, in]` weight on XLA CPU: four formulations timed.
+"""The weight matmul of T = 1..16 token rows on each backend and dtype (`specjax.models.matmul`), timed.
 
-The verify pass multiplies K + 1 activation rows by every weight matrix. Memory-bound, that should
-cost about one single-token pass; on XLA CPU's GEMM it costs ~2x already at T = 2. Formulations:
-  x_Wt       dot_general(x [T, in], W [out, in]) contracting `in` (what the model does)
-  W_x        dot_general(W, x) -> [out, T], transposed (W as the large left operand)
-  per_token  T separate matrix-vector products (reads W T times)
-  reduce     sum over `in` of W[:, None, :] * x[None, :, :] -> [out, T] (a fused reduction that
-             could read W once)
-Eight 1536 x 8960 matrices (one Qwen-1.5B MLP's worth x ~2.7; `matrices`), float32, median of 7. JSON out.
+The verify pass multiplies K + 1 activation rows by every weight matrix. Memory-bound, that costs about
+one single-token pass; XLA:CPU's GEMM costs ~2x already at T = 2 in float32, and its bfloat16 path is
+several times slower still. Weights: `matrices` random 8960 x 1536 matrices (one Qwen-1.5B MLP projection
+each, cycled so that they do not sit in cache), median of 7 calls per T. JSON out.
 
   python -m experiments.matmul_small_t --config=configs/benchmarks/matmul_small_t.py
 """
@@ -23,37 +19,33 @@ import numpy as np
 
 from experiments import harness
 from specjax import records
+from specjax.models import matmul
 
-_CONTRACT_IN = (((1,), (1,)), ((), ()))
-FORMULATIONS = {
-    "x_Wt": lambda W, x: jax.lax.dot_general(x, W, _CONTRACT_IN),
-    "W_x": lambda W, x: jax.lax.dot_general(W, x, _CONTRACT_IN).T,
-    "per_token": lambda W, x: jnp.concatenate(
-        [jax.lax.dot_general(x[t:t + 1], W, _CONTRACT_IN) for t in range(x.shape[0])]),
-    "reduce": lambda W, x: jnp.sum(W[:, None, :] * x[None, :, :], axis=-1).T,
-}
+TOKENS = tuple(range(1, 10)) + (12, 16)
+VARIANTS = {"xla_float32": ("xla", "float32"), "kernel_float32": ("cpu_kernel", "float32"),
+            "xla_bfloat16": ("xla", "bfloat16"), "kernel_bfloat16": ("cpu_kernel", "bfloat16")}
 
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
-  """Times every formulation at T = 1..9; returns the results, also written to `cfg.output` unless it is
-  empty."""
+  """Times every variant at every T; returns the results, also written to `cfg.output` unless empty."""
   rng = np.random.default_rng(0)
-  weights = [jnp.asarray(rng.standard_normal((8960, 1536), dtype=np.float32)) for _ in range(cfg.matrices)]
-  results = {"command": records.command(), "bytes": sum(w.nbytes for w in weights), "seconds": {}}
-  for name, contract in FORMULATIONS.items():
-    fn = jax.jit(lambda ws, x, contract=contract: [contract(w, x) for w in ws])
+  weights = [rng.standard_normal((8960, 1536), dtype=np.float32) for _ in range(cfg.matrices)]
+  results = {"command": records.command(), "environment": records.environment(), "seconds": {}}
+  for name, (backend, dtype) in VARIANTS.items():
+    ws = [jnp.asarray(w, dtype) for w in weights]
+    fn = jax.jit(lambda ws, x, backend=backend: [matmul.dense(x, w, backend, jnp.float32) for w in ws])
     results["seconds"][name] = {}
-    for T in range(1, 10):
-      x = jnp.ones((T, 1536), jnp.float32)
-      jax.block_until_ready(fn(weights, x))
+    for T in TOKENS:
+      x = jnp.ones((T, 1536), dtype)
+      jax.block_until_ready(fn(ws, x))
       times = []
       for _ in range(7):
         start = time.perf_counter()
-        jax.block_until_ready(fn(weights, x))
+        jax.block_until_ready(fn(ws, x))
         times.append(time.perf_counter() - start)
-      results["seconds"][name][T] = float(np.median(times))
+      results["seconds"][name][T] = float(np.median(times)) / len(ws)
     row = results["seconds"][name]
-    log(f"{name:10s} T=1 {row[1] * 1e3:6.1f} ms ({results['bytes'] / row[1] / 1e9:.1f} GB/s)  ratios " +
+    log(f"{name:16s} T=1 {row[1] * 1e3:6.2f} ms per matrix ({ws[0].nbytes / row[1] / 1e9:.1f} GB/s)  ratios " +
         " ".join(f"{t}:{s / row[1]:.2f}" for t, s in row.items()))
   if cfg.output:
     harness.write_results(results, cfg.output)

@@ -118,20 +118,24 @@ def test_model_logits_equal_transformers(family, tmp_path):
 
 
 def test_verify_pass_equals_single_steps_bitwise():
-  """A 4-token pass through a bfloat16 model computes each position's logits bit for bit as four
-  one-token steps through the cache do (XLA's matmuls gave differences of ~1e-6 here)."""
-  config, params = engine.tiny_model(0, d_model=64, n_layers=2)
+  """A 12-token pass of a ragged batch through a bfloat16 model computes each position's hidden state bit
+  for bit as twelve one-token steps through the cache do: the kernel's matmuls, and norms and attention
+  reduced position by position (`transformer.per_position`). At this width XLA's reductions over a chunk
+  sum in another order than over one row: with the matmuls alone (INVARIANT_WIDTH = 1) 11 of the 12
+  positions differed."""
+  config, params = engine.tiny_model(0, d_model=1536, n_layers=2, scale=0.03)
   config = config.replace(dtype="bfloat16", matmul=KERNEL)
   params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
-  forward = jax.jit(transformer.forward, static_argnums=0)
-  tokens_1x7 = jnp.asarray([[5, 17, 3, 44, 9, 2, 7]], jnp.int32)
-  _, cache = forward(config, params, tokens_1x7[:, :3], init_cache(config, 1, 32))
-  cache = cache.advance(jnp.asarray([3]))
-  verify_1x4xV, _ = forward(config, params, tokens_1x7[:, 3:], cache)
-  for t in range(4):
-    step_1x1xV, cache = forward(config, params, tokens_1x7[:, 3 + t:4 + t], cache)
-    cache = cache.advance(jnp.asarray([1]))
-    np.testing.assert_array_equal(np.asarray(step_1x1xV[:, 0]), np.asarray(verify_1x4xV[:, t]))
+  forward = jax.jit(transformer.forward_hidden, static_argnums=0)
+  T = 12
+  tokens_2xP = jnp.asarray(np.random.default_rng(0).integers(0, engine.VOCAB, (2, 5 + T)), jnp.int32)
+  _, cache = forward(config, params, tokens_2xP[:, :5], init_cache(config, 2, 32))
+  cache = cache.advance(jnp.asarray([5, 3]))  # ragged: the second row's last two prompt tokens are dropped
+  verify_2xTxD, _ = forward(config, params, tokens_2xP[:, 5:], cache)
+  for t in range(T):
+    step_2x1xD, cache = forward(config, params, tokens_2xP[:, 5 + t:6 + t], cache)
+    cache = cache.advance(jnp.asarray([1, 1]))
+    np.testing.assert_array_equal(np.asarray(step_2x1xD[:, 0]), np.asarray(verify_2xTxD[:, t]))
 
 
 def test_bfloat16_greedy_speculative_equals_autoregressive():

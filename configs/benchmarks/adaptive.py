@@ -19,6 +19,12 @@ whole cut).
 spine each round) against the chain of its spine, K <= 5 adaptive, on the same three cells; about 35
 minutes.
 
+`get_config("kernel_readme")`, `get_config("kernel_mtbench")`: bfloat16 through the CPU matmul kernel
+(`specjax.models.matmul`), batch 1, greedy: the README's two prompts, or MT-Bench first turns (one per
+category, the first four), with the model draft at K <= 5 adaptive and K = 5 fixed, against specjax's own
+autoregressive decoding and transformers (bfloat16: generate, prompt lookup, assisted generation with the
+same draft, K = 5) in the same run; about 15 minutes each.
+
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
 policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
 (raw code at batch 4, chat requests at batch 4 and 8, code edits); about 45 minutes. `get_config("plain_ab")`:
@@ -71,7 +77,16 @@ def get_config(variant: str = ""):
     cfg.sets.chat = drafters.prompt_set(True, 2, greedy=systems, sampled=(), batched=systems)
     cfg.ar_every = 3
     cfg.output = "experiments/results/adaptive_cpu_float32_tree_widths.json"
+  elif variant in ("kernel_readme", "kernel_mtbench"):
+    name = variant.removeprefix("kernel_")
+    cfg.dtype = "bfloat16"
+    cfg.prompt_sets = (name,)
+    cfg.sets[name] = drafters.prompt_set(True, 2 if name == "readme" else 4, greedy=("model_k5_adaptive", "model_k5"),
+                                         sampled=(), batched=())
+    cfg.transformers, cfg.transformers_set = True, name
+    cfg.output = f"experiments/results/kernel_cpu_bfloat16_{name}.json"
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py "
-                     f"(known: 'batch1', 'batched', 'plain_ab', 'trees', 'tree_widths')")
+                     f"(known: 'batch1', 'batched', 'plain_ab', 'trees', 'tree_widths', 'kernel_readme', "
+                     f"'kernel_mtbench')")
   return cfg

@@ -1,5 +1,5 @@
 """Small-T matmuls (`python -m experiments.matmul_small_t --config=configs/benchmarks/matmul_small_t.py`):
-four ways to contract T = 1..9 token rows with `[out, in]` weights on XLA CPU, timed, one JSON file.
+T = 1..16 token rows times `[out, in]` weights on each matmul backend and dtype, timed, one JSON file.
 """
 
 import ml_collections
@@ -7,6 +7,6 @@ import ml_collections
 
 def get_config():
   cfg = ml_collections.ConfigDict()
-  cfg.matrices = 8  # random 8960 x 1536 float32 weights contracted per call (8: ~2.7 Qwen-1.5B MLPs)
+  cfg.matrices = 16  # random 8960 x 1536 weights cycled per call (16: 440 MB in float32, past any cache)
   cfg.output = "experiments/results/matmul_small_t_cpu.json"  # the JSON results ("" = print only)
   return cfg

@@ -45,6 +45,23 @@ from specjax.models.layout import to_layout
 
 Params = Any
 _init = nn.initializers.normal(stddev=0.02)
+INVARIANT_WIDTH = 16  # chunks of up to this many positions reduce position by position (`per_position`)
+
+
+def by_position(config: ModelConfig, T: int) -> bool:
+  """Whether a chunk of T positions reduces position by position (`per_position`)."""
+  return config.matmul == "cpu_kernel" and 1 < T <= INVARIANT_WIDTH
+
+
+def per_position(config: ModelConfig, fn: Callable[[jax.Array], jax.Array], x_BxTx: jax.Array) -> jax.Array:
+  """`fn(x)` for a reduction over x's last axes, run on each position's [B, 1, ...] slice in turn where the
+  CPU matmul kernel makes the matmuls batch-invariant and x is a chunk of 2..INVARIANT_WIDTH positions.
+  XLA sums in an order that depends on how many rows it reduces; a slice reduces exactly as a one-token
+  step does, so a verify pass computes bit for bit what the steps would and greedy speculative output
+  equals greedy autoregressive output in bfloat16 too. Wider chunks (prefill) run whole."""
+  if x_BxTx.ndim < 3 or not by_position(config, x_BxTx.shape[1]):
+    return fn(x_BxTx)
+  return jnp.concatenate([fn(x_BxTx[:, t:t + 1]) for t in range(x_BxTx.shape[1])], axis=1)
 
 
 def _along_last(vector: jax.Array, ndim: int) -> jax.Array:
@@ -86,10 +103,10 @@ class Norm(nn.Module):
     scale = _along_last(self.param("scale", init, (features,), cfg.jnp_dtype), x.ndim)
     if cfg.arch == "gpt2":
       bias = _along_last(self.param("bias", nn.initializers.zeros, (features,), cfg.jnp_dtype), x.ndim)
-      x = x - x.mean(-1, keepdims=True)
-      x = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps)
+      x = x - per_position(cfg, lambda x: x.mean(-1, keepdims=True), x)
+      x = x * jax.lax.rsqrt(per_position(cfg, lambda x: (x * x).mean(-1, keepdims=True), x) + cfg.norm_eps)
       return (x * scale + bias).astype(cfg.jnp_dtype)
-    x = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps)
+    x = x * jax.lax.rsqrt(per_position(cfg, lambda x: (x * x).mean(-1, keepdims=True), x) + cfg.norm_eps)
     if cfg.arch == "gemma":  # Gemma scales in float32, then rounds; Llama rounds, then scales
       return (x * (1.0 + scale.astype(jnp.float32))).astype(cfg.jnp_dtype)
     return scale * x.astype(cfg.jnp_dtype)
@@ -121,11 +138,19 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
   G = k_BxTxGxDh.shape[2]
   cache = (cache.write(layer, k_BxTxGxDh, v_BxTxGxDh) if tree is None
            else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
-  out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxHxDh.reshape(B, T, G, H // G, Dh), cache.k, cache.v, layer,
-                                           cache.lengths, per_layer(cfg.layer_windows(), layer),
-                                           cfg.attention, cfg.attention_block, cfg.attention_scale(),
-                                           cfg.attn_softcap, tree)
-  return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
+  q_BxTxGxHgxDh = q_BxTxHxDh.reshape(B, T, G, H // G, Dh)
+  attend = lambda q_BxQxGxHgxDh, k, v, lengths_B: attention.attend(
+      q_BxQxGxHgxDh, k, v, layer, lengths_B, per_layer(cfg.layer_windows(), layer), cfg.attention,
+      cfg.attention_block, cfg.attention_scale(), cfg.attn_softcap, tree)
+  if tree is not None or not by_position(cfg, T):
+    out_BxTxGxHgxDh, k, v = attend(q_BxTxGxHgxDh, cache.k, cache.v, cache.lengths)
+    return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
+  # Query t as a one-token step at length lengths + t would see it (`per_position`): a chain only.
+  k, v, outs = cache.k, cache.v, []
+  for t in range(T):
+    out_Bx1xGxHgxDh, k, v = attend(q_BxTxGxHgxDh[:, t:t + 1], k, v, cache.lengths + t)
+    outs.append(out_Bx1xGxHgxDh)
+  return jnp.concatenate(outs, axis=1).reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
 
 class Attention(nn.Module):
