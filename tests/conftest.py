@@ -75,7 +75,8 @@ def free_compiled_programs():
 
 
 def pytest_collection_modifyitems(config, items):
-  """Modules holding a `slow` test run first (the xdist workers take whole files in this order), so that
-  the last files to start are short ones and neither worker idles at the end."""
+  """Modules holding a `slow` test run first (the xdist workers take whole files in this order:
+  `--no-loadscope-reorder` in pyproject.toml keeps it, where xdist would re-sort the files by their number
+  of tests), so that the last files to start are short ones and neither worker idles at the end."""
   slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
   items.sort(key=lambda item: item.module.__name__ not in slow_modules)  # stable: file order kept

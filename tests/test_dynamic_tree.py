@@ -21,8 +21,8 @@ from specjax.speculative.trees.acceptance import verify_tree
 from tests.helpers import mutants
 from tests.helpers.engine import (BUDGETS, DRAFTS, GREEDY, PROMPTS, SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET,
                                   run_speculative, target_greedy)
-from tests.helpers.trees import (ALPHA, REJECTED, ROWS, SAMPLED, STEPS, TREES, no_update_rule, run_tree_speculative,
-                                 sampled_pvalue)
+from tests.helpers.trees import (ALPHA, LONG_STEPS, REJECTED, ROWS, SAMPLED, STEPS, TREES, all_positions_pvalue,
+                                 no_update_rule, run_tree_speculative, sampled_pvalue)
 
 SPEC = DynamicSpec(nodes=6, depth=3, expand=2)  # 2 + 2 * 4 = 10 candidates, 6 kept
 
@@ -166,18 +166,26 @@ def test_one_child_dynamic_tree_is_the_plain_chain():
 def _first_tokens(tree_rule=None):
   kwargs = {} if tree_rule is None else {"tree_rule": tree_rule}
   out = run_tree_speculative(SMALL_DRAFT, DynamicSpec(3, 2, 2), target=SMALL_TARGET,
-                             prompts=[SAMPLE_PROMPT] * ROWS, budgets=STEPS, sampling=SAMPLED, cache_len=16,
-                             out_width=STEPS, **kwargs)
-  vocab = SMALL_TARGET[0].vocab_size
-  return np.bincount(np.ravel_multi_index(np.asarray(out.tokens).T, [vocab] * STEPS),
+                             prompts=[SAMPLE_PROMPT] * ROWS, budgets=LONG_STEPS, sampling=SAMPLED, cache_len=16,
+                             out_width=LONG_STEPS, **kwargs)
+  vocab, tokens_ZxT = SMALL_TARGET[0].vocab_size, np.asarray(out.tokens)
+  return np.bincount(np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [vocab] * STEPS),
                      minlength=vocab ** STEPS), out
 
 
 @pytest.mark.slow
 def test_sampled_dynamic_tree_decoding_follows_the_exact_target_distribution():
-  """10,000 rows, first 3 tokens, level 1e-3 (see test_tree_exactness); a rule that forgets the
-  rejected children fails."""
+  """N = 10,000 rows of LONG_STEPS = 8 tokens through dynamic(3, 2, 2) (three rounds at least per row):
+  chi-square of the first 3 tokens' joint and the all-positions test (`all_positions_pvalue`: each of
+  the 8 positions against the exact conditional given the row's earlier tokens, PIT in 10 bins,
+  Bonferroni), each at level 1e-3 / 2; a rule that forgets the rejected children fails the first
+  (p < 1e-6). Positions 3 on read the target's logits at depth-2 nodes (the bonus after a full-depth
+  path): the verify mask without the grandparent (`mutants.no_grandparent_ancestor_mask`), invisible in
+  the first 3 tokens, fails the all-positions test."""
   counts, out = _first_tokens()
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
-  assert sampled_pvalue(counts) > ALPHA
+  assert (np.asarray(out.acceptance.rounds) >= 3).all()
+  assert sampled_pvalue(counts) > ALPHA / 2
+  combined, pvalues_T = all_positions_pvalue(out.tokens)
+  assert combined > ALPHA / 2, pvalues_T
   assert sampled_pvalue(_first_tokens(no_update_rule)[0]) < REJECTED

@@ -26,10 +26,11 @@ from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
-from tests.helpers.k_policy import PeekingDrafter, ShallowTreeDrafter
+from tests.helpers.k_policy import PeekingDrafter, ShallowTreeDrafter, assert_rounds_draft
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
 from tests.helpers.stats import SAMPLE_ROWS
-from tests.helpers.trees import SAMPLED, STEPS, TREES, run_tree_speculative, sampled_pvalue
+from tests.helpers.trees import (LONG_STEPS, SAMPLED, STEPS, TREES, all_positions_pvalue, run_tree_speculative,
+                                 sampled_pvalue)
 
 # Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
 # long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
@@ -120,10 +121,13 @@ def test_the_spine_estimate_observes_the_accepted_paths_first_choice_prefix():
   assert np.asarray(got).tolist() == [3, 1, 0, 2, 0, 1]
 
 
-def _check_rounds(out, calls_per_round, tree=None):
+def _check_rounds(out, calls_per_round, tree=None, accepting=True):
   """Every round counted at its chosen candidate; the draft ran exactly `calls_per_round(L)` passes in a
-  round of length (depth) L (none beyond what the policy wanted). Returns the candidates visited."""
+  round of length (depth) L (none beyond what the policy wanted); the rounds drafted as chosen
+  (`assert_rounds_draft`; `accepting`: the draft's tokens are accepted at all). Returns the candidates
+  visited."""
   candidates = POLICY.candidates(3, tree)
+  assert_rounds_draft(out, candidates, accepting)
   rounds_C = np.asarray(out.rounds_per_length)
   assert rounds_C.sum() == int(out.target_calls) - 1
   assert int(out.draft_calls) == sum(n * calls_per_round(c.length) for n, c in zip(rounds_C, candidates))
@@ -135,7 +139,7 @@ def test_model_drafter_keeps_greedy_output_while_the_length_varies(draft_name):
   """The catch-up pass always runs (it feeds the pending token), then one pass per further token."""
   out = run_speculative(DRAFTS[draft_name], k=3, policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
-  visited = _check_rounds(out, lambda length: max(length, 1))
+  visited = _check_rounds(out, lambda length: max(length, 1), accepting=draft_name != "never")
   assert len(visited) >= 2 and Candidate(0) in visited  # plain steps too (after rejections, before recovering)
 
 
@@ -151,7 +155,7 @@ def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params)
   out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
-  assert len(_check_rounds(out, lambda length: length)) >= 2
+  assert len(_check_rounds(out, lambda length: length, accepting=False)) >= 2  # a random head: nothing accepted
 
 
 def _ngram_greedy(model_name, tree=None):
@@ -182,7 +186,7 @@ def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name, max_l
   tree = TREES["paths"]
   out = run_tree_speculative(DRAFTS[draft_name], tree, policy=POLICY, cost_C=tree_costs(tree), max_lag=max_lag)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
-  visited = _check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0, tree)
+  visited = _check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0, tree, draft_name != "never")
   assert len(visited) >= 3 and any(c.spine for c in visited) and any(c.length and not c.spine for c in visited)
   # What the estimates observed (a `Memory` learns it): the spine's in every drafting round, the whole
   # cut's in its own rounds only, never an acceptance its round did not reach.
@@ -198,7 +202,7 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params, tree=tree)
   out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=tree_costs(tree))
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
-  assert len(_check_rounds(out, lambda depth: depth, tree)) >= 2
+  assert len(_check_rounds(out, lambda depth: depth, tree, accepting=False)) >= 2  # a random head
   spines = tree_lib.from_branching((2, 1, 1))
   assert len(_check_rounds(_ngram_greedy("random", spines), lambda depth: 0, spines)) >= 2
 
@@ -245,7 +249,7 @@ def _first_tokens(drafter, cost_C):
                              init_cache(target_config, SAMPLE_ROWS, cache_len),
                              drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
                              jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
-  return out.tokens, np.asarray(out.rounds_per_length)
+  return out.tokens, np.asarray(out.rounds_per_length), out
 
 
 @pytest.mark.slow
@@ -257,11 +261,12 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
   A drafter that shortens its proposal to 0 where the target would reject d_1, reading the target's
   distribution of the round being verified, must fail the same test (p < 1e-12)."""
   cost_C = np.array([1.0, 1.2, 1.6], np.float32)
-  tokens, rounds_C = _first_tokens(ModelDrafter(*SMALL_DRAFT, stop_threshold=0.5), cost_C)
+  tokens, rounds_C, out = _first_tokens(ModelDrafter(*SMALL_DRAFT, stop_threshold=0.5), cost_C)
   assert (rounds_C[1:] > 0).all()  # both proposing lengths were chosen
+  assert_rounds_draft(out, POLICY.candidates(2))
   assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), tokens) > ALPHA
   peeking = PeekingDrafter(*SMALL_DRAFT, target_config=SMALL_TARGET[0], target_params=SMALL_TARGET[1])
-  tokens, _ = _first_tokens(peeking, cost_C)
+  tokens, _, _ = _first_tokens(peeking, cost_C)
   assert first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), tokens) < 1e-12
 
 
@@ -271,31 +276,43 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
 TREE_CHI2_COSTS = np.array([1.0, 1.2, 1.3, 1.5, 1.6, 10.0, 10.0], np.float32)
 
 
-def _tree_first_tokens(drafter_class):
-  """The first STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes of
-  look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first round)."""
+def _tree_tokens(drafter_class, **kwargs):
+  """The first LONG_STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes
+  of look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first
+  round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the loop's output."""
   drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
-  (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + STEPS + 9
+  (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + LONG_STEPS + 9
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), STEPS, NO_EOS, SAMPLED, jax.random.key(2),
-                             k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
-  index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * STEPS)
-  return np.bincount(index, minlength=config.vocab_size ** STEPS), np.asarray(out.rounds_per_length)
+                             drafter.storage(SAMPLE_ROWS, cache_len), LONG_STEPS, NO_EOS, SAMPLED, jax.random.key(2),
+                             k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS, **kwargs)
+  tokens_ZxT = np.asarray(out.tokens)
+  index = np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [config.vocab_size] * STEPS)
+  return np.bincount(index, minlength=config.vocab_size ** STEPS), tokens_ZxT, out
 
 
 @pytest.mark.slow
 def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
-  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth, whole or its spine alone: chi-square
-  at level 0.001 on N = 10,000 rows of the first 3 tokens. The rows' first round verifies the spine of
-  depth 2, a later one the whole cut of depth 2 (`TREE_CHI2_COSTS`): its leaves have children in the
-  whole tree, which the cut must not try, and the spine's nodes are not a prefix of the tree's. A
-  drafter that draws one level less than the loop verifies (the deepest level's tokens never drawn,
-  probability 0 under the draft) must fail the same test (p < 1e-6)."""
-  counts, rounds_C = _tree_first_tokens(ModelDrafter)
+  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth, whole or its spine alone, N = 10,000
+  rows of LONG_STEPS = 8 tokens (at least 3 rounds each, several at each of the candidates chosen):
+  chi-square at level 0.001 of the first 3 tokens' joint, and every position's conditional given the
+  row's earlier tokens (`all_positions_pvalue`: the randomized PIT per position, Bonferroni over the 8,
+  level 0.001). The rows' first round verifies the spine of depth 2, later ones the whole cut of depth 2
+  (`TREE_CHI2_COSTS`; depth 3 is never chosen): its leaves have children in the whole tree, which the
+  cut must not try, and the spine's nodes are not a prefix of the tree's; the rounds drafted as chosen
+  (`assert_rounds_draft`). A drafter that draws one level less than the loop verifies (the deepest
+  level's tokens never drawn, probability 0 under the draft) must fail the same test (p < 1e-6).
+  (`mutants.deeper_tree_cut`, the loop verifying a level deeper than the round drafted, passed the first
+  3 tokens' test: its tokens sit at positions 3 on; the all-positions test rejects it.)"""
+  counts, tokens_ZxT, out = _tree_tokens(ModelDrafter)
+  rounds_C = np.asarray(out.rounds_per_length)
   assert rounds_C[3] > 0 and rounds_C[4] > 0 and rounds_C[5:].sum() == 0
+  assert_rounds_draft(out, POLICY.candidates(3, TREES["branching"]))
+  assert (np.asarray(out.acceptance.rounds) >= 3).all()
   assert sampled_pvalue(counts) > ALPHA
-  counts, _ = _tree_first_tokens(ShallowTreeDrafter)
+  combined, pvalues_T = all_positions_pvalue(tokens_ZxT)
+  assert combined > ALPHA, pvalues_T
+  counts, tokens_ZxT, _ = _tree_tokens(ShallowTreeDrafter)
   assert sampled_pvalue(counts) < 1e-6
 
 

@@ -22,6 +22,7 @@ from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, 
                                   target_greedy)
 from tests.helpers.spelling import (FORCED_CACHE, FORCED_PROMPTS, bpe_pair_dirs, forced_rounds, run_drafter,
                                     spell_history, spelling_drafter)
+from tests.helpers.k_policy import assert_rounds_draft
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 # name -> (drafter fields, loop arguments); the adaptive policy's costs are those of lengths 0 .. 3.
@@ -49,6 +50,8 @@ def test_greedy_output_is_the_targets_own(shape):
   assert got == target_greedy()
   assert not set(sum(got, [])) <= set(target_I.tolist())
   assert int(out.acceptance.accepted.sum()) > 0
+  if "policy" in loop:  # the adaptive policy's rounds drafted as it chose
+    assert_rounds_draft(out, loop["policy"].candidates(3))
   committed = np.asarray(out.target_cache.lengths)
   spelled = [int(sum(counts_V[t] for t in (prompt + row)[:n])) for prompt, row, n in zip(PROMPTS, got, committed)]
   state = out.draft_state

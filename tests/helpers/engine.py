@@ -117,6 +117,32 @@ def first_tokens_pvalue(model, prompt, sampling, tokens_ZxT) -> float:
   return chi_square_pvalue(observed, exact_distribution(*model, prompt, sampling, steps).ravel())
 
 
+_CONDITIONAL_ROWS, _CONDITIONAL_WIDTH = 5_000, 32  # one compiled forward per model: chunks of rows, right-padded
+_forward = jax.jit(forward, static_argnums=0)
+
+
+def target_conditionals(model, prompt, sampling, tokens_ZxT) -> np.ndarray:
+  """[Z, T, V] float64: the distribution `model` gives each generated token t of each row given the
+  prompt and the row's tokens before t (one teacher-forced forward of [prompt, tokens] per row, logits
+  from the library's forward, probabilities from `reference`, as `exact_distribution`): what an exact
+  sampler draws token t from, position by position (`stats.pit_pvalues`)."""
+  config, params = model
+  tokens_ZxT = np.asarray(tokens_ZxT, np.int32)
+  rows, steps = tokens_ZxT.shape
+  assert len(prompt) + steps <= _CONDITIONAL_WIDTH
+  sequences_ZxW = np.zeros((rows, _CONDITIONAL_WIDTH), np.int32)  # causal: the padding is never seen
+  sequences_ZxW[:, :len(prompt)] = prompt
+  sequences_ZxW[:, len(prompt):len(prompt) + steps] = tokens_ZxT
+  chunks = []
+  for start in range(0, rows, _CONDITIONAL_ROWS):
+    chunk = np.zeros((_CONDITIONAL_ROWS, _CONDITIONAL_WIDTH), np.int32)
+    part = sequences_ZxW[start:start + _CONDITIONAL_ROWS]
+    chunk[:len(part)] = part
+    logits, _ = _forward(config, params, jnp.asarray(chunk), init_cache(config, _CONDITIONAL_ROWS, _CONDITIONAL_WIDTH))
+    chunks.append(np.asarray(logits[:len(part), len(prompt) - 1:len(prompt) - 1 + steps]))
+  return reference.params_probabilities(np.concatenate(chunks), sampling)
+
+
 def accept_all(key, proposal, target_probs_BxK1xV):
   """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
   k = proposal.k

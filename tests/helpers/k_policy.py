@@ -1,10 +1,12 @@
 """A drafter whose proposal length peeks at the target: the length choice that the K policy must never
-make (it reads the target's distribution of the round being verified), for the exactness test to fail."""
+make (it reads the target's distribution of the round being verified), for the exactness test to fail;
+and the check every adaptive test makes that its rounds drafted (`assert_rounds_draft`)."""
 
 from typing import Any
 
 import flax.struct
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import forward
@@ -37,3 +39,24 @@ class ShallowTreeDrafter(ModelDrafter):
 
   def propose(self, state, target_cache, pending_B, sampling, key, k, wanted_B=None, spine=None):
     return super().propose(state, target_cache, pending_B, sampling, key, k, jnp.maximum(wanted_B - 1, 0), spine)
+
+
+def assert_rounds_draft(out, candidates, accepting: bool = True) -> None:
+  """The adaptive policy's rounds did what it chose, read from the loop's stats: some round chose to draft
+  (a candidate of length L > 0, `rounds_per_length`); every round that chose the plain step (L = 0)
+  reached no draft position in any row (so each adds at least one row-round that did not reach position
+  1: `acceptance.reached_at`); and, for a draft that agrees with the target at all (`accepting`), some
+  draft token was accepted, so some drafting round was verified as drafted. A loop that verified other
+  than it chose (adaptive lengths left unclipped: every static-tree round verified as a plain step,
+  still exact) fails here, not in the exactness tests."""
+  rounds_C = np.asarray(out.rounds_per_length)
+  lengths_C = np.array([c.length for c in candidates])
+  drafting, plain = int(rounds_C[lengths_C > 0].sum()), int(rounds_C[lengths_C == 0].sum())
+  row_rounds = int(np.asarray(out.acceptance.rounds).sum())
+  reached_first = int(np.asarray(out.acceptance.reached_at)[:, 0].sum())
+  accepted = int(np.asarray(out.acceptance.accepted).sum())
+  assert drafting > 0, f"no round chose to draft: rounds per candidate {rounds_C.tolist()}"
+  assert row_rounds - reached_first >= plain, (
+      f"{plain} rounds chose the plain step, but only {row_rounds - reached_first} of {row_rounds} row-rounds "
+      "reached no draft position: the rounds verified other than the policy chose")
+  assert not accepting or accepted > 0, f"{drafting} drafting rounds accepted nothing: were they verified as drafted?"

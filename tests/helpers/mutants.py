@@ -25,6 +25,15 @@ in a fresh function before `jax.jit`, or pass a fresh rule to the engine, which 
   tree) without each node's grandparent (the root, for a node of depth 2).
 - `NoGrandparentFrontier`: `dynamic_tree._Frontier` (a dynamic tree's drafting chunk) whose nodes do not
   see their fed grandparent (a difference only from depth 3 on: the root is committed history).
+- `deeper_tree_cut`: the loop's adaptive tree pass verifies the static tree cut one level deeper than
+  the round chose, and drafted (the deepest verified level holds tokens never drawn).
+- `unclipped_adaptive_lengths`: the loop does not clip a proposal's lengths to the adaptive policy's
+  choice: a static tree proposal's N nodes fit no candidate, so every round verifies the plain one
+  (still exact: only a test that asserts the rounds drafted sees it).
+The loop mutants (`LOOP_MUTANTS`) patch the loop's internals as of this writing and record each time
+they changed something while a program was traced: a test injecting one asserts that list non-empty,
+so that a refactored loop makes the injection fail loudly instead of silently testing nothing.
+`tests/helpers/mutant_plugin.py` injects any mutant of `PLUGIN_MUTANTS` into a whole pytest run.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.speculative import acceptance
+from specjax.speculative import acceptance, k_policy
+from specjax.speculative import loop
 from specjax.speculative.trees import dynamic as dynamic_tree
 from specjax.speculative.trees import acceptance as tree_acceptance
 
@@ -181,3 +191,68 @@ def inject(monkeypatch, mutant: str, chain: bool = False, tree: bool = False) ->
       monkeypatch.setattr(acceptance, "_verify_row", chain_row(mutant))
     if tree:
       monkeypatch.setattr(tree_acceptance, "_verify_tree_row", tree_row(mutant))
+
+
+def deeper_tree_cut(monkeypatch) -> list:
+  """`loop._verify_tree_pass` verifying the tree cut one level deeper than the adaptive round's candidate
+  (whole cut or spine; a candidate already at the tree's depth stays): the drafter drew the chosen cut
+  only, so the extra level's tokens were never drawn (probability 0 under the draft: the rule accepts
+  them wherever the target gives them mass). Returns the candidates it deepened (at trace time)."""
+  real, deepened = loop._verify_tree_pass, []
+
+  def verify_tree_pass(*args):
+    *head, proposal, sampling, key, candidate, target_cache = args
+    if candidate is not None and candidate.length < proposal.verified_tree.max_depth:
+      deepened.append(candidate)
+      candidate = candidate._replace(length=candidate.length + 1)
+    return real(*head, proposal, sampling, key, candidate, target_cache)
+
+  monkeypatch.setattr(loop, "_verify_tree_pass", verify_tree_pass)
+  return deepened
+
+
+class _UnclippedJnp:
+  """`jax.numpy` for the loop module, but `minimum(lengths, wanted_B)` with the policy's wanted_B (recorded
+  by the patched `k_policy.choose`) returns the lengths unclipped."""
+
+  def __init__(self, wanted: list, skipped: list):
+    self._wanted, self._skipped = wanted, skipped
+
+  def __getattr__(self, name):
+    return getattr(jnp, name)
+
+  def minimum(self, a, b):
+    if any(b is w for w in self._wanted):
+      self._skipped.append(a)
+      return a
+    return jnp.minimum(a, b)
+
+
+def unclipped_adaptive_lengths(monkeypatch) -> list:
+  """The loop's `proposal.replace(lengths=jnp.minimum(proposal.lengths, wanted_B))` left out: a drafter's
+  lengths are kept beyond the policy's choice. A static tree proposal's lengths are its N nodes, longer
+  than any candidate's depth, so no candidate fits and every round verifies candidate 0, the plain step
+  (still exact). Returns the lengths it left unclipped (at trace time)."""
+  real_choose, wanted, skipped = k_policy.choose, [], []
+
+  def choose(*args):
+    wanted_B, index = real_choose(*args)
+    wanted.append(wanted_B)
+    return wanted_B, index
+
+  monkeypatch.setattr(k_policy, "choose", choose)
+  monkeypatch.setattr(loop, "jnp", _UnclippedJnp(wanted, skipped))
+  return skipped
+
+
+LOOP_MUTANTS = {"deeper_tree_cut": deeper_tree_cut, "unclipped_adaptive_lengths": unclipped_adaptive_lengths}
+
+
+def _tree_rule_mutant(name):
+  return lambda monkeypatch: inject(monkeypatch, name, tree=True)
+
+
+PLUGIN_MUTANTS = {**LOOP_MUTANTS, **{name: _tree_rule_mutant(name) for name in TREE_ROW_MUTANTS + tuple(RESIDUAL_MUTANTS)},
+                  "no_grandparent_ancestor_mask":
+                      lambda monkeypatch: monkeypatch.setattr(dynamic_tree.DynamicTree, "ancestor_mask",
+                                                              no_grandparent_ancestor_mask)}

@@ -23,3 +23,33 @@ def chi_square_pvalue(observed, probs):
     observed = np.append(observed[~small], observed[small].sum())
     expected = np.append(expected[~small], expected[small].sum())
   return stats.chisquare(observed, expected).pvalue
+
+
+# Equiprobable bins of the probability integral transform per position (`pit_pvalues`): with 10,000+
+# rows, 10 bins expect 1,000+ draws each.
+PIT_BINS = 10
+
+
+def randomized_pit(tokens_ZxT, probs_ZxTxV, seed: int = 0):
+  """The randomized probability integral transform of each generated token against the distribution
+  it should follow given its row's earlier tokens: u = F(x - 1) + U * P(x), U uniform (numpy, fixed
+  `seed`). For an exact sampler the u of all rows and positions are i.i.d. uniform on [0, 1] (each u is
+  uniform given everything before it). Returns (u [Z, T], whether some token had probability 0)."""
+  tokens_ZxT = np.asarray(tokens_ZxT)
+  probs_ZxTxV = np.asarray(probs_ZxTxV, np.float64)
+  p_ZxT = np.take_along_axis(probs_ZxTxV, tokens_ZxT[..., None], axis=2)[..., 0]
+  below_ZxT = np.take_along_axis(np.cumsum(probs_ZxTxV, axis=2) - probs_ZxTxV, tokens_ZxT[..., None], axis=2)[..., 0]
+  uniform_ZxT = np.random.default_rng(seed).uniform(size=tokens_ZxT.shape)
+  return np.clip(below_ZxT + uniform_ZxT * p_ZxT, 0.0, 1.0), bool((p_ZxT <= 0).any())
+
+
+def pit_pvalues(tokens_ZxT, probs_ZxTxV, seed: int = 0) -> np.ndarray:
+  """[T] chi-square p-values, one per position, of the rows' `randomized_pit` values in PIT_BINS
+  equiprobable bins against uniform (PIT_BINS - 1 degrees of freedom each; independent tests for an
+  exact sampler). All 0 when some token had probability 0 (a draw outside the support)."""
+  u_ZxT, impossible = randomized_pit(tokens_ZxT, probs_ZxTxV, seed)
+  if impossible:
+    return np.zeros(u_ZxT.shape[1])
+  bins_ZxT = np.minimum((u_ZxT * PIT_BINS).astype(np.int64), PIT_BINS - 1)
+  return np.array([stats.chisquare(np.bincount(bins_ZxT[:, t], minlength=PIT_BINS)).pvalue
+                   for t in range(u_ZxT.shape[1])])

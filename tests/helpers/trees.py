@@ -6,6 +6,7 @@ import functools
 from unittest import mock
 
 import jax
+import numpy as np
 
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
@@ -15,8 +16,8 @@ from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                  SMALL_TARGET, TARGET, exact_distribution)
-from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
+                                  SMALL_TARGET, TARGET, exact_distribution, target_conditionals)
+from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue, pit_pvalues
 
 TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
          "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])}
@@ -38,6 +39,9 @@ def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BU
 ROWS, ALPHA, REJECTED = SAMPLE_ROWS, 1e-3, 1e-6
 SAMPLED = sampling_params(0.8, top_k=6)
 STEPS = 3  # the prefill's token and the first round's two
+# Tokens per row of the all-positions tests (`all_positions_pvalue`): with a tree of depth <= 3 (at most 4
+# tokens a round) every row commits at least two rounds, most several.
+LONG_STEPS = 8
 
 
 @functools.cache
@@ -55,3 +59,16 @@ def no_update_rule(*args):
   """A broken tree rule: q' is not updated after a rejection (patched while the loop is traced)."""
   with mock.patch.object(tree_acceptance, "residual", lambda q, p: q):
     return tree_acceptance.verify_tree(*args)
+
+
+def all_positions_pvalue(tokens_ZxT, model=SMALL_TARGET, prompt=SAMPLE_PROMPT, sampling=SAMPLED):
+  """Whether every generated position follows `model`'s exact conditional distribution given the row's
+  earlier tokens, over all T positions (`target_conditionals`: V = 8 enumerated at each position):
+  per position, a chi-square test of the randomized probability integral transform of the Z rows' tokens
+  in 10 equiprobable bins against uniform (9 degrees of freedom; `stats.pit_pvalues`), the T tests
+  combined by Bonferroni: returns (min(1, T * the smallest p-value), the T p-values). A test at level a
+  asserts the first > a; a token the target cannot emit gives 0. Unlike the joint chi-square of the
+  first tokens, it sees every round's tokens, however deep."""
+  tokens_ZxT = np.asarray(tokens_ZxT)
+  pvalues_T = pit_pvalues(tokens_ZxT, target_conditionals(model, prompt, sampling, tokens_ZxT))
+  return min(1.0, len(pvalues_T) * float(pvalues_T.min())), pvalues_T
