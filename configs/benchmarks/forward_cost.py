@@ -1,5 +1,5 @@
 """The forward-cost benchmark (`python -m experiments.forward_cost --config=configs/benchmarks/forward_cost.py`):
-T-token forwards (T = 1..9, 16) of the Qwen2.5-Coder-1.5B shape with random weights for each weight-matmul
+T-token forwards (T = 1, 2, 3, 4, 6, 8, 16) of the Qwen2.5-Coder-1.5B shape with random weights for each weight-matmul
 backend and dtype, one subprocess per variant, one JSON file.
 """
 

@@ -11,10 +11,10 @@
 
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
 for bfloat16 weights on a CPU with AVX512_BF16, XLA everywhere else (GPUs and TPUs are untouched). On
-this project's 2-core CPU (AMD EPYC, AVX-512, no AMX), a whole Qwen2.5-1.5B forward took 122-129 ms at
-T = 1 and 160-171 ms at T = 6 in bfloat16 through the kernel, where XLA's bfloat16 took ten times
-longer; in float32 the kernel won at T = 2..9 but lost ~15% at T = 1 and at prefill widths to XLA's
-float32 GEMM, so "auto" leaves float32 on XLA (`cpu_kernel` asks for the kernel anyway).
+this project's 2-core CPU (AMD EPYC, AVX-512, no AMX) a whole Qwen2.5-1.5B step took 115 ms in bfloat16
+through the kernel, where XLA's bfloat16 took 2 s and its float32 277 ms; in float32 the kernel's gain
+was mixed across runs (0.8-1.2x XLA's time at T = 1, slower at prefill widths), so "auto" leaves
+float32 on XLA and its numbers as they were (`cpu_kernel` asks for the kernel anyway).
 """
 
 from __future__ import annotations
