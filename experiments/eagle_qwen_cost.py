@@ -31,7 +31,7 @@ from specjax.distill.config import default_config
 from specjax.distill.student import TRAIN
 from specjax.errors import ConfigError
 from specjax.models.load import load_model
-from specjax.speculative.drafters.eagle import eagle3_layers, head_config, init_head_params
+from specjax.speculative.drafters.eagle_head import eagle3_layers, head_config, init_head_params
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 SEQ_LEN, TTT_STEPS = 256, 4  # the SmolLM2 run's rows and unroll

@@ -15,7 +15,8 @@ from specjax.distill import eagle_steps, steps
 from specjax.distill.student import TRAIN
 from specjax.generation import as_token_lists
 from specjax.speculative.drafters.draft_head import restrict_head
-from specjax.speculative.drafters.eagle import EagleDrafter, head_forward, head_logits
+from specjax.speculative.drafters.eagle import EagleDrafter
+from specjax.speculative.drafters.eagle_head import head_forward, head_logits
 from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import PROMPTS
 from tests.helpers.layer_skip import TARGET, target_greedy_3

@@ -37,12 +37,12 @@ import optax
 
 from specjax.distill import losses
 from specjax.distill.steps import TrainState
-from specjax.models import attention
+from specjax.models import attention_mask
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits
 from specjax.speculative.drafters.draft_head import DraftHead
-from specjax.speculative.drafters.eagle import EagleConfig, fuse, head_forward, head_scores
+from specjax.speculative.drafters.eagle_head import EagleConfig, fuse, head_forward, head_scores
 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
 
@@ -61,7 +61,7 @@ def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Ar
   window = block.layer_windows()[layer]
   group = H // block.n_kv_heads
   expand = lambda x_BxTxGxDh: jnp.repeat(x_BxTxGxDh, group, axis=2)
-  score = lambda s: attention.soft_cap(s * block.attention_scale(), block.attn_softcap)
+  score = lambda s: attention_mask.soft_cap(s * block.attention_scale(), block.attn_softcap)
   causal_BxHxTxS = score(jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxGxDh),
                                     preferred_element_type=jnp.float32))
   chain_T = jnp.arange(T)

@@ -48,11 +48,12 @@ from specjax.distill import data, eagle_steps, losses, steps, student, tensorboa
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
 from specjax.models.config import ModelConfig
+from specjax.models import vocab_map
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
-from specjax.speculative.drafters.eagle import EagleConfig
+from specjax.speculative.drafters.eagle_head import EagleConfig
 from specjax.speculative.drafters.eagle_io import save_head
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
@@ -297,7 +298,7 @@ def head_vocab(config: ml_collections.ConfigDict, teacher: LoadedModel, train_ro
   except ValueError as e:
     raise ConfigError(f"config.student.draft_vocab: {e}") from None
   print(f"the head trains over {len(tokens_Vd)} of {teacher.config.vocab_size} tokens, "
-        f"{draft_vocab.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
+        f"{vocab_map.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
   return restrict_head(teacher.config, teacher.params, tokens_Vd)
 
 

@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models import attention, rope
+from specjax.models import attention, attention_mask, rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.layout import to_layout
@@ -249,7 +249,7 @@ def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
   if list(feature_layers) != sorted(set(feature_layers)) or not set(feature_layers) <= set(layers):
     raise ValueError(f"feature layers {feature_layers} must be ascending, distinct and among the blocks run "
                      f"({layers[0]}..{layers[-1]} of a {config.n_layers}-layer model)")
-  positions_BxT = attention.query_positions(cache.lengths, T, tree)
+  positions_BxT = attention_mask.query_positions(cache.lengths, T, tree)
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
   rotary = rotary_tables(config, positions_BxT)
   streams = []  # the blocks run in segments ending at each feature layer: one segment when there are none
@@ -275,7 +275,7 @@ def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) 
   weight_VxD = output_head(config, params)
   logits_xV = jax.lax.dot_general(hidden_xD.astype(weight_VxD.dtype), weight_VxD,
                                   (((hidden_xD.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  return attention.soft_cap(logits_xV, config.final_softcap)
+  return attention_mask.soft_cap(logits_xV, config.final_softcap)
 
 
 def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,

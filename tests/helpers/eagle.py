@@ -7,7 +7,7 @@ import numpy as np
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.speculative import speculative_generate, verify
-from specjax.speculative.drafters.eagle import head_config, init_head_params
+from specjax.speculative.drafters.eagle_head import head_config, init_head_params
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS
 
 

@@ -93,6 +93,9 @@ def short_proposal_widths(k: int) -> tuple[int, ...]:
   return tuple(sorted(set(range(1, min(k + 1, 5))) | {k + 1}))
 
 
+# Every Drafter subclass with a `name`, by name, as its module defines it (`registry` resolves them).
+REGISTERED: dict[str, type] = {}
+
 DraftStep = Callable[[Any, jax.Array], tuple[Any, tuple[jax.Array, jax.Array | None]]]
 
 
@@ -141,8 +144,10 @@ class Drafter(flax.struct.PyTreeNode):
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     if cls.__dict__.get("name"):
-      from specjax.speculative.drafters import registry  # the registry imports this module
-      registry.register(cls)
+      previous = REGISTERED.get(cls.name)
+      if previous is not None and previous.__qualname__ != cls.__qualname__:
+        raise ValueError(f"drafter name {cls.name!r} is taken by {previous.__module__}.{previous.__qualname__}")
+      REGISTERED[cls.name] = cls
 
   # -- from a decode config (host) --------------------------------------------------------------------
   @classmethod

@@ -92,7 +92,7 @@ def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, co
   table, cut = spelling(vocab)
   facts = {"vocab_intersection": int(vocab.size), "vocab_intersection_coverage": coverage,
            "draft_head_tokens": int(len(target_ids_I)),
-           "draft_head_coverage": draft_vocab.coverage(counts_V, target_ids_I),
+           "draft_head_coverage": vocab_map.coverage(counts_V, target_ids_I),
            "spelled_ids": table.max_ids, "spellings_cut": cut}
   log(f"draft {draft.name} has another tokenizer than target {target.name}: drafting through the token-level "
       f"intersection of {vocab.size} ids ({coverage:.1%} of the target's tokens of {corpus_source!r}); the draft "
