@@ -89,7 +89,7 @@ def drafter_cost_ratio(drafter, target, batch_size: int, repeats: int) -> float:
 
 
 def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = None, steps: int = 2000) -> float:
-  """Seconds of one round's K-policy work (`k_policy.choose` then `update`, as the loop runs them) at
+  """Seconds of one round's K-policy work (`KPolicy.choose` then `update`, as the loop runs them) at
   `batch_size` rows (and a drafter's static `tree`: its spine candidates): a jitted loop of `steps`
   rounds on moving estimates, timed after a compiling call, divided by `steps`. Compared with a
   round's measured cost, it is the policy's overhead."""
@@ -99,14 +99,15 @@ def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = No
   def rounds(state: k_policy.PolicyState) -> k_policy.PolicyState:
     def one(i, state):
       live_B = (jnp.arange(batch_size) + i) % 5 != 0
-      wanted_B, index = k_policy.choose(policy, state, live_B, candidates)
+      plan, index = policy.choose(state, live_B, candidates)
+      wanted_B = plan.clip(jnp.full((batch_size,), k, jnp.int32))
       accepted_AxB = (jnp.arange(rows)[:, None] + jnp.arange(batch_size) * 7 + i) % (k + 1)
-      return k_policy.update(policy, state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
-                             jnp.minimum(accepted_AxB, wanted_B), live_B)
+      return policy.update(state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
+                           jnp.minimum(accepted_AxB, wanted_B), live_B)
     return jax.lax.fori_loop(0, steps, one, state)
 
-  state = k_policy.init(policy, batch_size, candidates, np.linspace(1.0, 2.0, len(candidates)),
-                        np.full((rows, k), policy.prior))
+  state = policy.init(batch_size, candidates, k_policy.Tables(np.linspace(1.0, 2.0, len(candidates)),
+                                                               np.full((rows, k), policy.prior)))
   jax.block_until_ready(rounds(state))
   start = time.perf_counter()
   jax.block_until_ready(rounds(state))

@@ -14,12 +14,12 @@ from specjax.decode_config import default_config
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import k_policy, loop, speculative_generate
+from specjax.speculative import k_policy, loop
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import LAG_CHUNK, ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.k_policy import Candidate, KPolicy
+from specjax.speculative.k_policy import Candidate, Adaptive, KPolicy
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
@@ -28,12 +28,13 @@ from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OU
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
 from tests.helpers.k_policy import PeekingDrafter, ShallowTreeDrafter
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS
 from tests.helpers.trees import SAMPLED, STEPS, TREES, run_tree_speculative, sampled_pvalue
 
 # Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
 # long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
-POLICY = KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3)
+POLICY = Adaptive(prior=0.8, decay=0.5, recovery=0.3)
 COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 
 
@@ -55,15 +56,21 @@ def _state(alpha_BxAxK, prior_AxK, num_candidates):
                               reached_AxK=jnp.zeros(np.shape(prior_AxK)), accepted_AxK=jnp.zeros(np.shape(prior_AxK)))
 
 
+def _wanted(choice):
+  """(what each row may propose [B], the candidate's index) of a policy's choice (its plan, the index)."""
+  plan, index = choice
+  return plan.wanted_B, index
+
+
 @pytest.mark.parametrize("tree", [None, tree_lib.from_branching((3, 2, 1, 1, 1, 1, 1, 1))], ids=["chain", "tree"])
 def test_choose_maximises_expected_committed_tokens_per_second(tree):
   rng = np.random.default_rng(0)
-  k, policy = 8, KPolicy("adaptive")
+  k, policy = 8, Adaptive()
   candidates = policy.candidates(k, tree)
   assert policy.lengths(k) == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
   rows = policy.rows(k, tree)
   assert rows == (1 if tree is None else 2) and len(candidates) == (6 if tree is None else 11)
-  choose = jax.jit(lambda state, live_B: k_policy.choose(policy, state, live_B, candidates))  # one compile
+  choose = jax.jit(lambda state, live_B: _wanted(policy.choose(state, live_B, candidates)))  # one compile
   seen = set()
   for trial in range(200):
     alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
@@ -83,14 +90,14 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree):
 def test_update_moves_reached_positions_and_recovers_the_others():
   """Toward each position's own prior (the runtime one, not the policy's constant), each estimate from
   its own observation; the counts a `Memory` learns are the reached and accepted positions summed."""
-  policy, k = KPolicy("adaptive", prior=0.6, decay=0.75, recovery=0.1), 4
+  policy, k = Adaptive(prior=0.6, decay=0.75, recovery=0.1), 4
   alpha_BxAxK = np.array([[[0.9, 0.5, 0.2, 0.7], [0.3, 0.4, 0.5, 0.6]]] * 4, np.float32)
   prior_AxK = np.array([[0.6, 0.5, 0.8, 0.3], [0.2, 0.9, 0.7, 0.4]], np.float32)
   proposed_AxB = np.array([[3, 3, 0, 4], [2, 0, 3, 4]])
   accepted_AxB = np.array([[1, 3, 0, 2], [1, 0, 3, 2]])
   live_B = np.array([True, True, True, False])
-  got = k_policy.update(policy, _state(alpha_BxAxK, prior_AxK, 5), jnp.int32(3), jnp.asarray(proposed_AxB),
-                        jnp.asarray(accepted_AxB), jnp.asarray(live_B))
+  got = policy.update(_state(alpha_BxAxK, prior_AxK, 5), jnp.int32(3), jnp.asarray(proposed_AxB),
+                      jnp.asarray(accepted_AxB), jnp.asarray(live_B))
   want, reached, accepted = alpha_BxAxK.copy(), np.zeros((2, k)), np.zeros((2, k))
   for b, s, i in np.ndindex(4, 2, k):
     if live_B[b] and i <= accepted_AxB[s, b] and i < proposed_AxB[s, b]:
@@ -143,7 +150,7 @@ def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
   config, params = TARGET_3
   layer_skip = LayerSkipDrafter(config, params, (0,))
   padded, lengths = pad_prompts(PROMPTS)
-  out = speculative_generate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
+  out = speculate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
                              None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
                              policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
@@ -160,7 +167,7 @@ def _ngram_greedy(model_name, tree=None):
   config, params = ngram_setup.MODELS[model_name]
   drafter = NgramDrafter(config.vocab_size, tree=tree)
   padded, lengths = pad_prompts(ngram_setup.PROMPTS)
-  out = speculative_generate(config, params, drafter, padded, lengths,
+  out = speculate(config, params, drafter, padded, lengths,
                              init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
                              jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
                              cost_C=COSTS_K3 if tree is None else tree_costs(tree))
@@ -241,7 +248,7 @@ def _first_tokens(drafter, cost_C):
   (target_config, target_params), sampling = SMALL_TARGET, sampling_params(1.0)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
+  out = speculate(target_config, target_params, drafter, padded, lengths,
                              init_cache(target_config, SAMPLE_ROWS, cache_len),
                              drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
                              jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
@@ -277,7 +284,7 @@ def _tree_first_tokens(drafter_class):
   drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + STEPS + 9
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
-  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
                              drafter.storage(SAMPLE_ROWS, cache_len), STEPS, NO_EOS, SAMPLED, jax.random.key(2),
                              k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * STEPS)
@@ -315,7 +322,7 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
       clock[0] += 5.0
     return round_limit
 
-  monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(k_policy.tuning.time, "perf_counter", lambda: clock[0])
   np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(4))), run, rounds=3), round_s, rtol=1e-5)
   # Per length: the untimed warm-up round, then 1 and 1 + 3 rounds timed.
   assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]
@@ -335,7 +342,7 @@ def test_calibration_times_enough_rounds_and_a_longer_proposal_never_costs_less(
     clock[0] += 0.1 + ran * round_s[index]
     return ran
 
-  monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(k_policy.tuning.time, "perf_counter", lambda: clock[0])
   np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(3))), run, rounds=3), [0.02, 0.02, 0.03],
                              rtol=1e-5)
   for index in range(3):

@@ -20,10 +20,10 @@ from specjax import autoregressive, lowering
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import init_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.cli import decode_in_process, model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
+from tests.helpers.loop import speculate
 
 LAYERS, DRAFT_LAYERS, CACHE_LEN = 3, 2, 40
 TARGET, DRAFT = tiny_model(0, n_layers=LAYERS), tiny_model(1, n_layers=DRAFT_LAYERS)
@@ -40,7 +40,7 @@ def _autoregressive_report(config, params):
 def _speculative_report(block, target=TARGET, draft=DRAFT, **execution):
   config = dataclasses.replace(target[0], attention_block=block, **execution)
   drafter = ModelDrafter(dataclasses.replace(draft[0], attention_block=block, **execution), draft[1], None)
-  lowered = speculative_generate(config, target[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
+  lowered = speculate(config, target[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
                                  drafter.storage(2, CACHE_LEN), 6, NO_EOS, GREEDY, jax.random.key(0), k=3,
                                  lower="cuda")
   return lowering.report(lowered)

@@ -25,10 +25,11 @@ import pytest
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify, verify_greedy
+from specjax.speculative import verify, verify_greedy
 from specjax.speculative.drafters.ngram import NgramDrafter
 from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
                                   exact_distribution)
+from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
@@ -185,7 +186,7 @@ def _ngram_generate(model, k, eos_ids=NO_EOS):
   (config, params), batch = model, len(PROMPTS)
   padded, lengths = pad_prompts(PROMPTS)
   _verify_widths.clear()
-  out = speculative_generate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
+  out = speculate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
                              DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
                              jax.random.key(0), k=k, out_width=OUT_WIDTH,
                              greedy_rule=_recording_verify_greedy)
@@ -260,7 +261,7 @@ def _first_tokens(sampling, rule):
   (config, params), drafter = SMALL_TARGET, NgramDrafter(SMALL_TARGET[0].vocab_size, 1, 3)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1
-  out = speculative_generate(config, params, drafter, padded, lengths,
+  out = speculate(config, params, drafter, padded, lengths,
                              init_cache(config, SAMPLE_ROWS, cache_len),
                              drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
                              jax.random.key(1), k=2, rule=rule)
@@ -298,7 +299,7 @@ def test_bad_inputs_fail_before_compiling(change, message):
   (config, params), drafter = TARGET, args["drafter"]
   padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match=message):
-    speculative_generate(config, params, drafter, padded, lengths,
+    speculate(config, params, drafter, padded, lengths,
                          init_cache(config, len(PROMPTS), CACHE_LEN),
                          drafter.storage(args["history_rows"], args["history_len"]), BUDGETS, NO_EOS,
                          GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)

@@ -39,10 +39,11 @@ from specjax import metrics, pipeline
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import ModelDrafter, proposal, residual, speculative_generate, verify
+from specjax.speculative import ModelDrafter, proposal, residual, verify
 from tests.helpers import tiny_hf
 from tests.helpers.engine import (TARGET, VOCAB, exact_distribution, perturbed, run_speculative, target_greedy,
                                   tiny_model)
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 ALPHA = 1e-3  # level of every chi-square test of the correct rule
@@ -198,7 +199,7 @@ def _first_tokens(direction, sampling, rule):
   drafter = ModelDrafter(*draft)
   padded, lengths = pad_prompts([prompt] * ROWS)
   cache_len = len(prompt) + STEPS + K - 1
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
+  out = speculate(target_config, target_params, drafter, padded, lengths,
                              init_cache(target_config, ROWS, cache_len), drafter.storage(ROWS, cache_len),
                              STEPS, [-1], sampling, jax.random.key(SEED), k=K, rule=rule)
   return np.asarray(out.tokens)

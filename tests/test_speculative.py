@@ -19,13 +19,14 @@ from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify
+from specjax.speculative import verify
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
                                   exact_distribution, forced_draft_rounds, FORCED_DRAFT_PROMPTS, run_speculative,
                                   target_greedy, tiny_model)
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 
@@ -104,7 +105,7 @@ def test_returned_caches_can_be_passed_again():
   first = run_speculative(DRAFTS["perturbed"], k=8)
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])
   padded, lengths = pad_prompts(PROMPTS)
-  again = speculative_generate(target_config, target_params, drafter, padded, lengths,
+  again = speculate(target_config, target_params, drafter, padded, lengths,
                                first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
                                jax.random.key(0), k=8, out_width=OUT_WIDTH)
   np.testing.assert_array_equal(again.tokens, first.tokens)
@@ -157,7 +158,7 @@ def _first_tokens(sampling, rule, draft_head=None):
   (target_config, target_params), drafter = SMALL_TARGET, ModelDrafter(*SMALL_DRAFT, draft_head)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
+  out = speculate(target_config, target_params, drafter, padded, lengths,
                              init_cache(target_config, SAMPLE_ROWS, cache_len),
                              drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
                              sampling, jax.random.key(1), k=2, rule=rule)

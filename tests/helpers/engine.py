@@ -13,9 +13,9 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import probabilities, sampling_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers import reference
+from tests.helpers.loop import speculate
 from tests.helpers.stats import chi_square_pvalue
 
 GREEDY = sampling_params(0.0)
@@ -72,7 +72,7 @@ def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold, max_lag=max_lag)
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
+  return speculate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), target_cache_len),
                               drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
                               sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)

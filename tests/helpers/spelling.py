@@ -10,11 +10,11 @@ import numpy as np
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.draft_head import intersection_head
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import Spelling
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, tiny_model
+from tests.helpers.loop import speculate
 from tests.helpers.tiny_hf import save_hf_model
 from tests.helpers.tokenizers import OTHER_SOURCES, save_hf_dir, train_tokenizer
 
@@ -65,7 +65,7 @@ def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_id
   """Speculative decoding of `prompts` by `target` with `drafter` (its storage sized by itself)."""
   target_config, target_params = target
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
+  return speculate(target_config, target_params, drafter, padded, lengths,
                               init_cache(target_config, len(prompts), cache_len),
                               drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
                               jax.random.key(seed), k=k, out_width=out_width, **kwargs)

@@ -38,9 +38,10 @@ from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_option
 from specjax.speculative.drafters.eagle_head import EagleConfig, check_head, fuse, head_forward, head_logits
 from specjax.speculative.drafters.eagle_io import load_head
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
+from specjax.speculative.plan import FixedPlan
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import children_error, grow_tree, spine_or_whole
+from specjax.speculative.trees.drafting import Grower, children_error, draft_static
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
@@ -110,8 +111,7 @@ class EagleDrafter(ModelBackedDrafter):
 
   def check(self, target_config: ModelConfig) -> None:
     check_head(self.config, self.params, target_config, self.vocab)
-    if self.tree is not None and not isinstance(self.tree, (Tree, DynamicSpec)):
-      raise ValueError(f"the EAGLE drafter's tree must be a static Tree or a DynamicSpec, got {self.tree!r}")
+    self.shape  # a static Tree, a DynamicSpec or None (`shapes.of` refuses anything else)
     if children_error(self.tree_children):
       raise ValueError(children_error(self.tree_children))
 
@@ -123,9 +123,7 @@ class EagleDrafter(ModelBackedDrafter):
   def lookahead(self, k: int) -> int:
     """`commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1
     nodes; a dynamic tree's proposal: the root and its frontier chunks)."""
-    if self.tree is None:
-      return k
-    return max(k, self.tree.nodes_with_root - 1, self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
+    return self.shape.lookahead(k)
 
   def _embedding(self) -> jax.Array:
     return self.target_params["embed"]["embedding"]
@@ -155,37 +153,31 @@ class EagleDrafter(ModelBackedDrafter):
                       feature=jnp.take_along_axis(fused_BxPxD, last_B[:, None, None], axis=1)[:, 0],
                       pending=jnp.zeros((batch,), jnp.int32))
 
-  def _propose_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, depth: jax.Array | None, spine: jax.Array | None) -> Proposal:
+  def propose_static(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                     plan: FixedPlan) -> tuple[Proposal, EagleState]:
     """A static tree drawn level by level: the root pairs (f_{n-1}, x_n), every other node (its parent's
     head output, its token), each level one tree-masked head pass written beyond the head's length
-    (scratch: `commit` rewrites the accepted path from the target's features). Cut at `depth` (None:
-    whole; the adaptive policy's choice): that many passes; where `spine` holds, only the cut's spine
-    (one node a pass: `spine_or_whole`)."""
+    (scratch: `commit` rewrites the accepted path from the target's features). Cut at the plan's depth
+    (that many passes), or only the cut's spine where the plan says so (one node a pass: `draft_static`)."""
     batch = pending_B.shape[0]
 
-    def draw(tree: Tree, cache: KVCache):
-      parent_N1 = np.maximum(np.asarray(tree.parent), 0)
+    def feed_level(carry, tokens_BxLv, level, depth):
+      cache, outs_BxN1xD = carry
+      parent_N1 = np.maximum(np.asarray(level.tree.parent), 0)  # of the tree drawn: the whole, or its spine
+      nodes = np.arange(level.first, level.first + level.count)
+      fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
+      out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD,
+                                       cache, tree=level)
+      return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
 
-      def feed_level(carry, tokens_BxLv, level, depth):
-        cache, outs_BxN1xD = carry
-        nodes = np.arange(level.first, level.first + level.count)
-        fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
-        out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD,
-                                         cache, tree=level)
-        return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
+    def head(out_BxLvxD):
+      return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
 
-      def head(out_BxLvxD):
-        return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
-
-      outs_BxN1xD = jnp.zeros((batch, tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
-      tokens_BxN, probs_BxNxW, (cache, _) = grow_tree(tree, self.tree_children, pending_B, sampling, key, feed_level,
-                                                      head, (cache, outs_BxN1xD), depth)
-      return cache, (tokens_BxN, probs_BxNxW)
-
-    _, (tokens_BxN, probs_BxNxW) = spine_or_whole(self.tree, spine, draw, state.cache)
-    return full(tokens_BxN, probs_BxNxW).replace(tree=self.tree,
-                                                 calls=jnp.int32(self.tree.max_depth if depth is None else depth))
+    outs_BxN1xD = jnp.zeros((batch, self.tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
+    _, (tokens_BxN, probs_BxNxW) = draft_static(self.tree, self.tree_children, pending_B, sampling, key,
+                                                Grower(feed_level, head), (state.cache, outs_BxN1xD), plan)
+    proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=jnp.int32(plan.depth))
+    return proposal, state.replace(pending=pending_B)
 
   def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams
                          ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
@@ -215,18 +207,13 @@ class EagleDrafter(ModelBackedDrafter):
         spec, root_logits_BxV, sampling, score_frontier, (cache.advance(jnp.ones_like(pending_B)), outs_BxFrxD))
     return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
-  def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int, wanted_B: jax.Array | None = None,
-              spine: jax.Array | None = None) -> tuple[Proposal, EagleState, KVCache]:
-    if isinstance(self.tree, DynamicSpec):
-      tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
-      proposal = full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree)
-      return proposal, state.replace(pending=pending_B), target_cache
-    if self.tree is not None:
-      proposal = self._propose_tree(state, pending_B, sampling, key, None if wanted_B is None else jnp.max(wanted_B),
-                                    spine)
-      return proposal, state.replace(pending=pending_B), target_cache
+  def propose_dynamic(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                      plan: FixedPlan) -> tuple[Proposal, EagleState]:
+    tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
+    return full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree), state.replace(pending=pending_B)
 
+  def propose_chain(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                    plan: FixedPlan) -> tuple[Proposal, EagleState]:
     def step(carry, step_key):
       cache, fused_BxD, token_B = carry
       out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],
@@ -236,14 +223,15 @@ class EagleDrafter(ModelBackedDrafter):
       next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       return (cache.advance(jnp.ones_like(next_B)), out_Bx1xD[:, 0], next_B), (next_B, probs_BxV)
 
-    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, k, wanted_B)
+    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, plan)
     # The pairs written beyond the head's length are scratch: `commit` rewrites them from the target. The
     # state keeps the written cache (at its old length): dropping it would make XLA copy the whole cache
     # so that the old one survives the chain.
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending=pending_B), target_cache
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending=pending_B)
 
-  def commit(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
-             target_hidden_BxK1xF: jax.Array) -> EagleState:
+  def commit_chain(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
+                   target_hidden_BxK1xF: jax.Array) -> EagleState:
+    """Every shape's commit: the accepted path is a chain, fed from the target's features along it."""
     fused_BxK1xD = fuse(self.config, self.params, target_hidden_BxK1xF)
     features_BxK1xD = jnp.concatenate([state.feature[:, None], fused_BxK1xD[:, :-1]], axis=1)
     tokens_BxK1 = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
