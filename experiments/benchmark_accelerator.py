@@ -94,6 +94,7 @@ from specjax.models.transformer import init_params
 from specjax.generation import Request
 from specjax.sampling import sampling_params
 from specjax.speculative import k_policy
+from specjax.speculative.drafters.base import DraftPass
 from specjax.speculative.drafters.model import ModelDrafter, lag_for
 from specjax.speculative.k_policy import Adaptive, KPolicy, Tables
 from specjax.speculative.loop import SpeculativeLoop, speculative_generate
@@ -254,8 +255,9 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
       out = speculative_generate(loop, target_params, drafter, request, target_cache, storage,
                                  Tables(memory.cost_C, memory.prior_AxK), lower)
     else:
-      out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
-                                    (), sampling, key, out_width=cfg.max_new_tokens, lower=lower)
+      request = Request(prompts_BxP, lengths_B, budget, (), sampling, key)
+      out = autoregressive.generate(target_config, target_params, request, target_cache, out_width=cfg.max_new_tokens,
+                                    lower=lower)
     if lower:
       return out
     tokens_BxO, counts_B = jax.device_get((out.tokens, out.counts))
@@ -387,8 +389,8 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
     if mode == AUTOREGRESSIVE:
       jax.clear_caches()  # the previous (P, B)'s programs are done with
       prompts_BxP = prompts[length][:batch]
-      c = costs.cost_ratio(target_config, target_params, draft_config, draft_params, batch, cfg.cost_repeats,
-                           cache_len=cache_len, offset=length)
+      c = costs.cost_ratio(target_config, target_params, DraftPass(draft_config, draft_params), batch,
+                           cfg.cost_repeats, cache_len=cache_len, offset=length)
       results["costs"].append({"prompt_tokens": length, "batch_size": batch, "cost_ratio_c": c})
       log(f"P={length} B={batch}: c = {c:.3f}")
       if cfg.verify_widths and length == cfg.prompt_lengths[0]:

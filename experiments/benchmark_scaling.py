@@ -87,6 +87,7 @@ def decode_loop(s_max: int, batch: int, repeats: int) -> dict:
   import jax.numpy as jnp
 
   from specjax import autoregressive
+  from specjax.generation import Request
   from specjax.models.kv_cache import init_cache
   from specjax.sampling import sampling_params
 
@@ -97,8 +98,8 @@ def decode_loop(s_max: int, batch: int, repeats: int) -> dict:
   seconds = {8: [], 72: []}
   for new_tokens in (8,) + (8, 72) * repeats:  # the first call compiles
     start = time.perf_counter()
-    out = autoregressive.generate(config, params, prompts_BxP, lengths_B, cache, new_tokens, [-1],
-                                  sampling_params(0.0), jax.random.key(0), out_width=72)
+    request = Request(prompts_BxP, lengths_B, new_tokens, [-1], sampling_params(0.0), jax.random.key(0))
+    out = autoregressive.generate(config, params, request, cache, out_width=72)
     out.tokens.block_until_ready()
     cache = out.cache
     seconds[new_tokens].append(time.perf_counter() - start)

@@ -87,9 +87,8 @@ class Runner:
     self._allocate(request.prompts_BxP.shape[0])
     out_width = spec.config.max_new_tokens
     if not spec.speculative:
-      out = autoregressive.generate(target.config, target.params, request.prompts_BxP, request.prompt_lengths_B,
-                                    self.target_cache, request.max_new_tokens, request.eos_ids, spec.sampling,
-                                    request.key, out_width=out_width, lower=lower)
+      out = autoregressive.generate(target.config, target.params, request, self.target_cache, out_width=out_width,
+                                    lower=lower)
       if not lower:
         self.target_cache = out.cache
       return out

@@ -15,7 +15,6 @@ import dataclasses
 import jax
 import pytest
 
-from specjax import autoregressive
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.speculative.drafters.eagle import EagleDrafter
@@ -27,7 +26,7 @@ from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.eagle import eagle_head
 from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
 from tests.helpers.hlo import whole_cache_moves
-from tests.helpers.loop import speculate
+from tests.helpers.loop import autoregress, speculate
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
@@ -52,8 +51,8 @@ def _cache_dims(config):
 def test_autoregressive_program_moves_no_whole_cache(block):
   config, params = _with_block(TARGET, block)
   padded, lengths = pad_prompts(PROMPTS)
-  lowered = autoregressive.generate(config, params, padded, lengths, init_cache(config, BATCH, CACHE_LEN), 4,
-                                    NO_EOS, GREEDY, jax.random.key(0), lower=True)
+  lowered = autoregress(config, params, padded, lengths, init_cache(config, BATCH, CACHE_LEN), 4,
+                        NO_EOS, GREEDY, jax.random.key(0), lower=True)
   assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config)) == []
 
 
@@ -83,8 +82,8 @@ def test_speculative_program_moves_no_whole_cache(name):
   drafter, k, policy = _drafters(target_config, target_params, draft_config, draft_params)[name]
   padded, lengths = pad_prompts(PROMPTS)
   lowered = speculate(target_config, target_params, drafter, padded, lengths,
-                                 init_cache(target_config, BATCH, CACHE_LEN), drafter.storage(BATCH, CACHE_LEN), 6,
-                                 NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
+                      init_cache(target_config, BATCH, CACHE_LEN), drafter.storage(BATCH, CACHE_LEN), 6,
+                      NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
   compiled = lowered.compile().as_text()
   for config in (target_config, draft_config, EAGLE_BLOCK):
     assert whole_cache_moves(compiled, _cache_dims(config)) == []

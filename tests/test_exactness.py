@@ -80,9 +80,9 @@ def _engine(sampling, k, rule, seed=SEED, stop_threshold=0.0):
   padded, lengths = pad_prompts([PROMPT] * ROWS)
   cache_len = len(PROMPT) + steps + k - 1
   out = speculate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, ROWS, cache_len),
-                             drafter.storage(ROWS, cache_len), steps, NO_EOS, sampling,
-                             jax.random.key(seed), k=k, rule=rule)
+                  init_cache(target_config, ROWS, cache_len),
+                  drafter.storage(ROWS, cache_len), steps, NO_EOS, sampling,
+                  jax.random.key(seed), k=k, rule=rule)
   return np.asarray(out.tokens), jax.tree.map(np.asarray, out.acceptance)
 
 

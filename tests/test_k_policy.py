@@ -151,8 +151,8 @@ def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
   layer_skip = LayerSkipDrafter(config, params, (0,))
   padded, lengths = pad_prompts(PROMPTS)
   out = speculate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
-                             None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
-                             policy=POLICY, cost_C=COSTS_K3)
+                  None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
+                  policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda length: length)) >= 2
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params)
@@ -168,9 +168,9 @@ def _ngram_greedy(model_name, tree=None):
   drafter = NgramDrafter(config.vocab_size, tree=tree)
   padded, lengths = pad_prompts(ngram_setup.PROMPTS)
   out = speculate(config, params, drafter, padded, lengths,
-                             init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
-                             jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
-                             cost_C=COSTS_K3 if tree is None else tree_costs(tree))
+                  init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
+                  jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
+                  cost_C=COSTS_K3 if tree is None else tree_costs(tree))
   free = ngram_setup.free_greedy(ngram_setup.MODELS[model_name])
   assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   return out
@@ -216,14 +216,14 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
     ({"k_policy": "adaptive"}, "adaptive"), ({"k_policy": "adaptive", "tree": "(2,1)"}, "adaptive")])
 def test_the_default_policy_adapts_a_chain_and_a_static_tree_and_keeps_a_dynamic_tree_fixed(fields, kind):
   """config.k_policy "auto" (the default) is adaptive for a chain and a static tree and fixed for a
-  dynamic tree; the spec's config,
-  the drafter's settings and the policy all hold the kind that runs (the stats and stored cost tables say
-  "adaptive", not "auto")."""
+  dynamic tree; the spec's config and the policy hold the kind that runs (the stats and stored cost
+  tables say "adaptive", not "auto"), the drafter's settings whether its rounds may be plain."""
   cfg = default_config()
   assert cfg.k_policy == "auto"
   cfg.target, cfg.draft = "target-directory", "draft-directory"
   spec = decode_spec.from_config(apply_fields(cfg, fields))
-  assert (spec.policy.kind, spec.config.k_policy, spec.drafter_settings.k_policy) == (kind, kind, kind)
+  assert (spec.policy.kind, spec.config.k_policy) == (kind, kind)
+  assert spec.drafter_settings.plain_rounds == (kind == "adaptive")
 
 
 def test_fixed_policy_is_todays_loop():
@@ -249,9 +249,9 @@ def _first_tokens(drafter, cost_C):
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
   out = speculate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
-                             jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
+                  init_cache(target_config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
+                  jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
   return out.tokens, np.asarray(out.rounds_per_length)
 
 
@@ -285,8 +285,8 @@ def _tree_first_tokens(drafter_class):
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + STEPS + 9
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), STEPS, NO_EOS, SAMPLED, jax.random.key(2),
-                             k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
+                  drafter.storage(SAMPLE_ROWS, cache_len), STEPS, NO_EOS, SAMPLED, jax.random.key(2),
+                  k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * STEPS)
   return np.bincount(index, minlength=config.vocab_size ** STEPS), np.asarray(out.rounds_per_length)
 

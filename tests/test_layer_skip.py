@@ -25,8 +25,8 @@ def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sa
   drafter = LayerSkipDrafter(config, params, layers)
   padded, lengths = pad_prompts(prompts)
   return speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=k, out_width=out_width, rule=rule)
+                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                   jax.random.key(seed), k=k, out_width=out_width, rule=rule)
 
 
 @pytest.mark.parametrize("k", [1, 8])

@@ -187,9 +187,9 @@ def _ngram_generate(model, k, eos_ids=NO_EOS):
   padded, lengths = pad_prompts(PROMPTS)
   _verify_widths.clear()
   out = speculate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                             DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
-                             jax.random.key(0), k=k, out_width=OUT_WIDTH,
-                             greedy_rule=_recording_verify_greedy)
+                  DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
+                  jax.random.key(0), k=k, out_width=OUT_WIDTH,
+                  greedy_rule=_recording_verify_greedy)
   jax.effects_barrier()
   return out
 
@@ -262,9 +262,9 @@ def _first_tokens(sampling, rule):
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1
   out = speculate(config, params, drafter, padded, lengths,
-                             init_cache(config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
-                             jax.random.key(1), k=2, rule=rule)
+                  init_cache(config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
+                  jax.random.key(1), k=2, rule=rule)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS), out.acceptance
 
@@ -300,9 +300,9 @@ def test_bad_inputs_fail_before_compiling(change, message):
   padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match=message):
     speculate(config, params, drafter, padded, lengths,
-                         init_cache(config, len(PROMPTS), CACHE_LEN),
-                         drafter.storage(args["history_rows"], args["history_len"]), BUDGETS, NO_EOS,
-                         GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)
+              init_cache(config, len(PROMPTS), CACHE_LEN),
+              drafter.storage(args["history_rows"], args["history_len"]), BUDGETS, NO_EOS,
+              GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)
 
 
 @pytest.mark.parametrize("ngram_min, ngram_max, message", [(0, 2, "ngram_min must be an integer >= 1"),

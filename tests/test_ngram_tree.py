@@ -77,8 +77,8 @@ def test_greedy_spines_follow_the_replay_and_equal_target_greedy(model_name):
   drafter = NgramDrafter(VOCAB, 1, 3, tree=SPINES)
   padded, lengths = pad_prompts(PROMPTS)
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                             drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
-                             k=SPINES.max_depth, out_width=OUT_WIDTH)
+                  drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
+                  k=SPINES.max_depth, out_width=OUT_WIDTH)
   free = free_greedy(MODELS[model_name])
   replays = [_replay(p, f, b, SPINES.max_depth, 3) for p, f, b in zip(PROMPTS, free, BUDGETS)]
   assert as_token_lists(out.tokens, out.counts) == [f[:b] for f, b in zip(free, BUDGETS)]
@@ -115,8 +115,8 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
   def counts(**kwargs):
     cache_len = len(SPINE_PROMPT) + steps + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
     out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
-                               drafter.storage(rows, cache_len), steps, NO_EOS, sampling, jax.random.key(1),
-                               k=2, **kwargs)
+                    drafter.storage(rows, cache_len), steps, NO_EOS, sampling, jax.random.key(1),
+                    k=2, **kwargs)
     assert int(np.asarray(out.acceptance.accepted).sum()) > rows // 5
     tokens_ZxT = np.asarray(out.tokens)
     index = np.ravel_multi_index(tokens_ZxT.T, [config.vocab_size] * steps)

@@ -200,8 +200,8 @@ def _first_tokens(direction, sampling, rule):
   padded, lengths = pad_prompts([prompt] * ROWS)
   cache_len = len(prompt) + STEPS + K - 1
   out = speculate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, ROWS, cache_len), drafter.storage(ROWS, cache_len),
-                             STEPS, [-1], sampling, jax.random.key(SEED), k=K, rule=rule)
+                  init_cache(target_config, ROWS, cache_len), drafter.storage(ROWS, cache_len),
+                  STEPS, [-1], sampling, jax.random.key(SEED), k=K, rule=rule)
   return np.asarray(out.tokens)
 
 

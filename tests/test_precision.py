@@ -34,8 +34,8 @@ def test_identical_bfloat16_draft_is_always_accepted(temperature, top_k, top_p):
   padded, lengths = pad_prompts(PROMPTS)
   batch, k, budget = len(PROMPTS), 4, 40
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, batch, 64),
-                             drafter.storage(batch, 64), budget, [-1],
-                             sampling_params(temperature, top_k, top_p), jax.random.key(1), k=k)
+                  drafter.storage(batch, 64), budget, [-1],
+                  sampling_params(temperature, top_k, top_p), jax.random.key(1), k=k)
   total = metrics.summarize(out.acceptance)["total"]
   assert total["proposed"] >= batch * (budget // (k + 1)) * k  # many rounds, all rows
   assert total["accepted"] == total["proposed"], total

@@ -106,8 +106,8 @@ def test_returned_caches_can_be_passed_again():
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])
   padded, lengths = pad_prompts(PROMPTS)
   again = speculate(target_config, target_params, drafter, padded, lengths,
-                               first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
-                               jax.random.key(0), k=8, out_width=OUT_WIDTH)
+                    first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
+                    jax.random.key(0), k=8, out_width=OUT_WIDTH)
   np.testing.assert_array_equal(again.tokens, first.tokens)
 
 
@@ -159,9 +159,9 @@ def _first_tokens(sampling, rule, draft_head=None):
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
   out = speculate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
-                             sampling, jax.random.key(1), k=2, rule=rule)
+                  init_cache(target_config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
+                  sampling, jax.random.key(1), k=2, rule=rule)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
 

@@ -15,7 +15,7 @@ from specjax.models.load import load_model
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import intersection_drafting
-from specjax.speculative.k_policy import Adaptive, KPolicy
+from specjax.speculative.k_policy import Adaptive
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,

@@ -81,6 +81,6 @@ def test_bad_tree_runs_fail_on_the_host():
   padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match="pass k = 3"):
     speculate(*TARGET, drafter, padded, lengths, init_cache(TARGET[0], 3, CACHE_LEN),
-                         drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
+              drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
   with pytest.raises(ValueError, match="tree_children"):
     ModelDrafter(config, params, tree=tree, tree_children="sorted").check(TARGET[0])

@@ -347,10 +347,9 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   pack = lambda d, limit: data.pack(d, tokenizer.encode, config.data.seq_len, tokenizer.eos_ids[0], limit)
   train_rows = pack(train_docs, config.data.max_train_tokens)
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
-  batches = data.DistillBatches(stream, dict(config.data.modes), config.data.prompt_len, config.seed,
-                                tokenizer.eos_ids, sampling_params(config.data.temperature),
-                                teacher.config, teacher.params,
-                                None if config.student.init == "eagle_head" else student_config, parts[0], parts[1])
+  how = data.Continuation(config.data.prompt_len, tuple(tokenizer.eos_ids), sampling_params(config.data.temperature))
+  batches = data.DistillBatches(stream, dict(config.data.modes), config.seed, how, teacher.config, teacher.params,
+                                None if config.student.init == "eagle_head" else student_config, parts)
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
   return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
@@ -452,8 +451,8 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
         eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
                                    config.student.feature_loss_weight), vocab=setup.head_vocab)
   else:
-    train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
-                                       setup.labels, config.loss, config.accum_steps, config.remat, place)
+    train_step = steps.make_train_step(setup.teacher.config, setup.student_config.replace(remat=config.remat),
+                                       optimizer, schedule, setup.labels, config.loss, config.accum_steps, place)
     eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
                                      config.eval_temperature, place)
   compute_params = functools.partial(eagle_steps.run_params if eagle else steps.model_params, setup.student_config)

@@ -31,12 +31,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.models.attention_mask import query_positions, scores, visible
+from specjax.models.attention_mask import Mask, query_positions, scores, visible
+from specjax.models.config import ModelConfig
 
 
-def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
-          window, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
+def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
+          scale: float | None = None, softcap: float = 0.0) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over every cache position of `layer`, masked (the reference)."""
+  lengths_B, window, tree = mask
   k_BxSxGxDh, v_BxSxGxDh = k_LxBxSxGxDh[layer], v_LxBxSxGxDh[layer]
   T, S = q_BxTxGxHgxDh.shape[1], k_BxSxGxDh.shape[1]
   query_pos_BxT = query_positions(lengths_B, T, tree)
@@ -48,11 +50,11 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxGxDh)
 
 
-def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
-              lengths_B: jax.Array, window, block: int, scale: float | None = None,
-              softcap: float = 0.0, tree=None) -> jax.Array:
+def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
+              block: int, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax), and
   the cache's keys and values as they leave the loop (unchanged: write the next layer into these)."""
+  lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
   block = min(block, S)
@@ -98,25 +100,26 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   return out_BxGxHgxTxDh.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxGxDh.dtype), k_LxBxSxGxDh, v_LxBxSxGxDh
 
 
-def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
-           window, implementation: str, block: int, scale: float | None = None, softcap: float = 0.0,
-           tree=None) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Attention over cache layer `layer` (an int or a traced index) with `window` (an int or a traced
-  scalar) by `implementation` (one of `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with
-  `block` keys per step (`dense` when `block` is 0); the Pallas GPU kernel (`kernel_attention`;
-  `kernel_interpret`: in interpret mode), which has no soft-cap and tiles heads in powers of two on GPU:
-  soft-capped layers and heads of another width run blockwise. `scale` defaults to Dh^(-1/2); `tree`
-  (static, None = a chain) makes the chunk a tree (see `visible`). Returns the output [B, T, G, Hg, Dh]
-  and the cache's keys and values to write the next layer into (see `blockwise`)."""
+def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
+           config: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Attention over cache layer `layer` (an int or a traced index; `mask.window` an int or a traced
+  scalar, `mask.tree` static or None) by the config's implementation (`config.attention`, one of
+  `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with `config.attention_block` keys per step
+  (`dense` when it is 0); the Pallas GPU kernel (`kernel_attention`; `kernel_interpret`: in interpret
+  mode), which has no soft-cap and tiles heads in powers of two on GPU: soft-capped layers and heads of
+  another width run blockwise. Scores are scaled by `config.attention_scale()` and soft-capped by
+  `config.attn_softcap`. Returns the output [B, T, G, Hg, Dh] and the cache's keys and values to write
+  the next layer into (see `blockwise`)."""
+  implementation, block = config.attention, config.attention_block
+  scale, softcap = config.attention_scale(), config.attn_softcap
   head_width = q_BxTxGxHgxDh.shape[-1]
   kernel_fits = not softcap and (implementation == "kernel_interpret" or head_width & (head_width - 1) == 0)
   if implementation.startswith("kernel") and kernel_fits:
     from specjax.models import kernel_attention  # imports Pallas: only where the kernel runs
-    return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale,
-                                    tree, interpret=implementation == "kernel_interpret"),
+    return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale,
+                                    interpret=implementation == "kernel_interpret"),
             k_LxBxSxGxDh, v_LxBxSxGxDh)
   if block and implementation != "dense":
-    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, block, scale, softcap,
-                     tree)
-  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale, softcap, tree),
+    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, scale, softcap)
+  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale, softcap),
           k_LxBxSxGxDh, v_LxBxSxGxDh)

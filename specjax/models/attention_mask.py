@@ -4,8 +4,19 @@ kernel (`kernel_attention`)."""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
+
+
+class Mask(NamedTuple):
+  """What a chunk's queries see (`visible`): each row's committed length [B], the sliding window (an int
+  or a traced scalar; 0 = none) and the chunk's tree (static or per row; None = a chain)."""
+
+  lengths_B: jax.Array
+  window: Any = 0
+  tree: Any = None
 
 
 def query_positions(lengths_B: jax.Array, T: int, tree=None) -> jax.Array:

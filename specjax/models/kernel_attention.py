@@ -43,10 +43,10 @@ def tiling(S: int) -> tuple[int, int]:
 
 
 def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
-           lengths_B: jax.Array, window, scale: float | None = None, tree=None,
-           interpret: bool = False) -> jax.Array:
+           mask: attention_mask.Mask, scale: float | None = None, interpret: bool = False) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] of `attention.dense` (no soft-cap) over cache layer `layer`;
   `interpret` runs the kernel in Pallas interpret mode (any backend)."""
+  lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
   scale = Dh ** -0.5 if scale is None else scale

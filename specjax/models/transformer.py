@@ -120,10 +120,9 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
   G = k_BxTxGxDh.shape[2]
   cache = (cache.write(layer, k_BxTxGxDh, v_BxTxGxDh) if tree is None
            else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
-  out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxHxDh.reshape(B, T, G, H // G, Dh), cache.k, cache.v, layer,
-                                           cache.lengths, per_layer(cfg.layer_windows(), layer),
-                                           cfg.attention, cfg.attention_block, cfg.attention_scale(),
-                                           cfg.attn_softcap, tree)
+  mask = attention_mask.Mask(cache.lengths, per_layer(cfg.layer_windows(), layer), tree)
+  out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxHxDh.reshape(B, T, G, H // G, Dh), cache.k, cache.v, layer, mask,
+                                           cfg)
   return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
 

@@ -34,5 +34,5 @@ def run_eagle(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GRE
   storage = drafter.storage(len(prompts), cache_len)
   drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
   return speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                              storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
-                              out_width=out_width, rule=rule, **kwargs)
+                   storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
+                   out_width=out_width, rule=rule, **kwargs)

@@ -66,9 +66,9 @@ def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_id
   target_config, target_params = target
   padded, lengths = pad_prompts(prompts)
   return speculate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=k, out_width=out_width, **kwargs)
+                   init_cache(target_config, len(prompts), cache_len),
+                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                   jax.random.key(seed), k=k, out_width=out_width, **kwargs)
 
 
 def bpe_pair_dirs(tmp_path):

@@ -30,9 +30,9 @@ def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BU
   drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children, max_lag=max_lag)
   padded, lengths = pad_prompts(prompts)
   return speculate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
+                   init_cache(target_config, len(prompts), cache_len),
+                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                   jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
 
 
 ROWS, ALPHA, REJECTED = SAMPLE_ROWS, 1e-3, 1e-6

@@ -20,7 +20,7 @@ The feature layers name blocks of the target: f_t holds the residual stream *aft
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -101,18 +101,26 @@ def fuse(config: EagleConfig, params: Params, features_xF: jax.Array) -> jax.Arr
   return jnp.einsum("...f,df->...d", features_xF.astype(weight_DxF.dtype), weight_DxF)
 
 
+class Core(NamedTuple):
+  """An attention core other than the head's KV cache (training's: `distill.eagle_steps.ttt_unroll`) and
+  the positions [B, T] of the pairs it attends."""
+
+  attend: Callable
+  positions_BxT: jax.Array
+
+
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, *, positions_BxT: jax.Array | None = None,
-                 core: Callable = cache_attention) -> tuple[jax.Array, KVCache]:
+                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, core: Core | None = None
+                 ) -> tuple[jax.Array, KVCache]:
   """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
   token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
   written (not advanced) cache. Training runs the same block with its own attention `core` (then `cache`
-  is that core's state) at explicit `positions_BxT` (`distill.eagle_steps.ttt_unroll`)."""
-  if positions_BxT is None:
-    positions_BxT = attention_mask.query_positions(cache.lengths, tokens_BxT.shape[1], tree)
+  is that core's state) at the core's positions."""
+  if core is None:
+    core = Core(cache_attention, attention_mask.query_positions(cache.lengths, tokens_BxT.shape[1], tree))
   embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
-  return EagleLayer(config.block, core).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
-                                              rotary_tables(config.block, positions_BxT), cache, tree)
+  return EagleLayer(config.block, core.attend).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
+                                                     rotary_tables(config.block, core.positions_BxT), cache, tree)
 
 
 def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
