@@ -83,7 +83,7 @@ import numpy as np
 
 from experiments import harness
 from specjax import autoregressive, corpus, costs, metrics, records
-from specjax.speculative.drafters.model import check_compatible
+from specjax.speculative.drafters.spelling import check_compatible
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache

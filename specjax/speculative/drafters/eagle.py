@@ -111,7 +111,6 @@ class EagleDrafter(ModelBackedDrafter):
 
   def check(self, target_config: ModelConfig) -> None:
     check_head(self.config, self.params, target_config, self.vocab)
-    self.shape  # a static Tree, a DynamicSpec or None (`shapes.of` refuses anything else)
     if children_error(self.tree_children):
       raise ValueError(children_error(self.tree_children))
 

@@ -26,14 +26,8 @@ later slots are simply never accepted.
 
 Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distributions are built).
 
-`tree` (optional, static) makes the drafter propose that static tree each round instead of a chain
-(`tree_drafting`: children i.i.d., without replacement or the top tokens, `tree_children`); the loop
-verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache: its
-root is the last id the catch-up pass feeds, then one pass per level and one for the leaves, so a tree
-leaves no accepted token behind (its lag is only what plain rounds deferred). The adaptive K policy's
-rounds draft its cut at the chosen depth d: the catch-up and d passes, none for a plain round. A
-`dynamic_tree.DynamicSpec` grows each row's own tree every round instead (EAGLE-2: the top tokens of
-the most confident nodes under a static node budget); its last accepted node lags like a chain's d_K.
+What a round drafts, a chain or a tree, is its shape's (`model_shapes`: the drafting and the commit of
+each); this module holds the draft model and its lag (`_catch_up`, `_lagging`).
 
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
@@ -44,13 +38,7 @@ draft cannot embed (W <= id < V: prompt tokens or target draws there) are fed to
 (`draft_inputs`): its guesses after them may be poor, never inexact.
 
 A draft with another tokenizer (`spelling` set, `head` an `intersection_head`) drafts through the
-token-level intersection: it proposes target ids (its distribution restricted to the intersection,
-renormalised) and reads every committed target token as the draft ids that spell it (`spelling`: up to
-M per token, per-row counts). The catch-up pass then feeds [d_K?, the pending token's ids] (1 to M + 1
-ids, in the narrowest of the passes 1, 2 and M + 1 that holds every row's), a static tree's first pass
-starts after all but the last of them, and the cache holds M positions per target position (`storage`).
-Exactness is the usual rule's: tokens outside the intersection have draft probability 0 and come from the
-residual with the target's probability.
+token-level intersection (`spelling`).
 """
 
 from __future__ import annotations
@@ -68,14 +56,11 @@ from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, feed_rows, forward_hidden, hidden_after, prefill
-from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, short_proposal_widths
 from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_inputs,
-                                                     draft_logits, restricted_draft_head)
-from specjax.speculative.drafters.model_trees import ModelTrees
-from specjax.speculative.drafters.spelling import Spelling, intersection_drafting
-from specjax.speculative.plan import FixedPlan
-from specjax.speculative.proposal import Proposal
+                                                     restricted_draft_head)
+from specjax.speculative.drafters.model_shapes import ModelShapes
+from specjax.speculative.drafters.spelling import Spelling, intersection_drafting, tokenizer_mismatch
 from specjax.speculative.trees import shapes
 from specjax.speculative.trees.drafting import children_error
 from specjax.speculative.trees.dynamic import DynamicSpec
@@ -104,25 +89,6 @@ OTHER_TOKENIZER = ("intersect", "refuse")  # config.model.other_tokenizer
 LAG_CHUNK = 32
 
 
-def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
-  """Why the draft's ids do not mean the target's, None when they do. The acceptance ratio compares
-  probabilities of the same ids: the tokenizers must agree on every id both heads score. The heads may
-  differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936 against Qwen2.5-7B's 152,064): the
-  acceptance rule gives the smaller one probability 0 beyond it."""
-  shared = min(draft.config.vocab_size, target.config.vocab_size)
-  if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
-    return (f"draft {draft.name} and target {target.name} have different tokenizers: some id below {shared} "
-            f"(the range both heads score) maps to different tokens")
-  return None
-
-
-def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-  """Raises ValueError unless the draft's ids mean the target's (`tokenizer_mismatch`)."""
-  mismatch = tokenizer_mismatch(target, draft)
-  if mismatch:
-    raise ValueError(mismatch)
-
-
 def lag_for(plain_rounds: bool, config: ModelConfig, tree=None) -> int | None:
   """`ModelDrafter.max_lag`: None (the whole history: plain rounds skip the draft, the prompt included)
   where some rounds propose nothing (`DrafterSettings.plain_rounds`), branches are cheap (the draft's
@@ -140,7 +106,7 @@ def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | No
   return children_error(tree_children)
 
 
-class ModelDrafter(ModelTrees, ModelBackedDrafter):
+class ModelDrafter(ModelShapes, ModelBackedDrafter):
   """A small model drafting K tokens per round from its own cache (see the module docstring)."""
 
   name: ClassVar[str] = "model"
@@ -337,68 +303,6 @@ class ModelDrafter(ModelTrees, ModelBackedDrafter):
     state = state.replace(lag_ids=chunk_BxW, pending_ids=counts_B, deferred=deferred)
     return hidden_BxD, state, cache, num_valid_B, passes
 
-  def propose_chain(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, plan: FixedPlan) -> tuple[Proposal, ModelDraftState]:
-    # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
-    hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, plan.drafts)
-
-    def draw(hidden_BxD, step_key):
-      """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
-      logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
-      token_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
-      # Confident: the top probability of the draft's own distribution, softmax(logits) before
-      # temperature, top-k and top-p, reaches the threshold (always, when it is 0: static, so no
-      # softmax is spent on it). The processed distribution would not do: greedy decoding makes it a
-      # point mass, always "confident".
-      if not self.stop_threshold:
-        return token_B, probs_BxV, jnp.ones(token_B.shape, bool)
-      top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
-      return token_B, probs_BxV, top_B >= self.stop_threshold
-
-    def no_draw(hidden_BxD, step_key):
-      return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), jax.eval_shape(draw, hidden_BxD, step_key))
-
-    k = plan.k
-    keys_K = jax.random.split(key, k)
-    # No head for a plain round where branches are cheap (narrow passes: CPU); its d_1 is never verified.
-    token_B, probs_BxV, confident_B = (plan.unless_plain(draw, no_draw, hidden_BxD, keys_K[0])
-                                       if self.config.narrow_passes else draw(hidden_BxD, keys_K[0]))
-    tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
-    # Greedy proposals are point masses: no [B, K, V] buffer.
-    probs_BxKxV = None if probs_BxV is None else jnp.zeros(
-        (len(pending_B), k, self.vocab_size), jnp.float32).at[:, 0].set(probs_BxV)
-
-    # Then d_i is fed (i = 1 .. K-1) to draw d_{i+1}, while some row is still drafting: a row stops at
-    # its first draft token whose distribution's top probability is below `stop_threshold` (that token
-    # is not proposed). `fed` counts the draft tokens fed, the same for every row.
-    # `confident_BxK` [B, K]: d_1 .. d_i confident (False past the drawn tokens); row b is still drafting
-    # while its last drawn token is.
-    # The catch-up pass runs unless the round is plain and deferred (it feeds the lag and the pending
-    # token); the next pass only while some row wants and may still draw a token.
-    def more(carry):
-      fed, _, _, _, confident_BxK = carry
-      return (fed + 1 < plan.depth) & jnp.any(confident_BxK[:, fed])
-
-    def step(carry):
-      fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry
-      hidden_Bx1xD, cache = forward_hidden(self.config, self.params,
-                                           draft_inputs(self.config, self.head, tokens_BxK[:, fed, None]), cache)
-      next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1])
-      return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
-              None if probs_BxV is None else probs_BxKxV.at[:, fed + 1].set(probs_BxV),
-              confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))
-
-    confident_BxK = jnp.zeros((len(pending_B), k), bool).at[:, 0].set(confident_B)
-    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = jax.lax.while_loop(
-        more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
-    # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
-    lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
-    # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
-    # when deferred).
-    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
-                        calls=fed + catch_up_passes)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed)
-
   def _lagging(self, state: ModelDraftState, committed_B: jax.Array, lagging_B: jax.Array,
                last_accepted_B: jax.Array) -> ModelDraftState:
     """The lag after a round that fed it: the last accepted token (never fed) where `lagging_B`, nothing
@@ -406,20 +310,6 @@ class ModelDrafter(ModelTrees, ModelBackedDrafter):
     last_id_B = jnp.where(lagging_B, draft_inputs(self.config, self.head, last_accepted_B), state.lag_ids[:, 0])
     return state.replace(lag_ids=state.lag_ids.at[:, 0].set(last_id_B),
                          lag=jnp.where(committed_B, lagging_B.astype(jnp.int32), state.lag))
-
-  def commit_chain(self, state: ModelDraftState, proposal: Proposal, num_committed_B: jax.Array,
-                   target_hidden_BxK1xD: jax.Array) -> ModelDraftState:
-    committed_B = num_committed_B > 0
-    # Written beyond the history: the lag, pending's ids, d_1 .. d_fed. A row that accepted n > fed draft
-    # tokens commits d_n without its keys: it lags by that one token.
-    held_B = jnp.where(committed_B & ~state.deferred,
-                       state.lag + state.pending_ids + jnp.minimum(num_committed_B - 1, state.fed), 0)
-    lagging_B = num_committed_B > state.fed + 1
-    last_accepted_B = jnp.take_along_axis(proposal.tokens, jnp.maximum(num_committed_B - 2, 0)[:, None],
-                                          axis=1)[:, 0]
-    fed_state = self._lagging(state.replace(cache=state.cache.advance(held_B)), committed_B, lagging_B,
-                              last_accepted_B)
-    return fed_state.replace(lag=jnp.where(state.deferred, self._deferred_lag(state, committed_B), fed_state.lag))
 
   def _deferred_lag(self, state: ModelDraftState, committed_B: jax.Array) -> jax.Array:
     """[B] the lag after a deferred (plain) round, which wrote nothing: pending's ids join it (`_catch_up`
