@@ -77,10 +77,11 @@ class DecodeSpec:
   def description(self, cache_len: int) -> dict[str, Any]:
     """The program's rounds as a stored cost table describes them (`k_policy.cost_store`): `program`
     without the prompt width and the policy's own settings (they choose among the candidates, never
-    what one costs)."""
+    what one costs), with the drafter's class."""
     fields, sampling = self._compiled()
     return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
-            "cache_len": cache_len, "sampling": sampling}
+            "cache_len": cache_len, "sampling": sampling,
+            "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}"}
 
   def _compiled(self) -> tuple[dict[str, Any], list]:
     sampling = self.sampling

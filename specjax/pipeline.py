@@ -33,7 +33,7 @@ from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_
 from specjax.runner import Runner
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import k_policy
-from specjax.speculative.k_policy import cost_store, tuning
+from specjax.speculative.k_policy import tuning
 
 def check_output(path: str) -> None:
   """Proves that results can be written to `path` (its directory exists and takes a file) before any
@@ -79,11 +79,9 @@ def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.
   if program not in memories:
     memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
   runner.memory = memories[program]
-  drafter = type(runner.drafter)
-  description = {"machine": cost_store.machine(), **spec.description(runner.cache_len),
-                 "drafter": f"{drafter.__module__}.{drafter.__qualname__}"}
   run = runner.forced(*batch, np.full(len(batch[1]), spec.config.max_new_tokens, np.int32), key)
-  return {**record, **tuning.tune(runner.memory, spec.tuning, description, candidates, run, log)}
+  return {**record, **tuning.tune(runner.memory, spec.tuning, spec.description(runner.cache_len), candidates, run,
+                                  log)}
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):

@@ -13,7 +13,7 @@ import pytest
 from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.model import ModelDrafter
@@ -45,7 +45,7 @@ def test_a_restricted_draft_head_drafts_trees_inside_its_subset():
   assert metrics.summarize(out.acceptance)["total"]["accepted"] > 0
   drafter = ModelDrafter(config, params, head, tree=TREES["branching"])
   propose = jax.jit(lambda state, pending: drafter.propose(state, None, pending, GREEDY, jax.random.key(0),
-                                                                      FixedPlan(3)))
+                                                                      RoundPlan(3)))
   proposal, _, _ = propose(out.draft_state, jax.numpy.asarray([4, 6, 8]))  # op by op: ~50 s
   assert np.all(np.asarray(proposal.tokens) % 2 == 0)
 

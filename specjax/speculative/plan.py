@@ -1,7 +1,7 @@
 """The round plan: what the K policy lets a round propose, decided before the round's draft from earlier
 rounds only (`k_policy`), and the one thing a drafter learns of the policy (`Drafter.propose`).
 
-Two plans answer the same questions. `FixedPlan` is the null plan of the fixed policy: every round may
+Two plans answer the same questions. `RoundPlan` is the null plan of the fixed policy: every round may
 propose all K tokens (a static tree: all of it), and every answer is a Python constant, so a drafter
 given it compiles to the classic fixed program. `ChosenPlan` carries the adaptive policy's choice as
 arrays: the depth each row may propose (0 = a plain target step) and, for a branching static tree,
@@ -21,8 +21,9 @@ from specjax import inplace
 
 
 @dataclasses.dataclass(frozen=True)
-class FixedPlan:
-  """Every row may propose all K tokens this round (the fixed policy's plan: static answers)."""
+class RoundPlan:
+  """A round's plan, and the null one of the fixed policy: every row may propose all K tokens (static
+  answers). `ChosenPlan` answers the same questions with the adaptive policy's arrays."""
 
   k: int  # the most draft tokens a round proposes (a static tree's depth)
 
@@ -56,7 +57,7 @@ class FixedPlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class ChosenPlan(FixedPlan):
+class ChosenPlan(RoundPlan):
   """The adaptive policy's choice: row b may propose `wanted_B[b]` tokens (a static tree: its cut at
   that depth), only the cut's spine where `spine_flag` holds."""
 

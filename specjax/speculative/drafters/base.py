@@ -51,7 +51,7 @@ from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import SamplingParams
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 from specjax.speculative.trees import shapes
 from specjax.speculative.trees.drafting import children_error
@@ -103,7 +103,7 @@ REGISTERED: dict[str, type] = {}
 DraftStep = Callable[[Any, jax.Array], tuple[Any, tuple[jax.Array, jax.Array | None]]]
 
 
-def draft_chain(step: DraftStep, carry: Any, key: jax.Array, plan: FixedPlan) -> tuple[Any, Proposal]:
+def draft_chain(step: DraftStep, carry: Any, key: jax.Array, plan: RoundPlan) -> tuple[Any, Proposal]:
   """Draws a chain of draft tokens with `step(carry, key) -> (carry, (token_B, probs_BxW or None))`, one
   draft pass each, while fewer than the plan's depth are drawn: no pass that no row wants runs. Returns
   the final carry and the proposal (slots past the passes run hold zeros)."""
@@ -226,7 +226,7 @@ class Drafter(flax.struct.PyTreeNode):
                               f"init_from_features")
 
   def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, plan: FixedPlan) -> tuple[Proposal, Any, KVCache]:
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
     """Up to K = `plan.k` tokens per row following the history and `pending_B` (their distributions
     after `sampling`, or point masses), the state, and the target's cache (changed only beyond each
     row's length). Commits nothing. The round's `plan` says how many tokens row b may propose this
@@ -269,7 +269,7 @@ class ModelBackedDrafter(Drafter):
       raise ConfigError(f"config.{error}")
 
   def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, plan: FixedPlan) -> tuple[Proposal, Any, KVCache]:
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
     """Drafts the drafter's shape with its own cache (`Shape.propose`: the hook for a chain, a static
     tree or a dynamic tree); the target's cache is untouched."""
     proposal, state = self.shape.propose(self, state, pending_B, sampling, key, plan)
@@ -280,7 +280,7 @@ class ModelBackedDrafter(Drafter):
     return self.shape.commit(self, state, proposal, num_committed_B, target_features_BxK1xF)
 
   def propose_chain(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                    plan: FixedPlan) -> tuple[Proposal, Any]:
+                    plan: RoundPlan) -> tuple[Proposal, Any]:
     """`propose` for a chain: (the proposal, the state)."""
     raise NotImplementedError(f"{type(self).__name__} must define propose_chain or propose")
 

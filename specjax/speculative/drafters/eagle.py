@@ -38,7 +38,7 @@ from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_option
 from specjax.speculative.drafters.eagle_head import EagleConfig, check_head, fuse, head_forward, head_logits
 from specjax.speculative.drafters.eagle_io import load_head
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
 from specjax.speculative.trees.drafting import Grower, children_error, draft_static
@@ -153,7 +153,7 @@ class EagleDrafter(ModelBackedDrafter):
                       pending=jnp.zeros((batch,), jnp.int32))
 
   def propose_static(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                     plan: FixedPlan) -> tuple[Proposal, EagleState]:
+                     plan: RoundPlan) -> tuple[Proposal, EagleState]:
     """A static tree drawn level by level: the root pairs (f_{n-1}, x_n), every other node (its parent's
     head output, its token), each level one tree-masked head pass written beyond the head's length
     (scratch: `commit` rewrites the accepted path from the target's features). Cut at the plan's depth
@@ -207,12 +207,12 @@ class EagleDrafter(ModelBackedDrafter):
     return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
   def propose_dynamic(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                      plan: FixedPlan) -> tuple[Proposal, EagleState]:
+                      plan: RoundPlan) -> tuple[Proposal, EagleState]:
     tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
     return full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree), state.replace(pending=pending_B)
 
   def propose_chain(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                    plan: FixedPlan) -> tuple[Proposal, EagleState]:
+                    plan: RoundPlan) -> tuple[Proposal, EagleState]:
     def step(carry, step_key):
       cache, fused_BxD, token_B = carry
       out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],

@@ -32,7 +32,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.sampling import SamplingParams
 from specjax.speculative.drafters.base import Drafter, DrafterSettings, short_proposal_widths
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 
 
@@ -123,7 +123,7 @@ class HistoryDrafter(Drafter):
     return Proposal(tokens=tokens_BxK.astype(jnp.int32), lengths=jnp.clip(num_B, 0, k).astype(jnp.int32))
 
   def propose(self, state: HistoryState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, plan: FixedPlan) -> tuple[Proposal, HistoryState, KVCache]:
+              sampling: SamplingParams, key: jax.Array, plan: RoundPlan) -> tuple[Proposal, HistoryState, KVCache]:
     """`sampling` and `key` are unused: the rule is exact for point masses at any temperature; the
     lookup costs no pass, so the plan's cut is left to the loop."""
     context_BxS, context_lengths_B = self.context(state, pending_B)

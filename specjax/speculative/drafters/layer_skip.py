@@ -25,7 +25,7 @@ from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.errors import ConfigError
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, draft_chain
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 
 
@@ -95,7 +95,7 @@ class LayerSkipDrafter(ModelBackedDrafter):
     return DraftPass(self.config, self.params, layers=self.layers)
 
   def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, plan: FixedPlan) -> tuple[Proposal, None, KVCache]:
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, None, KVCache]:
     def step(carry, step_key):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)

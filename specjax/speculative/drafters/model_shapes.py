@@ -26,7 +26,7 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import forward_hidden
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.draft_head import draft_inputs, draft_logits
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.drafting import Grower, draft_static
 from specjax.speculative.trees.dynamic import draft_dynamic_tree
@@ -36,7 +36,7 @@ class ModelShapes:
   """The shape hooks of `ModelDrafter` (`trees.shapes`), written against its catch-up pass and lag."""
 
   def propose_chain(self, state: Any, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, plan: FixedPlan) -> tuple[Proposal, Any]:
+                    key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any]:
     """Up to `plan.depth` draft tokens per row after [history, pending], each row stopping at its first
     unconfident one (`stop_threshold`)."""
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
@@ -114,7 +114,7 @@ class ModelShapes:
     return fed_state.replace(lag=jnp.where(state.deferred, self._deferred_lag(state, committed_B), fed_state.lag))
 
   def propose_static(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                     plan: FixedPlan) -> tuple[Proposal, Any]:
+                     plan: RoundPlan) -> tuple[Proposal, Any]:
     """A tree proposal (`tree_drafting`) after [history, pending], cut at the plan's depth, or only that
     cut's spine where `plan.spine` holds (drawn as a chain: each level's pass feeds one node, not the
     level; its tokens land at the spine's nodes). The catch-up pass feeds [lag, pending's ids]
@@ -150,7 +150,7 @@ class ModelShapes:
                                        jnp.where(committed_B, 0, state.lag)))
 
   def propose_dynamic(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                      plan: FixedPlan) -> tuple[Proposal, Any]:
+                      plan: RoundPlan) -> tuple[Proposal, Any]:
     """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
     gives the root's distribution, then Dt - 1 frontier chunks. The state keeps the cache at its committed
     length and each node's slot beyond the root, for `commit_dynamic`."""

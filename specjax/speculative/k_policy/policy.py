@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import metrics
-from specjax.speculative.plan import ChosenPlan, FixedPlan
+from specjax.speculative.plan import ChosenPlan, RoundPlan
 from specjax.speculative.trees import shapes
 
 KINDS = ("fixed", "adaptive")  # what a compiled program runs
@@ -119,7 +119,7 @@ class Tables:
 class KPolicy:
   """The fixed policy, and the settings every policy has (hashable: part of the compiled program).
   Fixed, it is the null policy: one candidate (all K tokens, a static tree whole), the null plan
-  (`FixedPlan`), nothing learned; `Adaptive` overrides what it chooses and learns."""
+  (`RoundPlan`), nothing learned; `Adaptive` overrides what it chooses and learns."""
 
   kind: ClassVar[str] = "fixed"  # one of KINDS
   plain_rounds: ClassVar[bool] = False  # some rounds may propose nothing (a drafter may then skip its draft)
@@ -171,9 +171,9 @@ class KPolicy:
                        accepted_AxK=jnp.zeros(prior_AxK.shape, jnp.float32))
 
   def choose(self, state: PolicyState, live_B: jax.Array,
-             candidates: tuple[Candidate, ...]) -> tuple[FixedPlan, jax.Array]:
+             candidates: tuple[Candidate, ...]) -> tuple[RoundPlan, jax.Array]:
     """(the round's plan, the chosen candidate's index [])."""
-    return FixedPlan(candidates[0].length), jnp.int32(0)
+    return RoundPlan(candidates[0].length), jnp.int32(0)
 
   def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array,
              num_accepted_AxB: jax.Array, live_B: jax.Array) -> PolicyState:

@@ -144,10 +144,11 @@ def record(policy: KPolicy, candidates: tuple[Candidate, ...]) -> dict[str, Any]
 def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates: tuple[Candidate, ...],
          run: Callable[[np.ndarray, int], int], log: Callable[[str], None]) -> dict[str, Any]:
   """Gives `memory` its cost table, unless it holds one: the one stored for the program's `description`
-  (`cost_store`; its calibration's acceptance learned too: this run starts where that one did), else
-  measured with `run` (`calibrate`) and stored. Returns what the results record of it (the cost table,
-  what measuring it took, the acceptance prior the timed calls start from)."""
+  on this machine (`cost_store`; its calibration's acceptance learned too: this run starts where that
+  one did), else measured with `run` (`calibrate`) and stored. Returns what the results record of it
+  (the cost table, what measuring it took, the acceptance prior the timed calls start from)."""
   seconds, stored_at = 0.0, None
+  description = {"machine": cost_store.machine(), **description}
   if memory.cost_C is None:
     # Several processes must all measure or all reuse (calibrating runs the program, collectives
     # included): their disks may differ, so only a single process stores and reuses tables.

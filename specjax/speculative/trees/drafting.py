@@ -31,7 +31,7 @@ import numpy as np
 
 from specjax import inplace
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.speculative.plan import FixedPlan
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees.tree import Tree, chain
 
 CHILDREN = ("iid", "without_replacement", "top")
@@ -120,7 +120,7 @@ class Grower(NamedTuple):
 
 
 def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-              grower: Grower, carry: Any, plan: FixedPlan) -> tuple[jax.Array, jax.Array | None, Any]:
+              grower: Grower, carry: Any, plan: RoundPlan) -> tuple[jax.Array, jax.Array | None, Any]:
   """Draws a static tree level by level with `grower`: each node's children are drawn from its logits
   (`children`).
 
@@ -173,7 +173,7 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
 
 
 def draft_static(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                 grower: Grower, carry: Any, plan: FixedPlan) -> tuple[Any, Drawn]:
+                 grower: Grower, carry: Any, plan: RoundPlan) -> tuple[Any, Drawn]:
   """(carry, (tokens [B, N], distributions [B, N, W] or None)) of a round's static tree (`grow_tree`: its
   cut at the plan's depth), or only that cut's spine where the plan says so (`spine_or_whole`): what the
   model and EAGLE drafters both draw, each feeding its levels its own way (`grower`)."""
