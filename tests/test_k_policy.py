@@ -19,7 +19,8 @@ from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import LAG_CHUNK, ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.k_policy import Candidate, Adaptive, KPolicy
+from specjax.speculative.k_policy import Adaptive, Candidate, KPolicy
+from specjax.speculative.plan import ChosenPlan
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
@@ -377,8 +378,8 @@ def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes(ma
   history, pending = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3]
   assert np.asarray(state.cache.lengths).tolist() == ([len(p) for p in history] if max_lag else [0, 0, 0])
   for round_, (wanted, committed, *calls) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k,
-                                 wanted_B=jnp.full((3,), wanted, jnp.int32))
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
+                                 ChosenPlan(k, jnp.full((3,), wanted, jnp.int32)))
     assert int(proposal.calls) == calls[0 if max_lag else 1]
     assert np.asarray(proposal.lengths).tolist() == [wanted] * 3
     sequences_BxT = np.zeros((3, cache_len), np.int32)
@@ -418,8 +419,8 @@ def test_a_tree_drafter_defers_plain_rounds_and_feeds_its_lag_when_drafting_resu
   for round_, (wanted, committed, *_) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
     spine = wanted > 0 and drafting_rounds % 2 == 0  # a whole cut's round follows each spine's
     drafting_rounds += wanted > 0
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=3,
-                                 wanted_B=jnp.full((3,), wanted, jnp.int32), spine=jnp.bool_(spine))
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
+                                 ChosenPlan(3, jnp.full((3,), wanted, jnp.int32), jnp.bool_(spine)))
     deferred = wanted == 0 and max(lag) + 1 <= (max_lag or cache_len)
     catch_up = 0 if deferred else -(-(max(lag) + 1) // min((max_lag or cache_len) + 1, LAG_CHUNK))
     assert int(proposal.calls) == catch_up + wanted

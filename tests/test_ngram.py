@@ -27,6 +27,7 @@ from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import verify, verify_greedy
 from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.plan import RoundPlan
 from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
                                   exact_distribution)
 from tests.helpers.loop import speculate
@@ -45,7 +46,7 @@ def _reference_proposal(context, ngram_min, ngram_max, k):
   return []
 
 
-_propose = jax.jit(NgramDrafter.propose, static_argnames="k")
+_propose = jax.jit(NgramDrafter.propose)
 _commit = jax.jit(NgramDrafter.commit)
 _init = jax.jit(NgramDrafter.init)
 
@@ -55,7 +56,7 @@ def _proposals(drafter, contexts, k, max_len=16):
   padded, lengths = pad_prompts([context[:-1] for context in contexts])
   state = _init(drafter, drafter.storage(len(contexts), max_len), padded, lengths, None)
   pending = jnp.asarray([context[-1] for context in contexts], jnp.int32)
-  proposal, _, _ = _propose(drafter, state, None, pending, GREEDY, jax.random.key(0), k=k)
+  proposal, _, _ = _propose(drafter, state, None, pending, GREEDY, jax.random.key(0), RoundPlan(k))
   tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
   return [list(map(int, row[:n])) for row, n in zip(tokens, lengths)]
 
@@ -117,7 +118,7 @@ def test_commit_appends_pending_and_the_committed_drafts():
   for round_, committed in enumerate([[4, 1, 0], [2, 0, 4], [0, 4, 3], [1, 2, 4], [4, 4, 1]]):
     pending = [int(t) for t in rng.integers(1, 6, 3)]
     proposal, state, _ = _propose(drafter, state, None, jnp.asarray(pending, jnp.int32), GREEDY,
-                                  jax.random.key(round_), k=k)
+                                  jax.random.key(round_), RoundPlan(k))
     tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
     for b, row in enumerate(history):
       assert list(tokens[b, :lengths[b]]) == _reference_proposal(row + [pending[b]], 1, 2, k), (round_, b)
@@ -138,7 +139,7 @@ def test_commit_drops_writes_past_the_end():
   padded, lengths = pad_prompts([[1, 2, 3, 4, 5, 6], [7]])
   state = _init(drafter, drafter.storage(2, max_len), padded, lengths, None)
   proposal, state, _ = _propose(drafter, state, None, jnp.asarray([10, 11], jnp.int32), GREEDY,
-                                jax.random.key(0), k=3)
+                                jax.random.key(0), RoundPlan(3))
   proposal = proposal.replace(tokens=jnp.asarray([[20, 21, 22], [30, 31, 32]], jnp.int32))
   state = _commit(drafter, state, proposal, jnp.asarray([4, 4], jnp.int32), None)
   np.testing.assert_array_equal(state.history, [[1, 2, 3, 4, 5, 6, 10, 20], [7, 11, 30, 31, 32, 0, 0, 0]])

@@ -40,6 +40,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import ModelDrafter, proposal, residual, verify
+from specjax.speculative.plan import RoundPlan
 from tests.helpers import tiny_hf
 from tests.helpers.engine import (TARGET, VOCAB, exact_distribution, perturbed, run_speculative, target_greedy,
                                   tiny_model)
@@ -142,13 +143,13 @@ def test_a_smaller_draft_reads_ids_it_lacks_as_its_last_id():
   would embed them as NaN)."""
   drafter, last = ModelDrafter(*SMALLER_DRAFT), SMALLER_VOCAB - 1
   prompts, pending = [[5, 60, 3], [SMALLER_VOCAB, 2]], [57, 4]
-  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
+  propose = jax.jit(ModelDrafter.propose)
 
   def probs(prompts, pending):
     padded, lengths = pad_prompts(prompts)
     state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(2, 16), padded, lengths, None)
     proposal_, _, _ = propose(drafter, state, None, jnp.asarray(pending), sampling_params(1.0),
-                              jax.random.key(0), k=2)
+                              jax.random.key(0), RoundPlan(2))
     return np.asarray(proposal_.probs)
 
   got_BxKxW = probs(prompts, pending)

@@ -21,6 +21,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import verify
 from specjax.speculative.drafters.draft_head import restrict_head
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
@@ -96,8 +97,8 @@ def test_greedy_on_ids_equals_the_rule_on_one_hot_distributions(draft_name):
   padded, lengths = pad_prompts(PROMPTS)
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(3, CACHE_LEN), padded, lengths, None)
   for sampling, has_probs in ((GREEDY, False), (ONE_HOT, True)):
-    proposal, _, _ = jax.jit(ModelDrafter.propose, static_argnames="k")(
-        drafter, state, None, jnp.asarray([1, 2, 3]), sampling, jax.random.key(0), k=3)
+    proposal, _, _ = jax.jit(ModelDrafter.propose)(drafter, state, None, jnp.asarray([1, 2, 3]), sampling,
+                                                   jax.random.key(0), RoundPlan(3))
     assert (proposal.probs is not None) == has_probs
 
 
@@ -204,7 +205,7 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
   schedule = [[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4], [2, 3, 4]]
   for round_, wanted in enumerate(schedule):
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling,
-                                 jax.random.key(round_), k=k)
+                                 jax.random.key(round_), RoundPlan(k))
     tokens_BxK, probs_BxKxV, lengths_B = proposal.tokens, proposal.probs, np.asarray(proposal.lengths)
     drawn = int(proposal.calls)  # draft passes = tokens drawn
     passes.add(drawn)

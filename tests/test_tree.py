@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specjax.speculative.k_policy import Candidate, Adaptive, KPolicy
+from specjax.speculative.k_policy import Adaptive, Candidate, KPolicy
 from specjax.speculative.trees import tree as tree_lib
 
 

@@ -11,21 +11,21 @@ price of draft passes nobody reads: the loop never verifies more than the plan a
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
 from specjax import inplace
 
 
-@dataclasses.dataclass(frozen=True)
+@flax.struct.dataclass
 class RoundPlan:
   """A round's plan, and the null one of the fixed policy: every row may propose all K tokens (static
   answers). `ChosenPlan` answers the same questions with the adaptive policy's arrays."""
 
-  k: int  # the most draft tokens a round proposes (a static tree's depth)
+  k: int = flax.struct.field(pytree_node=False)  # the most draft tokens a round proposes (a static tree's depth)
 
   @property
   def depth(self) -> int | jax.Array:
@@ -56,7 +56,7 @@ class RoundPlan:
     return run(operand)
 
 
-@dataclasses.dataclass(frozen=True)
+@flax.struct.dataclass
 class ChosenPlan(RoundPlan):
   """The adaptive policy's choice: row b may propose `wanted_B[b]` tokens (a static tree: its cut at
   that depth), only the cut's spine where `spine_flag` holds."""

@@ -142,4 +142,4 @@ def forced_draft_rounds(cache_len: int, **fields):
   score = jax.jit(lambda tokens_BxT: probabilities(forward(config, params, tokens_BxT,
                                                            init_cache(config, batch, cache_len))[0],
                                                    sampling_params(1.0)))
-  return drafter, state, jax.jit(ModelDrafter.propose, static_argnames="k"), jax.jit(ModelDrafter.commit), score
+  return drafter, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit), score

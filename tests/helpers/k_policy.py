@@ -1,7 +1,6 @@
 """A drafter whose proposal length peeks at the target: the length choice that the K policy must never
 make (it reads the target's distribution of the round being verified), for the exactness test to fail."""
 
-import dataclasses
 from typing import Any
 
 import flax.struct
@@ -37,5 +36,5 @@ class ShallowTreeDrafter(ModelDrafter):
   rule then accepts wherever the target gives them mass."""
 
   def propose(self, state, target_cache, pending_B, sampling, key, plan):
-    shallower = dataclasses.replace(plan, wanted_B=jnp.maximum(plan.wanted_B - 1, 0))
+    shallower = plan.replace(wanted_B=jnp.maximum(plan.wanted_B - 1, 0))
     return super().propose(state, target_cache, pending_B, sampling, key, shallower)

@@ -105,5 +105,5 @@ def forced_rounds(**fields):
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, FORCED_CACHE // 3), padded, lengths, None)
   score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, FORCED_CACHE))[0])
   outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), tables[1])
-  return (drafter, tables, state, jax.jit(ModelDrafter.propose, static_argnames="k"), jax.jit(ModelDrafter.commit),
+  return (drafter, tables, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit),
           score, outside)
