@@ -27,12 +27,14 @@ num_committed = n + 1; 0 for a row that is done) and the target's next token bec
 The round's `plan` (`speculative.plan`) is all a drafter learns of the K policy: K, and how many tokens
 (a static tree: which cut, or its spine) each row may propose this round. A proposal may be a static
 tree (`Proposal.tree`): the loop verifies its nodes in one pass and hands `commit` the accepted path as a
-chain (`Proposal.along`, with `path` set); what it drafts is its `shape` (`trees.shapes`). `propose` may read and write
-the target's cache beyond each row's length (self-speculation shares it): whatever it writes there is
-overwritten by the verify pass before any of it is committed.
+chain (`Proposal.along`, with `path` set); what a drafter drafts is its `shape` (`trees.shapes`).
+`propose` may read and write the target's cache beyond each row's length (self-speculation shares it):
+whatever it writes there is overwritten by the verify pass before any of it is committed.
 
 Two small bases cover the drafters researchers write most: `history.HistoryDrafter` (one pure function
-of the committed tokens) and `ModelBackedDrafter` below (a network with its own KV cache).
+of the committed tokens) and `ModelBackedDrafter` below (a network with its own KV cache, drafting and
+committing through its shape's hooks: `propose_chain`, `commit_chain` and, for trees, `propose_static`,
+`propose_dynamic`, `commit_static`, `commit_dynamic`).
 """
 
 from __future__ import annotations
