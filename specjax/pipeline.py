@@ -16,6 +16,7 @@ process runs the same calls; only process 0 logs and writes results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -79,9 +80,10 @@ def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.
   if program not in memories:
     memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
   runner.memory = memories[program]
-  run = runner.forced(*batch, np.full(len(batch[1]), spec.config.max_new_tokens, np.int32), key)
-  return {**record, **tuning.tune(runner.memory, spec.tuning, spec.description(runner.cache_len), candidates, run,
-                                  log)}
+  measure = functools.partial(runner.calibrate, *batch, np.full(len(batch[1]), spec.config.max_new_tokens, np.int32),
+                              key)
+  return {**record, **tuning.tune(runner.memory, spec.tuning, spec.description(runner.cache_len), candidates,
+                                  measure, log)}
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):

@@ -17,6 +17,7 @@ from specjax.generation import Request
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import LoadedModel
 from specjax.speculative.drafters.base import Drafter
+from specjax.speculative import k_policy
 from specjax.speculative.k_policy import Candidate, Memory, Tables
 from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 
@@ -59,13 +60,15 @@ class Runner:
     """What the policy's rounds may verify (`KPolicy.candidates`)."""
     return self.spec.policy.candidates(self.spec.k, self.drafter.tree)
 
-  def forced(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key):
-    """`run(cost_C, round_limit) -> rounds run` of this batch, for the policy's calibration
-    (`k_policy.calibrate`: a cost table forcing one candidate, blocking until done)."""
+  def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
+                rounds: int) -> np.ndarray:
+    """The K policy's cost table [C] on this device and batch shape, measured with the compiled program
+    itself (`k_policy.calibrate`, `rounds` timed per candidate)."""
     def run(cost_C: np.ndarray, round_limit: int) -> int:
       out = self(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C)
       return int(jax.block_until_ready(out.target_calls)) - 1
-    return run
+
+    return k_policy.calibrate(self.candidates, run, rounds)
 
   def _allocate(self, batch: int) -> None:
     """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""

@@ -19,8 +19,9 @@ PROMPTS = ["def add(a, b):", "hello"]
 
 def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, monkeypatch):
   calibrations = []
-  forced = Runner.forced
-  monkeypatch.setattr(Runner, "forced", lambda self, *args: calibrations.append(self.cache_len) or forced(self, *args))
+  calibrate = Runner.calibrate
+  monkeypatch.setattr(Runner, "calibrate",
+                      lambda self, *args: calibrations.append(self.cache_len) or calibrate(self, *args))
 
   def run(**fields):
     logs = []

@@ -142,11 +142,12 @@ def record(policy: KPolicy, candidates: tuple[Candidate, ...]) -> dict[str, Any]
 
 
 def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates: tuple[Candidate, ...],
-         run: Callable[[np.ndarray, int], int], log: Callable[[str], None]) -> dict[str, Any]:
+         measure: Callable[[int], np.ndarray], log: Callable[[str], None]) -> dict[str, Any]:
   """Gives `memory` its cost table, unless it holds one: the one stored for the program's `description`
   on this machine (`cost_store`; its calibration's acceptance learned too: this run starts where that
-  one did), else measured with `run` (`calibrate`) and stored. Returns what the results record of it
-  (the cost table, what measuring it took, the acceptance prior the timed calls start from)."""
+  one did), else measured by `measure(rounds)` (the compiled program timed: `calibrate`) and stored.
+  Returns what the results record of it (the cost table, what measuring it took, the acceptance prior
+  the timed calls start from)."""
   seconds, stored_at = 0.0, None
   description = {"machine": cost_store.machine(), **description}
   if memory.cost_C is None:
@@ -166,7 +167,7 @@ def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates
       names = [c.label for c in candidates]
       log(f"measuring the adaptive policy's round costs at {', '.join(names)} ...")
       start = time.perf_counter()
-      memory.cost_C = calibrate(candidates, run, tuning.calibration_rounds)
+      memory.cost_C = measure(tuning.calibration_rounds)
       seconds = time.perf_counter() - start
       if stores:
         cost_store.save(description, candidates, memory.cost_C, seconds, memory.reached_AxK, memory.accepted_AxK)
