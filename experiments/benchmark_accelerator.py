@@ -83,7 +83,7 @@ import numpy as np
 
 from experiments import harness
 from specjax import autoregressive, corpus, costs, metrics, records
-from specjax.speculative.drafters.model import check_compatible
+from specjax.speculative.drafters.spelling import check_compatible
 from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
@@ -91,11 +91,13 @@ from specjax import lowering
 from specjax.models.load import (SCAN_LAYERS, attention_for, load_model, narrow_passes_for, scan_layers_for,
                                  with_execution)
 from specjax.models.transformer import init_params
+from specjax.generation import Request
 from specjax.sampling import sampling_params
 from specjax.speculative import k_policy
+from specjax.speculative.drafters.base import DraftPass
 from specjax.speculative.drafters.model import ModelDrafter, lag_for
-from specjax.speculative.k_policy import KPolicy
-from specjax.speculative.loop import speculative_generate
+from specjax.speculative.k_policy import Adaptive, KPolicy, Tables
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 
 Log = Callable[[str], None]
 AUTOREGRESSIVE, SPECULATIVE, ADAPTIVE = "autoregressive", "speculative", "adaptive"  # ADAPTIVE: k_policy
@@ -235,9 +237,9 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   target_config, target_params, draft_config, draft_params, _ = pair
   batch, length = prompts_BxP.shape
   lengths_B = np.full((batch,), length, np.int32)
-  policy = KPolicy("adaptive" if mode == ADAPTIVE else "fixed")
+  policy = Adaptive() if mode == ADAPTIVE else KPolicy()
   drafter = None if mode == AUTOREGRESSIVE else ModelDrafter(draft_config, draft_params,
-                                                             max_lag=lag_for(policy.kind, draft_config))
+                                                             max_lag=lag_for(policy.plain_rounds, draft_config))
   sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
   # The policy's cost table and acceptance prior (what the adaptive one learns; a fixed K ignores them).
   memory = k_policy.Memory(policy.prior, k) if drafter else None
@@ -248,23 +250,24 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     jax.block_until_ready((target_cache, storage))
     start = time.perf_counter()
     if drafter:
-      out = speculative_generate(target_config, target_params, drafter, prompts_BxP, lengths_B, target_cache,
-                                 storage, budget, (), sampling, key, k=k, out_width=cfg.max_new_tokens,
-                                 policy=policy, cost_C=memory.cost_C, prior_AxK=memory.prior_AxK,
-                                 round_limit=round_limit, lower=lower)
+      loop = SpeculativeLoop(target_config, k, out_width=cfg.max_new_tokens, policy=policy)
+      request = Request(prompts_BxP, lengths_B, budget, (), sampling, key, round_limit)
+      out = speculative_generate(loop, target_params, drafter, request, target_cache, storage,
+                                 Tables(memory.cost_C, memory.prior_AxK), lower)
     else:
-      out = autoregressive.generate(target_config, target_params, prompts_BxP, lengths_B, target_cache, budget,
-                                    (), sampling, key, out_width=cfg.max_new_tokens, lower=lower)
+      request = Request(prompts_BxP, lengths_B, budget, (), sampling, key)
+      out = autoregressive.generate(target_config, target_params, request, target_cache, out_width=cfg.max_new_tokens,
+                                    lower=lower)
     if lower:
       return out
     tokens_BxO, counts_B = jax.device_get((out.tokens, out.counts))
-    if policy.adaptive:
+    if policy.tuned:
       memory.learn(*jax.device_get((out.policy_reached, out.policy_accepted)))
     return time.perf_counter() - start, out, tokens_BxO, counts_B
 
   compile_s = call(1)[0]
   calibration_s = 0.0
-  if policy.adaptive:  # the cost table, measured here with this program (`k_policy.calibrate`)
+  if policy.tuned:  # the cost table, measured here with this program (`k_policy.calibrate`)
     def forced(cost_C: np.ndarray, round_limit: int) -> int:
       memory.cost_C = cost_C
       return int(call(cfg.max_new_tokens, round_limit)[1].target_calls) - 1
@@ -289,7 +292,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     totals = metrics.summarize(jax.device_get(out.acceptance))["total"]
     row.update(round_s=decode_s / calls, draft_calls=int(out.draft_calls), alpha_hat=totals["alpha_hat"],
                acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
-  if policy.adaptive:
+  if policy.tuned:
     row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in memory.cost_C],
                        "calibration_time_s": calibration_s,
                        "acceptance_learned": [float(a) for a in memory.prior_AxK[0]],
@@ -386,8 +389,8 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
     if mode == AUTOREGRESSIVE:
       jax.clear_caches()  # the previous (P, B)'s programs are done with
       prompts_BxP = prompts[length][:batch]
-      c = costs.cost_ratio(target_config, target_params, draft_config, draft_params, batch, cfg.cost_repeats,
-                           cache_len=cache_len, offset=length)
+      c = costs.cost_ratio(target_config, target_params, DraftPass(draft_config, draft_params), batch,
+                           cfg.cost_repeats, cache_len=cache_len, offset=length)
       results["costs"].append({"prompt_tokens": length, "batch_size": batch, "cost_ratio_c": c})
       log(f"P={length} B={batch}: c = {c:.3f}")
       if cfg.verify_widths and length == cfg.prompt_lengths[0]:

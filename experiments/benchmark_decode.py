@@ -32,6 +32,7 @@ import numpy as np
 from experiments import harness, hf_reference
 from specjax import costs, metrics, pipeline, prompts, records
 from specjax.api import apply_fields
+from specjax.speculative.drafters.base import DraftPass
 from specjax.speculative.drafters.draft_head import restricted_draft_head
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
@@ -71,8 +72,8 @@ def run_specjax(cfg, log) -> dict:
   c_by_vocab = {}  # draft/target cost ratio c per draft head size (0 = the full vocabulary)
   for vocab in cfg.draft_vocabs:
     head, _ = restricted_draft_head(vocab, VOCAB_CORPUS, target, draft, log)
-    c_by_vocab[vocab] = costs.cost_ratio(target.config, target.params, draft.config, draft.params, 1,
-                                         cfg.repeats, head)
+    c_by_vocab[vocab] = costs.cost_ratio(target.config, target.params, DraftPass(draft.config, draft.params, head), 1,
+                                         cfg.repeats)
   result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)
   result["cost_ratio_c_by_draft_vocab"] = c_by_vocab
   log(f"target T=1 {t1 * 1e3:.0f} ms; ratios " +

@@ -528,7 +528,7 @@ def tables(results: dict) -> str:
             f"{n}: {r}" for n, r in zip(k_policy.labels(policy), policy["rounds_per_length"])) +
             "; measured round cost " + ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in
                                                  zip(k_policy.labels(policy), policy["cost_table_s"])) +
-            f" ({pipeline.cost_table_source(policy)})" +
+            f" ({k_policy.tuning.cost_table_source(policy)})" +
             f"; policy step {1e6 * row['policy_step_s']:.1f} µs "
             f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."]
     for system, summary in group.get("repeated", {}).items():

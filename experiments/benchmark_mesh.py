@@ -39,8 +39,10 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
   from specjax.models.kv_cache import init_cache
   from specjax.models.load import load_model, with_execution
   from specjax.sampling import sampling_params
+  from specjax.generation import Request
   from specjax.speculative import speculative_generate
   from specjax.speculative.drafters.model import ModelDrafter
+  from specjax.speculative.loop import SpeculativeLoop
 
   mesh = meshes.make_mesh(mesh_spec)
   target_part = draft_part = None
@@ -80,9 +82,9 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
     rows = (prompts_BxP, lengths_B) if mesh is None else jax.device_put(
         (prompts_BxP, lengths_B), partitioning.rows_sharding(target_part))
     start = time.perf_counter()
-    out = speculative_generate(target.config, target.params, drafter, *rows, target_cache, storage, budget,
-                               target.tokenizer.eos_ids, sampling_params(0.0), jax.random.key(0), k=cfg.k,
-                               out_width=max(cfg.run_tokens, 1))
+    loop = SpeculativeLoop(target.config, cfg.k, out_width=max(cfg.run_tokens, 1))
+    request = Request(*rows, budget, target.tokenizer.eos_ids, sampling_params(0.0), jax.random.key(0))
+    out = speculative_generate(loop, target.params, drafter, request, target_cache, storage)
     tokens = np.asarray(meshes.to_host(out.tokens)), np.asarray(meshes.to_host(out.counts))
     return time.perf_counter() - start, tokens
 

@@ -87,6 +87,7 @@ def decode_loop(s_max: int, batch: int, repeats: int) -> dict:
   import jax.numpy as jnp
 
   from specjax import autoregressive
+  from specjax.generation import Request
   from specjax.models.kv_cache import init_cache
   from specjax.sampling import sampling_params
 
@@ -97,8 +98,8 @@ def decode_loop(s_max: int, batch: int, repeats: int) -> dict:
   seconds = {8: [], 72: []}
   for new_tokens in (8,) + (8, 72) * repeats:  # the first call compiles
     start = time.perf_counter()
-    out = autoregressive.generate(config, params, prompts_BxP, lengths_B, cache, new_tokens, [-1],
-                                  sampling_params(0.0), jax.random.key(0), out_width=72)
+    request = Request(prompts_BxP, lengths_B, new_tokens, [-1], sampling_params(0.0), jax.random.key(0))
+    out = autoregressive.generate(config, params, request, cache, out_width=72)
     out.tokens.block_until_ready()
     cache = out.cache
     seconds[new_tokens].append(time.perf_counter() - start)
@@ -142,22 +143,24 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
   import jax
   import numpy as np
 
-  from specjax.generation import pad_prompts
+  from specjax.generation import Request, pad_prompts
   from specjax.models.config import ModelConfig
   from specjax.models.kv_cache import init_cache
   from specjax.sampling import sampling_params
   from specjax.speculative import speculative_generate
   from specjax.speculative.drafters.model import ModelDrafter
+  from specjax.speculative.k_policy import Tables
+  from specjax.speculative.loop import SpeculativeLoop
 
   target = ModelConfig(**TINY, n_layers=target_layers, scan_layers=scan)
   draft = ModelConfig(**TINY, n_layers=draft_layers, scan_layers=scan)
   drafter = ModelDrafter(draft, _random_params(draft))
   padded, lengths = pad_prompts([[1, 2, 3], [4, 5]])
-  args = (target, _random_params(target), drafter, padded, lengths, init_cache(target, 2, 128),
-          drafter.storage(2, 128), np.array([16, 16], np.int32), np.array([-1], np.int32),
-          sampling_params(0.0), jax.random.key(0))
+  request = Request(padded, lengths, np.array([16, 16], np.int32), np.array([-1], np.int32), sampling_params(0.0),
+                    jax.random.key(0))
   start = time.perf_counter()
-  lowered = speculative_generate(*args, k=5, out_width=16, lower=True)
+  lowered = speculative_generate(SpeculativeLoop(target, 5, out_width=16), _random_params(target), drafter, request,
+                                 init_cache(target, 2, 128), drafter.storage(2, 128), Tables(), lower=True)
   traced = time.perf_counter() - start
   compiled = lowered.compile()
   total = time.perf_counter() - start

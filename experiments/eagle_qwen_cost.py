@@ -25,13 +25,14 @@ import numpy as np
 
 from experiments import harness
 from specjax import costs, records
+from specjax.speculative.drafters.base import DraftPass
 from specjax.speculative.drafters.draft_head import restricted_draft_head
 from specjax.distill import eagle_steps, steps as train_steps
 from specjax.distill.config import default_config
 from specjax.distill.student import TRAIN
 from specjax.errors import ConfigError
 from specjax.models.load import load_model
-from specjax.speculative.drafters.eagle import eagle3_layers, head_config, init_head_params
+from specjax.speculative.drafters.eagle_head import eagle3_layers, head_config, init_head_params
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 SEQ_LEN, TTT_STEPS = 256, 4  # the SmolLM2 run's rows and unroll
@@ -83,12 +84,13 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   ratios = {}
   for batch in (1, 4):
     ratios[batch] = {
-        "draft_0.5b": costs.cost_ratio(target.config, target.params, draft.config, draft.params, batch, cfg.repeats),
-        "head_full_vocab": costs.cost_ratio(target.config, target.params, target.config, target.params, batch,
-                                            cfg.repeats, draft_layers=(0,)),
-        f"head_{cfg.draft_vocab}_vocab": costs.cost_ratio(target.config, target.params, target.config,
-                                                          target.params, batch, cfg.repeats, head=restricted,
-                                                          draft_layers=(0,))}
+        "draft_0.5b": costs.cost_ratio(target.config, target.params, DraftPass(draft.config, draft.params), batch,
+                                       cfg.repeats),
+        "head_full_vocab": costs.cost_ratio(target.config, target.params,
+                                            DraftPass(target.config, target.params, layers=(0,)), batch, cfg.repeats),
+        f"head_{cfg.draft_vocab}_vocab": costs.cost_ratio(
+            target.config, target.params, DraftPass(target.config, target.params, restricted, (0,)), batch,
+            cfg.repeats)}
     log(f"batch {batch}: c = " + ", ".join(f"{k} {v:.3f}" for k, v in ratios[batch].items()))
   count = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
   head_params, fc_params = count(params), count(params.get("fc", {}))

@@ -29,6 +29,7 @@ import ml_collections
 from experiments import harness
 from specjax import costs, decode_spec, pipeline, records
 from specjax.models.load import load_model
+from specjax.speculative.drafters.base import DraftPass
 
 
 def layer_spec(layers: tuple[int, ...]) -> str:
@@ -64,8 +65,9 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
   t1, tk = (costs.forward_seconds(target.config, target.params, [1, k + 1], search.cost_repeats)[T]
             for T in (1, k + 1))
   verify_cost = tk / t1
-  cost_of = lambda layers: costs.cost_ratio(target.config, target.params, target.config, target.params, 1,
-                                            search.cost_repeats, draft_layers=layers)
+  cost_of = lambda layers: costs.cost_ratio(target.config, target.params,
+                                            DraftPass(target.config, target.params, layers=layers), 1,
+                                            search.cost_repeats)
   c_one, c_all = cost_of((0,)), cost_of(tuple(range(n_layers)))
   per_layer = (c_all - c_one) / (n_layers - 1)
   modelled_c = lambda layers: c_one + per_layer * (len(layers) - 1)

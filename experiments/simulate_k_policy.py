@@ -4,7 +4,7 @@
   python -m experiments.simulate_k_policy --config=configs/searches/k_policy.py
 
 Each draft position is accepted with probability alpha, independently (Leviathan et al.'s model; real
-text is burstier, which favours faster estimates). The policy is the library's own (`k_policy.choose`
+text is burstier, which favours faster estimates). The policy is the library's own (`KPolicy.choose`
 and `update`, jitted, one row), choosing among its lengths under a measured cost table (seconds per round
 at each length, e.g. a benchmark's `cost_table_s`) for `rounds` rounds; its throughput is reported as a
 multiple of a plain step's (`plain_step_s`), next to the best fixed length's expected throughput under
@@ -22,7 +22,7 @@ import numpy as np
 
 from experiments import harness
 from specjax.speculative import k_policy
-from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.k_policy import Adaptive, KPolicy, Tables
 
 
 def simulate(policy: KPolicy, k: int, cost_C: np.ndarray, alpha: float, rounds: int, seed: int) -> dict:
@@ -32,13 +32,14 @@ def simulate(policy: KPolicy, k: int, cost_C: np.ndarray, alpha: float, rounds: 
 
   def round_(state, key):
     live_B = jnp.ones((1,), bool)
-    wanted_B, index = k_policy.choose(policy, state, live_B, candidates)
+    plan, index = policy.choose(state, live_B, candidates)
+    wanted_B = plan.clip(jnp.full((1,), k, jnp.int32))
     accepted_K = jax.random.uniform(key, (k,)) < alpha
     num_accepted = jnp.minimum(jnp.sum(jnp.cumprod(accepted_K)), wanted_B[0])
-    state = k_policy.update(policy, state, index, wanted_B[None], num_accepted[None, None], live_B)
+    state = policy.update(state, index, wanted_B[None], num_accepted[None, None], live_B)
     return state, (num_accepted + 1, state.cost_C[index])
 
-  state = k_policy.init(policy, 1, candidates, cost_C, np.full((1, k), policy.prior, np.float32))
+  state = policy.init(1, candidates, Tables(cost_C, np.full((1, k), policy.prior, np.float32)))
   state, (tokens_R, seconds_R) = jax.jit(lambda s: jax.lax.scan(round_, s, jax.random.split(
       jax.random.key(seed), rounds)))(state)
   chosen = np.asarray(state.chosen_C) / rounds
@@ -54,12 +55,12 @@ def best_fixed(policy: KPolicy, k: int, cost_C: np.ndarray, alpha: float) -> tup
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = harness.log) -> dict:
   cost_C = np.asarray(cfg.cost_table_s, np.float32)
-  lengths = KPolicy("adaptive").lengths(cfg.k)
+  lengths = Adaptive().lengths(cfg.k)
   if len(cost_C) != len(lengths) or not (cost_C > 0).all():
     raise ValueError(f"config.cost_table_s must hold {len(lengths)} positive costs (lengths {lengths})")
   rows = []
   for alpha, decay, recovery in itertools.product(cfg.alphas, cfg.decays, cfg.recoveries):
-    policy = KPolicy("adaptive", prior=cfg.prior, decay=decay, recovery=recovery)
+    policy = Adaptive(prior=cfg.prior, decay=decay, recovery=recovery)
     length, rate = best_fixed(policy, cfg.k, cost_C, alpha)
     got = simulate(policy, cfg.k, cost_C, alpha, cfg.rounds, cfg.seed)
     rows.append({"alpha": alpha, "decay": decay, "recovery": recovery, "best_fixed_length": length,

@@ -89,7 +89,7 @@ class Decoder:
     self.target, self.draft = pipeline.load_models(spec, self._log)
     self._drafters: dict[tuple, tuple[Drafter, dict]] = {}
     self._policy_memory: dict[tuple, Any] = {}  # the adaptive K policy's, one per compiled program
-    self._warm: set[tuple] = set()  # programs compiled and run once (`pipeline.program_key`): no warm-up call
+    self._warm: set[tuple] = set()  # programs compiled and run once (`DecodeSpec.program`): no warm-up call
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, log: Callable[[str], None] | None = None) -> Decoder:
@@ -109,12 +109,9 @@ class Decoder:
       return None
     if self._drafter_instance is not None:
       return self._drafter_instance, {}
-    settings = spec.drafter_settings
-    key = (spec.drafter, settings.group, settings.options.to_json(), settings.draft, repr(settings.tree),
-           settings.tree_children, settings.k_policy)
-    if key not in self._drafters:
-      self._drafters[key] = pipeline.build_drafter(spec, self.target, self.draft, self._log)
-    return self._drafters[key]
+    if spec.drafter_key not in self._drafters:
+      self._drafters[spec.drafter_key] = pipeline.build_drafter(spec, self.target, self.draft, self._log)
+    return self._drafters[spec.drafter_key]
 
   def run(self, **fields) -> dict[str, Any]:
     """Decodes the config's own prompts (`prompts` or `prompts_file`), with `fields` changed; returns

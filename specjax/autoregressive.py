@@ -40,13 +40,14 @@ class AutoregressiveOutput:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "out_width", "pad_id"), donate_argnames=("cache",))
-def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
-              cache: KVCache, budget_B: jax.Array, eos_ids_E: jax.Array, sampling: SamplingParams,
-              key: jax.Array, *, out_width: int, pad_id: int) -> AutoregressiveOutput:
+def _generate(config: ModelConfig, params: Params, request: generation.Request, cache: KVCache, *, out_width: int,
+              pad_id: int) -> AutoregressiveOutput:
+  prompts_BxP, sampling = request.prompts_BxP, request.sampling
+  budget_B, eos_ids_E = request.max_new_tokens, request.eos_ids
   batch = prompts_BxP.shape[0]
   cache = cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
-  logits_BxV, cache = prefill(config, params, prompts_BxP, prompt_lengths_B, cache)
-  key, first_key = jax.random.split(key)
+  logits_BxV, cache = prefill(config, params, prompts_BxP, request.prompt_lengths_B, cache)
+  key, first_key = jax.random.split(request.key)
   first_B = next_tokens(first_key, logits_BxV, sampling)
   buffer, _ = generation.append(generation.empty_buffer(batch, out_width), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
@@ -70,21 +71,18 @@ def _generate(config: ModelConfig, params: Params, prompts_BxP: jax.Array, promp
                               cache=state.cache)
 
 
-def generate(config: ModelConfig, params: Params, prompts_BxP, prompt_lengths_B, cache: KVCache,
-             max_new_tokens, eos_ids, sampling: SamplingParams, key: jax.Array, *,
+def generate(config: ModelConfig, params: Params, request: generation.Request, cache: KVCache, *,
              out_width: int | None = None, pad_id: int = 0,
              lower: bool | str = False) -> AutoregressiveOutput | jax.stages.Lowered:
-  """Generates up to `max_new_tokens` (int, or one per row) after each prompt.
+  """Generates up to `request.max_new_tokens` (int, or one per row) after each prompt.
 
   `cache` comes from `init_cache` (any contents; donated: do not reuse the object passed in, pass the
   one returned to the next call). `out_width` (static; defaults to the largest budget) fixes the output shape so that
   calls with smaller budgets reuse the compiled program.
   """
-  budget_B, out_width = generation.budgets(max_new_tokens, prompts_BxP.shape[0], out_width)
+  budget_B, out_width = generation.budgets(request.max_new_tokens, request.prompts_BxP.shape[0], out_width)
   largest = int(jnp.max(budget_B))
-  generation.check_fits("autoregressive generate", prompt_lengths_B, largest, 0, cache.max_len,
+  generation.check_fits("autoregressive generate", request.prompt_lengths_B, largest, 0, cache.max_len,
                         config.max_positions)
-  return lowering.call_or_lower(_generate, lower, config, params, jnp.asarray(prompts_BxP, jnp.int32),
-                                jnp.asarray(prompt_lengths_B, jnp.int32), cache, budget_B,
-                                jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key,
+  return lowering.call_or_lower(_generate, lower, config, params, request.ready(budget_B), cache,
                                 out_width=out_width + 1, pad_id=pad_id)  # + 1: room for a done row's ignored write

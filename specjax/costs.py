@@ -21,6 +21,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward_hidden
 from specjax.speculative import k_policy
+from specjax.speculative.drafters.base import DraftPass
 from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 from specjax.speculative.k_policy import KPolicy
 
@@ -64,15 +65,14 @@ def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats:
   return seconds
 
 
-def cost_ratio(target_config: ModelConfig, target_params, draft_config: ModelConfig, draft_params,
-               batch_size: int, repeats: int, head: DraftHead | None = None,
-               draft_layers: tuple[int, ...] | None = None, cache_len: int = 256, offset: int = 100) -> float:
+def cost_ratio(target_config: ModelConfig, target_params, draft: DraftPass, batch_size: int, repeats: int,
+               cache_len: int = 256, offset: int = 100) -> float:
   """c = the median over `repeats` back-to-back pairs of (seconds of a 1-token draft forward) / (seconds
-  of a 1-token target forward), at `batch_size` rows. The draft runs through `head` when given and
-  through the blocks `draft_layers` only when given (a layer-skip draft is the target's own subset).
+  of a 1-token target forward), at `batch_size` rows. The draft pass runs through its `head` when given
+  and through its blocks `layers` only when given (a layer-skip draft is the target's own subset).
   Pairing cancels the machine's drift, which on a shared VM moves single timings by more than c's own
   spread."""
-  draft_timed = forward_timer(draft_config, draft_params, 1, batch_size, cache_len, offset, head, draft_layers)
+  draft_timed = forward_timer(draft.config, draft.params, 1, batch_size, cache_len, offset, draft.head, draft.layers)
   target_timed = forward_timer(target_config, target_params, 1, batch_size, cache_len, offset, None)
   return float(np.median([draft_timed() / target_timed() for _ in range(repeats)]))
 
@@ -84,12 +84,11 @@ def drafter_cost_ratio(drafter, target, batch_size: int, repeats: int) -> float:
   draft = drafter.draft_pass()
   if draft is None:
     return 0.0
-  return cost_ratio(target.config, target.params, draft.config, draft.params, batch_size, repeats,
-                    head=draft.head, draft_layers=draft.layers)
+  return cost_ratio(target.config, target.params, draft, batch_size, repeats)
 
 
 def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = None, steps: int = 2000) -> float:
-  """Seconds of one round's K-policy work (`k_policy.choose` then `update`, as the loop runs them) at
+  """Seconds of one round's K-policy work (`KPolicy.choose` then `update`, as the loop runs them) at
   `batch_size` rows (and a drafter's static `tree`: its spine candidates): a jitted loop of `steps`
   rounds on moving estimates, timed after a compiling call, divided by `steps`. Compared with a
   round's measured cost, it is the policy's overhead."""
@@ -99,14 +98,15 @@ def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = No
   def rounds(state: k_policy.PolicyState) -> k_policy.PolicyState:
     def one(i, state):
       live_B = (jnp.arange(batch_size) + i) % 5 != 0
-      wanted_B, index = k_policy.choose(policy, state, live_B, candidates)
+      plan, index = policy.choose(state, live_B, candidates)
+      wanted_B = plan.clip(jnp.full((batch_size,), k, jnp.int32))
       accepted_AxB = (jnp.arange(rows)[:, None] + jnp.arange(batch_size) * 7 + i) % (k + 1)
-      return k_policy.update(policy, state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
-                             jnp.minimum(accepted_AxB, wanted_B), live_B)
+      return policy.update(state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
+                           jnp.minimum(accepted_AxB, wanted_B), live_B)
     return jax.lax.fori_loop(0, steps, one, state)
 
-  state = k_policy.init(policy, batch_size, candidates, np.linspace(1.0, 2.0, len(candidates)),
-                        np.full((rows, k), policy.prior))
+  state = policy.init(batch_size, candidates, k_policy.Tables(np.linspace(1.0, 2.0, len(candidates)),
+                                                               np.full((rows, k), policy.prior)))
   jax.block_until_ready(rounds(state))
   start = time.perf_counter()
   jax.block_until_ready(rounds(state))

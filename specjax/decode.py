@@ -49,7 +49,7 @@ def _policy_rows(policy: dict) -> list[tuple[str, str]]:
   return [("k policy", f"adaptive, K <= {lengths[-1]}"),
           ("rounds per length", "  ".join(f"{n}: {r}" for n, r in zip(labels, policy["rounds_per_length"]))),
           ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(labels, policy["cost_table_s"]))
-           + f"  ({pipeline.cost_table_source(policy)})")]
+           + f"  ({k_policy.tuning.cost_table_source(policy)})")]
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:

@@ -6,6 +6,7 @@ ConfigDict at depth. Every check names the field and runs before any model loads
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import jax
@@ -19,6 +20,7 @@ from specjax.sampling import SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative import k_policy
 from specjax.speculative.drafters.base import Drafter, DrafterSettings
+from specjax.speculative.trees import shapes
 from specjax.speculative.trees.dynamic import DynamicSpec
 from specjax.speculative.trees.tree import Tree, parse
 
@@ -30,6 +32,10 @@ LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sh
                "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul")
 # Top-level fields that only speculative runs read; every drafter group is speculative-only too.
 SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_children")
+# Config fields that reach a compiled program only as runtime values (or not at all): a run changing
+# only these reuses the program an earlier run compiled (sampling's static flags are keyed apart).
+RUNTIME_FIELDS = ("prompts", "prompts_file", "seed", "output", "temperature", "top_k", "top_p", "max_new_tokens",
+                  "chat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +49,7 @@ class DecodeSpec:
   k: int  # draft tokens per round: config.k, or the tree's depth
   verify_width: int  # tokens one verify pass feeds: K + 1, or the tree's nodes and root
   policy: k_policy.KPolicy = k_policy.KPolicy()  # how many of the K tokens a round proposes
+  tuning: k_policy.Tuning = k_policy.Tuning()  # how a decoder measures the policy's cost table
 
   @property
   def speculative(self) -> bool:
@@ -55,6 +62,33 @@ class DecodeSpec:
   @property
   def loads_draft_model(self) -> bool:
     return self.speculative and self.drafter.loads_draft_model
+
+  @property
+  def drafter_key(self) -> tuple:
+    """What a built drafter depends on: its class and settings (a Decoder builds one per key)."""
+    return self.drafter, self.drafter_settings
+
+  def program(self, cache_len: int, width: int | None = None) -> tuple:
+    """What identifies the compiled program of this spec: every config field but `RUNTIME_FIELDS`,
+    the cache length, sampling's static flags and the prompt width. The width shapes the prefill, not
+    a round: warming a program up keys it, what the K policy learns of its rounds does not (None)."""
+    fields, sampling = self._compiled()
+    return json.dumps(fields, sort_keys=True, default=repr), cache_len, *sampling, width
+
+  def description(self, cache_len: int) -> dict[str, Any]:
+    """The program's rounds as a stored cost table describes them (`k_policy.cost_store`): `program`
+    without the prompt width and the policy's own settings (they choose among the candidates, never
+    what one costs), with the drafter's class."""
+    fields, sampling = self._compiled()
+    return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
+            "cache_len": cache_len, "sampling": sampling,
+            "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}"}
+
+  def _compiled(self) -> tuple[dict[str, Any], list]:
+    sampling = self.sampling
+    fields = {name: value for name, value in self.config.as_configdict().to_dict().items()
+              if name not in RUNTIME_FIELDS}
+    return fields, [sampling.greedy, sampling.use_top_k, sampling.use_top_p, sampling.candidates]
 
 
 def speculative_fields(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -166,26 +200,19 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
     tree = parse(cfg.tree)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
-  policy = _policy(cfg, tree)
+  options = cfg.adaptive
+  try:
+    policy = k_policy.parse(cfg.k_policy, options.prior, options.decay, options.recovery,
+                            shapes.of(tree).drawn_each_round)
+    tuning = k_policy.Tuning.parse(options.calibration_rounds, options.reuse_costs)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
   cfg.k_policy = policy.kind  # "auto" resolved: the spec holds what runs
   key = cls.config_key()
   options = cfg[key] if key in cfg else cls.config_group()
   settings = DrafterSettings(group=key, options=ml_collections.FrozenConfigDict(options), draft=cfg.draft,
                              tree=tree, tree_children=cfg.tree_children,
-                             k=cfg.k if tree is None else tree.max_depth, k_policy=cfg.k_policy)
+                             k=cfg.k if tree is None else tree.max_depth, plain_rounds=policy.plain_rounds)
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
-  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy)
-
-
-def _policy(cfg: ml_collections.ConfigDict, tree: Tree | DynamicSpec | None) -> k_policy.KPolicy:
-  options = cfg.adaptive
-  error = k_policy.settings_error(cfg.k_policy, options.prior, options.decay, options.recovery,
-                                  options.calibration_rounds)
-  if error:
-    raise ConfigError(f"config.{error}")
-  dynamic = isinstance(tree, DynamicSpec)
-  if cfg.k_policy == "adaptive" and dynamic:
-    raise ConfigError("config.k_policy 'adaptive' chooses chain lengths and static trees' depths: with a dynamic "
-                      "config.tree, use k_policy 'fixed' or 'auto'")
-  return k_policy.KPolicy(k_policy.resolve(cfg.k_policy, dynamic), options.prior, options.decay, options.recovery)
+  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning)

@@ -26,11 +26,6 @@ def token_counts(encode: Callable[[str], list[int]], texts: Iterable[str], vocab
   return counts_V
 
 
-def coverage(counts_V: np.ndarray, ids: Sequence[int] | np.ndarray) -> float:
-  """The share of a corpus's tokens (occurrences per id, [V]) whose id is among `ids`; 0.0 when empty."""
-  return float(counts_V[np.asarray(ids, np.int64)].sum() / max(counts_V.sum(), 1))
-
-
 def most_frequent(counts_V: np.ndarray, size: int, always: Sequence[int] = ()) -> np.ndarray:
   """The `size` ids [Vd] (ascending) with the highest counts, ties broken by the smaller id, always
   including `always` (stop tokens: a draft that cannot propose EOS cannot end a row's block)."""

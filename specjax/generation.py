@@ -4,12 +4,14 @@ budget bookkeeping, and the host-side checks that keep shapes legal before anyth
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax.sampling import SamplingParams
 
 
 @flax.struct.dataclass
@@ -20,6 +22,27 @@ class OutputBuffer:
   tokens: jax.Array  # [B, O] int32: O = largest budget + widest chunk appended at once
   counts: jax.Array  # [B] int32: valid tokens per row
   done: jax.Array  # [B] bool: row hit an EOS token or its budget
+
+
+@flax.struct.dataclass
+class Request:
+  """What a generate call decodes (runtime values: another request of the same shapes reuses the
+  compiled program), as given or, once `ready`, as the jitted loop reads it."""
+
+  prompts_BxP: Any  # [B, P] int32 right-padded prompts (`pad_prompts`)
+  prompt_lengths_B: Any  # [B] int32
+  max_new_tokens: Any  # int or [B]: each row's budget ([B] int32 once ready)
+  eos_ids: Any  # int or [E]: ids that end a row ([E] int32 once ready)
+  sampling: SamplingParams  # temperature, top-k, top-p (their static flags choose the program)
+  key: jax.Array  # PRNG key
+  round_limit: Any = None  # the speculative loop's most rounds, finished or not (None = no limit; calibration)
+
+  def ready(self, budget_B: jax.Array) -> "Request":
+    """The request as arrays, with the per-row budgets [B] `budgets` checked."""
+    limit = np.iinfo(np.int32).max if self.round_limit is None else self.round_limit
+    return self.replace(prompts_BxP=jnp.asarray(self.prompts_BxP, jnp.int32),
+                        prompt_lengths_B=jnp.asarray(self.prompt_lengths_B, jnp.int32), max_new_tokens=budget_B,
+                        eos_ids=jnp.asarray(self.eos_ids, jnp.int32).reshape(-1), round_limit=jnp.int32(limit))
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,

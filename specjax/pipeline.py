@@ -16,6 +16,7 @@ process runs the same calls; only process 0 logs and writes results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -26,16 +27,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import autoregressive, generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
+from specjax import generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.models import matmul
-from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
                                  with_execution)
+from specjax.runner import Runner
 from specjax.speculative.drafters.base import Drafter
-from specjax.speculative import cost_store, k_policy
-from specjax.speculative.loop import speculative_generate
-from specjax.speculative.trees.tree import Tree
+from specjax.speculative import k_policy
+from specjax.speculative.k_policy import tuning
 
 def check_output(path: str) -> None:
   """Proves that results can be written to `path` (its directory exists and takes a file) before any
@@ -67,189 +67,24 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
   return ""
 
 
-@dataclasses.dataclass
-class _Runner:
-  """Runs one padded batch through the compiled program of the configured mode.
-
-  Every batch has one shape, so the caches a call returns (its donated ones, updated) are passed to
-  the next call: the target cache and the drafter's storage are allocated once, by the first call."""
-
-  spec: DecodeSpec
-  target: LoadedModel
-  drafter: Drafter | None  # None in autoregressive mode
-  cache_len: int
-  target_cache: KVCache | None = None  # [L, B, S, G, Dh] returned by the last call; None before
-  draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
-  memory: k_policy.Memory | None = None  # the adaptive K policy's cost table and acceptance prior; None = fixed
-
-  def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
-               round_limit: int | None = None, cost_C: np.ndarray | None = None, lower: str = ""):
-    """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs)."""
-    part = self.target.part
-    cost_C = self.memory.cost_C if cost_C is None and self.memory else cost_C
-    if part is None:
-      out = self._generate(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, lower)
-    else:
-      with jax.set_mesh(part.mesh):
-        out = self._generate(*jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part)),
-                             key, round_limit, cost_C, lower)
-    if self.memory and not lower:  # what the policy learns from every call, calibration's included
-      self.memory.learn(*meshes.to_host((out.policy_reached, out.policy_accepted)))
-    return out
-
-  @property
-  def candidates(self) -> tuple[k_policy.Candidate, ...]:
-    """What the adaptive policy's rounds may verify (`KPolicy.candidates`)."""
-    return self.spec.policy.candidates(self.spec.k, self.drafter.tree)
-
-  def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key) -> float:
-    """Measures the adaptive policy's cost table on this device and batch shape, with the compiled
-    program itself (`k_policy.calibrate`); returns the seconds it took."""
-    def run(cost_C: np.ndarray, round_limit: int) -> int:
-      out = self(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C)
-      return int(jax.block_until_ready(out.target_calls)) - 1
-
-    start = time.perf_counter()
-    self.memory.cost_C = k_policy.calibrate(self.candidates, run, self.spec.config.adaptive.calibration_rounds)
-    return time.perf_counter() - start
-
-  def _allocate(self, batch: int) -> None:
-    """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""
-    part = self.target.part
-    if self.target_cache is not None:
-      return
-    self.target_cache = init_cache(self.target.config, batch, self.cache_len,
-                                   partitioning.cache_sharding(self.target.config, part))
-    if self.drafter is not None:
-      self.draft_storage = self.drafter.storage(batch, self.cache_len)
-      if part is not None:  # caches are born sharded; rows of any other storage go to `data`
-        self.draft_storage = jax.tree.map(
-            lambda leaf: leaf if leaf.sharding.num_devices > 1 else jax.device_put(
-                leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
-            self.draft_storage)
-
-  def _generate(self, prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, lower):
-    spec = self.spec
-    self._allocate(prompts_BxP.shape[0])
-    eos = self.target.tokenizer.eos_ids
-    if not spec.speculative:
-      out = autoregressive.generate(self.target.config, self.target.params, prompts_BxP, lengths_B,
-                                    self.target_cache, budget_B, eos, spec.sampling, key,
-                                    out_width=spec.config.max_new_tokens, lower=lower)
-      if not lower:
-        self.target_cache = out.cache
-      return out
-    out = speculative_generate(self.target.config, self.target.params, self.drafter, prompts_BxP, lengths_B,
-                               self.target_cache, self.draft_storage, budget_B, eos, spec.sampling, key,
-                               k=spec.k, out_width=spec.config.max_new_tokens, policy=spec.policy,
-                               cost_C=cost_C, prior_AxK=self.memory.prior_AxK if self.memory else None,
-                               round_limit=round_limit, lower=lower)
-    if not lower:
-      self.target_cache, self.draft_storage = out.target_cache, self.drafter.storage_of(out.draft_state)
-    return out
-
-
-def _measured_costs(spec: DecodeSpec, runner: _Runner, drafter: Drafter, cache_len: int,
-                    policy_memory: dict[tuple, k_policy.Memory] | None, prompts_BxP: np.ndarray,
-                    lengths_B: np.ndarray, key, log: Callable[[str], None]) -> dict[str, Any]:
-  """The K policy's record for the results (its kind, lengths, cost table, what measuring it took and
-  the acceptance prior the timed calls start from). The adaptive policy keeps one `k_policy.Memory` per
-  compiled program in `policy_memory` (every batch has one shape): its cost table is measured with the
-  first batch unless the memory holds it, and every call teaches it acceptance."""
-  policy, cfg = spec.policy, spec.config
-  candidates = runner.candidates
-  record = {"kind": policy.kind, "lengths": [c.length for c in candidates]}
-  if any(c.spine for c in candidates):  # a tree's: which candidates verify only the spine
-    record["spine"] = [c.spine for c in candidates]
-  if not policy.adaptive:
+def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.Memory] | None,
+          batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None]) -> dict[str, Any]:
+  """The K policy's record for the results. A tuned policy keeps one `k_policy.Memory` per compiled
+  program in `policy_memory` (every batch has one shape), tuned with the first `batch` (prompts [B, P],
+  lengths [B]) unless it is already (`k_policy.tuning.tune`); every call teaches it acceptance."""
+  policy, candidates = spec.policy, runner.candidates
+  record = tuning.record(policy, candidates)
+  if not policy.tuned:
     return record
-  program = (cfg.batch_size, cache_len, spec.sampling.greedy, spec.k, policy, id(drafter))
   memories = {} if policy_memory is None else policy_memory
+  program = (*spec.program(runner.cache_len), id(runner.drafter))
   if program not in memories:
-    memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, drafter.tree))
+    memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
   runner.memory = memories[program]
-  seconds, stored_at = 0.0, None
-  if runner.memory.cost_C is None:
-    description = _cost_description(spec, cache_len, drafter)
-    # Several processes must all measure or all reuse (calibrating runs the program, collectives
-    # included): their disks may differ, so only a single process stores and reuses tables.
-    stores = jax.process_count() == 1
-    if cfg.adaptive.reuse_costs and stores:
-      stored, note = cost_store.load(description, candidates, runner.memory.reached_AxK.shape)
-      if stored is not None:  # its calibration's acceptance too: this run starts where that one did
-        runner.memory.cost_C, stored_at = stored.cost_C, stored.measured_at
-        runner.memory.learn(stored.reached_AxK, stored.accepted_AxK)
-        log(f"reusing the round costs this machine measured for this program at {stored_at} "
-            f"(config.adaptive.reuse_costs=False measures them again)")
-      elif note:
-        log(note)
-    if runner.memory.cost_C is None:
-      log(f"measuring the adaptive policy's round costs at {', '.join(k_policy.labels(record))} ...")
-      seconds = runner.calibrate(prompts_BxP, lengths_B, np.full(len(lengths_B), cfg.max_new_tokens, np.int32),
-                                 key)
-      if stores:
-        cost_store.save(description, candidates, runner.memory.cost_C, seconds, runner.memory.reached_AxK,
-                        runner.memory.accepted_AxK)
-  cost_C, prior_AxK = runner.memory.cost_C, runner.memory.prior_AxK
-  log(f"round cost by proposal length: "
-      f"{', '.join(f'{n}: {1e3 * c:.1f} ms' for n, c in zip(k_policy.labels(record), cost_C))}"
-      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_AxK[0])}"
-      + (f" (spine: {' '.join(f'{a:.2f}' for a in prior_AxK[1])})" if len(prior_AxK) > 1 else ""))
-  record.update({"cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-                 "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_AxK[0]]})
-  if len(prior_AxK) > 1:
-    record["spine_acceptance_prior"] = [float(a) for a in prior_AxK[1]]
-  return record
-
-
-def _nodes_verified_per_round(tree: Any, nodes: int, policy: dict) -> float:
-  """The nodes a round verified on average, the pending token included: a static tree's chosen
-  candidate each round (its cut at a depth, or that cut's spine; all N + 1 nodes under the fixed
-  policy), a dynamic tree's N + 1."""
-  rounds = sum(policy["rounds_per_length"])
-  if not isinstance(tree, Tree) or not rounds:
-    return nodes + 1
-  spine = policy.get("spine") or [False] * len(policy["lengths"])
-  return sum(n * k_policy.Candidate(length, s).nodes(tree)
-             for n, length, s in zip(policy["rounds_per_length"], policy["lengths"], spine)) / rounds
-
-
-def cost_table_source(policy_record: dict[str, Any]) -> str:
-  """Where an adaptive run's cost table came from (`_measured_costs`' record), for printing: "measured in
-  54.1 s" now, or "stored, measured at <when>" by an earlier run."""
-  if policy_record.get("cost_table_measured_at"):
-    return f"stored, measured at {policy_record['cost_table_measured_at']}"
-  return f"measured in {policy_record['calibration_time_s']:.1f} s"
-
-
-def _cost_description(spec: DecodeSpec, cache_len: int, drafter: Drafter) -> dict[str, Any]:
-  """What a stored cost table is kept for (`cost_store`): the machine, the config fields compiled into
-  the program but the policy's own settings, the cache length, sampling's static flags and the
-  drafter's class. The prompt width is left out: it shapes the prefill, not a round."""
-  sampling = spec.sampling
-  fields = {name: value for name, value in _compiled_fields(spec).items() if name != "adaptive"}
-  return {"machine": cost_store.machine(), "config": fields, "cache_len": cache_len,
-          "sampling": [sampling.greedy, sampling.use_top_k, sampling.use_top_p, sampling.candidates],
-          "drafter": f"{type(drafter).__module__}.{type(drafter).__qualname__}"}
-
-
-# Config fields that reach a compiled program only as runtime values (or not at all): a run changing
-# only these reuses the program an earlier run compiled (sampling's static flags are keyed apart).
-_RUNTIME_FIELDS = ("prompts", "prompts_file", "seed", "output", "temperature", "top_k", "top_p", "max_new_tokens",
-                   "chat")
-
-
-def _compiled_fields(spec: DecodeSpec) -> dict[str, Any]:
-  """The config fields a compiled program depends on: all but `_RUNTIME_FIELDS`."""
-  return {name: value for name, value in spec.config.as_configdict().to_dict().items() if name not in _RUNTIME_FIELDS}
-
-
-def program_key(spec: DecodeSpec, cache_len: int, width: int, drafter: Drafter | None) -> tuple:
-  """What identifies a run's compiled program: every config field but `_RUNTIME_FIELDS`, the shapes
-  (cache length, prompt width), sampling's static flags and the drafter built (by identity)."""
-  sampling = spec.sampling
-  return (json.dumps(_compiled_fields(spec), sort_keys=True, default=repr), cache_len, width, sampling.greedy,
-          sampling.use_top_k, sampling.use_top_p, sampling.candidates, id(drafter))
+  measure = functools.partial(runner.calibrate, *batch, np.full(len(batch[1]), spec.config.max_new_tokens, np.int32),
+                              key)
+  return {**record, **tuning.tune(runner.memory, spec.tuning, spec.description(runner.cache_len), candidates,
+                                  measure, log)}
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
@@ -378,7 +213,7 @@ class _Tally:
     return stats
 
 
-def _lowering_report(spec: DecodeSpec, runner: _Runner, padded: np.ndarray, lengths: np.ndarray, key,
+def _lowering_report(spec: DecodeSpec, runner: Runner, padded: np.ndarray, lengths: np.ndarray, key,
                      models: tuple[LoadedModel, LoadedModel | None], log: Callable[[str], None]) -> dict[str, Any]:
   """`config.lower_only`: the run's program lowered for that platform and read (`lowering.report`),
   written like decode results under "programs"; nothing runs."""
@@ -408,7 +243,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `policy_memory` keeps
   the adaptive policy's measured cost table (measured once) and learned acceptance across runs, one
   `k_policy.Memory` per compiled program; `warm` holds the programs an earlier run already compiled and
-  ran (`program_key`), which skip the warm-up call (compile_time_s 0), and gains this run's."""
+  ran (`DecodeSpec.program`), which skip the warm-up call (compile_time_s 0), and gains this run's."""
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   log = log if meshes.is_main_process() else lambda message: None
@@ -425,14 +260,14 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   width = prompts.width_bound(tok, conversations, cfg.chat, cfg.max_new_tokens)
   # One shape for all batches of every turn, with room for a verify pass past the budget.
   cache_len = -(-(width + cfg.max_new_tokens + spec.verify_width) // 64) * 64
-  runner = _Runner(spec, target, drafter, cache_len)
+  runner = Runner(spec, target, drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
   first = [prompts.turn_ids(tok, c, (), cfg.chat) for c in conversations[:cfg.batch_size]]
   _, padded, lengths = next(_batches(first, cfg.batch_size, width))
   if cfg.lower_only:
     return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
-  program, compile_time = program_key(spec, cache_len, width, drafter), 0.0
+  program, compile_time = (*spec.program(cache_len, width), id(drafter)), 0.0
   if warm is None or program not in warm:
     log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
     start = time.perf_counter()
@@ -443,7 +278,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       warm.add(program)
   policy_record = {}
   if spec.speculative:
-    policy_record = _measured_costs(spec, runner, drafter, cache_len, policy_memory, padded, lengths, key, log)
+    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log)
 
   turns = max(len(c.turns) for c in conversations)
   answers: list[list[str]] = [[] for _ in conversations]
@@ -482,7 +317,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   if spec.speculative:
     stats.update(k_policy={**policy_record, **stats.pop("k_policy")}, **drafter_info)
     if "tree_nodes" in drafter_info:  # a tree: positions are depths; a round verifies the tree cut at its depth
-      verified = _nodes_verified_per_round(spec.drafter_settings.tree, drafter_info["tree_nodes"], stats["k_policy"])
+      verified = tuning.nodes_verified_per_round(spec.tree, drafter_info["tree_nodes"], stats["k_policy"])
       mean = stats["mean_accepted_length"]
       stats.update(nodes_verified_per_round=verified,
                    accepted_per_verified_node=None if mean is None else mean / verified)

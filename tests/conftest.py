@@ -7,7 +7,7 @@ import jax
 import pytest
 import torch
 
-from specjax.speculative import cost_store
+from specjax.speculative.k_policy import cost_store
 from tests.helpers.xla_flags import FAST_COMPILE_FLAGS
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -15,6 +15,7 @@ import pytest
 
 from specjax.generation import pad_prompts
 from specjax.models import attention
+from specjax.models.attention_mask import Mask
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import prefill
 from tests.helpers.engine import tiny_model
@@ -36,8 +37,9 @@ def test_blockwise_equals_dense(T, S, block, window):
   for seed in range(4):
     lengths = np.random.default_rng(100 + seed).integers(0, S - T + 1, size=B)
     q, k, v, lengths_B = _inputs(seed, T, S, lengths)
-    expected = attention.dense(q, k, v, 1, lengths_B, window)
-    got, _, _ = jax.jit(attention.blockwise, static_argnums=(5, 6))(q, k, v, 1, lengths_B, window, block)
+    expected = attention.dense(q, k, v, 1, Mask(lengths_B, window))
+    got, _, _ = jax.jit(lambda q, k, v, lengths_B: attention.blockwise(q, k, v, 1, Mask(lengths_B, window), block))(
+        q, k, v, lengths_B)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"lengths {lengths}")
 
 
@@ -55,16 +57,16 @@ def test_blockwise_equals_dense_with_softcap_and_traced_windows(softcap):
   @jax.jit
   def both(layer):
     window = windows[layer]
-    return (attention.dense(q, k, v, layer, lengths_B, window, scale, softcap),
-            attention.blockwise(q, k, v, layer, lengths_B, window, block, scale, softcap)[0])
+    return (attention.dense(q, k, v, layer, Mask(lengths_B, window), scale, softcap),
+            attention.blockwise(q, k, v, layer, Mask(lengths_B, window), block, scale, softcap)[0])
 
   for layer in (0, 1):
     expected, got = both(jnp.int32(layer))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    static = attention.dense(q, k, v, layer, lengths_B, int(windows[layer]), scale, softcap)
+    static = attention.dense(q, k, v, layer, Mask(lengths_B, int(windows[layer])), scale, softcap)
     np.testing.assert_allclose(expected, static, rtol=1e-6, atol=1e-6)
-  uncapped = attention.dense(q, k, v, 0, lengths_B, 5, scale)
-  global_layer = attention.dense(q, k, v, 0, lengths_B, 0, scale, softcap)
+  uncapped = attention.dense(q, k, v, 0, Mask(lengths_B, 5), scale)
+  global_layer = attention.dense(q, k, v, 0, Mask(lengths_B, 0), scale, softcap)
   assert not np.allclose(both(jnp.int32(0))[0], global_layer, atol=1e-3)
   assert softcap == 0 or not np.allclose(both(jnp.int32(0))[0], uncapped, atol=1e-3)
 
@@ -75,15 +77,15 @@ def test_blockwise_reads_only_the_live_blocks(window):
   T, S, block = 3, 96, 8
   lengths = np.array([30, 41, 35])
   q, k, v, lengths_B = _inputs(0, T, S, lengths)
-  expected = attention.dense(q, k, v, 1, lengths_B, window)
+  expected = attention.dense(q, k, v, 1, Mask(lengths_B, window))
   first = (lengths.min() - window + 1) // block * block if window else 0
   last = -(-(lengths.max() + T) // block) * block
   outside_S = (np.arange(S) < first) | (np.arange(S) >= last)
   poison = lambda x: jnp.where(outside_S[None, None, :, None, None], jnp.nan, x)
-  got, _, _ = attention.blockwise(q, poison(k), poison(v), 1, lengths_B, window, block)
+  got, _, _ = attention.blockwise(q, poison(k), poison(v), 1, Mask(lengths_B, window), block)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   # The same poison reaches a dense pass: the test would see a blockwise pass that reads everything.
-  assert np.isnan(attention.dense(q, poison(k), poison(v), 1, lengths_B, window)).any()
+  assert np.isnan(attention.dense(q, poison(k), poison(v), 1, Mask(lengths_B, window))).any()
 
 
 PROMPTS = [[5, 17, 3, 44, 9, 8, 1], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]

@@ -5,11 +5,11 @@ import jax
 import pytest
 import torch
 
-from specjax import autoregressive
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
+from tests.helpers.loop import autoregress
 from tests.helpers.tiny_hf import save_hf_model
 
 GREEDY = sampling_params(0.0)
@@ -25,8 +25,8 @@ def model(request, tmp_path_factory):
 
 def _generate(config, params, prompts, max_new, eos_ids=(), sampling=GREEDY, seed=0, cache_len=64):
   padded, lengths = pad_prompts(prompts)
-  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, len(prompts), cache_len),
-                                max_new, eos_ids, sampling, jax.random.key(seed))
+  out = autoregress(config, params, padded, lengths, init_cache(config, len(prompts), cache_len),
+                    max_new, eos_ids, sampling, jax.random.key(seed))
   return as_token_lists(out.tokens, out.counts)
 
 

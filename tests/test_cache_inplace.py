@@ -15,19 +15,18 @@ import dataclasses
 import jax
 import pytest
 
-from specjax import autoregressive
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.k_policy import Adaptive, KPolicy
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.eagle import eagle_head
 from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
 from tests.helpers.hlo import whole_cache_moves
+from tests.helpers.loop import autoregress, speculate
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
@@ -52,8 +51,8 @@ def _cache_dims(config):
 def test_autoregressive_program_moves_no_whole_cache(block):
   config, params = _with_block(TARGET, block)
   padded, lengths = pad_prompts(PROMPTS)
-  lowered = autoregressive.generate(config, params, padded, lengths, init_cache(config, BATCH, CACHE_LEN), 4,
-                                    NO_EOS, GREEDY, jax.random.key(0), lower=True)
+  lowered = autoregress(config, params, padded, lengths, init_cache(config, BATCH, CACHE_LEN), 4,
+                        NO_EOS, GREEDY, jax.random.key(0), lower=True)
   assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config)) == []
 
 
@@ -61,16 +60,16 @@ def _drafters(target_config, target_params, draft_config, draft_params):
   """name -> (drafter, K, policy): every drafter kind; the adaptive policy branches between verify widths
   as early stopping does, and the model drafter between its catch-up passes at any policy."""
   return {
-      "model_adaptive": (ModelDrafter(draft_config, draft_params, None), 5, KPolicy("adaptive")),
+      "model_adaptive": (ModelDrafter(draft_config, draft_params, None), 5, Adaptive()),
       "model_tree": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
                      TREES["branching"].max_depth, KPolicy()),
       "model_tree_adaptive": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
-                              TREES["branching"].max_depth, KPolicy("adaptive")),
+                              TREES["branching"].max_depth, Adaptive()),
       "model_dynamic_tree": (ModelDrafter(draft_config, draft_params, None, tree=DynamicSpec(6, 3, 2)), 3, KPolicy()),
-      "ngram_adaptive": (NgramDrafter(target_config.vocab_size), 4, KPolicy("adaptive")),
-      "layer_skip_adaptive": (LayerSkipDrafter(target_config, target_params, (0,)), 4, KPolicy("adaptive")),
+      "ngram_adaptive": (NgramDrafter(target_config.vocab_size), 4, Adaptive()),
+      "layer_skip_adaptive": (LayerSkipDrafter(target_config, target_params, (0,)), 4, Adaptive()),
       "eagle_adaptive": (EagleDrafter(*eagle_head(target_config, ()), target_config, target_params), 4,
-                         KPolicy("adaptive")),
+                         Adaptive()),
   }
 
 
@@ -82,9 +81,9 @@ def test_speculative_program_moves_no_whole_cache(name):
   (target_config, target_params), (draft_config, draft_params) = _with_block(TARGET, 16), _with_block(DRAFT, 16)
   drafter, k, policy = _drafters(target_config, target_params, draft_config, draft_params)[name]
   padded, lengths = pad_prompts(PROMPTS)
-  lowered = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                                 init_cache(target_config, BATCH, CACHE_LEN), drafter.storage(BATCH, CACHE_LEN), 6,
-                                 NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
+  lowered = speculate(target_config, target_params, drafter, padded, lengths,
+                      init_cache(target_config, BATCH, CACHE_LEN), drafter.storage(BATCH, CACHE_LEN), 6,
+                      NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
   compiled = lowered.compile().as_text()
   for config in (target_config, draft_config, EAGLE_BLOCK):
     assert whole_cache_moves(compiled, _cache_dims(config)) == []

@@ -1,4 +1,4 @@
-"""The adaptive policy's cost tables stored per machine and program (`specjax/speculative/cost_store.py`):
+"""The adaptive policy's cost tables stored per machine and program (`specjax/speculative/k_policy/cost_store.py`):
 measured once, reused by later runs of the same program (with the acceptance its calibration observed),
 measured again for another program, on request, or when the stored file is damaged."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from specjax import pipeline
-from specjax.speculative import cost_store
-from specjax.speculative.k_policy import Candidate
+from specjax.runner import Runner
+from specjax.speculative.k_policy import Candidate, cost_store
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 
@@ -19,8 +19,8 @@ PROMPTS = ["def add(a, b):", "hello"]
 
 def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, monkeypatch):
   calibrations = []
-  calibrate = pipeline._Runner.calibrate
-  monkeypatch.setattr(pipeline._Runner, "calibrate",
+  calibrate = Runner.calibrate
+  monkeypatch.setattr(Runner, "calibrate",
                       lambda self, *args: calibrations.append(self.cache_len) or calibrate(self, *args))
 
   def run(**fields):

@@ -11,6 +11,8 @@ import pytest
 from specjax import decode, decode_spec, generation, pipeline, prompts
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
+from specjax.runner import Runner
+from specjax.speculative.k_policy import tuning
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.cli import cli_config, decode_in_process, run_cli
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
@@ -88,7 +90,7 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   batches = [generation.pad_prompts(ids[:2], width=max(map(len, ids))),
              generation.pad_prompts(ids[2:], width=max(map(len, ids)))]
   budget, keys = np.array([10, 7], np.int32), [jax.random.key(1), jax.random.key(2)]
-  runner = pipeline._Runner(spec, target, drafter_, 64)
+  runner = Runner(spec, target, drafter_, 64)
   reused, first_caches = [], None
   for (padded, lengths), key in zip(batches, keys):
     out = runner(padded, lengths, budget, key)
@@ -100,7 +102,7 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   for cache in first_caches:
     assert cache.k.is_deleted() and cache.v.is_deleted()
   for (padded, lengths), key, (tokens, counts) in zip(batches, keys, reused):
-    fresh = pipeline._Runner(spec, target, drafter_, 64)(padded, lengths, budget, key)
+    fresh = Runner(spec, target, drafter_, 64)(padded, lengths, budget, key)
     np.testing.assert_array_equal(tokens, fresh.tokens)
     np.testing.assert_array_equal(counts, fresh.counts)
 
@@ -344,9 +346,9 @@ def test_an_adaptive_tree_counts_the_nodes_of_the_cut_each_round_verified():
   tree, dynamic = tree_lib.parse("(2, 2)"), tree_lib.parse("dynamic(4, 2, 2)")
   adaptive = {"lengths": [0, 1, 1, 2, 2], "spine": [False, True, False, True, False],
               "rounds_per_length": [3, 0, 0, 2, 1]}
-  assert pipeline._nodes_verified_per_round(tree, 6, adaptive) == pytest.approx(16 / 6)
-  assert pipeline._nodes_verified_per_round(tree, 6, {"lengths": [2], "rounds_per_length": [9]}) == 7
-  assert pipeline._nodes_verified_per_round(dynamic, 4, {"lengths": [2], "rounds_per_length": [9]}) == 5
+  assert tuning.nodes_verified_per_round(tree, 6, adaptive) == pytest.approx(16 / 6)
+  assert tuning.nodes_verified_per_round(tree, 6, {"lengths": [2], "rounds_per_length": [9]}) == 7
+  assert tuning.nodes_verified_per_round(dynamic, 4, {"lengths": [2], "rounds_per_length": [9]}) == 5
 
 
 @pytest.mark.parametrize("overrides, message", [

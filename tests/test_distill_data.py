@@ -82,9 +82,9 @@ def test_modes_mix_by_weight_and_generated_rows_continue_prompts():
   packed = data.pack([corpus.Document("a", "the quick brown fox jumps over the lazy dog " * 3)], encode, 16, 0)
   stream = data.BatchStream(packed, batch_size=2, seed=0)
   target_params = jax.tree.map(lambda p: -p, params)  # a different model of the same shape
-  batches = data.DistillBatches(stream, {"fixed": 1.0, "target": 1.0, "student": 2.0}, prompt_len=5, seed=1,
-                                eos_ids=[0], sampling=sampling_params(1.0), target_config=config,
-                                target_params=target_params, student_config=config)
+  how = data.Continuation(prompt_len=5, eos_ids=(0,), sampling=sampling_params(1.0))
+  batches = data.DistillBatches(stream, {"fixed": 1.0, "target": 1.0, "student": 2.0}, seed=1, how=how,
+                                target_config=config, target_params=target_params, student_config=config)
   modes = [batches.mode(i) for i in range(400)]
   assert 0.4 < modes.count("student") / 400 < 0.6 and 0.17 < modes.count("target") / 400 < 0.33
   for mode, mode_params in (("target", target_params), ("student", params)):
@@ -95,8 +95,8 @@ def test_modes_mix_by_weight_and_generated_rows_continue_prompts():
     prompt_tokens, prompt_mask = stream.batch(index)
     np.testing.assert_array_equal(tokens[:, :5], prompt_tokens[:, :5])
     assert not mask[:, :4].any() and mask[:, 4].all()
-    want, _ = data.continue_rows(config, mode_params, prompt_tokens, prompt_mask, 5, [0],
-                                 sampling_params(1.0), jax.random.key(7))  # the mode's model and key
+    want, _ = data.continue_rows(config, mode_params, prompt_tokens, prompt_mask, how,
+                                 jax.random.key(7))  # the mode's model and key
     np.testing.assert_array_equal(tokens, want)
   with pytest.raises(ValueError, match="unknown generation mode"):
-    data.DistillBatches(stream, {"teacher": 1.0}, 5, 0, [0], sampling_params(1.0), config, params, config)
+    data.DistillBatches(stream, {"teacher": 1.0}, 0, how, config, params, config)

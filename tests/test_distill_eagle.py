@@ -15,7 +15,8 @@ from specjax.distill import eagle_steps, steps
 from specjax.distill.student import TRAIN
 from specjax.generation import as_token_lists
 from specjax.speculative.drafters.draft_head import restrict_head
-from specjax.speculative.drafters.eagle import EagleDrafter, head_forward, head_logits
+from specjax.speculative.drafters.eagle import EagleDrafter
+from specjax.speculative.drafters.eagle_head import head_forward, head_logits
 from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import PROMPTS
 from tests.helpers.layer_skip import TARGET, target_greedy_3
@@ -69,7 +70,7 @@ def test_eagle1_feature_regression_adds_to_the_loss():
   target_config, target_params = TARGET
   mask_BxT = jnp.ones(TOKENS_2x10.shape, bool)
   loss = lambda weight: eagle_steps.ttt_loss(config, params, target_config, target_params, TOKENS_2x10, mask_BxT,
-                                             NUM_STEPS, weight)[0]
+                                             eagle_steps.Objective(NUM_STEPS, weight))[0]
   features_BxTxD, _ = eagle_steps.target_features(target_config, target_params, (), TOKENS_2x10)
   out_BxTxD = np.asarray(eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
                                                 features_BxTxD, 1)[0][0])
@@ -78,7 +79,7 @@ def test_eagle1_feature_regression_adds_to_the_loss():
   np.testing.assert_allclose(loss(0.5), loss(0.0) + 0.5 * huber, rtol=1e-5)
   with pytest.raises(ValueError, match="final hidden state"):
     eagle_steps.ttt_loss(*eagle_head(TARGET[0], (0, 1, 2)), target_config, target_params, TOKENS_2x10, mask_BxT,
-                         NUM_STEPS, 0.5)
+                         eagle_steps.Objective(NUM_STEPS, 0.5))
 
 
 def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target():
@@ -95,7 +96,7 @@ def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target(
                                       NUM_STEPS, vocab)
   mask_BxT = jnp.asarray(np.arange(10)[None, :] < np.asarray([[10], [7]]))
   loss, extra = eagle_steps.ttt_loss(config, params, target_config, target_params, TOKENS_2x10, mask_BxT,
-                                     NUM_STEPS, vocab=vocab)
+                                     eagle_steps.Objective(NUM_STEPS), vocab=vocab)
   softmax = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
   want_loss = 0.0
   for j in range(NUM_STEPS):

@@ -20,7 +20,8 @@ from specjax.speculative.trees import drafting as tree_drafting
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.trees.dynamic import DynamicSpec
-from specjax.speculative.drafters.eagle import EagleDrafter, eagle3_layers, head_forward, head_logits
+from specjax.speculative.drafters.eagle import EagleDrafter
+from specjax.speculative.drafters.eagle_head import eagle3_layers, head_forward, head_logits
 from specjax.speculative.trees.acceptance import verify_tree
 from tests.helpers import mutants
 from tests.helpers.eagle import eagle_head, run_eagle

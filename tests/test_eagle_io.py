@@ -19,7 +19,7 @@ from specjax.errors import ConfigError
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
 from specjax.speculative.drafters.draft_head import restrict_head
-from specjax.speculative.drafters.eagle import fuse, head_forward, head_logits
+from specjax.speculative.drafters.eagle_head import fuse, head_forward, head_logits
 from specjax.speculative.drafters.eagle_io import WEIGHTS_FILE, load_head, save_head
 from tests.helpers.eagle import eagle_head
 from tests.helpers.layer_skip import TARGET

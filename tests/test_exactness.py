@@ -47,9 +47,10 @@ from specjax import sampling as sampling_module
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import probabilities, sample, sampling_params
-from specjax.speculative import ModelDrafter, residual, speculative_generate, verify
+from specjax.speculative import ModelDrafter, residual, verify
 from specjax.speculative import loop as loop_module
 from tests.helpers.engine import exact_distribution, perturbed, tiny_model
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
@@ -78,10 +79,10 @@ def _engine(sampling, k, rule, seed=SEED, stop_threshold=0.0):
   steps = k + 2
   padded, lengths = pad_prompts([PROMPT] * ROWS)
   cache_len = len(PROMPT) + steps + k - 1
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, ROWS, cache_len),
-                             drafter.storage(ROWS, cache_len), steps, NO_EOS, sampling,
-                             jax.random.key(seed), k=k, rule=rule)
+  out = speculate(target_config, target_params, drafter, padded, lengths,
+                  init_cache(target_config, ROWS, cache_len),
+                  drafter.storage(ROWS, cache_len), steps, NO_EOS, sampling,
+                  jax.random.key(seed), k=k, rule=rule)
   return np.asarray(out.tokens), jax.tree.map(np.asarray, out.acceptance)
 
 

@@ -14,12 +14,13 @@ from specjax.decode_config import default_config
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import k_policy, loop, speculative_generate
+from specjax.speculative import k_policy, loop
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import LAG_CHUNK, ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.k_policy import Candidate, KPolicy
+from specjax.speculative.k_policy import Adaptive, Candidate, KPolicy
+from specjax.speculative.plan import ChosenPlan
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
@@ -28,13 +29,14 @@ from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OU
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
 from tests.helpers.k_policy import PeekingDrafter, ShallowTreeDrafter, assert_rounds_draft
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS
 from tests.helpers.trees import (LONG_STEPS, SAMPLED, STEPS, TREES, all_positions_pvalue, run_tree_speculative,
                                  sampled_pvalue)
 
 # Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
 # long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
-POLICY = KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3)
+POLICY = Adaptive(prior=0.8, decay=0.5, recovery=0.3)
 COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 
 
@@ -56,15 +58,21 @@ def _state(alpha_BxAxK, prior_AxK, num_candidates):
                               reached_AxK=jnp.zeros(np.shape(prior_AxK)), accepted_AxK=jnp.zeros(np.shape(prior_AxK)))
 
 
+def _wanted(choice):
+  """(what each row may propose [B], the candidate's index) of a policy's choice (its plan, the index)."""
+  plan, index = choice
+  return plan.wanted_B, index
+
+
 @pytest.mark.parametrize("tree", [None, tree_lib.from_branching((3, 2, 1, 1, 1, 1, 1, 1))], ids=["chain", "tree"])
 def test_choose_maximises_expected_committed_tokens_per_second(tree):
   rng = np.random.default_rng(0)
-  k, policy = 8, KPolicy("adaptive")
+  k, policy = 8, Adaptive()
   candidates = policy.candidates(k, tree)
   assert policy.lengths(k) == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
   rows = policy.rows(k, tree)
   assert rows == (1 if tree is None else 2) and len(candidates) == (6 if tree is None else 11)
-  choose = jax.jit(lambda state, live_B: k_policy.choose(policy, state, live_B, candidates))  # one compile
+  choose = jax.jit(lambda state, live_B: _wanted(policy.choose(state, live_B, candidates)))  # one compile
   seen = set()
   for trial in range(200):
     alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
@@ -84,14 +92,14 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree):
 def test_update_moves_reached_positions_and_recovers_the_others():
   """Toward each position's own prior (the runtime one, not the policy's constant), each estimate from
   its own observation; the counts a `Memory` learns are the reached and accepted positions summed."""
-  policy, k = KPolicy("adaptive", prior=0.6, decay=0.75, recovery=0.1), 4
+  policy, k = Adaptive(prior=0.6, decay=0.75, recovery=0.1), 4
   alpha_BxAxK = np.array([[[0.9, 0.5, 0.2, 0.7], [0.3, 0.4, 0.5, 0.6]]] * 4, np.float32)
   prior_AxK = np.array([[0.6, 0.5, 0.8, 0.3], [0.2, 0.9, 0.7, 0.4]], np.float32)
   proposed_AxB = np.array([[3, 3, 0, 4], [2, 0, 3, 4]])
   accepted_AxB = np.array([[1, 3, 0, 2], [1, 0, 3, 2]])
   live_B = np.array([True, True, True, False])
-  got = k_policy.update(policy, _state(alpha_BxAxK, prior_AxK, 5), jnp.int32(3), jnp.asarray(proposed_AxB),
-                        jnp.asarray(accepted_AxB), jnp.asarray(live_B))
+  got = policy.update(_state(alpha_BxAxK, prior_AxK, 5), jnp.int32(3), jnp.asarray(proposed_AxB),
+                      jnp.asarray(accepted_AxB), jnp.asarray(live_B))
   want, reached, accepted = alpha_BxAxK.copy(), np.zeros((2, k)), np.zeros((2, k))
   for b, s, i in np.ndindex(4, 2, k):
     if live_B[b] and i <= accepted_AxB[s, b] and i < proposed_AxB[s, b]:
@@ -147,9 +155,9 @@ def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
   config, params = TARGET_3
   layer_skip = LayerSkipDrafter(config, params, (0,))
   padded, lengths = pad_prompts(PROMPTS)
-  out = speculative_generate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
-                             None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
-                             policy=POLICY, cost_C=COSTS_K3)
+  out = speculate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
+                  None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
+                  policy=POLICY, cost_C=COSTS_K3)
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda length: length)) >= 2
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params)
@@ -164,10 +172,10 @@ def _ngram_greedy(model_name, tree=None):
   config, params = ngram_setup.MODELS[model_name]
   drafter = NgramDrafter(config.vocab_size, tree=tree)
   padded, lengths = pad_prompts(ngram_setup.PROMPTS)
-  out = speculative_generate(config, params, drafter, padded, lengths,
-                             init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
-                             jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
-                             cost_C=COSTS_K3 if tree is None else tree_costs(tree))
+  out = speculate(config, params, drafter, padded, lengths,
+                  init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
+                  jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
+                  cost_C=COSTS_K3 if tree is None else tree_costs(tree))
   free = ngram_setup.free_greedy(ngram_setup.MODELS[model_name])
   assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   return out
@@ -213,14 +221,14 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
     ({"k_policy": "adaptive"}, "adaptive"), ({"k_policy": "adaptive", "tree": "(2,1)"}, "adaptive")])
 def test_the_default_policy_adapts_a_chain_and_a_static_tree_and_keeps_a_dynamic_tree_fixed(fields, kind):
   """config.k_policy "auto" (the default) is adaptive for a chain and a static tree and fixed for a
-  dynamic tree; the spec's config,
-  the drafter's settings and the policy all hold the kind that runs (the stats and stored cost tables say
-  "adaptive", not "auto")."""
+  dynamic tree; the spec's config and the policy hold the kind that runs (the stats and stored cost
+  tables say "adaptive", not "auto"), the drafter's settings whether its rounds may be plain."""
   cfg = default_config()
   assert cfg.k_policy == "auto"
   cfg.target, cfg.draft = "target-directory", "draft-directory"
   spec = decode_spec.from_config(apply_fields(cfg, fields))
-  assert (spec.policy.kind, spec.config.k_policy, spec.drafter_settings.k_policy) == (kind, kind, kind)
+  assert (spec.policy.kind, spec.config.k_policy) == (kind, kind)
+  assert spec.drafter_settings.plain_rounds == (kind == "adaptive")
 
 
 def test_fixed_policy_is_todays_loop():
@@ -245,10 +253,10 @@ def _first_tokens(drafter, cost_C):
   (target_config, target_params), sampling = SMALL_TARGET, sampling_params(1.0)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
-                             jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
+  out = speculate(target_config, target_params, drafter, padded, lengths,
+                  init_cache(target_config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
+                  jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
   return out.tokens, np.asarray(out.rounds_per_length), out
 
 
@@ -276,16 +284,16 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
 TREE_CHI2_COSTS = np.array([1.0, 1.2, 1.3, 1.5, 1.6, 10.0, 10.0], np.float32)
 
 
-def _tree_tokens(drafter_class, **kwargs):
+def _tree_tokens(drafter_class):
   """The first LONG_STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes
   of look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first
   round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the loop's output."""
   drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + LONG_STEPS + 9
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
-  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), LONG_STEPS, NO_EOS, SAMPLED, jax.random.key(2),
-                             k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS, **kwargs)
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), LONG_STEPS, NO_EOS, SAMPLED, jax.random.key(2),
+                  k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
   tokens_ZxT = np.asarray(out.tokens)
   index = np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [config.vocab_size] * STEPS)
   return np.bincount(index, minlength=config.vocab_size ** STEPS), tokens_ZxT, out
@@ -332,7 +340,7 @@ def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):
       clock[0] += 5.0
     return round_limit
 
-  monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(k_policy.tuning.time, "perf_counter", lambda: clock[0])
   np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(4))), run, rounds=3), round_s, rtol=1e-5)
   # Per length: the untimed warm-up round, then 1 and 1 + 3 rounds timed.
   assert calls == [(index, limit) for index in range(4) for limit in (1, 1, 4)]
@@ -352,7 +360,7 @@ def test_calibration_times_enough_rounds_and_a_longer_proposal_never_costs_less(
     clock[0] += 0.1 + ran * round_s[index]
     return ran
 
-  monkeypatch.setattr(k_policy.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(k_policy.tuning.time, "perf_counter", lambda: clock[0])
   np.testing.assert_allclose(k_policy.calibrate(tuple(map(Candidate, range(3))), run, rounds=3), [0.02, 0.02, 0.03],
                              rtol=1e-5)
   for index in range(3):
@@ -387,8 +395,8 @@ def test_plain_rounds_skip_the_draft_and_its_lag_is_fed_when_drafting_resumes(ma
   history, pending = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3]
   assert np.asarray(state.cache.lengths).tolist() == ([len(p) for p in history] if max_lag else [0, 0, 0])
   for round_, (wanted, committed, *calls) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k,
-                                 wanted_B=jnp.full((3,), wanted, jnp.int32))
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
+                                 ChosenPlan(k, jnp.full((3,), wanted, jnp.int32)))
     assert int(proposal.calls) == calls[0 if max_lag else 1]
     assert np.asarray(proposal.lengths).tolist() == [wanted] * 3
     sequences_BxT = np.zeros((3, cache_len), np.int32)
@@ -428,8 +436,8 @@ def test_a_tree_drafter_defers_plain_rounds_and_feeds_its_lag_when_drafting_resu
   for round_, (wanted, committed, *_) in enumerate(LAG_SCHEDULE if max_lag else HISTORY_SCHEDULE):
     spine = wanted > 0 and drafting_rounds % 2 == 0  # a whole cut's round follows each spine's
     drafting_rounds += wanted > 0
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=3,
-                                 wanted_B=jnp.full((3,), wanted, jnp.int32), spine=jnp.bool_(spine))
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
+                                 ChosenPlan(3, jnp.full((3,), wanted, jnp.int32), jnp.bool_(spine)))
     deferred = wanted == 0 and max(lag) + 1 <= (max_lag or cache_len)
     catch_up = 0 if deferred else -(-(max(lag) + 1) // min((max_lag or cache_len) + 1, LAG_CHUNK))
     assert int(proposal.calls) == catch_up + wanted

@@ -11,7 +11,6 @@ soft-capped layers fall back to blockwise), and speculative decoding (chain, sta
 off) equals the target's own greedy decoding; chunked prefill through the kernel equals one dense pass.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ import pytest
 
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models import attention, kernel_attention
+from specjax.models.attention_mask import Mask
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import prefill
@@ -75,9 +75,9 @@ def test_kernel_equals_dense(case):
   T, S, window, tree, dtype = CASES[case]
   width = T + (0 if tree is None else tree.first)
   q, k, v, poisoned_k, poisoned_v, lengths_B = _inputs(0, T, S, width, window, dtype)
-  expected = attention.dense(q, k, v, 1, lengths_B, window, tree=tree)
-  got = jax.jit(functools.partial(kernel_attention.kernel, window=window, tree=tree, interpret=True))(
-      q, poisoned_k, poisoned_v, 1, lengths_B)
+  expected = attention.dense(q, k, v, 1, Mask(lengths_B, window, tree))
+  got = jax.jit(lambda q, k, v, lengths_B: kernel_attention.kernel(q, k, v, 1, Mask(lengths_B, window, tree),
+                                                                   interpret=True))(q, poisoned_k, poisoned_v, lengths_B)
   tolerance = 1e-5 if dtype == "float32" else 2e-2
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32), rtol=tolerance,
                              atol=tolerance)
@@ -88,9 +88,9 @@ def test_traced_windows_per_layer():
   T, S = 4, 48
   windows = jnp.asarray([5, 0], jnp.int32)
   q, k, v, _, _, lengths_B = _inputs(2, T, S, T, 5, "float32")
-  run = jax.jit(lambda layer: kernel_attention.kernel(q, k, v, layer, lengths_B, windows[layer], interpret=True))
+  run = jax.jit(lambda layer: kernel_attention.kernel(q, k, v, layer, Mask(lengths_B, windows[layer]), interpret=True))
   for layer in (0, 1):
-    expected = attention.dense(q, k, v, layer, lengths_B, int(windows[layer]))
+    expected = attention.dense(q, k, v, layer, Mask(lengths_B, int(windows[layer])))
     np.testing.assert_allclose(run(jnp.int32(layer)), expected, rtol=1e-5, atol=1e-5)
 
 

@@ -10,11 +10,12 @@ from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify
+from specjax.speculative import verify
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter, parse_layers
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, accept_all, first_tokens_pvalue, tiny_model)
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS
 
 
@@ -23,9 +24,9 @@ def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sa
   config, params = target
   drafter = LayerSkipDrafter(config, params, layers)
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=k, out_width=out_width, rule=rule)
+  return speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
+                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                   jax.random.key(seed), k=k, out_width=out_width, rule=rule)
 
 
 @pytest.mark.parametrize("k", [1, 8])

@@ -16,14 +16,14 @@ import json
 import jax
 import pytest
 
-from specjax import autoregressive, lowering
+from specjax import lowering
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import init_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.cli import decode_in_process, model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
+from tests.helpers.loop import autoregress, speculate
 
 LAYERS, DRAFT_LAYERS, CACHE_LEN = 3, 2, 40
 TARGET, DRAFT = tiny_model(0, n_layers=LAYERS), tiny_model(1, n_layers=DRAFT_LAYERS)
@@ -32,17 +32,17 @@ TRITON = "__gpu$xla.gpu.triton"  # the custom call of a Pallas GPU kernel
 
 
 def _autoregressive_report(config, params):
-  lowered = autoregressive.generate(config, params, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN), 4, NO_EOS,
-                                    GREEDY, jax.random.key(0), lower="cuda")
+  lowered = autoregress(config, params, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN), 4, NO_EOS,
+                        GREEDY, jax.random.key(0), lower="cuda")
   return lowering.report(lowered)
 
 
 def _speculative_report(block, target=TARGET, draft=DRAFT, **execution):
   config = dataclasses.replace(target[0], attention_block=block, **execution)
   drafter = ModelDrafter(dataclasses.replace(draft[0], attention_block=block, **execution), draft[1], None)
-  lowered = speculative_generate(config, target[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
-                                 drafter.storage(2, CACHE_LEN), 6, NO_EOS, GREEDY, jax.random.key(0), k=3,
-                                 lower="cuda")
+  lowered = speculate(config, target[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
+                      drafter.storage(2, CACHE_LEN), 6, NO_EOS, GREEDY, jax.random.key(0), k=3,
+                      lower="cuda")
   return lowering.report(lowered)
 
 

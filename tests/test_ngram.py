@@ -25,10 +25,12 @@ import pytest
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify, verify_greedy
+from specjax.speculative import verify, verify_greedy
 from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.plan import RoundPlan
 from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
                                   exact_distribution)
+from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
@@ -44,7 +46,7 @@ def _reference_proposal(context, ngram_min, ngram_max, k):
   return []
 
 
-_propose = jax.jit(NgramDrafter.propose, static_argnames="k")
+_propose = jax.jit(NgramDrafter.propose)
 _commit = jax.jit(NgramDrafter.commit)
 _init = jax.jit(NgramDrafter.init)
 
@@ -54,7 +56,7 @@ def _proposals(drafter, contexts, k, max_len=16):
   padded, lengths = pad_prompts([context[:-1] for context in contexts])
   state = _init(drafter, drafter.storage(len(contexts), max_len), padded, lengths, None)
   pending = jnp.asarray([context[-1] for context in contexts], jnp.int32)
-  proposal, _, _ = _propose(drafter, state, None, pending, GREEDY, jax.random.key(0), k=k)
+  proposal, _, _ = _propose(drafter, state, None, pending, GREEDY, jax.random.key(0), RoundPlan(k))
   tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
   return [list(map(int, row[:n])) for row, n in zip(tokens, lengths)]
 
@@ -116,7 +118,7 @@ def test_commit_appends_pending_and_the_committed_drafts():
   for round_, committed in enumerate([[4, 1, 0], [2, 0, 4], [0, 4, 3], [1, 2, 4], [4, 4, 1]]):
     pending = [int(t) for t in rng.integers(1, 6, 3)]
     proposal, state, _ = _propose(drafter, state, None, jnp.asarray(pending, jnp.int32), GREEDY,
-                                  jax.random.key(round_), k=k)
+                                  jax.random.key(round_), RoundPlan(k))
     tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
     for b, row in enumerate(history):
       assert list(tokens[b, :lengths[b]]) == _reference_proposal(row + [pending[b]], 1, 2, k), (round_, b)
@@ -137,7 +139,7 @@ def test_commit_drops_writes_past_the_end():
   padded, lengths = pad_prompts([[1, 2, 3, 4, 5, 6], [7]])
   state = _init(drafter, drafter.storage(2, max_len), padded, lengths, None)
   proposal, state, _ = _propose(drafter, state, None, jnp.asarray([10, 11], jnp.int32), GREEDY,
-                                jax.random.key(0), k=3)
+                                jax.random.key(0), RoundPlan(3))
   proposal = proposal.replace(tokens=jnp.asarray([[20, 21, 22], [30, 31, 32]], jnp.int32))
   state = _commit(drafter, state, proposal, jnp.asarray([4, 4], jnp.int32), None)
   np.testing.assert_array_equal(state.history, [[1, 2, 3, 4, 5, 6, 10, 20], [7, 11, 30, 31, 32, 0, 0, 0]])
@@ -185,10 +187,10 @@ def _ngram_generate(model, k, eos_ids=NO_EOS):
   (config, params), batch = model, len(PROMPTS)
   padded, lengths = pad_prompts(PROMPTS)
   _verify_widths.clear()
-  out = speculative_generate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                             DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
-                             jax.random.key(0), k=k, out_width=OUT_WIDTH,
-                             greedy_rule=_recording_verify_greedy)
+  out = speculate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
+                  DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
+                  jax.random.key(0), k=k, out_width=OUT_WIDTH,
+                  greedy_rule=_recording_verify_greedy)
   jax.effects_barrier()
   return out
 
@@ -260,10 +262,10 @@ def _first_tokens(sampling, rule):
   (config, params), drafter = SMALL_TARGET, NgramDrafter(SMALL_TARGET[0].vocab_size, 1, 3)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1
-  out = speculative_generate(config, params, drafter, padded, lengths,
-                             init_cache(config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
-                             jax.random.key(1), k=2, rule=rule)
+  out = speculate(config, params, drafter, padded, lengths,
+                  init_cache(config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
+                  jax.random.key(1), k=2, rule=rule)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS), out.acceptance
 
@@ -298,10 +300,10 @@ def test_bad_inputs_fail_before_compiling(change, message):
   (config, params), drafter = TARGET, args["drafter"]
   padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match=message):
-    speculative_generate(config, params, drafter, padded, lengths,
-                         init_cache(config, len(PROMPTS), CACHE_LEN),
-                         drafter.storage(args["history_rows"], args["history_len"]), BUDGETS, NO_EOS,
-                         GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)
+    speculate(config, params, drafter, padded, lengths,
+              init_cache(config, len(PROMPTS), CACHE_LEN),
+              drafter.storage(args["history_rows"], args["history_len"]), BUDGETS, NO_EOS,
+              GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)
 
 
 @pytest.mark.parametrize("ngram_min, ngram_max, message", [(0, 2, "ngram_min must be an integer >= 1"),

@@ -9,12 +9,12 @@ import pytest
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.ngram import NgramDrafter, longest_match, ranked_matches
 from tests.helpers import mutants
 from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, exact_distribution
+from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, free_greedy
 from tests.helpers.stats import chi_square_pvalue
 from tests.helpers.trees import LONG_STEPS, all_positions_pvalue
@@ -77,9 +77,9 @@ def test_greedy_spines_follow_the_replay_and_equal_target_greedy(model_name):
   (config, params), batch = MODELS[model_name], len(PROMPTS)
   drafter = NgramDrafter(VOCAB, 1, 3, tree=SPINES)
   padded, lengths = pad_prompts(PROMPTS)
-  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                             drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
-                             k=SPINES.max_depth, out_width=OUT_WIDTH)
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
+                  drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
+                  k=SPINES.max_depth, out_width=OUT_WIDTH)
   free = free_greedy(MODELS[model_name])
   replays = [_replay(p, f, b, SPINES.max_depth, 3) for p, f, b in zip(PROMPTS, free, BUDGETS)]
   assert as_token_lists(out.tokens, out.counts) == [f[:b] for f, b in zip(free, BUDGETS)]
@@ -117,9 +117,9 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
 
   def counts(**kwargs):
     cache_len = len(SPINE_PROMPT) + LONG_STEPS + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
-    out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
-                               drafter.storage(rows, cache_len), LONG_STEPS, NO_EOS, sampling, jax.random.key(1),
-                               k=2, **kwargs)
+    out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
+                    drafter.storage(rows, cache_len), LONG_STEPS, NO_EOS, sampling, jax.random.key(1),
+                    k=2, **kwargs)
     assert int(np.asarray(out.acceptance.accepted).sum()) > rows // 5
     assert (np.asarray(out.acceptance.rounds) >= 3).all()
     tokens_ZxT = np.asarray(out.tokens)

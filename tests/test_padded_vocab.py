@@ -39,10 +39,12 @@ from specjax import metrics, pipeline
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import ModelDrafter, proposal, residual, speculative_generate, verify
+from specjax.speculative import ModelDrafter, proposal, residual, verify
+from specjax.speculative.plan import RoundPlan
 from tests.helpers import tiny_hf
 from tests.helpers.engine import (TARGET, VOCAB, exact_distribution, perturbed, run_speculative, target_greedy,
                                   tiny_model)
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 ALPHA = 1e-3  # level of every chi-square test of the correct rule
@@ -141,13 +143,13 @@ def test_a_smaller_draft_reads_ids_it_lacks_as_its_last_id():
   would embed them as NaN)."""
   drafter, last = ModelDrafter(*SMALLER_DRAFT), SMALLER_VOCAB - 1
   prompts, pending = [[5, 60, 3], [SMALLER_VOCAB, 2]], [57, 4]
-  propose = jax.jit(ModelDrafter.propose, static_argnames="k")
+  propose = jax.jit(ModelDrafter.propose)
 
   def probs(prompts, pending):
     padded, lengths = pad_prompts(prompts)
     state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(2, 16), padded, lengths, None)
     proposal_, _, _ = propose(drafter, state, None, jnp.asarray(pending), sampling_params(1.0),
-                              jax.random.key(0), k=2)
+                              jax.random.key(0), RoundPlan(2))
     return np.asarray(proposal_.probs)
 
   got_BxKxW = probs(prompts, pending)
@@ -198,9 +200,9 @@ def _first_tokens(direction, sampling, rule):
   drafter = ModelDrafter(*draft)
   padded, lengths = pad_prompts([prompt] * ROWS)
   cache_len = len(prompt) + STEPS + K - 1
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, ROWS, cache_len), drafter.storage(ROWS, cache_len),
-                             STEPS, [-1], sampling, jax.random.key(SEED), k=K, rule=rule)
+  out = speculate(target_config, target_params, drafter, padded, lengths,
+                  init_cache(target_config, ROWS, cache_len), drafter.storage(ROWS, cache_len),
+                  STEPS, [-1], sampling, jax.random.key(SEED), k=K, rule=rule)
   return np.asarray(out.tokens)
 
 

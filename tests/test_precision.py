@@ -14,9 +14,9 @@ from specjax import metrics
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import tiny_model
+from tests.helpers.loop import speculate
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8], [7, 7, 7], [33]]
 
@@ -33,9 +33,9 @@ def test_identical_bfloat16_draft_is_always_accepted(temperature, top_k, top_p):
   drafter = ModelDrafter(config, params)
   padded, lengths = pad_prompts(PROMPTS)
   batch, k, budget = len(PROMPTS), 4, 40
-  out = speculative_generate(config, params, drafter, padded, lengths, init_cache(config, batch, 64),
-                             drafter.storage(batch, 64), budget, [-1],
-                             sampling_params(temperature, top_k, top_p), jax.random.key(1), k=k)
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, batch, 64),
+                  drafter.storage(batch, 64), budget, [-1],
+                  sampling_params(temperature, top_k, top_p), jax.random.key(1), k=k)
   total = metrics.summarize(out.acceptance)["total"]
   assert total["proposed"] >= batch * (budget // (k + 1)) * k  # many rounds, all rows
   assert total["accepted"] == total["proposed"], total

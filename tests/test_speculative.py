@@ -19,13 +19,15 @@ from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate, verify
+from specjax.speculative import verify
 from specjax.speculative.drafters.draft_head import restrict_head
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
                                   exact_distribution, forced_draft_rounds, FORCED_DRAFT_PROMPTS, run_speculative,
                                   target_greedy, tiny_model)
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 
@@ -95,8 +97,8 @@ def test_greedy_on_ids_equals_the_rule_on_one_hot_distributions(draft_name):
   padded, lengths = pad_prompts(PROMPTS)
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(3, CACHE_LEN), padded, lengths, None)
   for sampling, has_probs in ((GREEDY, False), (ONE_HOT, True)):
-    proposal, _, _ = jax.jit(ModelDrafter.propose, static_argnames="k")(
-        drafter, state, None, jnp.asarray([1, 2, 3]), sampling, jax.random.key(0), k=3)
+    proposal, _, _ = jax.jit(ModelDrafter.propose)(drafter, state, None, jnp.asarray([1, 2, 3]), sampling,
+                                                   jax.random.key(0), RoundPlan(3))
     assert (proposal.probs is not None) == has_probs
 
 
@@ -104,9 +106,9 @@ def test_returned_caches_can_be_passed_again():
   first = run_speculative(DRAFTS["perturbed"], k=8)
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])
   padded, lengths = pad_prompts(PROMPTS)
-  again = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                               first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
-                               jax.random.key(0), k=8, out_width=OUT_WIDTH)
+  again = speculate(target_config, target_params, drafter, padded, lengths,
+                    first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
+                    jax.random.key(0), k=8, out_width=OUT_WIDTH)
   np.testing.assert_array_equal(again.tokens, first.tokens)
 
 
@@ -157,10 +159,10 @@ def _first_tokens(sampling, rule, draft_head=None):
   (target_config, target_params), drafter = SMALL_TARGET, ModelDrafter(*SMALL_DRAFT, draft_head)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculative_generate(target_config, target_params, drafter, padded, lengths,
-                             init_cache(target_config, SAMPLE_ROWS, cache_len),
-                             drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
-                             sampling, jax.random.key(1), k=2, rule=rule)
+  out = speculate(target_config, target_params, drafter, padded, lengths,
+                  init_cache(target_config, SAMPLE_ROWS, cache_len),
+                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
+                  sampling, jax.random.key(1), k=2, rule=rule)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
 
@@ -203,7 +205,7 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
   schedule = [[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4], [2, 3, 4]]
   for round_, wanted in enumerate(schedule):
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling,
-                                 jax.random.key(round_), k=k)
+                                 jax.random.key(round_), RoundPlan(k))
     tokens_BxK, probs_BxKxV, lengths_B = proposal.tokens, proposal.probs, np.asarray(proposal.lengths)
     drawn = int(proposal.calls)  # draft passes = tokens drawn
     passes.add(drawn)

@@ -15,8 +15,9 @@ from specjax.models.load import load_model
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import intersection_drafting
-from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.k_policy import Adaptive
 from specjax.speculative.trees import tree as tree_lib
+from specjax.speculative.plan import ChosenPlan, RoundPlan
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
                                   target_greedy)
@@ -27,11 +28,11 @@ from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 # name -> (drafter fields, loop arguments); the adaptive policy's costs are those of lengths 0 .. 3.
 SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
-          "adaptive": ({}, dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3),
+          "adaptive": ({}, dict(policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
                                 cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
-          "adaptive_deferred": (dict(max_lag=5), dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5, recovery=0.3),
+          "adaptive_deferred": (dict(max_lag=5), dict(policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
                                                        cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
-          "adaptive_history": (dict(max_lag=None), dict(policy=KPolicy("adaptive", prior=0.8, decay=0.5,
+          "adaptive_history": (dict(max_lag=None), dict(policy=Adaptive(prior=0.8, decay=0.5,
                                                                        recovery=0.3),
                                                         cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
           "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}),
@@ -129,9 +130,8 @@ def test_the_draft_reads_the_spelled_history(max_lag):
   history, pending = [list(p) for p in FORCED_PROMPTS], [int(outside[0]), int(outside[1]), int(target_I[0])]
   longest_lag = 0
   for round_, (wanted, committed) in enumerate(FORCED_SCHEDULES[max_lag]):
-    wanted_B = None if wanted is None else jnp.full((batch,), wanted, jnp.int32)
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), k=k,
-                                 wanted_B=wanted_B)
+    plan = RoundPlan(k) if wanted is None else ChosenPlan(k, jnp.full((batch,), wanted, jnp.int32))
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_), plan)
     drawn = k if wanted is None else wanted
     tokens_BxK = np.asarray(proposal.tokens)[:, :drawn]
     assert np.isin(tokens_BxK, target_I).all()
@@ -172,7 +172,7 @@ def test_a_static_trees_distributions_follow_the_spelled_history():
   history, pending = [list(p) for p in FORCED_PROMPTS], [int(outside[0]), int(target_I[1]), int(outside[2])]
   for round_, leaves in enumerate([[0, 4, 10], [9, 0, 3], [10, 7, 0], [5, 10, 9]]):  # accept the path to these
     proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
-                                 k=tree.max_depth)
+                                 RoundPlan(tree.max_depth))
     tokens_BxN1 = np.pad(np.asarray(proposal.tokens), ((0, 0), (1, 0)))
     for b in range(batch):
       spelled = spell_history(history[b] + [pending[b]], ids_VxM, counts_V)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specjax.speculative.k_policy import Candidate, KPolicy
+from specjax.speculative.k_policy import Adaptive, Candidate, KPolicy
 from specjax.speculative.trees import tree as tree_lib
 
 
@@ -42,7 +42,7 @@ def test_the_spine_follows_first_children_and_the_policy_offers_it_below_each_cu
   assert tree.is_first_child == (True, True, False, False, True, False, True, True)
   short = tree_lib.from_paths([[0], [1], [1, 0]])
   assert short.spine() == (0, 1) and short.max_depth == 2
-  policy = KPolicy("adaptive")
+  policy = Adaptive()
   assert [c.label for c in policy.candidates(3, tree)] == ["0", "1 spine", "1", "2 spine", "2", "3 spine", "3"]
   assert [c.label for c in policy.candidates(2, short)] == ["0", "1 spine", "1", "2"]
   assert [c.nodes(tree) for c in policy.candidates(3, tree)] == [1, 2, 4, 3, 7, 4, 8]

@@ -13,12 +13,13 @@ import pytest
 from specjax import metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
-from specjax.speculative import speculative_generate
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, PROMPTS, TARGET, run_speculative,
                                   target_greedy)
+from tests.helpers.loop import speculate
 from tests.helpers.trees import TREES, run_tree_speculative
 
 
@@ -43,7 +44,8 @@ def test_a_restricted_draft_head_drafts_trees_inside_its_subset():
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert metrics.summarize(out.acceptance)["total"]["accepted"] > 0
   drafter = ModelDrafter(config, params, head, tree=TREES["branching"])
-  propose = jax.jit(lambda state, pending: drafter.propose(state, None, pending, GREEDY, jax.random.key(0), 3))
+  propose = jax.jit(lambda state, pending: drafter.propose(state, None, pending, GREEDY, jax.random.key(0),
+                                                                      RoundPlan(3)))
   proposal, _, _ = propose(out.draft_state, jax.numpy.asarray([4, 6, 8]))  # op by op: ~50 s
   assert np.all(np.asarray(proposal.tokens) % 2 == 0)
 
@@ -78,7 +80,7 @@ def test_bad_tree_runs_fail_on_the_host():
   drafter = ModelDrafter(config, params, tree=tree)
   padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match="pass k = 3"):
-    speculative_generate(*TARGET, drafter, padded, lengths, init_cache(TARGET[0], 3, CACHE_LEN),
-                         drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
+    speculate(*TARGET, drafter, padded, lengths, init_cache(TARGET[0], 3, CACHE_LEN),
+              drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
   with pytest.raises(ValueError, match="tree_children"):
     ModelDrafter(config, params, tree=tree, tree_children="sorted").check(TARGET[0])

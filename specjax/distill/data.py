@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from specjax import autoregressive, mesh as meshes, partitioning
 from specjax.corpus import Document
-from specjax.generation import pad_prompts
+from specjax.generation import Request, pad_prompts
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import Params
@@ -113,10 +113,19 @@ class BatchStream:
     self.position = int(state["position"])
 
 
+class Continuation(NamedTuple):
+  """How a generation mode continues a row: after its first `prompt_len` tokens, drawn with `sampling`,
+  stopping at `eos_ids`."""
+
+  prompt_len: int
+  eos_ids: tuple[int, ...]
+  sampling: SamplingParams
+
+
 def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, mask_BxT: np.ndarray,
-                  prompt_len: int, eos_ids: Sequence[int], sampling: SamplingParams,
-                  key: jax.Array, part: partitioning.Partitioning | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Replaces everything after each row's first `prompt_len` tokens by the model's own continuation.
+                  how: Continuation, key: jax.Array,
+                  part: partitioning.Partitioning | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Replaces everything after each row's first `how.prompt_len` tokens by the model's own continuation.
 
   Uses the project's autoregressive loop (one compiled program per model and shape). The returned mask
   covers the positions whose next-token distribution produced a generated token: the divergence is
@@ -124,13 +133,14 @@ def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, m
   With `part` (the params' partitioning) the loop runs on its mesh: cache and rows split as in decoding.
   """
   B, T = tokens_BxT.shape
+  prompt_len = how.prompt_len
   if not 1 <= prompt_len < T:
     raise ValueError(f"prompt_len must be in [1, seq_len) = [1, {T}), got {prompt_len}")
   lengths_B = np.minimum(mask_BxT.sum(1), prompt_len)  # >= 1: a packed row holds at least one token
   prompts_BxP, _ = pad_prompts([row[:n] for row, n in zip(tokens_BxT, lengths_B)])
   generate = lambda *rows: autoregressive.generate(
-      config, params, *rows, init_cache(config, B, T, partitioning.cache_sharding(config, part)), T - prompt_len,
-      list(eos_ids), sampling, key, out_width=T - prompt_len)
+      config, params, Request(*rows, T - prompt_len, list(how.eos_ids), how.sampling, key),
+      init_cache(config, B, T, partitioning.cache_sharding(config, part)), out_width=T - prompt_len)
   if part is None:
     out = generate(prompts_BxP, lengths_B)
   else:
@@ -153,26 +163,24 @@ class DistillBatches:
 
   `weights` maps modes of `MODES` to non-negative weights. "target" continuations use the teacher's
   fixed params; "student" (on-policy) ones the params passed to `next`, i.e. the current draft. Both
-  sample with `sampling`, stop at `eos_ids` and draw from the key passed to `next`.
+  continue as `how` says and draw from the key passed to `next`. `parts`: where the target's and the
+  student's params lie (their mesh partitionings; None for one device).
   """
 
-  def __init__(self, stream: BatchStream, weights: Mapping[str, float], prompt_len: int, seed: int,
-               eos_ids: Sequence[int], sampling: SamplingParams, target_config: ModelConfig,
-               target_params: Params, student_config: ModelConfig,
-               target_part: partitioning.Partitioning | None = None,
-               student_part: partitioning.Partitioning | None = None):
+  def __init__(self, stream: BatchStream, weights: Mapping[str, float], seed: int, how: Continuation,
+               target_config: ModelConfig, target_params: Params, student_config: ModelConfig,
+               parts: tuple[partitioning.Partitioning | None, partitioning.Partitioning | None] = (None, None)):
     unknown = sorted(set(weights) - set(MODES))
     if unknown:
       raise ValueError(f"unknown generation mode(s) {unknown}; expected some of {MODES}")
     total = sum(weights.values())
     if min(weights.values(), default=-1.0) < 0 or total <= 0:
       raise ValueError(f"generation mode weights must be >= 0 with a positive sum, got {dict(weights)}")
-    self.stream, self.prompt_len, self.seed = stream, prompt_len, seed
+    self.stream, self.how, self.seed = stream, how, seed
     self.modes = [m for m in MODES if weights.get(m, 0.0) > 0]
     self.probs = np.array([weights[m] for m in self.modes]) / total
-    self.eos_ids, self.sampling = tuple(eos_ids), sampling
     self.target_config, self.target_params, self.student_config = target_config, target_params, student_config
-    self.target_part, self.student_part = target_part, student_part  # where each model's params lie (mesh)
+    self.target_part, self.student_part = parts
 
   def mode(self, index: int) -> str:
     return self.modes[np.random.default_rng([self.seed, index]).choice(len(self.modes), p=self.probs)]
@@ -186,7 +194,6 @@ class DistillBatches:
     if mode != "fixed":
       config, params, part = ((self.target_config, self.target_params, self.target_part) if mode == "target"
                               else (self.student_config, student_params, self.student_part))
-      tokens_BxT, mask_BxT = continue_rows(config, params, tokens_BxT, mask_BxT, self.prompt_len,
-                                           self.eos_ids, self.sampling, key, part)
+      tokens_BxT, mask_BxT = continue_rows(config, params, tokens_BxT, mask_BxT, self.how, key, part)
     self.stream.position += 1
     return tokens_BxT, mask_BxT, mode

@@ -29,7 +29,7 @@ average (tokens after a rejection are not drafted from the data in reality: an e
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,12 +37,12 @@ import optax
 
 from specjax.distill import losses
 from specjax.distill.steps import TrainState
-from specjax.models import attention
+from specjax.models import attention_mask
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits
 from specjax.speculative.drafters.draft_head import DraftHead
-from specjax.speculative.drafters.eagle import EagleConfig, fuse, head_forward, head_scores
+from specjax.speculative.drafters.eagle_head import Core, EagleConfig, fuse, head_forward, head_scores
 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of TTT step j: STEP_WEIGHT ** j
 
@@ -61,7 +61,7 @@ def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Ar
   window = block.layer_windows()[layer]
   group = H // block.n_kv_heads
   expand = lambda x_BxTxGxDh: jnp.repeat(x_BxTxGxDh, group, axis=2)
-  score = lambda s: attention.soft_cap(s * block.attention_scale(), block.attn_softcap)
+  score = lambda s: attention_mask.soft_cap(s * block.attention_scale(), block.attn_softcap)
   causal_BxHxTxS = score(jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxGxDh),
                                     preferred_element_type=jnp.float32))
   chain_T = jnp.arange(T)
@@ -98,7 +98,7 @@ def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, 
     fed_BxT = jnp.pad(tokens_BxT[:, 1 + j:], ((0, 0), (0, min(1 + j, T))))[:, :T]
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) + j, (B, T))
     hidden_BxTxD, steps = head_forward(config, params, embedding_VxD, fed_BxT, hidden_BxTxD, steps,
-                                       positions_BxT=positions_BxT, core=_ttt_attention)
+                                       core=Core(_ttt_attention, positions_BxT))
     unrolled.append((hidden_BxTxD, head_scores(config, params, target_config, target_params, vocab, hidden_BxTxD)))
   return unrolled
 
@@ -141,13 +141,22 @@ def expected_acceptance(target_logits_xV: jax.Array, head_logits_xVd: jax.Array,
   return jnp.sum(jnp.minimum(jax.nn.softmax(head_logits_xVd, axis=-1), q_xVd), axis=-1)
 
 
+class Objective(NamedTuple):
+  """What the head is trained on (static): `num_steps` TTT steps unrolled, and `feature_weight` times
+  EAGLE-1's `feature_regression` (heads reading the final hidden state only; 0 = off)."""
+
+  num_steps: int
+  feature_weight: float = 0.0
+
+
 def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-             tokens_BxT: jax.Array, mask_BxT: jax.Array, num_steps: int, feature_weight: float = 0.0,
+             tokens_BxT: jax.Array, mask_BxT: jax.Array, objective: Objective,
              vocab: DraftHead | None = None) -> tuple[jax.Array, dict]:
-  """sum_j 0.8^j masked-mean KL(target || head) of TTT step j (plus `feature_weight` times EAGLE-1's
-  `feature_regression`, for heads reading the final hidden state), and per-step expected acceptances
-  [B, T] with their masks (for `acceptance_length`). A restricted `vocab`: the KL of the target
-  renormalised over its Vd tokens; the acceptances against the target's full distribution."""
+  """sum_j 0.8^j masked-mean KL(target || head) of TTT step j (plus the objective's feature regression),
+  and per-step expected acceptances [B, T] with their masks (for `acceptance_length`). A restricted
+  `vocab`: the KL of the target renormalised over its Vd tokens; the acceptances against the target's
+  full distribution."""
+  num_steps, feature_weight = objective
   if feature_weight and config.feature_layers:
     raise ValueError("the feature regression needs a head reading the target's final hidden state "
                      "(feature_layers 'last'): a fused EAGLE-3 feature is the head's own projection")
@@ -187,8 +196,8 @@ def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: 
 
   def loss_fn(master, target_params, tokens_BxT, mask_BxT, vocab):
     params = run_params(config, master)
-    return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
-                    feature_weight, vocab)[0]
+    return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT,
+                    Objective(num_steps, feature_weight), vocab)[0]
 
   def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array,
                  vocab: DraftHead | None = None):
@@ -210,8 +219,8 @@ def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: i
 
   def eval_step(master, target_params, tokens_BxT, mask_BxT, vocab=None):
     params = run_params(config, master)
-    loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, num_steps,
-                           feature_weight, vocab)
+    loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT,
+                           Objective(num_steps, feature_weight), vocab)
     length, first, chains = acceptance_length(extra["accepts"])
     return {"loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains}
 

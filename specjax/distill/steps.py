@@ -25,7 +25,7 @@ rows (micro-batch a holds rows a, a + A, a + 2A, ...: each stays split over `dat
 the other in a `lax.scan`; each contributes its masked divergence sum divided by the *whole batch's*
 token count, so the summed gradient is the gradient of the full batch's masked mean (the same step as
 A = 1 up to float rounding, for any masks), with one optimizer update per step. Peak activation memory
-is that of B/A rows. `remat` wraps each student block in `jax.checkpoint` (`ModelConfig.remat`).
+is that of B/A rows. The student config's `remat` wraps each of its blocks in `jax.checkpoint`.
 """
 
 from __future__ import annotations
@@ -179,13 +179,13 @@ def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Ar
 
 def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
                     optimizer: optax.GradientTransformation, schedule: optax.Schedule, labels: Any,
-                    loss: ml_collections.ConfigDict, accum_steps: int = 1, remat: bool = False,
+                    loss: ml_collections.ConfigDict, accum_steps: int = 1,
                     placement: Placement | None = None) -> Callable:
   """`train_step(state, teacher_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
   donated. Metrics (float32 scalars): the masked loss, the trainable gradients' global norm (before
   clipping) and the learning rate of this step. `accum_steps` micro-batches per step (B must be a
-  multiple of it), `remat` per student block, `placement` on a mesh: see the module docstring."""
-  student_config = student_config.replace(remat=remat)
+  multiple of it), `placement` on a mesh: see the module docstring; `student_config.remat` checkpoints
+  each student block."""
   constrain = ((lambda tree, shardings: jax.lax.with_sharding_constraint(tree, shardings))
                if placement is not None else (lambda tree, shardings: tree))
 

@@ -29,7 +29,8 @@ import ml_collections
 from specjax.models.config import ModelConfig
 from specjax.models.layout import unstack_layers
 from specjax.models.transformer import Params, init_params
-from specjax.speculative.drafters.eagle import EagleConfig, check_head, eagle3_layers, head_config, init_head_params
+from specjax.speculative.drafters.eagle_head import (EagleConfig, check_head, eagle3_layers, head_config,
+                                                     init_head_params)
 
 INITS = ("truncate", "checkpoint", "fresh", "eagle_head")
 TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`

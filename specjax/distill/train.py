@@ -48,11 +48,12 @@ from specjax.distill import data, eagle_steps, losses, steps, student, tensorboa
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
 from specjax.models.config import ModelConfig
+from specjax.models import vocab_map
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
-from specjax.speculative.drafters.eagle import EagleConfig
+from specjax.speculative.drafters.eagle_head import EagleConfig
 from specjax.speculative.drafters.eagle_io import save_head
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
@@ -297,7 +298,7 @@ def head_vocab(config: ml_collections.ConfigDict, teacher: LoadedModel, train_ro
   except ValueError as e:
     raise ConfigError(f"config.student.draft_vocab: {e}") from None
   print(f"the head trains over {len(tokens_Vd)} of {teacher.config.vocab_size} tokens, "
-        f"{draft_vocab.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
+        f"{vocab_map.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
   return restrict_head(teacher.config, teacher.params, tokens_Vd)
 
 
@@ -346,10 +347,9 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   pack = lambda d, limit: data.pack(d, tokenizer.encode, config.data.seq_len, tokenizer.eos_ids[0], limit)
   train_rows = pack(train_docs, config.data.max_train_tokens)
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
-  batches = data.DistillBatches(stream, dict(config.data.modes), config.data.prompt_len, config.seed,
-                                tokenizer.eos_ids, sampling_params(config.data.temperature),
-                                teacher.config, teacher.params,
-                                None if config.student.init == "eagle_head" else student_config, parts[0], parts[1])
+  how = data.Continuation(config.data.prompt_len, tuple(tokenizer.eos_ids), sampling_params(config.data.temperature))
+  batches = data.DistillBatches(stream, dict(config.data.modes), config.seed, how, teacher.config, teacher.params,
+                                None if config.student.init == "eagle_head" else student_config, parts)
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
   return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
@@ -451,8 +451,8 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
         eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
                                    config.student.feature_loss_weight), vocab=setup.head_vocab)
   else:
-    train_step = steps.make_train_step(setup.teacher.config, setup.student_config, optimizer, schedule,
-                                       setup.labels, config.loss, config.accum_steps, config.remat, place)
+    train_step = steps.make_train_step(setup.teacher.config, setup.student_config.replace(remat=config.remat),
+                                       optimizer, schedule, setup.labels, config.loss, config.accum_steps, place)
     eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
                                      config.eval_temperature, place)
   compute_params = functools.partial(eagle_steps.run_params if eagle else steps.model_params, setup.student_config)

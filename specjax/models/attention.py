@@ -31,71 +31,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def query_positions(lengths_B: jax.Array, T: int, tree=None) -> jax.Array:
-  """[B, T] int32 positions of a chunk's tokens: `lengths[b] + t` for a chain, `lengths[b] + depth[t]`
-  for a tree chunk: an object with a static int `first` and `depth`, `key_depth`, `ancestor_mask()`,
-  either static (a `speculative.tree.Tree` or one level of it, `TreeLevel`: tuples / numpy, shared
-  by every row) or per row (`speculative.dynamic_tree`: arrays with a leading [B] axis)."""
-  if tree is None:
-    return lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-  return lengths_B[:, None] + per_row(tree.depth, lengths_B.shape[0], 1)
+from specjax.models.attention_mask import Mask, query_positions, scores, visible
+from specjax.models.config import ModelConfig
 
 
-def per_row(table, batch: int, dims: int) -> jax.Array:
-  """A tree table as [B, ...]: a static one (`dims` axes, shared by every row) broadcast, a per-row one
-  (a leading [B] axis) as it is."""
-  table = jnp.asarray(table)
-  table = table.astype(jnp.int32) if table.dtype != bool else table
-  return jnp.broadcast_to(table, (batch,) + table.shape[-dims:]) if table.ndim == dims else table
-
-
-def _in_window(query_pos_BxT: jax.Array, key_pos_xS: jax.Array, window) -> jax.Array | bool:
-  """[B, T, S] True where a key (positions [B or 1, S]) lies inside the sliding window of a query
-  (`window` an int or a traced scalar; 0 = no window: True)."""
-  if isinstance(window, int) and not window:
-    return True
-  return (key_pos_xS[:, None, :] > query_pos_BxT[:, :, None] - window) | (window <= 0)
-
-
-def visible(query_pos_BxT: jax.Array, key_slot_xS: jax.Array, window, lengths_B: jax.Array,
-            tree=None) -> jax.Array:
-  """[B, T, S] True where query t may attend to the key in cache slot `key_slot_xS` ([1, S]: the same
-  slots for every row, or [B, S]: each row its own).
-
-  Chain: the key's position is its slot; causal (<= the query's position) and in the window.
-  Tree: slot `lengths[b] + j` holds tree node j, at position `lengths[b] + key_depth[j]`, for j below
-  `first + T` (the chunk's nodes follow the `first` ones fed before); a query sees the committed slots
-  below `lengths[b]` and the slots of its ancestors (itself included; `ancestor_mask()` [T, first + T]),
-  each in the window measured from its position."""
-  if tree is None:
-    visible_BxTxS = key_slot_xS[:, None, :] <= query_pos_BxT[:, :, None]
-    return visible_BxTxS & _in_window(query_pos_BxT, key_slot_xS, window)
-  width = tree.first + query_pos_BxT.shape[1]
-  slot_BxS = key_slot_xS - lengths_B[:, None]  # the tree node a slot holds, if 0 <= slot < width
-  in_chunk_BxS = (slot_BxS >= 0) & (slot_BxS < width)
-  index_BxS = jnp.clip(slot_BxS, 0, width - 1)
-  batch = lengths_B.shape[0]
-  ancestor_BxTxS = jnp.take_along_axis(per_row(tree.ancestor_mask(), batch, 2), index_BxS[:, None, :], axis=2)
-  key_depth_BxS = jnp.take_along_axis(per_row(tree.key_depth, batch, 1), index_BxS, axis=1)
-  key_pos_BxS = jnp.where(in_chunk_BxS, lengths_B[:, None] + key_depth_BxS, key_slot_xS)
-  visible_BxTxS = jnp.where(in_chunk_BxS[:, None, :], ancestor_BxTxS, (slot_BxS < 0)[:, None, :])
-  return visible_BxTxS & _in_window(query_pos_BxT, key_pos_BxS, window)
-
-
-def soft_cap(x: jax.Array, cap: float) -> jax.Array:
-  """cap * tanh(x / cap): Gemma 2's smooth bound on attention scores and logits; `x` when cap is 0."""
-  return cap * jnp.tanh(x / cap) if cap else x
-
-
-def scores(q_BxTxGxHgxDh: jax.Array, k_BxSxGxDh: jax.Array, scale: float, softcap: float) -> jax.Array:
-  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxGxHgxDh, k_BxSxGxDh, preferred_element_type=jnp.float32) * scale
-  return soft_cap(scores, softcap)
-
-
-def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
-          window, scale: float | None = None, softcap: float = 0.0, tree=None) -> jax.Array:
+def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
+          scale: float | None = None, softcap: float = 0.0) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over every cache position of `layer`, masked (the reference)."""
+  lengths_B, window, tree = mask
   k_BxSxGxDh, v_BxSxGxDh = k_LxBxSxGxDh[layer], v_LxBxSxGxDh[layer]
   T, S = q_BxTxGxHgxDh.shape[1], k_BxSxGxDh.shape[1]
   query_pos_BxT = query_positions(lengths_B, T, tree)
@@ -107,11 +50,11 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxGxDh)
 
 
-def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
-              lengths_B: jax.Array, window, block: int, scale: float | None = None,
-              softcap: float = 0.0, tree=None) -> jax.Array:
+def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
+              block: int, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax), and
   the cache's keys and values as they leave the loop (unchanged: write the next layer into these)."""
+  lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
   block = min(block, S)
@@ -157,25 +100,26 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   return out_BxGxHgxTxDh.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxGxDh.dtype), k_LxBxSxGxDh, v_LxBxSxGxDh
 
 
-def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, lengths_B: jax.Array,
-           window, implementation: str, block: int, scale: float | None = None, softcap: float = 0.0,
-           tree=None) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Attention over cache layer `layer` (an int or a traced index) with `window` (an int or a traced
-  scalar) by `implementation` (one of `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with
-  `block` keys per step (`dense` when `block` is 0); the Pallas GPU kernel (`kernel_attention`;
-  `kernel_interpret`: in interpret mode), which has no soft-cap and tiles heads in powers of two on GPU:
-  soft-capped layers and heads of another width run blockwise. `scale` defaults to Dh^(-1/2); `tree`
-  (static, None = a chain) makes the chunk a tree (see `visible`). Returns the output [B, T, G, Hg, Dh]
-  and the cache's keys and values to write the next layer into (see `blockwise`)."""
+def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
+           config: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Attention over cache layer `layer` (an int or a traced index; `mask.window` an int or a traced
+  scalar, `mask.tree` static or None) by the config's implementation (`config.attention`, one of
+  `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with `config.attention_block` keys per step
+  (`dense` when it is 0); the Pallas GPU kernel (`kernel_attention`; `kernel_interpret`: in interpret
+  mode), which has no soft-cap and tiles heads in powers of two on GPU: soft-capped layers and heads of
+  another width run blockwise. Scores are scaled by `config.attention_scale()` and soft-capped by
+  `config.attn_softcap`. Returns the output [B, T, G, Hg, Dh] and the cache's keys and values to write
+  the next layer into (see `blockwise`)."""
+  implementation, block = config.attention, config.attention_block
+  scale, softcap = config.attention_scale(), config.attn_softcap
   head_width = q_BxTxGxHgxDh.shape[-1]
   kernel_fits = not softcap and (implementation == "kernel_interpret" or head_width & (head_width - 1) == 0)
   if implementation.startswith("kernel") and kernel_fits:
     from specjax.models import kernel_attention  # imports Pallas: only where the kernel runs
-    return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale,
-                                    tree, interpret=implementation == "kernel_interpret"),
+    return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale,
+                                    interpret=implementation == "kernel_interpret"),
             k_LxBxSxGxDh, v_LxBxSxGxDh)
   if block and implementation != "dense":
-    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, block, scale, softcap,
-                     tree)
-  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, lengths_B, window, scale, softcap, tree),
+    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, scale, softcap)
+  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale, softcap),
           k_LxBxSxGxDh, v_LxBxSxGxDh)

@@ -11,7 +11,7 @@ fixed-shape computation:
   GPU), not in XLA.
 - **the rest**, a few slots gathered per row: the chunk's own first + T slots (a causal chain, or a
   tree's ancestors) and, with a window, the first + T - 1 slots at the window's edge that only some
-  queries see; scored densely with the exact mask (`attention.visible`).
+  queries see; scored densely with the exact mask (`attention_mask.visible`).
 The two partial softmaxes are merged exactly through their maxima and sums.
 
 The kernel reads the cache's layer as [B, G, S, Dh] (a copy of the layer's S_max positions that XLA
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.gpu import decode_attention
 
-from specjax.models import attention
+from specjax.models import attention_mask
 from specjax.models.kv_cache import KERNEL_TILE as TILE  # the kernel's smallest key tile
 
 
@@ -43,10 +43,10 @@ def tiling(S: int) -> tuple[int, int]:
 
 
 def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
-           lengths_B: jax.Array, window, scale: float | None = None, tree=None,
-           interpret: bool = False) -> jax.Array:
+           mask: attention_mask.Mask, scale: float | None = None, interpret: bool = False) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] of `attention.dense` (no soft-cap) over cache layer `layer`;
   `interpret` runs the kernel in Pallas interpret mode (any backend)."""
+  lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
   scale = Dh ** -0.5 if scale is None else scale
@@ -71,10 +71,10 @@ def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
                                 for slot_BxN, (lo_B, hi_B, _) in zip(slots, parts)], axis=1)
   k_BxSexGxDh = jnp.take_along_axis(layer_k_BxSxGxDh, slot_BxSe[:, :, None, None], axis=1)
   v_BxSexGxDh = jnp.take_along_axis(layer_v_BxSxGxDh, slot_BxSe[:, :, None, None], axis=1)
-  query_pos_BxT = attention.query_positions(lengths_B, T, tree)
-  visible_BxTxSe = owned_BxSe[:, None, :] & attention.visible(query_pos_BxT, slot_BxSe, window, lengths_B, tree)
+  query_pos_BxT = attention_mask.query_positions(lengths_B, T, tree)
+  visible_BxTxSe = owned_BxSe[:, None, :] & attention_mask.visible(query_pos_BxT, slot_BxSe, window, lengths_B, tree)
   scores_BxGxHgxTxSe = jnp.where(visible_BxTxSe[:, None, None],
-                                 attention.scores(q_BxTxGxHgxDh, k_BxSexGxDh, scale, 0.0), -jnp.inf)
+                                 attention_mask.scores(q_BxTxGxHgxDh, k_BxSexGxDh, scale, 0.0), -jnp.inf)
   rest_max_BxGxHgxT = scores_BxGxHgxTxSe.max(axis=-1)  # finite: every query sees its own slot
   weights_BxGxHgxTxSe = jnp.exp(scores_BxGxHgxTxSe - rest_max_BxGxHgxT[..., None])
   rest_sum_BxGxHgxT = weights_BxGxHgxTxSe.sum(axis=-1)

@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models import attention, matmul, rope
+from specjax.models import attention, attention_mask, matmul, rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.layout import to_layout
@@ -139,16 +139,16 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
   cache = (cache.write(layer, k_BxTxGxDh, v_BxTxGxDh) if tree is None
            else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
   q_BxTxGxHgxDh = q_BxTxHxDh.reshape(B, T, G, H // G, Dh)
-  attend = lambda q_BxQxGxHgxDh, k, v, lengths_B: attention.attend(
-      q_BxQxGxHgxDh, k, v, layer, lengths_B, per_layer(cfg.layer_windows(), layer), cfg.attention,
-      cfg.attention_block, cfg.attention_scale(), cfg.attn_softcap, tree)
+  window = per_layer(cfg.layer_windows(), layer)
   if tree is not None or not by_position(cfg, T):
-    out_BxTxGxHgxDh, k, v = attend(q_BxTxGxHgxDh, cache.k, cache.v, cache.lengths)
+    mask = attention_mask.Mask(cache.lengths, window, tree)
+    out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh, cache.k, cache.v, layer, mask, cfg)
     return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
   # Query t as a one-token step at length lengths + t would see it (`per_position`): a chain only.
   k, v, outs = cache.k, cache.v, []
   for t in range(T):
-    out_Bx1xGxHgxDh, k, v = attend(q_BxTxGxHgxDh[:, t:t + 1], k, v, cache.lengths + t)
+    mask = attention_mask.Mask(cache.lengths + t, window, None)
+    out_Bx1xGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh[:, t:t + 1], k, v, layer, mask, cfg)
     outs.append(out_Bx1xGxHgxDh)
   return jnp.concatenate(outs, axis=1).reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
@@ -275,7 +275,7 @@ def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
   if list(feature_layers) != sorted(set(feature_layers)) or not set(feature_layers) <= set(layers):
     raise ValueError(f"feature layers {feature_layers} must be ascending, distinct and among the blocks run "
                      f"({layers[0]}..{layers[-1]} of a {config.n_layers}-layer model)")
-  positions_BxT = attention.query_positions(cache.lengths, T, tree)
+  positions_BxT = attention_mask.query_positions(cache.lengths, T, tree)
   x_BxTxD = _embed(config, params, tokens_BxT, positions_BxT)
   rotary = rotary_tables(config, positions_BxT)
   streams = []  # the blocks run in segments ending at each feature layer: one segment when there are none
@@ -300,7 +300,7 @@ def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) 
   soft-capped by `config.final_softcap` (Gemma 2)."""
   weight_VxD = output_head(config, params)
   logits_xV = matmul.dense(hidden_xD.astype(weight_VxD.dtype), weight_VxD, config.matmul, jnp.float32)
-  return attention.soft_cap(logits_xV, config.final_softcap)
+  return attention_mask.soft_cap(logits_xV, config.final_softcap)
 
 
 def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,

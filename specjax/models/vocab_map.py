@@ -13,16 +13,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from specjax import draft_vocab
 from specjax.models.config import ModelConfig
 from specjax.models.tokenizer import Tokenizer
 
 NORMAL, SPECIAL, ADDED, UNDEFINED = 0, 1, 2, 3  # TokenBytes.kind_V
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def coverage(counts_V: np.ndarray, ids: Sequence[int] | np.ndarray) -> float:
+  """The share of a corpus's tokens (occurrences per id, [V]) whose id is among `ids`; 0.0 when empty."""
+  return float(counts_V[np.asarray(ids, np.int64)].sum() / max(counts_V.sum(), 1))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,7 +61,7 @@ class VocabMap:
   def coverage(self, target_counts_V: np.ndarray) -> float:
     """The share of target tokens (occurrences per target id over some corpus) that the draft can
     propose: those whose id lies in the intersection; 0.0 for an empty corpus."""
-    return draft_vocab.coverage(target_counts_V, self.target_ids_I)
+    return coverage(target_counts_V, self.target_ids_I)
 
 
 def _gpt2_byte_of_char() -> dict[str, int]:

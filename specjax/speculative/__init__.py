@@ -8,9 +8,9 @@ from specjax.speculative.drafters.history import HistoryDrafter, HistoryState
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter, ModelDraftState
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.loop import SpeculativeOutput, speculative_generate
+from specjax.speculative.loop import SpeculativeLoop, SpeculativeOutput, speculative_generate
 from specjax.speculative.proposal import Proposal
 
 __all__ = ["DraftPass", "Drafter", "DrafterSettings", "EagleDrafter", "EagleState", "HistoryDrafter", "HistoryState",
            "LayerSkipDrafter", "ModelBackedDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "Proposal",
-           "SpeculativeOutput", "residual", "speculative_generate", "verify", "verify_greedy"]
+           "SpeculativeLoop", "SpeculativeOutput", "residual", "speculative_generate", "verify", "verify_greedy"]

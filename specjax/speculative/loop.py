@@ -11,24 +11,26 @@ accepted path is compacted into contiguous cache slots, and the round continues 
 proposal.
 
 How many of the K tokens a round proposes is the K policy's choice (`k_policy`: all K, or adaptive,
-0 included), made before the round's draft from earlier rounds only; the drafter gets it as `wanted_B`
-(None when fixed) and the loop verifies no more: for a static tree, its cut at that depth, or only that
-cut's spine (`k_policy.Candidate`).
+0 included), made before the round's draft from earlier rounds only; the drafter gets it as the round's
+plan (`plan`: the fixed policy's is a null plan) and the loop verifies no more: for a static tree, its
+cut at that depth, or only that cut's spine (`k_policy.Candidate`).
 
 Greedy rounds compare token ids (the target's argmaxes against the draft tokens, `verify_greedy`);
 sampled rounds apply the acceptance rule to the processed distributions.
 
-Static (changing them recompiles): the model config, the drafter's static fields, K, the output
-width, the cache and storage sizes (array shapes), the acceptance rules, the K policy and the sampling
-mode (greedy or sampled, top-k / top-p on or off: `SamplingParams`' static flags). Runtime: prompts,
-budgets, EOS ids, the sampling knobs' values, keys, the policy's cost table, a round limit, and every
-array of the drafter (a draft model's weights).
+Static (changing them recompiles): the loop's settings (`SpeculativeLoop`: the model config, K, the
+output width, the acceptance rules, the K policy), the drafter's static fields, the cache and storage
+sizes (array shapes) and the sampling mode (greedy or sampled, top-k / top-p on or off:
+`SamplingParams`' static flags). Runtime: the request (`generation.Request`: prompts, budgets, EOS ids,
+the sampling knobs' values, keys, a round limit), the policy's tables (`k_policy.Tables`) and every array
+of the drafter (a draft model's weights).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -41,10 +43,10 @@ from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
 from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance, k_policy
-from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.drafters.base import Drafter
-from specjax.speculative.k_policy import KPolicy
+from specjax.speculative.k_policy import Candidate, KPolicy, Tables
 from specjax.speculative.proposal import Proposal
+from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees.tree import Tree, chain
 
 AcceptanceRule = Callable[[jax.Array, Proposal, jax.Array], tuple[jax.Array, jax.Array]]
@@ -78,67 +80,13 @@ class SpeculativeOutput:
   draft_state: Any  # the drafter's final state (ModelDraftState.cache is the draft cache)
 
 
-def _verify_pass(target_config: ModelConfig, target_params: Params, rule: AcceptanceRule,
-                 greedy_rule: GreedyRule, k: int, width: int, features: tuple[int, ...], pending_B: jax.Array,
-                 proposal: Proposal, sampling: SamplingParams, key: jax.Array, target_cache: KVCache):
-  """Scores [pending, d_1 .. d_{width-1}] and applies the rule (`greedy_rule` on the target's argmaxes
-  when greedy) to that many draft tokens per row.
-  Returns (cache, (accepted [B], next token [B], the target's features [B, K + 1, F] zero-padded (the
-  final-norm hidden states, or the residual streams after the blocks `features`: `forward_features`))):
-  the form `inplace.switch` takes."""
-  checked = proposal.truncated(width - 1)
-  # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
-  # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
-  # rows, which would stay in the cache beyond the committed length): its last id.
-  fed_BxK = jnp.minimum(checked.tokens, target_config.vocab_size - 1)
-  block_BxK1 = jnp.concatenate([pending_B[:, None], fed_BxK], axis=1)
-  hidden_BxK1xD, features_BxK1xF, target_cache = forward_features(target_config, target_params, block_BxK1,
-                                                                  target_cache, features)
-  logits_BxK1xV = hidden_to_logits(target_config, target_params, hidden_BxK1xD)
-  if sampling.greedy:
-    num_accepted_B, next_B = greedy_rule(checked, greedy_tokens(logits_BxK1xV))
-  else:
-    num_accepted_B, next_B = rule(key, checked, probabilities(logits_BxK1xV, sampling))
-  return target_cache, (num_accepted_B, next_B, jnp.pad(features_BxK1xF, ((0, 0), (0, k + 1 - width), (0, 0))))
+class _Round(NamedTuple):
+  """What a round's verify pass checks: the pending tokens [B], the proposal, how to sample, its key."""
 
-
-def _verify_tree_pass(target_config: ModelConfig, target_params: Params, tree_rule: TreeRule,
-                      features: tuple[int, ...], pending_B: jax.Array, proposal: Proposal,
-                      sampling: SamplingParams, key: jax.Array, candidate: k_policy.Candidate | None,
-                      target_cache: KVCache):
-  """Scores the tree [pending, nodes 1..N] (static: only what an adaptive round chose, `candidate`: its
-  cut at a depth, `Tree.cut`, a prefix of the nodes, or that cut's spine, `Tree.spine`, a chain) in one
-  tree-masked pass, applies the tree rule (greedy on the target's argmaxes) and compacts the accepted
-  path's keys/values (not for a chain: statically free).
-  Returns (cache, (accepted [B], next token [B], the target's features along the path [B, Dt + 1, F]
-  (as `_verify_pass`), the accepted path [B, Dt + 1] (node indices of the whole tree: `Proposal.along`),
-  both padded with its last node)): the form `inplace.switch` takes."""
-  tree, full_depth = proposal.verified_tree, proposal.verified_tree.max_depth
-  nodes = None  # the verified nodes' indices in the whole tree, when not a prefix of them
-  if candidate is not None and candidate.spine:
-    nodes = np.asarray(tree.spine(candidate.length))
-    tree, proposal = chain(len(nodes) - 1), proposal.picked(nodes[1:])
-  elif candidate is not None:
-    tree = tree.cut(candidate.length)
-    proposal = proposal.truncated(tree.nodes_with_root - 1)
-  fed_BxN = jnp.minimum(proposal.tokens, target_config.vocab_size - 1)  # as in `_verify_pass`
-  block_BxN1 = jnp.concatenate([pending_B[:, None], fed_BxN], axis=1)
-  hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(target_config, target_params, block_BxN1,
-                                                                   target_cache, features, tree=tree)
-  logits_BxN1xV = hidden_to_logits(target_config, target_params, hidden_BxN1xD)
-  if sampling.greedy:
-    path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
-                                                                            greedy_tokens(logits_BxN1xV))
-  else:
-    path_BxDt1, num_accepted_B, next_B = tree_rule(key, tree, proposal.tokens, proposal.probs,
-                                                   probabilities(logits_BxN1xV, sampling))
-  if not tree.is_chain:
-    target_cache = target_cache.compact(path_BxDt1)
-  path_BxDt1 = jnp.pad(path_BxDt1, ((0, 0), (0, full_depth + 1 - path_BxDt1.shape[1])), mode="edge")
-  features_BxDt1xF = jnp.take_along_axis(features_BxN1xF, path_BxDt1[:, :, None], axis=1)
-  if nodes is not None:
-    path_BxDt1 = jnp.asarray(nodes, jnp.int32)[path_BxDt1]
-  return target_cache, (num_accepted_B, next_B, features_BxDt1xF, path_BxDt1)
+  pending_B: jax.Array
+  proposal: Proposal
+  sampling: SamplingParams
+  key: jax.Array
 
 
 def _spine_accepted(tree: Tree, path_BxDt1: jax.Array, num_accepted_B: jax.Array) -> jax.Array:
@@ -149,71 +97,136 @@ def _spine_accepted(tree: Tree, path_BxDt1: jax.Array, num_accepted_B: jax.Array
   return jnp.sum(jnp.cumprod(first_BxDt & accepted_BxDt, axis=1), axis=1).astype(jnp.int32)
 
 
-def loop_widths(drafter: Drafter, policy: KPolicy, k: int) -> tuple[int, ...]:
-  """The verify widths a program compiles: the drafter's and the policy's candidate lengths + 1."""
-  return tuple(sorted(set(drafter.verify_widths(k)) | set(policy.widths(k))))
+@dataclasses.dataclass(frozen=True)
+class SpeculativeLoop:
+  """The loop's static settings (hashable: a static argument of the jitted program; changing any
+  recompiles). `rule` is the acceptance rule of sampled runs, replaceable for experiments (the tests
+  inject broken ones to show the exactness tests can fail); `greedy_rule` the one of greedy runs, on
+  token ids; `tree_rule` the tree rule (`tree_acceptance.verify_tree`'s signature)."""
+
+  target_config: ModelConfig
+  k: int  # the most draft tokens a round proposes (a tree's depth)
+  out_width: int | None = None  # the output's width; None = the largest budget (`speculative_generate`)
+  pad_id: int = 0
+  policy: KPolicy = KPolicy()  # how many of the K tokens a round proposes
+  rule: AcceptanceRule = acceptance.verify
+  greedy_rule: GreedyRule = acceptance.verify_greedy
+  tree_rule: TreeRule = tree_acceptance.verify_tree
+
+  def widths(self, drafter: Drafter) -> tuple[int, ...]:
+    """The verify widths a program compiles: the drafter's and the policy's candidate lengths + 1."""
+    return tuple(sorted(set(drafter.verify_widths(self.k)) | set(self.policy.widths(self.k))))
+
+  def _verify_pass(self, target_params: Params, width: int, features: tuple[int, ...], round_: _Round,
+                   target_cache: KVCache):
+    """Scores [pending, d_1 .. d_{width-1}] and applies the rule (`greedy_rule` on the target's argmaxes
+    when greedy) to that many draft tokens per row.
+    Returns (cache, (accepted [B], next token [B], the target's features [B, K + 1, F] zero-padded (the
+    final-norm hidden states, or the residual streams after the blocks `features`: `forward_features`))):
+    the form `inplace.switch` takes."""
+    config, checked = self.target_config, round_.proposal.truncated(width - 1)
+    # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
+    # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
+    # rows, which would stay in the cache beyond the committed length): its last id.
+    fed_BxK = jnp.minimum(checked.tokens, config.vocab_size - 1)
+    block_BxK1 = jnp.concatenate([round_.pending_B[:, None], fed_BxK], axis=1)
+    hidden_BxK1xD, features_BxK1xF, target_cache = forward_features(config, target_params, block_BxK1,
+                                                                    target_cache, features)
+    logits_BxK1xV = hidden_to_logits(config, target_params, hidden_BxK1xD)
+    if round_.sampling.greedy:
+      num_accepted_B, next_B = self.greedy_rule(checked, greedy_tokens(logits_BxK1xV))
+    else:
+      num_accepted_B, next_B = self.rule(round_.key, checked, probabilities(logits_BxK1xV, round_.sampling))
+    return target_cache, (num_accepted_B, next_B,
+                          jnp.pad(features_BxK1xF, ((0, 0), (0, self.k + 1 - width), (0, 0))))
+
+  def _verify_tree_pass(self, target_params: Params, features: tuple[int, ...], round_: _Round,
+                        candidate: Candidate, target_cache: KVCache):
+    """Scores the tree [pending, nodes 1..N] (static: only what the round chose, `candidate`: its cut at
+    a depth, `Tree.cut`, a prefix of the nodes, or that cut's spine, `Tree.spine`, a chain) in one
+    tree-masked pass, applies the tree rule (greedy on the target's argmaxes) and compacts the accepted
+    path's keys/values (not for a chain: statically free).
+    Returns (cache, (accepted [B], next token [B], the target's features along the path [B, Dt + 1, F]
+    (as `_verify_pass`), the accepted path [B, Dt + 1] (node indices of the whole tree: `Proposal.along`),
+    both padded with its last node)): the form `inplace.switch` takes."""
+    config, proposal = self.target_config, round_.proposal
+    tree, full_depth = proposal.verified_tree, proposal.verified_tree.max_depth
+    nodes = None  # the verified nodes' indices in the whole tree, when not a prefix of them
+    if candidate.spine:
+      nodes = np.asarray(tree.spine(candidate.length))
+      tree, proposal = chain(len(nodes) - 1), proposal.picked(nodes[1:])
+    elif candidate.length < full_depth:
+      tree = tree.cut(candidate.length)
+      proposal = proposal.truncated(tree.nodes_with_root - 1)
+    fed_BxN = jnp.minimum(proposal.tokens, config.vocab_size - 1)  # as in `_verify_pass`
+    block_BxN1 = jnp.concatenate([round_.pending_B[:, None], fed_BxN], axis=1)
+    hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(config, target_params, block_BxN1,
+                                                                     target_cache, features, tree=tree)
+    logits_BxN1xV = hidden_to_logits(config, target_params, hidden_BxN1xD)
+    if round_.sampling.greedy:
+      path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
+                                                                              greedy_tokens(logits_BxN1xV))
+    else:
+      path_BxDt1, num_accepted_B, next_B = self.tree_rule(round_.key, tree, proposal.tokens, proposal.probs,
+                                                          probabilities(logits_BxN1xV, round_.sampling))
+    if not tree.is_chain:
+      target_cache = target_cache.compact(path_BxDt1)
+    path_BxDt1 = jnp.pad(path_BxDt1, ((0, 0), (0, full_depth + 1 - path_BxDt1.shape[1])), mode="edge")
+    features_BxDt1xF = jnp.take_along_axis(features_BxN1xF, path_BxDt1[:, :, None], axis=1)
+    if nodes is not None:
+      path_BxDt1 = jnp.asarray(nodes, jnp.int32)[path_BxDt1]
+    return target_cache, (num_accepted_B, next_B, features_BxDt1xF, path_BxDt1)
 
 
-@functools.partial(jax.jit, static_argnames=("target_config", "k", "out_width", "pad_id", "rule",
-                                             "greedy_rule", "tree_rule", "policy"),
-                   donate_argnames=("target_cache", "draft_storage"))
-def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP: jax.Array,
-              prompt_lengths_B: jax.Array, target_cache: KVCache, draft_storage: Any, budget_B: jax.Array,
-              eos_ids_E: jax.Array, sampling: SamplingParams, key: jax.Array, cost_C: jax.Array,
-              prior_AxK: jax.Array, round_limit: jax.Array, *, k: int, out_width: int, pad_id: int,
-              rule: AcceptanceRule, greedy_rule: GreedyRule, tree_rule: TreeRule, policy: KPolicy
-              ) -> SpeculativeOutput:
+@functools.partial(jax.jit, static_argnames=("loop",), donate_argnames=("target_cache", "draft_storage"))
+def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, request: generation.Request,
+              target_cache: KVCache, draft_storage: Any, tables: Tables) -> SpeculativeOutput:
+  config, k, policy, sampling = loop.target_config, loop.k, loop.policy, request.sampling
+  prompts_BxP, prompt_lengths_B = request.prompts_BxP, request.prompt_lengths_B
+  budget_B, eos_ids_E = request.max_new_tokens, request.eos_ids
   batch = prompts_BxP.shape[0]
   target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
   if drafter.reads_prompt_features:  # a drafter reading the target's features of the prompts
-    logits_BxV, features_BxPxF, target_cache = prefill_features(target_config, target_params, prompts_BxP,
+    logits_BxV, features_BxPxF, target_cache = prefill_features(config, target_params, prompts_BxP,
                                                                 prompt_lengths_B, target_cache,
                                                                 drafter.feature_layers)
     draft_state = drafter.init_from_features(draft_storage, prompts_BxP, prompt_lengths_B, features_BxPxF)
   else:
-    logits_BxV, target_cache = prefill(target_config, target_params, prompts_BxP, prompt_lengths_B,
-                                       target_cache)
+    logits_BxV, target_cache = prefill(config, target_params, prompts_BxP, prompt_lengths_B, target_cache)
     draft_state = drafter.init(draft_storage, prompts_BxP, prompt_lengths_B, target_cache)
-  key, first_key = jax.random.split(key)
+  key, first_key = jax.random.split(request.key)
   first_B = next_tokens(first_key, logits_BxV, sampling)
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
-  buffer, _ = generation.append(generation.empty_buffer(batch, out_width + k + 1), first_B[:, None],
+  buffer, _ = generation.append(generation.empty_buffer(batch, loop.out_width + k + 1), first_B[:, None],
                                 jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
-  widths = loop_widths(drafter, policy, k) if target_config.narrow_passes else (k + 1,)
+  widths = loop.widths(drafter) if config.narrow_passes else (k + 1,)
   candidates = policy.candidates(k, drafter.tree)
   lengths_C, spine_C = (jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
   spines = any(c.spine for c in candidates)  # a branching static tree under the adaptive policy
 
   def cond(state: _LoopState):
-    return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < round_limit)
+    return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < request.round_limit)
 
   def body(state: _LoopState):
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
-    wanted_B, choice = k_policy.choose(policy, state.policy, live_B, candidates)
-    # A branching static tree's drafter also learns whether the round verifies only the spine.
-    spine = {"spine": spine_C[choice]} if spines else {}
+    plan, choice = policy.choose(state.policy, live_B, candidates)
     proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
-                                                          sampling, draft_key, k, wanted_B if policy.adaptive else None,
-                                                          **spine)
-    if policy.adaptive:  # what a drafter proposes beyond the chosen length is never verified
-      proposal = proposal.replace(lengths=jnp.minimum(proposal.lengths, wanted_B))
+                                                          sampling, draft_key, plan)
+    # What a drafter proposes beyond the plan is never verified.
+    proposal = proposal.replace(lengths=plan.clip(proposal.lengths))
     longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
+    round_ = _Round(state.pending, proposal, sampling, accept_key)
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
-      tree_pass = functools.partial(_verify_tree_pass, target_config, target_params, tree_rule,
-                                    drafter.feature_layers, state.pending, proposal, sampling, accept_key)
       # The chosen candidate (one per round), cut at the longest live proposal, whatever narrow_passes
       # says: the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
-      if policy.adaptive:
-        fits_C = (lengths_C >= longest) & ((spine_C == spine_C[choice]) | (lengths_C == 0))
-        target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = inplace.switch(
-            jnp.argmax(fits_C), [functools.partial(tree_pass, c) for c in candidates], target_cache)
-      else:
-        target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = tree_pass(None, target_cache)
+      fits_C = (lengths_C >= longest) & ((spine_C == spine_C[choice]) | (lengths_C == 0))
+      target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = inplace.switch(
+          jnp.argmax(fits_C), [functools.partial(loop._verify_tree_pass, target_params, drafter.feature_layers,
+                                                 round_, c) for c in candidates], target_cache)
       proposal = proposal.along(path_BxDt1)
     else:  # the narrowest pass that checks every live row's whole proposal
-      passes = [functools.partial(_verify_pass, target_config, target_params, rule, greedy_rule, k, width,
-                                  drafter.feature_layers, state.pending, proposal, sampling, accept_key)
+      passes = [functools.partial(loop._verify_pass, target_params, width, drafter.feature_layers, round_)
                 for width in widths]
       index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
       target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
@@ -223,7 +236,8 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
     if spines:
       spine_depth = len(drafter.tree.spine()) - 1
       whole_cut = ~spine_C[choice]
-      proposed_AxB = jnp.stack([jnp.where(whole_cut, proposal.lengths, 0), jnp.minimum(proposal.lengths, spine_depth)])
+      proposed_AxB = jnp.stack([jnp.where(whole_cut, proposal.lengths, 0),
+                                jnp.minimum(proposal.lengths, spine_depth)])
       accepted_AxB = jnp.stack([jnp.where(whole_cut, num_accepted_B, 0),
                                 _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
@@ -237,99 +251,77 @@ def _generate(target_config: ModelConfig, target_params: Params, drafter: Drafte
                       buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
                       counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B),
                       draft_calls=state.draft_calls + proposal.calls,
-                      policy=k_policy.update(policy, state.policy, choice, proposed_AxB, accepted_AxB, live_B))
+                      policy=policy.update(state.policy, choice, proposed_AxB, accepted_AxB, live_B))
 
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
-      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0),
-      policy=k_policy.init(policy, batch, candidates, cost_C, prior_AxK)))
+      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0), policy=policy.init(batch, candidates, tables)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
-      tokens=generation.finalize(state.buffer, pad_id)[:, :out_width], counts=state.buffer.counts,
+      tokens=generation.finalize(state.buffer, loop.pad_id)[:, :loop.out_width], counts=state.buffer.counts,
       target_calls=rounds + 1, draft_calls=state.draft_calls,
       acceptance=state.counts, rounds_per_length=state.policy.chosen_C, policy_reached=state.policy.reached_AxK,
       policy_accepted=state.policy.accepted_AxK, target_cache=state.target_cache,
       draft_state=state.draft_state)
 
 
-def speculative_generate(target_config: ModelConfig, target_params: Params, drafter: Drafter, prompts_BxP,
-                         prompt_lengths_B, target_cache: KVCache, draft_storage: Any, max_new_tokens, eos_ids,
-                         sampling: SamplingParams, key: jax.Array, *, k: int, out_width: int | None = None,
-                         pad_id: int = 0, rule: AcceptanceRule = acceptance.verify,
-                         greedy_rule: GreedyRule = acceptance.verify_greedy,
-                         tree_rule: TreeRule = tree_acceptance.verify_tree, policy: KPolicy = KPolicy(),
-                         cost_C=None, prior_AxK=None, round_limit: int | None = None,
-                         lower: bool | str = False) -> SpeculativeOutput | jax.stages.Lowered:
-  """Generates up to `max_new_tokens` (int, or one per row) after each prompt, with `drafter`
-  proposing up to K tokens per round; the output is distributed exactly as the target's own sampling
-  (equal to it token for token when greedy).
+def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter,
+                         request: generation.Request, target_cache: KVCache, draft_storage: Any,
+                         tables: Tables = Tables(), lower: bool | str = False
+                         ) -> SpeculativeOutput | jax.stages.Lowered:
+  """Generates up to `request.max_new_tokens` (int, or one per row) after each prompt, with `drafter`
+  proposing up to K tokens per round (`loop`: the static settings); the output is distributed exactly
+  as the target's own sampling (equal to it token for token when greedy).
 
   `target_cache` comes from `init_cache` and `draft_storage` from `drafter.storage` (any contents;
   both are donated: use the ones returned, `target_cache` and `draft_state`). The target cache must
   hold the longest prompt + budget + K - 1 positions: a live row has emitted G <= budget - 1 tokens,
   so its cache holds at most prompt + G - 1 of them and its round writes the K + 1 block [pending,
   d_1 .. d_K] before the end; a finished row commits nothing in its last round and keeps rewriting the
-  same uncommitted positions while others run. The drafter checks its own storage. `out_width`
+  same uncommitted positions while others run. The drafter checks its own storage. `loop.out_width`
   (static; defaults to the largest budget) fixes the output shape so that calls with smaller budgets
-  reuse the compiled program. `rule` (static) is the acceptance rule of sampled runs, replaceable for
-  experiments (the tests inject broken ones to show the exactness tests can fail); `greedy_rule`
-  (static) is the one of greedy runs, on token ids. Greedy and sampled runs are separate programs.
+  reuse the compiled program. Greedy and sampled runs are separate programs.
 
   A drafter with a static `tree` (a `tree.Tree` of N nodes and depth Dt; `ModelDrafter(tree=...)`)
   proposes trees: K must be Dt, each round verifies the N + 1 nodes in one tree-masked target pass
-  (`tree_acceptance`, `tree_rule` static like `rule`), compacts the accepted path in the target cache
-  and commits it to the drafter as a chain. The target cache then needs N - 1 positions of slack
-  instead of K - 1. With the adaptive policy a round verifies the tree cut at the chosen depth, or that
-  cut's spine (one compiled tree pass per candidate); a dynamic tree needs the fixed policy.
+  (`tree_acceptance`, `loop.tree_rule`), compacts the accepted path in the target cache and commits it
+  to the drafter as a chain. The target cache then needs N - 1 positions of slack instead of K - 1.
+  With the adaptive policy a round verifies the tree cut at the chosen depth, or that cut's spine (one
+  compiled tree pass per candidate); a dynamic tree needs the fixed policy.
 
-  `policy` (static, `k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
-  (fixed), or the candidate maximising expected committed tokens per second under the cost table `cost_C`
-  ([C] seconds per round at each of `policy.candidates(k, tree)`, runtime: measured by
-  `k_policy.calibrate`; default all equal) and the per-position acceptance prior `prior_AxK` ([A, K] in
-  (0, 1), A = `policy.rows(k, tree)`, or [K] for every row; runtime: what earlier calls measured,
-  `k_policy.Memory`; default `policy.prior` everywhere). `round_limit` (runtime; None =
-  no limit) stops the loop after that many rounds, finished or not: what calibration times.
+  `loop.policy` (`k_policy.KPolicy`) decides how many of the K tokens a round proposes: all of them
+  (fixed), or the candidate maximising expected committed tokens per second under `tables.cost_C` ([C]
+  seconds per round at each of `policy.candidates(k, drafter.tree)`, measured by `k_policy.calibrate`;
+  default all equal) and the per-position acceptance prior `tables.prior_AxK` ([A, K] in (0, 1), A =
+  `policy.rows(k, drafter.tree)`, or [K] for every row: what earlier calls measured, `k_policy.Memory`;
+  default `policy.prior` everywhere). `request.round_limit` (None = no limit) stops the loop after that
+  many rounds, finished or not: what calibration times.
 
   `lower=True` returns the program lowered for these arguments instead of running it (its HLO, its
   collectives on a mesh, its compile time); `lower="cuda"` (any of `lowering.PLATFORMS`) lowers it for
   that platform, with no such device (`lowering.report`).
   """
+  k = loop.k
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
-  drafter.check(target_config)
+  drafter.check(loop.target_config)
   tree = drafter.tree
   if tree is not None and k != tree.max_depth:
     raise ValueError(f"k = {k}, but the drafter's tree has depth {tree.max_depth}: pass k = {tree.max_depth}")
   widths = drafter.verify_widths(k)
   if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] != k + 1:
     raise ValueError(f"the drafter's verify widths {widths} must ascend from >= 1 to K + 1 = {k + 1}")
-  if policy.adaptive and tree is not None and not isinstance(tree, Tree):
-    raise ValueError("the adaptive K policy chooses chain lengths and static trees' depths: a drafter with a "
-                     "dynamic tree uses the fixed policy")
-  candidates = policy.candidates(k, tree)
-  cost_C = np.ones(len(candidates), np.float32) if cost_C is None else np.asarray(cost_C, np.float32)
-  if cost_C.shape != (len(candidates),) or not np.all(cost_C > 0):
-    raise ValueError(f"cost_C must hold {len(candidates)} positive costs (one per candidate "
-                     f"{[c.label for c in candidates]}), got {cost_C}")
-  rows = policy.rows(k, tree)
-  prior_AxK = np.full(k, policy.prior, np.float32) if prior_AxK is None else np.asarray(prior_AxK, np.float32)
-  prior_AxK = np.broadcast_to(prior_AxK, (rows, k)) if prior_AxK.shape == (k,) else prior_AxK
-  if prior_AxK.shape != (rows, k) or not np.all((prior_AxK > 0) & (prior_AxK < 1)):
-    raise ValueError(f"prior_AxK must hold {rows} x K = {k} acceptance probabilities in (0, 1), got {prior_AxK}")
-  batch = prompts_BxP.shape[0]
+  tables = loop.policy.tables(k, drafter.tree, tables)
+  batch = request.prompts_BxP.shape[0]
   if target_cache.batch_size != batch:
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
-  budget_B, out_width = generation.budgets(max_new_tokens, batch, out_width)
+  budget_B, out_width = generation.budgets(request.max_new_tokens, batch, loop.out_width)
   largest = int(jnp.max(budget_B))
   if tree is not None:
     tree.check_fits(target_cache.max_len, "target cache")
-  generation.check_fits("speculative generate (target)", prompt_lengths_B, largest,
-                        k - 1 if tree is None else tree.nodes_with_root - 2, target_cache.max_len,
-                        target_config.max_positions)
-  drafter.check_fits(draft_storage, prompt_lengths_B, largest, k)
-  return lowering.call_or_lower(
-      _generate, lower, target_config, target_params, drafter, jnp.asarray(prompts_BxP, jnp.int32),
-      jnp.asarray(prompt_lengths_B, jnp.int32), target_cache, draft_storage, budget_B,
-      jnp.asarray(eos_ids, jnp.int32).reshape(-1), sampling, key, jnp.asarray(cost_C), jnp.asarray(prior_AxK),
-      jnp.int32(np.iinfo(np.int32).max if round_limit is None else round_limit), k=k, out_width=out_width,
-      pad_id=pad_id, rule=rule, greedy_rule=greedy_rule, tree_rule=tree_rule, policy=policy)
+  generation.check_fits("speculative generate (target)", request.prompt_lengths_B, largest,
+                        drafter.shape.cut_nodes(k) - 2, target_cache.max_len, loop.target_config.max_positions)
+  drafter.check_fits(draft_storage, request.prompt_lengths_B, largest, k)
+  request = request.ready(budget_B)
+  return lowering.call_or_lower(_generate, lower, dataclasses.replace(loop, out_width=out_width), target_params,
+                                drafter, request, target_cache, draft_storage, tables)

@@ -6,9 +6,10 @@ import numpy as np
 
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
-from specjax.speculative import speculative_generate, verify
-from specjax.speculative.drafters.eagle import head_config, init_head_params
+from specjax.speculative import verify
+from specjax.speculative.drafters.eagle_head import head_config, init_head_params
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS
+from tests.helpers.loop import speculate
 
 
 def eagle_head(target_config, feature_layers, seed=3, final_scale=1.0):
@@ -32,6 +33,6 @@ def run_eagle(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GRE
   padded, lengths = pad_prompts(prompts)
   storage = drafter.storage(len(prompts), cache_len)
   drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
-  return speculative_generate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                              storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
-                              out_width=out_width, rule=rule, **kwargs)
+  return speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
+                   storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
+                   out_width=out_width, rule=rule, **kwargs)

@@ -7,15 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import autoregressive
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import probabilities, sampling_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers import reference
+from tests.helpers.loop import autoregress, speculate
 from tests.helpers.stats import chi_square_pvalue
 
 GREEDY = sampling_params(0.0)
@@ -72,19 +71,19 @@ def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold, max_lag=max_lag)
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), target_cache_len),
-                              drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
-                              sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
+  return speculate(target_config, target_params, drafter, padded, lengths,
+                   init_cache(target_config, len(prompts), target_cache_len),
+                   drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
+                   sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
 
 
 def target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
   """TARGET's own greedy decoding of `prompts`, as token lists."""
   config, params = TARGET
   padded, lengths = pad_prompts(prompts)
-  out = autoregressive.generate(config, params, padded, lengths,
-                                init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
-                                jax.random.key(0), out_width=OUT_WIDTH)
+  out = autoregress(config, params, padded, lengths,
+                    init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
+                    jax.random.key(0), out_width=OUT_WIDTH)
   return as_token_lists(out.tokens, out.counts)
 
 
@@ -169,4 +168,4 @@ def forced_draft_rounds(cache_len: int, **fields):
   score = jax.jit(lambda tokens_BxT: probabilities(forward(config, params, tokens_BxT,
                                                            init_cache(config, batch, cache_len))[0],
                                                    sampling_params(1.0)))
-  return drafter, state, jax.jit(ModelDrafter.propose, static_argnames="k"), jax.jit(ModelDrafter.commit), score
+  return drafter, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit), score

@@ -22,8 +22,8 @@ class PeekingDrafter(ModelDrafter):
   target_config: ModelConfig = flax.struct.field(pytree_node=False, default=None)
   target_params: Any = None
 
-  def propose(self, state, target_cache, pending_B, sampling, key, k, wanted_B=None):
-    proposal, state, target_cache = super().propose(state, target_cache, pending_B, sampling, key, k, wanted_B)
+  def propose(self, state, target_cache, pending_B, sampling, key, plan):
+    proposal, state, target_cache = super().propose(state, target_cache, pending_B, sampling, key, plan)
     logits_Bx1xV, _ = forward(self.target_config, self.target_params, pending_B[:, None], target_cache)
     target_BxV = probabilities(logits_Bx1xV[:, 0], sampling)
     first_B = proposal.tokens[:, 0]
@@ -37,8 +37,9 @@ class ShallowTreeDrafter(ModelDrafter):
   loop verifies holds tokens never drawn (zeros, with probability 0 under the draft), which the tree
   rule then accepts wherever the target gives them mass."""
 
-  def propose(self, state, target_cache, pending_B, sampling, key, k, wanted_B=None, spine=None):
-    return super().propose(state, target_cache, pending_B, sampling, key, k, jnp.maximum(wanted_B - 1, 0), spine)
+  def propose(self, state, target_cache, pending_B, sampling, key, plan):
+    shallower = plan.replace(wanted_B=jnp.maximum(plan.wanted_B - 1, 0))
+    return super().propose(state, target_cache, pending_B, sampling, key, shallower)
 
 
 def assert_rounds_draft(out, candidates, accepting: bool = True) -> None:

@@ -5,10 +5,10 @@ them, and the targets' free-running greedy tokens."""
 import jax
 import jax.numpy as jnp
 
-from specjax import autoregressive
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from tests.helpers.engine import GREEDY, NO_EOS, TARGET, tiny_model
+from tests.helpers.loop import autoregress
 
 
 def bigram(model):
@@ -32,8 +32,8 @@ def free_greedy(model):
   """The target's own greedy tokens, FREE_WIDTH per row, no EOS and no budget cut."""
   config, params = model
   padded, lengths = pad_prompts(PROMPTS)
-  out = autoregressive.generate(config, params, padded, lengths, init_cache(config, len(PROMPTS), 48),
-                                FREE_WIDTH, NO_EOS, GREEDY, jax.random.key(0), out_width=FREE_WIDTH)
+  out = autoregress(config, params, padded, lengths, init_cache(config, len(PROMPTS), 48),
+                    FREE_WIDTH, NO_EOS, GREEDY, jax.random.key(0), out_width=FREE_WIDTH)
   return as_token_lists(out.tokens, out.counts)
 
 

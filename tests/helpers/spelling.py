@@ -10,11 +10,11 @@ import numpy as np
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
-from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.draft_head import intersection_head
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import Spelling
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, tiny_model
+from tests.helpers.loop import speculate
 from tests.helpers.tiny_hf import save_hf_model
 from tests.helpers.tokenizers import OTHER_SOURCES, save_hf_dir, train_tokenizer
 
@@ -65,10 +65,10 @@ def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_id
   """Speculative decoding of `prompts` by `target` with `drafter` (its storage sized by itself)."""
   target_config, target_params = target
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=k, out_width=out_width, **kwargs)
+  return speculate(target_config, target_params, drafter, padded, lengths,
+                   init_cache(target_config, len(prompts), cache_len),
+                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                   jax.random.key(seed), k=k, out_width=out_width, **kwargs)
 
 
 def bpe_pair_dirs(tmp_path):
@@ -105,5 +105,5 @@ def forced_rounds(**fields):
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, FORCED_CACHE // 3), padded, lengths, None)
   score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, FORCED_CACHE))[0])
   outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), tables[1])
-  return (drafter, tables, state, jax.jit(ModelDrafter.propose, static_argnames="k"), jax.jit(ModelDrafter.commit),
+  return (drafter, tables, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit),
           score, outside)

@@ -11,12 +11,12 @@ import numpy as np
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from specjax.speculative import speculative_generate
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.model import ModelDrafter
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SMALL_TARGET, TARGET, exact_distribution, target_conditionals)
+from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue, pit_pvalues
 
 TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
@@ -30,10 +30,10 @@ def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BU
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children, max_lag=max_lag)
   padded, lengths = pad_prompts(prompts)
-  return speculative_generate(target_config, target_params, drafter, padded, lengths,
-                              init_cache(target_config, len(prompts), cache_len),
-                              drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                              jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
+  return speculate(target_config, target_params, drafter, padded, lengths,
+                   init_cache(target_config, len(prompts), cache_len),
+                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
+                   jax.random.key(seed), k=tree.max_depth, out_width=out_width, **kwargs)
 
 
 ROWS, ALPHA, REJECTED = SAMPLE_ROWS, 1e-3, 1e-6

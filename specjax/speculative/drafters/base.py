@@ -15,7 +15,7 @@ Host side, before anything compiles:
 Inside the jitted loop:
   init(storage, prompts, lengths, target_cache) -> state
       (or init_from_features(storage, prompts, lengths, features) when `reads_prompt_features`)
-  propose(state, target_cache, pending, sampling, key, k, wanted[, spine]) -> (Proposal, state, target_cache)
+  propose(state, target_cache, pending, sampling, key, plan) -> (Proposal, state, target_cache)
   commit(state, proposal, num_committed, target_features) -> state
 From a decode config (class methods, `specjax.speculative.drafters.registry`):
   name, config_group(), check_config(options, settings), build(settings, target, draft, log)
@@ -24,13 +24,17 @@ Bookkeeping shared with the loop: the *pending* token is the newest committed to
 target (its cache holds everything before it). A round feeds [pending, d_1 .. d_W-1] to the target; if
 row b accepts n draft tokens, the n + 1 tokens [pending, d_1 .. d_n] become history (`commit` receives
 num_committed = n + 1; 0 for a row that is done) and the target's next token becomes the new pending one.
-A proposal may be a static tree (`Proposal.tree`): the loop verifies its nodes in one pass and hands
-`commit` the accepted path as a chain (`Proposal.along`, with `path` set). `propose` may read and write
-the target's cache beyond each row's length (self-speculation shares it): whatever it writes there is
-overwritten by the verify pass before any of it is committed.
+The round's `plan` (`speculative.plan`) is all a drafter learns of the K policy: K, and how many tokens
+(a static tree: which cut, or its spine) each row may propose this round. A proposal may be a static
+tree (`Proposal.tree`): the loop verifies its nodes in one pass and hands `commit` the accepted path as a
+chain (`Proposal.along`, with `path` set); what a drafter drafts is its `shape` (`trees.shapes`).
+`propose` may read and write the target's cache beyond each row's length (self-speculation shares it):
+whatever it writes there is overwritten by the verify pass before any of it is committed.
 
 Two small bases cover the drafters researchers write most: `history.HistoryDrafter` (one pure function
-of the committed tokens) and `ModelBackedDrafter` below (a network with its own KV cache).
+of the committed tokens) and `ModelBackedDrafter` below (a network with its own KV cache, drafting and
+committing through its shape's hooks: `propose_chain`, `commit_chain` and, for trees, `propose_static`,
+`propose_dynamic`, `commit_static`, `commit_dynamic`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import SamplingParams
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
+from specjax.speculative.trees import shapes
 from specjax.speculative.trees.drafting import children_error
 from specjax.speculative.trees.dynamic import DynamicSpec
 from specjax.speculative.trees.tree import Tree
@@ -78,7 +84,7 @@ class DrafterSettings:
   tree: Tree | DynamicSpec | None = None  # config.tree, parsed; None = a chain
   tree_children: str = "iid"  # config.tree_children
   k: int = 5  # config.k: the most draft tokens a round proposes (a tree's depth when `tree` is set)
-  k_policy: str = "fixed"  # config.k_policy resolved (`k_policy.KINDS`): "adaptive" rounds may propose nothing
+  plain_rounds: bool = False  # some rounds may propose nothing (the adaptive K policy's plain steps)
 
   def field(self, name: str) -> str:
     """The dotted name of one of the drafter's options, for error messages: "config.ngram.min"."""
@@ -93,18 +99,20 @@ def short_proposal_widths(k: int) -> tuple[int, ...]:
   return tuple(sorted(set(range(1, min(k + 1, 5))) | {k + 1}))
 
 
+# Every Drafter subclass with a `name`, by name, as its module defines it (`registry` resolves them).
+REGISTERED: dict[str, type] = {}
+
 DraftStep = Callable[[Any, jax.Array], tuple[Any, tuple[jax.Array, jax.Array | None]]]
 
 
-def draft_chain(step: DraftStep, carry: Any, key: jax.Array, k: int,
-                wanted_B: jax.Array | None) -> tuple[Any, Proposal]:
+def draft_chain(step: DraftStep, carry: Any, key: jax.Array, plan: RoundPlan) -> tuple[Any, Proposal]:
   """Draws a chain of draft tokens with `step(carry, key) -> (carry, (token_B, probs_BxW or None))`, one
-  draft pass each, while fewer than the longest `wanted_B` (at most K; None = K) are drawn: no pass
-  that no row wants runs. Returns the final carry and the proposal (slots past the passes run hold zeros)."""
+  draft pass each, while fewer than the plan's depth are drawn: no pass that no row wants runs. Returns
+  the final carry and the proposal (slots past the passes run hold zeros)."""
+  k = plan.k
   keys_K = jax.random.split(key, k)
   token_shape, probs_shape = jax.eval_shape(step, carry, keys_K[0])[1]
   batch = token_shape.shape[0]
-  wanted_B = jnp.full((batch,), k, jnp.int32) if wanted_B is None else wanted_B
   tokens_BxK = jnp.zeros((batch, k), token_shape.dtype)
   probs_BxKxW = None if probs_shape is None else jnp.zeros((batch, k) + probs_shape.shape[1:], probs_shape.dtype)
 
@@ -114,11 +122,10 @@ def draft_chain(step: DraftStep, carry: Any, key: jax.Array, k: int,
     return (drawn + 1, carry, tokens_BxK.at[:, drawn].set(token_B),
             None if probs_BxW is None else probs_BxKxW.at[:, drawn].set(probs_BxW))
 
-  limit = jnp.minimum(jnp.max(wanted_B), k)
   drawn, carry, tokens_BxK, probs_BxKxW = jax.lax.while_loop(
-      lambda loop: loop[0] < limit, one_pass, (jnp.int32(0), carry, tokens_BxK, probs_BxKxW))
-  return carry, Proposal(tokens=tokens_BxK.astype(jnp.int32),
-                         lengths=jnp.minimum(wanted_B, drawn).astype(jnp.int32), probs=probs_BxKxW, calls=drawn)
+      lambda loop: loop[0] < plan.depth, one_pass, (jnp.int32(0), carry, tokens_BxK, probs_BxKxW))
+  lengths_B = plan.clip(jnp.full((batch,), drawn, jnp.int32))
+  return carry, Proposal(tokens=tokens_BxK.astype(jnp.int32), lengths=lengths_B, probs=probs_BxKxW, calls=drawn)
 
 
 class Drafter(flax.struct.PyTreeNode):
@@ -135,14 +142,16 @@ class Drafter(flax.struct.PyTreeNode):
   reads_prompt_features: ClassVar[bool] = False  # the loop calls `init_from_features` instead of `init`
   # Defaults a subclass may redeclare as static fields (hence no annotation here: an annotated default
   # would become a dataclass field ahead of the subclass's own fields).
-  tree = None  # Tree | DynamicSpec | None: a drafter drafting trees has a static field `tree`
+  tree = None  # Tree | DynamicSpec | None: a drafter drafting trees has a static field `tree` (`shape`)
   feature_layers = ()  # target blocks whose residual streams `commit` gets; () = the final-norm hidden states
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     if cls.__dict__.get("name"):
-      from specjax.speculative.drafters import registry  # the registry imports this module
-      registry.register(cls)
+      previous = REGISTERED.get(cls.name)
+      if previous is not None and previous.__qualname__ != cls.__qualname__:
+        raise ValueError(f"drafter name {cls.name!r} is taken by {previous.__module__}.{previous.__qualname__}")
+      REGISTERED[cls.name] = cls
 
   # -- from a decode config (host) --------------------------------------------------------------------
   @classmethod
@@ -173,6 +182,11 @@ class Drafter(flax.struct.PyTreeNode):
   def registered_as(cls) -> str:
     """Its `config.drafter` value: the registered name, else its import path."""
     return cls.name or f"{cls.__module__}:{cls.__qualname__}"
+
+  @property
+  def shape(self) -> shapes.Chain:
+    """What its rounds draft: a chain, its static tree or its dynamic tree (`trees.shapes`)."""
+    return shapes.of(self.tree)
 
   # -- host, before compiling --------------------------------------------------------------------------
   def verify_widths(self, k: int) -> tuple[int, ...]:
@@ -214,17 +228,13 @@ class Drafter(flax.struct.PyTreeNode):
                               f"init_from_features")
 
   def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int, wanted_B: jax.Array | None = None,
-              spine: jax.Array | None = None) -> tuple[Proposal, Any, KVCache]:
-    """Up to K tokens per row following the history and `pending_B` (their distributions after
-    `sampling`, or point masses), the state, and the target's cache (changed only beyond each row's
-    length). Commits nothing. `wanted_B` [B] int32 in [0, K] is what the K policy lets row b propose
-    this round (`k_policy`; None = K for every row: the fixed policy): the loop never verifies more
-    (a static tree: its cut at that depth, `Tree.cut`), so a drafter may ignore it, at the price of
-    draft passes nobody reads (`draft_chain` and `grow_tree` stop them). `spine` [] bool is given only
-    to a drafter of a branching static tree under the adaptive policy: where it holds, the round
-    verifies only the cut's spine (`Tree.spine`), so the drafter may draw just that
-    (`tree_drafting.spine_or_whole`) or ignore it, at the price of the other nodes' drawing."""
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
+    """Up to K = `plan.k` tokens per row following the history and `pending_B` (their distributions
+    after `sampling`, or point masses), the state, and the target's cache (changed only beyond each
+    row's length). Commits nothing. The round's `plan` says how many tokens row b may propose this
+    round (`plan.clip`, at most `plan.depth`; a static tree: its cut at that depth, `Tree.cut`, or only
+    that cut's spine where `plan.spine` holds): the loop never verifies more, so a drafter may ignore
+    it, at the price of draft passes nobody reads (`draft_chain` and `grow_tree` stop them)."""
     raise NotImplementedError(f"{type(self).__name__} must define propose")
 
   def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
@@ -259,6 +269,35 @@ class ModelBackedDrafter(Drafter):
     error = children_error(settings.tree_children)
     if error:
       raise ConfigError(f"config.{error}")
+
+  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
+    """Drafts the drafter's shape with its own cache (`Shape.propose`: the hook for a chain, a static
+    tree or a dynamic tree); the target's cache is untouched."""
+    proposal, state = self.shape.propose(self, state, pending_B, sampling, key, plan)
+    return proposal, state, target_cache
+
+  def commit(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
+             target_features_BxK1xF: jax.Array) -> Any:
+    return self.shape.commit(self, state, proposal, num_committed_B, target_features_BxK1xF)
+
+  def propose_chain(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                    plan: RoundPlan) -> tuple[Proposal, Any]:
+    """`propose` for a chain: (the proposal, the state)."""
+    raise NotImplementedError(f"{type(self).__name__} must define propose_chain or propose")
+
+  def commit_chain(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
+                   target_features_BxK1xF: jax.Array) -> Any:
+    """`commit` after a chain's round (and, by default, after a tree's: its accepted path is a chain)."""
+    return state
+
+  def commit_static(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
+                    target_features_BxK1xF: jax.Array) -> Any:
+    return self.commit_chain(state, proposal, num_committed_B, target_features_BxK1xF)
+
+  def commit_dynamic(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
+                     target_features_BxK1xF: jax.Array) -> Any:
+    return self.commit_chain(state, proposal, num_committed_B, target_features_BxK1xF)
 
   def storage(self, batch_size: int, max_len: int) -> KVCache | None:
     config = self.cache_config

@@ -29,8 +29,8 @@ import numpy as np
 
 from specjax import draft_vocab
 from specjax.errors import ConfigError
-from specjax.models import matmul, registry
-from specjax.models.attention import soft_cap
+from specjax.models import matmul, registry, vocab_map
+from specjax.models.attention_mask import soft_cap
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Params, hidden_to_logits, output_head
 
@@ -135,7 +135,7 @@ def restricted_draft_head(size: int, corpus_source: str, target: LoadedModel, dr
   counts_V = draft_vocab.corpus_token_counts(target.tokenizer, corpus_source, draft.config.vocab_size,
                                              registry.cache_dir())
   tokens_Vd = draft_vocab.most_frequent(counts_V, size, always=target.tokenizer.eos_ids)
-  coverage = draft_vocab.coverage(counts_V, tokens_Vd)
+  coverage = vocab_map.coverage(counts_V, tokens_Vd)
   log(f"the draft head scores {len(tokens_Vd)} of {draft.config.vocab_size} tokens, {coverage:.2%} of "
       f"the corpus's tokens")
   return restrict_head(draft.config, draft.params, tokens_Vd), coverage

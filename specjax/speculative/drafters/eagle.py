@@ -1,19 +1,5 @@
-"""EAGLE-style draft heads: one decoder block that drafts from the target's own hidden states (Li et al.,
-EAGLE 2024; EAGLE-3 2025), and the `EagleDrafter` that runs it inside the speculative loop.
-
-The head. At position t it reads the pair (target feature f_t, next token x_{t+1}) and predicts x_{t+2}:
-  fused_t = fc(f_t)                          EAGLE-3: f_t = [h_low ; h_mid ; h_high] [3D] -> [D]
-                                             EAGLE-1: f_t = the final-norm hidden state [D], no fc
-  x = [input_norm(embed(x_{t+1})) ; hidden_norm(fused_t)]        [2D]: the block's q/k/v read 2D
-  h = fused_t + attn(x);  out_t = h + mlp(mlp_norm(h))           [D]: the head's own next feature
-  logits = output head(final_norm(out_t))
-We keep EAGLE-3's block as it is (q/k/v projections of input width 2D, the residual stream starting at the
-fused feature) rather than projecting [2D] -> [D] first: published heads load as a plain copy
-(`eagle_io`). The token embedding and the output head are the target's (shared, never trained); the head
-may instead score a subset of the vocabulary through its own rows (`DraftHead`, EAGLE-3's `draft_vocab`).
-The feature layers name blocks of the target: f_t holds the residual stream *after* each of them
-(`forward_features`); EAGLE-3's (low, middle, high) choice for L layers is (1, L // 2 - 1, L - 4)
-(`eagle3_layers`: the streams entering its blocks 2, L // 2 and L - 3).
+"""The `EagleDrafter`: an EAGLE head (`eagle_head`: one decoder block drafting from the target's own
+hidden states; its weights load through `eagle_io`) run inside the speculative loop.
 
 Drafting. The target's cache holds x_0 .. x_{n-1} (x_n is pending); the head's cache holds the pairs
 t = 0 .. n - 2, built from the *target's* features, and `feature` holds fused f_{n-1}. A proposal
@@ -32,10 +18,8 @@ path is committed like a chain, from the target's features along it, so nothing 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -44,146 +28,23 @@ import numpy as np
 
 from specjax import partitioning
 from specjax.errors import ConfigError
-from specjax.models import attention, matmul
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import (MLP, Attention, Norm, Params, cache_attention, prefill_features,
-                                        rotary_tables)
+from specjax.models.transformer import Params, prefill_features
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, draft_chain
-from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_logits,
+from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options,
                                                      restricted_draft_head)
+from specjax.speculative.drafters.eagle_head import EagleConfig, check_head, fuse, head_forward, head_logits
+from specjax.speculative.drafters.eagle_io import load_head
 from specjax.speculative.trees.dynamic import DynamicSpec, DynamicTree, grow_dynamic_tree
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal, full
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import children_error, grow_tree, spine_or_whole
+from specjax.speculative.trees.drafting import Grower, children_error, draft_static
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
-
-
-@dataclasses.dataclass(frozen=True)
-class EagleConfig:
-  """The static shape of a head (hashable: a static argument under `jax.jit`)."""
-
-  block: ModelConfig  # its decoder block: 1 layer of the target's width, heads and MLP (q/k/v read 2D)
-  feature_layers: tuple[int, ...] = ()  # target blocks whose outputs are fused (EAGLE-3: 3); () = EAGLE-1
-
-  @property
-  def feature_width(self) -> int:
-    """F: the width of the target features the head reads (D when it reads the final-norm hidden state)."""
-    return self.block.d_model * max(len(self.feature_layers), 1)
-
-
-def eagle3_layers(n_layers: int) -> tuple[int, ...]:
-  """EAGLE-3's low, middle and high feature layers of an `n_layers`-layer target (blocks after which
-  the residual stream is read); at least 4 layers."""
-  if n_layers < 4:
-    raise ValueError(f"EAGLE-3 features need a target of at least 4 layers, got {n_layers}")
-  return tuple(sorted({1, n_layers // 2 - 1, n_layers - 4}))
-
-
-def head_config(target_config: ModelConfig, feature_layers: tuple[int, ...] = ()) -> EagleConfig:
-  """A head for `target_config`: one block like the target's (width, heads, MLP, norms, RoPE)."""
-  block = target_config.with_depth(1).replace(scan_layers=False, remat=False)
-  return EagleConfig(block=block, feature_layers=tuple(feature_layers))
-
-
-class EagleLayer(nn.Module):
-  """The head's block: attention over [embedding ; feature] (2D wide), residual stream from the feature.
-  Drafting and training run this one block; they differ only in its attention core (see
-  `transformer.Attention`): the head's KV cache when drafting, the training-time test's chains when
-  training (`distill.eagle_steps`)."""
-
-  config: ModelConfig
-  core: Callable = cache_attention  # the attention core and its state (`cache`): the head's KV cache by default
-
-  @nn.compact
-  def __call__(self, embed_BxTxD, fused_BxTxD, rotary, cache: KVCache, tree=None):
-    cfg = self.config
-    x_BxTx2D = jnp.concatenate([Norm(cfg, name="input_norm")(embed_BxTxD),
-                                Norm(cfg, name="hidden_norm")(fused_BxTxD)], axis=-1)
-    attn_out, cache = Attention(cfg, self.core, name="attn")(x_BxTx2D, rotary, cache, 0, tree)
-    h_BxTxD = fused_BxTxD + attn_out
-    return h_BxTxD + MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(h_BxTxD)), cache
-
-
-def init_head_params(config: EagleConfig, key: jax.Array) -> Params:
-  """Random head parameters: `fc/weight` [D, F] (EAGLE-3 only), `layer/...`, `final_norm/scale`."""
-  block = config.block
-  fc_key, layer_key, norm_key = jax.random.split(key, 3)
-  x_1x1xD = jnp.zeros((1, 1, block.d_model), block.jnp_dtype)
-  rotary = rotary_tables(block, jnp.zeros((1, 1), jnp.int32))
-  params = {"layer": EagleLayer(block).init(layer_key, x_1x1xD, x_1x1xD, rotary, init_cache(block, 1, 1))["params"],
-            "final_norm": Norm(block).init(norm_key, x_1x1xD)["params"]}
-  if config.feature_layers:
-    params["fc"] = {"weight": 0.02 * jax.random.normal(fc_key, (block.d_model, config.feature_width),
-                                                       block.jnp_dtype)}
-  return params
-
-
-def fuse(config: EagleConfig, params: Params, features_xF: jax.Array) -> jax.Array:
-  """Target features [..., F] -> the head's input features [..., D] (EAGLE-3's `fc`; EAGLE-1: as is)."""
-  if not config.feature_layers:
-    return features_xF.astype(config.block.jnp_dtype)
-  weight_DxF = params["fc"]["weight"]
-  return matmul.dense(features_xF.astype(weight_DxF.dtype), weight_DxF, config.block.matmul)
-
-
-def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, *, positions_BxT: jax.Array | None = None,
-                 core: Callable = cache_attention) -> tuple[jax.Array, KVCache]:
-  """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
-  token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
-  written (not advanced) cache. Training runs the same block with its own attention `core` (then `cache`
-  is that core's state) at explicit `positions_BxT` (`distill.eagle_steps.ttt_unroll`)."""
-  if positions_BxT is None:
-    positions_BxT = attention.query_positions(cache.lengths, tokens_BxT.shape[1], tree)
-  embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
-  return EagleLayer(config.block, core).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
-                                              rotary_tables(config.block, positions_BxT), cache, tree)
-
-
-def head_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-                vocab: DraftHead | None, out_xD: jax.Array) -> jax.Array:
-  """Float32 logits [..., V] of head outputs: its final norm, then the target's output head (or the
-  restricted `vocab` head)."""
-  return draft_logits(target_config, target_params, vocab, _final_norm(config, params, out_xD))
-
-
-def head_scores(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-                vocab: DraftHead | None, out_xD: jax.Array) -> jax.Array:
-  """Float32 logits over the head's own vocabulary: [..., V] through the target's output head, or
-  [..., Vd] of a restricted `vocab`'s tokens (no -inf columns: what training computes over)."""
-  if vocab is None:
-    return head_logits(config, params, target_config, target_params, None, out_xD)
-  return vocab.scores(_final_norm(config, params, out_xD))
-
-
-def _final_norm(config: EagleConfig, params: Params, out_xD: jax.Array) -> jax.Array:
-  return Norm(config.block).apply({"params": params["final_norm"]}, out_xD)
-
-
-def check_head(config: EagleConfig, params: Params, target_config: ModelConfig,
-               vocab: DraftHead | None = None) -> None:
-  """Raises ValueError unless the head fits the target: widths, vocabulary and feature layers."""
-  if config.block.d_model != target_config.d_model:
-    raise ValueError(f"the EAGLE head is {config.block.d_model} wide, the target's d_model is "
-                     f"{target_config.d_model}: this head was trained for another target")
-  bad = [i for i in config.feature_layers if not 0 <= i < target_config.n_layers]
-  if bad:
-    raise ValueError(f"the EAGLE head reads features after target layers {bad}, but the target has "
-                     f"{target_config.n_layers} layers (0..{target_config.n_layers - 1})")
-  if list(config.feature_layers) != sorted(set(config.feature_layers)):
-    raise ValueError(f"EAGLE feature layers must be ascending and distinct, got {config.feature_layers}")
-  if config.feature_layers and params["fc"]["weight"].shape != (config.block.d_model, config.feature_width):
-    raise ValueError(f"the head's fc weight is {params['fc']['weight'].shape}, expected "
-                     f"{(config.block.d_model, config.feature_width)} for feature layers {config.feature_layers}")
-  if vocab is not None and (vocab.vocab_size != target_config.vocab_size
-                            or vocab.weight_VdxD.shape[1] != target_config.d_model):
-    raise ValueError(f"the head's restricted vocabulary spans {vocab.vocab_size} ids of width "
-                     f"{vocab.weight_VdxD.shape[1]}; the target has {target_config.vocab_size} of width "
-                     f"{target_config.d_model}")
 
 
 @flax.struct.dataclass
@@ -223,7 +84,6 @@ class EagleDrafter(ModelBackedDrafter):
   @classmethod
   def build(cls, settings: DrafterSettings, target: LoadedModel, draft: LoadedModel | None,
             log: Callable[[str], None] = print) -> tuple[EagleDrafter, dict]:
-    from specjax.speculative.drafters.eagle_io import load_head  # eagle_io imports this module
 
     config, params, vocab = load_head(settings.draft, target.config, target.params)
     coverage, size = None, settings.options.vocab
@@ -251,8 +111,6 @@ class EagleDrafter(ModelBackedDrafter):
 
   def check(self, target_config: ModelConfig) -> None:
     check_head(self.config, self.params, target_config, self.vocab)
-    if self.tree is not None and not isinstance(self.tree, (Tree, DynamicSpec)):
-      raise ValueError(f"the EAGLE drafter's tree must be a static Tree or a DynamicSpec, got {self.tree!r}")
     if children_error(self.tree_children):
       raise ValueError(children_error(self.tree_children))
 
@@ -264,9 +122,7 @@ class EagleDrafter(ModelBackedDrafter):
   def lookahead(self, k: int) -> int:
     """`commit` writes K + 1 pairs beyond a length one short of the target's (a tree proposal: N + 1
     nodes; a dynamic tree's proposal: the root and its frontier chunks)."""
-    if self.tree is None:
-      return k
-    return max(k, self.tree.nodes_with_root - 1, self.tree.draft_slots if isinstance(self.tree, DynamicSpec) else 0)
+    return self.shape.lookahead(k)
 
   def _embedding(self) -> jax.Array:
     return self.target_params["embed"]["embedding"]
@@ -296,37 +152,31 @@ class EagleDrafter(ModelBackedDrafter):
                       feature=jnp.take_along_axis(fused_BxPxD, last_B[:, None, None], axis=1)[:, 0],
                       pending=jnp.zeros((batch,), jnp.int32))
 
-  def _propose_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, depth: jax.Array | None, spine: jax.Array | None) -> Proposal:
+  def propose_static(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                     plan: RoundPlan) -> tuple[Proposal, EagleState]:
     """A static tree drawn level by level: the root pairs (f_{n-1}, x_n), every other node (its parent's
     head output, its token), each level one tree-masked head pass written beyond the head's length
-    (scratch: `commit` rewrites the accepted path from the target's features). Cut at `depth` (None:
-    whole; the adaptive policy's choice): that many passes; where `spine` holds, only the cut's spine
-    (one node a pass: `spine_or_whole`)."""
+    (scratch: `commit` rewrites the accepted path from the target's features). Cut at the plan's depth
+    (that many passes), or only the cut's spine where the plan says so (one node a pass: `draft_static`)."""
     batch = pending_B.shape[0]
 
-    def draw(tree: Tree, cache: KVCache):
-      parent_N1 = np.maximum(np.asarray(tree.parent), 0)
+    def feed_level(carry, tokens_BxLv, level, depth):
+      cache, outs_BxN1xD = carry
+      parent_N1 = np.maximum(np.asarray(level.tree.parent), 0)  # of the tree drawn: the whole, or its spine
+      nodes = np.arange(level.first, level.first + level.count)
+      fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
+      out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD,
+                                       cache, tree=level)
+      return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
 
-      def feed_level(carry, tokens_BxLv, level, depth):
-        cache, outs_BxN1xD = carry
-        nodes = np.arange(level.first, level.first + level.count)
-        fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
-        out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD,
-                                         cache, tree=level)
-        return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
+    def head(out_BxLvxD):
+      return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
 
-      def head(out_BxLvxD):
-        return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxLvxD)
-
-      outs_BxN1xD = jnp.zeros((batch, tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
-      tokens_BxN, probs_BxNxW, (cache, _) = grow_tree(tree, self.tree_children, pending_B, sampling, key, feed_level,
-                                                      head, (cache, outs_BxN1xD), depth)
-      return cache, (tokens_BxN, probs_BxNxW)
-
-    _, (tokens_BxN, probs_BxNxW) = spine_or_whole(self.tree, spine, draw, state.cache)
-    return full(tokens_BxN, probs_BxNxW).replace(tree=self.tree,
-                                                 calls=jnp.int32(self.tree.max_depth if depth is None else depth))
+    outs_BxN1xD = jnp.zeros((batch, self.tree.nodes_with_root, self.config.block.d_model), self.config.block.jnp_dtype)
+    _, (tokens_BxN, probs_BxNxW) = draft_static(self.tree, self.tree_children, pending_B, sampling, key,
+                                                Grower(feed_level, head), (state.cache, outs_BxN1xD), plan)
+    proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=jnp.int32(plan.depth))
+    return proposal, state.replace(pending=pending_B)
 
   def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams
                          ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
@@ -356,18 +206,13 @@ class EagleDrafter(ModelBackedDrafter):
         spec, root_logits_BxV, sampling, score_frontier, (cache.advance(jnp.ones_like(pending_B)), outs_BxFrxD))
     return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
-  def propose(self, state: EagleState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int, wanted_B: jax.Array | None = None,
-              spine: jax.Array | None = None) -> tuple[Proposal, EagleState, KVCache]:
-    if isinstance(self.tree, DynamicSpec):
-      tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
-      proposal = full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree)
-      return proposal, state.replace(pending=pending_B), target_cache
-    if self.tree is not None:
-      proposal = self._propose_tree(state, pending_B, sampling, key, None if wanted_B is None else jnp.max(wanted_B),
-                                    spine)
-      return proposal, state.replace(pending=pending_B), target_cache
+  def propose_dynamic(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                      plan: RoundPlan) -> tuple[Proposal, EagleState]:
+    tokens_BxN, tree, _, _ = self.draft_dynamic_tree(state, pending_B, sampling)
+    return full(tokens_BxN, calls=self.tree.depth).replace(dynamic_tree=tree), state.replace(pending=pending_B)
 
+  def propose_chain(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                    plan: RoundPlan) -> tuple[Proposal, EagleState]:
     def step(carry, step_key):
       cache, fused_BxD, token_B = carry
       out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],
@@ -377,14 +222,15 @@ class EagleDrafter(ModelBackedDrafter):
       next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       return (cache.advance(jnp.ones_like(next_B)), out_Bx1xD[:, 0], next_B), (next_B, probs_BxV)
 
-    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, k, wanted_B)
+    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, plan)
     # The pairs written beyond the head's length are scratch: `commit` rewrites them from the target. The
     # state keeps the written cache (at its old length): dropping it would make XLA copy the whole cache
     # so that the old one survives the chain.
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending=pending_B), target_cache
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), pending=pending_B)
 
-  def commit(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
-             target_hidden_BxK1xF: jax.Array) -> EagleState:
+  def commit_chain(self, state: EagleState, proposal: Proposal, num_committed_B: jax.Array,
+                   target_hidden_BxK1xF: jax.Array) -> EagleState:
+    """Every shape's commit: the accepted path is a chain, fed from the target's features along it."""
     fused_BxK1xD = fuse(self.config, self.params, target_hidden_BxK1xF)
     features_BxK1xD = jnp.concatenate([state.feature[:, None], fused_BxK1xD[:, :-1]], axis=1)
     tokens_BxK1 = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)

@@ -39,7 +39,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.hf import config_from_hf_dict, iter_tensors
 from specjax.models.transformer import Params
 from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
-from specjax.speculative.drafters.eagle import EagleConfig, check_head, eagle3_layers
+from specjax.speculative.drafters.eagle_head import EagleConfig, check_head, eagle3_layers
 
 CONFIG_FILE = "eagle_head.json"
 WEIGHTS_FILE = "eagle_head.safetensors"

@@ -32,6 +32,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.sampling import SamplingParams
 from specjax.speculative.drafters.base import Drafter, DrafterSettings, short_proposal_widths
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 
 
@@ -122,12 +123,11 @@ class HistoryDrafter(Drafter):
     return Proposal(tokens=tokens_BxK.astype(jnp.int32), lengths=jnp.clip(num_B, 0, k).astype(jnp.int32))
 
   def propose(self, state: HistoryState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None,
-              spine: jax.Array | None = None) -> tuple[Proposal, HistoryState, KVCache]:
+              sampling: SamplingParams, key: jax.Array, plan: RoundPlan) -> tuple[Proposal, HistoryState, KVCache]:
     """`sampling` and `key` are unused: the rule is exact for point masses at any temperature; the
-    lookup costs no pass, so `wanted_B` and `spine` are left to the loop."""
+    lookup costs no pass, so the plan's cut is left to the loop."""
     context_BxS, context_lengths_B = self.context(state, pending_B)
-    proposal = self.propose_from_context(context_BxS, context_lengths_B, k)
+    proposal = self.propose_from_context(context_BxS, context_lengths_B, plan.k)
     return proposal, state.replace(pending=pending_B.astype(jnp.int32)), target_cache
 
   def commit(self, state: HistoryState, proposal: Proposal, num_committed_B: jax.Array,

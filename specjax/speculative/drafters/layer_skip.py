@@ -25,6 +25,7 @@ from specjax.models.transformer import Params, forward_hidden, hidden_to_logits
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.errors import ConfigError
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, draft_chain
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 
 
@@ -94,7 +95,7 @@ class LayerSkipDrafter(ModelBackedDrafter):
     return DraftPass(self.config, self.params, layers=self.layers)
 
   def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, k: int, wanted_B: jax.Array | None = None) -> tuple[Proposal, None, KVCache]:
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, None, KVCache]:
     def step(carry, step_key):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
@@ -104,5 +105,5 @@ class LayerSkipDrafter(ModelBackedDrafter):
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
     # Up to K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.
-    (cache, _), proposal = draft_chain(step, (target_cache, pending_B), key, k, wanted_B)
+    (cache, _), proposal = draft_chain(step, (target_cache, pending_B), key, plan)
     return proposal, None, cache.replace(lengths=target_cache.lengths)

@@ -26,14 +26,8 @@ later slots are simply never accepted.
 
 Greedy decoding proposes the argmax tokens as point masses (no [B, K, V] distributions are built).
 
-`tree` (optional, static) makes the drafter propose that static tree each round instead of a chain
-(`tree_drafting`: children i.i.d., without replacement or the top tokens, `tree_children`); the loop
-verifies it with `tree_acceptance` and `commit` compacts the accepted path in the draft cache: its
-root is the last id the catch-up pass feeds, then one pass per level and one for the leaves, so a tree
-leaves no accepted token behind (its lag is only what plain rounds deferred). The adaptive K policy's
-rounds draft its cut at the chosen depth d: the catch-up and d passes, none for a plain round. A
-`dynamic_tree.DynamicSpec` grows each row's own tree every round instead (EAGLE-2: the top tokens of
-the most confident nodes under a static node budget); its last accepted node lags like a chain's d_K.
+What a round drafts, a chain or a tree, is its shape's (`model_shapes`: the drafting and the commit of
+each); this module holds the draft model and its lag (`_catch_up`, `_lagging`).
 
 `head` (optional) restricts the output head to a frequent subset of the vocabulary (see
 `draft_head`): cheaper draft steps, same exactness.
@@ -44,13 +38,7 @@ draft cannot embed (W <= id < V: prompt tokens or target draws there) are fed to
 (`draft_inputs`): its guesses after them may be poor, never inexact.
 
 A draft with another tokenizer (`spelling` set, `head` an `intersection_head`) drafts through the
-token-level intersection: it proposes target ids (its distribution restricted to the intersection,
-renormalised) and reads every committed target token as the draft ids that spell it (`spelling`: up to
-M per token, per-row counts). The catch-up pass then feeds [d_K?, the pending token's ids] (1 to M + 1
-ids, in the narrowest of the passes 1, 2 and M + 1 that holds every row's), a static tree's first pass
-starts after all but the last of them, and the cache holds M positions per target position (`storage`).
-Exactness is the usual rule's: tokens outside the intersection have draft probability 0 and come from the
-residual with the target's probability.
+token-level intersection (`spelling`).
 """
 
 from __future__ import annotations
@@ -68,15 +56,15 @@ from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, feed_rows, forward_hidden, hidden_after, prefill
-from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter, short_proposal_widths
 from specjax.speculative.drafters.draft_head import (DraftHead, add_vocab_options, check_vocab_options, draft_inputs,
-                                                     draft_logits, restricted_draft_head)
-from specjax.speculative.drafters.spelling import Spelling, intersection_drafting
-from specjax.speculative.trees.dynamic import DynamicSpec, draft_dynamic_tree
-from specjax.speculative.proposal import Proposal, full
+                                                     restricted_draft_head)
+from specjax.speculative.drafters.model_shapes import ModelShapes
+from specjax.speculative.drafters.spelling import Spelling, intersection_drafting, tokenizer_mismatch
+from specjax.speculative.trees import shapes
+from specjax.speculative.trees.drafting import children_error
+from specjax.speculative.trees.dynamic import DynamicSpec
 from specjax.speculative.trees.tree import Tree
-from specjax.speculative.trees.drafting import children_error, draft_tree, spine_or_whole
 
 if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
@@ -101,30 +89,11 @@ OTHER_TOKENIZER = ("intersect", "refuse")  # config.model.other_tokenizer
 LAG_CHUNK = 32
 
 
-def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
-  """Why the draft's ids do not mean the target's, None when they do. The acceptance ratio compares
-  probabilities of the same ids: the tokenizers must agree on every id both heads score. The heads may
-  differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936 against Qwen2.5-7B's 152,064): the
-  acceptance rule gives the smaller one probability 0 beyond it."""
-  shared = min(draft.config.vocab_size, target.config.vocab_size)
-  if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
-    return (f"draft {draft.name} and target {target.name} have different tokenizers: some id below {shared} "
-            f"(the range both heads score) maps to different tokens")
-  return None
-
-
-def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-  """Raises ValueError unless the draft's ids mean the target's (`tokenizer_mismatch`)."""
-  mismatch = tokenizer_mismatch(target, draft)
-  if mismatch:
-    raise ValueError(mismatch)
-
-
-def lag_for(k_policy: str, config: ModelConfig, tree=None) -> int | None:
-  """`ModelDrafter.max_lag` for a K policy kind: None (the whole history: plain rounds of the adaptive
-  policy skip the draft, the prompt included) where branches are cheap (the draft's narrow passes:
-  CPU) and it drafts chains or static trees; 1 otherwise."""
-  return None if k_policy == "adaptive" and not isinstance(tree, DynamicSpec) and config.narrow_passes else 1
+def lag_for(plain_rounds: bool, config: ModelConfig, tree=None) -> int | None:
+  """`ModelDrafter.max_lag`: None (the whole history: plain rounds skip the draft, the prompt included)
+  where some rounds propose nothing (`DrafterSettings.plain_rounds`), branches are cheap (the draft's
+  narrow passes: CPU) and it drafts chains or static trees; 1 otherwise."""
+  return None if plain_rounds and not shapes.of(tree).drawn_each_round and config.narrow_passes else 1
 
 
 def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | None:
@@ -137,7 +106,7 @@ def _settings_error(stop_threshold: float, tree, tree_children: str) -> str | No
   return children_error(tree_children)
 
 
-class ModelDrafter(ModelBackedDrafter):
+class ModelDrafter(ModelShapes, ModelBackedDrafter):
   """A small model drafting K tokens per round from its own cache (see the module docstring)."""
 
   name: ClassVar[str] = "model"
@@ -194,7 +163,7 @@ class ModelDrafter(ModelBackedDrafter):
     else:
       head, coverage = restricted_draft_head(options.vocab, options.vocab_corpus, target, draft, log)
       facts = {"draft_vocab_coverage": coverage}
-    max_lag = lag_for(settings.k_policy, draft.config, settings.tree)
+    max_lag = lag_for(settings.plain_rounds, draft.config, settings.tree)
     drafter = cls(draft.config, draft.params, head, stop_threshold=options.stop_threshold,
                   cache_sharding=partitioning.cache_sharding(draft.config, draft.part), tree=settings.tree,
                   tree_children=settings.tree_children, spelling=spelling, max_lag=max_lag)
@@ -217,7 +186,7 @@ class ModelDrafter(ModelBackedDrafter):
       raise ValueError(error)
     if self.max_lag is not None and (int(self.max_lag) != self.max_lag or self.max_lag < 1):
       raise ValueError(f"max_lag must be an integer >= 1 or None (the whole history), got {self.max_lag}")
-    if self.max_lag != 1 and (isinstance(self.tree, DynamicSpec) or not self.config.narrow_passes):
+    if self.max_lag != 1 and (self.shape.drawn_each_round or not self.config.narrow_passes):
       raise ValueError(f"max_lag {self.max_lag} lets plain rounds skip the draft: it needs a chain or a static "
                        f"tree and the draft's narrow_passes (else every catch-up pass is the widest)")
     if self.head is not None and self.head.weight_VdxD.shape[1] != self.config.d_model:
@@ -309,7 +278,7 @@ class ModelDrafter(ModelBackedDrafter):
                            pending_ids=jnp.ones((batch,), jnp.int32), deferred=jnp.bool_(False),
                            spine=jnp.bool_(False),
                            node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
-                                       if isinstance(self.tree, DynamicSpec) else None))
+                                       if self.shape.drawn_each_round else None))
 
   def _catch_up(self, state: ModelDraftState, pending_B: jax.Array, drafting: jax.Array | bool = True
                 ) -> tuple[jax.Array, ModelDraftState, KVCache, jax.Array]:
@@ -334,131 +303,6 @@ class ModelDrafter(ModelBackedDrafter):
     state = state.replace(lag_ids=chunk_BxW, pending_ids=counts_B, deferred=deferred)
     return hidden_BxD, state, cache, num_valid_B, passes
 
-  def propose(self, state: ModelDraftState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, k: int, wanted_B: jax.Array | None = None,
-              spine: jax.Array | None = None) -> tuple[Proposal, ModelDraftState, KVCache]:
-    if isinstance(self.tree, DynamicSpec):
-      return (*self._propose_dynamic_tree(state, pending_B, sampling), target_cache)
-    if self.tree is not None:
-      proposal, state = self._propose_tree(state, pending_B, sampling, key,
-                                           None if wanted_B is None else jnp.max(wanted_B), spine)
-      return proposal, state, target_cache
-    # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
-    drafting = True if wanted_B is None else jnp.max(wanted_B) > 0
-    hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, drafting)
-
-    def draw(hidden_BxD, step_key):
-      """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
-      logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
-      token_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
-      # Confident: the top probability of the draft's own distribution, softmax(logits) before
-      # temperature, top-k and top-p, reaches the threshold (always, when it is 0: static, so no
-      # softmax is spent on it). The processed distribution would not do: greedy decoding makes it a
-      # point mass, always "confident".
-      if not self.stop_threshold:
-        return token_B, probs_BxV, jnp.ones(token_B.shape, bool)
-      top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
-      return token_B, probs_BxV, top_B >= self.stop_threshold
-
-    def no_draw(hidden_BxD, step_key):
-      return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), jax.eval_shape(draw, hidden_BxD, step_key))
-
-    keys_K = jax.random.split(key, k)
-    # No head for a plain round where branches are cheap (narrow passes: CPU); its d_1 is never verified.
-    skippable = wanted_B is not None and self.config.narrow_passes
-    token_B, probs_BxV, confident_B = (jax.lax.cond(drafting, draw, no_draw, hidden_BxD, keys_K[0]) if skippable
-                                       else draw(hidden_BxD, keys_K[0]))
-    tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
-    # Greedy proposals are point masses: no [B, K, V] buffer.
-    probs_BxKxV = None if probs_BxV is None else jnp.zeros(
-        (len(pending_B), k, self.vocab_size), jnp.float32).at[:, 0].set(probs_BxV)
-
-    # Then d_i is fed (i = 1 .. K-1) to draw d_{i+1}, while some row is still drafting: a row stops at
-    # its first draft token whose distribution's top probability is below `stop_threshold` (that token
-    # is not proposed). `fed` counts the draft tokens fed, the same for every row.
-    # `confident_BxK` [B, K]: d_1 .. d_i confident (False past the drawn tokens); row b is still drafting
-    # while its last drawn token is.
-    # The catch-up pass runs unless the round is plain and deferred (it feeds the lag and the pending
-    # token); the next pass only while some row wants and may still draw a token.
-    limit = k if wanted_B is None else jnp.minimum(jnp.max(wanted_B), k)
-
-    def more(carry):
-      fed, _, _, _, confident_BxK = carry
-      return (fed + 1 < limit) & jnp.any(confident_BxK[:, fed])
-
-    def step(carry):
-      fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry
-      hidden_Bx1xD, cache = forward_hidden(self.config, self.params,
-                                           draft_inputs(self.config, self.head, tokens_BxK[:, fed, None]), cache)
-      next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1])
-      return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
-              None if probs_BxV is None else probs_BxKxV.at[:, fed + 1].set(probs_BxV),
-              confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))
-
-    confident_BxK = jnp.zeros((len(pending_B), k), bool).at[:, 0].set(confident_B)
-    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = jax.lax.while_loop(
-        more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
-    # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
-    lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
-    # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
-    # when deferred).
-    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
-                        calls=fed + catch_up_passes)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed), target_cache
-
-  def _propose_tree(self, state: ModelDraftState, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, depth: jax.Array | None, spine: jax.Array | None
-                    ) -> tuple[Proposal, ModelDraftState]:
-    """A tree proposal (`tree_drafting`) after [history, pending], cut at `depth` (None: whole; the
-    adaptive policy's choice), or only that cut's spine where `spine` holds (drawn as a chain: each
-    level's pass feeds one node, not the level; its tokens land at the spine's nodes). The catch-up
-    pass feeds [lag, pending's ids] (`_catch_up`; at depth 0 it defers: nothing runs), the last of them
-    the tree's root; the draft cache then holds every node drafted beyond the history (uncommitted), for
-    `commit` to compact the accepted path."""
-    drafting = True if depth is None else depth > 0
-    root_hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, drafting)
-
-    def draw(tree: Tree, cache: KVCache):
-      tokens_BxN, probs_BxNxW, cache = draft_tree(self.config, self.params, self.head, tree, self.tree_children,
-                                                  cache, root_hidden_BxD, sampling, key, depth)
-      return cache, (tokens_BxN, probs_BxNxW)
-
-    cache, (tokens_BxN, probs_BxNxW) = spine_or_whole(self.tree, spine, draw,
-                                                      cache.advance(jnp.maximum(num_valid_B - 1, 0)))
-    levels = jnp.int32(self.tree.max_depth) if depth is None else depth
-    proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=catch_up_passes + levels)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths),
-                                   spine=jnp.bool_(False) if spine is None else spine)
-
-  def _propose_dynamic_tree(self, state: ModelDraftState, pending_B: jax.Array,
-                            sampling: SamplingParams) -> tuple[Proposal, ModelDraftState]:
-    """A dynamic tree (`dynamic_tree`) grown after [history, (lagging token,) pending]: the catch-up pass
-    gives the root's distribution, then Dt - 1 frontier chunks. The state keeps the cache at its committed
-    length and each node's slot beyond the root, for `commit`."""
-    hidden_BxD, state, cache, num_valid_B, _ = self._catch_up(state, pending_B)
-    root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
-    tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
-                                                             cache.advance(num_valid_B), root_logits_BxW,
-                                                             sampling)
-    proposal = full(tokens_BxN, calls=self.tree.max_depth).replace(dynamic_tree=tree)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
-
-  def _commit_dynamic_tree(self, state: ModelDraftState, path_BxDt1: jax.Array, path_tokens_BxDt: jax.Array,
-                           num_committed_B: jax.Array) -> ModelDraftState:
-    """After a dynamic tree's round the cache holds [lag, root] then the frontier nodes at their
-    slots: the accepted nodes a_1 .. a_{n-1} (all expanded, so all fed) move behind the root and a_n,
-    perhaps never fed, becomes the lag, fed by the next catch-up pass."""
-    committed_B = num_committed_B > 0
-    accepted_B = jnp.maximum(num_committed_B - 1, 0)
-    cache = state.cache.advance(jnp.where(committed_B, state.pending_ids + state.lag, 0))
-    if path_BxDt1.shape[1] > 2:  # depth >= 2: some accepted node may have been fed
-      sources_BxM = jnp.take_along_axis(state.node_slots, path_BxDt1[:, 1:-1], axis=1)
-      cache = cache.compact(jnp.maximum(sources_BxM, 0))
-    lagging_B = committed_B & (accepted_B > 0)
-    last_accepted_B = jnp.take_along_axis(path_tokens_BxDt, jnp.maximum(accepted_B - 1, 0)[:, None], axis=1)[:, 0]
-    state = state.replace(cache=cache.advance(jnp.where(committed_B, jnp.maximum(accepted_B - 1, 0), 0)))
-    return self._lagging(state, committed_B, lagging_B, last_accepted_B)
-
   def _lagging(self, state: ModelDraftState, committed_B: jax.Array, lagging_B: jax.Array,
                last_accepted_B: jax.Array) -> ModelDraftState:
     """The lag after a round that fed it: the last accepted token (never fed) where `lagging_B`, nothing
@@ -467,27 +311,7 @@ class ModelDrafter(ModelBackedDrafter):
     return state.replace(lag_ids=state.lag_ids.at[:, 0].set(last_id_B),
                          lag=jnp.where(committed_B, lagging_B.astype(jnp.int32), state.lag))
 
-  def commit(self, state: ModelDraftState, proposal: Proposal, num_committed_B: jax.Array,
-             target_hidden_BxK1xD: jax.Array) -> ModelDraftState:
-    if isinstance(self.tree, DynamicSpec):  # `proposal` is the accepted path (`Proposal.along`)
-      return self._commit_dynamic_tree(state, proposal.path, proposal.tokens, num_committed_B)
-    committed_B = num_committed_B > 0
-    # A deferred (plain) round wrote nothing: pending's ids join the lag (`_catch_up` put them there).
-    deferred_lag_B = jnp.where(committed_B, state.lag + state.pending_ids, state.lag)
-    if self.tree is not None:  # `proposal` is the accepted path (`Proposal.along`); the root: pending's last id
-      fed_B = committed_B & ~state.deferred  # its lag and pending's ids were written before the root
-      cache = state.cache.advance(jnp.where(fed_B, state.lag + state.pending_ids - 1, 0))
-      if not self.tree.is_chain:  # a spine round's keys are already in path order (`_propose_tree`)
-        cache = cache.compact(jnp.where(state.spine, jnp.arange(proposal.path.shape[1]), proposal.path))
-      return state.replace(cache=cache.advance(jnp.where(fed_B, num_committed_B, 0)),
-                           lag=jnp.where(state.deferred, deferred_lag_B, jnp.where(committed_B, 0, state.lag)))
-    # Otherwise written beyond the history: the lag, pending's ids, d_1 .. d_fed. A row that accepted
-    # n > fed draft tokens commits d_n without its keys: it lags by that one token.
-    held_B = jnp.where(committed_B & ~state.deferred,
-                       state.lag + state.pending_ids + jnp.minimum(num_committed_B - 1, state.fed), 0)
-    lagging_B = num_committed_B > state.fed + 1
-    last_accepted_B = jnp.take_along_axis(proposal.tokens, jnp.maximum(num_committed_B - 2, 0)[:, None],
-                                          axis=1)[:, 0]
-    fed_state = self._lagging(state.replace(cache=state.cache.advance(held_B)), committed_B, lagging_B,
-                              last_accepted_B)
-    return fed_state.replace(lag=jnp.where(state.deferred, deferred_lag_B, fed_state.lag))
+  def _deferred_lag(self, state: ModelDraftState, committed_B: jax.Array) -> jax.Array:
+    """[B] the lag after a deferred (plain) round, which wrote nothing: pending's ids join it (`_catch_up`
+    put them there)."""
+    return jnp.where(committed_B, state.lag + state.pending_ids, state.lag)

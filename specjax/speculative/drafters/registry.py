@@ -9,19 +9,10 @@ from __future__ import annotations
 import importlib
 
 from specjax.errors import ConfigError
+from specjax.speculative.drafters.base import REGISTERED, Drafter
 
 # The modules of specjax.speculative.drafters that define the built-in drafters (imported on first use).
 BUILTIN_MODULES = ("model", "ngram", "layer_skip", "eagle")
-
-_registered: dict[str, type] = {}
-
-
-def register(cls: type) -> None:
-  """Registers a Drafter subclass under its `name` (called by `Drafter.__init_subclass__`)."""
-  previous = _registered.get(cls.name)
-  if previous is not None and previous.__qualname__ != cls.__qualname__:
-    raise ValueError(f"drafter name {cls.name!r} is taken by {previous.__module__}.{previous.__qualname__}")
-  _registered[cls.name] = cls
 
 
 def builtin() -> dict[str, type]:
@@ -30,8 +21,8 @@ def builtin() -> dict[str, type]:
   for module in modules:
     importlib.import_module(module)
   order = {name: (modules.index(cls.__module__) if cls.__module__ in modules else len(modules), i)
-           for i, (name, cls) in enumerate(_registered.items())}
-  return dict(sorted(_registered.items(), key=lambda item: order[item[0]]))
+           for i, (name, cls) in enumerate(REGISTERED.items())}
+  return dict(sorted(REGISTERED.items(), key=lambda item: order[item[0]]))
 
 
 def names() -> tuple[str, ...]:
@@ -40,8 +31,6 @@ def names() -> tuple[str, ...]:
 
 def resolve(name: str) -> type:
   """The Drafter class `config.drafter` names; a `ConfigError` naming the field otherwise."""
-  from specjax.speculative.drafters.base import Drafter  # base registers through this module
-
   classes = builtin()
   if name in classes:
     return classes[name]

@@ -8,6 +8,15 @@ intersection, whose spelling is one draft id. A target token needing more than M
 `MAX_SPELLING`; rare: e.g. Qwen2.5's Thai tokens written as single bytes in SmolLM2's vocabulary) is cut
 to its first M: the draft reads a slightly wrong history, which changes its guesses, never the exactness
 of the output. M bounds the draft cache (M positions per target position) and the widest catch-up pass.
+
+The model drafter with such a draft (`ModelDrafter.spelling` set, `head` an `intersection_head`) drafts
+through the token-level intersection: it proposes target ids (its distribution restricted to the intersection,
+renormalised) and reads every committed target token as the draft ids that spell it (`Spelling`: up to
+M per token, per-row counts). The catch-up pass then feeds [d_K?, the pending token's ids] (1 to M + 1
+ids, in the narrowest of the passes 1, 2 and M + 1 that holds every row's), a static tree's first pass
+starts after all but the last of them, and the cache holds M positions per target position (`storage`).
+Exactness is the usual rule's: tokens outside the intersection have draft probability 0 and come from the
+residual with the target's probability.
 """
 
 from __future__ import annotations
@@ -61,6 +70,25 @@ class Spelling:
     return spelled_BxPM, ends_BxP[:, -1]
 
 
+
+def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
+  """Why the draft's ids do not mean the target's, None when they do. The acceptance ratio compares
+  probabilities of the same ids: the tokenizers must agree on every id both heads score. The heads may
+  differ in size (padding rows, e.g. Qwen2.5-0.5B's 151,936 against Qwen2.5-7B's 152,064): the
+  acceptance rule gives the smaller one probability 0 beyond it."""
+  shared = min(draft.config.vocab_size, target.config.vocab_size)
+  if draft.tokenizer.fingerprint(below=shared) != target.tokenizer.fingerprint(below=shared):
+    return (f"draft {draft.name} and target {target.name} have different tokenizers: some id below {shared} "
+            f"(the range both heads score) maps to different tokens")
+  return None
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+  """Raises ValueError unless the draft's ids mean the target's (`tokenizer_mismatch`)."""
+  mismatch = tokenizer_mismatch(target, draft)
+  if mismatch:
+    raise ValueError(mismatch)
+
 def spelling(vocab: vocab_map.VocabMap, limit: int = MAX_SPELLING) -> tuple[Spelling, int]:
   """The device table of a host `VocabMap`, each spelling cut to `limit` ids, and how many target ids
   were cut."""
@@ -92,7 +120,7 @@ def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, co
   table, cut = spelling(vocab)
   facts = {"vocab_intersection": int(vocab.size), "vocab_intersection_coverage": coverage,
            "draft_head_tokens": int(len(target_ids_I)),
-           "draft_head_coverage": draft_vocab.coverage(counts_V, target_ids_I),
+           "draft_head_coverage": vocab_map.coverage(counts_V, target_ids_I),
            "spelled_ids": table.max_ids, "spellings_cut": cut}
   log(f"draft {draft.name} has another tokenizer than target {target.name}: drafting through the token-level "
       f"intersection of {vocab.size} ids ({coverage:.1%} of the target's tokens of {corpus_source!r}); the draft "

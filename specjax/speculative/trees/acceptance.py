@@ -39,7 +39,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.models.attention import per_row
+from specjax.models.attention_mask import per_row
 from specjax.sampling import sample
 from specjax.speculative.acceptance import _probability_of, residual
 from specjax.speculative.trees.dynamic import DynamicTree

@@ -17,23 +17,21 @@ the next level's children. A last pass feeds the leaves, so the draft cache hold
 the accepted path is compacted like the target's (no lagging token): Dt + 1 passes in all. A round of
 the adaptive K policy drafts only the tree cut at its chosen depth d (the catch-up and d passes;
 `grow_tree`), and a round that verifies only the cut's spine draws only the spine, as a chain: each
-pass feeds one node, not a level (`spine_or_whole`).
+pass feeds one node, not a level (`spine_or_whole`). `draft_static` is that round's drafting, shared
+by the model and EAGLE drafters.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import inplace
-from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Params, forward_hidden
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.speculative.drafters.draft_head import DraftHead, draft_inputs, draft_logits
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees.tree import Tree, chain
 
 CHILDREN = ("iid", "without_replacement", "top")
@@ -110,22 +108,30 @@ def spine_or_whole(tree: Tree, spine: jax.Array | None, draw: Callable[[Tree, An
   return inplace.cond(spine, spine_only, lambda operand: draw(tree, operand), operand)
 
 
-def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-              feed_level: Callable, head: Callable, carry: Any, depth: jax.Array | None = None,
-              feeds_leaves: bool = False, root_outputs: Any = None) -> tuple[jax.Array, jax.Array | None, Any]:
-  """Draws a static tree level by level: `feed_level(carry, tokens_BxLv, level, depth)` feeds level
-  `depth`'s tokens (a `TreeLevel` chunk) and returns their outputs and the new carry, `head(outputs)`
-  their logits [B, Lv, W]; each node's children are drawn from its logits (`children`). With
-  `feeds_leaves` the deepest level is fed too (no head: a draft cache then holds every node). With
-  `root_outputs` the root was fed by the caller: level 0 is not fed again.
+class Grower(NamedTuple):
+  """How a drafter feeds a static tree's levels (`grow_tree`)."""
 
-  `depth` [] int32 (None: the tree's) draws only the tree cut at that depth (`Tree.cut`, what an
-  adaptive round verifies): levels below it are neither fed (but the cut's leaves, with `feeds_leaves`)
-  nor drawn, so a shallow round costs only its own levels' passes; their tokens stay zeros.
+  # feed_level(carry, tokens_BxLv, level, depth) -> (outputs, carry): feeds level `depth`'s tokens (a
+  # `TreeLevel` chunk)
+  feed_level: Callable
+  head: Callable  # head(outputs) -> their logits [B, Lv, W]
+  feeds_leaves: bool = False  # the deepest level is fed too (no head: a draft cache then holds every node)
+  root_outputs: Any = None  # the root's outputs when the caller fed it (level 0 is not fed again)
+
+
+def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+              grower: Grower, carry: Any, plan: RoundPlan) -> tuple[jax.Array, jax.Array | None, Any]:
+  """Draws a static tree level by level with `grower`: each node's children are drawn from its logits
+  (`children`).
+
+  Only the tree cut at the plan's depth is drawn (`Tree.cut`, what the round verifies): levels below it
+  are neither fed (but the cut's leaves, with `feeds_leaves`) nor drawn, so a shallow round costs only
+  its own levels' passes; their tokens stay zeros.
 
   Returns the tokens [B, N] of nodes 1..N, the distributions [B, N, W] they were drawn from (None for
   point masses) and the last carry.
   """
+  feed_level, head, feeds_leaves, root_outputs = grower
   batch = root_B.shape[0]
   tokens_BxN1 = jnp.zeros((batch, tree.nodes_with_root), jnp.int32).at[:, 0].set(root_B)
   level_keys = jax.random.split(key, tree.max_depth)
@@ -158,32 +164,21 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
   for level_depth in range(tree.max_depth + feeds_leaves):
     if level_depth == 0 and root_outputs is not None:
       outputs = root_outputs
-    elif depth is None:
-      loop, outputs = fed(level_depth)(loop)
     else:
-      loop, outputs = inplace.when(level_depth < depth + feeds_leaves, fed(level_depth), loop)
+      loop, outputs = plan.beyond(level_depth - feeds_leaves, fed(level_depth), loop)
     if level_depth < tree.max_depth:
-      draw = drawn(level_depth, outputs)
-      loop, _ = draw(loop) if depth is None else inplace.when(level_depth < depth, draw, loop)
+      loop, _ = plan.beyond(level_depth, drawn(level_depth, outputs), loop)
   carry, tokens_BxN1, probs_BxN1xW = loop
   return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], carry
 
 
-def draft_tree(config: ModelConfig, params: Params, head: DraftHead | None, tree: Tree, children: str,
-               cache: KVCache, root_hidden_BxD: jax.Array, sampling: SamplingParams, key: jax.Array,
-               depth: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None, KVCache]:
-  """Draws a tree with a draft model after each row's history and its root, both already in `cache` (the
-  root at slot `length`, its hidden state `root_hidden_BxD`: the caller's catch-up pass fed it), or only
-  its cut at `depth` (`grow_tree`). The nodes are the head's ids, fed through `draft_inputs`.
+def draft_static(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                 grower: Grower, carry: Any, plan: RoundPlan) -> tuple[Any, Drawn]:
+  """(carry, (tokens [B, N], distributions [B, N, W] or None)) of a round's static tree (`grow_tree`: its
+  cut at the plan's depth), or only that cut's spine where the plan says so (`spine_or_whole`): what the
+  model and EAGLE drafters both draw, each feeding its levels its own way (`grower`)."""
+  def draw(shape: Tree, carry: Any) -> tuple[Any, Drawn]:
+    tokens_BxN, probs_BxNxW, carry = grow_tree(shape, children, root_B, sampling, key, grower, carry, plan)
+    return carry, (tokens_BxN, probs_BxNxW)
 
-  Returns the tokens [B, N] of nodes 1..N (the root's token is not read), the distributions [B, N, W]
-  they were drawn from (None for point masses) and the cache with the (cut) tree written beyond each
-  row's length (not advanced).
-  """
-  def feed_level(cache, tokens_BxLv, level, depth):
-    return forward_hidden(config, params, draft_inputs(config, head, tokens_BxLv), cache, tree=level)
-
-  root_B = jnp.zeros(root_hidden_BxD.shape[:1], jnp.int32)
-  return grow_tree(tree, children, root_B, sampling, key, feed_level,
-                   lambda hidden: draft_logits(config, params, head, hidden), cache, depth, feeds_leaves=True,
-                   root_outputs=root_hidden_BxD[:, None])
+  return spine_or_whole(tree, plan.spine, draw, carry)

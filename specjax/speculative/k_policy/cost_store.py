@@ -4,7 +4,7 @@ run.
 
 A table is stored under `$SPECJAX_COST_TABLES` (default `$SPECJAX_CACHE/cost_tables`) in a JSON file named
 by the hash of its description: the machine (host name, processor, device kind and count, jax version)
-and every setting that shapes the program's rounds (`pipeline` describes them: the config fields that
+and every setting that shapes the program's rounds (`DecodeSpec.description`: the config fields that
 are compiled in, the cache length, sampling's static flags, the drafter's class). A table only steers
 which proposal lengths the policy chooses, never what it outputs; a stale one (the machine got busier)
 costs speed, and `adaptive.reuse_costs = False` measures again and replaces it.
