@@ -78,11 +78,15 @@ class DecodeSpec:
   def description(self, cache_len: int) -> dict[str, Any]:
     """The program's rounds as a stored cost table describes them (`k_policy.cost_store`): `program`
     without the prompt width and the policy's own settings (they choose among the candidates, never
-    what one costs), with the drafter's class."""
+    what one costs), with the drafter's class and what the weight matmuls run on (`matmul = "auto"`
+    resolves by what was built and what the CPU has)."""
     fields, sampling = self._compiled()
+    cfg = self.config
+    backend = matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None)
     return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
             "cache_len": cache_len, "sampling": sampling,
-            "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}"}
+            "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}",
+            "matmul": matmul.describe(backend, cfg.dtype)}
 
   def _compiled(self) -> tuple[dict[str, Any], list]:
     sampling = self.sampling
