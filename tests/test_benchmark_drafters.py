@@ -111,10 +111,12 @@ def test_greedy_outputs_equal_autoregressive_and_transformers(benchmark):
   for row in results["runs"]:
     if row["system"] != AUTOREGRESSIVE:
       assert row["outputs_match_autoregressive"] is (True if row["temperature"] == 0 else None), row["system"]
-  plain, lookup = results["transformers"]
-  assert (plain["system"], lookup["system"]) == ("transformers_generate", "transformers_prompt_lookup")
+  plain, lookup, assisted = results["transformers"]
+  assert ((plain["system"], lookup["system"], assisted["system"])
+          == ("transformers_generate", "transformers_prompt_lookup", "transformers_assisted"))
   assert lookup["generate_kwargs"] == {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2}
-  for row in (plain, lookup):
+  assert assisted["generate_kwargs"] == {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant"}
+  for row in (plain, lookup, assisted):
     assert row["group"] == "code_edit/greedy" and len(row["token_ids"]) == 2
     assert row["outputs_match_autoregressive"] is True and row["speedup_vs_autoregressive"] > 0
 
