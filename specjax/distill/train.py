@@ -349,7 +349,7 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
   how = data.Continuation(config.data.prompt_len, tuple(tokenizer.eos_ids), sampling_params(config.data.temperature))
   batches = data.DistillBatches(stream, dict(config.data.modes), config.seed, how, teacher.config, teacher.params,
-                                None if config.student.init == "eagle_head" else student_config, parts)
+                                None if config.student.init == "eagle_head" else student_config, parts[:2])
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
   return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
