@@ -37,7 +37,6 @@ mutated run); each 10,000-row run takes ~1.5 s on 2 CPU cores with the tests' XL
 """
 
 import functools
-import sys
 
 import jax
 import numpy as np
@@ -49,6 +48,7 @@ from specjax.models.kv_cache import init_cache
 from specjax.sampling import probabilities, sample, sampling_params
 from specjax.speculative import ModelDrafter, residual, verify
 from specjax.speculative import loop as loop_module
+from specjax.speculative.drafters import model_shapes
 from tests.helpers.engine import exact_distribution, perturbed, tiny_model
 from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
@@ -140,7 +140,7 @@ def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
   At T = 1 the patch is the identity, which is why tests at T = 1 cannot see it. The correct engine
   passes at level 0.001, the mutated one is rejected with p < 1e-6 (K = 1, N = 10,000)."""
   temperature = float(SAMPLINGS[name].temperature)
-  drafter_module = sys.modules[ModelDrafter.__module__]  # where `propose` finds its sampler
+  drafter_module = model_shapes  # where the model drafter's chain finds its sampler
   traced = []
 
   def draw_at_temperature_one(key, logits_xV, params):
