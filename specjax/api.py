@@ -76,7 +76,7 @@ class Decoder:
     `fields` set; loads the models at once."""
     silent = lambda message: None
     self._log = (log or silent) if meshes.is_main_process() else silent
-    self._drafter_instance = drafter if isinstance(drafter, Drafter) else None
+    self._drafter_instance = pipeline.BuiltDrafter(drafter, {}) if isinstance(drafter, Drafter) else None
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if isinstance(drafter, str):
       given["drafter"] = drafter
@@ -87,7 +87,7 @@ class Decoder:
     spec = self._spec(self._config)
     pipeline.check_inputs(spec)  # a bad prompts file or output location fails before the models load
     self.target, self.draft = pipeline.load_models(spec, self._log)
-    self._drafters: dict[tuple, tuple[Drafter, dict]] = {}
+    self._drafters: dict[tuple, pipeline.BuiltDrafter] = {}
     self._policy_memory: dict[tuple, Any] = {}  # the adaptive K policy's, one per compiled program
     self._warm: set[tuple] = set()  # programs compiled and run once (`DecodeSpec.program`): no warm-up call
 
@@ -101,14 +101,14 @@ class Decoder:
     return ml_collections.FrozenConfigDict(self._config)
 
   def _spec(self, cfg: ml_collections.ConfigDict) -> DecodeSpec:
-    return decode_spec.from_config(cfg, self._drafter_instance)
+    return decode_spec.from_config(cfg, self._drafter_instance and self._drafter_instance.drafter)
 
-  def _drafter(self, spec: DecodeSpec) -> tuple[Drafter, dict] | None:
+  def _drafter(self, spec: DecodeSpec) -> pipeline.BuiltDrafter | None:
     """The built drafter of `spec`, built once per distinct drafter setting."""
     if not spec.speculative:
       return None
     if self._drafter_instance is not None:
-      return self._drafter_instance, {}
+      return self._drafter_instance
     if spec.drafter_key not in self._drafters:
       self._drafters[spec.drafter_key] = pipeline.build_drafter(spec, self.target, self.draft, self._log)
     return self._drafters[spec.drafter_key]
@@ -127,6 +127,13 @@ class Decoder:
                         f"make a new Decoder with it")
     return pipeline.run(spec, self._log, models=(self.target, self.draft), drafter=self._drafter(spec),
                         policy_memory=self._policy_memory, warm=self._warm)
+
+  def reset_pool(self) -> None:
+    """Forgets the sequences earlier calls taught the drafters (`Drafter.forget`: a suffix drafter's pool
+    is emptied; its warm-start corpus too). Every call's prompts and outputs go to the pool of a pool
+    drafter, for the calls after it."""
+    for built in [*self._drafters.values(), *filter(None, [self._drafter_instance])]:
+      built.drafter = built.drafter.forget()
 
   def generate(self, prompts: str | Sequence[str], **fields) -> Generation:
     """Decodes `prompts` (a string or a sequence of them) with `fields` changed for this call only."""

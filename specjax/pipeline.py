@@ -67,7 +67,7 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
   return ""
 
 
-def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.Memory] | None,
+def _tune(spec: DecodeSpec, runner: Runner, built: BuiltDrafter, policy_memory: dict[tuple, k_policy.Memory] | None,
           batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None]) -> dict[str, Any]:
   """The K policy's record for the results. A tuned policy keeps one `k_policy.Memory` per compiled
   program in `policy_memory` (every batch has one shape), tuned with the first `batch` (prompts [B, P],
@@ -77,7 +77,7 @@ def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.
   if not policy.tuned:
     return record
   memories = {} if policy_memory is None else policy_memory
-  program = (*spec.program(runner.cache_len), id(runner.drafter))
+  program = (*spec.program(runner.cache_len), id(built))
   if program not in memories:
     memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
   runner.memory = memories[program]
@@ -159,14 +159,25 @@ def check_inputs(spec: DecodeSpec) -> list[prompts.Conversation]:
   return conversations
 
 
+@dataclasses.dataclass
+class BuiltDrafter:
+  """A drafter built for the loaded models, the facts recorded with its results, and what it learned
+  from the runs so far (`Drafter.remember`: a pool drafter's pool; `run` stores the drafter it ends
+  with). `specjax.Decoder` keeps one per drafter setting; its identity names the drafter's compiled
+  programs, which the learning drafter (a new object of the same shapes) keeps using."""
+
+  drafter: Drafter
+  info: dict
+
+
 def build_drafter(spec: DecodeSpec, target: LoadedModel, draft: LoadedModel | None,
-                  log: Callable[[str], None] = print) -> tuple[Drafter, dict]:
+                  log: Callable[[str], None] = print) -> BuiltDrafter:
   """The drafter of `spec` for the loaded models (`Drafter.build`), and facts to record with the results."""
   drafter, info = spec.drafter.build(spec.drafter_settings, target, draft, log)
   drafter.check(target.config)
   if spec.tree is not None:
     info["tree_nodes"] = spec.tree.nodes_with_root - 1
-  return drafter, info
+  return BuiltDrafter(drafter, info)
 
 
 @dataclasses.dataclass
@@ -233,14 +244,14 @@ def _lowering_report(spec: DecodeSpec, runner: Runner, padded: np.ndarray, lengt
 
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None,
-        drafter: tuple[Drafter, dict] | None = None,
+        drafter: BuiltDrafter | None = None,
         policy_memory: dict[tuple, k_policy.Memory] | None = None, warm: set | None = None) -> dict[str, Any]:
   """Decodes every prompt of `spec` (or of a config, checked into one); returns the JSON-ready results,
   also written to `config.output` (or, when that fails at the end, to the fallback file named by
   `results["written_to"]`).
 
-  `models` = (target, draft or None) already loaded and `drafter` = (a built drafter, its facts) reuse
-  what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `policy_memory` keeps
+  `models` = (target, draft or None) already loaded and `drafter` (built, and updated with what this
+  run's batches teach it: `Drafter.remember`) reuse what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `policy_memory` keeps
   the adaptive policy's measured cost table (measured once) and learned acceptance across runs, one
   `k_policy.Memory` per compiled program; `warm` holds the programs an earlier run already compiled and
   ran (`DecodeSpec.program`), which skip the warm-up call (compile_time_s 0), and gains this run's."""
@@ -251,23 +262,21 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   load_start = time.perf_counter()
   target, draft = models or load_models(spec, log)
   load_time = time.perf_counter() - load_start
-  if not spec.speculative:
-    drafter, drafter_info = None, {}
-  else:
-    drafter, drafter_info = drafter or build_drafter(spec, target, draft, log)
+  built = (drafter or build_drafter(spec, target, draft, log)) if spec.speculative else None
+  drafter_info = built.info if built else {}
 
   tok = target.tokenizer
   width = prompts.width_bound(tok, conversations, cfg.chat, cfg.max_new_tokens)
   # One shape for all batches of every turn, with room for a verify pass past the budget.
   cache_len = -(-(width + cfg.max_new_tokens + spec.verify_width) // 64) * 64
-  runner = Runner(spec, target, drafter, cache_len)
+  runner = Runner(spec, target, built and built.drafter, cache_len)
 
   key = jax.random.key(cfg.seed)
   first = [prompts.turn_ids(tok, c, (), cfg.chat) for c in conversations[:cfg.batch_size]]
   _, padded, lengths = next(_batches(first, cfg.batch_size, width))
   if cfg.lower_only:
     return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
-  program, compile_time = (*spec.program(cache_len, width), id(drafter)), 0.0
+  program, compile_time = (*spec.program(cache_len, width), id(built)), 0.0
   if warm is None or program not in warm:
     log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
     start = time.perf_counter()
@@ -278,7 +287,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       warm.add(program)
   policy_record = {}
   if spec.speculative:
-    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log)
+    policy_record = _tune(spec, runner, built, policy_memory, (padded, lengths), key, log)
 
   turns = max(len(c.turns) for c in conversations)
   answers: list[list[str]] = [[] for _ in conversations]
@@ -301,6 +310,10 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       tokens, counts = meshes.to_host((out.tokens, out.counts))
       wall = time.perf_counter() - start
       per_row = tally.add(spec, out, wall, counts[:len(indices)])
+      if built:  # what the real rows (not the filler) decoded, for the next batch, turn and run
+        real_B = np.arange(len(lengths)) < len(indices)
+        runner.drafter = built.drafter = built.drafter.remember(padded, np.where(real_B, lengths, 0), out.tokens,
+                                                                np.where(real_B, counts, 0))
       for row, j in enumerate(indices):
         i = active[j]
         ids = [int(t) for t in tokens[row, :counts[row]]]

@@ -29,7 +29,7 @@ from specjax.speculative import verify, verify_greedy
 from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.plan import RoundPlan
 from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
-                                  exact_distribution)
+                                  accept_all_proposed, exact_distribution)
 from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
@@ -250,12 +250,6 @@ def test_eos_inside_an_accepted_block_stops_the_row_there():
 SAMPLE_STEPS, ALPHA = 3, 1e-3
 
 
-def _accept_all_proposed(key, proposal, target_probs_BxK1xV):
-  """A broken rule: keeps every proposed token, then draws from q after the last one."""
-  next_probs_BxV = jnp.take_along_axis(target_probs_BxK1xV, proposal.lengths[:, None, None], axis=1)[:, 0]
-  return proposal.lengths, jax.random.categorical(key, jnp.log(next_probs_BxV)).astype(jnp.int32)
-
-
 def _first_tokens(sampling, rule):
   """Counts [V^3] of the first three tokens over N = 10,000 rows of one call, K = 2, and the
   acceptance counters."""
@@ -282,7 +276,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution(sampling):
   assert chi_square_pvalue(counts, exact) > ALPHA
   proposed, accepted = np.asarray(acceptance.proposed), np.asarray(acceptance.accepted)
   assert (proposed > 0).all() and (accepted > 0).mean() > 0.2
-  broken, _ = _first_tokens(sampling, _accept_all_proposed)
+  broken, _ = _first_tokens(sampling, accept_all_proposed)
   assert chi_square_pvalue(broken, exact) < 1e-12
 
 

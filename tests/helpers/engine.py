@@ -149,6 +149,13 @@ def accept_all(key, proposal, target_probs_BxK1xV):
           jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
 
 
+def accept_all_proposed(key, proposal, target_probs_BxK1xV):
+  """A broken rule: keeps every proposed token (a point mass accepted without the target's probability),
+  then draws from q after the last one."""
+  next_probs_BxV = jnp.take_along_axis(target_probs_BxK1xV, proposal.lengths[:, None, None], axis=1)[:, 0]
+  return proposal.lengths, jax.random.categorical(key, jnp.log(next_probs_BxV)).astype(jnp.int32)
+
+
 SMALL_TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
 SMALL_DRAFT = perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance about 0.7
 SAMPLE_PROMPT, SAMPLE_STEPS = [3, 1, 4], 3

@@ -11,6 +11,7 @@ Host side, before anything compiles:
   storage(batch, max_len)               its preallocated, donated storage (a KV cache, a token buffer)
   check_fits(storage, lengths, budget, k)   the storage holds the longest prompt + budget + look-ahead
   storage_of(state)                     the storage inside a returned final state, for the next call
+  remember(prompts, lengths, tokens, counts) -> drafter   after a call: a pool drafter keeps its sequences
   verify_widths(k)                      the verify-pass widths the loop chooses among
 Inside the jitted loop:
   init(storage, prompts, lengths, target_cache) -> state
@@ -212,6 +213,18 @@ class Drafter(flax.struct.PyTreeNode):
     """The storage held by a state the loop returned: passed to the next call of the same shapes
     instead of allocating new storage (it is donated again)."""
     return None
+
+  def remember(self, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array, tokens_BxO: jax.Array,
+               counts_B: jax.Array) -> Drafter:
+    """The drafter after a finished call decoded these prompts into these outputs (row b: its first
+    `prompt_lengths_B[b]` and `counts_B[b]` tokens; 0 and 0 for rows to skip): a pool drafter returns
+    itself with them in its pool (`suffix`), every other drafter itself. Host side, between calls; the
+    result has the same shapes, so the next call reuses the compiled program."""
+    return self
+
+  def forget(self) -> Drafter:
+    """The drafter with everything `remember` added dropped (`Decoder.reset_pool`)."""
+    return self
 
   # -- inside the jitted loop --------------------------------------------------------------------------
   def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,

@@ -43,6 +43,18 @@ class HistoryState:
   pending: jax.Array  # [B] int32: the pending token of the last proposal, the first token commit appends
 
 
+def spines(tokens_BxRxK: jax.Array, lengths_BxR: jax.Array, vocab_size: int, tree) -> Proposal:
+  """The proposal of R chains from the root, the spines tree `tree` = (R, 1, ..., 1) of depth K: branch
+  r's first `lengths_BxR[b, r]` tokens, its depth-d node being node (d - 1) R + r + 1. Slots past a
+  branch's length hold the id V = `vocab_size`, which no target distribution gives probability (never
+  accepted, never equal to an argmax)."""
+  batch, branches, k = tokens_BxRxK.shape
+  unproposed_BxRxK = jnp.arange(k)[None, None, :] >= lengths_BxR[:, :, None]
+  tokens_BxRxK = jnp.where(unproposed_BxRxK, vocab_size, tokens_BxRxK)
+  tokens_BxN = jnp.swapaxes(tokens_BxRxK, 1, 2).reshape(batch, k * branches)
+  return Proposal(tokens=tokens_BxN, lengths=jnp.max(lengths_BxR, axis=1).astype(jnp.int32), tree=tree)
+
+
 class HistoryDrafter(Drafter):
   """Drafts from the committed token history alone: subclasses implement `propose_from_history`."""
 

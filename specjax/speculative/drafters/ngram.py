@@ -47,7 +47,7 @@ import ml_collections
 
 from specjax.errors import ConfigError
 from specjax.speculative.drafters.base import DrafterSettings
-from specjax.speculative.drafters.history import HistoryDrafter
+from specjax.speculative.drafters.history import HistoryDrafter, spines
 from specjax.speculative.proposal import Proposal
 from specjax.speculative.trees.tree import Tree, from_branching
 
@@ -153,17 +153,11 @@ class NgramDrafter(HistoryDrafter):
     return tokens_BxRxK[:, 0], lengths_BxR[:, 0]
 
   def propose_from_context(self, context_BxS: jax.Array, context_lengths_B: jax.Array, k: int) -> Proposal:
-    """A chain (`propose_from_history`), or spines: branch r's depth-d node is node (d - 1) b + r + 1.
-    Slots past a branch's match hold the id V, which no target distribution gives probability (never
-    accepted, never equal to an argmax)."""
+    """A chain (`propose_from_history`), or spines (`history.spines`)."""
     if self.tree is None:
       return super().propose_from_context(context_BxS, context_lengths_B, k)
-    branches = len(self.tree.children(0))
-    tokens_BxRxK, lengths_BxR = self._continuations(context_BxS, context_lengths_B, k, branches)
-    unproposed_BxRxK = jnp.arange(k)[None, None, :] >= lengths_BxR[:, :, None]
-    tokens_BxRxK = jnp.where(unproposed_BxRxK, self.vocab_size, tokens_BxRxK)
-    tokens_BxN = jnp.swapaxes(tokens_BxRxK, 1, 2).reshape(context_BxS.shape[0], k * branches)
-    return Proposal(tokens=tokens_BxN, lengths=jnp.max(lengths_BxR, axis=1).astype(jnp.int32), tree=self.tree)
+    tokens_BxRxK, lengths_BxR = self._continuations(context_BxS, context_lengths_B, k, len(self.tree.children(0)))
+    return spines(tokens_BxRxK, lengths_BxR, self.vocab_size, self.tree)
 
   def _continuations(self, context_BxS: jax.Array, context_lengths_B: jax.Array, k: int,
                      branches: int) -> tuple[jax.Array, jax.Array]:
