@@ -10,9 +10,8 @@ workload and system.
   mtbench_turn2     MT-Bench conversations (the first of each of `mtbench_categories`), both turns, batch 1, greedy; turn 2 reported
   code_edit         configs/code_edit_prompts.py edits, batch 1, greedy
   self_consistency  `samples` copies of one prompt in one batch at `temperature`
-Systems (`systems`): specjax autoregressive, then each system, with autoregressive again after every
-system, so that each system sits between two baseline runs. Speedups divide by the mean of the baseline
-runs. The systems are:
+Systems (`systems`): specjax autoregressive first, again after every `ar_every` systems and last;
+speedups divide by the mean of the baseline runs. The systems are:
   - n-gram lookup;
   - suffix without a pool: the row's own history only (`pool_tokens` 0, `across_rows` off);
   - suffix with its pool and batch;
@@ -157,7 +156,9 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   results["load_time_s"] = time.perf_counter() - start
   for workload in cfg.workloads:
     fields, counted = calls[workload]
-    order = [AUTOREGRESSIVE] + [s for system in cfg.systems for s in (system, AUTOREGRESSIVE)]
+    order = [AUTOREGRESSIVE]
+    for count, system in enumerate(cfg.systems, 1):
+      order += [system] + ([AUTOREGRESSIVE] if count % cfg.ar_every == 0 or count == len(cfg.systems) else [])
     for system in order:
       dec.reset_pool()
       result = dec.run(**fields, **system_fields(cfg, system))

@@ -20,7 +20,8 @@ def get_config(variant: str = ""):
   cfg.ngram = ml_collections.ConfigDict({"min": 1, "max": 3})  # the n-gram drafter's group
   cfg.suffix = SuffixDrafter.config_group()  # the suffix drafter's group (its pool_tokens: the pool systems')
   cfg.workloads = ("repeated_task", "mtbench_turn2", "code_edit", "self_consistency")  # run in this order
-  cfg.systems = ("ngram", "suffix_no_pool", "suffix_pool", "suffix_pool_adaptive")  # each between AR runs
+  cfg.systems = ("ngram", "suffix_no_pool", "suffix_pool", "suffix_pool_adaptive")  # experiments.benchmark_suffix
+  cfg.ar_every = 2  # autoregressive runs first, after every this many systems and last
   cfg.repeated_task = ml_collections.ConfigDict({
       "module": "shutil",  # the stdlib module whose functions the one instruction is applied to
       "requests": 5,  # its first functions of 6-40 lines, decoded one after another
