@@ -20,7 +20,6 @@ from specjax.models.kv_cache import init_cache
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter
-from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.k_policy import Adaptive, KPolicy
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.eagle import eagle_head
@@ -57,24 +56,23 @@ def test_autoregressive_program_moves_no_whole_cache(block):
 
 
 def _drafters(target_config, target_params, draft_config, draft_params):
-  """name -> (drafter, K, policy): every drafter kind; the adaptive policy branches between verify widths
-  as early stopping does, and the model drafter between its catch-up passes at any policy."""
+  """name -> (drafter, K, policy): every drafter kind with a cache of its own or the target's (a history
+  drafter's buffer is no cache; its verify-width switch is the adaptive policy's, which every `_adaptive`
+  program has); the adaptive policy branches between verify widths as early stopping does, the model
+  drafter between its catch-up passes at any policy, and a tree cut's compaction is the fixed tree's."""
   return {
       "model_adaptive": (ModelDrafter(draft_config, draft_params, None), 5, Adaptive()),
-      "model_tree": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
-                     TREES["branching"].max_depth, KPolicy()),
       "model_tree_adaptive": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
                               TREES["branching"].max_depth, Adaptive()),
       "model_dynamic_tree": (ModelDrafter(draft_config, draft_params, None, tree=DynamicSpec(6, 3, 2)), 3, KPolicy()),
-      "ngram_adaptive": (NgramDrafter(target_config.vocab_size), 4, Adaptive()),
       "layer_skip_adaptive": (LayerSkipDrafter(target_config, target_params, (0,)), 4, Adaptive()),
       "eagle_adaptive": (EagleDrafter(*eagle_head(target_config, ()), target_config, target_params), 4,
                          Adaptive()),
   }
 
 
-@pytest.mark.parametrize("name", ["model_adaptive", "model_tree", "model_tree_adaptive", "model_dynamic_tree",
-                                  "ngram_adaptive", "layer_skip_adaptive", "eagle_adaptive"])
+@pytest.mark.parametrize("name", ["model_adaptive", "model_tree_adaptive", "model_dynamic_tree", "layer_skip_adaptive",
+                                  "eagle_adaptive"])
 def test_speculative_program_moves_no_whole_cache(name):
   """Verify, draft, catch-up and compaction update both caches in place, whatever the round branches on
   (a `lax.cond`/`lax.switch` whose branches write a cache copies it: `specjax.inplace`)."""

@@ -284,15 +284,15 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
 TREE_CHI2_COSTS = np.array([1.0, 1.2, 1.3, 1.5, 1.6, 10.0, 10.0], np.float32)
 
 
-def _tree_tokens(drafter_class):
-  """The first LONG_STEPS tokens of N = 10,000 rows drafting the tree (2, 2, 1) with the policy on (9 nodes
+def _tree_tokens(drafter_class, rows=SAMPLE_ROWS):
+  """The first LONG_STEPS tokens of N = `rows` rows drafting the tree (2, 2, 1) with the policy on (9 nodes
   of look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first
   round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the loop's output."""
   drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + LONG_STEPS + 9
-  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, SAMPLE_ROWS, cache_len),
-                  drafter.storage(SAMPLE_ROWS, cache_len), LONG_STEPS, NO_EOS, SAMPLED, jax.random.key(2),
+  padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
+                  drafter.storage(rows, cache_len), LONG_STEPS, NO_EOS, SAMPLED, jax.random.key(2),
                   k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
   tokens_ZxT = np.asarray(out.tokens)
   index = np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [config.vocab_size] * STEPS)
@@ -309,7 +309,7 @@ def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
   (`TREE_CHI2_COSTS`; depth 3 is never chosen): its leaves have children in the whole tree, which the
   cut must not try, and the spine's nodes are not a prefix of the tree's; the rounds drafted as chosen
   (`assert_rounds_draft`). A drafter that draws one level less than the loop verifies (the deepest
-  level's tokens never drawn, probability 0 under the draft) must fail the same test (p < 1e-6).
+  level's tokens never drawn, probability 0 under the draft) must fail the same test (p < 1e-6, on 4,000 rows).
   (`mutants.deeper_tree_cut`, the loop verifying a level deeper than the round drafted, passed the first
   3 tokens' test: its tokens sit at positions 3 on; the all-positions test rejects it.)"""
   counts, tokens_ZxT, out = _tree_tokens(ModelDrafter)
@@ -320,7 +320,7 @@ def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
   assert sampled_pvalue(counts) > ALPHA
   combined, pvalues_T = all_positions_pvalue(tokens_ZxT)
   assert combined > ALPHA, pvalues_T
-  counts, tokens_ZxT, _ = _tree_tokens(ShallowTreeDrafter)
+  counts, tokens_ZxT, _ = _tree_tokens(ShallowTreeDrafter, rows=4_000)
   assert sampled_pvalue(counts) < 1e-6
 
 

@@ -104,19 +104,19 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
   rejected (the second spine tried) in about 80% of the rows (asserted > 60%, read from the output: its
   token 1 is not that head). A broken tree rule fails (p < 1e-6): the second spine's point mass not taken
   out of q' after its rejection ("later_sibling_kept"; p = 0 by underflow at 30,000 rows, as for
-  "shared_sibling_uniform"; the correct engine p = 0.95). The earlier prompt had two spines in no row:
+  "shared_sibling_uniform"; the correct engine p = 0.95; run on 4,000 rows, p < 1e-30). The earlier prompt had two spines in no row:
   the later-sibling mutant passed there. (q' never updated at all is caught for point-mass children by
   test_tree_exactness.py's "top" case.)"""
   sampling, rows, steps = sampling_params(0.7, top_k=3), 15_000, 3  # `steps`: the joint's
   (config, params) = SMALL_TARGET
   drafter = NgramDrafter(config.vocab_size, 1, 3, tree=tree_lib.from_branching((2, 1)))
-  padded, lengths = pad_prompts([SPINE_PROMPT] * rows)
   exact = exact_distribution(config, params, SPINE_PROMPT, sampling, steps).ravel()
   heads = {x: [(SPINE_PROMPT + [x])[j + 1] for j in _reference_matches(SPINE_PROMPT + [x], 1, 3, 2)]
            for x in range(config.vocab_size)}
 
-  def counts(**kwargs):
+  def counts(rows=rows, **kwargs):
     cache_len = len(SPINE_PROMPT) + LONG_STEPS + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
+    padded, lengths = pad_prompts([SPINE_PROMPT] * rows)
     out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
                     drafter.storage(rows, cache_len), LONG_STEPS, NO_EOS, sampling, jax.random.key(1),
                     k=2, **kwargs)
@@ -134,7 +134,7 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
   second_tried = np.mean([tokens[1] != heads[tokens[0]][0] for tokens in tokens_ZxT])
   assert second_tried > 0.6, second_tried
   mutants.inject(monkeypatch, "later_sibling_kept", tree=True)
-  broken, _ = counts(tree_rule=lambda *args: tree_acceptance.verify_tree(*args))  # traced anew, patched
+  broken, _ = counts(4_000, tree_rule=lambda *args: tree_acceptance.verify_tree(*args))  # traced anew, patched
   assert chi_square_pvalue(broken, exact) < 1e-6
 
 
