@@ -29,7 +29,7 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import verify
-from specjax.speculative.drafters.suffix import SEPARATOR, SuffixDrafter, appended, empty_pool
+from specjax.speculative.drafters.suffix import SEPARATOR, SuffixDrafter, appended, empty_pool, warm_pool
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees.tree import from_branching
 from tests.helpers.cli import cli_config
@@ -237,6 +237,17 @@ def test_a_decoder_drafts_from_its_earlier_calls_and_forgets_on_reset(model_dirs
   assert second.stats["acceptance"]["accepted"] >= len(first.token_ids[0]) / 2 > first.stats["acceptance"]["accepted"]
   dec.reset_pool()
   assert dec.generate(prompt).stats["acceptance"] == first.stats["acceptance"]
+
+
+def test_a_corpus_warms_the_pool_up_to_its_budget(tmp_path):
+  """Paragraphs of a text file, encoded and separated, in order; the budget keeps the newest tokens."""
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("abc\n\nde\n\nfgh")
+  encode = lambda text, add_special_tokens: [ord(c) - ord("a") for c in text]
+  pool, added = warm_pool(empty_pool(12), str(corpus), encode, budget=100)
+  assert list(map(int, pool)) == [SEPARATOR, 0, 1, 2, SEPARATOR, 3, 4, SEPARATOR, 5, 6, 7, SEPARATOR] and added == 8
+  pool, added = warm_pool(empty_pool(12), str(corpus), encode, budget=5)  # reading stops past the budget
+  assert list(map(int, pool)) == [SEPARATOR] * 7 + [2, SEPARATOR, 3, 4, SEPARATOR] and added == 3
 
 
 @pytest.mark.parametrize("field, value, message", [
