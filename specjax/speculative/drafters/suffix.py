@@ -159,7 +159,7 @@ def walk(continuations_BxMxK: jax.Array, branches: int, limit_B: jax.Array,
   alive_BxM = first_BxM >= 0
   heads, head_counts = [], []
   for _ in range(branches):
-    token_Bx1, count_Bx1, continuing_Bx1 = most_frequent(alive_BxM[:, None, :], first_BxM[:, None, :])
+    token_Bx1, count_Bx1, _ = most_frequent(alive_BxM[:, None, :], first_BxM[:, None, :])
     heads.append(token_Bx1[:, 0])
     head_counts.append(count_Bx1[:, 0])
     alive_BxM = alive_BxM & (first_BxM != token_Bx1)
@@ -185,7 +185,7 @@ def _settings_error(s) -> str | None:
   """What is wrong with the group's settings (None when nothing is), as "field: message"."""
   checks = (("max_match", int(s.max_match) == s.max_match and s.max_match >= 1, "an integer >= 1"),
             ("occurrences", int(s.occurrences) == s.occurrences and s.occurrences >= 1, "an integer >= 1"),
-            ("factor", s.factor >= 0, ">= 0"), ("offset", True, ""),
+            ("factor", s.factor >= 0, ">= 0"),
             ("min_prob", 0 <= s.min_prob <= 1, "in [0, 1]"),
             ("pool_tokens", int(s.pool_tokens) == s.pool_tokens and s.pool_tokens >= 0, "an integer >= 0"),
             ("corpus_tokens", int(s.corpus_tokens) == s.corpus_tokens and s.corpus_tokens >= 0, "an integer >= 0"))
