@@ -48,7 +48,8 @@ def _layout_error(layout):
   """The largest difference between the layout's node logits and a plain causal forward of each node's
   context [x_1 .. x_a, MASK x j] (all contexts in one forward, right-padded: causal, so the padding is
   never seen)."""
-  config, params, mask_id = pard.with_mask_row(*tiny_model(0))
+  config, params = pard.with_mask_row(*tiny_model(0))
+  mask_id = pard.mask_id(config)
   tokens_BxT = np.random.default_rng(0).integers(0, mask_id, (2, SEQ_LEN)).astype(np.int32)
   nodes_BxNxW = np.asarray(layout.student_logits(config, params, jnp.asarray(tokens_BxT)))
   contexts_NxBxC = np.zeros((len(layout.step), 2, SEQ_LEN + K), np.int32)

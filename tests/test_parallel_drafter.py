@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from specjax.errors import ConfigError
+from specjax.models.load import LoadedModel
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative.drafters.base import DrafterSettings
@@ -92,12 +93,13 @@ def test_mask_token_from_the_draft_directory_or_the_config(tmp_path):
   save_mask_token(str(tmp_path), 7)
   assert load_mask_token(str(tmp_path)) == 7
   loaded = engine.TARGET
-  draft = type("Loaded", (), {"config": loaded[0], "params": loaded[1], "part": None})()
+  same_tokenizer = type("Tokenizer", (), {"fingerprint": lambda self, below=None: "one"})()
+  draft = LoadedModel("draft", *loaded, tokenizer=same_tokenizer)
   options = cls.config_group()
   settings = DrafterSettings("parallel", options, draft=str(tmp_path), k=3)
-  drafter, facts = cls.build(settings, None, draft)
+  drafter, facts = cls.build(settings, draft, draft)
   assert (drafter.mask_id, drafter.k, facts) == (7, 3, {"parallel_mask_token_id": 7})
   with pytest.raises(ConfigError, match="config.parallel.mask_token_id"):
-    cls.build(DrafterSettings("parallel", options, draft=str(tmp_path / "none"), k=3), None, draft)
+    cls.build(DrafterSettings("parallel", options, draft=str(tmp_path / "none"), k=3), draft, draft)
   with pytest.raises(ValueError, match="mask token 61"):
     ParallelDrafter(*loaded, 61, 3).check(loaded[0])

@@ -23,7 +23,7 @@ from configs import distill_smollm2_parallel, qwen_coder
 from experiments import harness
 from experiments.distill_smollm2.report import heldout_evals, held_out_prompts, split, write_jsonl
 from specjax import costs, pipeline, records
-from specjax.distill import train
+from specjax.distill import pard, train
 from specjax.distill.export import export_hf
 from specjax.models.load import load_model
 from specjax.speculative.drafters.parallel import save_mask_token
@@ -40,7 +40,7 @@ def export_latest(variant: str, workdir: str) -> tuple[str, dict]:
   teacher, draft, step = train.latest_student(config)
   directory = export_hf(os.path.join(workdir, "drafts", f"step{step}"), draft.config, draft.params, teacher.tokenizer)
   if variant == "parallel":
-    save_mask_token(directory, teacher.config.vocab_size)
+    save_mask_token(directory, pard.mask_id(draft.config))
   evals = heldout_evals(workdir)
   return directory, {"step": step, "heldout_first": evals[0], "heldout_latest": evals[-1]}
 
@@ -55,11 +55,10 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   base = qwen_coder.get_config()
   base.target, base.prompts_file, base.chat = config.target, prompts_file, False
   base.k_policy, base.k, base.temperature = "fixed", cfg.k, 0.0
-  base.max_new_tokens, base.batch_size = cfg.max_new_tokens, 1
+  base.max_new_tokens, base.batch_size, base.mode = cfg.max_new_tokens, 1, "autoregressive"
   target, _ = pipeline.load_models(base)
   write_jsonl(({"prompt": p} for p in held_out_prompts(held, target.tokenizer, cfg.num_prompts, cfg.prompt_tokens)),
               prompts_file)
-  base.mode = "autoregressive"
   baseline = pipeline.run(base, models=(target, None))
   ar_ids = [o["token_ids"] for o in baseline["outputs"]]
   results["runs"].append({"system": "target alone", **baseline["stats"]})

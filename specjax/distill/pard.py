@@ -134,12 +134,16 @@ def pard_layout(seq_len: int, k: int, keep: float, mask_id: int, seed: int = 0) 
   return PardLayout(positions=k, mask_id=mask_id, source=tuple(source), step=tuple(step), parent=tuple(parent))
 
 
-def with_mask_row(config: ModelConfig, params: Params) -> tuple[ModelConfig, Params, int]:
-  """The draft with one more vocabulary row, the mask token (its id: the old vocabulary size), its
-  embedding (and untied output head) row the mean of the others; per-layer layout in and out."""
-  mask_id = config.vocab_size
+def with_mask_row(config: ModelConfig, params: Params) -> tuple[ModelConfig, Params]:
+  """The draft with one more vocabulary row, the mask token (`mask_id`), its embedding (and untied output
+  head) row the mean of the others; per-layer layout in and out."""
   grow = lambda rows_VxD: jnp.concatenate([rows_VxD, jnp.mean(rows_VxD, axis=0, keepdims=True)], axis=0)
   grown = dict(params, embed={**params["embed"], "embedding": grow(params["embed"]["embedding"])})
   if "lm_head" in params:
     grown["lm_head"] = {**params["lm_head"], "weight": grow(params["lm_head"]["weight"])}
-  return config.replace(vocab_size=mask_id + 1), grown, mask_id
+  return config.replace(vocab_size=config.vocab_size + 1), grown
+
+
+def mask_id(config: ModelConfig) -> int:
+  """A PARD draft's mask token: its last vocabulary row (`with_mask_row`)."""
+  return config.vocab_size - 1

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -60,8 +60,14 @@ class TrainState:
   key: jax.Array  # [2] uint32 raw PRNG key of the run; batch i samples with fold_in(key, i)
 
 
-def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
-                   labels: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+class Optimizer(NamedTuple):
+  """The update rule and its learning-rate schedule (`make_optimizer`)."""
+
+  transform: optax.GradientTransformation
+  schedule: optax.Schedule
+
+
+def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int, labels: Any) -> Optimizer:
   """Clipping + AdamW on a warmup-cosine schedule for TRAIN leaves, zero updates for FROZEN ones.
   Weight decay skips vectors (norm scales, biases)."""
   schedule = optax.warmup_cosine_decay_schedule(
@@ -70,7 +76,7 @@ def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
   adamw = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
                       mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
   train = optax.chain(optax.clip_by_global_norm(optim.grad_clip), adamw) if optim.grad_clip else adamw
-  return optax.multi_transform({TRAIN: train, FROZEN: optax.set_to_zero()}, labels), schedule
+  return Optimizer(optax.multi_transform({TRAIN: train, FROZEN: optax.set_to_zero()}, labels), schedule)
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int,
@@ -182,10 +188,9 @@ def paired_logits(teacher_config: ModelConfig, teacher_params: Params, student_c
   return layout.teacher_logits(teacher_BxTxV, student_BxNxW.shape[-1]), student_BxNxW
 
 
-def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
-                    optimizer: optax.GradientTransformation, schedule: optax.Schedule, labels: Any,
-                    loss: ml_collections.ConfigDict, accum_steps: int = 1,
-                    placement: Placement | None = None, layout: PlainLayout = PlainLayout()) -> Callable:
+def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig, optimizer: Optimizer, labels: Any,
+                    loss: ml_collections.ConfigDict, accum_steps: int = 1, placement: Placement | None = None,
+                    layout: PlainLayout = PlainLayout()) -> Callable:
   """`train_step(state, teacher_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
   donated. Metrics (float32 scalars): the masked loss, the trainable gradients' global norm (before
   clipping) and the learning rate of this step. `accum_steps` micro-batches per step (B must be a
@@ -205,7 +210,7 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
 
   def loss_and_grads(master, teacher_params, tokens_BxT, mask_BxT):
     """The full batch's masked mean divergence and its gradient, over `accum_steps` micro-batches."""
-    count = jnp.maximum(jnp.sum(layout.weights(mask_BxT)), 1.0)  # of the whole batch: every micro-batch divides by it
+    count = jnp.maximum(jnp.sum(layout.weights(mask_BxT)), 1.0)  # of the whole batch: each micro-batch divides by it
     mean = lambda master, tokens, mask: divergence_sum(master, teacher_params, tokens, mask) / count
     if accum_steps == 1:
       return jax.value_and_grad(mean)(master, tokens_BxT, mask_BxT)
@@ -226,11 +231,11 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
   def train_step(state: TrainState, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     value, grads = loss_and_grads(state.params, teacher_params, tokens_BxT, mask_BxT)
     trainable = jax.tree.map(lambda g, label: g if label == TRAIN else None, grads, labels)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    updates, opt_state = optimizer.transform.update(grads, state.opt_state, state.params)
     new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                               opt_state=opt_state)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(trainable),
-               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
+               "learning_rate": jnp.asarray(optimizer.schedule(state.step), jnp.float32)}
     return new_state, metrics
 
   if placement is None:
@@ -247,7 +252,8 @@ def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, los
   the training loss, the expected acceptance sum_x min(p, q) at `acceptance_temperature`, and the
   greedy (argmax) agreement, plus the number of valid tokens, to be summed over batches; a layout with
   several draft positions (`pard`) adds the acceptance, the greedy agreement and the valid nodes per
-  position [K] ("acceptance_at", "greedy_agreement_at", "tokens_at"). The student's float32 master runs in its dtype, as in training."""
+  position [K] ("acceptance_at", "greedy_agreement_at", "tokens_at"). The student's float32 master runs
+  in its dtype, as in training."""
 
   def eval_step(student_master: Params, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     student = model_params(student_config, student_master)

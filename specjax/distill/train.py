@@ -145,7 +145,7 @@ def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel,
     return student.eagle_head(teacher.config, spec, jax.random.key(config.seed + 1))
   if spec.init == "parallel":  # PARD: the checkpoint, else the truncated target, with a mask token appended
     student_config, params = _draft_model(config, "checkpoint" if spec.checkpoint else "truncate", teacher, part)
-    student_config, params, _ = pard.with_mask_row(student_config, params)
+    student_config, params = pard.with_mask_row(student_config, params)
     return student_config, partitioning.shard_params(student_config, params, part)
   return _draft_model(config, spec.init, teacher, part)
 
@@ -236,13 +236,13 @@ def _evaluate(eval_step: Callable, student_params: Params, teacher_params: Param
   return {**means, "tokens": int(count)}
 
 
-def layouts(config: ml_collections.ConfigDict, teacher_config: ModelConfig) -> tuple[pard.PlainLayout, ...]:
+def layouts(config: ml_collections.ConfigDict, student_config: ModelConfig) -> tuple[pard.PlainLayout, ...]:
   """The nodes a draft model trains at and is evaluated at (`pard`): PARD's mask blocks for student.init
   "parallel" (COD-dropped in training, every anchor in the evaluation), else the rows themselves."""
   if config.student.init != "parallel":
     return pard.PlainLayout(), pard.PlainLayout()
   make = functools.partial(pard.pard_layout, config.data.seq_len, config.student.parallel_k,
-                           mask_id=teacher_config.vocab_size, seed=config.seed)
+                           mask_id=pard.mask_id(student_config), seed=config.seed)
   return make(keep=config.student.cod_keep), make(keep=1.0)
 
 
@@ -483,10 +483,10 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
         eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
                                    config.student.feature_loss_weight), vocab=setup.head_vocab)
   else:
-    train_layout, eval_layout = layouts(config, setup.teacher.config)
+    train_layout, eval_layout = layouts(config, setup.student_config)
     train_step = steps.make_train_step(setup.teacher.config, setup.student_config.replace(remat=config.remat),
-                                       optimizer, schedule, setup.labels, config.loss, config.accum_steps, place,
-                                       train_layout)
+                                       steps.Optimizer(optimizer, schedule), setup.labels, config.loss,
+                                       config.accum_steps, place, train_layout)
     eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
                                      config.eval_temperature, place, eval_layout)
   compute_params = functools.partial(eagle_steps.run_params if eagle else steps.model_params, setup.student_config)
@@ -534,7 +534,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   else:
     export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)
     if config.student.init == "parallel":
-      save_mask_token(export_dir, setup.teacher.config.vocab_size)
+      save_mask_token(export_dir, pard.mask_id(setup.student_config))
   before, after = _first_and_last_eval(log.path)
   summary = {
       "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),

@@ -38,6 +38,7 @@ from specjax.models.transformer import Params, forward_hidden, hidden_to_logits,
 from specjax.sampling import SamplingParams, tokens_and_probabilities
 from specjax.speculative.drafters.base import DraftPass, DrafterSettings, ModelBackedDrafter
 from specjax.speculative.drafters.draft_head import draft_inputs
+from specjax.speculative.drafters.spelling import check_compatible
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 
@@ -105,6 +106,7 @@ class ParallelDrafter(ModelBackedDrafter):
             log: Callable[[str], None] = print) -> tuple[ParallelDrafter, dict]:
     if draft is None:
       raise ValueError("drafter 'parallel' needs a loaded draft model")
+    check_compatible(target, draft)  # the target's tokenizer (the mask row lies beyond both)
     mask_id = settings.options.mask_token_id
     if mask_id == -1:
       mask_id = load_mask_token(settings.draft) if os.path.isdir(settings.draft) else None
