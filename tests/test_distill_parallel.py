@@ -1,5 +1,5 @@
 """PARD distillation (`student.init = "parallel"`, `specjax.distill.pard`): the training layout shows each
-mask what the decode pass shows it; the tiny config's 40 steps raise the held-out greedy agreement at
+mask what the decode pass shows it; 20 steps of the tiny config raise the held-out greedy agreement at
 draft positions >= 2 from about 0 (< 0.1) to clearly above (> 0.15), the exported draft decodes exactly
 as `drafter = "parallel"` (one pass per round), and a run killed after a checkpoint resumes bit for bit
 (one test: the uninterrupted run serves both).
@@ -34,6 +34,7 @@ from tests.helpers.engine import tiny_model
 from tests.helpers.loop import autoregress, speculate
 
 SEQ_LEN, K = 12, 4
+SHORT = dict(num_steps=20, eval_every=20)  # the tiny config's first 20 steps (checkpoints every 10)
 
 
 def _config(target, directory, **changes):
@@ -85,7 +86,7 @@ def _greedy_decode(target_model, drafter, prompts, budget):
 
 
 def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_identical(target, tmp_path):
-  summary = train.run(_config(target, tmp_path / "whole"))
+  summary = train.run(_config(target, tmp_path / "whole", **SHORT))
   before, after = summary["before"]["greedy_agreement_at"], summary["after"]["greedy_agreement_at"]
   assert len(before) == 3 and max(before[1:]) < 0.1  # the mask row knows nothing yet
   assert min(after[1:]) > 0.15 and summary["after"]["acceptance"] > summary["before"]["acceptance"]
@@ -99,13 +100,13 @@ def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_i
   plain, speculative, out = _greedy_decode(target_model, drafter, prompts, 24)
   assert speculative == plain and int(out.draft_calls) == int(out.target_calls) - 1
 
-  def crash(step, metrics):  # killed after the checkpoint of step 30
-    if step == 35:
+  def crash(step, metrics):  # killed after the checkpoint of step 10
+    if step == 15:
       raise Crash()
 
   with pytest.raises(Crash):
-    train.run(_config(target, tmp_path / "resumed"), on_step=crash)
-  resumed = train.run(_config(target, tmp_path / "resumed"))
+    train.run(_config(target, tmp_path / "resumed", **SHORT), on_step=crash)
+  resumed = train.run(_config(target, tmp_path / "resumed", **SHORT))
   assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole") and resumed["after"] == summary["after"]
   want = load_file(os.path.join(summary["export_dir"], "model.safetensors"))
   got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))
