@@ -29,7 +29,8 @@ def setup():
   optim = default_config().optim
   optim.learning_rate, optim.warmup_steps = 5e-5, 0
   optimizer, schedule = steps.make_optimizer(optim, 10, labels)
-  train_step = steps.make_train_step(TEACHER, config, optimizer, schedule, labels, default_config().loss)
+  train_step = steps.make_train_step(TEACHER, config, steps.Optimizer(optimizer, schedule), labels,
+                                     default_config().loss)
   return teacher_params, params, labels, optimizer, train_step
 
 
@@ -89,7 +90,8 @@ def test_a_stacked_train_step_equals_the_per_layer_one():
     config, params = student.truncate(teacher_config, stack_layers(teacher_params, 3) if scan else teacher_params, 2)
     labels = student.frozen_labels(config, params, False, False, ())
     optimizer, schedule = steps.make_optimizer(default_config().optim, 10, labels)
-    train_step = steps.make_train_step(teacher_config, config, optimizer, schedule, labels, default_config().loss)
+    train_step = steps.make_train_step(teacher_config, config, steps.Optimizer(optimizer, schedule), labels,
+                                       default_config().loss)
     state, metrics = train_step(steps.init_state(params, optimizer, seed=0),
                                 steps.model_params(teacher_config, teacher_params), TOKENS_BxT, MASK_BxT)
     results.append((jax.device_get(state.params), float(metrics["loss"])))

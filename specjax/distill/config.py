@@ -25,7 +25,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.remat = False  # rematerialise each student block in the backward (jax.checkpoint): less memory, more compute
 
   c.student = ml_collections.ConfigDict()
-  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint", "fresh" or "eagle_head"
+  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint", "fresh", "eagle_head" or
+  #                               "parallel" (PARD: student.checkpoint, else the truncated target, with a mask token)
   c.student.num_layers = 2  # truncate: how many of the target's first blocks the draft keeps
   c.student.checkpoint = ""  # checkpoint: the draft to start from (same vocabulary and tokenizer)
   c.student.d_model = 64  # fresh: width of the residual stream
@@ -44,6 +45,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.student.draft_vocab = 0  # eagle_head: train (and export) the head over the Vd tokens most frequent in the
   #                            training rows (stop tokens included), EAGLE-3's draft vocabulary: a Vd-column
   #                            output projection, V / Vd times cheaper (0 = the full vocabulary)
+  c.student.parallel_k = 4  # parallel: K, the draft tokens one pass proposes (masks per block: K - 1)
+  c.student.cod_keep = 0.7  # parallel: conditional drop, masks of depth j below this ^ j of the anchors (1 = all)
   c.student.feature_loss_weight = 0.0  # eagle_head, feature_layers "last": weight of EAGLE-1's smooth-L1
   #                                      regression of the head's output on the target's next hidden state
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -45,11 +45,11 @@ from jax.sharding import Mesh, NamedSharding
 
 from specjax import partitioning
 from specjax.distill import losses
+from specjax.distill.pard import PlainLayout
 from specjax.distill.student import FROZEN, TRAIN
 from specjax.models.config import ModelConfig
-from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
-from specjax.models.transformer import Params, forward
+from specjax.models.transformer import Params
 
 
 @flax.struct.dataclass
@@ -60,8 +60,14 @@ class TrainState:
   key: jax.Array  # [2] uint32 raw PRNG key of the run; batch i samples with fold_in(key, i)
 
 
-def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
-                   labels: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+class Optimizer(NamedTuple):
+  """The update rule and its learning-rate schedule (`make_optimizer`)."""
+
+  transform: optax.GradientTransformation
+  schedule: optax.Schedule
+
+
+def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int, labels: Any) -> Optimizer:
   """Clipping + AdamW on a warmup-cosine schedule for TRAIN leaves, zero updates for FROZEN ones.
   Weight decay skips vectors (norm scales, biases)."""
   schedule = optax.warmup_cosine_decay_schedule(
@@ -70,7 +76,7 @@ def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int,
   adamw = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
                       mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
   train = optax.chain(optax.clip_by_global_norm(optim.grad_clip), adamw) if optim.grad_clip else adamw
-  return optax.multi_transform({TRAIN: train, FROZEN: optax.set_to_zero()}, labels), schedule
+  return Optimizer(optax.multi_transform({TRAIN: train, FROZEN: optax.set_to_zero()}, labels), schedule)
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int,
@@ -169,38 +175,42 @@ def model_params(config: ModelConfig, master: Params) -> Params:
 
 def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Array:
   """Float32 logits [B, T, V] of a full sequence (a fresh cache of exactly T positions), with dense
-  attention: every key is live, and the blockwise loop's data-dependent trip count cannot be
-  reverse-differentiated."""
-  B, T = tokens_BxT.shape
-  config = config.replace(attention="dense")
-  logits_BxTxV, _ = forward(config, params, tokens_BxT, init_cache(config, B, T))
-  return logits_BxTxV
+  attention (`pard.dense`)."""
+  return PlainLayout().student_logits(config, params, tokens_BxT)
 
 
-def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
-                    optimizer: optax.GradientTransformation, schedule: optax.Schedule, labels: Any,
-                    loss: ml_collections.ConfigDict, accum_steps: int = 1,
-                    placement: Placement | None = None) -> Callable:
+def paired_logits(teacher_config: ModelConfig, teacher_params: Params, student_config: ModelConfig,
+                  student: Params, tokens_BxT: jax.Array, layout: PlainLayout) -> tuple[jax.Array, jax.Array]:
+  """(the target's logits each student node learns, under `stop_gradient`; the student's) [B, N, W]
+  for the rows `tokens_BxT`, node by node as `layout` lays them out (the plain one: N = T)."""
+  teacher_BxTxV = jax.lax.stop_gradient(logits(teacher_config, teacher_params, tokens_BxT))
+  student_BxNxW = layout.student_logits(student_config, student, tokens_BxT)
+  return layout.teacher_logits(teacher_BxTxV, student_BxNxW.shape[-1]), student_BxNxW
+
+
+def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig, optimizer: Optimizer, labels: Any,
+                    loss: ml_collections.ConfigDict, accum_steps: int = 1, placement: Placement | None = None,
+                    layout: PlainLayout = PlainLayout()) -> Callable:
   """`train_step(state, teacher_params, tokens_BxT, mask_BxT) -> (state, metrics)`, jitted, `state`
   donated. Metrics (float32 scalars): the masked loss, the trainable gradients' global norm (before
   clipping) and the learning rate of this step. `accum_steps` micro-batches per step (B must be a
   multiple of it), `placement` on a mesh: see the module docstring; `student_config.remat` checkpoints
-  each student block."""
+  each student block; `layout` (static) the nodes the student is trained at (`pard`: PARD's mask blocks)."""
   constrain = ((lambda tree, shardings: jax.lax.with_sharding_constraint(tree, shardings))
                if placement is not None else (lambda tree, shardings: tree))
 
   def divergence_sum(master, teacher_params, tokens_BxT, mask_BxT):
     """The masked sum of the per-token divergence over these rows (float32)."""
-    teacher_BxTxV = jax.lax.stop_gradient(logits(teacher_config, teacher_params, tokens_BxT))
     student = constrain(model_params(student_config, master), placement and placement.compute)
-    student_BxTxV = logits(student_config, student, tokens_BxT)
-    per_token_BxT = losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV,
-                                            loss.temperature, loss.beta)
-    return jnp.sum(per_token_BxT * mask_BxT)
+    teacher_BxNxW, student_BxNxW = paired_logits(teacher_config, teacher_params, student_config, student,
+                                                 tokens_BxT, layout)
+    per_node_BxN = losses.token_divergence(loss.divergence, teacher_BxNxW, student_BxNxW, loss.temperature,
+                                           loss.beta)
+    return jnp.sum(per_node_BxN * layout.weights(mask_BxT))
 
   def loss_and_grads(master, teacher_params, tokens_BxT, mask_BxT):
     """The full batch's masked mean divergence and its gradient, over `accum_steps` micro-batches."""
-    count = jnp.maximum(jnp.sum(mask_BxT), 1.0)  # of the whole batch: every micro-batch divides by it
+    count = jnp.maximum(jnp.sum(layout.weights(mask_BxT)), 1.0)  # of the whole batch: each micro-batch divides by it
     mean = lambda master, tokens, mask: divergence_sum(master, teacher_params, tokens, mask) / count
     if accum_steps == 1:
       return jax.value_and_grad(mean)(master, tokens_BxT, mask_BxT)
@@ -221,11 +231,11 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
   def train_step(state: TrainState, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     value, grads = loss_and_grads(state.params, teacher_params, tokens_BxT, mask_BxT)
     trainable = jax.tree.map(lambda g, label: g if label == TRAIN else None, grads, labels)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    updates, opt_state = optimizer.transform.update(grads, state.opt_state, state.params)
     new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                               opt_state=opt_state)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(trainable),
-               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
+               "learning_rate": jnp.asarray(optimizer.schedule(state.step), jnp.float32)}
     return new_state, metrics
 
   if placement is None:
@@ -236,27 +246,35 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig,
 
 
 def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, loss: ml_collections.ConfigDict,
-                   acceptance_temperature: float, placement: Placement | None = None) -> Callable:
+                   acceptance_temperature: float, placement: Placement | None = None,
+                   layout: PlainLayout = PlainLayout()) -> Callable:
   """`eval_step(student_master, teacher_params, tokens_BxT, mask_BxT) -> sums`, jitted: masked sums of
   the training loss, the expected acceptance sum_x min(p, q) at `acceptance_temperature`, and the
-  greedy (argmax) agreement, plus the number of valid tokens, to be summed over batches. The student's
-  float32 master runs in its dtype, as in training."""
+  greedy (argmax) agreement, plus the number of valid tokens, to be summed over batches; a layout with
+  several draft positions (`pard`) adds the acceptance, the greedy agreement and the valid nodes per
+  position [K] ("acceptance_at", "greedy_agreement_at", "tokens_at"). The student's float32 master runs
+  in its dtype, as in training."""
 
   def eval_step(student_master: Params, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
-    teacher_BxTxV = logits(teacher_config, teacher_params, tokens_BxT)
     student = model_params(student_config, student_master)
     if placement is not None:
       student = jax.lax.with_sharding_constraint(student, placement.compute)
-    student_BxTxV = logits(student_config, student, tokens_BxT)
-    weight_BxT = mask_BxT.astype(jnp.float32)
-    per_token = {
-        "loss": losses.token_divergence(loss.divergence, teacher_BxTxV, student_BxTxV, loss.temperature,
+    teacher_BxNxW, student_BxNxW = paired_logits(teacher_config, teacher_params, student_config, student,
+                                                 tokens_BxT, layout)
+    weight_BxN = layout.weights(mask_BxT)
+    acceptance_BxN = losses.expected_acceptance(teacher_BxNxW, student_BxNxW, acceptance_temperature)
+    per_node = {
+        "loss": losses.token_divergence(loss.divergence, teacher_BxNxW, student_BxNxW, loss.temperature,
                                         loss.beta),
-        "acceptance": losses.expected_acceptance(teacher_BxTxV, student_BxTxV, acceptance_temperature),
-        "greedy_agreement": losses.greedy_agreement(teacher_BxTxV, student_BxTxV),
+        "acceptance": acceptance_BxN,
+        "greedy_agreement": losses.greedy_agreement(teacher_BxNxW, student_BxNxW),
     }
-    sums = {name: jnp.sum(value_BxT * weight_BxT) for name, value_BxT in per_token.items()}
-    return {**sums, "tokens": jnp.sum(weight_BxT)}
+    sums = {name: jnp.sum(value_BxN * weight_BxN) for name, value_BxN in per_node.items()}
+    if layout.positions > 1:  # the acceptance metrics per draft position, and the valid nodes at each
+      at_NxK = jax.nn.one_hot(layout.position_of(tokens_BxT.shape[1]), layout.positions, dtype=jnp.float32)
+      sums.update({f"{name}_at": jnp.sum(per_node[name] * weight_BxN, axis=0) @ at_NxK
+                   for name in ("acceptance", "greedy_agreement")}, tokens_at=jnp.sum(weight_BxN, axis=0) @ at_NxK)
+    return {**sums, "tokens": jnp.sum(weight_BxN)}
 
   if placement is None:
     return jax.jit(eval_step)

@@ -1,6 +1,6 @@
 """The draft to be distilled: how it is initialised and which of its parameters train.
 
-Three initialisations (`config.student.init`):
+The initialisations (`config.student.init`):
   "truncate"    the target's first `num_layers` blocks plus its embeddings, final norm and head: a
                 draft that already speaks the target's language and shares its tokenizer by design;
   "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry or hub name)
@@ -9,6 +9,8 @@ Three initialisations (`config.student.init`):
   "eagle_head"  an EAGLE head (`specjax.speculative.drafters.eagle`) reading the target's features: not a model but one
                 block that shares the target's embedding and output head (which stay the target's, untrained)
                 and trains whole (`eagle_head`), by the training-time test (`specjax.distill.eagle_steps`).
+  "parallel"    a PARD draft (`specjax.distill.pard`): `checkpoint` when given, else `truncate`, with a
+                mask token appended to its vocabulary, trained to propose K tokens from one pass.
 Freezing is by parameter subtree: embeddings, output head, chosen layers.
 
 The student is trained, labelled and checkpointed in the per-layer layout (`layers_{i}` subtrees) even
@@ -32,7 +34,7 @@ from specjax.models.transformer import Params, init_params
 from specjax.speculative.drafters.eagle_head import (EagleConfig, check_head, eagle3_layers, head_config,
                                                      init_head_params)
 
-INITS = ("truncate", "checkpoint", "fresh", "eagle_head")
+INITS = ("truncate", "checkpoint", "fresh", "eagle_head", "parallel")
 TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from specjax import corpus, draft_vocab, mesh as meshes, partitioning
 from specjax.errors import ConfigError
-from specjax.distill import data, eagle_steps, losses, steps, student, tensorboard
+from specjax.distill import data, eagle_steps, losses, pard, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
 from specjax.models.config import ModelConfig
@@ -55,6 +55,7 @@ from specjax.sampling import sampling_params
 from specjax.speculative.drafters.draft_head import DraftHead, restrict_head
 from specjax.speculative.drafters.eagle_head import EagleConfig
 from specjax.speculative.drafters.eagle_io import save_head
+from specjax.speculative.drafters.parallel import save_mask_token
 
 METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR = "metrics.jsonl", "summary.json", "checkpoints"
 HEAD_VOCAB_FILE = "head_vocab.npy"
@@ -124,6 +125,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                                                  and config.student.feature_layers == "last"):
     raise ConfigError("student.feature_loss_weight (EAGLE-1's feature regression) needs student.init "
                       "'eagle_head' with student.feature_layers 'last'")
+  if config.student.init == "parallel" and (config.data.modes.student > 0 or config.student.parallel_k < 2
+                                           or not 0.0 < config.student.cod_keep <= 1.0):
+    raise ConfigError(f"student.init 'parallel' needs student.parallel_k >= 2 (got {config.student.parallel_k}), "
+                      f"student.cod_keep in (0, 1] (got {config.student.cod_keep}) and data.modes.student = 0 (its "
+                      "draft proposes blocks: it generates no rows)")
   generates = config.data.modes.target > 0 or config.data.modes.student > 0
   if generates and not 1 <= config.data.prompt_len < config.data.seq_len:
     raise ConfigError(f"data.prompt_len must be in [1, data.seq_len) = [1, {config.data.seq_len}) when a "
@@ -137,10 +143,21 @@ def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel,
   spec = config.student
   if spec.init == "eagle_head":
     return student.eagle_head(teacher.config, spec, jax.random.key(config.seed + 1))
-  if spec.init == "truncate":
+  if spec.init == "parallel":  # PARD: the checkpoint, else the truncated target, with a mask token appended
+    student_config, params = _draft_model(config, "checkpoint" if spec.checkpoint else "truncate", teacher, part)
+    student_config, params = pard.with_mask_row(student_config, params)
+    return student_config, partitioning.shard_params(student_config, params, part)
+  return _draft_model(config, spec.init, teacher, part)
+
+
+def _draft_model(config: ml_collections.ConfigDict, init: str, teacher: LoadedModel,
+                 part: partitioning.Partitioning | None) -> tuple[ModelConfig, Params]:
+  """A draft model initialised as `init` says: "truncate", "fresh" or "checkpoint"."""
+  spec = config.student
+  if init == "truncate":
     student_config, params = student.truncate(teacher.config, teacher.params, spec.num_layers)
     return student_config, partitioning.shard_params(student_config, params, part)
-  if spec.init == "fresh":
+  if init == "fresh":
     student_config, params = student.fresh(teacher.config, spec, jax.random.key(config.seed + 1))
     return student_config, partitioning.shard_params(student_config, params, part)
   draft = load_model(spec.checkpoint, config.dtype, part)
@@ -208,11 +225,25 @@ def _eval_batches(held: data.Packed, batch_size: int, num_batches: int) -> list[
 
 def _evaluate(eval_step: Callable, student_params: Params, teacher_params: Params,
               batches: Sequence[tuple[np.ndarray, np.ndarray]], place: steps.Placement | None = None) -> dict:
+  """The held-out means; per draft position too (lists, "acceptance_at", ...) when the eval step sums them."""
   totals = [meshes.to_host(eval_step(student_params, teacher_params, steps.put_rows(t, place),
                                      steps.put_rows(m, place))) for t, m in batches]
-  summed = {k: float(sum(t[k] for t in totals)) for k in totals[0]}
-  count = max(summed.pop("tokens"), 1.0)
-  return {**{k: v / count for k, v in summed.items()}, "tokens": int(count)}
+  summed = {k: sum(np.asarray(t[k], np.float64) for t in totals) for k in totals[0]}
+  count = max(float(summed.pop("tokens")), 1.0)
+  means = {k: float(v) / count for k, v in summed.items() if np.ndim(v) == 0}
+  count_at = np.maximum(summed.pop("tokens_at", 1.0), 1.0)
+  means.update({k: [float(m) for m in v / count_at] for k, v in summed.items() if np.ndim(v) == 1})
+  return {**means, "tokens": int(count)}
+
+
+def layouts(config: ml_collections.ConfigDict, student_config: ModelConfig) -> tuple[pard.PlainLayout, ...]:
+  """The nodes a draft model trains at and is evaluated at (`pard`): PARD's mask blocks for student.init
+  "parallel" (COD-dropped in training, every anchor in the evaluation), else the rows themselves."""
+  if config.student.init != "parallel":
+    return pard.PlainLayout(), pard.PlainLayout()
+  make = functools.partial(pard.pard_layout, config.data.seq_len, config.student.parallel_k,
+                           mask_id=pard.mask_id(student_config), seed=config.seed)
+  return make(keep=config.student.cod_keep), make(keep=1.0)
 
 
 def _check_finite(step: int, metrics: dict, checkpoints: Checkpointer) -> None:
@@ -349,7 +380,8 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
   how = data.Continuation(config.data.prompt_len, tuple(tokenizer.eos_ids), sampling_params(config.data.temperature))
   batches = data.DistillBatches(stream, dict(config.data.modes), config.seed, how, teacher.config, teacher.params,
-                                None if config.student.init == "eagle_head" else student_config, parts[:2])
+                                None if config.student.init in ("eagle_head", "parallel") else student_config,
+                                parts[:2])
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
   return _Setup(teacher, parts, student_config, student_params, labels, stream, batches, held_batches,
@@ -451,10 +483,12 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
         eagle_steps.make_eval_step(setup.student_config, setup.teacher.config, config.student.ttt_steps,
                                    config.student.feature_loss_weight), vocab=setup.head_vocab)
   else:
+    train_layout, eval_layout = layouts(config, setup.student_config)
     train_step = steps.make_train_step(setup.teacher.config, setup.student_config.replace(remat=config.remat),
-                                       optimizer, schedule, setup.labels, config.loss, config.accum_steps, place)
+                                       steps.Optimizer(optimizer, schedule), setup.labels, config.loss,
+                                       config.accum_steps, place, train_layout)
     eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
-                                     config.eval_temperature, place)
+                                     config.eval_temperature, place, eval_layout)
   compute_params = functools.partial(eagle_steps.run_params if eagle else steps.model_params, setup.student_config)
 
   checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
@@ -499,6 +533,8 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
     save_head(export_dir, setup.student_config, draft_params, setup.head_vocab)
   else:
     export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)
+    if config.student.init == "parallel":
+      save_mask_token(export_dir, pard.mask_id(setup.student_config))
   before, after = _first_and_last_eval(log.path)
   summary = {
       "target": setup.teacher.name, "student": dataclasses.asdict(setup.student_config),
@@ -512,6 +548,10 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   third = "greedy_agreement" if "greedy_agreement" in after else "acceptance_length"
   print(f"held-out acceptance {before['acceptance']:.4f} -> {after['acceptance']:.4f}; {third.replace('_', ' ')} "
         f"{before[third]:.4f} -> {after[third]:.4f}; draft exported to {export_dir}", flush=True)
+  for name in ("acceptance_at", "greedy_agreement_at"):
+    if name in after:
+      print(f"held-out {name.removesuffix('_at').replace('_', ' ')} per draft position: " + ", ".join(
+          f"{i + 1}: {b:.4f} -> {a:.4f}" for i, (b, a) in enumerate(zip(before[name], after[name]))), flush=True)
   return summary
 
 

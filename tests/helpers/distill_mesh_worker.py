@@ -97,8 +97,8 @@ def _train(spec: str, accum_steps: int = 1, remat: bool = False, keep_state: boo
   optimizer, schedule = _optimizer(optim, labels)
   state, place = train.initial_state(config, student_config, params, optimizer, teacher_params,
                                      (teacher_part, state_part, compute_part))
-  train_step = steps.make_train_step(TEACHER, student_config.replace(remat=remat), optimizer, schedule, labels,
-                                     config.loss, accum_steps, place)
+  train_step = steps.make_train_step(TEACHER, student_config.replace(remat=remat), steps.Optimizer(optimizer, schedule),
+                                     labels, config.loss, accum_steps, place)
   if jaxpr:
     return str(jax.make_jaxpr(train_step)(state, teacher_params, *_batches()[0]))
   losses, norms = [], []

@@ -1,0 +1,45 @@
+"""The parallel drafter's test kit: its runner on the tiny engine models and its mutants.
+
+Mutants (subclasses of `ParallelDrafter`, each one plausible bug; the tests must reject them):
+- `FirstDistributionReported`: every position's reported distribution is q_1 (pending's), while d_i is
+  still drawn from q_i: the rule is handed a distribution the token was not drawn from.
+- `MaskEntriesKept`: `commit` keeps the mask pass's cache entries as if they were the accepted tokens'
+  (the cache advances past [lag, pending, d_1 .. d_n], nothing lags): the next round reads masks where
+  the history holds d_1 .. d_n. Still exact (any draft distribution is), only a worse draft.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from specjax.generation import pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.speculative.drafters.parallel import ParallelDraftState, ParallelDrafter
+from tests.helpers import engine
+from tests.helpers.loop import speculate
+
+
+class FirstDistributionReported(ParallelDrafter):
+  def propose(self, state, target_cache, pending_B, sampling, key, plan):
+    proposal, state, target_cache = super().propose(state, target_cache, pending_B, sampling, key, plan)
+    probs_BxKxW = None if proposal.probs is None else jnp.broadcast_to(proposal.probs[:, :1], proposal.probs.shape)
+    return proposal.replace(probs=probs_BxKxW), state, target_cache
+
+
+class MaskEntriesKept(ParallelDrafter):
+  def commit(self, state, proposal, num_committed_B, target_features_BxK1xF):
+    committed_B = num_committed_B > 0
+    return ParallelDraftState(cache=state.cache.advance(jnp.where(committed_B, state.lag + num_committed_B, 0)),
+                              lag_ids_BxK=state.lag_ids_BxK, lag=jnp.where(committed_B, 0, state.lag))
+
+
+def run_parallel(draft, mask_id, k=3, cls=ParallelDrafter, target=engine.TARGET, prompts=engine.PROMPTS,
+                 budgets=engine.BUDGETS, sampling=engine.GREEDY, seed=0, cache_len=engine.CACHE_LEN,
+                 out_width=engine.OUT_WIDTH, **kwargs):
+  """Speculative decoding of `prompts` by `target` with `draft` (a model) as a parallel drafter `cls`."""
+  (target_config, target_params), (draft_config, draft_params) = target, draft
+  drafter = cls(draft_config, draft_params, mask_id, k)
+  padded, lengths = pad_prompts(prompts)
+  return speculate(target_config, target_params, drafter, padded, lengths,
+                   init_cache(target_config, len(prompts), cache_len), drafter.storage(len(prompts), cache_len),
+                   budgets, engine.NO_EOS, sampling, jax.random.key(seed), k=k,
+                   out_width=out_width, **kwargs)
