@@ -68,6 +68,8 @@ def exact_constrained_distribution(model, prompt, pattern, strings, temperature,
     probability, text = 1.0, b""
     for step in range(steps):
       token = prefix[step] if step < steps - 1 else None
+      if probability == 0.0:  # an impossible prefix (its text may leave the constraint)
+        break
       if step and prefix[step - 1] == EOS:  # after EOS: EOS again with certainty
         conditional = np.eye(vocab)[EOS]
       else:

@@ -1,0 +1,214 @@
+"""Constrained decoding: the host's token tables against an independent oracle (the `regex` module's
+partial matching), and the engine under a constraint: greedy output equal to a reference that masks with
+the oracle token by token (autoregressive, model and n-gram drafters, rows with different constraints),
+outputs that always match at T = 1, and the first tokens' distribution against the masked, renormalised
+target enumerated exactly, with the mutants it must reject."""
+
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import regex
+
+from specjax.constraints import compiler
+from specjax.constraints.mask import Constrained, Unconstrained
+from specjax.errors import ConfigError
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.sampling import sampling_params
+from specjax.speculative import acceptance, loop as loop_module
+from specjax.speculative.drafters import model_shapes
+from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.proposal import Proposal
+from tests.helpers import engine
+from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
+                                       device_constraint, exact_constrained_distribution, greedy_reference,
+                                       oracle_mask)
+from tests.helpers.loop import autoregress, speculate
+from tests.helpers.stats import chi_square_pvalue
+
+PROMPTS, BUDGETS = engine.PROMPTS, engine.BUDGETS
+PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 under the second
+
+
+@pytest.mark.parametrize("pattern, strings", [(OBJECT_REGEX, STRINGS_61), (DIGITS_REGEX, STRINGS_61),
+                                              (SMALL_REGEX, STRINGS_8), ("a(xb)*", [b"", b"a", b"x", b"b"])])
+def test_table_matches_the_oracle_along_random_walks(pattern, strings):
+  """Along 100 random walks of allowed tokens, each state's allowed set is the oracle's (`a(xb)*`: the
+  outlines-core bug `compile_table` works around, moves out of accepting states)."""
+  table, rng = compiler.compile_table(pattern, strings, [EOS]), random.Random(0)
+  for _ in range(100):
+    state, text = 0, b""
+    for _ in range(12):
+      np.testing.assert_array_equal(table.next_ZxV[state] >= 0, oracle_mask(pattern, strings, text), err_msg=text)
+      choices = [t for t in np.nonzero(table.next_ZxV[state] >= 0)[0] if t != EOS]
+      if not choices:
+        break
+      token = rng.choice(choices)
+      state, text = table.next_ZxV[state, token], text + strings[token]
+
+
+def test_dead_ends_are_pruned_and_eos_only_accepts():
+  """"ab|ac" over a vocabulary without "c": "a" may only be followed by "b"; EOS only after "ab"."""
+  table = compiler.compile_table("ab|ac", [b"", b"a", b"b"], [EOS])
+  assert list(table.next_ZxV[0] >= 0) == [False, True, False]
+  after_a = table.next_ZxV[0, 1]
+  assert list(table.next_ZxV[after_a] >= 0) == [False, False, True]
+  assert list(table.next_ZxV[table.next_ZxV[after_a, 2]] >= 0) == [True, False, False]
+
+
+def test_json_schema_spec_and_bad_input():
+  schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+  assert regex.fullmatch(compiler.parse("json_schema:" + schema), '{"n": 12}')
+  for spec, words in [("regex:(", "config.constraint"), ("regex:zz", "config.constraint"),
+                      ("grammar:x", "config.constraint must start with"),
+                      ('json_schema:{"type": 3}', "invalid JSON schema"),
+                      ('json_schema:{"type": "object", "patternProperties": {"a": {}}}', "unsupported JSON schema"),
+                      ("json_schema:/no/such/file.json", "neither inline JSON nor a file")]:
+    with pytest.raises(ConfigError, match=words):
+      compiler.compile_table(compiler.parse(spec), STRINGS_61, [EOS])
+
+
+def test_stacked_tables_keep_each_rows_constraint():
+  tables = [compiler.compile_table(p, STRINGS_61, [EOS]) for p in PATTERNS]
+  next_ZxV, starts = compiler.stack(tables)
+  assert list(starts) == [0, tables[0].num_states]
+  np.testing.assert_array_equal(next_ZxV[starts[1]] >= 0, tables[1].next_ZxV[0] >= 0)
+
+
+def _greedy_speculative(drafter, storage_len=engine.CACHE_LEN, **kwargs):
+  config, params = engine.TARGET
+  padded, lengths = pad_prompts(PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN),
+                  drafter.storage(len(PROMPTS), storage_len), BUDGETS, [EOS], sampling, jax.random.key(0), k=3,
+                  out_width=engine.OUT_WIDTH, **kwargs)
+  return as_token_lists(out.tokens, out.counts), out
+
+
+@pytest.fixture(scope="module")
+def greedy_expected():
+  return [greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+          for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
+
+
+def test_greedy_autoregressive_equals_the_reference(greedy_expected):
+  config, params = engine.TARGET
+  padded, lengths = pad_prompts(PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
+  out = autoregress(config, params, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN), BUDGETS,
+                    [EOS], sampling, jax.random.key(0), out_width=engine.OUT_WIDTH)
+  assert as_token_lists(out.tokens, out.counts) == greedy_expected
+  assert any(row[-1] == EOS for row in greedy_expected)  # some row finished its match
+
+
+@pytest.mark.parametrize("draft", ["perturbed", "never"])
+def test_greedy_model_drafter_equals_the_reference(greedy_expected, draft):
+  config, params = engine.DRAFTS[draft]
+  tokens, _ = _greedy_speculative(ModelDrafter(config, params))
+  assert tokens == greedy_expected
+
+
+def test_greedy_ngram_drafter_equals_the_reference(greedy_expected):
+  tokens, _ = _greedy_speculative(NgramDrafter(vocab_size=engine.VOCAB), storage_len=engine.CACHE_LEN)
+  assert tokens == greedy_expected
+
+
+def test_a_lookup_proposal_is_cut_at_its_first_disallowed_token_and_a_sampled_one_is_not():
+  """`SMALL_REGEX` from the start: "ab" then "c" allowed, "x" not; a sampled proposal is left whole (its
+  rejection, by the masked target, keeps the rule exact; a cut would not)."""
+  constraint = device_constraint([SMALL_REGEX], STRINGS_8, 2)
+  point = Proposal(tokens=jnp.asarray([[4, 3, 7], [7, 3, 3]]), lengths=jnp.asarray([3, 2]))
+  assert list(constraint.cut(point).lengths) == [2, 0]
+  sampled = point.replace(probs=jnp.ones((2, 3, 8)) / 8)
+  assert list(constraint.cut(sampled).lengths) == [3, 2]
+
+
+# -- T = 1 on the 8-id model: the first SAMPLE_STEPS tokens against the exact constrained distribution -----
+ROWS = 6_000  # p-values of the exact engine are uniform; every mutant below scores < 1e-12 at this size
+ALPHA = 1e-4
+
+
+def _sample(draft=engine.SMALL_DRAFT, rows=ROWS, k=3, rule=acceptance.verify):
+  """(tokens [rows, SAMPLE_STEPS], the output) of the model drafter at T = 1 under SMALL_REGEX. A mutant
+  passes a fresh `rule` (`_fresh`): a new static setting, so the program is traced with the patch in place."""
+  (config, params), (draft_config, draft_params) = engine.SMALL_TARGET, draft
+  drafter = ModelDrafter(draft_config, draft_params)
+  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * rows)
+  sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, rows))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, 16), drafter.storage(rows, 16),
+                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(1), k=k, out_width=engine.SAMPLE_STEPS, rule=rule)
+  return np.asarray(out.tokens), out
+
+
+@pytest.fixture(scope="module")
+def exact_small():
+  return exact_constrained_distribution(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SMALL_REGEX, STRINGS_8, 1.0,
+                                        engine.SAMPLE_STEPS).ravel()
+
+
+def _pvalue(tokens_ZxT, exact):
+  index = np.ravel_multi_index(tokens_ZxT.T, [len(STRINGS_8)] * tokens_ZxT.shape[1])
+  return chi_square_pvalue(np.bincount(index, minlength=exact.size), exact)
+
+
+def test_sampled_model_drafter_follows_the_constrained_target(exact_small):
+  tokens, _ = _sample()
+  assert _pvalue(tokens, exact_small) > ALPHA
+  for row in tokens[:200]:
+    text = b"".join(STRINGS_8[t] for t in row if t != EOS)
+    assert regex.fullmatch(SMALL_REGEX, text.decode(), partial=True)
+
+
+def test_sampled_autoregressive_follows_the_constrained_target(exact_small):
+  config, params = engine.SMALL_TARGET
+  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * ROWS)
+  sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, ROWS))
+  out = autoregress(config, params, padded, lengths, init_cache(config, ROWS, 16), engine.SAMPLE_STEPS + 1, [EOS],
+                    sampling, jax.random.key(2), out_width=engine.SAMPLE_STEPS + 1)
+  assert _pvalue(np.asarray(out.tokens)[:, :engine.SAMPLE_STEPS], exact_small) > ALPHA
+
+
+def _fresh():
+  return lambda *args: acceptance.verify(*args)
+
+
+def _unmasked(function):
+  """`function(..., params)` (sampling params last) ignoring the params' constraint."""
+  return lambda *args: function(*args[:-1], args[-1].replace(constraint=Unconstrained()))
+
+
+def _shifted_along(self, tokens_BxK):
+  """`Constrained.along` one token late: position i masked by the state before d_i, not after it."""
+  states = [self.state, self.state]
+  for i in range(tokens_BxK.shape[1] - 1):
+    states.append(self.replace(state=states[-1]).advance(tokens_BxK[:, i]))
+  return self.replace(state=jnp.stack(states, axis=1))
+
+
+def test_mutants_are_rejected(monkeypatch, exact_small):
+  """Only the draft masked (the target's verify pass unmasked), and every position masked with the state
+  one token late: both leave the constrained distribution."""
+  with monkeypatch.context() as patch:
+    patch.setattr(loop_module, "probabilities", _unmasked(loop_module.probabilities))
+    tokens, _ = _sample(rows=2_000, rule=_fresh())
+  assert _pvalue(tokens, exact_small) < 1e-12
+  with monkeypatch.context() as patch:
+    patch.setattr(Constrained, "along", _shifted_along)
+    tokens, _ = _sample(rows=2_000, rule=_fresh())
+  assert _pvalue(tokens, exact_small) < 1e-12
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted(monkeypatch):
+  """Draft = target, both masked along the same states: q = p at every position, so every proposed
+  token is accepted; a draft left unmasked (only the target masked: still exact, the rule rejects what
+  the constraint forbids) loses tokens."""
+  _, out = _sample(draft=engine.SMALL_TARGET, rows=500)
+  assert int(out.acceptance.accepted.sum()) == int(out.acceptance.proposed.sum()) > 0
+  with monkeypatch.context() as patch:
+    patch.setattr(model_shapes, "tokens_and_probabilities", _unmasked(model_shapes.tokens_and_probabilities))
+    _, out = _sample(draft=engine.SMALL_TARGET, rows=500, rule=_fresh())
+  assert int(out.acceptance.accepted.sum()) < 0.95 * int(out.acceptance.proposed.sum())
