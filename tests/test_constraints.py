@@ -4,14 +4,17 @@ the oracle token by token (autoregressive, model and n-gram drafters, rows with 
 outputs that always match at T = 1, and the first tokens' distribution against the masked, renormalised
 target enumerated exactly, with the mutants it must reject."""
 
+import json
 import random
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import jsonschema
 import regex
 
+import specjax
 from specjax.constraints import compiler
 from specjax.constraints.mask import Constrained, Unconstrained
 from specjax.errors import ConfigError
@@ -24,6 +27,8 @@ from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.proposal import Proposal
 from tests.helpers import engine
+from tests.helpers.cli import cli_config
+from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
                                        device_constraint, exact_constrained_distribution, greedy_reference,
                                        oracle_mask)
@@ -212,3 +217,37 @@ def test_a_draft_equal_to_the_target_is_always_accepted(monkeypatch):
     patch.setattr(model_shapes, "tokens_and_probabilities", _unmasked(model_shapes.tokens_and_probabilities))
     _, out = _sample(draft=engine.SMALL_TARGET, rows=500, rule=_fresh())
   assert int(out.acceptance.accepted.sum()) < 0.95 * int(out.acceptance.proposed.sum())
+
+
+# -- through specjax.Decoder: the tiny Qwen2 directories with the character tokenizer ------------------------
+SCHEMA = '{"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["id"]}'
+
+
+def test_the_decoder_constrains_every_mode_and_drafter_and_rejects_bad_input(model_dirs, tmp_path):
+  """config.constraint through `specjax.Decoder`: speculative greedy output equals the autoregressive
+  output under the same schema (model and n-gram drafters), parses and validates; a prompts file gives
+  each prompt its own constraint."""
+  dec = specjax.Decoder(config=cli_config(model_dirs, max_new_tokens=24, batch_size=2))
+  prompts, constraint = ("abc", "hello"), "json_schema:" + SCHEMA
+  baseline = dec.generate(prompts, mode="autoregressive", constraint=constraint)
+  for drafter in ("model", "ngram"):
+    assert dec.generate(prompts, constraint=constraint, drafter=drafter).token_ids == baseline.token_ids
+  tok = dec.target.tokenizer
+  for ids in baseline.token_ids:
+    finished = ids[-1] in tok.eos_ids
+    text = tok.decode(ids[:-1] if finished else ids)
+    assert regex.fullmatch(compiler.parse(constraint), text, partial=not finished)
+    if finished:
+      jsonschema.validate(json.loads(text), json.loads(SCHEMA))
+  assert any(ids[-1] in tok.eos_ids for ids in baseline.token_ids)
+  records = tmp_path / "prompts.jsonl"
+  records.write_text("\n".join(json.dumps({"prompt": p, "constraint": c})
+                               for p, c in [("abc", "regex:[0-9]{3,8}"), ("hello", "regex:(yes|no)")]))
+  texts = [tok.decode([i for i in o["token_ids"] if i not in tok.eos_ids])
+           for o in dec.run(prompts_file=str(records), mode="autoregressive")["outputs"]]
+  assert regex.fullmatch("[0-9]{3,8}", texts[0], partial=True) and regex.fullmatch("(yes|no)", texts[1], partial=True)
+  for fields, words in [({"constraint": "regex:(["}, "config.constraint"),
+                        ({"constraint": "json_schema:{\"not\": {}}"}, "unsupported JSON schema keywords"),
+                        ({"constraint": "regex:a", "tree": "(2,1)"}, "chains only")]:
+    with pytest.raises(ConfigError, match=words):
+      dec.generate(prompts, **fields)

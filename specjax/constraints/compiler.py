@@ -28,7 +28,10 @@ import numpy as np
 import outlines_core
 from outlines_core.json_schema import build_regex_from_schema
 
+from specjax.constraints.mask import Constrained, constrained
 from specjax.errors import ConfigError
+from specjax.models import vocab_map
+from specjax.models.tokenizer import Tokenizer
 
 MAX_TABLE_BYTES = 1 << 30  # the largest dense table built (Z x V x 4 bytes)
 KINDS = ("regex", "json_schema")
@@ -172,3 +175,37 @@ def table_for(spec: str, strings: Sequence[bytes], eos_ids: Sequence[int],
               field: str = "config.constraint") -> TokenTable:
   """`compile_table(parse(spec))`, cached by (spec, vocabulary, EOS ids): compiled once per process."""
   return _cached(spec, tuple(strings), tuple(sorted(set(eos_ids))), field)
+
+
+def token_strings(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:
+  """The bytes each of the model's `vocab_size` ids spells in text (`vocab_map.token_bytes`); b"" for
+  special and undefined ids, which no constraint allows (but EOS in accepting states)."""
+  vocab = vocab_map.token_bytes(tokenizer, vocab_size)
+  spelled = (vocab_map.NORMAL, vocab_map.ADDED)
+  return [data if kind in spelled else b"" for data, kind in zip(vocab.strings, vocab.kind_V)]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunConstraints:
+  """The constraints of a run's prompts stacked into one table, so that every batch runs one compiled
+  program whichever constraints its rows carry; an unconstrained row ("") starts in a free state that
+  allows every id."""
+
+  next_ZxV: np.ndarray  # int32 [Z, V]: every constraint's table (`stack`), the free state's last
+  start_of: dict[str, int]  # each spec's start state ("" -> the free state)
+
+  def rows(self, specs: Sequence[str]) -> Constrained:
+    """The device constraint of a batch whose row b carries `specs[b]`."""
+    return constrained(self.next_ZxV, [self.start_of[spec] for spec in specs])
+
+
+def for_run(specs: Sequence[str], strings: Sequence[bytes], eos_ids: Sequence[int],
+            field: str = "config.constraint") -> RunConstraints | None:
+  """The stacked constraints of a run's prompts (`specs`: one per prompt, "" = none); None when no
+  prompt is constrained. Each distinct spec compiles once (`table_for`)."""
+  distinct = sorted(set(specs) - {""})
+  if not distinct:
+    return None
+  free = TokenTable(np.zeros((1, len(strings)), np.int32), np.ones(1, bool), "")
+  next_ZxV, starts = stack([table_for(spec, strings, eos_ids, field) for spec in distinct] + [free])
+  return RunConstraints(next_ZxV, {**dict(zip(distinct, starts.tolist())), "": int(starts[-1])})
