@@ -24,9 +24,11 @@ from specjax.sampling import sampling_params
 from specjax.speculative import acceptance, loop as loop_module
 from specjax.speculative.drafters import model_shapes
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.k_policy import Adaptive
 from specjax.speculative.proposal import Proposal
-from tests.helpers import engine
+from tests.helpers import engine, layer_skip
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
@@ -115,6 +117,27 @@ def test_greedy_model_drafter_equals_the_reference(greedy_expected, draft):
   config, params = engine.DRAFTS[draft]
   tokens, _ = _greedy_speculative(ModelDrafter(config, params))
   assert tokens == greedy_expected
+
+
+def test_greedy_model_drafter_under_the_adaptive_policy_equals_the_reference(greedy_expected):
+  """Plain rounds and every proposal length (costs that make each of them worth choosing)."""
+  config, params = engine.DRAFTS["perturbed"]
+  tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
+                                    cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))
+  assert tokens == greedy_expected
+
+
+def test_greedy_layer_skip_drafter_equals_the_reference():
+  """A drafter drawing through `draft_chain` (layer skip; EAGLE's chain draws the same way)."""
+  config, params = layer_skip.TARGET
+  drafter = LayerSkipDrafter(config, params, layers=(0,))
+  padded, lengths = pad_prompts(PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN),
+                  None, BUDGETS, [EOS], sampling, jax.random.key(0), k=3, out_width=engine.OUT_WIDTH)
+  expected = [greedy_reference(layer_skip.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+              for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
+  assert as_token_lists(out.tokens, out.counts) == expected
 
 
 def test_greedy_ngram_drafter_equals_the_reference(greedy_expected):
