@@ -23,6 +23,8 @@ import json
 import os
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import jsonschema
 import numpy as np
 import outlines_core
@@ -194,9 +196,13 @@ class RunConstraints:
   next_ZxV: np.ndarray  # int32 [Z, V]: every constraint's table (`stack`), the free state's last
   start_of: dict[str, int]  # each spec's start state ("" -> the free state)
 
+  @functools.cached_property
+  def _device_table(self) -> jax.Array:
+    return jnp.asarray(self.next_ZxV)  # copied to the device once, not per batch
+
   def rows(self, specs: Sequence[str]) -> Constrained:
     """The device constraint of a batch whose row b carries `specs[b]`."""
-    return constrained(self.next_ZxV, [self.start_of[spec] for spec in specs])
+    return constrained(self._device_table, [self.start_of[spec] for spec in specs])
 
 
 def for_run(specs: Sequence[str], strings: Sequence[bytes], eos_ids: Sequence[int],
