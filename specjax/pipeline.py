@@ -69,16 +69,16 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
 
 
 def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.Memory] | None,
-          batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None]) -> dict[str, Any]:
+          batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None], program: tuple) -> dict[str, Any]:
   """The K policy's record for the results. A tuned policy keeps one `k_policy.Memory` per compiled
   program in `policy_memory` (every batch has one shape), tuned with the first `batch` (prompts [B, P],
-  lengths [B]) unless it is already (`k_policy.tuning.tune`); every call teaches it acceptance."""
+  lengths [B]) unless it is already (`k_policy.tuning.tune`); every call teaches it acceptance. `program`
+  identifies the compiled program (`DecodeSpec.program` and what else shapes it)."""
   policy, candidates = spec.policy, runner.candidates
   record = tuning.record(policy, candidates)
   if not policy.tuned:
     return record
   memories = {} if policy_memory is None else policy_memory
-  program = (*spec.program(runner.cache_len), id(runner.drafter))
   if program not in memories:
     memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
   runner.memory = memories[program]
@@ -289,7 +289,9 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   constrain(list(range(len(first))))
   if cfg.lower_only:
     return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
-  program, compile_time = (*spec.program(cache_len, width), id(drafter)), 0.0
+  # A prompts file's constraints (a runtime field) still shape the program: their table's.
+  table_shape = None if constraints is None else constraints.next_ZxV.shape
+  program, compile_time = (*spec.program(cache_len, width), id(drafter), table_shape), 0.0
   if warm is None or program not in warm:
     log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
     start = time.perf_counter()
@@ -300,7 +302,8 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       warm.add(program)
   policy_record = {}
   if spec.speculative:
-    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log)
+    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log,
+                          (*spec.program(cache_len), id(drafter), table_shape))
 
   turns = max(len(c.turns) for c in conversations)
   answers: list[list[str]] = [[] for _ in conversations]
