@@ -112,19 +112,21 @@ def test_greedy_autoregressive_equals_the_reference(greedy_expected):
   assert any(row[-1] == EOS for row in greedy_expected)  # some row finished its match
 
 
-@pytest.mark.parametrize("draft", ["perturbed", "never"])
-def test_greedy_model_drafter_equals_the_reference(greedy_expected, draft):
-  config, params = engine.DRAFTS[draft]
-  tokens, _ = _greedy_speculative(ModelDrafter(config, params))
+def test_greedy_model_drafter_equals_the_reference(greedy_expected):
+  config, params = engine.DRAFTS["perturbed"]
+  tokens, out = _greedy_speculative(ModelDrafter(config, params))
   assert tokens == greedy_expected
+  assert int(out.acceptance.accepted.sum()) > 0
 
 
 def test_greedy_model_drafter_under_the_adaptive_policy_equals_the_reference(greedy_expected):
-  """Plain rounds and every proposal length (costs that make each of them worth choosing)."""
-  config, params = engine.DRAFTS["perturbed"]
+  """A draft whose argmax is never the target's, under the adaptive policy (costs that make plain rounds
+  and every length worth choosing): every proposed token rejected, the output still the reference."""
+  config, params = engine.DRAFTS["never"]
   tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
                                     cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))
   assert tokens == greedy_expected
+  assert int(out.acceptance.proposed.sum()) > 0
 
 
 def test_greedy_layer_skip_drafter_equals_the_reference():
@@ -156,7 +158,7 @@ def test_a_lookup_proposal_is_cut_at_its_first_disallowed_token_and_a_sampled_on
 
 
 # -- T = 1 on the 8-id model: the first SAMPLE_STEPS tokens against the exact constrained distribution -----
-ROWS = 6_000  # p-values of the exact engine are uniform; every mutant below scores < 1e-12 at this size
+ROWS = 4_000  # the exact engine passes at ALPHA; each mutant below scores 0 at 1,000 rows (draws off the support)
 ALPHA = 1e-4
 
 
@@ -168,7 +170,8 @@ def _sample(draft=engine.SMALL_DRAFT, rows=ROWS, k=3, rule=acceptance.verify):
   padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * rows)
   sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, rows))
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, 16), drafter.storage(rows, 16),
-                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(1), k=k, out_width=engine.SAMPLE_STEPS, rule=rule)
+                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(1), k=k, out_width=engine.SAMPLE_STEPS,
+                  rule=rule)
   return np.asarray(out.tokens), out
 
 
@@ -222,11 +225,11 @@ def test_mutants_are_rejected(monkeypatch, exact_small):
   one token late: both leave the constrained distribution."""
   with monkeypatch.context() as patch:
     patch.setattr(loop_module, "probabilities", _unmasked(loop_module.probabilities))
-    tokens, _ = _sample(rows=2_000, rule=_fresh())
+    tokens, _ = _sample(rows=1_000, rule=_fresh())
   assert _pvalue(tokens, exact_small) < 1e-12
   with monkeypatch.context() as patch:
     patch.setattr(Constrained, "along", _shifted_along)
-    tokens, _ = _sample(rows=2_000, rule=_fresh())
+    tokens, _ = _sample(rows=1_000, rule=_fresh())
   assert _pvalue(tokens, exact_small) < 1e-12
 
 
@@ -234,11 +237,11 @@ def test_a_draft_equal_to_the_target_is_always_accepted(monkeypatch):
   """Draft = target, both masked along the same states: q = p at every position, so every proposed
   token is accepted; a draft left unmasked (only the target masked: still exact, the rule rejects what
   the constraint forbids) loses tokens."""
-  _, out = _sample(draft=engine.SMALL_TARGET, rows=500)
+  _, out = _sample(draft=engine.SMALL_TARGET, rows=300)
   assert int(out.acceptance.accepted.sum()) == int(out.acceptance.proposed.sum()) > 0
   with monkeypatch.context() as patch:
     patch.setattr(model_shapes, "tokens_and_probabilities", _unmasked(model_shapes.tokens_and_probabilities))
-    _, out = _sample(draft=engine.SMALL_TARGET, rows=500, rule=_fresh())
+    _, out = _sample(draft=engine.SMALL_TARGET, rows=300, rule=_fresh())
   assert int(out.acceptance.accepted.sum()) < 0.95 * int(out.acceptance.proposed.sum())
 
 
