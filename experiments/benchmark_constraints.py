@@ -175,7 +175,7 @@ def tables(results: dict) -> str:
                  f"{number(r['forced_share'])} | {r.get('equals_autoregressive', '')} |")
   for m in results.get("mask_cost", []):
     lines.append(f"\nmask at batch {m['batch']}, K = {m['k']}: {m['mask_s'] * 1e3:.2f} ms, "
-                 f"{m['mask_s'] / m['verify_s']:.1%} of the target's verify pass ({m['verify_s'] * 1e3:.1f} ms)")
+                 f"{m['mask_s'] / m['verify_s']:.2%} of the target's verify pass ({m['verify_s'] * 1e3:.1f} ms)")
   return "\n".join(lines)
 
 
