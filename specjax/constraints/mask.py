@@ -62,9 +62,12 @@ class Constrained(Unconstrained):
     return jnp.where(jnp.pad(allowed_xV, extra)[..., :width], logits_xV, -jnp.inf)
 
   def advance(self, tokens_x: jax.Array) -> jax.Array:
-    """The state after one token each (int32, the state's shape): dead stays dead."""
-    next_x = jnp.take_along_axis(self.next_ZxV[jnp.maximum(self.state, 0)], tokens_x[..., None], axis=-1)[..., 0]
-    return jnp.where(self.state == DEAD, DEAD, next_x)
+    """The state after one token each (int32, the state's shape): dead stays dead, and an id past the
+    table's V (a draft's padded head) leads there."""
+    vocab = self.next_ZxV.shape[1]
+    next_x = jnp.take_along_axis(self.next_ZxV[jnp.maximum(self.state, 0)],
+                                 jnp.clip(tokens_x, 0, vocab - 1)[..., None], axis=-1)[..., 0]
+    return jnp.where((self.state == DEAD) | (tokens_x >= vocab), DEAD, next_x)
 
   def along(self, tokens_BxK: jax.Array) -> Constrained:
     """The states [B, K + 1] before each position of the verified block [pending, d_1 .. d_K]: the
