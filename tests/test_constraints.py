@@ -269,6 +269,8 @@ def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(model_dirs, tm
     if finished and constraint.startswith("json_schema"):
       jsonschema.validate(json.loads(text), json.loads(SCHEMA))
   assert baseline[0]["token_ids"][-1] in tok.eos_ids  # the schema's row finished: a whole match
+  assert dec.generate(("abc", "hello"), constraint=constraints, mode="autoregressive").token_ids == [
+      o["token_ids"] for o in baseline]  # one constraint per prompt through the Python API
   for fields, words in [({"constraint": "regex:(["}, "config.constraint"),
                         ({"constraint": "json_schema:{\"not\": {}}"}, "unsupported JSON schema keywords"),
                         ({"constraint": "regex:a", "tree": "(2,1)"}, "chains only")]:
