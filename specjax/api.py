@@ -18,6 +18,9 @@ recompile here (sampling knobs, budgets up to the compiled width, prompts of the
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import tempfile
 from typing import Any, Callable, Sequence
 
 import ml_collections
@@ -136,9 +139,22 @@ class Decoder:
       built.drafter = built.drafter.forget()
 
   def generate(self, prompts: str | Sequence[str], **fields) -> Generation:
-    """Decodes `prompts` (a string or a sequence of them) with `fields` changed for this call only."""
+    """Decodes `prompts` (a string or a sequence of them) with `fields` changed for this call only.
+    `constraint` may be a sequence, one per prompt (docs/constraints.md): the prompts then go through
+    a temporary prompts file whose records carry them."""
     prompts = (prompts,) if isinstance(prompts, str) else tuple(prompts)
-    results = self.run(**{**fields, "prompts": prompts, "prompts_file": ""})
+    constraint = fields.get("constraint", "")
+    if isinstance(constraint, str):
+      results = self.run(**{**fields, "prompts": prompts, "prompts_file": ""})
+    else:
+      if len(constraint) != len(prompts):
+        raise ConfigError(f"constraint: {len(constraint)} constraints for {len(prompts)} prompts (give one per "
+                          f"prompt, or one string for all)")
+      with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "prompts.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+          f.writelines(json.dumps({"prompt": p, "constraint": c}) + "\n" for p, c in zip(prompts, constraint))
+        results = self.run(**{**fields, "constraint": "", "prompts_file": path})
     outputs = results["outputs"]
     return Generation(texts=[o["text"] for o in outputs], token_ids=[o["token_ids"] for o in outputs],
                       stats=results["stats"], results=results)

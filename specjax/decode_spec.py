@@ -13,6 +13,7 @@ import jax
 import ml_collections
 
 from specjax import decode_config, lowering, mesh as meshes, partitioning
+from specjax.constraints import compiler
 from specjax.errors import ConfigError
 from specjax.models import matmul
 from specjax.models.load import SCAN_LAYERS, attention_for, narrow_passes_for
@@ -186,6 +187,8 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
     sampling = sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  if cfg.constraint:
+    compiler.parse(cfg.constraint)  # a ConfigError naming config.constraint
   require(cfg.batch_size % data == 0, f"config.batch_size {cfg.batch_size} does not split over the mesh's "
           f"data axis of size {data}: use a multiple of {data}")
   return sampling
@@ -218,5 +221,7 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
                              tree=tree, tree_children=cfg.tree_children,
                              k=cfg.k if tree is None else tree.max_depth, plain_rounds=policy.plain_rounds)
   cls.check_config(settings)
+  if cfg.constraint and tree is not None:
+    raise ConfigError("config.constraint works with chains only: leave config.tree empty")
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
   return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning)

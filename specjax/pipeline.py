@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from specjax import generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
+from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.models import matmul
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
@@ -67,17 +68,17 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
   return ""
 
 
-def _tune(spec: DecodeSpec, runner: Runner, built: BuiltDrafter, policy_memory: dict[tuple, k_policy.Memory] | None,
-          batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None]) -> dict[str, Any]:
+def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.Memory] | None,
+          batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None], program: tuple) -> dict[str, Any]:
   """The K policy's record for the results. A tuned policy keeps one `k_policy.Memory` per compiled
   program in `policy_memory` (every batch has one shape), tuned with the first `batch` (prompts [B, P],
-  lengths [B]) unless it is already (`k_policy.tuning.tune`); every call teaches it acceptance."""
+  lengths [B]) unless it is already (`k_policy.tuning.tune`); every call teaches it acceptance. `program`
+  identifies the compiled program (`DecodeSpec.program` and what else shapes it)."""
   policy, candidates = spec.policy, runner.candidates
   record = tuning.record(policy, candidates)
   if not policy.tuned:
     return record
   memories = {} if policy_memory is None else policy_memory
-  program = (*spec.program(runner.cache_len), id(built))
   if program not in memories:
     memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
   runner.memory = memories[program]
@@ -85,6 +86,19 @@ def _tune(spec: DecodeSpec, runner: Runner, built: BuiltDrafter, policy_memory: 
                               key)
   return {**record, **tuning.tune(runner.memory, spec.tuning, spec.description(runner.cache_len), candidates,
                                   measure, log)}
+
+
+def _constraints(spec: DecodeSpec, conversations: Sequence[prompts.Conversation],
+                 target: LoadedModel) -> compiler.RunConstraints | None:
+  """The run's constraints, one table for all batches: `config.constraint`, or a prompts file record's
+  "constraint" field (None when no prompt has one)."""
+  cfg = spec.config
+  specs = [c.meta.get("constraint", cfg.constraint) for c in conversations]
+  if not any(specs):
+    return None
+  strings = compiler.token_strings(target.tokenizer, target.config.vocab_size)
+  field = "config.constraint" if not cfg.prompts_file else f"config.constraint (or a {cfg.prompts_file} record's)"
+  return compiler.for_run(specs, strings, target.tokenizer.eos_ids, field)
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
@@ -270,13 +284,23 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   # One shape for all batches of every turn, with room for a verify pass past the budget.
   cache_len = -(-(width + cfg.max_new_tokens + spec.verify_width) // 64) * 64
   runner = Runner(spec, target, built and built.drafter, cache_len)
+  constraints = _constraints(spec, conversations, target)
+
+  def constrain(rows: list[int]) -> None:
+    """The runner's constraint for a batch of these conversations (padding rows unconstrained)."""
+    if constraints is not None:
+      specs = [conversations[i].meta.get("constraint", cfg.constraint) for i in rows]
+      runner.constraint = constraints.rows(specs + [""] * (cfg.batch_size - len(specs)))
 
   key = jax.random.key(cfg.seed)
   first = [prompts.turn_ids(tok, c, (), cfg.chat) for c in conversations[:cfg.batch_size]]
   _, padded, lengths = next(_batches(first, cfg.batch_size, width))
+  constrain(list(range(len(first))))
   if cfg.lower_only:
     return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
-  program, compile_time = (*spec.program(cache_len, width), id(built)), 0.0
+  # A prompts file's constraints (a runtime field) still shape the program: their table's.
+  table_shape = None if constraints is None else constraints.next_ZxV.shape
+  program, compile_time = (*spec.program(cache_len, width), id(built), table_shape), 0.0
   if warm is None or program not in warm:
     log(f"compiling the {cfg.mode} program (batch {cfg.batch_size}, cache {cache_len}) ...")
     start = time.perf_counter()
@@ -287,7 +311,8 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       warm.add(program)
   policy_record = {}
   if spec.speculative:
-    policy_record = _tune(spec, runner, built, policy_memory, (padded, lengths), key, log)
+    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log,
+                          (*spec.program(cache_len), id(built), table_shape))
 
   turns = max(len(c.turns) for c in conversations)
   answers: list[list[str]] = [[] for _ in conversations]
@@ -305,6 +330,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       log(f"{f'turn {turn + 1}/{turns}, ' if turns > 1 else ''}batch {len(tally.walls) + 1}/"
           f"{-(-len(active) // cfg.batch_size)} ...")
       budget = np.where(np.arange(len(lengths)) < len(indices), cfg.max_new_tokens, 1).astype(np.int32)
+      constrain([active[j] for j in indices])
       start = time.perf_counter()
       out = runner(padded, lengths, budget, jax.random.fold_in(key, batch_number - 1))
       tokens, counts = meshes.to_host((out.tokens, out.counts))

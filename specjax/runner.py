@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from specjax import autoregressive, mesh as meshes, partitioning
+from specjax.constraints.mask import Unconstrained
 from specjax.decode_spec import DecodeSpec
 from specjax.generation import Request
 from specjax.models.kv_cache import KVCache, init_cache
@@ -36,14 +37,15 @@ class Runner:
   target_cache: KVCache | None = None  # [L, B, S, G, Dh] returned by the last call; None before
   draft_storage: Any = None  # the drafter's storage returned by the last call (None before)
   memory: Memory | None = None  # the K policy's cost table and acceptance prior; None = nothing tuned
+  constraint: Any = Unconstrained()  # the next batch's rows' constraints (`constraints.compiler.RunConstraints.rows`)
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
                round_limit: int | None = None, cost_C: np.ndarray | None = None, lower: str = ""):
     """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs)."""
     part = self.target.part
     cost_C = self.memory.cost_C if cost_C is None and self.memory else cost_C
-    request = Request(prompts_BxP, lengths_B, budget_B, self.target.tokenizer.eos_ids, self.spec.sampling, key,
-                      round_limit)
+    request = Request(prompts_BxP, lengths_B, budget_B, self.target.tokenizer.eos_ids,
+                      self.spec.sampling.replace(constraint=self.constraint), key, round_limit)
     if part is None:
       out = self._generate(request, cost_C, lower)
     else:

@@ -20,10 +20,14 @@ result is always that of a full sort. Nothing here gathers a vocabulary that a d
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
+
+from specjax.constraints.mask import Unconstrained
 
 CANDIDATES = 256  # default static bound on the tokens top-k / top-p examine without a full sort
 
@@ -39,6 +43,14 @@ class SamplingParams:
   use_top_k: bool = flax.struct.field(pytree_node=False)  # top_k > 0
   use_top_p: bool = flax.struct.field(pytree_node=False)  # top_p < 1
   candidates: int = flax.struct.field(pytree_node=False)  # static bound, >= top_k
+  # Which tokens may come next (`constraints.mask`), applied to the logits before everything else, so
+  # that target and draft are restricted alike; its arrays (a token table and each row's state) are runtime
+  # values, whether there is one is static (the null `Unconstrained` has no arrays).
+  constraint: Any = Unconstrained()
+
+  def after(self, tokens_BxT: jax.Array, counts_B: jax.Array | int) -> SamplingParams:
+    """These params with the constraint's state advanced by each row's first `counts_B` tokens."""
+    return self.replace(constraint=self.constraint.after(tokens_BxT, counts_B))
 
 
 def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -58,6 +70,11 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
   return SamplingParams(temperature=jnp.float32(temperature), top_k=jnp.int32(top_k),
                         top_p=jnp.float32(top_p), greedy=bool(temperature <= 0.0), use_top_k=bool(top_k > 0),
                         use_top_p=bool(top_p < 1.0), candidates=max(int(candidates), int(top_k)))
+
+
+def argmax_tokens(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
+  """Tokens [...] int32: the greedy choice, the argmax of the logits the params' constraint allows."""
+  return greedy_tokens(params.constraint.mask(logits_xV))
 
 
 def greedy_tokens(logits_xV: jax.Array) -> jax.Array:
@@ -135,13 +152,14 @@ def _top_candidates(scores_ZxV: jax.Array, count: int) -> tuple[jax.Array, jax.A
 
 
 def probabilities(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
-  """Float32 probabilities [..., V] after temperature, then top-k, then top-p (the HF order).
+  """Float32 probabilities [..., V] after the constraint's mask (its state's shape is the logits' leading
+  shape), then temperature, then top-k, then top-p (the HF order).
 
   Ties: top-k keeps every token whose logit equals the k-th largest, top-p every token whose
   probability equals the smallest kept one. Greedy params give the one-hot argmax (the definition;
   greedy loops use `greedy_tokens` and never build it)."""
   vocab = logits_xV.shape[-1]
-  logits_ZxV = logits_xV.astype(jnp.float32).reshape(-1, vocab)
+  logits_ZxV = params.constraint.mask(logits_xV.astype(jnp.float32)).reshape(-1, vocab)
   if params.greedy:
     return jax.nn.one_hot(greedy_tokens(logits_ZxV), vocab, dtype=jnp.float32).reshape(logits_xV.shape)
   scaled_ZxV = logits_ZxV / params.temperature
@@ -175,7 +193,7 @@ def tokens_and_probabilities(key: jax.Array, logits_xV: jax.Array,
   """Tokens [...] int32 after logits [..., V] and the float32 distribution [..., V] they were drawn
   from; when greedy, the argmax and None (a point mass: no distribution is built)."""
   if params.greedy:
-    return greedy_tokens(logits_xV), None
+    return argmax_tokens(logits_xV, params), None
   probs_xV = probabilities(logits_xV, params)
   return sample(key, probs_xV), probs_xV
 

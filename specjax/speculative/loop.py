@@ -41,7 +41,7 @@ from specjax import generation, inplace, lowering, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
-from specjax.sampling import SamplingParams, greedy_tokens, next_tokens, probabilities
+from specjax.sampling import SamplingParams, argmax_tokens, greedy_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance, k_policy
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.k_policy import Candidate, KPolicy, Tables
@@ -64,6 +64,7 @@ class _LoopState:
   counts: metrics.AcceptanceCounts  # per-row acceptance counters: [B] and [B, K]
   draft_calls: jax.Array  # [] int32: draft forward passes so far (`Proposal.calls` summed)
   policy: k_policy.PolicyState  # acceptance estimates [B, A, K], the cost table [C], rounds per candidate [C]
+  constraint: Any  # the rows' constraint after their pending tokens ([B] DFA states; the null one: nothing)
 
 
 @flax.struct.dataclass
@@ -125,6 +126,8 @@ class SpeculativeLoop:
     final-norm hidden states, or the residual streams after the blocks `features`: `forward_features`))):
     the form `inplace.switch` takes."""
     config, checked = self.target_config, round_.proposal.truncated(width - 1)
+    # Position i's distribution is masked by the constraint's state after [pending, d_1 .. d_i].
+    sampling = round_.sampling.replace(constraint=round_.sampling.constraint.along(checked.tokens))
     # A draft with a larger head may propose ids the target lacks: they are always rejected, so what the
     # target scores after them is never used, but it must embed something finite (`jnp.take` gives NaN
     # rows, which would stay in the cache beyond the committed length): its last id.
@@ -133,10 +136,10 @@ class SpeculativeLoop:
     hidden_BxK1xD, features_BxK1xF, target_cache = forward_features(config, target_params, block_BxK1,
                                                                     target_cache, features)
     logits_BxK1xV = hidden_to_logits(config, target_params, hidden_BxK1xD)
-    if round_.sampling.greedy:
-      num_accepted_B, next_B = self.greedy_rule(checked, greedy_tokens(logits_BxK1xV))
+    if sampling.greedy:
+      num_accepted_B, next_B = self.greedy_rule(checked, argmax_tokens(logits_BxK1xV, sampling))
     else:
-      num_accepted_B, next_B = self.rule(round_.key, checked, probabilities(logits_BxK1xV, round_.sampling))
+      num_accepted_B, next_B = self.rule(round_.key, checked, probabilities(logits_BxK1xV, sampling))
     return target_cache, (num_accepted_B, next_B,
                           jnp.pad(features_BxK1xF, ((0, 0), (0, self.k + 1 - width), (0, 0))))
 
@@ -211,12 +214,13 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
     plan, choice = policy.choose(state.policy, live_B, candidates)
+    drafting = sampling.replace(constraint=state.constraint)  # the draft masked like the target
     proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
-                                                          sampling, draft_key, plan)
-    # What a drafter proposes beyond the plan is never verified.
-    proposal = proposal.replace(lengths=plan.clip(proposal.lengths))
+                                                          drafting, draft_key, plan)
+    # What a drafter proposes beyond the plan is never verified, nor a lookup past a disallowed token.
+    proposal = state.constraint.cut(proposal.replace(lengths=plan.clip(proposal.lengths)))
     longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
-    round_ = _Round(state.pending, proposal, sampling, accept_key)
+    round_ = _Round(state.pending, proposal, drafting, accept_key)
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
       # The chosen candidate (one per round), cut at the longest live proposal, whatever narrow_passes
       # says: the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
@@ -251,11 +255,13 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
                       buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
                       counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B),
                       draft_calls=state.draft_calls + proposal.calls,
-                      policy=policy.update(state.policy, choice, proposed_AxB, accepted_AxB, live_B))
+                      policy=policy.update(state.policy, choice, proposed_AxB, accepted_AxB, live_B),
+                      constraint=state.constraint.after(emitted_BxK1, num_committed_B))
 
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
-      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0), policy=policy.init(batch, candidates, tables)))
+      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0), policy=policy.init(batch, candidates, tables),
+      constraint=sampling.constraint.after(first_B[:, None], 1)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
       tokens=generation.finalize(state.buffer, loop.pad_id)[:, :loop.out_width], counts=state.buffer.counts,
@@ -305,6 +311,7 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
   drafter.check(loop.target_config)
+  request.sampling.constraint.check_drafter(drafter)
   tree = drafter.tree
   if tree is not None and k != tree.max_depth:
     raise ValueError(f"k = {k}, but the drafter's tree has depth {tree.max_depth}: pass k = {tree.max_depth}")

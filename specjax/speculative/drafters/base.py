@@ -103,23 +103,26 @@ def short_proposal_widths(k: int) -> tuple[int, ...]:
 # Every Drafter subclass with a `name`, by name, as its module defines it (`registry` resolves them).
 REGISTERED: dict[str, type] = {}
 
-DraftStep = Callable[[Any, jax.Array], tuple[Any, tuple[jax.Array, jax.Array | None]]]
+DraftStep = Callable[[Any, jax.Array, SamplingParams], tuple[Any, tuple[jax.Array, jax.Array | None]]]
 
 
-def draft_chain(step: DraftStep, carry: Any, key: jax.Array, plan: RoundPlan) -> tuple[Any, Proposal]:
-  """Draws a chain of draft tokens with `step(carry, key) -> (carry, (token_B, probs_BxW or None))`, one
-  draft pass each, while fewer than the plan's depth are drawn: no pass that no row wants runs. Returns
-  the final carry and the proposal (slots past the passes run hold zeros)."""
+def draft_chain(step: DraftStep, carry: Any, key: jax.Array, plan: RoundPlan,
+                sampling: SamplingParams) -> tuple[Any, Proposal]:
+  """Draws a chain of draft tokens with `step(carry, key, sampling) -> (carry, (token_B, probs_BxW or
+  None))`, one draft pass each, while fewer than the plan's depth are drawn: no pass that no row wants
+  runs. Each step gets `sampling` with its constraint advanced past the tokens drawn before (the draft
+  masked like the target along its own draws). Returns the final carry and the proposal (slots past the
+  passes run hold zeros)."""
   k = plan.k
   keys_K = jax.random.split(key, k)
-  token_shape, probs_shape = jax.eval_shape(step, carry, keys_K[0])[1]
+  token_shape, probs_shape = jax.eval_shape(step, carry, keys_K[0], sampling)[1]
   batch = token_shape.shape[0]
   tokens_BxK = jnp.zeros((batch, k), token_shape.dtype)
   probs_BxKxW = None if probs_shape is None else jnp.zeros((batch, k) + probs_shape.shape[1:], probs_shape.dtype)
 
   def one_pass(loop):
     drawn, carry, tokens_BxK, probs_BxKxW = loop
-    carry, (token_B, probs_BxW) = step(carry, keys_K[drawn])
+    carry, (token_B, probs_BxW) = step(carry, keys_K[drawn], sampling.after(tokens_BxK, drawn))
     return (drawn + 1, carry, tokens_BxK.at[:, drawn].set(token_B),
             None if probs_BxW is None else probs_BxKxW.at[:, drawn].set(probs_BxW))
 

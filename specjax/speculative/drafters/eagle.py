@@ -213,7 +213,7 @@ class EagleDrafter(ModelBackedDrafter):
 
   def propose_chain(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
                     plan: RoundPlan) -> tuple[Proposal, EagleState]:
-    def step(carry, step_key):
+    def step(carry, step_key, sampling):
       cache, fused_BxD, token_B = carry
       out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],
                                       fused_BxD[:, None], cache)
@@ -222,7 +222,7 @@ class EagleDrafter(ModelBackedDrafter):
       next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       return (cache.advance(jnp.ones_like(next_B)), out_Bx1xD[:, 0], next_B), (next_B, probs_BxV)
 
-    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, plan)
+    (cache, _, _), proposal = draft_chain(step, (state.cache, state.feature, pending_B), key, plan, sampling)
     # The pairs written beyond the head's length are scratch: `commit` rewrites them from the target. The
     # state keeps the written cache (at its old length): dropping it would make XLA copy the whole cache
     # so that the old one survives the chain.

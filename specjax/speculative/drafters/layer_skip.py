@@ -96,7 +96,7 @@ class LayerSkipDrafter(ModelBackedDrafter):
 
   def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
               key: jax.Array, plan: RoundPlan) -> tuple[Proposal, None, KVCache]:
-    def step(carry, step_key):
+    def step(carry, step_key, sampling):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
       # Greedy: point masses (probs None), no [K, B, V] distributions.
@@ -105,5 +105,5 @@ class LayerSkipDrafter(ModelBackedDrafter):
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
     # Up to K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.
-    (cache, _), proposal = draft_chain(step, (target_cache, pending_B), key, plan)
+    (cache, _), proposal = draft_chain(step, (target_cache, pending_B), key, plan, sampling)
     return proposal, None, cache.replace(lengths=target_cache.lengths)

@@ -42,8 +42,9 @@ class ModelShapes:
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
     hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, plan.drafts)
 
-    def draw(hidden_BxD, step_key):
-      """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B])."""
+    def draw(hidden_BxD, step_key, sampling):
+      """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B]), under
+      `sampling`'s constraint (its state after the tokens before this one)."""
       logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
       token_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
       # Confident: the top probability of the draft's own distribution, softmax(logits) before
@@ -55,14 +56,15 @@ class ModelShapes:
       top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
       return token_B, probs_BxV, top_B >= self.stop_threshold
 
-    def no_draw(hidden_BxD, step_key):
-      return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), jax.eval_shape(draw, hidden_BxD, step_key))
+    def no_draw(hidden_BxD, step_key, sampling):
+      return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),
+                          jax.eval_shape(draw, hidden_BxD, step_key, sampling))
 
     k = plan.k
     keys_K = jax.random.split(key, k)
     # No head for a plain round where branches are cheap (narrow passes: CPU); its d_1 is never verified.
-    token_B, probs_BxV, confident_B = (plan.unless_plain(draw, no_draw, hidden_BxD, keys_K[0])
-                                       if self.config.narrow_passes else draw(hidden_BxD, keys_K[0]))
+    token_B, probs_BxV, confident_B = (plan.unless_plain(draw, no_draw, hidden_BxD, keys_K[0], sampling)
+                                       if self.config.narrow_passes else draw(hidden_BxD, keys_K[0], sampling))
     tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
     # Greedy proposals are point masses: no [B, K, V] buffer.
     probs_BxKxV = None if probs_BxV is None else jnp.zeros(
@@ -83,7 +85,7 @@ class ModelShapes:
       fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params,
                                            draft_inputs(self.config, self.head, tokens_BxK[:, fed, None]), cache)
-      next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1])
+      next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1], sampling.after(tokens_BxK, fed + 1))
       return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
               None if probs_BxV is None else probs_BxKxV.at[:, fed + 1].set(probs_BxV),
               confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))

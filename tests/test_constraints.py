@@ -1,0 +1,287 @@
+"""Constrained decoding: the host's token tables against an independent oracle (the `regex` module's
+partial matching), and the engine under a constraint: greedy output equal to a reference that masks with
+the oracle token by token (autoregressive, model and n-gram drafters, rows with different constraints),
+outputs that always match at T = 1, and the first tokens' distribution against the masked, renormalised
+target enumerated exactly, with the mutants it must reject."""
+
+import json
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import jsonschema
+import regex
+
+import specjax
+from specjax.constraints import compiler
+from specjax.constraints.mask import Constrained, Unconstrained
+from specjax.errors import ConfigError
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.sampling import sampling_params
+from specjax.speculative import acceptance, loop as loop_module
+from specjax.speculative.drafters import model_shapes
+from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.drafters.parallel import ParallelDrafter
+from specjax.speculative.k_policy import Adaptive
+from specjax.speculative.proposal import Proposal
+from tests.helpers import engine, layer_skip
+from tests.helpers.cli import cli_config
+from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
+from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
+                                       device_constraint, exact_constrained_distribution, greedy_reference,
+                                       oracle_mask)
+from tests.helpers.loop import autoregress, speculate
+from tests.helpers.stats import chi_square_pvalue
+
+PROMPTS, BUDGETS = engine.PROMPTS, engine.BUDGETS
+PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 under the second
+
+
+@pytest.mark.parametrize("pattern, strings", [(OBJECT_REGEX, STRINGS_61), (DIGITS_REGEX, STRINGS_61),
+                                              (SMALL_REGEX, STRINGS_8), ("a(xb)*", [b"", b"a", b"x", b"b"])])
+def test_table_matches_the_oracle_along_random_walks(pattern, strings):
+  """Along 100 random walks of allowed tokens, each state's allowed set is the oracle's (`a(xb)*`: the
+  outlines-core bug `compile_table` works around, moves out of accepting states)."""
+  table, rng = compiler.compile_table(pattern, strings, [EOS]), random.Random(0)
+  for _ in range(100):
+    state, text = 0, b""
+    for _ in range(12):
+      np.testing.assert_array_equal(table.next_ZxV[state] >= 0, oracle_mask(pattern, strings, text), err_msg=text)
+      choices = [t for t in np.nonzero(table.next_ZxV[state] >= 0)[0] if t != EOS]
+      if not choices:
+        break
+      token = rng.choice(choices)
+      state, text = table.next_ZxV[state, token], text + strings[token]
+
+
+def test_dead_ends_are_pruned_and_eos_only_accepts():
+  """"ab|ac" over a vocabulary without "c": "a" may only be followed by "b"; EOS only after "ab"."""
+  table = compiler.compile_table("ab|ac", [b"", b"a", b"b"], [EOS])
+  assert list(table.next_ZxV[0] >= 0) == [False, True, False]
+  after_a = table.next_ZxV[0, 1]
+  assert list(table.next_ZxV[after_a] >= 0) == [False, False, True]
+  assert list(table.next_ZxV[table.next_ZxV[after_a, 2]] >= 0) == [True, False, False]
+
+
+def test_json_schema_spec_and_bad_input():
+  schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+  assert regex.fullmatch(compiler.parse("json_schema:" + schema), '{"n": 12}')
+  for spec, words in [("regex:(", "config.constraint"), ("regex:zz", "config.constraint"),
+                      ("grammar:x", "config.constraint must start with"),
+                      ('json_schema:{"type": 3}', "invalid JSON schema"),
+                      ('json_schema:{"type": "object", "patternProperties": {"a": {}}}', "unsupported JSON schema"),
+                      ("json_schema:/no/such/file.json", "neither inline JSON nor a file")]:
+    with pytest.raises(ConfigError, match=words):
+      compiler.compile_table(compiler.parse(spec), STRINGS_61, [EOS])
+
+
+def test_stacked_tables_keep_each_rows_constraint():
+  tables = [compiler.compile_table(p, STRINGS_61, [EOS]) for p in PATTERNS]
+  next_ZxV, starts = compiler.stack(tables)
+  assert list(starts) == [0, tables[0].num_states]
+  np.testing.assert_array_equal(next_ZxV[starts[1]] >= 0, tables[1].next_ZxV[0] >= 0)
+
+
+def _greedy_speculative(drafter, storage_len=engine.CACHE_LEN, **kwargs):
+  config, params = engine.TARGET
+  padded, lengths = pad_prompts(PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN),
+                  drafter.storage(len(PROMPTS), storage_len), BUDGETS, [EOS], sampling, jax.random.key(0), k=3,
+                  out_width=engine.OUT_WIDTH, **kwargs)
+  return as_token_lists(out.tokens, out.counts), out
+
+
+@pytest.fixture(scope="module")
+def greedy_expected():
+  return [greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+          for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
+
+
+def test_greedy_autoregressive_equals_the_reference(greedy_expected):
+  config, params = engine.TARGET
+  padded, lengths = pad_prompts(PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
+  out = autoregress(config, params, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN), BUDGETS,
+                    [EOS], sampling, jax.random.key(0), out_width=engine.OUT_WIDTH)
+  assert as_token_lists(out.tokens, out.counts) == greedy_expected
+  assert any(row[-1] == EOS for row in greedy_expected)  # some row finished its match
+
+
+def test_greedy_model_drafter_equals_the_reference(greedy_expected):
+  config, params = engine.DRAFTS["perturbed"]
+  tokens, out = _greedy_speculative(ModelDrafter(config, params))
+  assert tokens == greedy_expected
+  assert int(out.acceptance.accepted.sum()) > 0
+
+
+def test_greedy_model_drafter_under_the_adaptive_policy_equals_the_reference(greedy_expected):
+  """A draft whose argmax is never the target's, under the adaptive policy (costs that make plain rounds
+  and every length worth choosing): every proposed token rejected, the output still the reference."""
+  config, params = engine.DRAFTS["never"]
+  tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
+                                    cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))
+  assert tokens == greedy_expected
+  assert int(out.acceptance.proposed.sum()) > 0
+
+
+def test_greedy_layer_skip_drafter_equals_the_reference():
+  """A drafter drawing through `draft_chain` (layer skip; EAGLE's chain draws the same way)."""
+  config, params = layer_skip.TARGET
+  drafter = LayerSkipDrafter(config, params, layers=(0,))
+  padded, lengths = pad_prompts(PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN),
+                  None, BUDGETS, [EOS], sampling, jax.random.key(0), k=3, out_width=engine.OUT_WIDTH)
+  expected = [greedy_reference(layer_skip.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+              for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
+  assert as_token_lists(out.tokens, out.counts) == expected
+
+
+def test_greedy_parallel_drafter_equals_the_reference(greedy_expected):
+  """One pass proposes K tokens; position i is masked by the state after the draft's own d_1 .. d_{i-1}."""
+  config, params = engine.DRAFTS["perturbed"]
+  tokens, out = _greedy_speculative(ParallelDrafter(config, params, mask_id=engine.VOCAB - 1, k=3))
+  assert tokens == greedy_expected
+  assert int(out.acceptance.accepted.sum()) > 0
+
+
+def test_greedy_ngram_drafter_equals_the_reference(greedy_expected):
+  tokens, _ = _greedy_speculative(NgramDrafter(vocab_size=engine.VOCAB), storage_len=engine.CACHE_LEN)
+  assert tokens == greedy_expected
+
+
+def test_a_lookup_proposal_is_cut_at_its_first_disallowed_token_and_a_sampled_one_is_not():
+  """`SMALL_REGEX` from the start: "ab" then "c" allowed, "x" not; a sampled proposal is left whole (its
+  rejection, by the masked target, keeps the rule exact; a cut would not)."""
+  constraint = device_constraint([SMALL_REGEX], STRINGS_8, 2)
+  point = Proposal(tokens=jnp.asarray([[4, 3, 7], [7, 3, 3]]), lengths=jnp.asarray([3, 2]))
+  assert list(constraint.cut(point).lengths) == [2, 0]
+  sampled = point.replace(probs=jnp.ones((2, 3, 8)) / 8)
+  assert list(constraint.cut(sampled).lengths) == [3, 2]
+
+
+# -- T = 1 on the 8-id model: the first SAMPLE_STEPS tokens against the exact constrained distribution -----
+ROWS = 4_000  # the exact engine passes at ALPHA; each mutant below scores 0 at 1,000 rows (draws off the support)
+ALPHA = 1e-4
+
+
+def _sample(draft=engine.SMALL_DRAFT, rows=ROWS, k=3, rule=acceptance.verify):
+  """(tokens [rows, SAMPLE_STEPS], the output) of the model drafter at T = 1 under SMALL_REGEX. A mutant
+  passes a fresh `rule` (`_fresh`): a new static setting, so the program is traced with the patch in place."""
+  (config, params), (draft_config, draft_params) = engine.SMALL_TARGET, draft
+  drafter = ModelDrafter(draft_config, draft_params)
+  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * rows)
+  sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, rows))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, 16), drafter.storage(rows, 16),
+                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(1), k=k, out_width=engine.SAMPLE_STEPS,
+                  rule=rule)
+  return np.asarray(out.tokens), out
+
+
+@pytest.fixture(scope="module")
+def exact_small():
+  return exact_constrained_distribution(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SMALL_REGEX, STRINGS_8, 1.0,
+                                        engine.SAMPLE_STEPS).ravel()
+
+
+def _pvalue(tokens_ZxT, exact):
+  index = np.ravel_multi_index(tokens_ZxT.T, [len(STRINGS_8)] * tokens_ZxT.shape[1])
+  return chi_square_pvalue(np.bincount(index, minlength=exact.size), exact)
+
+
+def test_sampled_model_drafter_follows_the_constrained_target(exact_small):
+  tokens, _ = _sample()
+  assert _pvalue(tokens, exact_small) > ALPHA
+  texts = {b"".join(STRINGS_8[t] for t in row if t != EOS).decode() for row in tokens}
+  assert all(regex.fullmatch(SMALL_REGEX, text, partial=True) for text in texts)  # every row, T = 1
+
+
+def test_sampled_autoregressive_follows_the_constrained_target(exact_small):
+  config, params = engine.SMALL_TARGET
+  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * ROWS)
+  sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, ROWS))
+  out = autoregress(config, params, padded, lengths, init_cache(config, ROWS, 16), engine.SAMPLE_STEPS + 1, [EOS],
+                    sampling, jax.random.key(2), out_width=engine.SAMPLE_STEPS + 1)
+  assert _pvalue(np.asarray(out.tokens)[:, :engine.SAMPLE_STEPS], exact_small) > ALPHA
+
+
+def _fresh():
+  return lambda *args: acceptance.verify(*args)
+
+
+def _unmasked(function):
+  """`function(..., params)` (sampling params last) ignoring the params' constraint."""
+  return lambda *args: function(*args[:-1], args[-1].replace(constraint=Unconstrained()))
+
+
+def _shifted_along(self, tokens_BxK):
+  """`Constrained.along` one token late: position i masked by the state before d_i, not after it."""
+  states = [self.state, self.state]
+  for i in range(tokens_BxK.shape[1] - 1):
+    states.append(self.replace(state=states[-1]).advance(tokens_BxK[:, i]))
+  return self.replace(state=jnp.stack(states, axis=1))
+
+
+def test_mutants_are_rejected(monkeypatch, exact_small):
+  """Only the draft masked (the target's verify pass unmasked), and every position masked with the state
+  one token late: both leave the constrained distribution."""
+  with monkeypatch.context() as patch:
+    patch.setattr(loop_module, "probabilities", _unmasked(loop_module.probabilities))
+    tokens, _ = _sample(rows=1_000, rule=_fresh())
+  assert _pvalue(tokens, exact_small) < 1e-12
+  with monkeypatch.context() as patch:
+    patch.setattr(Constrained, "along", _shifted_along)
+    tokens, _ = _sample(rows=1_000, rule=_fresh())
+  assert _pvalue(tokens, exact_small) < 1e-12
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted(monkeypatch):
+  """Draft = target, both masked along the same states: q = p at every position, so every proposed
+  token is accepted; a draft left unmasked (only the target masked: still exact, the rule rejects what
+  the constraint forbids) loses tokens."""
+  _, out = _sample(draft=engine.SMALL_TARGET, rows=300)
+  assert int(out.acceptance.accepted.sum()) == int(out.acceptance.proposed.sum()) > 0
+  with monkeypatch.context() as patch:
+    patch.setattr(model_shapes, "tokens_and_probabilities", _unmasked(model_shapes.tokens_and_probabilities))
+    _, out = _sample(draft=engine.SMALL_TARGET, rows=300, rule=_fresh())
+  assert int(out.acceptance.accepted.sum()) < 0.95 * int(out.acceptance.proposed.sum())
+
+
+# -- through specjax.Decoder: the tiny Qwen2 directories with the character tokenizer ------------------------
+SCHEMA = '{"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["id"]}'
+
+
+def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(model_dirs, tmp_path):
+  """Through `specjax.Decoder`, a prompts file giving each prompt its own constraint (a JSON schema, a
+  regex): the n-gram drafter's greedy output equals autoregressive decoding's under the same constraints,
+  each output matches its own, a finished JSON one validates; bad `constraint` values fail in one line."""
+  dec = specjax.Decoder(config=cli_config(model_dirs, max_new_tokens=24, batch_size=2))
+  tok = dec.target.tokenizer
+  constraints = ["json_schema:" + SCHEMA, "regex:[0-9]{3,8}"]
+  records = tmp_path / "prompts.jsonl"
+  records.write_text("\n".join(json.dumps({"prompt": p, "constraint": c})
+                               for p, c in zip(("abc", "hello"), constraints)))
+  baseline = dec.run(prompts_file=str(records), mode="autoregressive")["outputs"]
+  ngram = dec.run(prompts_file=str(records), drafter="ngram")["outputs"]
+  assert [o["token_ids"] for o in ngram] == [o["token_ids"] for o in baseline]
+  for output, constraint in zip(baseline, constraints):
+    ids = output["token_ids"]
+    finished = ids[-1] in tok.eos_ids
+    text = tok.decode(ids[:-1] if finished else ids)
+    assert regex.fullmatch(compiler.parse(constraint), text, partial=not finished)
+    if finished and constraint.startswith("json_schema"):
+      jsonschema.validate(json.loads(text), json.loads(SCHEMA))
+  assert baseline[0]["token_ids"][-1] in tok.eos_ids  # the schema's row finished: a whole match
+  assert dec.generate(("abc", "hello"), constraint=constraints, mode="autoregressive").token_ids == [
+      o["token_ids"] for o in baseline]  # one constraint per prompt through the Python API
+  for fields, words in [({"constraint": "regex:(["}, "config.constraint"),
+                        ({"constraint": "json_schema:{\"not\": {}}"}, "unsupported JSON schema keywords"),
+                        ({"constraint": "regex:a", "tree": "(2,1)"}, "chains only")]:
+    with pytest.raises(ConfigError, match=words):
+      dec.generate(["abc"], **fields)
