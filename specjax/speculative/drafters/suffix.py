@@ -33,8 +33,8 @@ distribution at any temperature and equals its greedy output when greedy, whatev
 
 Costs and limits: frequencies are counted over the M most recent occurrences, not all of them (exact for
 matches rarer than M); a sequence cut by eviction keeps its newest part; the corpus search is linear
-in C, so each round pays for the pool's capacity (measured per pool size in experiments/README.md,
-"Suffix decoding").
+in C, so each round pays for the pool's capacity (`experiments/benchmark_suffix.py` times it per pool
+size).
 """
 
 from __future__ import annotations
