@@ -292,8 +292,8 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
     c[str(batch_size)] = {}
     for group, system in systems:
       if system.source not in c[str(batch_size)]:
-        drafter, _ = pipeline.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
-                                            drafts[system.draft], log)
+        drafter = pipeline.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
+                                         drafts[system.draft], log).drafter
         c[str(batch_size)][system.source] = costs.drafter_cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
     log(f"batch {batch_size}: target T=1 {seconds[1] * 1e3:.0f} ms; verify cost " +
         " ".join(f"K={k}:{r:.2f}" for k, r in verify_cost[str(batch_size)].items()) + "; c " +

@@ -36,6 +36,7 @@ import textwrap
 import time
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -156,6 +157,9 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   results["load_time_s"] = time.perf_counter() - start
   for workload in cfg.workloads:
     fields, counted = calls[workload]
+    # Each compiled program of the 1.5B target holds ~1 GB of code and buffers: drop the last workload's
+    # (a run that kept them all died compiling its ~30th, LLVM out of memory).
+    jax.clear_caches()
     order = [AUTOREGRESSIVE]
     for count, system in enumerate(cfg.systems, 1):
       order += [system] + ([AUTOREGRESSIVE] if count % cfg.ar_every == 0 or count == len(cfg.systems) else [])
@@ -190,8 +194,6 @@ def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, lo
   """The suffix drafter's own cost per round (its jitted `propose`, median of `cost_repeats`) with pools of
   `pool_sizes` tokens (standard-library sources, tokenized), at batch 1 and 8 with histories of
   `cost_history` tokens, against the suffix_pool runs' mean round time (wall time / rounds) at that batch."""
-  import jax
-
   from specjax.sampling import sampling_params
   from specjax.speculative.drafters.suffix import SuffixDrafter, empty_pool, warm_pool
   from specjax.speculative.plan import RoundPlan

@@ -85,7 +85,7 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   cfg = cli_config(model_dirs, mode=mode, drafter=drafter, temperature=0.8, max_new_tokens=10)
   spec = decode_spec.from_config(cfg)
   target, draft = pipeline.load_models(spec, log=lambda m: None)
-  drafter_ = pipeline.build_drafter(spec, target, draft, log=lambda m: None)[0] if mode == "speculative" else None
+  drafter_ = pipeline.build_drafter(spec, target, draft, log=lambda m: None).drafter if mode == "speculative" else None
   ids = prompts.encode(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
   batches = [generation.pad_prompts(ids[:2], width=max(map(len, ids))),
              generation.pad_prompts(ids[2:], width=max(map(len, ids)))]
@@ -108,7 +108,7 @@ def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(drafter="medusa"), "unknown config.drafter 'medusa'; expected one of model, ngram, layer_skip"),
+    (dict(drafter="medusa"), "unknown config.drafter 'medusa'; expected one of model, ngram, suffix, layer_skip"),
     (dict(drafter="no_such_module:Drafter"), "config.drafter 'no_such_module:Drafter': cannot import no_such_module"),
     (dict(drafter="specjax.sampling:SamplingParams"), "not a subclass of specjax.speculative.Drafter"),
     (dict(drafter="ngram", ngram=dict(min=0)), "config.ngram.min must be an integer >= 1, got 0"),
