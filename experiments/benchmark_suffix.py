@@ -210,7 +210,7 @@ def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, lo
     rng = np.random.default_rng(0)
     history = jax.numpy.asarray(rng.integers(0, vocab, (batch, cfg.cost_history + 64)), jax.numpy.int32)
     for size in cfg.pool_sizes:
-      drafter = SuffixDrafter(vocab_size=vocab, pool=largest[-size:], **_drafter_fields(cfg))
+      drafter = SuffixDrafter(vocab_size=vocab, pool=largest[-size:], **SuffixDrafter.search_fields(cfg.suffix))
       state = drafter.init(drafter.storage(batch, history.shape[1]), history,
                            jax.numpy.full((batch,), cfg.cost_history, jax.numpy.int32), None)
       args = (drafter, state, None, history[:, 0], sampling_params(0.0), jax.random.key(0), RoundPlan(cfg.k))
@@ -227,13 +227,6 @@ def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, lo
       log(f"suffix propose, batch {batch}, pool {size}: {np.median(seconds) * 1e3:.2f} ms"
           + (f" ({out[-1]['share_of_round']:.1%} of a round)" if round_s else ""))
   return out
-
-
-def _drafter_fields(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The SuffixDrafter fields of `cfg.suffix` (its pool settings are the pipeline's, not the drafter's)."""
-  s = cfg.suffix
-  return {"max_match": s.max_match, "occurrences": s.occurrences, "factor": s.factor, "offset": s.offset,
-          "min_prob": s.min_prob, "across_rows": s.across_rows}
 
 
 def run_transformers(cfg, calls, tokenizer, results, save, log) -> None:

@@ -243,9 +243,14 @@ class SuffixDrafter(HistoryDrafter):
       pool, warmed = warm_pool(pool, o.corpus, target.tokenizer.encode, int(o.corpus_tokens) or int(o.pool_tokens))
       info["pool_corpus_tokens"] = warmed
       log(f"suffix pool: {warmed} tokens of {o.corpus}")
-    return cls(vocab_size=target.config.vocab_size, pool=pool, max_match=int(o.max_match),
-               occurrences=int(o.occurrences), factor=float(o.factor), offset=float(o.offset),
-               min_prob=float(o.min_prob), across_rows=bool(o.across_rows), tree=settings.tree), info
+    return cls(vocab_size=target.config.vocab_size, pool=pool, tree=settings.tree, **cls.search_fields(o)), info
+
+  @staticmethod
+  def search_fields(options) -> dict:
+    """The drafter's static fields set by its config group (the pool's settings are `build`'s)."""
+    return {"max_match": int(options.max_match), "occurrences": int(options.occurrences),
+            "factor": float(options.factor), "offset": float(options.offset), "min_prob": float(options.min_prob),
+            "across_rows": bool(options.across_rows)}
 
   def __post_init__(self):
     if self.tree is not None and not is_spines(self.tree):
