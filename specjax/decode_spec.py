@@ -221,7 +221,5 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
                              tree=tree, tree_children=cfg.tree_children,
                              k=cfg.k if tree is None else tree.max_depth, plain_rounds=policy.plain_rounds)
   cls.check_config(settings)
-  if cfg.constraint and tree is not None:
-    raise ConfigError("config.constraint works with chains only: leave config.tree empty")
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
   return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning)

@@ -29,7 +29,10 @@ class Unconstrained:
   def mask(self, logits_xV: jax.Array) -> jax.Array:
     return logits_xV
 
-  def along(self, tokens_BxK: jax.Array) -> Unconstrained:
+  def along(self, tokens_BxN: jax.Array, tree: Any = None) -> Unconstrained:
+    return self
+
+  def at(self, nodes_xL: Any) -> Unconstrained:
     return self
 
   def after(self, tokens_BxT: jax.Array, counts_B: jax.Array | int) -> Unconstrained:
@@ -37,9 +40,6 @@ class Unconstrained:
 
   def cut(self, proposal: Any) -> Any:
     return proposal
-
-  def check_drafter(self, drafter: Any) -> None:
-    pass
 
 
 @flax.struct.dataclass
@@ -65,40 +65,53 @@ class Constrained(Unconstrained):
     """The state after one token each (int32, the state's shape): dead stays dead, and an id past the
     table's V (a draft's padded head) leads there."""
     vocab = self.next_ZxV.shape[1]
-    next_x = jnp.take_along_axis(self.next_ZxV[jnp.maximum(self.state, 0)],
-                                 jnp.clip(tokens_x, 0, vocab - 1)[..., None], axis=-1)[..., 0]
+    next_x = self.next_ZxV[jnp.maximum(self.state, 0), jnp.clip(tokens_x, 0, vocab - 1)]
     return jnp.where((self.state == DEAD) | (tokens_x >= vocab), DEAD, next_x)
 
-  def along(self, tokens_BxK: jax.Array) -> Constrained:
-    """The states [B, K + 1] before each position of the verified block [pending, d_1 .. d_K]: the
-    state after pending (this one), then after each draft token in turn. Position i's distribution (of
-    d_{i+1}) is masked by state i."""
-    states = [self.state]
-    for i in range(tokens_BxK.shape[1]):
-      states.append(self.replace(state=states[-1]).advance(tokens_BxK[:, i]))
-    return self.replace(state=jnp.stack(states, axis=1))
+  def along(self, tokens_BxN: jax.Array, tree: Any = None) -> Constrained:
+    """The states [B, N + 1] of the verified block [pending, x_1 .. x_N] (this one: the state after
+    pending, at the root): x_i's state is its parent's advanced by x_i, so position i's distribution (of
+    what follows x_i) is masked by it. `tree` (a `tree.Tree`, or one per row: `dynamic.DynamicTree`; only
+    its `parent` [N + 1] or [B, N + 1] and `max_depth` are read) gives the parents; None = a chain
+    (x_i's parent is x_{i-1}). One pass per level: after pass d every node of depth <= d is right."""
+    batch, nodes = tokens_BxN.shape
+    if tree is None:
+      parent_BxN, levels = jnp.broadcast_to(jnp.arange(nodes, dtype=jnp.int32), (batch, nodes)), nodes
+    else:
+      parent_BxN = jnp.broadcast_to(jnp.asarray(tree.parent, jnp.int32), (batch, nodes + 1))[:, 1:]
+      levels = tree.max_depth
+    root_Bx1 = self.state[:, None]
+    states_BxN1 = jnp.broadcast_to(root_Bx1, (batch, nodes + 1))
+    for _ in range(levels):
+      parents_BxN = self.replace(state=jnp.take_along_axis(states_BxN1, parent_BxN, axis=1))
+      states_BxN1 = jnp.concatenate([root_Bx1, parents_BxN.advance(tokens_BxN)], axis=1)
+    return self.replace(state=states_BxN1)
+
+  def at(self, nodes_xL: Any) -> Constrained:
+    """The states [B, L] of some positions of `along`'s [B, N + 1]: `nodes_xL` [L] (every row's) or [B, L]."""
+    index_BxL = jnp.broadcast_to(jnp.asarray(nodes_xL, jnp.int32), (self.state.shape[0], jnp.shape(nodes_xL)[-1]))
+    return self.replace(state=jnp.take_along_axis(self.state, index_BxL, axis=1))
 
   def after(self, tokens_BxT: jax.Array, counts_B: jax.Array | int) -> Constrained:
     """The state [B] after each row's first `counts_B` tokens of `tokens_BxT` (0: unchanged)."""
-    states_BxT1 = self.along(tokens_BxT).state
-    return self.replace(state=jnp.take_along_axis(
-        states_BxT1, jnp.broadcast_to(jnp.asarray(counts_B, jnp.int32), self.state.shape)[:, None], axis=1)[:, 0])
+    counts_Bx1 = jnp.broadcast_to(jnp.asarray(counts_B, jnp.int32), self.state.shape)[:, None]
+    return self.replace(state=self.along(tokens_BxT).at(counts_Bx1).state[:, 0])
 
   def cut(self, proposal: Any) -> Any:
     """A point-mass proposal cut at its first token the constraint does not allow (a lookup's proposal
-    is a function of the history, so its length may depend on it). A sampled proposal is left whole:
-    cutting it where a draw fails would change the distribution the rule's residual corrects; the target's
-    mask rejects such a token instead."""
+    is a function of the history, so its length may depend on it); a tree's, at the deepest node whose
+    whole path is allowed (its disallowed nodes stay: the masked target never accepts them). A sampled
+    proposal is left whole: cutting it where a draw fails would change the distribution the rule's
+    residual corrects; the target's mask rejects such a token instead."""
     if not proposal.point_masses:
       return proposal
-    dead_BxK = self.along(proposal.tokens).state[:, 1:] == DEAD
-    first_dead_B = jnp.sum(jnp.cumprod(~dead_BxK, axis=1), axis=1).astype(jnp.int32)
-    return proposal.replace(lengths=jnp.minimum(proposal.lengths, first_dead_B))
-
-  def check_drafter(self, drafter: Any) -> None:
-    """Raises ValueError for a drafter of trees: a tree's states follow each node's ancestors, not done yet."""
-    if drafter.tree is not None:
-      raise ValueError("constrained decoding drafts chains only: this drafter drafts trees (config.tree)")
+    tree = proposal.verified_tree
+    batch, nodes = proposal.tokens.shape
+    depth_BxN = jnp.broadcast_to(jnp.arange(1, nodes + 1, dtype=jnp.int32) if tree is None else
+                                 jnp.asarray(tree.depth, jnp.int32)[..., 1:], (batch, nodes))
+    live_BxN = self.along(proposal.tokens, tree).state[:, 1:] != DEAD  # dead spreads to the descendants
+    deepest_B = jnp.max(jnp.where(live_BxN, depth_BxN, 0), axis=1)
+    return proposal.replace(lengths=jnp.minimum(proposal.lengths, deepest_B))
 
 
 def constrained(next_ZxV: Any, start_B: Any) -> Constrained:

@@ -41,7 +41,7 @@ from specjax import generation, inplace, lowering, metrics
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward_features, hidden_to_logits, prefill, prefill_features
-from specjax.sampling import SamplingParams, argmax_tokens, greedy_tokens, next_tokens, probabilities
+from specjax.sampling import SamplingParams, argmax_tokens, next_tokens, probabilities
 from specjax.speculative import acceptance, k_policy
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.k_policy import Candidate, KPolicy, Tables
@@ -166,12 +166,14 @@ class SpeculativeLoop:
     hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(config, target_params, block_BxN1,
                                                                      target_cache, features, tree=tree)
     logits_BxN1xV = hidden_to_logits(config, target_params, hidden_BxN1xD)
-    if round_.sampling.greedy:
-      path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
-                                                                              greedy_tokens(logits_BxN1xV))
+    # Node i's distribution is masked by the constraint's state after its own root-to-node path.
+    sampling = round_.sampling.replace(constraint=round_.sampling.constraint.along(proposal.tokens, tree))
+    if sampling.greedy:
+      path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(
+          tree, proposal.tokens, argmax_tokens(logits_BxN1xV, sampling))
     else:
       path_BxDt1, num_accepted_B, next_B = self.tree_rule(round_.key, tree, proposal.tokens, proposal.probs,
-                                                          probabilities(logits_BxN1xV, round_.sampling))
+                                                          probabilities(logits_BxN1xV, sampling))
     if not tree.is_chain:
       target_cache = target_cache.compact(path_BxDt1)
     path_BxDt1 = jnp.pad(path_BxDt1, ((0, 0), (0, full_depth + 1 - path_BxDt1.shape[1])), mode="edge")
@@ -311,7 +313,6 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
   drafter.check(loop.target_config)
-  request.sampling.constraint.check_drafter(drafter)
   tree = drafter.tree
   if tree is not None and k != tree.max_depth:
     raise ValueError(f"k = {k}, but the drafter's tree has depth {tree.max_depth}: pass k = {tree.max_depth}")

@@ -67,11 +67,12 @@ def _without_elders(probs_BxCxW: jax.Array, order_BxCxRk: jax.Array, ranks: list
 
 def _draw_children(children: str, sampling: SamplingParams, key: jax.Array, logits_BxLvxW: jax.Array,
                    parents: list[int], ranks: list[int]) -> tuple[jax.Array, jax.Array | None]:
-  """Tokens [B, C] of the next level's C nodes and their distributions [B, C, W] (None: point masses)."""
+  """Tokens [B, C] of the next level's C nodes and their distributions [B, C, W] (None: point masses),
+  under `sampling`'s constraint at the level's nodes (states [B, Lv]: each parent's own path's)."""
   most = max(ranks) + 1
   pick = lambda order_BxLvxRk: order_BxLvxRk[:, jnp.asarray(parents), jnp.asarray(ranks)]
   if sampling.greedy:
-    return pick(jax.lax.top_k(logits_BxLvxW, most)[1]), None
+    return pick(jax.lax.top_k(sampling.constraint.mask(logits_BxLvxW), most)[1]), None
   probs_BxLvxW = probabilities(logits_BxLvxW, sampling)
   if children == "top":
     return pick(jax.lax.top_k(probs_BxLvxW, most)[1]), None
@@ -122,7 +123,8 @@ class Grower(NamedTuple):
 def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
               grower: Grower, carry: Any, plan: RoundPlan) -> tuple[jax.Array, jax.Array | None, Any]:
   """Draws a static tree level by level with `grower`: each node's children are drawn from its logits
-  (`children`).
+  (`children`), masked by `sampling`'s constraint at that node (its state after the node's path from
+  the root, whose state `sampling` holds: `Constrained.along`).
 
   Only the tree cut at the plan's depth is drawn (`Tree.cut`, what the round verifies): levels below it
   are neither fed (but the cut's leaves, with `feeds_leaves`) nor drawn, so a shallow round costs only
@@ -148,8 +150,10 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
     def run(loop):
       carry, tokens_BxN1, probs_BxN1xW = loop
       nodes, parents, ranks = _next_level(tree, level_depth)
-      level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling, level_keys[level_depth],
-                                                           head(outputs), parents, ranks)
+      level = tree.level(level_depth)  # the parents: their states after their own paths
+      states = sampling.constraint.along(tokens_BxN1[:, 1:], tree).at(np.arange(level.first, level.first + level.count))
+      level_tokens_BxC, level_probs_BxCxW = _draw_children(children, sampling.replace(constraint=states),
+                                                           level_keys[level_depth], head(outputs), parents, ranks)
       tokens_BxN1 = tokens_BxN1.at[:, jnp.asarray(nodes)].set(level_tokens_BxC)
       if level_probs_BxCxW is not None:
         probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)

@@ -14,7 +14,8 @@ under a static node budget, so every shape stays static.
   and `KVCache.compact` need of `tree.Tree`'s numbering.
 
 Children are point masses: the b most likely tokens of the draft's distribution (after temperature,
-top-k and top-p; of its logits when greedy). Which tokens the tree holds depends on the draft alone,
+top-k and top-p; of its logits when greedy), masked by a constraint's state at the expanded node (its
+path's: `Constrained.along`). Which tokens the tree holds depends on the draft alone,
 so `tree_acceptance`'s rule with `probs = None` keeps the output exactly the target's.
 
 `DynamicTree` holds one tree per row (parents and depths [B, N + 1], arrays); the tables attention and
@@ -156,9 +157,10 @@ class _Frontier:
 
 
 def _children(logits_BxLvxW: jax.Array, sampling: SamplingParams, expand: int) -> tuple[jax.Array, jax.Array]:
-  """The `expand` most likely tokens [B, Lv, b] of each distribution and their log-probabilities."""
+  """The `expand` most likely tokens [B, Lv, b] of each distribution and their log-probabilities (under
+  `sampling`'s constraint: its states [B, Lv])."""
   if sampling.greedy:
-    logp_BxLvxW = jax.nn.log_softmax(logits_BxLvxW, axis=-1)
+    logp_BxLvxW = jax.nn.log_softmax(sampling.constraint.mask(logits_BxLvxW), axis=-1)
   else:
     logp_BxLvxW = jnp.log(probabilities(logits_BxLvxW, sampling))
   logp_BxLvxb, tokens_BxLvxb = jax.lax.top_k(logp_BxLvxW, expand)
@@ -176,14 +178,19 @@ def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: S
   drafter's passes given by `score_frontier(carry, tokens_Bxb, frontier, parent_slots_Bxb)`: it feeds one
   frontier chunk (a `_Frontier`: slots `first` .. `first + b - 1` beyond what the drafter holds, each
   node attending to its fed ancestors) whose nodes' parents were fed at `parent_slots_Bxb` (-1: the
-  root), and returns the chunk's logits [B, b, W] and the new carry.
+  root), and returns the chunk's logits [B, b, W] and the new carry. Under a constraint (`sampling`'s,
+  its state at the root) each node's children are drawn from its logits masked by the node's own state
+  (`Constrained.along` over the candidates so far).
 
   Returns the tokens [B, N] of nodes 1..N, the trees, each node's fed slot [B, N + 1] (-1 for nodes
   never fed: the root, which is history, and unexpanded ones) and the last carry.
   """
   b, Dt = spec.expand, spec.depth
   batch = root_logits_BxW.shape[0]
-  tokens_Bxb, scores_Bxb = (x[:, 0] for x in _children(root_logits_BxW[:, None], sampling, b))
+  constraint = sampling.constraint  # at the root; a node's children are masked by its path's state
+  root = constraint.along(jnp.zeros((batch, 0), jnp.int32))
+  tokens_Bxb, scores_Bxb = (x[:, 0] for x in _children(root_logits_BxW[:, None],
+                                                       sampling.replace(constraint=root), b))
   # Candidates, in creation order: [B, C] each (parent = node index: 0 the root, c + 1 candidate c).
   tokens, scores = [tokens_Bxb], [scores_Bxb]
   parents, depths = [jnp.zeros((batch, b), jnp.int32)], [jnp.ones((batch, b), jnp.int32)]
@@ -204,7 +211,11 @@ def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: S
     logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxFr[:, :, :first + b]),
                                          parent_slots_Bxb)
     slots[-1] = slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(first + jnp.arange(b, dtype=jnp.int32)[None])
-    child_tokens_Bxbxb, child_logp_Bxbxb = _children(logits_BxbxW, sampling, b)
+    candidates = DynamicTree(parent=jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32)] + parents, 1),
+                             depth=jnp.concatenate([jnp.zeros((batch, 1), jnp.int32)] + depths, 1),
+                             max_depth=d, max_children=b)
+    frontier = constraint.along(jnp.concatenate(tokens, 1), candidates).at(frontier_Bxb + 1)
+    child_tokens_Bxbxb, child_logp_Bxbxb = _children(logits_BxbxW, sampling.replace(constraint=frontier), b)
     frontier_scores_Bxb = jnp.take_along_axis(jnp.concatenate(scores, 1), frontier_Bxb, axis=1)
     tokens.append(child_tokens_Bxbxb.reshape(batch, b * b))
     scores.append((frontier_scores_Bxb[:, :, None] + child_logp_Bxbxb).reshape(batch, b * b))

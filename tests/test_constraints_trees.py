@@ -1,0 +1,146 @@
+"""Constrained decoding with draft trees: each node's mask is its own path's DFA state. Greedy output of
+static and dynamic model-drafted trees and of n-gram spines equals the reference that masks the target
+with the `regex` oracle token by token (rows under different constraints); a draft equal to the target,
+masked node by node like it, is accepted whole; at T = 1 the first tokens follow the masked, renormalised
+target enumerated exactly, and fail when a node is masked by its parent's or the root's state."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import regex
+
+from specjax.constraints.mask import DEAD, Constrained
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models.kv_cache import init_cache
+from specjax.sampling import sampling_params
+from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.proposal import Proposal
+from specjax.speculative.trees import acceptance as tree_acceptance
+from specjax.speculative.trees.dynamic import grow_dynamic_tree
+from specjax.speculative.trees.tree import from_branching, parse
+from tests.helpers import engine
+from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
+                                       device_constraint, exact_constrained_distribution, greedy_reference)
+from tests.helpers.loop import speculate
+from tests.helpers.stats import chi_square_pvalue
+
+PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 under the second
+STATIC, DYNAMIC, SPINES = from_branching((2, 2, 1)), parse("dynamic(6, 3, 2)"), from_branching((2, 1, 1))
+
+
+def _greedy(drafter):
+  config, params = engine.TARGET
+  padded, lengths = pad_prompts(engine.PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(engine.PROMPTS)))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(padded), engine.CACHE_LEN),
+                  drafter.storage(len(padded), engine.CACHE_LEN), engine.BUDGETS, [EOS], sampling, jax.random.key(0),
+                  k=3, out_width=engine.OUT_WIDTH)
+  return as_token_lists(out.tokens, out.counts), out
+
+
+@pytest.fixture(scope="module")
+def greedy_expected():
+  return [greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+          for i, (p, b) in enumerate(zip(engine.PROMPTS, engine.BUDGETS))]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ModelDrafter(*engine.DRAFTS["perturbed"], tree=STATIC),
+    lambda: ModelDrafter(*engine.DRAFTS["perturbed"], tree=DYNAMIC),
+    lambda: NgramDrafter(vocab_size=engine.VOCAB, tree=SPINES)], ids=["static", "dynamic", "ngram_spines"])
+def test_greedy_trees_equal_the_reference(make, greedy_expected):
+  tokens, out = _greedy(make())
+  assert tokens == greedy_expected
+  assert any(row[-1] == EOS for row in tokens)  # a row finished its match
+
+
+def test_a_draft_equal_to_the_target_is_accepted_whole():
+  """Draft = target, both masked by each node's own state: every round accepts the tree's first-choice
+  path to its full depth (a draft node masked by another node's state would propose another token)."""
+  _, out = _greedy(ModelDrafter(*engine.TARGET, tree=STATIC))
+  assert int(out.acceptance.accepted.sum()) == int(out.acceptance.proposed.sum()) > 0
+
+
+def test_a_lookup_tree_is_cut_at_its_deepest_allowed_node():
+  """Spines (2, 1): under `SMALL_REGEX` from the start "ab" then "c" is allowed, "x" is not; a branch
+  through "x" stays (the masked target never accepts it) but no longer makes the tree deeper."""
+  constraint = device_constraint([SMALL_REGEX], STRINGS_8, 2)
+  tree = from_branching((2, 1))  # nodes 1, 2 at depth 1; 3 (child of 1), 4 (child of 2) at depth 2
+  point = Proposal(tokens=jnp.asarray([[4, 7, 3, 3], [7, 7, 3, 3]]), lengths=jnp.asarray([2, 2]), tree=tree)
+  assert list(constraint.cut(point).lengths) == [2, 0]
+  assert list(constraint.cut(point.replace(tokens=jnp.asarray([[7, 4, 3, 7], [4, 3, 7, 3]]))).lengths) == [1, 2]
+
+
+# -- T = 1 on the 8-id model: the first SAMPLE_STEPS tokens against the exact constrained distribution -----
+ROWS, ALPHA = 2_000, 1e-4  # the exact engine passes at ALPHA; the mutant scores 0 at 500 rows (off the support)
+SAMPLED_TREE = from_branching((2, 1))  # i.i.d. children: the second token comes from a depth-1 node's q
+
+
+def _sample(rows=ROWS, tree_rule=tree_acceptance.verify_tree):
+  (config, params), (draft_config, draft_params) = engine.SMALL_TARGET, engine.SMALL_DRAFT
+  drafter = ModelDrafter(draft_config, draft_params, tree=SAMPLED_TREE)
+  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * rows)
+  sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, rows))
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, 16), drafter.storage(rows, 16),
+                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(3), k=SAMPLED_TREE.max_depth,
+                  out_width=engine.SAMPLE_STEPS, tree_rule=tree_rule)
+  return np.asarray(out.tokens)
+
+
+@pytest.fixture(scope="module")
+def exact_small():
+  return exact_constrained_distribution(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SMALL_REGEX, STRINGS_8, 1.0,
+                                        engine.SAMPLE_STEPS).ravel()
+
+
+def _pvalue(tokens_ZxT, exact):
+  index = np.ravel_multi_index(tokens_ZxT.T, [len(STRINGS_8)] * tokens_ZxT.shape[1])
+  return chi_square_pvalue(np.bincount(index, minlength=exact.size), exact)
+
+
+def test_sampled_tree_follows_the_constrained_target(exact_small):
+  tokens = _sample()
+  assert _pvalue(tokens, exact_small) > ALPHA
+  texts = {b"".join(STRINGS_8[t] for t in row if t != EOS).decode() for row in tokens}
+  assert all(regex.fullmatch(SMALL_REGEX, text, partial=True) for text in texts)  # every row, T = 1
+
+
+_along = Constrained.along
+
+
+def _parents_state(self, tokens_BxN, tree=None):
+  """`Constrained.along` for trees with each node given its parent's state (the root its own)."""
+  states = _along(self, tokens_BxN, tree)
+  if tree is None:
+    return states
+  parent_BxN1 = jnp.broadcast_to(jnp.maximum(jnp.asarray(tree.parent, jnp.int32), 0), states.state.shape)
+  return states.replace(state=jnp.take_along_axis(states.state, parent_BxN1, axis=1))
+
+
+def test_a_node_masked_by_its_parents_state_is_rejected(monkeypatch, exact_small):
+  """Nodes masked by their parent's state (the root's, for depth-1 nodes): the output leaves the
+  constrained distribution. (A fresh `tree_rule` is a new static setting: the loop is traced with the patch.)"""
+  monkeypatch.setattr(Constrained, "along", _parents_state)
+  tokens = _sample(rows=500, tree_rule=lambda *args: tree_acceptance.verify_tree(*args))
+  assert _pvalue(tokens, exact_small) < 1e-12
+
+
+def test_dynamic_tree_nodes_are_drawn_under_their_own_paths_state():
+  """`grow_dynamic_tree` on random logits that favour "x" (never allowed): under `SMALL_REGEX`, where
+  every state allows at least two tokens, each of the tree's nodes lies on an allowed path (masked by its
+  parent's path state, not the root's: after "a" only "a", "b" and "ab" may follow)."""
+  rows, vocab = 64, len(STRINGS_8)
+  constraint = device_constraint([SMALL_REGEX], STRINGS_8, rows)
+  bias_1x1xW = jnp.zeros((1, 1, vocab)).at[..., 7].set(4.0)
+  keys = iter(jax.random.split(jax.random.key(5), 8))
+
+  def score_frontier(carry, chunk_Bxb, frontier, parent_slots_Bxb):
+    return 3.0 * jax.random.normal(next(keys), (*chunk_Bxb.shape, vocab)) + bias_1x1xW, carry
+
+  spec = parse("dynamic(6, 3, 2)")
+  root_logits_BxW = 3.0 * jax.random.normal(next(keys), (rows, vocab)) + bias_1x1xW[0]
+  tokens_BxN, tree, _, _ = grow_dynamic_tree(spec, root_logits_BxW, sampling_params(0.0).replace(constraint=constraint),
+                                             score_frontier, None)
+  assert bool(jnp.all(constraint.along(tokens_BxN, tree).state != DEAD))
