@@ -27,12 +27,13 @@ class AcceptanceCounts:
   accepted: jax.Array  # [B] int32: draft tokens accepted, summed over those rounds
   reached_at: jax.Array  # [B, K] int32: rounds in which draft position i + 1 was proposed and reached
   accepted_at: jax.Array  # [B, K] int32: rounds in which draft position i + 1 was accepted
+  forced: jax.Array  # [B] int32: generated tokens a constraint forced (its state allowed only them: jump-forward)
 
 
 def zero_counts(batch_size: int, k: int) -> AcceptanceCounts:
   zeros_B, zeros_BxK = jnp.zeros((batch_size,), jnp.int32), jnp.zeros((batch_size, k), jnp.int32)
   return AcceptanceCounts(rounds=zeros_B, proposed=zeros_B, accepted=zeros_B, reached_at=zeros_BxK,
-                          accepted_at=zeros_BxK)
+                          accepted_at=zeros_BxK, forced=zeros_B)
 
 
 def reached_and_accepted(num_accepted_B: jax.Array, num_proposed_B: jax.Array, live_B: jax.Array,
@@ -47,23 +48,25 @@ def reached_and_accepted(num_accepted_B: jax.Array, num_proposed_B: jax.Array, l
 
 
 def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, num_proposed_B: jax.Array,
-           live_B: jax.Array) -> AcceptanceCounts:
-  """Adds one round in which each live row proposed `num_proposed_B[b]` draft tokens and accepted
-  the first `num_accepted_B[b]` of them (jittable)."""
+           live_B: jax.Array, forced_B: jax.Array) -> AcceptanceCounts:
+  """Adds one round in which each live row proposed `num_proposed_B[b]` draft tokens, accepted the
+  first `num_accepted_B[b]` of them and generated `forced_B[b]` forced tokens (jittable)."""
   reached_BxK, accepted_BxK = reached_and_accepted(num_accepted_B, num_proposed_B, live_B,
                                                    counts.accepted_at.shape[1])
   return AcceptanceCounts(rounds=counts.rounds + live_B,
                           proposed=counts.proposed + jnp.where(live_B, num_proposed_B, 0),
                           accepted=counts.accepted + jnp.where(live_B, num_accepted_B, 0),
                           reached_at=counts.reached_at + reached_BxK,
-                          accepted_at=counts.accepted_at + accepted_BxK)
+                          accepted_at=counts.accepted_at + accepted_BxK,
+                          forced=counts.forced + jnp.where(live_B, forced_B, 0))
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
   return float(numerator) / float(denominator) if denominator else None
 
 
-def _summary(rounds: int, proposed: int, accepted: int, reached_K: np.ndarray, accepted_at_K: np.ndarray) -> dict:
+def _summary(rounds: int, proposed: int, accepted: int, reached_K: np.ndarray, accepted_at_K: np.ndarray,
+             forced: int) -> dict:
   """The statistics of one row, or of all rows when given their sums."""
   rejections = int((reached_K - accepted_at_K).sum())
   return {
@@ -77,6 +80,7 @@ def _summary(rounds: int, proposed: int, accepted: int, reached_K: np.ndarray, a
       "accepted_at_position": [int(a) for a in accepted_at_K],
       "reached_at_position": [int(r) for r in reached_K],
       "position_acceptance_rate": [_ratio(a, r) for a, r in zip(accepted_at_K, reached_K)],
+      "jump_forward": int(forced),  # generated tokens a constraint forced (the first one included)
   }
 
 
@@ -87,10 +91,11 @@ def summarize(counts: AcceptanceCounts) -> dict:
   alpha_hat = accepted / (accepted + rejections) (the maximum-likelihood per-token acceptance
   probability under the i.i.d. model of the theory), the mean accepted length (tokens emitted per
   verify round, the bonus or residual token included: block efficiency, before EOS or budget cuts),
-  and per draft position how often it was accepted and reached. Ratios with a zero denominator are None.
+  per draft position how often it was accepted and reached, and the tokens a constraint forced
+  (`jump_forward`). Ratios with a zero denominator are None.
   """
   arrays = [np.asarray(a) for a in (counts.rounds, counts.proposed, counts.accepted, counts.reached_at,
-                                      counts.accepted_at)]
+                                      counts.accepted_at, counts.forced)]
   return {"total": _summary(*(a.sum(axis=0) for a in arrays)),
           "per_row": [_summary(*row) for row in zip(*arrays)]}
 

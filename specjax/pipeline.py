@@ -234,6 +234,7 @@ class _Tally:
       stats.update(draft_calls=self.draft_calls, acceptance_rate=totals["acceptance_rate"],
                    alpha_hat=totals["alpha_hat"], mean_accepted_length=totals["mean_accepted_length"],
                    per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
+                   jump_forward_share=totals["jump_forward"] / max(self.tokens, 1),
                    k_policy={"rounds_per_length": [int(n) for n in self.rounds_per_length]})
     return stats
 

@@ -9,20 +9,25 @@ import pytest
 from specjax import metrics
 
 
-def _recorded(num_accepted_RdxB, live_RdxB, k, num_proposed_RdxB=None):
+def _recorded(num_accepted_RdxB, live_RdxB, k, num_proposed_RdxB=None, forced_RdxB=None):
   counts = metrics.zero_counts(num_accepted_RdxB.shape[1], k)
   record = jax.jit(metrics.record)
   if num_proposed_RdxB is None:
     num_proposed_RdxB = np.full(num_accepted_RdxB.shape, k)
-  for num_accepted_B, num_proposed_B, live_B in zip(num_accepted_RdxB, num_proposed_RdxB, live_RdxB):
+  if forced_RdxB is None:
+    forced_RdxB = np.zeros(num_accepted_RdxB.shape, np.int32)
+  for num_accepted_B, num_proposed_B, live_B, forced_B in zip(num_accepted_RdxB, num_proposed_RdxB, live_RdxB,
+                                                               forced_RdxB):
     counts = record(counts, np.asarray(num_accepted_B, np.int32), np.asarray(num_proposed_B, np.int32),
-                    np.asarray(live_B))
+                    np.asarray(live_B), np.asarray(forced_B, np.int32))
   return counts
 
 
 def test_record_and_summarize_by_hand():
   # Row 0: rounds accepting 3, 0, 1 of K = 3; row 1: 2, then 3 in a round where it was already done.
-  counts = _recorded(np.array([[3, 2], [0, 3], [1, 3]]), np.array([[1, 1], [1, 0], [1, 0]], bool), k=3)
+  # Forced tokens: row 0 1 + 0 + 2; row 1 none while live (the 2 and 1 of its done rounds are not counted).
+  counts = _recorded(np.array([[3, 2], [0, 3], [1, 3]]), np.array([[1, 1], [1, 0], [1, 0]], bool), k=3,
+                     forced_RdxB=np.array([[1, 0], [0, 2], [2, 1]]))
   np.testing.assert_array_equal(counts.rounds, [3, 1])
   np.testing.assert_array_equal(counts.accepted, [4, 2])
   np.testing.assert_array_equal(counts.accepted_at, [[2, 1, 1], [1, 1, 0]])
@@ -30,11 +35,11 @@ def test_record_and_summarize_by_hand():
   assert summary["per_row"][0] == {
       "rounds": 3, "proposed": 9, "accepted": 4, "rejections": 2, "acceptance_rate": 4 / 9,
       "alpha_hat": 4 / 6, "mean_accepted_length": 7 / 3, "accepted_at_position": [2, 1, 1],
-      "reached_at_position": [3, 2, 1], "position_acceptance_rate": [2 / 3, 1 / 2, 1.0]}
+      "reached_at_position": [3, 2, 1], "position_acceptance_rate": [2 / 3, 1 / 2, 1.0], "jump_forward": 3}
   total = summary["total"]
   assert (total["rounds"], total["proposed"], total["accepted"], total["rejections"]) == (4, 12, 6, 3)
   assert total["alpha_hat"] == 6 / 9 and total["mean_accepted_length"] == 10 / 4
-  assert total["reached_at_position"] == [4, 3, 2]
+  assert total["reached_at_position"] == [4, 3, 2] and total["jump_forward"] == 3
 
 
 def test_rounds_that_propose_fewer_than_k_tokens():

@@ -41,6 +41,12 @@ class Unconstrained:
   def cut(self, proposal: Any) -> Any:
     return proposal
 
+  def force(self, proposal: Any) -> Any:
+    return proposal
+
+  def forced_count(self, tokens_BxT: jax.Array, counts_B: jax.Array) -> jax.Array:
+    return jnp.zeros(tokens_BxT.shape[:1], jnp.int32)
+
 
 @flax.struct.dataclass
 class Constrained(Unconstrained):
@@ -52,6 +58,15 @@ class Constrained(Unconstrained):
   def allowed(self) -> jax.Array:
     """bool [..., V] (the state's shape + V): the tokens each state allows (all of them when dead)."""
     return (self.next_ZxV[jnp.maximum(self.state, 0)] >= 0) | (self.state == DEAD)[..., None]
+
+  def forced(self) -> jax.Array:
+    """int32 (the state's shape): the one token each state allows, -1 where it allows several (or is
+    dead). The constrained distribution there is a point mass on it whatever the model says: committing
+    it needs no model (jump-forward). Only a single allowed *token* is forced: a forced byte string that
+    several token sequences spell is the target's choice among them."""
+    allowed_xV = self.allowed()
+    single_x = (jnp.sum(allowed_xV, axis=-1) == 1) & (self.state != DEAD)
+    return jnp.where(single_x, jnp.argmax(allowed_xV, axis=-1).astype(jnp.int32), -1)
 
   def mask(self, logits_xV: jax.Array) -> jax.Array:
     """The logits with -inf on the tokens the state does not allow (logits' leading shape = the state's).
@@ -112,6 +127,29 @@ class Constrained(Unconstrained):
     live_BxN = self.along(proposal.tokens, tree).state[:, 1:] != DEAD  # dead spreads to the descendants
     deepest_B = jnp.max(jnp.where(live_BxN, depth_BxN, 0), axis=1)
     return proposal.replace(lengths=jnp.minimum(proposal.lengths, deepest_B))
+
+  def force(self, proposal: Any) -> Any:
+    """A point-mass chain proposal (a lookup's) with each position whose state allows a single token
+    holding that token (jump-forward: the masked target accepts it with certainty), proposed also past
+    the lookup's end while the states keep forcing one: a function of the history, like the lookup. Up
+    to K = `proposal.k` positions. A tree's proposal is left as it is."""
+    if proposal.verified_tree is not None:
+      return proposal
+    at, tokens, covered_B, length_B = self, [], jnp.ones(self.state.shape, bool), jnp.zeros(self.state.shape, jnp.int32)
+    for i in range(proposal.k):
+      forced_B = at.forced()
+      tokens.append(jnp.where(forced_B >= 0, forced_B, proposal.tokens[:, i]))
+      covered_B &= (forced_B >= 0) | (i < proposal.lengths)
+      length_B += covered_B
+      at = at.replace(state=at.advance(tokens[-1]))
+    return proposal.replace(tokens=jnp.stack(tokens, axis=1), lengths=length_B)
+
+  def forced_count(self, tokens_BxT: jax.Array, counts_B: jax.Array) -> jax.Array:
+    """[B] int32: how many of each row's first `counts_B` tokens of `tokens_BxT` were forced (their
+    state allowed only them: `forced`), the jump-forward tokens the stats count."""
+    forced_BxT = self.along(tokens_BxT).forced()[:, :-1] >= 0
+    return jnp.sum(forced_BxT & (jnp.arange(tokens_BxT.shape[1])[None, :] < counts_B[:, None]), axis=1,
+                   dtype=jnp.int32)
 
 
 def constrained(next_ZxV: Any, start_B: Any) -> Constrained:

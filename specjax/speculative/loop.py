@@ -202,8 +202,8 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
   key, first_key = jax.random.split(request.key)
   first_B = next_tokens(first_key, logits_BxV, sampling)
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
-  buffer, _ = generation.append(generation.empty_buffer(batch, loop.out_width + k + 1), first_B[:, None],
-                                jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
+  buffer, first_kept_B = generation.append(generation.empty_buffer(batch, loop.out_width + k + 1), first_B[:, None],
+                                           jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
   widths = loop.widths(drafter) if config.narrow_passes else (k + 1,)
   candidates = policy.candidates(k, drafter.tree)
   lengths_C, spine_C = (jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
@@ -249,20 +249,23 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])
-    buffer, _ = generation.append(state.buffer, emitted_BxK1, num_accepted_B + 1, eos_ids_E, budget_B)
+    buffer, kept_B = generation.append(state.buffer, emitted_BxK1, num_accepted_B + 1, eos_ids_E, budget_B)
     # Rows that just finished commit nothing either: their caches stay where the capacity check counts.
     num_committed_B = jnp.where(buffer.done, 0, num_accepted_B + 1)
     return _LoopState(target_cache=target_cache.advance(num_committed_B),
                       draft_state=drafter.commit(draft_state, proposal, num_committed_B, hidden_BxK1xD),
                       buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
-                      counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B),
+                      counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B,
+                                            state.constraint.forced_count(emitted_BxK1, kept_B)),
                       draft_calls=state.draft_calls + proposal.calls,
                       policy=policy.update(state.policy, choice, proposed_AxB, accepted_AxB, live_B),
                       constraint=state.constraint.after(emitted_BxK1, num_committed_B))
 
   state = jax.lax.while_loop(cond, body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
-      counts=metrics.zero_counts(batch, k), draft_calls=jnp.int32(0), policy=policy.init(batch, candidates, tables),
+      counts=metrics.zero_counts(batch, k).replace(
+          forced=sampling.constraint.forced_count(first_B[:, None], first_kept_B)),
+      draft_calls=jnp.int32(0), policy=policy.init(batch, candidates, tables),
       constraint=sampling.constraint.after(first_B[:, None], 1)))
   rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(

@@ -136,10 +136,11 @@ class HistoryDrafter(Drafter):
 
   def propose(self, state: HistoryState, target_cache: KVCache, pending_B: jax.Array,
               sampling: SamplingParams, key: jax.Array, plan: RoundPlan) -> tuple[Proposal, HistoryState, KVCache]:
-    """`sampling` and `key` are unused: the rule is exact for point masses at any temperature; the
-    lookup costs no pass, so the plan's cut is left to the loop."""
+    """`key` is unused: the rule is exact for point masses at any temperature; the
+    lookup costs no pass, so the plan's cut is left to the loop. Under a constraint, positions where it
+    allows a single token propose that token (`Constrained.force`: jump-forward, free of any lookup)."""
     context_BxS, context_lengths_B = self.context(state, pending_B)
-    proposal = self.propose_from_context(context_BxS, context_lengths_B, plan.k)
+    proposal = sampling.constraint.force(self.propose_from_context(context_BxS, context_lengths_B, plan.k))
     return proposal, state.replace(pending=pending_B.astype(jnp.int32)), target_cache
 
   def commit(self, state: HistoryState, proposal: Proposal, num_committed_B: jax.Array,
