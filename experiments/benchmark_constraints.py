@@ -7,9 +7,11 @@ batch 1, on the models loaded once.
 Per run: valid-output rate (the output, EOS removed, parses as JSON and validates against the request's
 schema with `jsonschema`; a row cut by the budget is invalid), finished rate, tokens/s (prefill included,
 compile excluded), alpha_hat and tau (mean accepted length) for speculative systems, and the forced share:
-the generated tokens at which the schema allowed exactly one token (what jump-forward decoding would
-commit without a model; specjax does not do it yet, so they run through the drafter like any other). A
-constrained speculative run's greedy tokens are compared with constrained autoregressive decoding's.
+the generated tokens at which the schema allowed exactly one token, counted on the host from the outputs
+and, for speculative systems, by the loop itself (`jump_forward_share`: the tokens jump-forward commits
+with certainty; lookups propose them for free). A constrained speculative run's greedy tokens are
+compared with constrained autoregressive decoding's. Tree systems (`TREES`) draft under the constraint
+node by node.
 
 The mask's own cost: the verify pass's masking (`Constrained.along`, then `mask`) of [B, K + 1, V]
 logits, jitted and timed alone at each of `mask_batches`, against the target's forward of [B, K + 1]
@@ -66,8 +68,16 @@ REQUESTS = [  # (prompt, schema)
 ]
 
 
+# Tree systems: (drafter, config.tree); K is the tree's depth, the policy fixed (a dynamic tree needs it).
+TREES = {"model_tree": ("model", "(2, 1, 1, 1, 1)"), "model_dynamic": ("model", "dynamic(8, 5, 2)"),
+         "ngram_tree": ("ngram", "(2, 1, 1, 1, 1)")}
+
+
 def _system_fields(system: str) -> dict:
   """The decode fields of a system name."""
+  if system in TREES:
+    drafter, tree = TREES[system]
+    return {"mode": "speculative", "drafter": drafter, "tree": tree, "k": 5, "k_policy": "fixed"}
   if system == "autoregressive":
     return {"mode": "autoregressive"}
   if system == "ngram":
@@ -148,6 +158,7 @@ def run(cfg: ml_collections.ConfigDict, log=harness.log) -> dict:
              "finished_rate": float(np.mean(finished)),
              "valid_rate": float(np.mean([f and _valid(t, s) for f, t, (_, s) in zip(finished, texts, requests)])),
              "forced_share": _forced_share(table, specs, ids) if constrained else None,
+             "jump_forward_share": stats.get("jump_forward_share") if constrained else None,
              "texts": texts, "token_ids": ids}
       if system == "autoregressive":
         reference[constrained] = ids
@@ -167,12 +178,13 @@ def run(cfg: ml_collections.ConfigDict, log=harness.log) -> dict:
 
 def tables(results: dict) -> str:
   lines = [*harness.provenance(results), "",
-           "| system | constrained | tokens/s | valid | finished | alpha_hat | tau | forced share | = AR |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| system | constrained | tokens/s | valid | finished | alpha_hat | tau | forced share | jump-forward (loop) "
+           "| = AR |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in results["runs"]:
     lines.append(f"| {r['system']} | {r['constrained']} | {number(r['tokens_per_second'])} | {r['valid_rate']:.2f} | "
                  f"{r['finished_rate']:.2f} | {number(r['alpha_hat'])} | {number(r['tau'])} | "
-                 f"{number(r['forced_share'])} | {r.get('equals_autoregressive', '')} |")
+                 f"{number(r['forced_share'])} | {number(r.get('jump_forward_share'))} | "
+                 f"{r.get('equals_autoregressive', '')} |")
   for m in results.get("mask_cost", []):
     lines.append(f"\nmask at batch {m['batch']}, K = {m['k']}: {m['mask_s'] * 1e3:.2f} ms, "
                  f"{m['mask_s'] / m['verify_s']:.2%} of the target's verify pass ({m['verify_s'] * 1e3:.1f} ms)")

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import regex
 
+from specjax import decode_spec
 from specjax.constraints.mask import DEAD, Constrained
+from specjax.decode_config import default_config
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
@@ -58,9 +60,16 @@ def test_greedy_trees_equal_the_reference(make, greedy_expected):
 
 def test_a_draft_equal_to_the_target_is_accepted_whole():
   """Draft = target, both masked by each node's own state: every round accepts the tree's first-choice
-  path to its full depth (a draft node masked by another node's state would propose another token)."""
+  path to its full depth (a draft node masked by another node's state, or not at all, would propose
+  another token, which the cut or the target drops)."""
   _, out = _greedy(ModelDrafter(*engine.TARGET, tree=STATIC))
-  assert int(out.acceptance.accepted.sum()) == int(out.acceptance.proposed.sum()) > 0
+  np.testing.assert_array_equal(out.acceptance.accepted, STATIC.max_depth * out.acceptance.rounds)
+
+
+def test_a_decode_config_may_constrain_a_tree():
+  cfg = default_config()
+  cfg.update(target="t.gguf", mode="speculative", drafter="ngram", tree="(2, 1, 1)", k=3, constraint="regex:a+")
+  assert decode_spec.from_config(cfg).config.constraint == "regex:a+"  # no ConfigError
 
 
 def test_a_lookup_tree_is_cut_at_its_deepest_allowed_node():
@@ -141,6 +150,7 @@ def test_dynamic_tree_nodes_are_drawn_under_their_own_paths_state():
 
   spec = parse("dynamic(6, 3, 2)")
   root_logits_BxW = 3.0 * jax.random.normal(next(keys), (rows, vocab)) + bias_1x1xW[0]
-  tokens_BxN, tree, _, _ = grow_dynamic_tree(spec, root_logits_BxW, sampling_params(0.0).replace(constraint=constraint),
-                                             score_frontier, None)
+  grow = jax.jit(lambda root_logits_BxW, sampling: grow_dynamic_tree(spec, root_logits_BxW, sampling, score_frontier,
+                                                                      None)[:2])
+  tokens_BxN, tree = grow(root_logits_BxW, sampling_params(0.0).replace(constraint=constraint))
   assert bool(jnp.all(constraint.along(tokens_BxN, tree).state != DEAD))

@@ -14,7 +14,8 @@ def get_config():
   cfg.num_requests = 4  # the first N requests of REQUESTS (8 in all)
   cfg.max_new_tokens = 64  # budget per request (EOS, allowed once the schema is matched, may stop earlier)
   cfg.systems = ("autoregressive", "model_k5", "model_adaptive", "ngram")  # "model_kN", "model_adaptive"
-  #                                                                       (K = 5 the most), "ngram" (K = 5)
+  #                                       (K = 5 the most), "ngram" (K = 5), trees: "model_tree", "model_dynamic",
+  #                                       "ngram_tree" (experiments/benchmark_constraints.py TREES, depth 5)
   cfg.constrained = (False, True)  # each system runs without and with the requests' schemas
   cfg.mask_batches = (1, 8)  # batch sizes at which the mask's own cost is timed against a round's
   cfg.output = "experiments/results/constraints_cpu_bfloat16.json"
