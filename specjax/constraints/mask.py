@@ -88,16 +88,18 @@ class Constrained(Unconstrained):
     pending, at the root): x_i's state is its parent's advanced by x_i, so position i's distribution (of
     what follows x_i) is masked by it. `tree` (a `tree.Tree`, or one per row: `dynamic.DynamicTree`; only
     its `parent` [N + 1] or [B, N + 1] and `max_depth` are read) gives the parents; None = a chain
-    (x_i's parent is x_{i-1}). One pass per level: after pass d every node of depth <= d is right."""
+    (x_i's parent is x_{i-1}): one step per token; a tree: one pass over all nodes per level (after pass
+    d every node of depth <= d is right)."""
     batch, nodes = tokens_BxN.shape
     if tree is None:
-      parent_BxN, levels = jnp.broadcast_to(jnp.arange(nodes, dtype=jnp.int32), (batch, nodes)), nodes
-    else:
-      parent_BxN = jnp.broadcast_to(jnp.asarray(tree.parent, jnp.int32), (batch, nodes + 1))[:, 1:]
-      levels = tree.max_depth
+      states = [self.state]
+      for i in range(nodes):
+        states.append(self.replace(state=states[-1]).advance(tokens_BxN[:, i]))
+      return self.replace(state=jnp.stack(states, axis=1))
+    parent_BxN = jnp.broadcast_to(jnp.asarray(tree.parent, jnp.int32), (batch, nodes + 1))[:, 1:]
     root_Bx1 = self.state[:, None]
     states_BxN1 = jnp.broadcast_to(root_Bx1, (batch, nodes + 1))
-    for _ in range(levels):
+    for _ in range(tree.max_depth):
       parents_BxN = self.replace(state=jnp.take_along_axis(states_BxN1, parent_BxN, axis=1))
       states_BxN1 = jnp.concatenate([root_Bx1, parents_BxN.advance(tokens_BxN)], axis=1)
     return self.replace(state=states_BxN1)
