@@ -40,19 +40,21 @@ class Runner:
   constraint: Any = Unconstrained()  # the next batch's rows' constraints (`constraints.compiler.RunConstraints.rows`)
 
   def __call__(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
-               round_limit: int | None = None, cost_C: np.ndarray | None = None, lower: str = ""):
-    """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs)."""
+               round_limit: int | None = None, cost_C: np.ndarray | None = None, lower: str = "",
+               calibrating: bool = False):
+    """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs);
+    `calibrating`: the policy's `Tables.full` (a lookup's proposals verified at the chosen length)."""
     part = self.target.part
     cost_C = self.memory.cost_C if cost_C is None and self.memory else cost_C
     request = Request(prompts_BxP, lengths_B, budget_B, self.target.tokenizer.eos_ids,
                       self.spec.sampling.replace(constraint=self.constraint), key, round_limit)
     if part is None:
-      out = self._generate(request, cost_C, lower)
+      out = self._generate(request, cost_C, lower, calibrating)
     else:
       with jax.set_mesh(part.mesh):
         rows = jax.device_put((prompts_BxP, lengths_B, budget_B), partitioning.rows_sharding(part))
         out = self._generate(request.replace(prompts_BxP=rows[0], prompt_lengths_B=rows[1], max_new_tokens=rows[2]),
-                             cost_C, lower)
+                             cost_C, lower, calibrating)
     if self.memory and not lower:  # what the policy learns from every call, calibration's included
       self.memory.learn(*meshes.to_host((out.policy_reached, out.policy_accepted)))
     return out
@@ -67,7 +69,7 @@ class Runner:
     """The K policy's cost table [C] on this device and batch shape, measured with the compiled program
     itself (`k_policy.calibrate`, `rounds` timed per candidate)."""
     def run(cost_C: np.ndarray, round_limit: int) -> int:
-      out = self(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C)
+      out = self(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, calibrating=True)
       return int(jax.block_until_ready(out.target_calls)) - 1
 
     return k_policy.calibrate(self.candidates, run, rounds)
@@ -87,7 +89,7 @@ class Runner:
                 leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
             self.draft_storage)
 
-  def _generate(self, request: Request, cost_C: np.ndarray | None, lower: str):
+  def _generate(self, request: Request, cost_C: np.ndarray | None, lower: str, calibrating: bool = False):
     spec, target = self.spec, self.target
     self._allocate(request.prompts_BxP.shape[0])
     out_width = spec.config.max_new_tokens
@@ -98,7 +100,7 @@ class Runner:
         self.target_cache = out.cache
       return out
     loop = SpeculativeLoop(target.config, spec.k, out_width=out_width, policy=spec.policy)
-    tables = Tables(cost_C, self.memory.prior_AxK if self.memory else None)
+    tables = Tables(cost_C, self.memory.prior_AxK if self.memory else None, calibrating)
     out = speculative_generate(loop, target.params, self.drafter, request, self.target_cache, self.draft_storage,
                                tables, lower)
     if not lower:

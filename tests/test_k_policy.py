@@ -40,13 +40,16 @@ POLICY = Adaptive(prior=0.8, decay=0.5, recovery=0.3)
 COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 
 
-def _reference_choice(alpha_BxAxK, live_B, cost_C, candidates):
+def _reference_choice(alpha_BxAxK, live_B, cost_C, candidates, offered_B=None):
   """argmax over the candidates of sum over live rows of expected committed tokens / cost, each candidate
-  priced by its own estimate (the whole cut's or the spine's)."""
+  priced by its own estimate (the whole cut's or the spine's). With `offered_B` (a lookup's lengths),
+  row b reaches min(L, offered_b) tokens."""
   rates = []
   for candidate, cost in zip(candidates, cost_C):
     alpha_BxK = alpha_BxAxK[:, candidate.row]
-    committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(candidate.length)) for alpha in alpha_BxK])
+    reach_B = [candidate.length if offered_B is None else min(candidate.length, int(o))
+               for o in (offered_B if offered_B is not None else alpha_BxK)]
+    committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(n)) for alpha, n in zip(alpha_BxK, reach_B)])
     rates.append(committed_B[live_B].sum() / cost)
   return int(np.argmax(rates))
 
@@ -55,7 +58,8 @@ def _state(alpha_BxAxK, prior_AxK, num_candidates):
   return k_policy.PolicyState(alpha_BxAxK=jnp.asarray(alpha_BxAxK, jnp.float32),
                               prior_AxK=jnp.asarray(prior_AxK, jnp.float32),
                               cost_C=jnp.ones(num_candidates), chosen_C=jnp.zeros(num_candidates, jnp.int32),
-                              reached_AxK=jnp.zeros(np.shape(prior_AxK)), accepted_AxK=jnp.zeros(np.shape(prior_AxK)))
+                              reached_AxK=jnp.zeros(np.shape(prior_AxK)), accepted_AxK=jnp.zeros(np.shape(prior_AxK)),
+                              full=jnp.bool_(False))
 
 
 def _wanted(choice):
@@ -64,15 +68,18 @@ def _wanted(choice):
   return plan.wanted_B, index
 
 
+@pytest.mark.parametrize("offered", [False, True], ids=["drafted_after", "lookup_first"])
 @pytest.mark.parametrize("tree", [None, tree_lib.from_branching((3, 2, 1, 1, 1, 1, 1, 1))], ids=["chain", "tree"])
-def test_choose_maximises_expected_committed_tokens_per_second(tree):
+def test_choose_maximises_expected_committed_tokens_per_second(tree, offered):
+  """Against `_reference_choice`; `offered`: the drafter proposed first (a lookup, `free_proposal`),
+  each row offering 0 .. K tokens."""
   rng = np.random.default_rng(0)
   k, policy = 8, Adaptive()
   candidates = policy.candidates(k, tree)
   assert policy.lengths(k) == (0, 1, 2, 3, 5, 8) and KPolicy().lengths(k) == (8,)
   rows = policy.rows(k, tree)
   assert rows == (1 if tree is None else 2) and len(candidates) == (6 if tree is None else 11)
-  choose = jax.jit(lambda state, live_B: _wanted(policy.choose(state, live_B, candidates)))  # one compile
+  choose = jax.jit(lambda state, live_B, offered_B: _wanted(policy.choose(state, live_B, candidates, offered_B)))
   seen = set()
   for trial in range(200):
     alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
@@ -80,8 +87,9 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree):
     live_B[trial % 4] = True
     cost_C = np.sort(rng.uniform(0.5, 3.0, len(candidates))).astype(np.float32)
     state = _state(alpha_BxAxK, np.full((rows, k), 0.8), len(candidates)).replace(cost_C=jnp.asarray(cost_C))
-    wanted_B, index = choose(state, jnp.asarray(live_B))
-    want = _reference_choice(alpha_BxAxK, live_B, cost_C, candidates)
+    offered_B = rng.integers(0, k + 1, 4) if offered else None
+    wanted_B, index = choose(state, jnp.asarray(live_B), None if offered_B is None else jnp.asarray(offered_B))
+    want = _reference_choice(alpha_BxAxK, live_B, cost_C, candidates, offered_B)
     assert int(index) == want and (np.asarray(wanted_B) == candidates[want].length).all()
     seen.add(want)
   assert len(seen) >= 4  # the trials exercised most of the candidates
@@ -185,6 +193,28 @@ def test_ngram_drafter_keeps_greedy_output_while_the_length_varies():
   assert len(_check_rounds(_ngram_greedy("cycling"), lambda length: 0)) >= 2
 
 
+def test_calibration_verifies_a_lookups_forced_length_whole():
+  """`Tables.full` (what `calibrate` runs): every round forced to L = 3 verifies 3 tokens per live row
+  even where the lookup found fewer (so the table times the length-3 pass), greedy output unchanged,
+  while the policy observes only the drafter's own tokens; without it the lookup's short offers stay
+  short (the random model's text seldom repeats)."""
+  config, params = ngram_setup.MODELS["random"]
+  drafter = NgramDrafter(config.vocab_size)
+  padded, lengths = pad_prompts(ngram_setup.PROMPTS)
+  free = ngram_setup.free_greedy(ngram_setup.MODELS["random"])
+  outs = [speculate(config, params, drafter, padded, lengths, init_cache(config, 3, 48), drafter.storage(3, 48),
+                    ngram_setup.BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
+                    cost_C=k_policy.forcing(4, 3), full=full) for full in (True, False)]
+  for out in outs:
+    assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
+  full, short = outs
+  rounds_B = np.asarray(full.acceptance.rounds)
+  assert (np.asarray(full.acceptance.proposed) == 3 * rounds_B).all()
+  assert np.asarray(short.acceptance.proposed).sum() < 3 * np.asarray(short.acceptance.rounds).sum()
+  # The policy saw what the lookup offered, not the extension: as in the run without it.
+  assert np.asarray(full.policy_reached).sum() == np.asarray(short.policy_reached).sum() < 3 * rounds_B.sum()
+
+
 @pytest.mark.parametrize("draft_name, max_lag", [("never", 1), ("never", None), ("perturbed", None)])
 def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name, max_lag):
   """A static tree verified at the depth the policy chose (the tree cut there, `Tree.cut`): depth d
@@ -212,7 +242,7 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda depth: depth, tree, accepting=False)) >= 2  # a random head
   spines = tree_lib.from_branching((2, 1, 1))
-  assert len(_check_rounds(_ngram_greedy("random", spines), lambda depth: 0, spines)) >= 2
+  assert len(_check_rounds(_ngram_greedy("cycling", spines), lambda depth: 0, spines)) >= 2
 
 
 @pytest.mark.parametrize("fields, kind", [

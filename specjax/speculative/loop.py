@@ -45,6 +45,7 @@ from specjax.sampling import SamplingParams, argmax_tokens, next_tokens, probabi
 from specjax.speculative import acceptance, k_policy
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative.k_policy import Candidate, KPolicy, Tables
+from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees.tree import Tree, chain
@@ -215,12 +216,20 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
   def body(state: _LoopState):
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
-    plan, choice = policy.choose(state.policy, live_B, candidates)
     drafting = sampling.replace(constraint=state.constraint)  # the draft masked like the target
-    proposal, draft_state, target_cache = drafter.propose(state.draft_state, state.target_cache, state.pending,
-                                                          drafting, draft_key, plan)
+    draft = functools.partial(drafter.propose, state.draft_state, state.target_cache, state.pending, drafting,
+                              draft_key)
+    if drafter.free_proposal:  # a lookup first: the policy prices what each row offers
+      proposal, draft_state, target_cache = draft(RoundPlan(k))
+      plan, choice = policy.choose(state.policy, live_B, candidates, proposal.lengths)
+    else:
+      plan, choice = policy.choose(state.policy, live_B, candidates)
+      proposal, draft_state, target_cache = draft(plan)
     # What a drafter proposes beyond the plan is never verified, nor a lookup past a disallowed token.
-    proposal = state.constraint.cut(proposal.replace(lengths=plan.clip(proposal.lengths)))
+    clipped_B = plan.clip(proposal.lengths)
+    proposal = state.constraint.cut(
+        proposal.replace(lengths=plan.extend(clipped_B) if proposal.point_masses else clipped_B))
+    own_B = jnp.minimum(clipped_B, proposal.lengths)  # the drafter's own tokens: what the policy observes
     longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
     round_ = _Round(state.pending, proposal, drafting, accept_key)
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
@@ -236,16 +245,17 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
                 for width in widths]
       index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
       target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
-    # What each acceptance estimate observed: the whole cut's (a chain's) from the round's outcome, unless
-    # the round verified a spine; the spine's from the accepted path's first-choice prefix.
-    proposed_AxB, accepted_AxB = proposal.lengths[None], num_accepted_B[None]
+    # What each acceptance estimate observed of the drafter's own tokens: the whole cut's (a chain's) from
+    # the round's outcome, unless the round verified a spine; the spine's from the accepted path's
+    # first-choice prefix.
+    own_accepted_B = jnp.minimum(num_accepted_B, own_B)
+    proposed_AxB, accepted_AxB = own_B[None], own_accepted_B[None]
     if spines:
       spine_depth = len(drafter.tree.spine()) - 1
       whole_cut = ~spine_C[choice]
-      proposed_AxB = jnp.stack([jnp.where(whole_cut, proposal.lengths, 0),
-                                jnp.minimum(proposal.lengths, spine_depth)])
-      accepted_AxB = jnp.stack([jnp.where(whole_cut, num_accepted_B, 0),
-                                _spine_accepted(drafter.tree, path_BxDt1, num_accepted_B)])
+      proposed_AxB = jnp.stack([jnp.where(whole_cut, own_B, 0), jnp.minimum(own_B, spine_depth)])
+      accepted_AxB = jnp.stack([jnp.where(whole_cut, own_accepted_B, 0),
+                                jnp.minimum(_spine_accepted(drafter.tree, path_BxDt1, num_accepted_B), own_B)])
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])

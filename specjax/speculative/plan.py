@@ -46,6 +46,11 @@ class RoundPlan:
     """Proposal lengths [B] cut to what each row may propose (the loop verifies no more)."""
     return lengths_B
 
+  def extend(self, lengths_B: jax.Array) -> jax.Array:
+    """Point-mass proposal lengths [B] as verified: what each row may propose where the plan is `full`
+    (calibration times the pass of the chosen length, whatever a lookup found), else unchanged."""
+    return lengths_B
+
   def unless_plain(self, draw: Callable, plain: Callable, *operands: Any) -> Any:
     """`draw(*operands)`, or `plain(*operands)` in a round that drafts nothing (one branch: `lax.cond`)."""
     return draw(*operands)
@@ -63,6 +68,7 @@ class ChosenPlan(RoundPlan):
 
   wanted_B: jax.Array  # [B] int32 in [0, K]
   spine_flag: jax.Array | None = None  # [] bool; None when no candidate verifies a spine (static)
+  full: jax.Array | bool = False  # [] bool: point-mass proposals are verified at wanted_B whole (`extend`)
 
   @property
   def depth(self) -> jax.Array:
@@ -78,6 +84,9 @@ class ChosenPlan(RoundPlan):
 
   def clip(self, lengths_B: jax.Array) -> jax.Array:
     return jnp.minimum(lengths_B, self.wanted_B)
+
+  def extend(self, lengths_B: jax.Array) -> jax.Array:
+    return jnp.where(self.full, self.wanted_B, lengths_B)
 
   def unless_plain(self, draw: Callable, plain: Callable, *operands: Any) -> Any:
     return jax.lax.cond(self.drafts, draw, plain, *operands)

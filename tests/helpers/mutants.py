@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from specjax.sampling import sample
 from specjax.speculative import acceptance, k_policy
 from specjax.speculative import loop
+from specjax.speculative import plan as plan_lib
 from specjax.speculative.trees import dynamic as dynamic_tree
 from specjax.speculative.trees import acceptance as tree_acceptance
 
@@ -211,37 +212,18 @@ def deeper_tree_cut(monkeypatch) -> list:
   return deepened
 
 
-class _UnclippedJnp:
-  """`jax.numpy` for the loop module, but `minimum(lengths, wanted_B)` with the policy's wanted_B (recorded
-  by the patched `k_policy.choose`) returns the lengths unclipped."""
-
-  def __init__(self, wanted: list, skipped: list):
-    self._wanted, self._skipped = wanted, skipped
-
-  def __getattr__(self, name):
-    return getattr(jnp, name)
-
-  def minimum(self, a, b):
-    if any(b is w for w in self._wanted):
-      self._skipped.append(a)
-      return a
-    return jnp.minimum(a, b)
-
-
 def unclipped_adaptive_lengths(monkeypatch) -> list:
-  """The loop's `proposal.replace(lengths=jnp.minimum(proposal.lengths, wanted_B))` left out: a drafter's
-  lengths are kept beyond the policy's choice. A static tree proposal's lengths are its N nodes, longer
-  than any candidate's depth, so no candidate fits and every round verifies candidate 0, the plain step
-  (still exact). Returns the lengths it left unclipped (at trace time)."""
-  real_choose, wanted, skipped = k_policy.choose, [], []
+  """The loop's `plan.clip` (the proposal's lengths cut to the adaptive policy's choice) left out: a
+  drafter's lengths are kept beyond the policy's choice. A static tree proposal's lengths are its N
+  nodes, longer than any candidate's depth, so no candidate fits and every round verifies candidate 0,
+  the plain step (still exact). Returns the lengths it left unclipped (at trace time)."""
+  skipped = []
 
-  def choose(*args):
-    wanted_B, index = real_choose(*args)
-    wanted.append(wanted_B)
-    return wanted_B, index
+  def clip(self, lengths_B):
+    skipped.append(lengths_B)
+    return lengths_B
 
-  monkeypatch.setattr(k_policy, "choose", choose)
-  monkeypatch.setattr(loop, "jnp", _UnclippedJnp(wanted, skipped))
+  monkeypatch.setattr(plan_lib.ChosenPlan, "clip", clip)
   return skipped
 
 

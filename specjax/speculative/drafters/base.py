@@ -144,6 +144,9 @@ class Drafter(flax.struct.PyTreeNode):
   name: ClassVar[str] = ""  # the registered name; "" = reachable by import path only
   loads_draft_model: ClassVar[bool] = False  # config.draft is a model the pipeline loads (same tokenizer)
   reads_prompt_features: ClassVar[bool] = False  # the loop calls `init_from_features` instead of `init`
+  # Its proposal costs no pass and reads no plan (a lookup): the loop proposes before the K policy
+  # chooses, and the policy prices what each row offers (`KPolicy.choose`'s `offered_B`).
+  free_proposal: ClassVar[bool] = False
   # Defaults a subclass may redeclare as static fields (hence no annotation here: an annotated default
   # would become a dataclass field ahead of the subclass's own fields).
   tree = None  # Tree | DynamicSpec | None: a drafter drafting trees has a static field `tree` (`shape`)

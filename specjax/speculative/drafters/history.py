@@ -58,6 +58,7 @@ def spines(tokens_BxRxK: jax.Array, lengths_BxR: jax.Array, vocab_size: int, tre
 class HistoryDrafter(Drafter):
   """Drafts from the committed token history alone: subclasses implement `propose_from_history`."""
 
+  free_proposal = True  # a lookup: proposed before the K policy chooses, which prices each row's offer
   vocab_size: int = flax.struct.field(pytree_node=False)  # V: the target's vocabulary (proposals are its ids)
 
   def propose_from_history(self, history_BxS: jax.Array, lengths_B: jax.Array,
@@ -136,9 +137,10 @@ class HistoryDrafter(Drafter):
 
   def propose(self, state: HistoryState, target_cache: KVCache, pending_B: jax.Array,
               sampling: SamplingParams, key: jax.Array, plan: RoundPlan) -> tuple[Proposal, HistoryState, KVCache]:
-    """`key` is unused: the rule is exact for point masses at any temperature; the
-    lookup costs no pass, so the plan's cut is left to the loop. Under a constraint, positions where it
-    allows a single token propose that token (`Constrained.force`: jump-forward, free of any lookup)."""
+    """`key` is unused: the rule is exact for point masses at any temperature; the lookup costs no
+    pass, so the plan's cut is left to the loop (which proposes before it plans: `free_proposal`).
+    Under a constraint, positions where it allows a single token propose that token
+    (`Constrained.force`: jump-forward, free of any lookup)."""
     context_BxS, context_lengths_B = self.context(state, pending_B)
     proposal = sampling.constraint.force(self.propose_from_context(context_BxS, context_lengths_B, plan.k))
     return proposal, state.replace(pending=pending_B.astype(jnp.int32)), target_cache

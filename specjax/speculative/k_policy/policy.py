@@ -36,8 +36,13 @@ traffic: the first rounds of a call need not relearn what the pair accepts, a pa
 seldom pay is not sent back to drafting by an optimistic constant, and deep positions that few rounds
 reached are assumed to accept like the shallower ones measured, not like the constant.
 
-Exactness: the length is chosen before the round's draft from the outcomes of earlier rounds only, so
-given the history it is a fixed number, and the acceptance rule is exact for any proposal length. A
+A lookup (`Drafter.free_proposal`: its proposal costs no pass) proposes first, and the policy prices
+what each row offers: a row offering m tokens gains what m tokens are expected to give, whatever L
+allows, so a round verifies long only when some row found that much to propose.
+
+Exactness: the length is chosen before the round's draft from the outcomes of earlier rounds only (a
+lookup's: after its proposal, a function of the committed history), so given the history it is a
+fixed number, and the acceptance rule is exact for any proposal length. A
 drafter may still stop early from its own draws (`stop_threshold`): a proposal's length then depends on
 the draft's randomness, never on the target's distributions of the round being verified, which is what
 the rule needs (each accepted/resampled token is drawn exactly given the prefix, whatever decided how
@@ -104,6 +109,7 @@ class PolicyState:
   chosen_C: jax.Array  # [C] int32: rounds that chose each candidate
   reached_AxK: jax.Array  # [A, K] float32: rounds (summed over rows) that reached each position (`Memory`)
   accepted_AxK: jax.Array  # [A, K] float32: those that accepted it
+  full: jax.Array  # [] bool: every live row proposes the chosen length whole (`Tables.full`)
 
 
 @flax.struct.dataclass
@@ -113,6 +119,9 @@ class Tables:
 
   cost_C: Any = None  # [C] float32 > 0: seconds of a round at each candidate (`tuning.calibrate`)
   prior_AxK: Any = None  # [A, K] float32 in (0, 1): each acceptance estimate's prior (`tuning.Memory`)
+  # Calibration: a lookup's short proposals are extended to the chosen length (tokens the rule verifies
+  # like any others), so that a forced candidate's rounds cost what its verify pass costs (`calibrate`).
+  full: Any = False  # [] bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +169,7 @@ class KPolicy:
     prior_AxK = np.broadcast_to(prior_AxK, (rows, k)) if prior_AxK.shape == (k,) else prior_AxK
     if prior_AxK.shape != (rows, k) or not np.all((prior_AxK > 0) & (prior_AxK < 1)):
       raise ValueError(f"prior_AxK must hold {rows} x K = {k} acceptance probabilities in (0, 1), got {prior_AxK}")
-    return Tables(jnp.asarray(cost_C), jnp.asarray(prior_AxK))
+    return Tables(jnp.asarray(cost_C), jnp.asarray(prior_AxK), jnp.asarray(given.full, jnp.bool_))
 
   def init(self, batch: int, candidates: tuple[Candidate, ...], tables: Tables) -> PolicyState:
     prior_AxK = jnp.asarray(tables.prior_AxK, jnp.float32)
@@ -168,11 +177,14 @@ class KPolicy:
                        cost_C=jnp.asarray(tables.cost_C, jnp.float32),
                        chosen_C=jnp.zeros((len(candidates),), jnp.int32),
                        reached_AxK=jnp.zeros(prior_AxK.shape, jnp.float32),
-                       accepted_AxK=jnp.zeros(prior_AxK.shape, jnp.float32))
+                       accepted_AxK=jnp.zeros(prior_AxK.shape, jnp.float32),
+                       full=jnp.asarray(tables.full, jnp.bool_))
 
-  def choose(self, state: PolicyState, live_B: jax.Array,
-             candidates: tuple[Candidate, ...]) -> tuple[RoundPlan, jax.Array]:
-    """(the round's plan, the chosen candidate's index [])."""
+  def choose(self, state: PolicyState, live_B: jax.Array, candidates: tuple[Candidate, ...],
+             offered_B: jax.Array | None = None) -> tuple[RoundPlan, jax.Array]:
+    """(the round's plan, the chosen candidate's index []). `offered_B` [B]: the tokens each row's
+    proposal holds, when the drafter proposed before the choice (`Drafter.free_proposal`); None: the
+    drafter proposes what the plan asks."""
     return RoundPlan(candidates[0].length), jnp.int32(0)
 
   def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array,
@@ -218,15 +230,27 @@ class Adaptive(KPolicy):
       candidates.append(Candidate(n))
     return tuple(candidates)
 
-  def choose(self, state: PolicyState, live_B: jax.Array,
-             candidates: tuple[Candidate, ...]) -> tuple[ChosenPlan, jax.Array]:
+  def choose(self, state: PolicyState, live_B: jax.Array, candidates: tuple[Candidate, ...],
+             offered_B: jax.Array | None = None) -> tuple[ChosenPlan, jax.Array]:
+    """With `offered_B` (a lookup's proposal, made first), a row offering m < L tokens commits what m
+    tokens are expected to give: a length beyond every live offer gains nothing over the shorter
+    candidate the round would verify anyway, and costs no less (`calibrate` keeps the table
+    monotone), so it is never chosen. Calibration (`full`) takes every offer as whole: a forced
+    candidate is verified at its own length."""
     lengths_C = np.asarray([c.length for c in candidates], np.int32)
-    committed_BxC = expected_committed(state.alpha_BxAxK)[:, [c.row for c in candidates], lengths_C]
+    rows_C = [c.row for c in candidates]
+    committed_BxAxK1 = expected_committed(state.alpha_BxAxK)
+    if offered_B is None:
+      committed_BxC = committed_BxAxK1[:, rows_C, lengths_C]
+    else:
+      offered_B = jnp.where(state.full, lengths_C.max(), offered_B)
+      reach_BxC = jnp.minimum(jnp.asarray(lengths_C)[None, :], offered_B[:, None])
+      committed_BxC = jnp.take_along_axis(committed_BxAxK1[:, rows_C, :], reach_BxC[:, :, None], axis=2)[..., 0]
     rate_C = jnp.sum(jnp.where(live_B[:, None], committed_BxC, 0.0), axis=0) / state.cost_C
     index = jnp.argmax(rate_C).astype(jnp.int32)
     spines = any(c.spine for c in candidates)
     plan = ChosenPlan(int(lengths_C.max()), jnp.full(live_B.shape, jnp.asarray(lengths_C)[index], jnp.int32),
-                      jnp.asarray([c.spine for c in candidates])[index] if spines else None)
+                      jnp.asarray([c.spine for c in candidates])[index] if spines else None, state.full)
     return plan, index
 
   def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array,
