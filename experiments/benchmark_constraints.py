@@ -178,8 +178,8 @@ def run(cfg: ml_collections.ConfigDict, log=harness.log) -> dict:
 
 def tables(results: dict) -> str:
   lines = [*harness.provenance(results), "",
-           "| system | constrained | tokens/s | valid | finished | alpha_hat | tau | forced share | jump-forward (loop) "
-           "| = AR |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| system | constrained | tokens/s | valid | finished | alpha_hat | tau | forced share "
+           "| jump-forward (loop) | = AR |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in results["runs"]:
     lines.append(f"| {r['system']} | {r['constrained']} | {number(r['tokens_per_second'])} | {r['valid_rate']:.2f} | "
                  f"{r['finished_rate']:.2f} | {number(r['alpha_hat'])} | {number(r['tau'])} | "
