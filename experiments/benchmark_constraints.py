@@ -36,6 +36,7 @@ from experiments import harness
 from experiments.harness import number
 from specjax import costs
 from specjax.constraints import compiler
+from specjax.constraints.mask import forced_tokens
 from specjax.decode_config import default_config
 
 _PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -98,12 +99,14 @@ def _valid(text: str, schema: dict) -> bool:
 
 
 def _forced_share(table: compiler.RunConstraints, specs: list[str], outputs: list[list[int]]) -> float:
-  """The share of generated tokens at which the row's constraint allowed exactly one token."""
+  """The share of generated tokens at which the row's constraint allowed exactly one token, counted on
+  the host from the outputs (`mask.forced_tokens`)."""
+  forced_Z = forced_tokens(table.next_ZxV)
   forced = total = 0
   for spec, ids in zip(specs, outputs):
     state = table.start_of[spec]
     for token in ids:
-      forced += int(np.sum(table.next_ZxV[state] >= 0) == 1)
+      forced += int(forced_Z[state] >= 0)
       total += 1
       state = table.next_ZxV[state, token]
   return forced / max(total, 1)

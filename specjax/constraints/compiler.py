@@ -30,7 +30,7 @@ import numpy as np
 import outlines_core
 from outlines_core.json_schema import build_regex_from_schema
 
-from specjax.constraints.mask import Constrained, constrained
+from specjax.constraints.mask import Constrained, constrained, forced_tokens
 from specjax.errors import ConfigError
 from specjax.models import vocab_map
 from specjax.models.tokenizer import Tokenizer
@@ -197,12 +197,13 @@ class RunConstraints:
   start_of: dict[str, int]  # each spec's start state ("" -> the free state)
 
   @functools.cached_property
-  def _device_table(self) -> jax.Array:
-    return jnp.asarray(self.next_ZxV)  # copied to the device once, not per batch
+  def _device_tables(self) -> tuple[jax.Array, jax.Array]:
+    """The table and its forced tokens on the device, copied and derived once, not per batch."""
+    return jnp.asarray(self.next_ZxV), jnp.asarray(forced_tokens(self.next_ZxV))
 
   def rows(self, specs: Sequence[str]) -> Constrained:
     """The device constraint of a batch whose row b carries `specs[b]`."""
-    return constrained(self._device_table, [self.start_of[spec] for spec in specs])
+    return constrained(self._device_tables[0], [self.start_of[spec] for spec in specs], self._device_tables[1])
 
 
 def for_run(specs: Sequence[str], strings: Sequence[bytes], eos_ids: Sequence[int],
