@@ -1,8 +1,9 @@
 """Constrained decoding with draft trees: each node's mask is its own path's DFA state. Greedy output of
 static and dynamic model-drafted trees and of n-gram spines equals the reference that masks the target
 with the `regex` oracle token by token (rows under different constraints); a draft equal to the target,
-masked node by node like it, is accepted whole; at T = 1 the first tokens follow the masked, renormalised
-target enumerated exactly, and fail when a node is masked by its parent's or the root's state."""
+masked node by node like it, is accepted whole; a dynamic tree's nodes all lie on allowed paths; a
+lookup tree is cut at its deepest allowed node; at T = 1 the first tokens follow the masked,
+renormalised target enumerated exactly, and fail when each node is masked by its parent's state."""
 
 import jax
 import jax.numpy as jnp
