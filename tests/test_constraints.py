@@ -27,7 +27,6 @@ from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.drafters.parallel import ParallelDrafter
-from specjax.speculative.k_policy import Adaptive
 from specjax.speculative.proposal import Proposal
 from tests.helpers import engine, layer_skip
 from tests.helpers.cli import cli_config
@@ -35,6 +34,7 @@ from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
                                        device_constraint, exact_constrained_distribution, greedy_reference,
                                        oracle_mask)
+from tests.helpers.k_policy import COSTS_K3, POLICY
 from tests.helpers.loop import autoregress, speculate
 from tests.helpers.stats import chi_square_pvalue
 
@@ -124,8 +124,7 @@ def test_greedy_model_drafter_under_the_adaptive_policy_equals_the_reference(gre
   """A draft whose argmax is never the target's, under the adaptive policy (costs that make plain rounds
   and every length worth choosing): every proposed token rejected, the output still the reference."""
   config, params = engine.DRAFTS["never"]
-  tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
-                                    cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))
+  tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=POLICY, cost_C=COSTS_K3)
   assert tokens == greedy_expected
   assert int(out.acceptance.proposed.sum()) > 0
 

@@ -26,6 +26,7 @@ from specjax.speculative.trees.tree import from_branching, parse
 from tests.helpers import engine
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
                                        device_constraint, exact_constrained_distribution, greedy_reference)
+from tests.helpers.k_policy import COSTS_K3, POLICY
 from tests.helpers.loop import speculate
 from tests.helpers.stats import chi_square_pvalue
 
@@ -33,13 +34,13 @@ PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 u
 STATIC, DYNAMIC, SPINES = from_branching((2, 2, 1)), parse("dynamic(6, 3, 2)"), from_branching((2, 1, 1))
 
 
-def _greedy(drafter):
+def _greedy(drafter, **kwargs):
   config, params = engine.TARGET
   padded, lengths = pad_prompts(engine.PROMPTS)
   sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(engine.PROMPTS)))
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(padded), engine.CACHE_LEN),
                   drafter.storage(len(padded), engine.CACHE_LEN), engine.BUDGETS, [EOS], sampling, jax.random.key(0),
-                  k=3, out_width=engine.OUT_WIDTH)
+                  k=3, out_width=engine.OUT_WIDTH, **kwargs)
   return as_token_lists(out.tokens, out.counts), out
 
 
@@ -57,6 +58,18 @@ def test_greedy_trees_equal_the_reference(make, greedy_expected):
   tokens, out = _greedy(make())
   assert tokens == greedy_expected
   assert any(row[-1] == EOS for row in tokens)  # a row finished its match
+
+
+def test_greedy_tree_under_the_adaptive_policy_equals_the_reference(greedy_expected):
+  """The static tree cut at the depth the policy chose, or only that cut's spine (a chain picked from
+  the tree's nodes, its states along the chain): both kinds of round happen (a cut costs what its spine
+  does), the output is the reference."""
+  candidates = POLICY.candidates(3, STATIC)
+  tokens, out = _greedy(ModelDrafter(*engine.DRAFTS["perturbed"], tree=STATIC), policy=POLICY,
+                        cost_C=COSTS_K3[[c.length for c in candidates]])
+  assert tokens == greedy_expected
+  chosen = [c for c, n in zip(candidates, np.asarray(out.rounds_per_length)) if n and c.length]
+  assert any(c.spine for c in chosen) and any(not c.spine for c in chosen)
 
 
 def test_a_draft_equal_to_the_target_is_accepted_whole():

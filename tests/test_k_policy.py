@@ -27,17 +27,13 @@ from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
-from tests.helpers.k_policy import PeekingDrafter, ShallowTreeDrafter, assert_rounds_draft
+from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, ShallowTreeDrafter, assert_rounds_draft,
+                                    tree_costs)
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
 from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS
 from tests.helpers.trees import (LONG_STEPS, SAMPLED, STEPS, TREES, all_positions_pvalue, run_tree_speculative,
                                  sampled_pvalue)
-
-# Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
-# long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
-POLICY = Adaptive(prior=0.8, decay=0.5, recovery=0.3)
-COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 
 
 def _reference_choice(alpha_BxAxK, live_B, cost_C, candidates, offered_B=None):
@@ -120,13 +116,6 @@ def test_update_moves_reached_positions_and_recovers_the_others():
   np.testing.assert_array_equal(got.chosen_C, [0, 0, 0, 1, 0])
   np.testing.assert_array_equal(got.reached_AxK, reached)
   np.testing.assert_array_equal(got.accepted_AxK, accepted)
-
-
-def tree_costs(tree):
-  """A cost table for `tree`'s candidates at K = 3: COSTS_K3 by depth, the whole cut 5% more per node
-  beyond the spine's (so both widths get chosen as the estimates move)."""
-  return np.array([COSTS_K3[c.length] * (1 + 0.05 * (c.nodes(tree) - c.length - 1))
-                   for c in POLICY.candidates(3, tree)], np.float32)
 
 
 def test_the_spine_estimate_observes_the_accepted_paths_first_choice_prefix():

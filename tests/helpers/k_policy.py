@@ -1,6 +1,7 @@
-"""A drafter whose proposal length peeks at the target: the length choice that the K policy must never
-make (it reads the target's distribution of the round being verified), for the exactness test to fail;
-and the check every adaptive test makes that its rounds drafted (`assert_rounds_draft`)."""
+"""The adaptive policy the tests run (`POLICY`, its costs at K = 3: `COSTS_K3`, `tree_costs`); a drafter
+whose proposal length peeks at the target: the length choice that the K policy must never make (it reads
+the target's distribution of the round being verified), for the exactness test to fail; and the check
+every adaptive test makes that its rounds drafted (`assert_rounds_draft`)."""
 
 from typing import Any
 
@@ -12,6 +13,19 @@ from specjax.models.config import ModelConfig
 from specjax.models.transformer import forward
 from specjax.sampling import probabilities
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.k_policy import Adaptive
+
+# Adaptive with fast-moving estimates, so that a short decode visits several lengths; the costs make
+# long proposals pay only while acceptance stays high (at the prior 0.8: L = 3 is best).
+POLICY = Adaptive(prior=0.8, decay=0.5, recovery=0.3)
+COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
+
+
+def tree_costs(tree):
+  """A cost table for `tree`'s candidates at K = 3: COSTS_K3 by depth, the whole cut 5% more per node
+  beyond the spine's (so both widths get chosen as the estimates move)."""
+  return np.array([COSTS_K3[c.length] * (1 + 0.05 * (c.nodes(tree) - c.length - 1))
+                   for c in POLICY.candidates(3, tree)], np.float32)
 
 
 class PeekingDrafter(ModelDrafter):
