@@ -34,13 +34,13 @@ PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 u
 STATIC, DYNAMIC, SPINES = from_branching((2, 2, 1)), parse("dynamic(6, 3, 2)"), from_branching((2, 1, 1))
 
 
-def _greedy(drafter, **kwargs):
+def _greedy(drafter, k=3, **kwargs):
   config, params = engine.TARGET
   padded, lengths = pad_prompts(engine.PROMPTS)
   sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(engine.PROMPTS)))
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(padded), engine.CACHE_LEN),
                   drafter.storage(len(padded), engine.CACHE_LEN), engine.BUDGETS, [EOS], sampling, jax.random.key(0),
-                  k=3, out_width=engine.OUT_WIDTH, **kwargs)
+                  k=k, out_width=engine.OUT_WIDTH, **kwargs)
   return as_token_lists(out.tokens, out.counts), out
 
 
@@ -50,10 +50,9 @@ def greedy_expected():
           for i, (p, b) in enumerate(zip(engine.PROMPTS, engine.BUDGETS))]
 
 
-@pytest.mark.parametrize("make", [
-    lambda: ModelDrafter(*engine.DRAFTS["perturbed"], tree=STATIC),
+@pytest.mark.parametrize("make", [  # a static tree: under the adaptive policy below, and drafted by the target
     lambda: ModelDrafter(*engine.DRAFTS["perturbed"], tree=DYNAMIC),
-    lambda: NgramDrafter(vocab_size=engine.VOCAB, tree=SPINES)], ids=["static", "dynamic", "ngram_spines"])
+    lambda: NgramDrafter(vocab_size=engine.VOCAB, tree=SPINES)], ids=["dynamic", "ngram_spines"])
 def test_greedy_trees_equal_the_reference(make, greedy_expected):
   tokens, out = _greedy(make())
   assert tokens == greedy_expected
@@ -61,22 +60,24 @@ def test_greedy_trees_equal_the_reference(make, greedy_expected):
 
 
 def test_greedy_tree_under_the_adaptive_policy_equals_the_reference(greedy_expected):
-  """The static tree cut at the depth the policy chose, or only that cut's spine (a chain picked from
-  the tree's nodes, its states along the chain): both kinds of round happen (a cut costs what its spine
-  does), the output is the reference."""
-  candidates = POLICY.candidates(3, STATIC)
-  tokens, out = _greedy(ModelDrafter(*engine.DRAFTS["perturbed"], tree=STATIC), policy=POLICY,
+  """A static tree (2, 1) cut at the depth the policy chose, or only that cut's spine (a chain picked
+  from the tree's nodes, its states along the chain): both kinds of round happen (a cut costs what its
+  spine does), the output is the reference."""
+  tree = from_branching((2, 1))
+  candidates = POLICY.candidates(2, tree)
+  tokens, out = _greedy(ModelDrafter(*engine.DRAFTS["perturbed"], tree=tree), k=2, policy=POLICY,
                         cost_C=COSTS_K3[[c.length for c in candidates]])
   assert tokens == greedy_expected
   chosen = [c for c, n in zip(candidates, np.asarray(out.rounds_per_length)) if n and c.length]
   assert any(c.spine for c in chosen) and any(not c.spine for c in chosen)
 
 
-def test_a_draft_equal_to_the_target_is_accepted_whole():
-  """Draft = target, both masked by each node's own state: every round accepts the tree's first-choice
-  path to its full depth (a draft node masked by another node's state, or not at all, would propose
-  another token, which the cut or the target drops)."""
-  _, out = _greedy(ModelDrafter(*engine.TARGET, tree=STATIC))
+def test_a_draft_equal_to_the_target_is_accepted_whole(greedy_expected):
+  """Draft = target, both masked by each node's own state: the output is the reference and every round
+  accepts the tree's first-choice path to its full depth (a draft node masked by another node's state,
+  or not at all, would propose another token, which the cut or the target drops)."""
+  tokens, out = _greedy(ModelDrafter(*engine.TARGET, tree=STATIC))
+  assert tokens == greedy_expected
   np.testing.assert_array_equal(out.acceptance.accepted, STATIC.max_depth * out.acceptance.rounds)
 
 
