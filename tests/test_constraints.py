@@ -283,3 +283,45 @@ def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(model_dirs, tm
                         ({"constraint": "json_schema:{\"not\": {}}"}, "unsupported JSON schema keywords")]:
     with pytest.raises(ConfigError, match=words):
       dec.generate(["abc"], **fields)
+
+
+def test_greedy_output_equals_transformers_with_a_regex_logits_processor(model_dirs):
+  """The reference built without specjax: transformers' greedy `generate` on the same tiny directory,
+  with a logits processor that masks, token by token, what the `regex` module's partial matching allows
+  after the text so far (an end-of-sequence id only after a whole match). specjax's autoregressive,
+  model-drafted and n-gram decoding under the same constraint give its tokens, up to its end."""
+  import torch
+  import transformers
+
+  pattern = r'\{"[a-e]{1,4}": ?(-?[0-9]{1,3}|"[a-e]{0,5}")\}'
+  dec = specjax.Decoder(config=cli_config(model_dirs, max_new_tokens=24, batch_size=1))
+  eos_ids = set(dec.target.tokenizer.eos_ids)
+  hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{model_dirs[0]}/tokenizer.json")
+  model = transformers.AutoModelForCausalLM.from_pretrained(model_dirs[0], dtype=torch.float32).eval()
+  vocab = model.config.vocab_size
+  special = {hf_tokenizer.convert_tokens_to_ids(name) for name in ("<unk>", "<eos>")}  # the tokenizer's two
+  pieces = [hf_tokenizer.decode([v]) if v < len(hf_tokenizer) and v not in special else "" for v in range(vocab)]
+
+  class RegexMask(transformers.LogitsProcessor):
+    def __init__(self, prompt_len: int):
+      self.prompt_len = prompt_len
+
+    def __call__(self, input_ids, scores):
+      text = "".join(pieces[v] for v in input_ids[0, self.prompt_len:].tolist())
+      allowed = [regex.fullmatch(pattern, text) is not None if v in eos_ids else
+                 bool(pieces[v]) and regex.fullmatch(pattern, text + pieces[v], partial=True) is not None
+                 for v in range(scores.shape[1])]
+      return scores.masked_fill(~torch.tensor(allowed)[None], -float("inf"))
+
+  for prompt in ("abc", "x = "):
+    ids = dec.target.tokenizer.encode(prompt)
+    with torch.no_grad():
+      out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=sorted(eos_ids),
+                           pad_token_id=min(eos_ids),
+                           logits_processor=transformers.LogitsProcessorList([RegexMask(len(ids))]))
+    expected = out[0, len(ids):].tolist()
+    if expected and expected[-1] in eos_ids:
+      expected = expected[:expected.index(expected[-1]) + 1]
+    assert regex.fullmatch(pattern, "".join(pieces[v] for v in expected if v not in eos_ids), partial=True)
+    for fields in ({"mode": "autoregressive"}, {"drafter": "model"}, {"drafter": "ngram"}):
+      assert dec.generate([prompt], constraint="regex:" + pattern, **fields).token_ids == [expected], fields
