@@ -129,7 +129,7 @@ def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, 
   embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
   if masked_BxT is not None:
     mask_D = params[MASK_PARAM]["embedding"].astype(config.block.jnp_dtype)
-    embed_BxTxD = jnp.where(masked_BxT[:, :, None], mask_D, embed_BxTxD)
+    embed_BxTxD = jnp.where(masked_BxT[:, :, None], mask_D[None, None, :], embed_BxTxD)
   return EagleLayer(config.block, core.attend).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
                                                      rotary_tables(config.block, core.positions_BxT), cache, tree)
 
