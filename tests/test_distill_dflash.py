@@ -50,18 +50,23 @@ def _config(target, directory, **changes):
 def _layout_error():
   """The largest difference between the training pass's block logits and the drafter's at `ANCHORS`."""
   drafter = dflash_drafter(TARGET)
-  config, params, target_config, target_params = drafter.config, drafter.params, *TARGET
+  config, (target_config, target_params) = drafter.config, TARGET
   tokens_1xT = jnp.asarray(np.random.default_rng(0).integers(0, target_config.vocab_size, (1, SEQ_LEN)), jnp.int32)
   _, features_1xTxF, _ = forward_features(target_config, target_params, tokens_1xT,
                                           init_cache(target_config, 1, SEQ_LEN), config.feature_layers)
-  anchors_1xM = jnp.asarray([ANCHORS], jnp.int32)
-  trained_1xMxKxV = dflash_steps.block_logits(config, params, target_config, target_params, tokens_1xT,
-                                              features_1xTxF, anchors_1xM, K)
+  anchors_M = jnp.asarray(ANCHORS, jnp.int32)
   rows = len(ANCHORS)  # row m: history x_0 .. x_{a-1}, pending x_a
-  state = drafter.init_from_features(drafter.storage(rows, SEQ_LEN + K), jnp.repeat(tokens_1xT, rows, axis=0),
-                                     anchors_1xM[0], jnp.repeat(features_1xTxF, rows, axis=0))
-  drafted_MxKxV, _ = drafter.draft_block(state, tokens_1xT[0, anchors_1xM[0]], K)
-  return float(jnp.max(jnp.abs(trained_1xMxKxV[0] - drafted_MxKxV)))
+
+  @jax.jit
+  def difference(drafter, tokens_1xT, features_1xTxF):
+    trained_1xMxKxV = dflash_steps.block_logits(config, drafter.params, target_config, drafter.target_params,
+                                                tokens_1xT, features_1xTxF, anchors_M[None], K)
+    state = drafter.init_from_features(drafter.storage(rows, SEQ_LEN + K), jnp.repeat(tokens_1xT, rows, axis=0),
+                                       anchors_M, jnp.repeat(features_1xTxF, rows, axis=0))
+    drafted_MxKxV, _ = drafter.draft_block(state, tokens_1xT[0, anchors_M], K)
+    return jnp.max(jnp.abs(trained_1xMxKxV[0] - drafted_MxKxV))
+
+  return float(difference(drafter, tokens_1xT, features_1xTxF))
 
 
 def test_training_blocks_see_what_the_drafting_block_sees(monkeypatch):
