@@ -95,6 +95,7 @@ def _greedy_decode(target_model, drafter, prompts, budget, k):
   return as_token_lists(plain.tokens, plain.counts), as_token_lists(out.tokens, out.counts), out
 
 
+@pytest.mark.slow
 def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identical(target, tmp_path):
   summary = train.run(_config(target, tmp_path / "whole", **SHORT))
   before, after = summary["before"], summary["after"]
