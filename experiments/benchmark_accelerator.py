@@ -27,6 +27,13 @@ Adaptive cells (`adaptive_ks`): the model drafter with the adaptive K policy (`k
 between 1. and 2. the policy's cost table is measured with the cell's own program on the device
 (`k_policy.calibrate`), and the cell records it with the rounds that chose each length (random weights
 accept nothing, so there the policy settles on plain steps: the floor it keeps on the device).
+Block cells (`block_drafters`, at the first prompt length, every batch size, K = `block_k`): drafters that
+propose the whole block from one draft pass, `parallel` (the draft model fed [lag, pending, MASK x (K - 1)];
+its mask is the draft's last id: a PARD fine-tune of the draft has its own, and these timings do not
+depend on which) and `dflash` (a DFlash block head of the target's width reading its EAGLE-3 features:
+random with weights=random, and also random with weights=real, as no trained head for the pair exists
+yet: acceptance is then meaningless, the round time is what such a cell measures). Their rows are like
+the speculative cells' (no modelled speedup: the CPU acceptance rates are the draft model's).
 Caches are allocated before each timer starts and every timer stops on the tokens reaching the host.
 At the first prompt length, each batch size also times target forwards of T = `verify_widths` tokens
 (`verify_costs`: seconds and multiples of the 1-token step), the cost of verifying a chain of K = T - 1
@@ -95,12 +102,16 @@ from specjax.generation import Request
 from specjax.sampling import sampling_params
 from specjax.speculative import k_policy
 from specjax.speculative.drafters.base import DraftPass
+from specjax.speculative.drafters.dflash import DFlashDrafter
+from specjax.speculative.drafters.eagle_head import eagle3_layers, head_config, init_head_params
 from specjax.speculative.drafters.model import ModelDrafter, lag_for
+from specjax.speculative.drafters.parallel import ParallelDrafter
 from specjax.speculative.k_policy import Adaptive, KPolicy, Tables
 from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 
 Log = Callable[[str], None]
 AUTOREGRESSIVE, SPECULATIVE, ADAPTIVE = "autoregressive", "speculative", "adaptive"  # ADAPTIVE: k_policy
+BLOCK_DRAFTERS = ("parallel", "dflash")  # `block_drafters`: one draft pass per round
 
 # (target, draft) shapes for weights=random. "qwen2.5-coder": Qwen2.5-Coder-1.5B-Instruct and
 # 0.5B-Instruct exactly as specjax loads them from the registry GGUFs (the "config" metadata of their
@@ -142,6 +153,10 @@ def check(cfg: ml_collections.ConfigDict) -> None:
     values = cfg[field]
     require(len(values) > 0 and all(int(v) == v and v >= 1 for v in values),
             f"config.{field} must be a non-empty tuple of integers >= 1, got {values}")
+  require(set(cfg.block_drafters) <= set(BLOCK_DRAFTERS),
+          f"config.block_drafters must be a tuple of {BLOCK_DRAFTERS}, got {cfg.block_drafters}")
+  require(int(cfg.block_k) == cfg.block_k and cfg.block_k >= 2, f"config.block_k must be an integer >= 2, "
+          f"got {cfg.block_k}")
   require(all(int(v) == v and v >= 1 for v in cfg.adaptive_ks),
           f"config.adaptive_ks must be a tuple of integers >= 1, got {cfg.adaptive_ks}")
   for field in ("max_new_tokens", "repeats", "cost_repeats"):
@@ -230,6 +245,23 @@ def modelled(alpha: float, k: int, c: float, step_s: float, round_s: float) -> d
           "round_time": metrics.expected_accepted_length(alpha, k) * step_s / round_s}
 
 
+def make_drafter(cfg, pair, mode: str, k: int, policy: KPolicy):
+  """The drafter of a cell's `mode` (None when autoregressive): the draft model as a chain drafter, as a
+  parallel drafter (mask: its last id), or a random DFlash head of the target's shape reading its EAGLE-3
+features (every block's of a target under 4 layers) (module docstring)."""
+  target_config, target_params, draft_config, draft_params, _ = pair
+  if mode == AUTOREGRESSIVE:
+    return None
+  if mode == "parallel":
+    return ParallelDrafter(draft_config, draft_params, draft_config.vocab_size - 1, k)
+  if mode == "dflash":
+    layers = target_config.n_layers
+    config = head_config(target_config, eagle3_layers(layers) if layers >= 4 else tuple(range(layers)))
+    params = jax.jit(init_head_params, static_argnums=(0, 2))(config, jax.random.key(cfg.seed + 2), True)
+    return DFlashDrafter(config, params, target_config, target_params)
+  return ModelDrafter(draft_config, draft_params, max_lag=lag_for(policy.plain_rounds, draft_config))
+
+
 def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: int,
              log: Log, report: bool = False) -> tuple[dict, np.ndarray]:
   """One program, compiled, warmed up and timed (module docstring); returns its row (with `report`, the
@@ -238,8 +270,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   batch, length = prompts_BxP.shape
   lengths_B = np.full((batch,), length, np.int32)
   policy = Adaptive() if mode == ADAPTIVE else KPolicy()
-  drafter = None if mode == AUTOREGRESSIVE else ModelDrafter(draft_config, draft_params,
-                                                             max_lag=lag_for(policy.plain_rounds, draft_config))
+  drafter = make_drafter(cfg, pair, mode, k, policy)
   sampling, key = sampling_params(0.0), jax.random.key(cfg.seed)
   # The policy's cost table and acceptance prior (what the adaptive one learns; a fixed K ignores them).
   memory = k_policy.Memory(policy.prior, k) if drafter else None
@@ -287,7 +318,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
          "wall_s": wall_s, "wall_s_runs": [seconds for seconds, *_ in runs], "generated_tokens": int(counts_B.sum()),
          "decode_s": decode_s, "target_calls_after_prefill": calls,
          "kv_cache_bytes": _cache_bytes(target_config, batch, cache_len) +
-                           (_cache_bytes(draft_config, batch, cache_len) if drafter else 0)}
+                           (_cache_bytes(drafter.cache_config, batch, cache_len) if drafter else 0)}
   if drafter:
     totals = metrics.summarize(jax.device_get(out.acceptance))["total"]
     row.update(round_s=decode_s / calls, draft_calls=int(out.draft_calls), alpha_hat=totals["alpha_hat"],
@@ -368,7 +399,8 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   results["prompt_source"] = "random token ids" if tokenizer is None else "standard-library sources"
   cells = [(length, batch, mode, k) for length in cfg.prompt_lengths for batch in cfg.batch_sizes
            for mode, k in [(AUTOREGRESSIVE, None), *((SPECULATIVE, k) for k in cfg.ks),
-                           *((ADAPTIVE, k) for k in cfg.adaptive_ks)]]
+                           *((ADAPTIVE, k) for k in cfg.adaptive_ks),
+                           *((name, cfg.block_k) for name in cfg.block_drafters if length == cfg.prompt_lengths[0])]]
   # Every batch size takes the first rows of the same prompts.
   prompts = {length: prompt_ids(tokenizer, target_config.vocab_size, max(cfg.batch_sizes), length, cfg.seed)
              for length in cfg.prompt_lengths}
@@ -417,7 +449,8 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
 def _cache_len(cfg, length: int) -> int:
   """The caches' positions at prompt length `length`: prompt, budget and the largest K's look-ahead,
   rounded up to 64 (one per prompt length: batch sizes and modes share it)."""
-  return -(-(length + cfg.max_new_tokens + max(cfg.ks + cfg.adaptive_ks + (cfg.comparison_k,)) + 1) // 64) * 64
+  longest = max(cfg.ks + cfg.adaptive_ks + (cfg.comparison_k,) + ((2 * cfg.block_k,) if cfg.block_drafters else ()))
+  return -(-(length + cfg.max_new_tokens + longest + 1) // 64) * 64  # a parallel pass writes 2K
 
 
 def compare_attention(cfg, pair, setting: str, prompts_BxP: np.ndarray, results: dict, start: float,

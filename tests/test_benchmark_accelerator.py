@@ -1,6 +1,6 @@
 """`experiments.benchmark_accelerator`, the accelerator run kit, dry-run on CPU: its `tiny` config end to end
 through the CLI (random tiny models, float32, 2 prompt lengths x batch 2 x (autoregressive, K = 2, adaptive
-K <= 3)), the
+K <= 3; parallel and DFlash block cells at the first prompt length)), the
 real-weights path on tiny HF directories, the deadline, config errors, and the constants the kit
 hard-codes (the Qwen pair's shapes, the CPU acceptance rates it models speedups at)."""
 
@@ -20,6 +20,10 @@ from tests.helpers.tiny_hf import make_hf_model, save_char_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
+
+# The tiny variant's cells: per prompt length autoregressive, K = 2, adaptive K <= 3; the block drafters at the first.
+GRID = [(p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("adaptive", 3),
+                                                       *((("parallel", 2), ("dflash", 2)) if p == 8 else ()))]
 
 
 def leviathan(alpha: float, k: int, c: float) -> float:
@@ -52,8 +56,10 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
     assert results["environment"][field], field
   assert results["finished"] and results["skipped"] == []
   assert results["models"]["target"]["n_layers"] == kit.SHAPES["tiny"][0].n_layers
-  assert [(r["prompt_tokens"], r["mode"], r["k"]) for r in results["cells"]] == [
-      (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("adaptive", 3))]
+  assert [(r["prompt_tokens"], r["mode"], r["k"]) for r in results["cells"]] == GRID
+  for row in results["cells"]:
+    if row["mode"] in kit.BLOCK_DRAFTERS:  # one draft pass per round
+      assert row["draft_calls"] == row["target_calls_after_prefill"] and row["greedy_equals_autoregressive"]
   adaptive = [row for row in results["cells"] if row["mode"] == "adaptive"]
   for row in adaptive:  # the cost table measured on the device, with the cell's own program
     assert row["k_policy"]["lengths"] == [0, 1, 2, 3] and all(c > 0 for c in row["k_policy"]["cost_table_s"])
@@ -105,8 +111,10 @@ def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
     c = next(cost["cost_ratio_c"] for cost in results["costs"] if cost["prompt_tokens"] == row["prompt_tokens"])
     assert row["cost_ratio_c"] == c > 0
     assert row["round_s"] > 0 and row["round_in_target_steps"] == pytest.approx(row["round_s"] / baseline["step_s"])
-    if row["mode"] == "adaptive":  # lengths vary: no model of K tokens a round applies
+    if row["mode"] != "speculative":  # adaptive (lengths vary) and block cells: no model of the draft applies
       assert row["modelled_speedup"] == {}
+      if row["mode"] in kit.BLOCK_DRAFTERS:
+        continue
       # Random weights accept nothing: the learned prior falls and plain rounds, which skip the draft on
       # this CPU, take over (a draft pass only in rounds that proposed something).
       proposing = sum(row["k_policy"]["rounds_per_length"][1:])
@@ -133,7 +141,7 @@ def test_real_weights_measure_acceptance_and_speedup(tmp_path):
     save_char_tokenizer(str(tmp_path / name))
   cfg = accelerator.get_config("tiny")
   cfg.update(weights="real", target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), prompt_lengths=(24,),
-             ks=(2,), adaptive_ks=(), repeats=1, output=str(tmp_path / "real.json"))
+             ks=(2,), adaptive_ks=(), block_drafters=(), repeats=1, output=str(tmp_path / "real.json"))
   results = kit.run(cfg, log=lambda message: None)
   assert results["prompt_source"] == "standard-library sources" and results["finished"]
   baseline, spec = results["cells"]
@@ -153,13 +161,12 @@ def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
   results = kit.run(cfg, log=lambda message: None)
   assert results["cells"] == [] and not results["finished"]
   assert [(s["prompt_tokens"], s["mode"], s["k"]) for s in results["skipped"]] == [
-      (8, "autoregressive", None), (8, "speculative", 2)] + [  # the attention comparison, then the grid
-      (p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("adaptive", 3))]
+      (8, "autoregressive", None), (8, "speculative", 2)] + GRID  # the attention comparison, then the grid
   assert all(s["reason"].startswith("deadline_s 0 passed") for s in results["skipped"])
   report = accelerator.get_config("tiny")
   report.report = cfg.output
   kit.main(report)
-  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 8
+  assert capsys.readouterr().out.count("skipped: deadline_s 0 passed") == 2 + len(GRID)
 
 
 def test_the_mtbench_cell_runs_the_kits_pair_or_says_why_not(tmp_path, capsys):

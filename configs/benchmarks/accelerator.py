@@ -9,8 +9,9 @@ batch size and prompt length of the grid, in bfloat16, one JSON file rewritten a
 
 First cells: dense, blockwise and kernel attention side by side (autoregressive and K = 5, 128-token
 prompts, batch 1), each with its program's lowering report (loops inside the round, kernels).
-Default grid: prompts of 128 and 2048 tokens x batch 1, 8, 32 x (autoregressive, K = 3, 5, 8), 128 new
-tokens: 24 compiled programs, plus target forwards of 1-65 tokens at the 128-token prompts. Sized for under 8 minutes on one H200 (estimate in
+Default grid: prompts of 128 and 2048 tokens x batch 1, 8, 32 x (autoregressive, K = 3, 5, 8, adaptive K <= 8),
+128 new tokens, then at 128 tokens the block drafters (`parallel`, `dflash`, K = 5) per batch size: 36 compiled
+programs, plus target forwards of 1-65 tokens at the 128-token prompts. Sized for under 8 minutes on one H200 (estimate in
 experiments/benchmark_accelerator.py); `deadline_s` skips what would start later, and smaller grids are
 one override away (`--config.batch_sizes='(1,8)'`, `--config.ks='(5,)'`).
 
@@ -48,6 +49,10 @@ def get_config(variant: str = ""):
   # The most draft tokens per round of the adaptive cells (k_policy "adaptive": the cost table is measured on
   # the device with the cell's own program before its timed calls); () = none.
   cfg.adaptive_ks = (8,)
+  # Drafters proposing the block from one draft pass, timed at the first prompt length, every batch size, K =
+  # block_k: "parallel" (the draft model, PARD-style) and "dflash" (a random DFlash head of the target's width).
+  cfg.block_drafters = ("parallel", "dflash")
+  cfg.block_k = 5
   cfg.max_new_tokens = 128  # tokens generated per row (EOS is ignored: every row runs its whole budget)
   cfg.repeats = 2  # timed prefill (1-token) and whole-budget calls per cell after the warm-up; medians kept
   cfg.cost_repeats = 10  # timed draft/target forward pairs per cost ratio c (the median is kept)
@@ -85,6 +90,7 @@ def get_config(variant: str = ""):
     cfg.batch_sizes = (2,)
     cfg.ks = (2,)
     cfg.adaptive_ks = (3,)
+    cfg.block_k = 2
     cfg.max_new_tokens = 32  # decoding well above the timer's noise on a shared CPU
     cfg.cost_repeats = 2
     cfg.verify_widths = (1, 3, 9)
@@ -92,6 +98,7 @@ def get_config(variant: str = ""):
     cfg.output = "tests-will-override"
   elif variant == "mtbench":  # the real pair: a small grid, then the MT-Bench cell
     cfg.prompt_lengths, cfg.batch_sizes, cfg.ks, cfg.adaptive_ks, cfg.verify_widths = (128,), (1, 8), (5,), (), ()
+    cfg.block_drafters = ()
     cfg.mtbench = True
     cfg.deadline_s = 150.0  # the grid (6 programs) first; MT-Bench (~16 programs) after it
   elif variant:

@@ -25,8 +25,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.remat = False  # rematerialise each student block in the backward (jax.checkpoint): less memory, more compute
 
   c.student = ml_collections.ConfigDict()
-  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint", "fresh", "eagle_head" or
-  #                               "parallel" (PARD: student.checkpoint, else the truncated target, with a mask token)
+  c.student.init = "truncate"  # "truncate" (target's first layers), "checkpoint", "fresh", "eagle_head",
+  #                               "dflash_head" (a DFlash block head) or "parallel" (PARD: student.checkpoint, else
+  #                               the truncated target, with a mask token)
   c.student.num_layers = 2  # truncate: how many of the target's first blocks the draft keeps
   c.student.checkpoint = ""  # checkpoint: the draft to start from (same vocabulary and tokenizer)
   c.student.d_model = 64  # fresh: width of the residual stream
@@ -39,7 +40,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.student.freeze_embeddings = False  # keep the token (and position) embeddings fixed
   c.student.freeze_head = False  # keep the output head fixed (a tied head is the embedding)
   c.student.freeze_layers = ()  # indices of draft blocks kept fixed, e.g. (0, 1)
-  c.student.feature_layers = "eagle3"  # eagle_head: target features read: "eagle3" (low, middle, high
+  c.student.feature_layers = "eagle3"  # eagle_head, dflash_head: target features read: "eagle3" (low, middle, high
   #                                      blocks), "last" (EAGLE-1: the final-norm hidden state) or "1,5,9"
   c.student.ttt_steps = 7  # eagle_head: drafting steps unrolled by the training-time test (loss 0.8^j)
   c.student.draft_vocab = 0  # eagle_head: train (and export) the head over the Vd tokens most frequent in the
@@ -47,6 +48,9 @@ def default_config() -> ml_collections.ConfigDict:
   #                            output projection, V / Vd times cheaper (0 = the full vocabulary)
   c.student.parallel_k = 4  # parallel: K, the draft tokens one pass proposes (masks per block: K - 1)
   c.student.cod_keep = 0.7  # parallel: conditional drop, masks of depth j below this ^ j of the anchors (1 = all)
+  c.student.dflash_block = 4  # dflash_head: K, the block one pass fills ([anchor token, MASK x (K - 1)])
+  c.student.dflash_anchors = 8  # dflash_head: random anchors (blocks) trained per row and step
+  c.student.dflash_gamma = 4.0  # dflash_head: block slot j's loss weighted exp(-j / gamma) (DFlash's decay)
   c.student.feature_loss_weight = 0.0  # eagle_head, feature_layers "last": weight of EAGLE-1's smooth-L1
   #                                      regression of the head's output on the target's next hidden state
 

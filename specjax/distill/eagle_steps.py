@@ -188,20 +188,18 @@ def run_params(config: EagleConfig, master: Params) -> Params:
   return jax.tree.map(lambda p: p.astype(config.block.jnp_dtype), master)
 
 
-def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
-                    schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
+def make_head_train_step(config: EagleConfig, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+                         loss: Callable) -> Callable:
   """`train_step(state, target_params, tokens_BxT, mask_BxT, vocab=None) -> (state, metrics)`, jitted,
-  `state` donated; `state.params` are the head's float32 master weights (run in the block's dtype); the
-  loss is `ttt_loss`'s (over the restricted `vocab`'s tokens when given)."""
-
-  def loss_fn(master, target_params, tokens_BxT, mask_BxT, vocab):
-    params = run_params(config, master)
-    return ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT,
-                    Objective(num_steps, feature_weight), vocab)[0]
+  `state` donated, for any head objective `loss(params, target_params, tokens, mask, vocab, key) -> scalar`
+  (`params` the master weights in the block's dtype, `key` = fold_in(the run's key, the step): a resumed
+  run draws the same); `state.params` are the head's float32 master weights."""
 
   def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array,
                  vocab: DraftHead | None = None):
-    value, grads = jax.value_and_grad(loss_fn)(state.params, target_params, tokens_BxT, mask_BxT, vocab)
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+    value, grads = jax.value_and_grad(lambda master: loss(run_params(config, master), target_params, tokens_BxT,
+                                                          mask_BxT, vocab, key))(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(grads),
                "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
@@ -211,17 +209,31 @@ def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: 
   return jax.jit(train_step, donate_argnames=("state",))
 
 
+def make_head_eval_step(config: EagleConfig, sums: Callable) -> Callable:
+  """`eval_step(master, target_params, tokens_BxT, mask_BxT, vocab=None) -> sums`, jitted, for any head
+  objective's `sums(params, target_params, tokens, mask, vocab)` (to be summed over batches)."""
+  return jax.jit(lambda master, target_params, tokens_BxT, mask_BxT, vocab=None: sums(
+      run_params(config, master), target_params, tokens_BxT, mask_BxT, vocab))
+
+
+def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
+                    schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
+  """The EAGLE head's `make_head_train_step`: `ttt_loss` (over the restricted `vocab`'s tokens when given)."""
+  objective = Objective(num_steps, feature_weight)
+  return make_head_train_step(config, optimizer, schedule, lambda params, target_params, tokens_BxT, mask_BxT,
+                              vocab, key: ttt_loss(config, params, target_config, target_params, tokens_BxT,
+                                                   mask_BxT, objective, vocab)[0])
+
+
 def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: int,
                    feature_weight: float = 0.0) -> Callable:
-  """`eval_step(master, target_params, tokens_BxT, mask_BxT, vocab=None) -> sums`, jitted: the TTT loss
-  times the valid chains, expected accepted length and first-step acceptance summed over chains, and the
-  chains (`tokens`), to be summed over batches."""
+  """The EAGLE head's `make_head_eval_step`: the TTT loss times the valid chains, expected accepted length
+  and first-step acceptance summed over chains, and the chains (`tokens`)."""
 
-  def eval_step(master, target_params, tokens_BxT, mask_BxT, vocab=None):
-    params = run_params(config, master)
+  def sums(params, target_params, tokens_BxT, mask_BxT, vocab):
     loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT,
                            Objective(num_steps, feature_weight), vocab)
     length, first, chains = acceptance_length(extra["accepts"])
     return {"loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains}
 
-  return jax.jit(eval_step)
+  return make_head_eval_step(config, sums)

@@ -9,6 +9,8 @@ The initialisations (`config.student.init`):
   "eagle_head"  an EAGLE head (`specjax.speculative.drafters.eagle`) reading the target's features: not a model but one
                 block that shares the target's embedding and output head (which stay the target's, untrained)
                 and trains whole (`eagle_head`), by the training-time test (`specjax.distill.eagle_steps`).
+  "dflash_head" a DFlash block head (`specjax.speculative.drafters.dflash`): an EAGLE head with a learned mask
+                embedding, trained whole on random anchors' blocks (`specjax.distill.dflash_steps`).
   "parallel"    a PARD draft (`specjax.distill.pard`): `checkpoint` when given, else `truncate`, with a
                 mask token appended to its vocabulary, trained to propose K tokens from one pass.
 Freezing is by parameter subtree: embeddings, output head, chosen layers.
@@ -34,7 +36,8 @@ from specjax.models.transformer import Params, init_params
 from specjax.speculative.drafters.eagle_head import (EagleConfig, check_head, eagle3_layers, head_config,
                                                      init_head_params)
 
-INITS = ("truncate", "checkpoint", "fresh", "eagle_head", "parallel")
+INITS = ("truncate", "checkpoint", "fresh", "eagle_head", "dflash_head", "parallel")
+HEAD_INITS = ("eagle_head", "dflash_head")  # heads on the target's features, not draft models
 TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`
 
 
@@ -87,9 +90,10 @@ def feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
 
 def eagle_head(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax.Array
                ) -> tuple[EagleConfig, Params]:
-  """A random EAGLE head for the target (one block of its width; `spec.feature_layers`), every leaf trained."""
+  """A random EAGLE head for the target (one block of its width; `spec.feature_layers`), every leaf trained;
+  a DFlash head (with its mask embedding) for `spec.init` "dflash_head"."""
   config = head_config(teacher_config, feature_layers(spec.feature_layers, teacher_config.n_layers))
-  params = init_head_params(config, key)
+  params = init_head_params(config, key, mask=spec.init == "dflash_head")
   check_head(config, params, teacher_config)
   return config, params
 

@@ -13,7 +13,8 @@ work directory holds:
   export/               the distilled draft (its master params rounded to the model dtype: the draft that
                         was evaluated) as a Hugging Face directory (or config.export_dir); an EAGLE head
                         (student.init = "eagle_head") in specjax's head layout (`speculative.eagle_io`),
-                        for `--config.drafter=eagle --config.draft=<export dir>`
+                        for `--config.drafter=eagle --config.draft=<export dir>`, a DFlash head
+                        ("dflash_head") likewise, with its mask embedding, for `--config.drafter=dflash`
 Killing the process at any moment and rerunning the same command continues from the last checkpoint
 and ends with exactly the parameters of an uninterrupted run: batch i, its generation mode and its
 sampling key are pure functions of (seed, i), and the state carries everything else.
@@ -44,7 +45,7 @@ import numpy as np
 
 from specjax import corpus, draft_vocab, mesh as meshes, partitioning
 from specjax.errors import ConfigError
-from specjax.distill import data, eagle_steps, losses, pard, steps, student, tensorboard
+from specjax.distill import data, dflash_steps, eagle_steps, losses, pard, steps, student, tensorboard
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.export import export_hf
 from specjax.models.config import ModelConfig
@@ -113,11 +114,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"config.data.batch_size {batch} / accum_steps {accum} = {batch // accum} rows per "
                       f"micro-batch do not split over the mesh's data axis of size {data_axis}: use a batch "
                       f"size that is a multiple of accum_steps x {data_axis} = {accum * data_axis}")
-  if config.student.init == "eagle_head" and (config.mesh.strip() or accum > 1 or config.remat
-                                              or config.data.modes.student > 0):
-    raise ConfigError("student.init 'eagle_head' trains on one device, without accum_steps, remat or the "
-                      "'student' data mode (a head generates nothing alone): set mesh='', accum_steps=1, "
+  if config.student.init in student.HEAD_INITS and (config.mesh.strip() or accum > 1 or config.remat
+                                                    or config.data.modes.student > 0):
+    raise ConfigError(f"student.init {config.student.init!r} trains on one device, without accum_steps, remat or "
+                      "the 'student' data mode (a head generates nothing alone): set mesh='', accum_steps=1, "
                       "remat=False, data.modes.student=0")
+  if config.student.init == "dflash_head" and (config.student.dflash_block < 1 or config.student.dflash_anchors < 1
+                                               or not config.student.dflash_gamma > 0):
+    raise ConfigError(f"student.init 'dflash_head' needs student.dflash_block >= 1 (got "
+                      f"{config.student.dflash_block}), student.dflash_anchors >= 1 (got "
+                      f"{config.student.dflash_anchors}) and student.dflash_gamma > 0 (got {config.student.dflash_gamma})")
   if config.student.draft_vocab and (config.student.init != "eagle_head" or config.student.draft_vocab < 0):
     raise ConfigError(f"config.student.draft_vocab {config.student.draft_vocab}: a restricted vocabulary is "
                       "for student.init 'eagle_head' only, and a count Vd > 0 of tokens (0 = the full vocabulary)")
@@ -141,7 +147,7 @@ def init_student(config: ml_collections.ConfigDict, teacher: LoadedModel,
   """The draft's config and initial params (per-layer layout), per `config.student.init` (see
   `specjax.distill.student`); laid out by `part` when given (a checkpoint loads straight into it)."""
   spec = config.student
-  if spec.init == "eagle_head":
+  if spec.init in student.HEAD_INITS:
     return student.eagle_head(teacher.config, spec, jax.random.key(config.seed + 1))
   if spec.init == "parallel":  # PARD: the checkpoint, else the truncated target, with a mask token appended
     student_config, params = _draft_model(config, "checkpoint" if spec.checkpoint else "truncate", teacher, part)
@@ -168,8 +174,8 @@ def _draft_model(config: ml_collections.ConfigDict, init: str, teacher: LoadedMo
 
 
 def _labels(config: ml_collections.ConfigDict, student_config, student_params: Params) -> Any:
-  """TRAIN / FROZEN per student parameter (`student.frozen_labels`); an EAGLE head trains whole."""
-  if config.student.init == "eagle_head":
+  """TRAIN / FROZEN per student parameter (`student.frozen_labels`); a head trains whole."""
+  if config.student.init in student.HEAD_INITS:
     return jax.tree.map(lambda _: student.TRAIN, student_params)
   return student.frozen_labels(student_config, student_params, config.student.freeze_embeddings,
                                config.student.freeze_head, tuple(config.student.freeze_layers))
@@ -293,8 +299,8 @@ def _restore_newest(config: ml_collections.ConfigDict):
 def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, LoadedModel, int]:
   """(teacher, draft at the newest good checkpoint of `config.workdir`, its step): for measuring or
   exporting a run that is still going or was stopped (see `_restore_newest`)."""
-  if config.student.init == "eagle_head":
-    raise ValueError("latest_student loads draft models; for an EAGLE head's run use latest_head")
+  if config.student.init in student.HEAD_INITS:
+    raise ValueError("latest_student loads draft models; for an EAGLE or DFlash head's run use latest_head")
   teacher, student_config, state, step, parts = _restore_newest(config)
   draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config,
                       steps.model_params(student_config, state.params), teacher.tokenizer, parts[1])
@@ -304,10 +310,10 @@ def latest_student(config: ml_collections.ConfigDict) -> tuple[LoadedModel, Load
 def latest_head(config: ml_collections.ConfigDict
                 ) -> tuple[LoadedModel, EagleConfig, Params, DraftHead | None, int]:
   """(teacher, EAGLE head config, its params in the head's dtype, its restricted vocabulary or None,
-  step) at the newest good checkpoint of an `eagle_head` run (see `_restore_newest`): what `save_head`
-  exports."""
-  if config.student.init != "eagle_head":
-    raise ValueError("latest_head loads EAGLE heads; for a draft model's run use latest_student")
+  step) at the newest good checkpoint of an `eagle_head` or `dflash_head` run (see `_restore_newest`):
+  what `save_head` exports."""
+  if config.student.init not in student.HEAD_INITS:
+    raise ValueError("latest_head loads EAGLE and DFlash heads; for a draft model's run use latest_student")
   teacher, head_config, state, step, _ = _restore_newest(config)
   vocab = None
   if config.student.draft_vocab:
@@ -380,7 +386,7 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
   stream = data.BatchStream(train_rows, config.data.batch_size, config.seed)
   how = data.Continuation(config.data.prompt_len, tuple(tokenizer.eos_ids), sampling_params(config.data.temperature))
   batches = data.DistillBatches(stream, dict(config.data.modes), config.seed, how, teacher.config, teacher.params,
-                                None if config.student.init in ("eagle_head", "parallel") else student_config,
+                                None if config.student.init in (*student.HEAD_INITS, "parallel") else student_config,
                                 parts[:2])
   held_batches = _eval_batches(pack(held_docs, config.data.max_heldout_tokens), config.data.batch_size,
                                config.eval_batches)
@@ -472,8 +478,14 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   optimizer, schedule = steps.make_optimizer(config.optim, config.num_steps, setup.labels)
   state, place = initial_state(config, setup.student_config, setup.student_params, optimizer, teacher_params,
                                setup.parts)
-  eagle = config.student.init == "eagle_head"
-  if eagle:
+  head = config.student.init in student.HEAD_INITS
+  if config.student.init == "dflash_head":
+    objective = dflash_steps.BlockObjective(config.student.dflash_block, config.student.dflash_anchors,
+                                            config.student.dflash_gamma)
+    train_step = dflash_steps.make_train_step(setup.student_config, setup.teacher.config, optimizer, schedule,
+                                              objective)
+    eval_step = dflash_steps.make_eval_step(setup.student_config, setup.teacher.config, objective)
+  elif head:
     _keep_head_vocab(workdir, setup.head_vocab)
     train_step = functools.partial(
         eagle_steps.make_train_step(setup.student_config, setup.teacher.config, optimizer, schedule,
@@ -489,7 +501,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
                                        config.accum_steps, place, train_layout)
     eval_step = steps.make_eval_step(setup.teacher.config, setup.student_config, config.loss,
                                      config.eval_temperature, place, eval_layout)
-  compute_params = functools.partial(eagle_steps.run_params if eagle else steps.model_params, setup.student_config)
+  compute_params = functools.partial(eagle_steps.run_params if head else steps.model_params, setup.student_config)
 
   checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR), config.keep_checkpoints, config.keep_every)
   start = 0
@@ -512,7 +524,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
       evaluate(start)
     for step in range(start + 1, config.num_steps + 1):
       gen_key = jax.random.fold_in(jax.random.wrap_key_data(state.key), setup.stream.position)
-      tokens_BxT, mask_BxT, mode = setup.batches.next(None if eagle else compute_params(state.params), gen_key)
+      tokens_BxT, mask_BxT, mode = setup.batches.next(None if head else compute_params(state.params), gen_key)
       state, device_metrics = train_step(state, teacher_params, steps.put_rows(tokens_BxT, place),
                                          steps.put_rows(mask_BxT, place))
       log.train(step, device_metrics, {"mode": mode, "tokens": int(mask_BxT.sum())})
@@ -529,7 +541,7 @@ def run(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None] 
   draft_params = meshes.to_host(compute_params(state.params))  # every process
   if not meshes.is_main_process():
     return {"export_dir": export_dir}
-  if eagle:
+  if head:
     save_head(export_dir, setup.student_config, draft_params, setup.head_vocab)
   else:
     export_hf(export_dir, setup.student_config, draft_params, setup.teacher.tokenizer)

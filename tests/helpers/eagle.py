@@ -1,4 +1,4 @@
-"""Random EAGLE heads for the tiny targets and the runner that decodes with an EAGLE drafter."""
+"""Random EAGLE (and DFlash) heads for the tiny targets and the runner that decodes with an EAGLE-fed drafter."""
 
 import jax
 import jax.numpy as jnp
@@ -7,20 +7,21 @@ import numpy as np
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.speculative import verify
-from specjax.speculative.drafters.eagle_head import head_config, init_head_params
+from specjax.speculative.drafters.eagle_head import MASK_PARAM, head_config, init_head_params
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS
 from tests.helpers.loop import speculate
 
 
-def eagle_head(target_config, feature_layers, seed=3, final_scale=1.0):
+def eagle_head(target_config, feature_layers, seed=3, final_scale=1.0, mask=False):
   """A random head (numpy draws, std 0.3 on matrices, norms 1) for `target_config`; its final norm's
-  scale `final_scale` (small: flat drafts, which a sampled target accepts more often)."""
+  scale `final_scale` (small: flat drafts, which a sampled target accepts more often); with `mask` a
+  DFlash head (its mask embedding drawn like a matrix row)."""
   config = head_config(target_config, feature_layers)
   rng = np.random.default_rng(seed)
   init = lambda path, leaf: jnp.asarray(
-      rng.normal(0.0, 0.3, leaf.shape) if leaf.ndim == 2 else
+      rng.normal(0.0, 0.3, leaf.shape) if leaf.ndim == 2 or path[0].key == MASK_PARAM else
       np.full(leaf.shape, final_scale if path[0].key == "final_norm" else 1.0), jnp.float32)
-  shapes = jax.eval_shape(lambda: init_head_params(config, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: init_head_params(config, jax.random.key(0), mask))
   return config, jax.tree_util.tree_map_with_path(init, shapes)
 
 

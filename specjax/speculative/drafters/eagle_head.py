@@ -79,8 +79,12 @@ class EagleLayer(nn.Module):
     return h_BxTxD + MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(h_BxTxD)), cache
 
 
-def init_head_params(config: EagleConfig, key: jax.Array) -> Params:
-  """Random head parameters: `fc/weight` [D, F] (EAGLE-3 only), `layer/...`, `final_norm/scale`."""
+MASK_PARAM = "mask"  # a DFlash head's extra parameter: `mask/embedding` [D], the input of its block's mask slots
+
+
+def init_head_params(config: EagleConfig, key: jax.Array, mask: bool = False) -> Params:
+  """Random head parameters: `fc/weight` [D, F] (EAGLE-3 only), `layer/...`, `final_norm/scale`, and
+  with `mask` a DFlash head's `mask/embedding` [D]."""
   block = config.block
   fc_key, layer_key, norm_key = jax.random.split(key, 3)
   x_1x1xD = jnp.zeros((1, 1, block.d_model), block.jnp_dtype)
@@ -90,6 +94,9 @@ def init_head_params(config: EagleConfig, key: jax.Array) -> Params:
   if config.feature_layers:
     params["fc"] = {"weight": 0.02 * jax.random.normal(fc_key, (block.d_model, config.feature_width),
                                                        block.jnp_dtype)}
+  if mask:
+    params[MASK_PARAM] = {"embedding": 0.02 * jax.random.normal(jax.random.fold_in(norm_key, 1), (block.d_model,),
+                                                                block.jnp_dtype)}
   return params
 
 
@@ -110,15 +117,19 @@ class Core(NamedTuple):
 
 
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, core: Core | None = None
-                 ) -> tuple[jax.Array, KVCache]:
+                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, core: Core | None = None,
+                 masked_BxT: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
   """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
   token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
   written (not advanced) cache. Training runs the same block with its own attention `core` (then `cache`
-  is that core's state) at the core's positions."""
+  is that core's state) at the core's positions. Where `masked_BxT` holds, the pair's token is the
+  head's learned mask (`MASK_PARAM`, a DFlash head's: `drafters.dflash`) instead of its embedding."""
   if core is None:
     core = Core(cache_attention, attention_mask.query_positions(cache.lengths, tokens_BxT.shape[1], tree))
   embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
+  if masked_BxT is not None:
+    mask_D = params[MASK_PARAM]["embedding"].astype(config.block.jnp_dtype)
+    embed_BxTxD = jnp.where(masked_BxT[:, :, None], mask_D[None, None, :], embed_BxTxD)
   return EagleLayer(config.block, core.attend).apply({"params": params["layer"]}, embed_BxTxD, fused_BxTxD,
                                                      rotary_tables(config.block, core.positions_BxT), cache, tree)
 

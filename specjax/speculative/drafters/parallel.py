@@ -74,7 +74,7 @@ class ParallelDraftState:
   lag: jax.Array  # [B] int32 in [0, K]: the draft tokens committed last round, fed then as masks only
 
 
-def _draw_block(key: jax.Array, logits_BxKxW: jax.Array,
+def draw_block(key: jax.Array, logits_BxKxW: jax.Array,
                 sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
   """d_i from q_i, position by position: under a constraint q_i is masked by the state after d_1 .. d_{i-1}
   (`SamplingParams.after`), so the draft proposes only what the constraint allows along its own path;
@@ -186,7 +186,7 @@ class ParallelDrafter(ModelBackedDrafter):
     ids_Bx2K, read_BxK = self.block(state, pending_B)
     hidden_Bx2KxD, cache = forward_hidden(self.config, self.params, ids_Bx2K, state.cache)
     hidden_BxKxD = jnp.take_along_axis(hidden_Bx2KxD, read_BxK[:, :, None], axis=1)
-    tokens_BxK, probs_BxKxW = _draw_block(key, hidden_to_logits(self.config, self.params, hidden_BxKxD), sampling)
+    tokens_BxK, probs_BxKxW = draw_block(key, hidden_to_logits(self.config, self.params, hidden_BxKxD), sampling)
     proposal = Proposal(tokens=tokens_BxK, lengths=plan.clip(jnp.full(pending_B.shape, k, jnp.int32)),
                         probs=probs_BxKxW, calls=jnp.int32(1))
     return proposal, state.replace(cache=cache), target_cache
