@@ -25,10 +25,9 @@ from specjax.speculative.trees.dynamic import grow_dynamic_tree
 from specjax.speculative.trees.tree import from_branching, parse
 from tests.helpers import engine
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
-                                       device_constraint, exact_constrained_distribution, greedy_reference)
+                                       device_constraint, greedy_reference, small_pvalue)
 from tests.helpers.k_policy import COSTS_K3, POLICY
 from tests.helpers.loop import speculate
-from tests.helpers.stats import chi_square_pvalue
 
 PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 under the second
 STATIC, DYNAMIC, SPINES = from_branching((2, 2, 1)), parse("dynamic(6, 3, 2)"), from_branching((2, 1, 1))
@@ -113,20 +112,9 @@ def _sample(rows=ROWS, tree_rule=tree_acceptance.verify_tree):
   return np.asarray(out.tokens)
 
 
-@pytest.fixture(scope="module")
-def exact_small():
-  return exact_constrained_distribution(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SMALL_REGEX, STRINGS_8, 1.0,
-                                        engine.SAMPLE_STEPS).ravel()
-
-
-def _pvalue(tokens_ZxT, exact):
-  index = np.ravel_multi_index(tokens_ZxT.T, [len(STRINGS_8)] * tokens_ZxT.shape[1])
-  return chi_square_pvalue(np.bincount(index, minlength=exact.size), exact)
-
-
-def test_sampled_tree_follows_the_constrained_target(exact_small):
+def test_sampled_tree_follows_the_constrained_target():
   tokens = _sample()
-  assert _pvalue(tokens, exact_small) > ALPHA
+  assert small_pvalue(tokens) > ALPHA
   texts = {b"".join(STRINGS_8[t] for t in row if t != EOS).decode() for row in tokens}
   assert all(regex.fullmatch(SMALL_REGEX, text, partial=True) for text in texts)  # every row, T = 1
 
@@ -143,12 +131,12 @@ def _parents_state(self, tokens_BxN, tree=None):
   return states.replace(state=jnp.take_along_axis(states.state, parent_BxN1, axis=1))
 
 
-def test_a_node_masked_by_its_parents_state_is_rejected(monkeypatch, exact_small):
+def test_a_node_masked_by_its_parents_state_is_rejected(monkeypatch):
   """Nodes masked by their parent's state (the root's, for depth-1 nodes): the output leaves the
   constrained distribution. (A fresh `tree_rule` is a new static setting: the loop is traced with the patch.)"""
   monkeypatch.setattr(Constrained, "along", _parents_state)
   tokens = _sample(rows=500, tree_rule=lambda *args: tree_acceptance.verify_tree(*args))
-  assert _pvalue(tokens, exact_small) < 1e-12
+  assert small_pvalue(tokens) < 1e-12
 
 
 def test_dynamic_tree_nodes_are_drawn_under_their_own_paths_state():

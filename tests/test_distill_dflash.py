@@ -29,7 +29,7 @@ from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.dflash import DFlashDrafter
 from specjax.speculative.drafters.eagle_io import WEIGHTS_FILE
 from tests.helpers.dflash import dflash_drafter
-from tests.helpers.distill import Crash, read_records
+from tests.helpers.distill import Crash, distill_config, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 from tests.helpers.layer_skip import TARGET
 from tests.helpers.loop import autoregress, speculate
@@ -37,14 +37,6 @@ from tests.helpers.loop import autoregress, speculate
 SEQ_LEN, K = 10, 3
 ANCHORS = (1, 4, 7)
 SHORT = dict(num_steps=20, eval_every=20)  # the tiny config's first 20 steps (checkpoints every 10)
-
-
-def _config(target, directory, **changes):
-  config = distill_tiny_dflash.get_config()
-  config.target, config.workdir = target, str(directory)
-  for name, value in changes.items():
-    config[name] = value
-  return config
 
 
 def _layout_error():
@@ -97,7 +89,7 @@ def _greedy_decode(target_model, drafter, prompts, budget, k):
 
 @pytest.mark.slow
 def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identical(target, tmp_path):
-  summary = train.run(_config(target, tmp_path / "whole", **SHORT))
+  summary = train.run(distill_config(target, tmp_path / "whole", distill_tiny_dflash, **SHORT))
   before, after = summary["before"], summary["after"]
   assert len(after["acceptance_at"]) == K
   for j in (1, 2):  # block slots 2 and 3
@@ -116,8 +108,8 @@ def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identica
       raise Crash()
 
   with pytest.raises(Crash):
-    train.run(_config(target, tmp_path / "resumed", **SHORT), on_step=crash)
-  resumed = train.run(_config(target, tmp_path / "resumed", **SHORT))
+    train.run(distill_config(target, tmp_path / "resumed", distill_tiny_dflash, **SHORT), on_step=crash)
+  resumed = train.run(distill_config(target, tmp_path / "resumed", distill_tiny_dflash, **SHORT))
   assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole") and resumed["after"] == after
   want = load_file(os.path.join(summary["export_dir"], WEIGHTS_FILE))
   got = load_file(os.path.join(resumed["export_dir"], WEIGHTS_FILE))
@@ -127,11 +119,11 @@ def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identica
 
 
 def test_dflash_config_errors_name_the_field(target, tmp_path):
-  config = _config(target, tmp_path)
+  config = distill_config(target, tmp_path, distill_tiny_dflash)
   config.student.dflash_block = 0
   with pytest.raises(ConfigError, match="student.dflash_block >= 1"):
     train.run(config)
-  config = _config(target, tmp_path)
+  config = distill_config(target, tmp_path, distill_tiny_dflash)
   config.data.modes.student = 1.0
   with pytest.raises(ConfigError, match="student.init 'dflash_head'.*data.modes.student"):
     train.run(config)

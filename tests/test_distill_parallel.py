@@ -28,21 +28,13 @@ from specjax.models.load import load_model
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.parallel import MASK_FILE, ParallelDrafter
-from tests.helpers.distill import Crash, read_records
+from tests.helpers.distill import Crash, distill_config, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 from tests.helpers.engine import tiny_model
 from tests.helpers.loop import autoregress, speculate
 
 SEQ_LEN, K = 12, 4
 SHORT = dict(num_steps=20, eval_every=20)  # the tiny config's first 20 steps (checkpoints every 10)
-
-
-def _config(target, directory, **changes):
-  config = distill_tiny_parallel.get_config()
-  config.target, config.workdir = target, str(directory)
-  for name, value in changes.items():
-    config[name] = value
-  return config
 
 
 def _layout_error(layout):
@@ -86,7 +78,7 @@ def _greedy_decode(target_model, drafter, prompts, budget):
 
 
 def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_identical(target, tmp_path):
-  summary = train.run(_config(target, tmp_path / "whole", **SHORT))
+  summary = train.run(distill_config(target, tmp_path / "whole", distill_tiny_parallel, **SHORT))
   before, after = summary["before"]["greedy_agreement_at"], summary["after"]["greedy_agreement_at"]
   assert len(before) == 3 and max(before[1:]) < 0.1  # the mask row knows nothing yet
   assert min(after[1:]) > 0.15 and summary["after"]["acceptance"] > summary["before"]["acceptance"]
@@ -105,8 +97,8 @@ def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_i
       raise Crash()
 
   with pytest.raises(Crash):
-    train.run(_config(target, tmp_path / "resumed", **SHORT), on_step=crash)
-  resumed = train.run(_config(target, tmp_path / "resumed", **SHORT))
+    train.run(distill_config(target, tmp_path / "resumed", distill_tiny_parallel, **SHORT), on_step=crash)
+  resumed = train.run(distill_config(target, tmp_path / "resumed", distill_tiny_parallel, **SHORT))
   assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole") and resumed["after"] == summary["after"]
   want = load_file(os.path.join(summary["export_dir"], "model.safetensors"))
   got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))
@@ -115,9 +107,9 @@ def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_i
 
 
 def test_parallel_config_errors_name_the_field(target, tmp_path):
-  config = _config(target, tmp_path)
+  config = distill_config(target, tmp_path, distill_tiny_parallel)
   config.data.modes.student = 1.0
   with pytest.raises(ConfigError, match="student.init 'parallel'.*data.modes.student"):
     train.run(config)
   with pytest.raises(ConfigError, match="student.parallel_k >= 2"):
-    train.run(_config(target, tmp_path, student=dict(config.student, parallel_k=1)))
+    train.run(distill_config(target, tmp_path, distill_tiny_parallel, student=dict(config.student, parallel_k=1)))

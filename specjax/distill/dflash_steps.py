@@ -33,7 +33,7 @@ from specjax.distill.eagle_steps import (acceptance_length, expected_acceptance,
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import Params
-from specjax.speculative.drafters.eagle_head import EagleConfig, fuse, head_forward, head_scores
+from specjax.speculative.drafters.eagle_head import MASK_ID, EagleConfig, fuse, head_forward, head_scores
 
 EVAL_KEY = 0  # the seed of the evaluation's fixed anchors
 
@@ -100,15 +100,13 @@ def block_logits(config: EagleConfig, params: Params, target_config: ModelConfig
   fused_BxTxD = fuse(config, params, features_BxTxF)
   anchor_fused_BxMxD = jnp.take_along_axis(fused_BxTxD, (anchors_BxM - 1)[:, :, None], axis=1)
   anchor_tokens_BxM = jnp.take_along_axis(tokens_BxT, anchors_BxM, axis=1)
-  block_tokens_BxMK = jnp.pad(anchor_tokens_BxM[:, :, None], ((0, 0), (0, 0), (0, block - 1))).reshape(B, m * block)
+  block_tokens_BxMK = jnp.pad(anchor_tokens_BxM[:, :, None], ((0, 0), (0, 0), (0, block - 1)),
+                              constant_values=MASK_ID).reshape(B, m * block)
   tokens_BxN = jnp.concatenate([tokens_BxT[:, 1:], block_tokens_BxMK], axis=1)
   fused_BxNxD = jnp.concatenate([fused_BxTxD[:, :-1], jnp.repeat(anchor_fused_BxMxD, block, axis=1)], axis=1)
-  masked_BxN = jnp.concatenate([jnp.zeros((B, T - 1), bool),
-                                jnp.broadcast_to(jnp.tile(jnp.arange(block) > 0, m), (B, m * block))], axis=1)
   dense = dataclasses.replace(config, block=config.block.replace(attention="dense"))
   out_BxNxD, _ = head_forward(dense, params, target_params["embed"]["embedding"], tokens_BxN, fused_BxNxD,
-                              init_cache(dense.block, B, tokens_BxN.shape[1]), tree=anchor_layout(anchors_BxM, T, block),
-                              masked_BxT=masked_BxN)
+                              init_cache(dense.block, B, tokens_BxN.shape[1]), tree=anchor_layout(anchors_BxM, T, block))
   logits_BxMKxV = head_scores(config, params, target_config, target_params, None, out_BxNxD[:, T - 1:])
   return logits_BxMKxV.reshape(B, m, block, -1)
 

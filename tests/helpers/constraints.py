@@ -3,6 +3,7 @@ them, an independent oracle (the `regex` module's partial matching: is this text
 the exact distribution of a model's first tokens under a constraint, and a greedy reference decoder that
 masks with the oracle token by token."""
 
+import functools
 import itertools
 
 import jax
@@ -14,7 +15,8 @@ from specjax.constraints import compiler
 from specjax.constraints.mask import constrained
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
-from tests.helpers import reference
+from tests.helpers import engine, reference
+from tests.helpers.stats import chi_square_pvalue
 
 EOS = 0
 _SINGLES = b'abcdefghij0123456789{}":, -'
@@ -81,6 +83,20 @@ def exact_constrained_distribution(model, prompt, pattern, strings, temperature,
         probability *= conditional[token]
         text += strings[token]
   return joint
+
+
+@functools.lru_cache(maxsize=None)
+def _exact_small() -> np.ndarray:
+  return exact_constrained_distribution(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SMALL_REGEX, STRINGS_8, 1.0,
+                                        engine.SAMPLE_STEPS).ravel()
+
+
+def small_pvalue(tokens_ZxT: np.ndarray) -> float:
+  """The chi-square p-value of rows of engine.SMALL_TARGET's first SAMPLE_STEPS tokens after SAMPLE_PROMPT
+  under SMALL_REGEX at T = 1, against the exact masked distribution (enumerated once per process)."""
+  index = np.ravel_multi_index(tokens_ZxT.T, [len(STRINGS_8)] * tokens_ZxT.shape[1])
+  exact = _exact_small()
+  return chi_square_pvalue(np.bincount(index, minlength=exact.size), exact)
 
 
 _forward = jax.jit(forward, static_argnums=0)

@@ -48,9 +48,10 @@ def target(tmp_path_factory):
   return save_tiny_target(str(tmp_path_factory.mktemp("target")))
 
 
-def distill_config(target, directory, **changes):
-  """The tiny config for `target` working in `directory`, with `changes` (nested fields joined by "__")."""
-  config = distill_tiny.get_config()
+def distill_config(target, directory, module=distill_tiny, **changes):
+  """The tiny config (`module`'s: configs/distill_tiny.py or one of its variants) for `target` working in
+  `directory`, with `changes` (nested fields joined by "__")."""
+  config = module.get_config()
   config.target, config.workdir = target, str(directory)
   for path, value in changes.items():
     *parents, leaf = path.split("__")

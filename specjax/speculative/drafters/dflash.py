@@ -36,7 +36,7 @@ from specjax.sampling import SamplingParams
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.draft_head import check_vocab_options
 from specjax.speculative.drafters.eagle import EagleDrafter, EagleState
-from specjax.speculative.drafters.eagle_head import MASK_PARAM, head_forward, head_logits
+from specjax.speculative.drafters.eagle_head import MASK_ID, MASK_PARAM, head_forward, head_logits
 from specjax.speculative.drafters.parallel import draw_block
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.proposal import Proposal
@@ -68,11 +68,10 @@ class Block:
     return np.ones((self.size, self.size), bool)
 
 
-def block_inputs(pending_B: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """The block's tokens [B, K] (pending, then zeros under the masks) and where the mask is fed [B, K]."""
-  batch = pending_B.shape[0]
-  tokens_BxK = jnp.concatenate([pending_B[:, None], jnp.zeros((batch, k - 1), pending_B.dtype)], axis=1)
-  return tokens_BxK, jnp.broadcast_to(jnp.arange(k) > 0, (batch, k))
+def block_inputs(pending_B: jax.Array, k: int) -> jax.Array:
+  """The block's tokens [B, K]: pending, then MASK_ID (the head's learned mask) in the K - 1 slots."""
+  return jnp.concatenate([pending_B[:, None], jnp.full((pending_B.shape[0], k - 1), MASK_ID, pending_B.dtype)],
+                         axis=1)
 
 
 class DFlashDrafter(EagleDrafter):
@@ -109,10 +108,10 @@ class DFlashDrafter(EagleDrafter):
   def draft_block(self, state: EagleState, pending_B: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Float32 logits [B, K, V] of the block [pending, MASK x (K - 1)] from one head pass, and the head's
     cache with the block written beyond its length (scratch)."""
-    tokens_BxK, masked_BxK = block_inputs(pending_B, k)
+    tokens_BxK = block_inputs(pending_B, k)
     fused_BxKxD = jnp.broadcast_to(state.feature[:, None], (pending_B.shape[0], k, state.feature.shape[-1]))
     out_BxKxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxK, fused_BxKxD,
-                                    state.cache, tree=Block(k), masked_BxT=masked_BxK)
+                                    state.cache, tree=Block(k))
     return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
                        out_BxKxD), cache
 

@@ -80,6 +80,7 @@ class EagleLayer(nn.Module):
 
 
 MASK_PARAM = "mask"  # a DFlash head's extra parameter: `mask/embedding` [D], the input of its block's mask slots
+MASK_ID = -1  # the token id a block's mask slots carry (`head_forward` feeds them `mask/embedding`)
 
 
 def init_head_params(config: EagleConfig, key: jax.Array, mask: bool = False) -> Params:
@@ -117,15 +118,18 @@ class Core(NamedTuple):
 
 
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, core: Core | None = None,
-                 masked_BxT: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, core: Core | None = None
+                 ) -> tuple[jax.Array, KVCache]:
   """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
   token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
   written (not advanced) cache. Training runs the same block with its own attention `core` (then `cache`
-  is that core's state) at the core's positions. Where `masked_BxT` holds, the pair's token is the
-  head's learned mask (`MASK_PARAM`, a DFlash head's: `drafters.dflash`) instead of its embedding."""
+  is that core's state) at the core's positions. A head with a learned mask (`MASK_PARAM`, a DFlash
+  head's: `drafters.dflash`) reads it where a token is MASK_ID, instead of an embedding."""
   if core is None:
     core = Core(cache_attention, attention_mask.query_positions(cache.lengths, tokens_BxT.shape[1], tree))
+  masked_BxT = tokens_BxT == MASK_ID if MASK_PARAM in params else None
+  if masked_BxT is not None:
+    tokens_BxT = jnp.where(masked_BxT, 0, tokens_BxT)  # any id: its embedding is replaced
   embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
   if masked_BxT is not None:
     mask_D = params[MASK_PARAM]["embedding"].astype(config.block.jnp_dtype)
