@@ -29,7 +29,7 @@ from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.dflash import DFlashDrafter
 from specjax.speculative.drafters.eagle_io import WEIGHTS_FILE
 from tests.helpers.dflash import dflash_drafter
-from tests.helpers.distill import Crash, distill_config, read_records
+from tests.helpers.distill import distill_config, killed_and_resumed, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 from tests.helpers.layer_skip import TARGET
 from tests.helpers.loop import autoregress, speculate
@@ -103,13 +103,8 @@ def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identica
   plain, speculative, out = _greedy_decode(target_model, drafter, prompts, 24, K)
   assert speculative == plain and int(out.draft_calls) == int(jnp.max(out.acceptance.rounds))
 
-  def crash(step, metrics):  # killed after the checkpoint of step 10
-    if step == 15:
-      raise Crash()
-
-  with pytest.raises(Crash):
-    train.run(distill_config(target, tmp_path / "resumed", distill_tiny_dflash, **SHORT), on_step=crash)
-  resumed = train.run(distill_config(target, tmp_path / "resumed", distill_tiny_dflash, **SHORT))
+  # Killed at step 15, after the checkpoint of step 10.
+  resumed = killed_and_resumed(lambda: distill_config(target, tmp_path / "resumed", distill_tiny_dflash, **SHORT), 15)
   assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole") and resumed["after"] == after
   want = load_file(os.path.join(summary["export_dir"], WEIGHTS_FILE))
   got = load_file(os.path.join(resumed["export_dir"], WEIGHTS_FILE))

@@ -28,7 +28,7 @@ from specjax.models.load import load_model
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.parallel import MASK_FILE, ParallelDrafter
-from tests.helpers.distill import Crash, distill_config, read_records
+from tests.helpers.distill import distill_config, killed_and_resumed, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 from tests.helpers.engine import tiny_model
 from tests.helpers.loop import autoregress, speculate
@@ -92,13 +92,8 @@ def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_i
   plain, speculative, out = _greedy_decode(target_model, drafter, prompts, 24)
   assert speculative == plain and int(out.draft_calls) == int(out.target_calls) - 1
 
-  def crash(step, metrics):  # killed after the checkpoint of step 10
-    if step == 15:
-      raise Crash()
-
-  with pytest.raises(Crash):
-    train.run(distill_config(target, tmp_path / "resumed", distill_tiny_parallel, **SHORT), on_step=crash)
-  resumed = train.run(distill_config(target, tmp_path / "resumed", distill_tiny_parallel, **SHORT))
+  # Killed at step 15, after the checkpoint of step 10.
+  resumed = killed_and_resumed(lambda: distill_config(target, tmp_path / "resumed", distill_tiny_parallel, **SHORT), 15)
   assert read_records(tmp_path / "resumed") == read_records(tmp_path / "whole") and resumed["after"] == summary["after"]
   want = load_file(os.path.join(summary["export_dir"], "model.safetensors"))
   got = load_file(os.path.join(resumed["export_dir"], "model.safetensors"))

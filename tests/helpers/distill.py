@@ -70,3 +70,15 @@ def read_records(workdir):
 
 class Crash(Exception):
   """Raised from a run's `on_step` callback to interrupt it, as a kill would."""
+
+
+def killed_and_resumed(make_config, kill_at: int) -> dict:
+  """The summary of a run of `make_config()` killed after step `kill_at` (an exception from `on_step`),
+  then started again on the same config to the end: what a resumed run reports."""
+  def crash(step, metrics):
+    if step == kill_at:
+      raise Crash()
+
+  with pytest.raises(Crash):
+    train.run(make_config(), on_step=crash)
+  return train.run(make_config())
