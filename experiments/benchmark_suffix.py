@@ -193,9 +193,11 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
 def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, log: harness.Log) -> dict:
   """The suffix drafter's own cost per round (its jitted `propose`, median of `cost_repeats`) with pools of
   `pool_sizes` tokens (standard-library sources, tokenized), at batch 1 and 8 with histories of
-  `cost_history` tokens, against the suffix_pool runs' mean round time (wall time / rounds) at that batch."""
+  `cost_history` tokens, against the suffix_pool runs' mean round time (wall time / rounds) at that batch;
+  and the time to index a pool of that size (paid once per call, when the call's sequences are added)."""
   from specjax.sampling import sampling_params
-  from specjax.speculative.drafters.suffix import SuffixDrafter, empty_pool, warm_pool
+  from specjax.speculative.drafters.suffix import SuffixDrafter, warm_pool
+  from specjax.speculative.drafters.suffix_pool import Pool, empty_pool
   from specjax.speculative.plan import RoundPlan
 
   vocab = dec.target.config.vocab_size
@@ -210,7 +212,11 @@ def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, lo
     rng = np.random.default_rng(0)
     history = jax.numpy.asarray(rng.integers(0, vocab, (batch, cfg.cost_history + 64)), jax.numpy.int32)
     for size in cfg.pool_sizes:
-      drafter = SuffixDrafter(vocab_size=vocab, pool=largest[-size:], **SuffixDrafter.search_fields(cfg.suffix))
+      pool = jax.block_until_ready(Pool.of(largest[-size:], int(cfg.suffix.max_match)))  # compiled for the size
+      begin = time.perf_counter()
+      jax.block_until_ready(Pool.of(largest[-size:], int(cfg.suffix.max_match)))
+      index_s = time.perf_counter() - begin  # what each call's `remember` pays once
+      drafter = SuffixDrafter(vocab_size=vocab, pool=pool, **SuffixDrafter.search_fields(cfg.suffix))
       state = drafter.init(drafter.storage(batch, history.shape[1]), history,
                            jax.numpy.full((batch,), cfg.cost_history, jax.numpy.int32), None)
       args = (drafter, state, None, history[:, 0], sampling_params(0.0), jax.random.key(0), RoundPlan(cfg.k))
@@ -222,9 +228,9 @@ def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, lo
         seconds.append(time.perf_counter() - begin)
       round_s = float(np.mean(rounds[batch])) if rounds.get(batch) else None
       out.append({"batch_size": batch, "pool_tokens": size, "history_tokens": cfg.cost_history,
-                  "propose_s": float(np.median(seconds)), "round_s": round_s,
+                  "propose_s": float(np.median(seconds)), "index_s": index_s, "round_s": round_s,
                   "share_of_round": float(np.median(seconds)) / round_s if round_s else None})
-      log(f"suffix propose, batch {batch}, pool {size}: {np.median(seconds) * 1e3:.2f} ms"
+      log(f"suffix propose, batch {batch}, pool {size}: {np.median(seconds) * 1e3:.2f} ms, index {index_s:.2f} s"
           + (f" ({out[-1]['share_of_round']:.1%} of a round)" if round_s else ""))
   return out
 

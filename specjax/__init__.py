@@ -28,6 +28,8 @@ a leading `x`, as in `probs_xV`, stands for any leading axes). Each letter or le
   Z   rows of folded leading axes, or independent samples (z: one device's share of them)
   Rd  rounds of a recorded run            Col, U   key columns and the unique keys among rows (tests)
   A   the K policy's acceptance estimates per depth (a tree's whole cut, and its spine)
+  Pl  tokens of the suffix drafter's pool Cp  tokens of a corpus the suffix drafter scans
+  Mt  the context's last tokens a suffix match compares (max_match)   Oc  a match's occurrences
   a number: an axis of that static size
 """
 

@@ -29,7 +29,8 @@ from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import verify
-from specjax.speculative.drafters.suffix import SEPARATOR, SuffixDrafter, appended, empty_pool, warm_pool
+from specjax.speculative.drafters.suffix import SuffixDrafter, longest_occurrences, warm_pool
+from specjax.speculative.drafters.suffix_pool import SEPARATOR, Pool, appended, empty_pool
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees.tree import from_branching
 from tests.helpers.cli import cli_config
@@ -129,14 +130,14 @@ def test_propose_matches_the_reference_on_random_pools_and_batches(name, branche
   oldest cut by eviction)."""
   fields, k = SETTINGS[name]
   tree = None if branches == 1 else from_branching((branches,) + (1,) * (k - 1))
-  drafter = SuffixDrafter(vocab_size=VOCAB, pool=empty_pool(40), tree=tree, **fields)
+  drafter = SuffixDrafter(vocab_size=VOCAB, pool=Pool.of(empty_pool(40), fields["max_match"]), tree=tree, **fields)
   rng, lengths_seen = np.random.default_rng(branches), set()
   for batch in range(12):
     contexts = [list(map(int, rng.integers(0, 3, rng.integers(1, 15)))) for _ in range(4)]
     contexts[3][-1] = 7 if batch % 2 else contexts[3][-1]  # a pending token never seen: no match
     proposal = _propose(drafter, contexts, k)
     tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
-    pool = list(map(int, drafter.pool))
+    pool = list(map(int, drafter.pool.tokens))
     for b in range(4):
       want = _reference(pool, contexts, b, k, branches=branches, **fields)
       if tree is None:
@@ -148,6 +149,33 @@ def test_propose_matches_the_reference_on_random_pools_and_batches(name, branche
     padded, context_lengths = pad_prompts(contexts)
     drafter = drafter.remember(padded, context_lengths, np.zeros((4, 1), np.int32), np.zeros(4, np.int32))
   assert {0, 1, 2} < lengths_seen  # misses, single tokens and longer paths
+
+
+@pytest.mark.parametrize("capacity, vocab, max_match, occurrences", [(3000, 3, 6, 8), (1000, 2, 12, 64), (700, 50, 3, 5)])
+def test_the_pool_index_finds_what_a_pass_over_the_pool_finds(capacity, vocab, max_match, occurrences):
+  """Random pools (sequences of 1 to 40 tokens; few ids, so that matches are long and occur many times,
+  and many ids, so that most are short or missing) searched by 64 random suffixes, some running past
+  their context's start (-2), some copied from the pool: the index's match length and latest
+  occurrences equal the linear pass's (`longest_occurrences`) over the pool alone."""
+  rng = np.random.default_rng(capacity)
+  tokens = []
+  while len(tokens) < capacity + 100:
+    tokens += list(map(int, rng.integers(0, vocab, rng.integers(1, 41)))) + [SEPARATOR]
+  tokens = np.asarray(tokens[-capacity:], np.int32)
+  suffixes = rng.integers(0, vocab, (64, max_match)).astype(np.int32)
+  for row in range(0, 64, 4):  # a window of the pool, read backwards
+    end = int(rng.integers(max_match, capacity))
+    suffixes[row] = tokens[end - max_match + 1:end + 1][::-1]
+  context_lengths = rng.integers(1, 2 * max_match + 1, 64)
+  past_start = (np.arange(max_match)[None, :] >= context_lengths[:, None]) | (np.cumsum(suffixes < 0, axis=1) > 0)
+  suffixes[past_start] = -2
+  pool = Pool.of(tokens, max_match)
+  want_match, want_ends = longest_occurrences(jnp.asarray(tokens), jnp.asarray(suffixes), max_match, occurrences)
+  got_match, got_ends = jax.jit(Pool.search, static_argnums=2)(pool, jnp.asarray(suffixes), occurrences)
+  np.testing.assert_array_equal(got_match, want_match)
+  np.testing.assert_array_equal(np.where(np.asarray(want_match)[:, None] > 0, got_ends, -1),
+                                np.where(np.asarray(want_match)[:, None] > 0, want_ends, -1))
+  assert len(set(map(int, want_match))) > 2
 
 
 _propose_jit = jax.jit(SuffixDrafter.propose)
@@ -181,7 +209,7 @@ def test_greedy_equals_target_greedy_with_and_without_a_pool(model_name, spines)
   free = free_greedy(MODELS[model_name])
   want = [f[:b] for f, b in zip(free, BUDGETS)]
   tree = from_branching((2, 1, 1, 1)) if spines else None
-  drafter = SuffixDrafter(vocab_size=VOCAB, pool=empty_pool(128), tree=tree)
+  drafter = SuffixDrafter(vocab_size=VOCAB, pool=Pool.of(empty_pool(128), 12), tree=tree)
   empty = _generate(MODELS[model_name], drafter, k)
   assert as_token_lists(empty.tokens, empty.counts) == want
   padded, lengths = pad_prompts(PROMPTS)
@@ -207,7 +235,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_a_pool_of_the_
   continuations = np.asarray([[t, (t + 1) % vocab, (t + 3) % vocab] for t in range(vocab)], np.int32)
   pool = appended(empty_pool(64), np.tile(np.asarray([SAMPLE_PROMPT], np.int32), (vocab, 1)),
                   np.full(vocab, len(SAMPLE_PROMPT), np.int32), continuations, np.full(vocab, 3, np.int32))
-  drafter = SuffixDrafter(vocab_size=vocab, pool=pool, across_rows=False, min_prob=0.0)
+  drafter = SuffixDrafter(vocab_size=vocab, pool=Pool.of(pool, 12), across_rows=False, min_prob=0.0)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1
 
