@@ -27,7 +27,7 @@ from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
-from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, ShallowTreeDrafter, assert_rounds_draft,
+from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, assert_rounds_draft,
                                     tree_costs)
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
 from tests.helpers.loop import speculate
@@ -303,11 +303,11 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on(
 TREE_CHI2_COSTS = np.array([1.0, 1.2, 1.3, 1.5, 1.6, 10.0, 10.0], np.float32)
 
 
-def _tree_tokens(drafter_class, rows=SAMPLE_ROWS):
-  """The first LONG_STEPS tokens of N = `rows` rows drafting the tree (2, 2, 1) with the policy on (9 nodes
+def _tree_tokens(rows=SAMPLE_ROWS):
+  """The first LONG_STEPS tokens of N = `rows` rows of the model drafter drafting the tree (2, 2, 1) with the policy on (9 nodes
   of look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first
   round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the loop's output."""
-  drafter = drafter_class(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
+  drafter = ModelDrafter(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + LONG_STEPS + 9
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
   out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
@@ -327,11 +327,12 @@ def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
   level 0.001). The rows' first round verifies the spine of depth 2, later ones the whole cut of depth 2
   (`TREE_CHI2_COSTS`; depth 3 is never chosen): its leaves have children in the whole tree, which the
   cut must not try, and the spine's nodes are not a prefix of the tree's; the rounds drafted as chosen
-  (`assert_rounds_draft`). A drafter that draws one level less than the loop verifies (the deepest
-  level's tokens never drawn, probability 0 under the draft) must fail the same test (p < 1e-6, on 4,000 rows).
-  (`mutants.deeper_tree_cut`, the loop verifying a level deeper than the round drafted, passed the first
-  3 tokens' test: its tokens sit at positions 3 on; the all-positions test rejects it.)"""
-  counts, tokens_ZxT, out = _tree_tokens(ModelDrafter)
+  (`assert_rounds_draft`). Mutants, injected by `tests/helpers/mutant_plugin.py`, fail it:
+  `shallow_tree_draft` (the drafter draws one level less than the loop verifies: the deepest level's
+  tokens never drawn, probability 0 under the draft) and `deeper_tree_cut` (the loop verifies a level
+  deeper than the round drafted; it passes the first 3 tokens' test, its tokens sitting at positions 3
+  on, and the all-positions test rejects it)."""
+  counts, tokens_ZxT, out = _tree_tokens()
   rounds_C = np.asarray(out.rounds_per_length)
   assert rounds_C[3] > 0 and rounds_C[4] > 0 and rounds_C[5:].sum() == 0
   assert_rounds_draft(out, POLICY.candidates(3, TREES["branching"]))
@@ -339,8 +340,6 @@ def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
   assert sampled_pvalue(counts) > ALPHA
   combined, pvalues_T = all_positions_pvalue(tokens_ZxT)
   assert combined > ALPHA, pvalues_T
-  counts, tokens_ZxT, _ = _tree_tokens(ShallowTreeDrafter, rows=4_000)
-  assert sampled_pvalue(counts) < 1e-6
 
 
 def test_calibration_times_each_forced_length_after_warming_it(monkeypatch):

@@ -7,16 +7,16 @@ i.i.d., without-replacement and top-b children. Statistics: chi-square on two ma
 joint of the first 5 tokens, tokens 0-3 (4,096 cells) and tokens 2-4 (512 cells); and every one of the 8
 positions against the target's exact conditional given the row's earlier tokens
 (`trees.all_positions_pvalue`: randomized PIT per position in 10 bins, Bonferroni over the positions):
-each of the three at level 1e-3 / 3 (1e-3 for the three). Broken tree rules (q' not updated after a rejection; the bonus after a
-full-depth path drawn from the last residual instead of the leaf's q), patched in while the loop is
-traced, fail the same test (p < 1e-6; the first with top-b children, the second with i.i.d. ones; the
-rule-level Monte Carlo of test_tree_acceptance runs every mutant against every children mode). At
+each of the three at level 1e-3 / 3 (1e-3 for the three). A broken tree rule (q' not updated after a
+rejection), patched in while the loop is traced, fails the same test with top-b children (p < 1e-6, on
+4,000 rows); the bonus after a full-depth path drawn from the last residual instead of the leaf's q
+fails it with i.i.d. children (`SPECJAX_TEST_MUTANT=bonus_from_residual`, `tests/helpers/mutant_plugin.py`;
+the rule-level Monte Carlo of test_tree_acceptance runs every mutant against every children mode). At
 15,000 rows the correct engine gave p = 0.05-0.67 and every broken rule p = 0 (underflow) in every
-children mode; the broken rules run on 4,000 rows, where they still give p < 1e-30.
+children mode; at 4,000 rows they still give p < 1e-30.
 """
 
 import functools
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -24,7 +24,6 @@ import pytest
 from specjax import metrics
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
-from tests.helpers import mutants
 from tests.helpers.engine import SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET, exact_distribution
 from tests.helpers.stats import chi_square_pvalue
 from tests.helpers.trees import (ALPHA, LONG_STEPS, REJECTED, SAMPLED, all_positions_pvalue, no_update_rule,
@@ -64,13 +63,6 @@ def _pvalues(tokens_ZxT):
   return out + [all_positions_pvalue(tokens_ZxT)[0]]
 
 
-def _bonus_from_residual_rule(*args):
-  """A broken tree rule: after a path accepted to full depth, the next token is drawn from the last
-  residual q' instead of the leaf's q (patched while the loop is traced)."""
-  with mock.patch.object(tree_acceptance, "_verify_tree_row", mutants.tree_row("bonus_from_residual")):
-    return tree_acceptance.verify_tree(*args)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("children", ["iid", "without_replacement", "top"])
 def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
@@ -81,11 +73,3 @@ def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
   if children == "top":  # the rule is shared by all modes (each mode's mutants: test_tree_acceptance)
     broken, _ = _first_tokens(children, no_update_rule, MUTANT_ROWS)
     assert min(_pvalues(broken)) < REJECTED
-
-
-@pytest.mark.slow
-def test_a_bonus_from_the_last_residual_fails():
-  """The bonus mutant (i.i.d. children; the rows accepting round one to full depth show its bonus at
-  token 3): p < 1e-6 on the same statistic, which the correct engine passes (test above)."""
-  broken, _ = _first_tokens("iid", _bonus_from_residual_rule, MUTANT_ROWS)
-  assert min(_pvalues(broken)) < REJECTED

@@ -46,16 +46,6 @@ class PeekingDrafter(ModelDrafter):
     return proposal.replace(lengths=jnp.where(sure_B, proposal.lengths, 0)), state, target_cache
 
 
-class ShallowTreeDrafter(ModelDrafter):
-  """The model drafter drafting its tree one level shallower than the policy chose: the deepest level the
-  loop verifies holds tokens never drawn (zeros, with probability 0 under the draft), which the tree
-  rule then accepts wherever the target gives them mass."""
-
-  def propose(self, state, target_cache, pending_B, sampling, key, plan):
-    shallower = plan.replace(wanted_B=jnp.maximum(plan.wanted_B - 1, 0))
-    return super().propose(state, target_cache, pending_B, sampling, key, shallower)
-
-
 def assert_rounds_draft(out, candidates, accepting: bool = True) -> None:
   """The adaptive policy's rounds did what it chose, read from the loop's stats: some round chose to draft
   (a candidate of length L > 0, `rounds_per_length`); every round that chose the plain step (L = 0)

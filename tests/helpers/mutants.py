@@ -27,6 +27,8 @@ in a fresh function before `jax.jit`, or pass a fresh rule to the engine, which 
   see their fed grandparent (a difference only from depth 3 on: the root is committed history).
 - `deeper_tree_cut`: the loop's adaptive tree pass verifies the static tree cut one level deeper than
   the round chose, and drafted (the deepest verified level holds tokens never drawn).
+- `shallow_tree_draft`: the model drafter drafts its tree one level shallower than the policy chose (the
+  same bug from the drafter's side: the deepest verified level holds zeros, never drawn).
 - `unclipped_adaptive_lengths`: the loop does not clip a proposal's lengths to the adaptive policy's
   choice: a static tree proposal's N nodes fit no candidate, so every round verifies the plain one
   (still exact: only a test that asserts the rounds drafted sees it).
@@ -42,9 +44,10 @@ import jax
 import jax.numpy as jnp
 
 from specjax.sampling import sample
-from specjax.speculative import acceptance, k_policy
+from specjax.speculative import acceptance
 from specjax.speculative import loop
 from specjax.speculative import plan as plan_lib
+from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.trees import dynamic as dynamic_tree
 from specjax.speculative.trees import acceptance as tree_acceptance
 
@@ -212,6 +215,21 @@ def deeper_tree_cut(monkeypatch) -> list:
   return deepened
 
 
+def shallow_tree_draft(monkeypatch) -> list:
+  """`ModelDrafter.propose` drafting one level fewer than the plan wants: the deepest level the loop
+  verifies holds tokens never drawn (zeros, with probability 0 under the draft), which the tree rule
+  then accepts wherever the target gives them mass. Returns the plans it shortened (at trace time)."""
+  real, shortened = ModelDrafter.propose, []
+
+  def propose(self, state, target_cache, pending_B, sampling, key, plan):
+    shortened.append(plan)
+    shallower = plan.replace(wanted_B=jnp.maximum(plan.wanted_B - 1, 0))
+    return real(self, state, target_cache, pending_B, sampling, key, shallower)
+
+  monkeypatch.setattr(ModelDrafter, "propose", propose)
+  return shortened
+
+
 def unclipped_adaptive_lengths(monkeypatch) -> list:
   """The loop's `plan.clip` (the proposal's lengths cut to the adaptive policy's choice) left out: a
   drafter's lengths are kept beyond the policy's choice. A static tree proposal's lengths are its N
@@ -227,7 +245,8 @@ def unclipped_adaptive_lengths(monkeypatch) -> list:
   return skipped
 
 
-LOOP_MUTANTS = {"deeper_tree_cut": deeper_tree_cut, "unclipped_adaptive_lengths": unclipped_adaptive_lengths}
+LOOP_MUTANTS = {"deeper_tree_cut": deeper_tree_cut, "shallow_tree_draft": shallow_tree_draft,
+                "unclipped_adaptive_lengths": unclipped_adaptive_lengths}
 
 
 def _tree_rule_mutant(name):
