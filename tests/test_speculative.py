@@ -8,6 +8,7 @@ Sampling: the first three generated tokens, over many seeded rows, follow the ta
 distribution (by enumeration) at temperature 1, with a full and a restricted draft head, and a broken
 acceptance rule fails the same test (top-k, top-p and other temperatures: test_exactness). The
 drafter's cache bookkeeping is checked against full forward passes, and bad inputs fail on the host.
+A drafter subclass with its parent's fields compiles a program of its own.
 """
 
 import jax
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import metrics
+from specjax import lowering, metrics
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.sampling import sampling_params
@@ -244,3 +245,24 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
 def test_bad_inputs_fail_before_compiling(change, message):
   with pytest.raises(ValueError, match=message):
     run_speculative(**(dict(draft=DRAFTS["same"], k=3) | change))
+
+
+class _SameFields(ModelDrafter):
+  """A drafter class with its parent's fields (a researcher's variant, a test's mutant)."""
+
+
+def test_a_drafter_subclass_with_the_same_fields_gets_a_program_of_its_own(monkeypatch):
+  """Two drafter classes with the same fields flatten to pytree structures that jax compares equal
+  (node data, not classes), so the class is part of the program's static settings: without it a
+  mutant subclass once ran its parent's compiled program in a full run (its sampled counts equal, cell
+  for cell, the correct drafter's). The static settings each call compiles for must differ."""
+  config, params = SMALL_TARGET
+  padded, lengths = pad_prompts([SAMPLE_PROMPT])
+  loops = []
+  real = lowering.call_or_lower
+  monkeypatch.setattr(lowering, "call_or_lower",
+                      lambda f, lower, loop, *args: loops.append(loop) or real(f, lower, loop, *args))
+  for drafter in (ModelDrafter(*SMALL_DRAFT), _SameFields(*SMALL_DRAFT)):
+    speculate(config, params, drafter, padded, lengths, init_cache(config, 1, CACHE_LEN), drafter.storage(1, CACHE_LEN),
+              4, NO_EOS, GREEDY, jax.random.key(0), k=2, lower=True)
+  assert len(loops) == 2 and loops[0] != loops[1] and hash(loops[0]) != hash(loops[1])

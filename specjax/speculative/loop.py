@@ -114,6 +114,10 @@ class SpeculativeLoop:
   rule: AcceptanceRule = acceptance.verify
   greedy_rule: GreedyRule = acceptance.verify_greedy
   tree_rule: TreeRule = tree_acceptance.verify_tree
+  # The drafter's class, set by `speculative_generate`: two drafter classes with the same fields flatten
+  # to pytree structures that compare equal (jax compares the nodes' static data, not their classes), so
+  # without it a subclass (a researcher's variant, a test's mutant) could run its parent's program.
+  drafter_class: type | None = None
 
   def widths(self, drafter: Drafter) -> tuple[int, ...]:
     """The verify widths a program compiles: the drafter's and the policy's candidate lengths + 1."""
@@ -344,5 +348,6 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
                         drafter.shape.cut_nodes(k) - 2, target_cache.max_len, loop.target_config.max_positions)
   drafter.check_fits(draft_storage, request.prompt_lengths_B, largest, k)
   request = request.ready(budget_B)
-  return lowering.call_or_lower(_generate, lower, dataclasses.replace(loop, out_width=out_width), target_params,
-                                drafter, request, target_cache, draft_storage, tables)
+  return lowering.call_or_lower(_generate, lower, dataclasses.replace(loop, out_width=out_width,
+                                                                    drafter_class=type(drafter)),
+                                target_params, drafter, request, target_cache, draft_storage, tables)
