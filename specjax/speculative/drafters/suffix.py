@@ -250,7 +250,7 @@ class SuffixDrafter(HistoryDrafter):
     offset_Mt = jnp.arange(self.max_match)
     suffix_index_BxMt = context_lengths_B[:, None] - 1 - offset_Mt[None, :]
     suffix_BxMt = jnp.where(suffix_index_BxMt >= 0,
-                           jnp.take_along_axis(context_BxS, jnp.maximum(suffix_index_BxMt, 0), axis=1), _BEYOND)
+                            jnp.take_along_axis(context_BxS, jnp.maximum(suffix_index_BxMt, 0), axis=1), _BEYOND)
     live = live_corpus(context_BxS, context_lengths_B, self.across_rows)
     match_B, ends_BxOc = longest_occurrences(live, suffix_BxMt, self.max_match, self.occurrences)
     if self.pool is not None:  # the corpus is [pool, live]: the batch's occurrences are the latest
@@ -268,11 +268,12 @@ class SuffixDrafter(HistoryDrafter):
     positions_BxOcxK = ends_BxOc[:, :, None] + 1 + jnp.arange(k)[None, None, :]
     found_BxOcxK = (ends_BxOc[:, :, None] >= 0) & (positions_BxOcxK < pool_tokens + live.shape[-1])
     in_pool_BxOcxK = positions_BxOcxK < pool_tokens
-    live_index_BxZ = jnp.where(found_BxOcxK & ~in_pool_BxOcxK, positions_BxOcxK - pool_tokens, 0).reshape(len(ends_BxOc), -1)
+    live_index_BxOcxK = jnp.where(found_BxOcxK & ~in_pool_BxOcxK, positions_BxOcxK - pool_tokens, 0)
+    live_index_BxZ = live_index_BxOcxK.reshape(len(ends_BxOc), -1)
     following_BxOcxK = _gather(live, live_index_BxZ).reshape(found_BxOcxK.shape)
     if self.pool is not None:
-      following_BxOcxK = jnp.where(in_pool_BxOcxK, self.pool.tokens[jnp.clip(positions_BxOcxK, 0, pool_tokens - 1)],
-                                  following_BxOcxK)
+      pooled_BxOcxK = self.pool.tokens[jnp.clip(positions_BxOcxK, 0, pool_tokens - 1)]
+      following_BxOcxK = jnp.where(in_pool_BxOcxK, pooled_BxOcxK, following_BxOcxK)
     following_BxOcxK = jnp.where(found_BxOcxK, following_BxOcxK, SEPARATOR)
     # A separator ends the occurrence's sequence: nothing after it continues the path.
     return jnp.where(jnp.cumsum(following_BxOcxK < 0, axis=2) > 0, SEPARATOR, following_BxOcxK)

@@ -9,9 +9,9 @@ the pool's start on, so that no match crosses a sequence boundary. `order` lists
 by window, lexicographically, then -1 up to P' = P rounded up to a power of two. A context's suffix
 read backwards, s (-2 past its start: equal to nothing), then shares its longest prefix with a
 neighbour of its insertion point, and the positions whose windows share the first n tokens of s are
-one range of `order`. `latest[l]` is `order` with each aligned block of 2^l
-entries sorted latest first: any range is at most two blocks per level, whose first M entries hold the
-range's M latest positions.
+one range of `order`. `latest[l]` is `order` with each aligned block of 2^l entries sorted latest
+first: any range is at most two blocks per level, whose first M entries hold the range's M latest
+positions.
 
 The index is a function of the tokens, built with them by `Pool.of` whenever they change (between
 calls, never inside the loop): O(P log^2 P) on the device, [log2 P' + 1, P'] int32 in memory.
@@ -132,7 +132,8 @@ class Pool:
       left_B = ((low_B & 1) == 1) & (low_B < high_B)
       right_B = ((high_B & 1) == 1) & (low_B + left_B < high_B)
       for used_B, index_B in ((left_B, low_B), (right_B, high_B - 1)):
-        slots_BxC = jnp.clip(index_B, 0, padded // block - 1)[:, None] * block + jnp.arange(min(occurrences, block))[None, :]
+        first_B = jnp.clip(index_B, 0, padded // block - 1) * block
+        slots_BxC = first_B[:, None] + jnp.arange(min(occurrences, block))[None, :]
         candidates.append(jnp.where(used_B[:, None], self.latest[level][slots_BxC], -1))
       low_B, high_B = (low_B + left_B) >> 1, (high_B - right_B) >> 1
     everything_BxC = jnp.concatenate(candidates, axis=1)
