@@ -16,7 +16,8 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.target = ""  # .gguf file, HF directory, registry name or hub name org/name[@revision] (required)
   c.mode = "speculative"  # "speculative" or "autoregressive" (the target alone: the baseline)
-  c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle", or the
+  c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle" | "quantized"
+  #                     (the target's own weights re-quantized: config.quantized.weights), or the
   #                     import path "package.module:ClassName" of a Drafter subclass (see docs/writing-a-drafter.md)
   c.draft = ""  # drafter "model": the draft model (as target; same tokenizer, head may be padded);
   #               drafter "eagle": the head's directory (specjax's or EAGLE-3's layout)
@@ -55,6 +56,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0  # PRNG seed for sampling
   c.batch_size = 1  # prompts decoded together; each row accepts its own number of tokens
   c.dtype = "float32"  # "float32" or "bfloat16" (half the bytes; on CPU through the matmul kernel, below)
+  c.weights = "float"  # the target's weight format, quantized from the loaded weights at load (see
+  #                      docs/quantized-drafts.md): "float" (config.dtype), "int8" (per output channel,
+  #                      float32 scales), "int4" (groups of 32 inputs, bfloat16 scales) or "int4:G" (G even,
+  #                      32..128, dividing every input width); a draft model's is config.model.weights.
+  #                      Quantized weights multiply on XLA (matmul "auto" resolves to it); no mesh yet
   c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);
   #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see docs/devices.md)
   c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;

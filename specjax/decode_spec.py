@@ -15,7 +15,7 @@ import ml_collections
 from specjax import decode_config, lowering, mesh as meshes, partitioning
 from specjax.constraints import compiler
 from specjax.errors import ConfigError
-from specjax.models import matmul
+from specjax.models import matmul, quantized
 from specjax.models.load import SCAN_LAYERS, attention_for, narrow_passes_for
 from specjax.sampling import SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
@@ -30,7 +30,7 @@ DTYPES = ("float32", "bfloat16")
 DRAFT_SHARDINGS = ("same", "replicated")
 # Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload).
 LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers",
-               "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul")
+               "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul", "weights")
 # Top-level fields that only speculative runs read; every drafter group is speculative-only too.
 SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_children")
 # Config fields that reach a compiled program only as runtime values (or not at all): a run changing
@@ -65,6 +65,13 @@ class DecodeSpec:
     return self.speculative and self.drafter.loads_draft_model
 
   @property
+  def draft_weights(self) -> str:
+    """The weight format of the draft model a drafter loads (`loads_draft_model`): its group's `weights`
+    when it has one and sets it, else the target's `config.weights`."""
+    own = self.drafter_settings.options.get("weights", "") if self.drafter_settings else ""
+    return own or self.config.weights
+
+  @property
   def drafter_key(self) -> tuple:
     """What a built drafter depends on: its class and settings (a Decoder builds one per key)."""
     return self.drafter, self.drafter_settings
@@ -83,7 +90,7 @@ class DecodeSpec:
     resolves by what was built and what the CPU has)."""
     fields, sampling = self._compiled()
     cfg = self.config
-    backend = matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None)
+    backend = matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, cfg.weights)
     return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
             "cache_len": cache_len, "sampling": sampling,
             "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}",
@@ -157,10 +164,16 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
           f"{lowering.PLATFORMS} (or empty: decode), got {cfg.lower_only!r}")
   require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got "
           f"{cfg.scan_layers!r}")
+  try:
+    weights = quantized.parse(cfg.weights)
+  except quantized.FormatError as error:
+    raise ConfigError(f"config.weights: {error}") from None
+  require(weights is None or not cfg.mesh.strip(), f"config.weights {cfg.weights!r}: quantized weights on a "
+          f"mesh (config.mesh {cfg.mesh!r}) are not supported yet")
   try:  # the settings, and a kernel on a platform without one
     attention_for(cfg.attention, cfg.lower_only or None)
     narrow_passes_for(cfg.narrow_passes)
-    matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None)
+    matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, cfg.weights)
   except ValueError as error:
     raise ConfigError(f"config.{error}") from None
   require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,

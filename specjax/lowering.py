@@ -11,18 +11,29 @@ report counts, per program (its StableHLO, calls followed):
   data-dependent loop: speculative rounds, or autoregressive steps), at any depth;
 - `max_nesting`: the deepest nesting of while loops;
 - `custom_calls`: the custom-call targets and how often each appears (kernels: Triton, Mosaic, cuDNN);
-- `host_transfers`: sends, receives, in/outfeeds and host callbacks.
+- `host_transfers`: sends, receives, in/outfeeds and host callbacks;
+- `weight_dequantizations`: conversions of 8-bit integer tensors of rank >= 2 to floating point: the
+  quantized weights' XLA path (`specjax.models.quantized`), one per quantized matmul the program holds
+  (calls followed, once per appearance); XLA fuses each into its dot's operand on GPU/TPU.
 """
 
 from __future__ import annotations
 
 import collections
+import re
 from typing import Any
 
 import jax
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 _HOST_OPS = ("stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed")
+_INT8_TENSOR = re.compile(r"tensor<\d+x[\dx]*(u?i8)>")  # rank >= 2, 8-bit integer elements
+
+
+def _dequantizes(op) -> bool:
+  """A `stablehlo.convert` of an 8-bit integer tensor of rank >= 2 to floating point."""
+  result = str(op.results[0].type)
+  return bool(_INT8_TENSOR.fullmatch(str(op.operands[0].type))) and re.search(r"x[bf]+\d+>$", result) is not None
 
 
 def call_or_lower(jitted, lower: bool | str, *args, **kwargs):
@@ -83,7 +94,7 @@ class _Walk:
     self.functions = {op.attributes["sym_name"].value: op for op in module.body.operations
                       if _name(op) == "func.func"}
     self.outermost: list[list[int]] = []  # [size, data-dependent loops inside] per candidate, in order
-    self.while_loops = self.data_dependent = self.max_nesting = self.host_transfers = 0
+    self.while_loops = self.data_dependent = self.max_nesting = self.host_transfers = self.dequantizations = 0
     self.custom_calls: collections.Counter = collections.Counter()
     self.region(self.functions["main"].regions[0], 0, None)
 
@@ -110,6 +121,7 @@ class _Walk:
         self.custom_calls[target] += 1
         self.host_transfers += "callback" in target
       self.host_transfers += name in _HOST_OPS
+      self.dequantizations += name == "stablehlo.convert" and _dequantizes(op)
       for inner in op.regions:
         self.region(inner, depth + (name == "stablehlo.while"), inner_owner)
 
@@ -120,4 +132,5 @@ def report(lowered: jax.stages.Lowered) -> dict[str, Any]:
   in_round = max(walk.outermost, key=lambda candidate: candidate[0])[1] if walk.outermost else 0
   return {"while_loops": walk.while_loops, "data_dependent_while_loops": walk.data_dependent,
           "while_loops_in_round": in_round, "max_nesting": walk.max_nesting,
-          "custom_calls": dict(sorted(walk.custom_calls.items())), "host_transfers": walk.host_transfers}
+          "custom_calls": dict(sorted(walk.custom_calls.items())), "host_transfers": walk.host_transfers,
+          "weight_dequantizations": walk.dequantizations}

@@ -30,7 +30,8 @@ import numpy as np
 from specjax import generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
 from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec, from_config
-from specjax.models import matmul
+from specjax.errors import ConfigError
+from specjax.models import matmul, quantized
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
                                  with_execution)
 from specjax.runner import Runner
@@ -135,17 +136,41 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
     if mesh is not None:
       target_part = partitioning.Partitioning(mesh, partitioning.DECODE_RULES, cfg.mesh_indivisible, "target")
       log(f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices")
-    log(f"loading target {cfg.target} ({cfg.dtype}) ...")
-    target = with_execution(load_model(cfg.target, cfg.dtype, target_part), **execution, part=target_part)
+    log(f"loading target {cfg.target} ({cfg.dtype}{_weights_note(cfg.weights)}) ...")
+    target = with_execution(_load(cfg.target, cfg.dtype, target_part, cfg.weights, "config.weights"),
+                            **_execution(execution, cfg, cfg.weights, "config.weights"), part=target_part)
   draft = None
   if spec.loads_draft_model:
     draft_part = None if target.part is None else dataclasses.replace(target.part, name="draft")
     draft_part = draft_part.replicated() if draft_part and cfg.draft_sharding == "replicated" else draft_part
-    log(f"loading draft {cfg.draft} ({cfg.dtype}) ...")
-    draft = with_execution(load_model(cfg.draft, cfg.dtype, draft_part), **execution, part=draft_part)
+    field = spec.drafter_settings.field("weights")
+    log(f"loading draft {cfg.draft} ({cfg.dtype}{_weights_note(spec.draft_weights)}) ...")
+    draft = with_execution(_load(cfg.draft, cfg.dtype, draft_part, spec.draft_weights, field),
+                           **_execution(execution, cfg, spec.draft_weights, field), part=draft_part)
   log(f"loaded in {time.perf_counter() - start:.1f} s; weight matmuls: "
       f"{matmul.describe(target.config.matmul, target.config.dtype)}")
   return target, draft
+
+
+def _weights_note(weights: str) -> str:
+  return "" if weights.strip() == "float" else f", weights {weights}"
+
+
+def _load(name: str, dtype: str, part, weights: str, field: str) -> LoadedModel:
+  """`load_model` with the weight format `weights`; a format the model cannot take names `field`."""
+  try:
+    return load_model(name, dtype, part, weights)
+  except quantized.FormatError as error:
+    raise ConfigError(f"{field}: {error}") from None
+
+
+def _execution(execution: dict[str, Any], cfg, weights: str, field: str) -> dict[str, Any]:
+  """`execution` with the matmul backend resolved for weights in the format `weights` (quantized ones
+  multiply on XLA; an explicit cpu_kernel is an error naming `field`)."""
+  try:
+    return {**execution, "matmul": matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, weights)}
+  except ValueError as error:
+    raise ConfigError(f"{field} {weights!r}: config.{error}") from None
 
 
 def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, Any]:
@@ -153,6 +178,7 @@ def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, 
   matmuls ran on, and the bytes of each model's parameters per device (the most any device holds)."""
   record = meshes.describe(target.part.mesh if target.part else None)
   record["matmul"] = matmul.describe(target.config.matmul, target.config.dtype)
+  record["target_weights"] = quantized.describe(target.params)
   for role, model in (("target", target), ("draft", draft)):
     if model is not None:
       record[f"{role}_param_bytes_per_device"] = max(partitioning.bytes_per_device(model.params).values())

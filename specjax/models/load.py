@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import safetensors.numpy
 
-from specjax.models import gguf_loader, hub, registry
+from specjax.models import gguf_loader, hub, quantized, registry
 from specjax.models.config import ModelConfig
 from specjax.models.hf import hf_config, load_hf_dir
 from specjax.models.layout import to_layout
@@ -116,18 +116,27 @@ def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int, 
 
 
 def load_model(name_or_path: str, dtype: str = "float32",
-               part: ParamSharding | None = None) -> LoadedModel:
+               part: ParamSharding | None = None, weights: str = "float") -> LoadedModel:
   """Loads a `.gguf` file or Hugging Face directory, a registry model (fetched beforehand) or a hub
   model `org/name[@revision]`, in that order of precedence (see the module docstring); with `part`,
-  every weight straight into its shards on its mesh."""
+  every weight straight into its shards on its mesh. `weights` (`quantized.parse`: "float", "int8",
+  "int4", "int4:G") quantizes the loaded weights (`quantized.quantize_params`, on the device, weight
+  by weight); a format the model cannot take fails with a `quantized.FormatError` before any tensor is
+  read."""
+  fmt = quantized.parse(weights)
+  if fmt is not None and part is not None:
+    raise quantized.FormatError(f"{weights}: quantized weights on a mesh are not supported yet")
   placement = on_one_device if part is None else part.placement
   name, path, gguf_key = _locate(name_or_path)
   if gguf_key is None:
+    _check_format(hf_config(path), fmt)
     config, params = load_hf_dir(path, dtype, placement)
+    params = quantized.quantize_params(config, params, fmt)
     return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
   params_file, tokenizer_file = _converted(path, gguf_key)
   meta, tensors = _read_safetensors(params_file)
   config = ModelConfig.from_dict({**json.loads(meta["config"]), "dtype": dtype})
+  _check_format(config, fmt)
   place = placement(config)
   params: dict = {}
   for tensor_path, array in tensors:
@@ -136,7 +145,15 @@ def load_model(name_or_path: str, dtype: str = "float32",
     for parent in parents:
       node = node.setdefault(parent, {})
     node[leaf] = place(tensor_path, array)
-  return LoadedModel(name, config, params, _read_tokenizer(tokenizer_file), part)
+  return LoadedModel(name, config, quantized.quantize_params(config, params, fmt), _read_tokenizer(tokenizer_file),
+                     part)
+
+
+def _check_format(config: ModelConfig, fmt: quantized.WeightFormat | None) -> None:
+  """A `quantized.FormatError` when the model of `config` cannot take the weight format `fmt`."""
+  error = fmt and quantized.format_error(config, fmt)
+  if error:
+    raise quantized.FormatError(error)
 
 
 def load_tokenizer(name_or_path: str) -> tuple[Tokenizer, ModelConfig]:

@@ -27,6 +27,8 @@ import pathlib
 import jax
 import jax.numpy as jnp
 
+from specjax.models.quantized import QuantizedWeight
+
 BACKENDS = ("xla", "cpu_kernel")  # what `ModelConfig.matmul` holds
 SETTINGS = ("auto",) + BACKENDS  # what the `matmul` config field takes
 KERNEL_DTYPES = ("float32", "bfloat16")
@@ -67,12 +69,19 @@ def kernel_status(dtype: str) -> tuple[bool, str]:
   return True, f"the CPU matmul kernel ({dtype}, {feature})"
 
 
-def backend_for(setting: str, dtype: str, platform: str | None = None) -> str:
+def backend_for(setting: str, dtype: str, platform: str | None = None, weights: str = "float") -> str:
   """`ModelConfig.matmul` for the setting `matmul` (one of SETTINGS) with weights in `dtype` on
-  `platform` (None: this one). "cpu_kernel" where it cannot run is an error naming the reason."""
+  `platform` (None: this one), stored in the weight format `weights` (`quantized.parse`: quantized
+  weights run on XLA, "auto" resolves to it). "cpu_kernel" where it cannot run is an error naming the
+  reason."""
   if setting not in SETTINGS:
     raise ValueError(f"matmul must be one of {SETTINGS}, got {setting!r}")
   on_cpu = (platform or jax.default_backend()) == "cpu"
+  if weights.strip() != "float":
+    if setting == "cpu_kernel":
+      raise ValueError(f"matmul='cpu_kernel' does not multiply quantized weights ({weights}) yet: use 'auto' "
+                       f"or 'xla'")
+    return "xla"
   if setting == "xla" or (setting == "auto" and not on_cpu):
     return "xla"
   if setting == "cpu_kernel" and not on_cpu:
@@ -90,10 +99,13 @@ def describe(backend: str, dtype: str) -> str:
   return kernel_status(dtype)[1] if backend == "cpu_kernel" else "XLA's dot_general"
 
 
-def dense(x_xK: jax.Array, weight_NxK: jax.Array, backend: str, out_dtype=None) -> jax.Array:
+def dense(x_xK: jax.Array, weight_NxK: jax.Array | QuantizedWeight, backend: str, out_dtype=None) -> jax.Array:
   """x W^T [..., N] for x [..., K] and W [N, K], accumulated in float32 and returned in `out_dtype`
   (None: x's dtype after promotion with W's, as `dot_general` returns). x is cast to W's dtype on the
-  kernel path (both operands in the weights' precision)."""
+  kernel path (both operands in the weights' precision). A quantized W (`quantized.QuantizedWeight`)
+  multiplies on XLA whatever the backend: the kernel does not unpack its codes (yet)."""
+  if isinstance(weight_NxK, QuantizedWeight):
+    return weight_NxK.dense(x_xK, out_dtype)
   if backend == "xla":
     return jax.lax.dot_general(x_xK, weight_NxK, (((x_xK.ndim - 1,), (1,)), ((), ())),
                                preferred_element_type=out_dtype)

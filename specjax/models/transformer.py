@@ -22,7 +22,9 @@ plain copy.
   layers_{i}/attn/{q_proj, k_proj, v_proj, o_proj}/{weight [out, in], bias? [out]}
   layers_{i}/attn/{q_norm, k_norm}/scale [Dh]  (qk_norm: Qwen3, Gemma 3)
   layers_{i}/mlp/{gate_proj (llama, gemma), up_proj, down_proj}/{weight, bias? (gpt2)}
-  final_norm/{scale, bias?}; lm_head/weight [V, D] (absent when tie_embeddings)
+  final_norm/{scale, bias?}; lm_head/weight [V, D] (absent when tie_embeddings, unless quantized)
+Any linear `weight` and the head may be a `quantized.QuantizedWeight` (codes + scales + format): the
+params' own format, on which `matmul.dense` dispatches; the code below is the same for every format.
 Gemma's norm scales are stored as transformers stores them: w, applied as (1 + w).
 With `scan_layers` the `layers_{i}` subtrees are one stacked `layers` subtree (leading [L] axis, see
 `layout`) and the blocks run as a `lax.scan`: compile time stays flat in depth, where the unrolled
@@ -42,6 +44,7 @@ from specjax.models import attention, attention_mask, matmul, rope
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.layout import to_layout
+from specjax.models.quantized import QuantizedWeight
 
 Params = Any
 _init = nn.initializers.normal(stddev=0.02)
@@ -79,7 +82,10 @@ class Linear(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxDin):
     dtype = self.config.jnp_dtype
-    weight_DoutxDin = self.param("weight", _init, (self.features, x_BxTxDin.shape[-1]), dtype)
+    stored = self.get_variable("params", "weight") if self.has_variable("params", "weight") else None
+    # A quantized weight (`quantized`) is the params' own format; `param` would check its codes' shape.
+    weight_DoutxDin = stored if isinstance(stored, QuantizedWeight) else self.param(
+        "weight", _init, (self.features, x_BxTxDin.shape[-1]), dtype)
     y_BxTxDout = matmul.dense(x_BxTxDin, weight_DoutxDin, self.config.matmul)
     if self.use_bias:
       bias_Dout = self.param("bias", nn.initializers.zeros, (self.features,), dtype)
@@ -289,9 +295,12 @@ def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array,
   return hidden_BxTxD, jnp.concatenate(streams, axis=-1) if streams else hidden_BxTxD, cache
 
 
-def output_head(config: ModelConfig, params: Params) -> jax.Array:
-  """The output head's weight [V, D]: the token embedding when tied, else `lm_head`."""
-  return params["embed"]["embedding"] if config.tie_embeddings else params["lm_head"]["weight"]
+def output_head(config: ModelConfig, params: Params) -> jax.Array | QuantizedWeight:
+  """The output head's weight [V, D]: `lm_head`, or the token embedding when tied (unless the params
+  carry a quantized copy of it as `lm_head`: `quantized.quantize_params`)."""
+  if config.tie_embeddings and "lm_head" not in params:
+    return params["embed"]["embedding"]
+  return params["lm_head"]["weight"]
 
 
 def hidden_to_logits(config: ModelConfig, params: Params, hidden_xD: jax.Array) -> jax.Array:

@@ -29,7 +29,7 @@ import numpy as np
 
 from specjax import draft_vocab
 from specjax.errors import ConfigError
-from specjax.models import matmul, registry, vocab_map
+from specjax.models import matmul, quantized, registry, vocab_map
 from specjax.models.attention_mask import soft_cap
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Params, hidden_to_logits, output_head
@@ -43,7 +43,8 @@ class DraftHead:
   """The rows of a draft's output head for a subset of the vocabulary."""
 
   tokens_Vd: jax.Array  # [Vd] int32 the model's ids this head scores, distinct (ascending unless `targets_Vd`)
-  weight_VdxD: jax.Array  # [Vd, D] their rows of the output head (of the embedding when it is tied)
+  # [Vd, D] their rows of the output head (of the embedding when it is tied), float or quantized
+  weight_VdxD: jax.Array | quantized.QuantizedWeight
   vocab_size: int = flax.struct.field(pytree_node=False)  # V, the vocabulary the scores are laid out in
   softcap: float = flax.struct.field(pytree_node=False, default=0.0)  # the model's final soft-cap (Gemma 2)
   matmul: str = flax.struct.field(pytree_node=False, default="xla")  # the model's `ModelConfig.matmul`
@@ -108,7 +109,7 @@ def restrict_head(config: ModelConfig, params: Params, tokens: Sequence[int]) ->
     raise ValueError(f"head token ids must be in [0, {config.vocab_size}), got {tokens_Vd[0]}..{tokens_Vd[-1]}")
   full_VxD = output_head(config, params)
   tokens_Vd = jnp.asarray(tokens_Vd, jnp.int32)
-  return DraftHead(tokens_Vd=tokens_Vd, weight_VdxD=jnp.take(full_VxD, tokens_Vd, axis=0),
+  return DraftHead(tokens_Vd=tokens_Vd, weight_VdxD=quantized.take_rows(full_VxD, tokens_Vd),
                    vocab_size=config.vocab_size, softcap=config.final_softcap, matmul=config.matmul)
 
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from specjax import inplace, partitioning
 from specjax.errors import ConfigError
+from specjax.models import quantized
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, feed_rows, forward_hidden, hidden_after, prefill
@@ -131,6 +132,8 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
     group = add_vocab_options(ml_collections.ConfigDict())
     group.stop_threshold = 0.0  # a row stops drafting when the draft's top probability falls below this
     #                             (0 = off; in [0, 1))
+    group.weights = ""  # the draft model's weight format, as config.weights ("float", "int8", "int4",
+    #                     "int4:G"); "" = the target's, config.weights
     group.other_tokenizer = "intersect"  # a draft whose tokenizer differs from the target's: "intersect"
     #   drafts through the token-level intersection (the ids whose bytes both vocabularies hold), "refuse"
     #   stops with an error
@@ -142,6 +145,10 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
       raise ConfigError("config.draft is empty but config.drafter is 'model' (or choose drafter 'ngram' or "
                         "'layer_skip', which need no draft model)")
     check_vocab_options(settings.options, settings.group)
+    try:
+      quantized.parse(settings.options.weights or "float")
+    except quantized.FormatError as error:
+      raise ConfigError(f"{settings.field('weights')}: {error}") from None
     if settings.options.other_tokenizer not in OTHER_TOKENIZER:
       raise ConfigError(f"config.{settings.group}.other_tokenizer must be one of {OTHER_TOKENIZER}, got "
                         f"{settings.options.other_tokenizer!r}")

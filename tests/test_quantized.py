@@ -1,0 +1,170 @@
+"""Quantized weights (`specjax.models.quantized`) and the quantized drafter: the round trip stays within
+half a scale of float64 truth; the quantized matmul equals a float64 matmul of the dequantized weights;
+a quantized model computes what the model of its dequantized weights computes (tied head and stacked
+layers included); greedy speculation with the target's own int8 / int4 copy as its draft equals the
+target's greedy output on a ragged batch; bad formats fail with one line naming the field."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import decode_spec, lowering, metrics, pipeline
+from specjax.errors import ConfigError
+from specjax.generation import as_token_lists, pad_prompts
+from specjax.models import matmul, quantized
+from specjax.models.kv_cache import init_cache
+from specjax.models.layout import to_layout
+from specjax.models.transformer import forward, output_head
+from specjax.speculative.drafters.quantized import QuantizedDrafter
+from tests.helpers.cli import cli_config, decode_in_process, model_dirs  # noqa: F401 (the fixture)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, target_greedy,
+                                  tiny_model)
+from tests.helpers.loop import speculate
+from tests.helpers.quantized import dequantized64, float64_scales, random_weights, unpacked_codes
+
+FORMATS = ("int8", "int4", "int4:64", "int4:128")
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_round_trip_error_is_at_most_half_a_scale(name):
+  """Per output channel (int8) or group (int4), against float64: every element within scale / 2 of its
+  weight, scale = max |w| / qmax up to the scale dtype's rounding, codes in [-qmax, qmax], an all-zero
+  group exact; the library's own dequantization equals the float64 one; stacked layers ([2, N, K])
+  quantize layer by layer."""
+  fmt = quantized.parse(name)
+  w = random_weights((2, 24, 256), seed=3)
+  q = quantized.quantize(jnp.asarray(w), fmt)
+  assert q.shape == w.shape and q.format == fmt
+  assert q.scales.dtype == jnp.dtype(fmt.scale_dtype)
+  group = fmt.group or w.shape[-1]
+  assert q.scales.shape == (2, 24, 256 // group)
+  codes, scales = unpacked_codes(q), float64_scales(q)
+  assert np.abs(codes).max() <= fmt.qmax
+  w_xNxGxE = w.astype(np.float64).reshape(2, 24, -1, group)
+  error = np.abs(w_xNxGxE - dequantized64(q).reshape(w_xNxGxE.shape)).max(-1)
+  assert np.all(error <= scales / 2 * (1 + 1e-6)), (error / scales).max()
+  absmax = np.abs(w_xNxGxE).max(-1)
+  live = absmax > 0
+  relative = 2.0 ** -8 if fmt.scale_dtype == "bfloat16" else 1e-7  # the scale's own rounding
+  np.testing.assert_allclose(scales[live], absmax[live] / fmt.qmax, rtol=relative)
+  assert np.all(codes[..., 0, :32] == 0)  # the all-zero group
+  assert np.any(codes == fmt.qmax) and np.any(codes == -fmt.qmax)  # the range is used
+  # code * scale is exact in float32 for bfloat16 scales, rounded once for float32 ones
+  np.testing.assert_allclose(np.asarray(q.dequantize(jnp.float32), np.float64), dequantized64(q),
+                             rtol=0 if fmt.scale_dtype == "bfloat16" else 2.0 ** -24)
+  layer = quantized.quantize(jnp.asarray(w[1]), fmt)
+  np.testing.assert_array_equal(np.asarray(layer.codes), np.asarray(q.codes[1]))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_quantized_dense_equals_a_float64_matmul_of_the_dequantized_weights(name):
+  """`matmul.dense` dispatches on the quantized leaf, whatever backend the model names (the CPU kernel
+  does not unpack codes: the XLA path runs); x [2, 3, K] float32 against float64 truth."""
+  q = quantized.quantize(jnp.asarray(random_weights((40, 256), seed=5)), quantized.parse(name))
+  x = np.random.default_rng(6).normal(size=(2, 3, 256)).astype(np.float32)
+  expected = x.astype(np.float64) @ dequantized64(q).T
+  for backend in matmul.BACKENDS:
+    got = np.asarray(matmul.dense(jnp.asarray(x), q, backend), np.float64)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+  assert matmul.dense(jnp.asarray(x), q, "xla", jnp.float32).dtype == jnp.float32
+
+
+def _logits(config, params):
+  tokens = jnp.asarray([[5, 17, 3, 44, 9, 1], [1, 2, 60, 7, 7, 7]], jnp.int32)
+  return np.asarray(jax.jit(forward, static_argnums=0)(config, params, tokens, init_cache(config, 2, 8))[0])
+
+
+@pytest.mark.parametrize("name, tied, stacked", [("int8", False, False), ("int4", True, True)])
+def test_a_quantized_model_computes_what_its_dequantized_weights_compute(name, tied, stacked):
+  """The forward of the quantized params equals the forward of the same model whose weights are their
+  dequantized values (float32 rounding apart), and differs from the float model's; every linear weight
+  and the head are quantized, the embedding not (a tied model gains its quantized head as lm_head)."""
+  config, params = tiny_model(2, n_layers=2)
+  if tied:
+    config, params = config.replace(tie_embeddings=True), {k: v for k, v in params.items() if k != "lm_head"}
+  q = quantized.quantize_params(config, params, quantized.parse(name))
+  assert isinstance(output_head(config, q), quantized.QuantizedWeight)
+  assert not isinstance(q["embed"]["embedding"], quantized.QuantizedWeight)
+  kinds = {path: isinstance(leaf, quantized.QuantizedWeight) for path, leaf in
+           jax.tree_util.tree_flatten_with_path(q, is_leaf=lambda n: isinstance(n, quantized.QuantizedWeight))[0]}
+  assert all(is_q == (path[-1].key == "weight") for path, is_q in kinds.items())
+  assert sum(kinds.values()) == 2 * 7 + 1
+  if stacked:
+    config = config.replace(scan_layers=True)
+    q = to_layout(config, q)
+  got, expected = _logits(config, q), _logits(config, quantized.dequantized_params(q))
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  assert np.abs(got - _logits(config, to_layout(config, params))).max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_greedy_speculation_with_the_targets_quantized_copy_equals_target_greedy(name):
+  """The quantized drafter (its own cache, the target's weights as `name`) keeps greedy output token for
+  token on a ragged batch with budgets that cut blocks; int8 is accepted almost always, int4 less."""
+  config, params = TARGET
+  draft_config = config.replace(matmul="xla")
+  drafter = QuantizedDrafter(draft_config, quantized.quantize_params(draft_config, params, quantized.parse(name)))
+  padded, lengths = pad_prompts(PROMPTS)
+  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), CACHE_LEN),
+                  drafter.storage(len(PROMPTS), CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3,
+                  out_width=OUT_WIDTH)
+  assert as_token_lists(out.tokens, out.counts) == target_greedy()
+  total = metrics.summarize(out.acceptance)["total"]
+  assert 0 < total["accepted"] <= total["proposed"]
+  if name == "int8":
+    assert total["acceptance_rate"] > 0.8
+
+
+def test_the_xla_path_shows_in_the_lowering_for_a_gpu():
+  """`lowering.report` counts one dequantization per quantized matmul of a program lowered for CUDA (two
+  layers of seven, and the head), none for float weights."""
+  config, params = tiny_model(2, n_layers=2)
+  tokens = jnp.ones((1, 2), jnp.int32)
+  for fmt, count in ((None, 0), (quantized.parse("int4"), 15)):
+    q = quantized.quantize_params(config, params, fmt)
+    lowered = jax.jit(forward, static_argnums=0).trace(config, q, tokens, init_cache(config, 1, 8)).lower(
+        lowering_platforms=("cuda",))
+    assert lowering.report(lowered)["weight_dequantizations"] == count
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(weights="int3"), r"config.weights: 'int3' is not a weight format"),
+    (dict(weights="int4:16"), r"config.weights: 'int4:16': an int4 group width G must be an even integer in 32..128"),
+    (dict(weights="int4:65"), r"config.weights: 'int4:65'"),
+    (dict(weights="int8", matmul="cpu_kernel"), r"config.matmul='cpu_kernel' does not multiply quantized weights"),
+    (dict(weights="int4", mesh="data=1"), r"config.weights 'int4': quantized weights on a mesh"),
+    (dict(model=dict(weights="nf4")), r"config.model.weights: 'nf4' is not a weight format"),
+    (dict(drafter="quantized", quantized=dict(weights="int2")), r"config.quantized.weights: 'int2'"),
+])
+def test_bad_weight_formats_fail_before_any_model_loads(overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    decode_spec.from_config(cli_config(["no-target", "no-draft"], **overrides))
+
+
+def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_load(model_dirs):
+  """`drafter = "quantized"` needs no draft model and drafts with the target's quantized weights on XLA;
+  a group that does not divide a width (the tiny models' d_ff is 96) fails with one line naming the
+  field, for the target, a draft model and the drafter (`python -m specjax.decode` prints it alone)."""
+  spec = decode_spec.from_config(cli_config([model_dirs[0], ""], drafter="quantized"))
+  assert not spec.loads_draft_model
+  target, draft = pipeline.load_models(spec, log=lambda m: None)
+  built = pipeline.build_drafter(spec, target, draft, log=lambda m: None)
+  assert draft is None and isinstance(built.drafter, QuantizedDrafter) and built.info["draft_weights"] == "int4:32"
+  assert built.drafter.config.matmul == "xla" and built.drafter.config == dataclasses.replace(target.config,
+                                                                                             matmul="xla")
+  head = output_head(built.drafter.config, built.drafter.params)
+  assert isinstance(head, quantized.QuantizedWeight) and head.format == quantized.parse("int4")
+  wide = cli_config([model_dirs[0], ""], drafter="quantized", quantized=dict(weights="int4:64"))
+  with pytest.raises(ConfigError, match=r"^config.quantized.weights: int4:64: groups of 64 do not divide an input "
+                                        r"width of 96 \(d_ff\)$"):
+    pipeline.build_drafter(decode_spec.from_config(wide), target, None, log=lambda m: None)
+  with pytest.raises(ConfigError, match=r"^config.model.weights: int4:64: groups of 64 .* \(d_ff\)$"):
+    pipeline.load_models(decode_spec.from_config(cli_config(model_dirs, model=dict(weights="int4:64"))),
+                         log=lambda m: None, target=target)
+  status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
+                                      "--config.mode=autoregressive", "--config.weights=int4:64"])
+  assert (status, stderr.strip()) == (2, "error: config.weights: int4:64: groups of 64 do not divide an input "
+                                         "width of 96 (d_ff)")
