@@ -79,7 +79,7 @@ def set_prompts(name: str, cfg: ml_collections.ConfigDict) -> list[str]:
   if name == "readme":
     return list(qwen_coder.get_config().prompts)
   if name == "mtbench":
-    return [c.turns[0] for c in prompts.conversations((), prompts.MT_BENCH + "?per_category=1")]
+    return [c.turns[0] for c in prompts.requests((), prompts.MT_BENCH + "?per_category=1")]
   return code_edit_prompts.continuation_prompts(cfg.continuation_lines)
 
 

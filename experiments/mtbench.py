@@ -236,7 +236,7 @@ def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, resul
     return
   model = hf_reference.hf_model(cfg.target)
   assistant = hf_reference.hf_model(cfg.draft) if any(name == "assisted" for _, name in todo) else None
-  conversations = prompts.conversations((), source(cfg))
+  conversations = prompts.requests((), source(cfg))
   eos = list(tokenizer.eos_ids)
   options = {"generate": {}, "assisted": {"assistant_model": assistant},
              "prompt_lookup": {"prompt_lookup_num_tokens": int(cfg.ngram_k),
@@ -398,7 +398,7 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   """Runs what the results file `cfg.output` lacks; returns the results (also written there)."""
   groups = plan(cfg)
   pipeline.check_output(cfg.output)
-  prompts.conversations((), source(cfg))  # the questions are there (fetched) before any model loads
+  prompts.requests((), source(cfg))  # the questions are there (fetched) before any model loads
   config = _config_record(cfg)
   results = {"command": records.command(), "environment": records.environment(), "config": config,
              "source": source(cfg), "runs": [], "transformers": []}

@@ -3,6 +3,7 @@
     import specjax
     dec = specjax.Decoder(target="qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
     out = dec.generate(["def quicksort(xs):"], max_new_tokens=64)
+    out = dec.generate([specjax.Request("Maria is 34. As JSON:", constraint={"json_schema": {"type": "object"}})])
 
 Shape letters, used as suffixes of array names throughout (`logits_BxTxV`: batch x tokens x vocabulary;
 a leading `x`, as in `probs_xV`, stands for any leading axes). Each letter or letter group means one thing:
@@ -39,7 +40,10 @@ def __getattr__(name: str):
   if name in ("Decoder", "Generation"):
     from specjax import api
     return getattr(api, name)
+  if name == "Request":
+    from specjax import prompts
+    return prompts.Request
   raise AttributeError(f"module 'specjax' has no attribute {name!r}")
 
 
-__all__ = ["Decoder", "Generation"]
+__all__ = ["Decoder", "Generation", "Request"]

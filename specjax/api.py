@@ -12,23 +12,24 @@ same one-line `ConfigError`s as the command line. `drafter` is a registered name
 that decide which models are loaded and how (`decode_spec.LOAD_FIELDS`): the models stay loaded, a
 drafter is built once per distinct setting, and what does not recompile on the command line does not
 recompile here (sampling knobs, budgets up to the compiled width, prompts of the same padded shape).
-`python -m specjax.decode` is a thin layer over `Decoder.from_config` and `Decoder.run`.
+`generate` takes strings or `specjax.Request`s (a prompt with its own constraint), held in memory:
+nothing is written to a file. `python -m specjax.decode` is a thin layer over `Decoder.from_config`
+and `Decoder.run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 from typing import Any, Callable, Sequence
 
 import ml_collections
 
 from specjax import decode_config, decode_spec, mesh as meshes, pipeline
 from specjax.cli import unknown_field
+from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec
 from specjax.errors import ConfigError
+from specjax.prompts import Request
 from specjax.speculative.drafters.base import Drafter
 
 
@@ -43,12 +44,15 @@ class Generation:
 
 
 def apply_fields(cfg: ml_collections.ConfigDict, fields: dict[str, Any]) -> ml_collections.ConfigDict:
-  """A copy of `cfg` with `fields` set: names or dotted names, a dict for a whole group. Unknown and
-  renamed fields, and values of the wrong type, fail with one line naming the field."""
+  """A copy of `cfg` with `fields` set: names or dotted names, a dict for a whole group (`constraint`
+  may be a dict: `compiler.spec_of`). Unknown and renamed fields, and values of the wrong type, fail
+  with one line naming the field."""
   cfg = decode_spec.unlocked_copy(cfg)  # a drafter by import path may add its group
   flat: dict[str, Any] = {}
   for name, value in fields.items():
-    if isinstance(value, dict):
+    if name == "constraint":
+      flat[name] = compiler.spec_of(value, "config.constraint")
+    elif isinstance(value, dict):
       flat.update({f"{name}.{inner}": v for inner, v in value.items()})
     else:
       flat[name] = value
@@ -119,6 +123,10 @@ class Decoder:
   def run(self, **fields) -> dict[str, Any]:
     """Decodes the config's own prompts (`prompts` or `prompts_file`), with `fields` changed; returns
     `pipeline.run`'s results (also written to `output` when set)."""
+    return self._run(fields)
+
+  def _run(self, fields: dict[str, Any], requests: Sequence[Request] | None = None) -> dict[str, Any]:
+    """`pipeline.run` of the config with `fields` changed, on `requests` (default: the config's prompts)."""
     cfg = apply_fields(self._config, fields)
     for name in decode_spec.LOAD_FIELDS:
       if cfg[name] != self._config[name]:
@@ -129,7 +137,7 @@ class Decoder:
       raise ConfigError(f"config.drafter {cfg.drafter!r} needs a draft model, which this Decoder did not load: "
                         f"make a new Decoder with it")
     return pipeline.run(spec, self._log, models=(self.target, self.draft), drafter=self._drafter(spec),
-                        policy_memory=self._policy_memory, warm=self._warm)
+                        policy_memory=self._policy_memory, warm=self._warm, requests=requests)
 
   def reset_pool(self) -> None:
     """Forgets the sequences earlier calls taught the drafters (`Drafter.forget`: a suffix drafter's pool
@@ -138,23 +146,30 @@ class Decoder:
     for built in [*self._drafters.values(), *filter(None, [self._drafter_instance])]:
       built.drafter = built.drafter.forget()
 
-  def generate(self, prompts: str | Sequence[str], **fields) -> Generation:
-    """Decodes `prompts` (a string or a sequence of them) with `fields` changed for this call only.
-    `constraint` may be a sequence, one per prompt (docs/constraints.md): the prompts then go through
-    a temporary prompts file whose records carry them."""
-    prompts = (prompts,) if isinstance(prompts, str) else tuple(prompts)
-    constraint = fields.get("constraint", "")
-    if isinstance(constraint, str):
-      results = self.run(**{**fields, "prompts": prompts, "prompts_file": ""})
-    else:
-      if len(constraint) != len(prompts):
-        raise ConfigError(f"constraint: {len(constraint)} constraints for {len(prompts)} prompts (give one per "
-                          f"prompt, or one string for all)")
-      with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "prompts.jsonl")
-        with open(path, "w", encoding="utf-8") as f:
-          f.writelines(json.dumps({"prompt": p, "constraint": c}) + "\n" for p, c in zip(prompts, constraint))
-        results = self.run(**{**fields, "constraint": "", "prompts_file": path})
+  def generate(self, prompts: str | Request | Sequence[str | Request], **fields) -> Generation:
+    """Decodes `prompts` (a string, a `specjax.Request`, or a sequence of them) with `fields` changed for
+    this call only. `constraint` (docs/constraints.md) is a string or a dict for every prompt, or a list
+    of them, one per prompt (None: unconstrained); a request's own constraint is given in the request.
+    An error names the field and the request: `constraint of request 2 must ...`."""
+    items = (prompts,) if isinstance(prompts, (str, Request)) else tuple(prompts)
+    constraint = fields.get("constraint")
+    per_prompt = isinstance(constraint, (list, tuple))
+    if per_prompt:
+      if len(constraint) != len(items):
+        raise ConfigError(f"constraint: {len(constraint)} constraints for {len(items)} prompts (give one per "
+                          f"prompt, or one for all)")
+      fields = {**fields, "constraint": ""}
+    requests = []
+    for i, item in enumerate(items):
+      own, source = constraint[i] if per_prompt else None, f"request {i + 1}"
+      if not isinstance(item, Request):
+        requests.append(Request(item, own, source=source))
+        continue
+      if own is not None and item.constraint:
+        raise ConfigError(f"constraint of {source} is given twice: in the request and in the constraint list")
+      requests.append(dataclasses.replace(item, constraint=item.constraint or own,
+                                          source=item.source or source))
+    results = self._run({**fields, "prompts": tuple(r.turns[0] for r in requests), "prompts_file": ""}, requests)
     outputs = results["outputs"]
     return Generation(texts=[o["text"] for o in outputs], token_ids=[o["token_ids"] for o in outputs],
                       stats=results["stats"], results=results)

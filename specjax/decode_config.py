@@ -48,8 +48,9 @@ def default_config() -> ml_collections.ConfigDict:
   #                                $SPECJAX_CACHE/cost_tables); False measures it again and replaces it
   c.constraint = ""  # structured output: "regex:PATTERN", or "json_schema:SCHEMA" (inline JSON or a .json file):
   #                    target and draft are masked to tokens that keep the output a prefix of a match, EOS only
-  #                    once it matches (see docs/constraints.md); a prompts_file .jsonl record's "constraint"
-  #                    field overrides it for that prompt; "" = unconstrained. Chains only (no config.tree)
+  #                    once it matches (see docs/constraints.md); from Python also a dict ({"regex": ...},
+  #                    {"json_schema": {...}}); a prompts_file .jsonl record's or a `specjax.Request`'s own
+  #                    "constraint" overrides it for that prompt; "" = unconstrained. Chains and trees
   c.temperature = 0.0  # 0 = greedy (output equals the target's own greedy output)
   c.top_k = 0  # 0 disables top-k
   c.top_p = 1.0  # 1 disables top-p

@@ -31,6 +31,7 @@ from specjax import generation, lowering, mesh as meshes, metrics, partitioning,
 from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.errors import ConfigError
+from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
                                  with_execution)
@@ -89,17 +90,21 @@ def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.
                                   measure, log)}
 
 
-def _constraints(spec: DecodeSpec, conversations: Sequence[prompts.Conversation],
+def _constraint(spec: DecodeSpec, request: prompts.Request) -> str:
+  """The constraint a request decodes under: its own, else `config.constraint` ("" = none)."""
+  return request.constraint or spec.config.constraint
+
+
+def _constraints(spec: DecodeSpec, requests: Sequence[prompts.Request],
                  target: LoadedModel) -> compiler.RunConstraints | None:
-  """The run's constraints, one table for all batches: `config.constraint`, or a prompts file record's
-  "constraint" field (None when no prompt has one)."""
-  cfg = spec.config
-  specs = [c.meta.get("constraint", cfg.constraint) for c in conversations]
+  """The run's constraints, one table for all batches (None when no request has one); an error names
+  the field of the first request that gave the failing one."""
+  specs = [_constraint(spec, r) for r in requests]
   if not any(specs):
     return None
   strings = compiler.token_strings(target.tokenizer, target.config.vocab_size)
-  field = "config.constraint" if not cfg.prompts_file else f"config.constraint (or a {cfg.prompts_file} record's)"
-  return compiler.for_run(specs, strings, target.tokenizer.eos_ids, field)
+  fields = [r.field("constraint") if r.constraint else "config.constraint" for r in requests]
+  return compiler.for_run(specs, strings, target.tokenizer.eos_ids, fields)
 
 
 def _batches(prompt_ids: Sequence[list[int]], batch_size: int, width: int):
@@ -185,18 +190,20 @@ def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, 
   return record
 
 
-def check_inputs(spec: DecodeSpec) -> list[prompts.Conversation]:
-  """The prompts, read as conversations, and the output location, proven writable: everything that
-  can fail cheaply fails before the models load (up to minutes for real ones)."""
+def check_inputs(spec: DecodeSpec, requests: Sequence[prompts.Request] | None = None) -> list[prompts.Request]:
+  """The requests (`requests`, else the config's prompts), and the output location, proven writable:
+  everything that can fail cheaply fails before the models load (up to minutes for real ones)."""
   cfg = spec.config
-  conversations = prompts.conversations(cfg.prompts, cfg.prompts_file)
-  turns = max(len(c.turns) for c in conversations)
+  requests = list(requests) if requests is not None else prompts.requests(cfg.prompts, cfg.prompts_file)
+  if not requests:
+    raise ConfigError("no prompt to decode")
+  turns = max(len(r.turns) for r in requests)
   if turns > 1 and not cfg.chat:
-    raise ValueError(f"config.prompts_file {cfg.prompts_file}: conversations of {turns} turns need config.chat "
-                     f"(each turn is a chat message)")
+    source = f"config.prompts_file {cfg.prompts_file}: " if cfg.prompts_file else ""
+    raise ValueError(f"{source}conversations of {turns} turns need config.chat (each turn is a chat message)")
   if cfg.output:
     check_output(cfg.output)
-  return conversations
+  return requests
 
 
 @dataclasses.dataclass
@@ -286,10 +293,11 @@ def _lowering_report(spec: DecodeSpec, runner: Runner, padded: np.ndarray, lengt
 def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
         models: tuple[LoadedModel, LoadedModel | None] | None = None,
         drafter: BuiltDrafter | None = None,
-        policy_memory: dict[tuple, k_policy.Memory] | None = None, warm: set | None = None) -> dict[str, Any]:
-  """Decodes every prompt of `spec` (or of a config, checked into one); returns the JSON-ready results,
-  also written to `config.output` (or, when that fails at the end, to the fallback file named by
-  `results["written_to"]`).
+        policy_memory: dict[tuple, k_policy.Memory] | None = None, warm: set | None = None,
+        requests: Sequence[prompts.Request] | None = None) -> dict[str, Any]:
+  """Decodes `requests`, else every prompt of `spec` (or of a config, checked into one); returns the
+  JSON-ready results, also written to `config.output` (or, when that fails at the end, to the fallback
+  file named by `results["written_to"]`).
 
   `models` = (target, draft or None) already loaded and `drafter` (built, and updated with what this
   run's batches teach it: `Drafter.remember`) reuse what an earlier run loaded or built (`specjax.Decoder`, benchmarks and sweeps); `policy_memory` keeps
@@ -299,7 +307,7 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   log = log if meshes.is_main_process() else lambda message: None
-  conversations = check_inputs(spec)
+  requests = check_inputs(spec, requests)
   load_start = time.perf_counter()
   target, draft = models or load_models(spec, log)
   load_time = time.perf_counter() - load_start
@@ -307,25 +315,25 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   drafter_info = built.info if built else {}
 
   tok = target.tokenizer
-  width = prompts.width_bound(tok, conversations, cfg.chat, cfg.max_new_tokens)
+  width = prompts.width_bound(tok, requests, cfg.chat, cfg.max_new_tokens)
   # One shape for all batches of every turn, with room for a verify pass past the budget.
   cache_len = -(-(width + cfg.max_new_tokens + spec.verify_width) // 64) * 64
   runner = Runner(spec, target, built and built.drafter, cache_len)
-  constraints = _constraints(spec, conversations, target)
+  constraints = _constraints(spec, requests, target)
 
   def constrain(rows: list[int]) -> None:
-    """The runner's constraint for a batch of these conversations (padding rows unconstrained)."""
+    """The runner's constraint for a batch of these requests (padding rows unconstrained)."""
     if constraints is not None:
-      specs = [conversations[i].meta.get("constraint", cfg.constraint) for i in rows]
+      specs = [_constraint(spec, requests[i]) for i in rows]
       runner.constraint = constraints.rows(specs + [""] * (cfg.batch_size - len(specs)))
 
   key = jax.random.key(cfg.seed)
-  first = [prompts.turn_ids(tok, c, (), cfg.chat) for c in conversations[:cfg.batch_size]]
+  first = [prompts.turn_ids(tok, r, (), cfg.chat) for r in requests[:cfg.batch_size]]
   _, padded, lengths = next(_batches(first, cfg.batch_size, width))
   constrain(list(range(len(first))))
   if cfg.lower_only:
     return _lowering_report(spec, runner, padded, lengths, key, (target, draft), log)
-  # A prompts file's constraints (a runtime field) still shape the program: their table's.
+  # The requests' constraints (a runtime field) still shape the program: their table's.
   table_shape = None if constraints is None else constraints.next_ZxV.shape
   program, compile_time = (*spec.program(cache_len, width), id(built), table_shape), 0.0
   if warm is None or program not in warm:
@@ -341,12 +349,12 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
     policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log,
                           (*spec.program(cache_len), id(built), table_shape))
 
-  turns = max(len(c.turns) for c in conversations)
-  answers: list[list[str]] = [[] for _ in conversations]
+  turns = max(len(r.turns) for r in requests)
+  answers: list[list[str]] = [[] for _ in requests]
   outputs, per_turn, batch_number = [], [], 0
   for turn in range(turns):
-    active = [i for i, c in enumerate(conversations) if len(c.turns) > turn]
-    prompt_ids = [prompts.turn_ids(tok, conversations[i], answers[i], cfg.chat) for i in active]
+    active = [i for i, r in enumerate(requests) if len(r.turns) > turn]
+    prompt_ids = [prompts.turn_ids(tok, requests[i], answers[i], cfg.chat) for i in active]
     if max(map(len, prompt_ids)) > width:
       raise RuntimeError(f"turn {turn + 1}: a prompt of {max(map(len, prompt_ids))} tokens exceeds the {width} "
                          f"the program was compiled for (an earlier answer re-encoded to more than its budget + "
@@ -371,10 +379,11 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
         i = active[j]
         ids = [int(t) for t in tokens[row, :counts[row]]]
         answers[i].append(prompts.answer_text(tok, ids))
-        outputs.append({"prompt": conversations[i].turns[turn], "prompt_tokens": len(prompt_ids[j]),
+        outputs.append({"prompt": requests[i].turns[turn], "prompt_tokens": len(prompt_ids[j]),
                         "text": tok.decode(ids), "token_ids": ids, "num_tokens": len(ids),
                         "batch_wall_time_s": wall, **({"conversation": i, "turn": turn + 1} if turns > 1 else {}),
-                        **conversations[i].meta, **({"stats": per_row[row]} if spec.speculative else {})})
+                        **requests[i].meta, **({"constraint": own} if (own := requests[i].constraint) else {}),
+                        **({"stats": per_row[row]} if spec.speculative else {})})
     per_turn.append(tally)
   outputs.sort(key=lambda o: o.get("conversation", 0))  # conversation by conversation, turns in order (stable)
 

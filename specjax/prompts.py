@@ -1,11 +1,13 @@
-"""Where a decode's prompts come from, and how each turn of a conversation becomes the model's input.
+"""What a decode decodes: requests (a prompt or a conversation, its own constraint, fields for its
+outputs), where they come from, and how each turn of a conversation becomes the model's input.
 
-Every source yields conversations: the user's messages, one per turn (a plain prompt is a one-turn
-conversation). Sources (`config.prompts_file` overrides `config.prompts`):
+`Request` is the one in-memory form: `specjax.Decoder.generate` takes strings or requests, and every
+source parses into requests (`config.prompts_file` overrides `config.prompts`):
   config.prompts         a tuple of strings, one turn each
   a text file            one prompt per non-empty line
   a .jsonl file          one object per non-empty line with a "prompt" string, or a "turns" list of
-                         strings (a multi-turn conversation, as FastChat's MT-Bench question.jsonl)
+                         strings (a multi-turn conversation, as FastChat's MT-Bench question.jsonl), and
+                         optionally a "constraint" (a string or a dict, as `Request.constraint`)
   "mt-bench"             the MT-Bench questions (`python -m specjax.data fetch mt-bench`), all 80, or a
                          selection: "mt-bench?category=coding,math&per_category=2"
 Turn t is decoded from the chat template of the first t user messages with the model's own answers to
@@ -18,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import urllib.parse
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from specjax.constraints import compiler
 from specjax.data import mtbench, registry
+from specjax.errors import ConfigError
 from specjax.models.tokenizer import Tokenizer
 
 MT_BENCH = "mt-bench"
@@ -28,13 +32,44 @@ ANSWER_SLACK = 16  # tokens an answer may gain when its text is re-encoded for t
 
 
 @dataclasses.dataclass(frozen=True)
-class Conversation:
-  turns: tuple[str, ...]  # the user's messages
-  meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # copied into each output (e.g. category)
+class Request:
+  """One prompt (or conversation) to decode, with what belongs to it alone; checked when made, so a
+  bad value fails at once, in one line naming its field (and `source`: `constraint of request 2`).
+
+      specjax.Request("Extract the person as JSON: Maria is 34.",
+                      constraint={"json_schema": {"type": "object", "properties": {"age": {"type": "integer"}}}})
+  """
+
+  prompt: str | tuple[str, ...]  # one user message, or a conversation's, one per turn (any sequence: a tuple)
+  # Its own structured output: "regex:PATTERN", "json_schema:SCHEMA", or a dict {"regex": PATTERN} /
+  # {"json_schema": {...}} (docs/constraints.md); held as its spec string. "" or None: the call's (config.constraint).
+  constraint: str = ""
+  meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # copied into each output (e.g. category)
+  source: str = dataclasses.field(default="", compare=False, repr=False)  # for errors: "request 2", "p.jsonl:3"
+
+  def __post_init__(self):
+    prompt = self.prompt
+    if not isinstance(prompt, str):
+      prompt = tuple(prompt) if isinstance(prompt, Sequence) else None
+      if not (prompt and all(isinstance(turn, str) for turn in prompt)):
+        raise ConfigError(f"{self.field('prompt')} must be a string or a non-empty list of strings (the turns), "
+                          f"got {self.prompt!r:.60}")
+    object.__setattr__(self, "prompt", prompt)
+    object.__setattr__(self, "constraint", compiler.spec_of(self.constraint, self.field("constraint")))
+    object.__setattr__(self, "meta", dict(self.meta))
+
+  @property
+  def turns(self) -> tuple[str, ...]:
+    """The user's messages, one per turn (a plain prompt: one)."""
+    return (self.prompt,) if isinstance(self.prompt, str) else self.prompt
+
+  def field(self, name: str) -> str:
+    """How errors name this request's field `name`."""
+    return f"{name} of {self.source}" if self.source else name
 
 
-def _read_file(path: str) -> list[Conversation]:
-  """The conversations of a prompts file. Errors name the file and the line (counting every line)."""
+def _read_file(path: str) -> list[Request]:
+  """The requests of a prompts file. Errors name the file and the line (counting every line)."""
   try:
     with open(path, encoding="utf-8") as f:
       lines = f.read().splitlines()
@@ -44,8 +79,8 @@ def _read_file(path: str) -> list[Conversation]:
   if not numbered:
     raise ValueError(f"prompts file {path} holds no prompt")
   if not path.endswith(".jsonl"):
-    return [Conversation((line,)) for _, line in numbered]
-  conversations = []
+    return [Request(line) for _, line in numbered]
+  requests = []
   for number, line in numbered:
     try:
       record = json.loads(line)
@@ -61,12 +96,14 @@ def _read_file(path: str) -> list[Conversation]:
              "neither a 'prompt' nor a 'turns' field")
       raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string or a 'turns' list of "
                        f"strings, got {got}")
-    meta = {k: v for k, v in record.items() if k not in ("prompt", "turns") and isinstance(v, (str, int, float))}
-    conversations.append(Conversation(tuple(turns), meta))
-  return conversations
+    meta = {k: v for k, v in record.items()
+            if k not in ("prompt", "turns", "constraint") and isinstance(v, (str, int, float))}
+    prompt = record["prompt"] if isinstance(record.get("prompt"), str) else tuple(turns)
+    requests.append(Request(prompt, record.get("constraint"), meta, source=f"{path}:{number}"))
+  return requests
 
 
-def _read_mt_bench(source: str) -> list[Conversation]:
+def _read_mt_bench(source: str) -> list[Request]:
   """The MT-Bench selection named by `source` ("mt-bench[?category=a,b&per_category=N]")."""
   query = urllib.parse.urlsplit(source).query
   options = urllib.parse.parse_qs(query, keep_blank_values=True, separator="&")
@@ -82,21 +119,21 @@ def _read_mt_bench(source: str) -> list[Conversation]:
   if error:
     raise ValueError(f"config.prompts_file {source!r}: {error}")
   questions = mtbench.select(mtbench.read_questions(registry.installed_path(MT_BENCH)), categories, per_category)
-  return [Conversation(q.turns, {"question_id": q.question_id, "category": q.category}) for q in questions]
+  return [Request(q.turns, meta={"question_id": q.question_id, "category": q.category}) for q in questions]
 
 
 def is_dataset(source: str) -> bool:
   return source == MT_BENCH or source.startswith(MT_BENCH + "?")
 
 
-def conversations(prompts: Sequence[str], prompts_file: str) -> list[Conversation]:
-  """The conversations of a decode config's `prompts` and `prompts_file` (which wins when set)."""
+def requests(prompts: Sequence[str], prompts_file: str) -> list[Request]:
+  """The requests of a decode config's `prompts` and `prompts_file` (which wins when set)."""
   if not prompts_file:
-    return [Conversation((p,)) for p in prompts]
+    return [Request(p) for p in prompts]
   return _read_mt_bench(prompts_file) if is_dataset(prompts_file) else _read_file(prompts_file)
 
 
-def messages(conversation: Conversation, answers: Sequence[str]) -> list[dict[str, str]]:
+def messages(conversation: Request, answers: Sequence[str]) -> list[dict[str, str]]:
   """The chat messages of the turn after `answers`: each user message answered, then the next one."""
   turn = len(answers)
   history = [m for user, answer in zip(conversation.turns, answers)
@@ -104,7 +141,7 @@ def messages(conversation: Conversation, answers: Sequence[str]) -> list[dict[st
   return history + [{"role": "user", "content": conversation.turns[turn]}]
 
 
-def turn_ids(tokenizer: Tokenizer, conversation: Conversation, answers: Sequence[str], chat: bool) -> list[int]:
+def turn_ids(tokenizer: Tokenizer, conversation: Request, answers: Sequence[str], chat: bool) -> list[int]:
   """The input ids of the turn after `answers` (the model's answers so far): through the chat template
   when `chat` (its special tokens are part of it), else the one prompt with the tokenizer's specials."""
   if not chat:
@@ -114,11 +151,11 @@ def turn_ids(tokenizer: Tokenizer, conversation: Conversation, answers: Sequence
   return tokenizer.encode(tokenizer.apply_chat_template(messages(conversation, answers)), add_special_tokens=False)
 
 
-def width_bound(tokenizer: Tokenizer, conversations_: Sequence[Conversation], chat: bool, max_new_tokens: int) -> int:
+def width_bound(tokenizer: Tokenizer, conversations_: Sequence[Request], chat: bool, max_new_tokens: int) -> int:
   """The most input ids any turn of `conversations_` can take: the longest conversation with empty
   answers, plus each earlier answer's budget and `ANSWER_SLACK` (its text re-encoded). One width for
   every turn keeps one compiled program for the whole run."""
-  def bound(conversation: Conversation) -> int:
+  def bound(conversation: Request) -> int:
     earlier = len(conversation.turns) - 1
     if not earlier:
       return len(turn_ids(tokenizer, conversation, (), chat))
@@ -134,4 +171,4 @@ def answer_text(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
 
 def encode(tokenizer: Tokenizer, texts: Sequence[str], chat: bool) -> list[list[int]]:
   """The input ids of one-turn prompts `texts` (`turn_ids` of each)."""
-  return [turn_ids(tokenizer, Conversation((text,)), (), chat) for text in texts]
+  return [turn_ids(tokenizer, Request(text), (), chat) for text in texts]

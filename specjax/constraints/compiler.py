@@ -1,7 +1,9 @@
 """Constraints on the host: a spec string -> a regular expression -> a token table for one vocabulary.
 
 A spec is `"regex:PATTERN"` or `"json_schema:SCHEMA"` (SCHEMA: inline JSON, or the path of a JSON file);
-a schema becomes a regular expression through `outlines_core.json_schema.build_regex_from_schema`. The
+a constraint given as a dict, `{"regex": PATTERN}` or `{"json_schema": SCHEMA}` (SCHEMA a dict too, as
+OpenAI-style `response_format` and vLLM's guided decoding write it), becomes that string (`spec_of`).
+A schema becomes a regular expression through `outlines_core.json_schema.build_regex_from_schema`. The
 regular expression is compiled by `outlines_core.Index` into a byte-level DFA walked by every token's
 bytes (`vocab_map.token_bytes`): for each DFA state reachable by whole tokens, which tokens may follow
 and the state each leads to. That is the `TokenTable`, dense: `next_ZxV` holds Z x V int32 entries
@@ -21,7 +23,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +70,33 @@ def stack(tables: Sequence[TokenTable]) -> tuple[np.ndarray, np.ndarray]:
   offsets = np.cumsum([0] + [t.num_states for t in tables])
   parts = [np.where(t.next_ZxV >= 0, t.next_ZxV + offset, -1) for t, offset in zip(tables, offsets)]
   return np.concatenate(parts).astype(np.int32), offsets[:-1].astype(np.int32)
+
+
+def spec_of(value: Any, field: str = "constraint") -> str:
+  """The spec string of a constraint given as a spec string, as a dict with one key (`{"regex": PATTERN}`,
+  `{"json_schema": SCHEMA}`, SCHEMA a dict, inline JSON or a file path) or as None or "" (none: "").
+  Checked by `parse`; a ConfigError of one line naming `field` for any other value."""
+  if value is None or isinstance(value, str) and not value:
+    return ""
+  if isinstance(value, Mapping):
+    if len(value) != 1 or next(iter(value)) not in KINDS:
+      raise ConfigError(f"{field} must be a dict with one key, 'regex' or 'json_schema', got keys "
+                        f"{sorted(map(str, value))}")
+    (kind, body), = value.items()
+    if kind == "json_schema" and isinstance(body, Mapping):
+      try:
+        body = json.dumps(body)  # the schema's own key order: it orders the properties of the output
+      except (TypeError, ValueError) as e:
+        raise ConfigError(f"{field}: json_schema is not JSON: {e}") from None
+    if not isinstance(body, str):
+      expected = "a string" if kind == "regex" else "a dict or a string (inline JSON or a file)"
+      raise ConfigError(f"{field}: {kind} must be {expected}, got {body!r:.60}")
+    value = f"{kind}:{body}"
+  elif not isinstance(value, str):
+    raise ConfigError(f"{field} must be a string (\"regex:...\", \"json_schema:...\") or a dict ({{\"regex\": ...}}, "
+                      f"{{\"json_schema\": {{...}}}}), got {value!r:.60}")
+  parse(value, field)
+  return value
 
 
 def parse(spec: str, field: str = "config.constraint") -> str:
@@ -168,15 +197,22 @@ def _prune(next_ZxV: np.ndarray, accepting_Z: np.ndarray) -> np.ndarray:
   return np.where((next_ZxV >= 0) & live_Z[np.maximum(next_ZxV, 0)], next_ZxV, -1).astype(np.int32)
 
 
+_FIELD = "\0field"  # the field a cached compile's errors name, replaced by the caller's (`table_for`)
+
+
 @functools.lru_cache(maxsize=32)
-def _cached(spec: str, strings: tuple[bytes, ...], eos_ids: tuple[int, ...], field: str) -> TokenTable:
-  return compile_table(parse(spec, field), strings, eos_ids, field)
+def _cached(spec: str, strings: tuple[bytes, ...], eos_ids: tuple[int, ...]) -> TokenTable:
+  return compile_table(parse(spec, _FIELD), strings, eos_ids, _FIELD)
 
 
 def table_for(spec: str, strings: Sequence[bytes], eos_ids: Sequence[int],
               field: str = "config.constraint") -> TokenTable:
-  """`compile_table(parse(spec))`, cached by (spec, vocabulary, EOS ids): compiled once per process."""
-  return _cached(spec, tuple(strings), tuple(sorted(set(eos_ids))), field)
+  """`compile_table(parse(spec))`, cached by (spec, vocabulary, EOS ids): compiled once per process,
+  whichever field gave it; a ConfigError names `field`."""
+  try:
+    return _cached(spec, tuple(strings), tuple(sorted(set(eos_ids))))
+  except ConfigError as e:
+    raise ConfigError(str(e).replace(_FIELD, field, 1)) from None
 
 
 def token_strings(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:
@@ -207,12 +243,17 @@ class RunConstraints:
 
 
 def for_run(specs: Sequence[str], strings: Sequence[bytes], eos_ids: Sequence[int],
-            field: str = "config.constraint") -> RunConstraints | None:
+            fields: str | Sequence[str] = "config.constraint") -> RunConstraints | None:
   """The stacked constraints of a run's prompts (`specs`: one per prompt, "" = none); None when no
-  prompt is constrained. Each distinct spec compiles once (`table_for`)."""
+  prompt is constrained. Each distinct spec compiles once (`table_for`); its errors name the field
+  of its first prompt (`fields`: one per prompt, or one for all)."""
+  fields = [fields] * len(specs) if isinstance(fields, str) else list(fields)
+  field_of = {}
+  for spec, field in zip(specs, fields):
+    field_of.setdefault(spec, field)
   distinct = sorted(set(specs) - {""})
   if not distinct:
     return None
   free = TokenTable(np.zeros((1, len(strings)), np.int32), np.ones(1, bool), "")
-  next_ZxV, starts = stack([table_for(spec, strings, eos_ids, field) for spec in distinct] + [free])
+  next_ZxV, starts = stack([table_for(spec, strings, eos_ids, field_of[spec]) for spec in distinct] + [free])
   return RunConstraints(next_ZxV, {**dict(zip(distinct, starts.tolist())), "": int(starts[-1])})
