@@ -16,7 +16,7 @@ def _ffi_include_dir() -> str:
 
 
 class _BuildKernel(build_ext):
-  """Plain C++ flags: the handlers pick AVX-512 paths at run time (function target attributes), so
+  """Plain C++ flags: the handlers pick AVX-512 or AVX2 paths at run time (function target attributes), so
   the library runs on any x86-64 or other CPU."""
 
   def build_extension(self, ext):

@@ -21,6 +21,7 @@ from tests.helpers.tiny_hf import VOCAB, save_hf_model
 # CI builds the kernel with the package (`pip install -e .`): a missing build fails here, not skips.
 KERNEL = "cpu_kernel"
 SHAPES = [(1, 7, 5), (3, 33, 17), (6, 130, 67), (17, 64, 96), (2, 257, 1031)]  # (M, N, K): tails of every tile
+PATH_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 dense = jax.jit(matmul.dense, static_argnums=(2, 3))
 
 
@@ -29,21 +30,78 @@ def _operands(M, N, K, dtype, seed=0):
   return (jnp.asarray(rng.standard_normal((M, K)), dtype), jnp.asarray(rng.standard_normal((N, K)), dtype))
 
 
+def _paths_here(dtype):
+  """The kernel's paths this CPU runs for `dtype` (each level the cap `kernel_limit` can select)."""
+  if matmul._library()[0] is None:
+    return []
+  here = []
+  for level in PATH_NAMES:
+    previous = matmul.kernel_limit(level)
+    try:
+      if matmul.kernel_path(dtype) == level:
+        here.append(level)
+    finally:
+      matmul.kernel_limit(previous)
+  return here
+
+
+def _capped_at(level):
+  """Caps the kernel at path `level` for both dtypes while a test runs; skips, saying why, where this CPU
+  lacks that path for either (a CPU with AVX-512F but not AVX512_BF16 runs AVX2 for bfloat16)."""
+  missing = [d for d in matmul.KERNEL_DTYPES if level not in _paths_here(d)]
+  if missing:
+    pytest.skip(f"this CPU has no {PATH_NAMES[level]} path for {', '.join(missing)}")
+  previous = matmul.kernel_limit(level)
+  yield level
+  matmul.kernel_limit(previous)
+
+
+@pytest.fixture(params=[1, 2], ids=["avx2", "avx512"])
+def vector_path(request):
+  """Each vector path this CPU has (an AVX-512 host runs its AVX2 path too)."""
+  yield from _capped_at(request.param)
+
+
+@pytest.fixture(params=[0, 1, 2], ids=["portable", "avx2", "avx512"])
+def path(request):
+  """Each path this CPU has, the portable loop included."""
+  yield from _capped_at(request.param)
+
+
 def test_kernel_is_built():
   library, why_not = matmul._library()
   assert library is not None, why_not
 
 
+def test_a_vector_path_runs_on_x86():
+  """x86-64 CPUs of the last decade have AVX2+FMA: there the kernel must not run its portable loop."""
+  import platform
+  if platform.machine() not in ("x86_64", "AMD64"):
+    pytest.skip("not an x86-64 CPU")
+  with open("/proc/cpuinfo") as cpuinfo:
+    flags = set(next((line for line in cpuinfo if line.startswith("flags")), "").split())
+  if not {"avx2", "fma"} <= flags:
+    pytest.skip("this CPU lacks AVX2+FMA")
+  for dtype in matmul.KERNEL_DTYPES:
+    assert matmul.kernel_path(dtype) >= 1 and matmul.kernel_status(dtype)[0], matmul.kernel_status(dtype)
+    assert matmul.backend_for("auto", "bfloat16", "cpu") == KERNEL
+
+
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_float32_equals_xla(M, N, K):
+def test_float32_equals_xla_and_float64(M, N, K, path):
+  """Within float32 rounding of a float64 reference: K roundings of the sum of |products|."""
   x, w = _operands(M, N, K, jnp.float32)
   got, want = np.asarray(dense(x, w, KERNEL, None)), np.asarray(dense(x, w, "xla", None))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+  scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
+  assert np.all(np.abs(got - exact) <= (K + 2) * 2.0 ** -24 * scale)
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_bfloat16_equals_float64_products(M, N, K):
-  """Exact bfloat16 products summed in float32: within K float32 roundings of float64's sum."""
+def test_bfloat16_equals_float64_products(M, N, K, path):
+  """Exact bfloat16 products summed in float32: within K float32 roundings of float64's sum (the
+  reference converts bfloat16 to float64 exactly)."""
   x, w = _operands(M, N, K, jnp.bfloat16)
   got = np.asarray(dense(x, w, KERNEL, jnp.float32))
   want = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
@@ -66,7 +124,7 @@ def test_leading_axes_and_output_dtype():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_batch_invariant(dtype):
+def test_batch_invariant(dtype, vector_path):
   """Row m of a product over M rows is bitwise row m over any slice holding it: a verify pass computes
   what the one-token steps would (XLA's own float32 matmul is not: its sums depend on M)."""
   x, w = _operands(20, 300, 1536, dtype, seed=2)
@@ -74,6 +132,19 @@ def test_batch_invariant(dtype):
   for start, rows in [(0, 1), (5, 1), (0, 2), (3, 3), (7, 6), (2, 9), (4, 16)]:
     part = np.asarray(dense(x[start:start + rows], w, KERNEL, jnp.float32))
     np.testing.assert_array_equal(part, full[start:start + rows])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_batch_invariant_in_every_tile_position(dtype, vector_path):
+  """Each of 17 rows multiplied alone equals, bit for bit, that row in a product of M = 1..17 rows
+  starting at offsets 0..5, so every row sits at every position of a 6-row tile, in tiles of every
+  height and row blocks whose tiles take 2, 3 or 4 rows of W; K (1031) and N (67) leave tails."""
+  x, w = _operands(17, 67, 1031, dtype, seed=5)
+  alone = np.concatenate([np.asarray(dense(x[m:m + 1], w, KERNEL, jnp.float32)) for m in range(17)])
+  for start in range(6):
+    for rows in range(1, 18 - start):
+      part = np.asarray(dense(x[start:start + rows], w, KERNEL, jnp.float32))
+      np.testing.assert_array_equal(part, alone[start:start + rows], err_msg=f"rows {start}..{start + rows}")
 
 
 def test_inside_while_loop_and_scan():

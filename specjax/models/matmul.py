@@ -35,7 +35,12 @@ KERNEL_DTYPES = ("float32", "bfloat16")
 AUTO_DTYPES = ("bfloat16",)  # the dtypes "auto" runs through the kernel (see the module docstring)
 _LIBRARY = "_cpu_kernels"  # the extension setup.py builds beside this module
 _TARGETS = {"float32": "specjax_matmul_f32", "bfloat16": "specjax_matmul_bf16"}
-_VECTOR_FEATURE = {"float32": (1, "AVX-512F"), "bfloat16": (2, "AVX512_BF16")}  # specjax_cpu_features bits
+_FEATURE_SHIFT = {"float32": 0, "bfloat16": 2}  # where specjax_cpu_features holds each dtype's path (2 bits)
+_PATHS = {  # what each path number means, per dtype; 0 is the portable loop
+    "float32": {1: "AVX2+FMA", 2: "AVX-512F"},
+    "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16"},
+}
+_NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16"}
 
 
 @functools.cache
@@ -51,6 +56,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     library = ctypes.CDLL(str(found[0]))
   except OSError as error:
     return None, f"the CPU matmul kernel {found[0].name} does not load: {error}"
+  if not hasattr(library, "specjax_cpu_limit"):  # its features word meant something else then
+    return None, f"the CPU matmul kernel {found[0].name} is an older build: rebuild it (`pip install -e .`)"
   jax.ffi.register_ffi_target(_TARGETS["float32"], jax.ffi.pycapsule(library.SpecjaxMatmulF32), platform="cpu")
   jax.ffi.register_ffi_target(_TARGETS["bfloat16"], jax.ffi.pycapsule(library.SpecjaxMatmulBf16), platform="cpu")
   return library, ""
@@ -63,10 +70,29 @@ def kernel_status(dtype: str) -> tuple[bool, str]:
     return False, why_not
   if dtype not in KERNEL_DTYPES:
     return False, f"the CPU matmul kernel has no {dtype} path (it has {', '.join(KERNEL_DTYPES)})"
-  bit, feature = _VECTOR_FEATURE[dtype]
-  if not library.specjax_cpu_features() & bit:
-    return False, f"this CPU lacks {feature}: the kernel's {dtype} path would run its portable loop"
-  return True, f"the CPU matmul kernel ({dtype}, {feature})"
+  path = kernel_path(dtype)
+  if not path:
+    return False, f"this CPU lacks {_NEEDS[dtype]}: the kernel's {dtype} path would run its portable loop"
+  return True, f"the CPU matmul kernel ({dtype}, {_PATHS[dtype][path]})"
+
+
+def kernel_path(dtype: str) -> int:
+  """The kernel's path for `dtype` on this CPU now: 0 the portable loop, 1 AVX2+FMA, 2 AVX-512 (what
+  `specjax_cpu_features` reports; `kernel_limit` caps it)."""
+  library = _library()[0]
+  if library is None or dtype not in KERNEL_DTYPES:
+    return 0
+  return (library.specjax_cpu_features() >> _FEATURE_SHIFT[dtype]) & 3
+
+
+def kernel_limit(level: int) -> int:
+  """Caps the kernel's path at `level` (0 portable, 1 AVX2+FMA, 2 AVX-512, the default) for every later
+  call, compiled programs included (a call reads the cap when it starts); returns the previous cap. For
+  tests and measurements: a path's results are batch-invariant, but two paths may differ in the last bits."""
+  library, why_not = _library()
+  if library is None:
+    raise RuntimeError(why_not)
+  return int(library.specjax_cpu_limit(int(level)))
 
 
 def backend_for(setting: str, dtype: str, platform: str | None = None, weights: str = "float") -> str:
