@@ -200,7 +200,7 @@ def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> m
     groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
   return apply_fields(default_config(), dict(
       target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,
-      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, profile=cfg.profile,
       mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k, k_policy=system.policy,
       tree=cfg.trees[system.tree] if system.tree else "",
       **({"drafter": system.drafter} if system.speculative else {}), **groups, **fields))
@@ -306,7 +306,7 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
 
 _STATS = ("tokens_per_second", "wall_time_s", "compile_time_s", "generated_tokens", "num_prompts",
           "target_calls", "draft_calls", "acceptance_rate", "alpha_hat", "mean_accepted_length",
-          "per_position_acceptance")
+          "per_position_acceptance", "profile")
 
 
 def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, result: dict, cost: dict) -> dict:
@@ -399,6 +399,8 @@ def write_json(results: dict, path: str) -> None:
 def _summary(row: dict) -> str:
   """One run's numbers for the log."""
   text = f"{row['tokens_per_second']:.2f} tok/s, compile {row['compile_time_s']:.1f} s"
+  if row.get("profile"):
+    text += f", a round {1e3 * row['profile']['round_s']:.1f} ms = {row['profile']['round_over_passes']:.2f}x its passes"
   if row["system"] != AUTOREGRESSIVE:
     text += (f", alpha_hat {number(row['alpha_hat'], '.3f')}, speedup {number(row['speedup_vs_autoregressive'])} "
              f"(modelled {number(row['modelled_speedup'])})")

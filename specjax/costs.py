@@ -65,6 +65,35 @@ def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats:
   return seconds
 
 
+def interleaved_medians(timers: dict[Any, Callable[[], float]], repeats: int) -> dict[Any, float]:
+  """Median seconds of each timer over `repeats` rounds in which every timer runs once, in turn: drift
+  of a shared machine moves them all alike instead of biasing whichever ran during it."""
+  samples = {name: [] for name in timers}
+  for _ in range(repeats):
+    for name, timed in timers.items():
+      samples[name].append(timed())
+  return {name: float(np.median(seconds)) for name, seconds in samples.items()}
+
+
+def candidate_passes(target_config: ModelConfig, target_params, drafter, candidates: tuple[Any, ...],
+                     batch_size: int, cache_len: int, offset: int, repeats: int = 5) -> tuple[np.ndarray, dict]:
+  """The passes a round of each candidate (`k_policy.Candidate`) runs, each timed alone at `offset`
+  cached positions: the target's verify pass over the candidate's nodes (`Candidate.nodes`) plus
+  `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token). Returns ([C] seconds, the
+  timings by pass: {"target": {T: s}, "draft": s or None}). A tree's levels and a parallel draft's
+  block are priced at one 1-token draft pass each (a wider pass costs a little more on a CPU)."""
+  widths = sorted({c.nodes(drafter.tree) for c in candidates})
+  timers = {T: forward_timer(target_config, target_params, T, batch_size, cache_len, offset, None) for T in widths}
+  draft = drafter.draft_pass()
+  if draft is not None:
+    timers["draft"] = forward_timer(draft.config, draft.params, 1, batch_size, cache_len, offset, draft.head,
+                                    draft.layers)
+  seconds = interleaved_medians(timers, repeats)
+  draft_s = seconds.pop("draft", 0.0)
+  passes_C = np.asarray([seconds[c.nodes(drafter.tree)] + drafter.passes(c.length) * draft_s for c in candidates])
+  return passes_C, {"target": seconds, "draft": draft_s if draft is not None else None}
+
+
 def cost_ratio(target_config: ModelConfig, target_params, draft: DraftPass, batch_size: int, repeats: int,
                cache_len: int = 256, offset: int = 100) -> float:
   """c = the median over `repeats` back-to-back pairs of (seconds of a 1-token draft forward) / (seconds

@@ -43,7 +43,8 @@ def default_config() -> ml_collections.ConfigDict:
   #                         acceptance (experiments/simulate_k_policy.py), 0.8 within 0.96-1.00x but
   #                         choosing plain steps in 27% of the rounds at alpha 0.88
   c.adaptive.recovery = 0.02  # drift back toward the prior per round a position is not reached, in [0, 1]
-  c.adaptive.calibration_rounds = 3  # rounds timed per candidate length when measuring the cost table
+  c.adaptive.calibration_rounds = 3  # rounds first timed (more when they last under 0.5 s) of the plain and the longest
+  #                                     candidate when pricing the cost table (docs/k-policy.md, "The cost table")
   c.adaptive.reuse_costs = True  # reuse the cost table this machine measured for the same program (kept in
   #                                $SPECJAX_CACHE/cost_tables); False measures it again and replaces it
   c.constraint = ""  # structured output: "regex:PATTERN", or "json_schema:SCHEMA" (inline JSON or a .json file):
@@ -78,6 +79,8 @@ def default_config() -> ml_collections.ConfigDict:
   #                               axis: "error", or "replicate" it on every device
   c.draft_sharding = "same"  # the draft model's weights: "same" rules as the target, or "replicated"
   c.output = ""  # path of a JSON results file; empty = print only
+  c.profile = False  # also time each batch's prefill and, after the run, every pass alone: where a round's time
+  #                    goes (stats["profile"], printed; `specjax.round_profile`, docs/profiling.md)
   c.lower_only = ""  # "cuda", "rocm", "tpu" or "cpu": lower the decode program for that platform and report
   #                    its loops, kernels and host transfers (`specjax.lowering`) instead of running; no such
   #                    device needed; "" = decode

@@ -36,7 +36,7 @@ SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_childre
 # Config fields that reach a compiled program only as runtime values (or not at all): a run changing
 # only these reuses the program an earlier run compiled (sampling's static flags are keyed apart).
 RUNTIME_FIELDS = ("prompts", "prompts_file", "seed", "output", "temperature", "top_k", "top_p", "max_new_tokens",
-                  "chat")
+                  "chat", "profile")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,10 +27,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import generation, lowering, mesh as meshes, metrics, partitioning, prompts, records
+from specjax import generation, lowering, mesh as meshes, metrics, partitioning, prompts, records, round_profile
 from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec, from_config
-from specjax.errors import ConfigError
 from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
 from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
@@ -70,7 +69,7 @@ def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
   return ""
 
 
-def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.Memory] | None,
+def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.Memory],
           batch: tuple[np.ndarray, np.ndarray], key, log: Callable[[str], None], program: tuple) -> dict[str, Any]:
   """The K policy's record for the results. A tuned policy keeps one `k_policy.Memory` per compiled
   program in `policy_memory` (every batch has one shape), tuned with the first `batch` (prompts [B, P],
@@ -80,10 +79,9 @@ def _tune(spec: DecodeSpec, runner: Runner, policy_memory: dict[tuple, k_policy.
   record = tuning.record(policy, candidates)
   if not policy.tuned:
     return record
-  memories = {} if policy_memory is None else policy_memory
-  if program not in memories:
-    memories[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
-  runner.memory = memories[program]
+  if program not in policy_memory:
+    policy_memory[program] = k_policy.Memory(policy.prior, spec.k, policy.rows(spec.k, runner.drafter.tree))
+  runner.memory = policy_memory[program]
   measure = functools.partial(runner.calibrate, *batch, np.full(len(batch[1]), spec.config.max_new_tokens, np.int32),
                               key)
   return {**record, **tuning.tune(runner.memory, spec.tuning, spec.description(runner.cache_len), candidates,
@@ -344,10 +342,12 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
     compile_time = time.perf_counter() - start
     if warm is not None:
       warm.add(program)
-  policy_record = {}
+  profiler = round_profile.Profiler() if cfg.profile else None
+  policy_memory = {} if policy_memory is None else policy_memory  # this run's batches share one
+  policy_record, cost_checks = {}, []  # cost_checks: the cost table against each call long enough to check
   if spec.speculative:
-    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log,
-                          (*spec.program(cache_len), id(built), table_shape))
+    tuned_program = (*spec.program(cache_len), id(built), table_shape)
+    policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log, tuned_program)
 
   turns = max(len(r.turns) for r in requests)
   answers: list[list[str]] = [[] for _ in requests]
@@ -371,6 +371,15 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
       tokens, counts = meshes.to_host((out.tokens, out.counts))
       wall = time.perf_counter() - start
       per_row = tally.add(spec, out, wall, counts[:len(indices)])
+      if profiler is not None:
+        profiler.batch(runner, padded, lengths, jax.random.fold_in(key, batch_number - 1), out, wall)
+      if runner.memory is not None:  # the cost table held against what the call cost; a miss measures it again
+        check = runner.memory.check(meshes.to_host(out.rounds_per_length), wall)
+        if check is not None:
+          cost_checks.append(check)
+          if check["stale"]:
+            log(f"the round costs predicted {check['predicted_s']:.2f} s for this batch; it took {wall:.2f} s")
+            policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log, tuned_program)
       if built:  # what the real rows (not the filler) decoded, for the next batch, turn and run
         real_B = np.arange(len(lengths)) < len(indices)
         runner.drafter = built.drafter = built.drafter.remember(padded, np.where(real_B, lengths, 0), out.tokens,
@@ -390,12 +399,16 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   stats = {"mode": cfg.mode, "num_prompts": len(outputs), **_Tally.merged(per_turn).stats(spec),
            "compile_time_s": compile_time, "load_time_s": load_time}
   if spec.speculative:
-    stats.update(k_policy={**policy_record, **stats.pop("k_policy")}, **drafter_info)
+    stats.update(k_policy={**policy_record, **stats.pop("k_policy"), "cost_checks": cost_checks}, **drafter_info)
     if "tree_nodes" in drafter_info:  # a tree: positions are depths; a round verifies the tree cut at its depth
       verified = tuning.nodes_verified_per_round(spec.tree, drafter_info["tree_nodes"], stats["k_policy"])
       mean = stats["mean_accepted_length"]
       stats.update(nodes_verified_per_round=verified,
                    accepted_per_verified_node=None if mean is None else mean / verified)
+  if profiler is not None:
+    stats["profile"] = profiler.report(runner, width)
+    for line in round_profile.lines(stats["profile"]):
+      log(line)
   if turns > 1:
     stats["turns"] = [{"turn": t + 1, **tally.stats(spec)} for t, tally in enumerate(per_turn)]
   results = {"config": cfg.as_configdict().to_dict(), "stats": stats, "outputs": outputs,

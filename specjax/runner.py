@@ -5,13 +5,15 @@ times (`k_policy.tuning`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from specjax import autoregressive, mesh as meshes, partitioning
+from specjax import autoregressive, costs, mesh as meshes, partitioning
 from specjax.constraints.mask import Unconstrained
 from specjax.decode_spec import DecodeSpec
 from specjax.generation import Request
@@ -65,14 +67,36 @@ class Runner:
     return self.spec.policy.candidates(self.spec.k, self.drafter.tree)
 
   def calibrate(self, prompts_BxP: np.ndarray, lengths_B: np.ndarray, budget_B: np.ndarray, key,
-                rounds: int) -> np.ndarray:
-    """The K policy's cost table [C] on this device and batch shape, measured with the compiled program
-    itself (`k_policy.calibrate`, `rounds` timed per candidate)."""
+                rounds: int) -> k_policy.Prices:
+    """The K policy's prices on this device and batch shape (`k_policy.Prices`): each candidate's passes
+    timed alone at the batch's mid-generation cache offset (`costs.candidate_passes`), plus what a
+    plain round of the compiled program costs beyond its 1-token pass (`k_policy.forced_round_seconds`,
+    `rounds` timed), and the seconds of a call that runs no round (its prefill)."""
+    candidates = self.candidates
+
     def run(cost_C: np.ndarray, round_limit: int) -> int:
       out = self(prompts_BxP, lengths_B, budget_B, key, round_limit, cost_C, calibrating=True)
       return int(jax.block_until_ready(out.target_calls)) - 1
 
-    return k_policy.calibrate(self.candidates, run, rounds)
+    forced = k_policy.forcing(len(candidates), 0)
+    run(forced, 0)
+    prefill_s = []
+    for _ in range(3):
+      start = time.perf_counter()
+      run(forced, 0)
+      prefill_s.append(time.perf_counter() - start)
+    plain_s = k_policy.forced_round_seconds(len(candidates), 0, run, rounds)
+    # Rounds at the longest candidate, timed as a check of the priced table, and observed: a plain round
+    # observes nothing, so these teach the acceptance prior (`Memory.learn`) whatever the policy chooses.
+    longest_s = k_policy.forced_round_seconds(len(candidates), len(candidates) - 1, run, rounds)
+    offset = prompts_BxP.shape[1] + int(np.max(budget_B)) // 2
+    with contextlib.ExitStack() as stack:
+      if self.target.part is not None:
+        stack.enter_context(jax.set_mesh(self.target.part.mesh))
+      passes_C, _ = costs.candidate_passes(self.target.config, self.target.params, self.drafter, candidates,
+                                           len(lengths_B), self.cache_len,
+                                           min(offset, self.cache_len - self.spec.verify_width))
+    return k_policy.Prices(passes_C, max(plain_s - float(passes_C[0]), 0.0), float(np.median(prefill_s)), longest_s)
 
   def _allocate(self, batch: int) -> None:
     """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""

@@ -10,6 +10,7 @@ import pytest
 
 from specjax import pipeline
 from specjax.runner import Runner
+from specjax.speculative import k_policy
 from specjax.speculative.k_policy import Candidate, cost_store
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
@@ -120,3 +121,45 @@ def test_a_table_stored_before_the_acceptance_counts_loads_with_none_observed():
   with open(path, "w") as f:
     json.dump(record, f)
   np.testing.assert_array_equal(cost_store.load(description, CHAIN, (1, 2))[0].reached_AxK, [[4, 2]])
+
+
+def test_a_stored_table_that_misses_a_call_is_measured_again_and_the_profile_accounts_for_the_calls(
+    model_dirs, monkeypatch):
+  """The cost table is held against every call (`Memory.check`): a stored table made 1000x too dear misses
+  the next run's first call by far more than MISS_LIMIT, so that run measures it again before its next
+  batch, replaces the stored one, and its stats say so (the check's floor MIN_CHECKED_S lowered: tiny
+  models' calls last milliseconds). The first run profiled (`config.profile`): the rounds and draft
+  passes the profile counts are the run's, and its prefill and rounds make up its calls."""
+  def run(**fields):
+    config = cli_config(model_dirs, k_policy="adaptive", k=2, prompts=PROMPTS * 2, batch_size=2, **fields)
+    return pipeline.run(config, log=lambda message: None)["stats"]
+
+  first = run(profile=True)
+  assert first["k_policy"]["cost_checks"] == []  # calls under MIN_CHECKED_S: not checked
+  profile = first["profile"]
+  assert profile["rounds"] == first["target_calls"] - 2  # two batches: a prefill pass each
+  assert profile["draft_passes_per_round"] == pytest.approx(first["draft_calls"] / profile["rounds"])
+  assert 0 < profile["prefill_s"] < profile["calls_s"] and profile["passes_s"] > 0
+  assert profile["prefill_s"] + profile["rounds"] * profile["round_s"] == pytest.approx(profile["calls_s"])
+  assert profile["passes_s"] == pytest.approx(profile["verify_pass_s"] + profile["draft_passes_s"])
+  # The priced table: each length's passes timed alone plus one overhead (a plain round's passes: the
+  # 1-token target pass alone), made nondecreasing.
+  priced = first["k_policy"]
+  assert np.allclose(np.maximum.accumulate(np.add(priced["passes_s"], priced["round_overhead_s"])),
+                     priced["cost_table_s"], rtol=1e-5)
+  assert priced["passes_s"][0] < priced["passes_s"][-1]  # the longest runs draft passes and a wider verify
+
+  (stored,) = os.listdir(cost_store.directory())
+  path = os.path.join(cost_store.directory(), stored)
+  with open(path) as f:
+    record = json.load(f)
+  record["cost_table_s"] = [1000 * c for c in record["cost_table_s"]]  # a wrong table
+  with open(path, "w") as f:
+    json.dump(record, f)
+  monkeypatch.setattr(k_policy.tuning, "MIN_CHECKED_S", 0.0)
+  second = run(seed=1)
+  first_check = second["k_policy"]["cost_checks"][0]
+  assert first_check["stale"] and first_check["miss"] < -0.5  # predicted far more than it took
+  assert second["k_policy"]["remeasured_after_a_miss"] and second["k_policy"]["calibration_time_s"] > 0
+  with open(path) as f:
+    assert json.load(f)["cost_table_s"] == second["k_policy"]["cost_table_s"]  # the stored one replaced

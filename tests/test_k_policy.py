@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import decode_spec
+from specjax import costs, decode_spec
 from specjax.api import apply_fields
 from specjax.decode_config import default_config
 from specjax.generation import as_token_lists, pad_prompts
@@ -24,7 +24,7 @@ from specjax.speculative.plan import ChosenPlan
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, TARGET, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
 from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, assert_rounds_draft,
@@ -385,6 +385,42 @@ def test_calibration_times_enough_rounds_and_a_longer_proposal_never_costs_less(
     limits = [limit for i, limit in calls if i == index]
     assert limits[:3] == [1, 1, 4] and len(limits) == 4  # one longer call sufficed (or hit the budget)
     assert (min(limits[3], 40) - 1) * round_s[index] >= k_policy.MIN_TIMED_S or limits[3] > 40
+
+
+def test_a_round_is_priced_from_its_passes_and_one_overhead(monkeypatch):
+  """`costs.candidate_passes` and `Prices`: a candidate of length L costs the target's pass over its L + 1
+  tokens plus the drafter's own count of draft passes (`Drafter.passes`: L for a draft model, none for a
+  lookup, none in a plain round), plus one measured overhead, made nondecreasing. The passes' timers are
+  fakes (a T-token target pass 0.1 + 0.01 T s, a draft pass 0.03 s): a price that forgot the draft
+  passes, charged a plain round one, or verified the wrong width fails here."""
+  def fake_timer(config, params, T, batch_size, cache_len, offset, head, layers=None):
+    seconds = 0.1 + 0.01 * T if params is None else 0.03  # the target's params: None here
+    return lambda: seconds
+
+  monkeypatch.setattr(costs, "forward_timer", fake_timer)
+  candidates = tuple(map(Candidate, range(4)))
+  model, lookup = ModelDrafter(*DRAFTS["perturbed"]), NgramDrafter(vocab_size=TARGET[0].vocab_size)
+  passes_C, _ = costs.candidate_passes(TARGET[0], None, model, candidates, 1, 64, 10, repeats=2)
+  np.testing.assert_allclose(passes_C, [0.11, 0.12 + 0.03, 0.13 + 0.06, 0.14 + 0.09], rtol=1e-6)
+  passes_C, _ = costs.candidate_passes(TARGET[0], None, lookup, candidates, 1, 64, 10, repeats=2)
+  np.testing.assert_allclose(passes_C, [0.11, 0.12, 0.13, 0.14], rtol=1e-6)
+  prices = k_policy.Prices(np.array([0.10, 0.18, 0.17, 0.30]), overhead_s=0.02, prefill_s=1.0)
+  np.testing.assert_allclose(prices.cost_C, [0.12, 0.20, 0.19, 0.32], rtol=1e-6)
+  np.testing.assert_allclose(k_policy.monotone(candidates, prices.cost_C), [0.12, 0.20, 0.20, 0.32], rtol=1e-6)
+
+
+def test_the_cost_check_flags_a_table_that_misses_a_call_by_more_than_the_limit():
+  """`Memory.check`: predicted = prefill + the rounds at their candidates' costs (here 0.5 + 10 x 0.1 +
+  5 x 0.3 = 3.0 s); a call 20% off keeps the table, 30% off (either way) marks it stale, and calls
+  predicted under MIN_CHECKED_S are not judged."""
+  def memory():
+    return k_policy.Memory(0.8, 3, cost_C=np.array([0.1, 0.2, 0.3], np.float32), prefill_s=0.5)
+
+  for measured, stale in ((3.6, False), (2.4, False), (3.9, True), (2.1, True)):
+    m = memory()
+    check = m.check(np.array([10, 0, 5]), measured)
+    assert check["predicted_s"] == pytest.approx(3.0) and check["stale"] == stale == m.stale, (measured, check)
+  assert memory().check(np.array([1, 0, 0]), 100.0) is None  # 0.1 s of rounds: too short to judge
 
 
 # (tokens the policy wants, what each row commits, draft passes the round must run: bounded lag of 3, the

@@ -208,6 +208,12 @@ class Drafter(flax.struct.PyTreeNode):
     """What one draft forward pass runs, for its cost model (`specjax.costs`); None for a lookup."""
     return None
 
+  def passes(self, length: int) -> int:
+    """The draft passes (`draft_pass`) a round proposing `length` tokens runs, for its cost model (the
+    adaptive policy's `k_policy.Prices`): one per token (a chain; a tree: one per level), none for a
+    lookup, and none in a plain round (length 0: the draft catches up at the next drafting round)."""
+    return length if self.draft_pass() is not None else 0
+
   def storage(self, batch_size: int, max_len: int) -> Any:
     """Preallocated storage for `batch_size` rows of up to `max_len` positions (donated to the loop)."""
     return None

@@ -80,6 +80,10 @@ class DFlashDrafter(EagleDrafter):
   name: ClassVar[str] = "dflash"
   cache_name: ClassVar[str] = "DFlash head"
 
+  def passes(self, length: int) -> int:
+    """One head pass proposes the whole block (none in a plain round)."""
+    return int(length > 0)
+
   @classmethod
   def check_config(cls, settings: DrafterSettings) -> None:
     if not settings.draft:

@@ -152,6 +152,10 @@ class ParallelDrafter(ModelBackedDrafter):
   def draft_pass(self) -> DraftPass:
     return DraftPass(self.config, self.params)
 
+  def passes(self, length: int) -> int:
+    """One pass fills the whole block; a plain round runs it too (it feeds the lag and pending)."""
+    return 1
+
   def lookahead(self, k: int) -> int:
     """The pass writes 2K positions from one short of the target's length less the lag: 2K - 2 past the
     point where the target's block starts."""

@@ -53,6 +53,8 @@ class Memory:
   cost_C: np.ndarray | None = None
   reached_AxK: np.ndarray | None = None  # [A, K] float64 (zeros when not given)
   accepted_AxK: np.ndarray | None = None  # [A, K] float64
+  prefill_s: float = 0.0  # seconds of a call before its rounds (`Prices.prefill_s`; 0 when not measured)
+  stale: bool = False  # a call missed the table's prediction (`check`): the next `tune` measures it again
 
   def __post_init__(self):
     self.reached_AxK = np.zeros((self.rows, self.k)) if self.reached_AxK is None else self.reached_AxK
@@ -82,6 +84,22 @@ class Memory:
     scale_AxK = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_AxK, 1.0))
     self.reached_AxK, self.accepted_AxK = self.reached_AxK * scale_AxK, self.accepted_AxK * scale_AxK
 
+  def check(self, rounds_C: np.ndarray, measured_s: float) -> dict[str, Any] | None:
+    """Holds the table against a call that ran `rounds_C` [C] rounds at each candidate in `measured_s`
+    seconds: predicted, the prefill plus each round's cost. A miss by more than MISS_LIMIT of the
+    prediction marks the table stale (the next `tune` measures it again); the record says so. None
+    when nothing is tuned, or when the rounds are predicted to last under MIN_CHECKED_S (too short to
+    tell a wrong table from a call's jitter)."""
+    if self.cost_C is None:
+      return None
+    rounds_s = float(np.dot(np.asarray(rounds_C, np.float64), np.asarray(self.cost_C, np.float64)))
+    if rounds_s < MIN_CHECKED_S:
+      return None
+    predicted = self.prefill_s + rounds_s
+    miss = measured_s / predicted - 1.0
+    self.stale = self.stale or abs(miss) > MISS_LIMIT
+    return {"predicted_s": predicted, "measured_s": measured_s, "miss": miss, "stale": abs(miss) > MISS_LIMIT}
+
 
 def forcing(num_candidates: int, index: int) -> np.ndarray:
   """A cost table under which the adaptive policy always chooses candidate `index` (for `calibrate`)."""
@@ -95,42 +113,86 @@ MIN_TIMED_S = 0.5
 MAX_EXTENSIONS = 2
 
 
-def calibrate(candidates: tuple[Candidate, ...], run: Callable[[np.ndarray, int], int],
-              rounds: int = 3) -> np.ndarray:
-  """The cost table [C] (seconds per round at each candidate), measured with the compiled
-  program itself: `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy
-  forced to one candidate by `cost_C` and at most `round_limit` rounds, and returns the rounds it ran.
-  Per candidate: one untimed round first (the first execution of a program's branch is several times
-  slower on a CPU: kernels are prepared lazily, and calibration is what first runs most of them), then
+def forced_round_seconds(num_candidates: int, index: int, run: Callable[[np.ndarray, int], int],
+                         rounds: int = 3) -> float:
+  """Seconds per round of the compiled program forced to candidate `index` of `num_candidates`:
+  `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy forced by `cost_C`
+  and at most `round_limit` rounds, and returns the rounds it ran. One untimed round first (the first
+  execution of a program's branch is several times slower on a CPU: kernels are prepared lazily), then
   a 1-round call and a (1 + n)-round call, whose difference over the rounds between them is the cost:
-  the prefill, the first token and the first round cancel within the same length, so no separately
-  timed baseline can bias every entry. n starts at `rounds` and grows until the difference lasts
-  MIN_TIMED_S (or the budget ends the call first, or MAX_EXTENSIONS longer calls were made). A
-  candidate never costs less than one it covers (`Candidate.covers`: it does what that one does, and
-  more), so such a measured dip is lifted: it is noise."""
+  the prefill, the first token and the first round cancel within the same length. n starts at `rounds`
+  and grows until the difference lasts MIN_TIMED_S (or the budget ends the call first, or
+  MAX_EXTENSIONS longer calls were made)."""
   def timed(cost_C: np.ndarray, limit: int) -> tuple[float, int]:
     start = time.perf_counter()
     ran = run(cost_C, limit)
     return time.perf_counter() - start, ran
 
-  num_candidates = len(candidates)
-  cost_C = np.zeros(num_candidates, np.float32)
-  for index in range(num_candidates):
-    forced = forcing(num_candidates, index)
-    run(forced, 1)
-    short_s, short_rounds = timed(forced, 1)
-    asked = rounds
-    for _ in range(MAX_EXTENSIONS + 1):
-      long_s, long_rounds = timed(forced, 1 + asked)
-      seconds, ran = max(long_s - short_s, 1e-6), max(long_rounds - short_rounds, 1)
-      if seconds >= MIN_TIMED_S or long_rounds < 1 + asked:
-        break
-      asked = max(asked + 1, int(np.ceil(1.2 * MIN_TIMED_S / (seconds / ran))))
-    cost_C[index] = seconds / ran
+  forced = forcing(num_candidates, index)
+  run(forced, 1)
+  short_s, short_rounds = timed(forced, 1)
+  asked = rounds
+  for _ in range(MAX_EXTENSIONS + 1):
+    long_s, long_rounds = timed(forced, 1 + asked)
+    seconds, ran = max(long_s - short_s, 1e-6), max(long_rounds - short_rounds, 1)
+    if seconds >= MIN_TIMED_S or long_rounds < 1 + asked:
+      break
+    asked = max(asked + 1, int(np.ceil(1.2 * MIN_TIMED_S / (seconds / ran))))
+  return seconds / ran
+
+
+def monotone(candidates: tuple[Candidate, ...], cost_C: np.ndarray) -> np.ndarray:
+  """The table with every candidate costing at least what each candidate it covers costs
+  (`Candidate.covers`: it does what that one does, and more), so a measured dip, which is noise, is
+  lifted."""
+  cost_C = np.array(cost_C, np.float32)
   for index, candidate in enumerate(candidates):  # those it covers come earlier: already lifted
     cost_C[index] = max([cost_C[index]] + [cost_C[j] for j, other in enumerate(candidates[:index])
                                            if candidate.covers(other)])
   return cost_C
+
+
+def calibrate(candidates: tuple[Candidate, ...], run: Callable[[np.ndarray, int], int],
+              rounds: int = 3) -> np.ndarray:
+  """The cost table [C] timed as whole forced rounds of the compiled program (`forced_round_seconds`
+  per candidate), made monotone. A decoder prices its table instead (`Prices`: passes timed alone plus
+  one measured overhead), which measures more stably on a shared CPU; this direct measurement serves
+  where the models' passes are not at hand (experiments/benchmark_accelerator.py)."""
+  return monotone(candidates, np.asarray([forced_round_seconds(len(candidates), index, run, rounds)
+                                          for index in range(len(candidates))], np.float32))
+
+
+# A stored or measured table whose prediction of a call misses the call's measured time by more than this
+# share is measured again (`Memory.check`); calls whose rounds are predicted to last under
+# MIN_CHECKED_S are not checked (a small model's calls: their jitter is larger than the rounds).
+MISS_LIMIT = 0.25
+MIN_CHECKED_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+  """A round's cost built from what measures stably (the adaptive policy's cost table): the passes a
+  round runs, each timed alone as a jitted forward (its verify pass over its nodes, and its draft
+  passes: `Drafter.passes`), plus what a round costs beyond its passes, measured once on plain rounds
+  of the compiled program (sampling, bookkeeping, a lookup's search: a plain round's time less its
+  1-token pass). Whole forced rounds of every length, timed on a shared 2-core VM, inherit lazy first
+  executions and drift (such tables were 2-4x off the rounds run, and two of them disagreed); passes
+  timed alone, interleaved, measure stably."""
+
+  passes_C: np.ndarray  # [C] seconds of each candidate's passes, timed alone
+  overhead_s: float  # seconds a round costs beyond its passes
+  prefill_s: float  # seconds of a call that only prefills and draws its first token (`Memory.check`)
+  forced_longest_s: float | None = None  # the longest candidate's rounds timed whole (`forced_round_seconds`): a check
+
+  @property
+  def longest_miss(self) -> float | None:
+    """How far the priced longest candidate lies from its rounds timed whole (their ratio less 1)."""
+    return None if self.forced_longest_s is None else self.forced_longest_s / float(self.cost_C[-1]) - 1.0
+
+  @property
+  def cost_C(self) -> np.ndarray:
+    """[C] float32 seconds of a round at each candidate."""
+    return (np.asarray(self.passes_C, np.float64) + self.overhead_s).astype(np.float32)
 
 
 def record(policy: KPolicy, candidates: tuple[Candidate, ...]) -> dict[str, Any]:
@@ -142,22 +204,24 @@ def record(policy: KPolicy, candidates: tuple[Candidate, ...]) -> dict[str, Any]
 
 
 def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates: tuple[Candidate, ...],
-         measure: Callable[[int], np.ndarray], log: Callable[[str], None]) -> dict[str, Any]:
+         measure: Callable[[int], Prices], log: Callable[[str], None]) -> dict[str, Any]:
   """Gives `memory` its cost table, unless it holds one: the one stored for the program's `description`
   on this machine (`cost_store`; its calibration's acceptance learned too: this run starts where that
-  one did), else measured by `measure(rounds)` (the compiled program timed: `calibrate`) and stored.
-  Returns what the results record of it (the cost table, what measuring it took, the acceptance prior
-  the timed calls start from)."""
-  seconds, stored_at = 0.0, None
+  one did), else measured by `measure(rounds)` (the program's passes and its plain rounds: `Prices`)
+  and stored. A table a call found stale (`Memory.check`) is measured again, the stored one
+  replaced. Returns what the results record of it (the cost table and how it was built, what
+  measuring it took, the acceptance prior the timed calls start from)."""
+  seconds, stored_at, prices, remeasured = 0.0, None, None, memory.stale
   description = {"machine": cost_store.machine(), **description}
-  if memory.cost_C is None:
+  if memory.cost_C is None or memory.stale:
+    memory.cost_C, memory.stale = None, False
     # Several processes must all measure or all reuse (calibrating runs the program, collectives
     # included): their disks may differ, so only a single process stores and reuses tables.
     stores = jax.process_count() == 1
-    if tuning.reuse_costs and stores:
+    if tuning.reuse_costs and stores and not remeasured:
       stored, note = cost_store.load(description, candidates, memory.reached_AxK.shape)
       if stored is not None:
-        memory.cost_C, stored_at = stored.cost_C, stored.measured_at
+        memory.cost_C, memory.prefill_s, stored_at = stored.cost_C, stored.prefill_s, stored.measured_at
         memory.learn(stored.reached_AxK, stored.accepted_AxK)
         log(f"reusing the round costs this machine measured for this program at {stored_at} "
             f"(config.adaptive.reuse_costs=False measures them again)")
@@ -165,19 +229,26 @@ def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates
         log(note)
     if memory.cost_C is None:
       names = [c.label for c in candidates]
-      log(f"measuring the adaptive policy's round costs at {', '.join(names)} ...")
+      why = f"a call missed the round costs by over {MISS_LIMIT:.0%}: " if remeasured else ""
+      log(f"{why}measuring the adaptive policy's round costs at {', '.join(names)} ...")
       start = time.perf_counter()
-      memory.cost_C = measure(tuning.calibration_rounds)
+      prices = measure(tuning.calibration_rounds)
+      memory.cost_C, memory.prefill_s = monotone(candidates, prices.cost_C), prices.prefill_s
       seconds = time.perf_counter() - start
       if stores:
-        cost_store.save(description, candidates, memory.cost_C, seconds, memory.reached_AxK, memory.accepted_AxK)
+        cost_store.save(description, candidates, memory.cost_C, seconds, memory.reached_AxK, memory.accepted_AxK,
+                        memory.prefill_s)
   cost_C, prior_AxK = memory.cost_C, memory.prior_AxK
   log(f"round cost by proposal length: "
       f"{', '.join(f'{c.label}: {1e3 * cost:.1f} ms' for c, cost in zip(candidates, cost_C))}"
       f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_AxK[0])}"
       + (f" (spine: {' '.join(f'{a:.2f}' for a in prior_AxK[1])})" if len(prior_AxK) > 1 else ""))
   entry = {"cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-           "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_AxK[0]]}
+           "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_AxK[0]],
+           "prefill_s": memory.prefill_s, "remeasured_after_a_miss": remeasured}
+  if prices is not None:
+    entry.update(passes_s=[float(p) for p in prices.passes_C], round_overhead_s=prices.overhead_s,
+                 forced_longest_round_s=prices.forced_longest_s, forced_longest_miss=prices.longest_miss)
   if len(prior_AxK) > 1:
     entry["spine_acceptance_prior"] = [float(a) for a in prior_AxK[1]]
   return entry
