@@ -13,8 +13,9 @@ report counts, per program (its StableHLO, calls followed):
 - `custom_calls`: the custom-call targets and how often each appears (kernels: Triton, Mosaic, cuDNN);
 - `host_transfers`: sends, receives, in/outfeeds and host callbacks;
 - `weight_dequantizations`: conversions of 8-bit integer tensors of rank >= 2 to floating point: the
-  quantized weights' XLA path (`specjax.models.quantized`), one per quantized matmul the program holds
-  (calls followed, once per appearance); XLA fuses each into its dot's operand on GPU/TPU.
+  quantized weights' XLA path (`specjax.models.quantized`): per matmul the program holds (calls
+  followed, once per appearance) one for int8 weights, two for int4 (one per half of its groups); XLA
+  fuses each into its dot's operand on GPU/TPU.
 """
 
 from __future__ import annotations

@@ -14,16 +14,20 @@ import pytest
 from specjax import decode_spec, lowering, metrics, pipeline
 from specjax.errors import ConfigError
 from specjax.generation import as_token_lists, pad_prompts
-from specjax.models import matmul, quantized
+from specjax.models import load, matmul, quantized
 from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
+from specjax.models.load import load_model
 from specjax.models.transformer import forward, output_head
 from specjax.speculative.drafters.quantized import QuantizedDrafter
 from tests.helpers.cli import cli_config, decode_in_process, model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, target_greedy,
                                   tiny_model)
+from tests.helpers.gguf import write_gguf
 from tests.helpers.loop import speculate
 from tests.helpers.quantized import dequantized64, float64_scales, random_weights, unpacked_codes
+from tests.helpers.tiny_hf import make_hf_model
+from tests.helpers.tokenizers import add_tokenizer_metadata, train_tokenizer
 
 FORMATS = ("int8", "int4", "int4:64", "int4:128")
 
@@ -62,13 +66,16 @@ def test_round_trip_error_is_at_most_half_a_scale(name):
 @pytest.mark.parametrize("name", FORMATS)
 def test_quantized_dense_equals_a_float64_matmul_of_the_dequantized_weights(name):
   """`matmul.dense` dispatches on the quantized leaf, whatever backend the model names (the CPU kernel
-  does not unpack codes: the XLA path runs); x [2, 3, K] float32 against float64 truth."""
-  q = quantized.quantize(jnp.asarray(random_weights((40, 256), seed=5)), quantized.parse(name))
+  does not unpack codes: the XLA path runs; here the CPU's, two tiles of CPU_ROWS rows and the rest),
+  and the other platforms' path (one pass over W) computes the same; x [2, 3, K] float32 against
+  float64 truth."""
+  q = quantized.quantize(jnp.asarray(random_weights((2 * quantized.CPU_ROWS + 44, 256), seed=5)),
+                         quantized.parse(name))
   x = np.random.default_rng(6).normal(size=(2, 3, 256)).astype(np.float32)
   expected = x.astype(np.float64) @ dequantized64(q).T
-  for backend in matmul.BACKENDS:
-    got = np.asarray(matmul.dense(jnp.asarray(x), q, backend), np.float64)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+  for got in [matmul.dense(jnp.asarray(x), q, backend) for backend in matmul.BACKENDS] + [
+      q._whole(jnp.asarray(x), jnp.float32)]:
+    np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
   assert matmul.dense(jnp.asarray(x), q, "xla", jnp.float32).dtype == jnp.float32
 
 
@@ -119,11 +126,11 @@ def test_greedy_speculation_with_the_targets_quantized_copy_equals_target_greedy
 
 
 def test_the_xla_path_shows_in_the_lowering_for_a_gpu():
-  """`lowering.report` counts one dequantization per quantized matmul of a program lowered for CUDA (two
-  layers of seven, and the head), none for float weights."""
+  """`lowering.report` counts the dequantizations of a program lowered for CUDA: per matmul (two layers of
+  seven, and the head) one for int8, two for int4 (one per half of its groups), none for float weights."""
   config, params = tiny_model(2, n_layers=2)
   tokens = jnp.ones((1, 2), jnp.int32)
-  for fmt, count in ((None, 0), (quantized.parse("int4"), 15)):
+  for fmt, count in ((None, 0), (quantized.INT8, 15), (quantized.parse("int4"), 30)):
     q = quantized.quantize_params(config, params, fmt)
     lowered = jax.jit(forward, static_argnums=0).trace(config, q, tokens, init_cache(config, 1, 8)).lower(
         lowering_platforms=("cuda",))
@@ -168,3 +175,36 @@ def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_
                                       "--config.mode=autoregressive", "--config.weights=int4:64"])
   assert (status, stderr.strip()) == (2, "error: config.weights: int4:64: groups of 64 do not divide an input "
                                          "width of 96 (d_ff)")
+
+
+def test_quantized_weights_are_cached_beside_the_converted_gguf(tmp_path, monkeypatch):
+  """A GGUF loaded with `weights` quantizes once and writes its codes and scales beside the converted
+  float32 cache; the next load reads them (nothing quantized, the quantized weights' float tensors not
+  read) and gives the same params; another format or dtype is another file."""
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  path = str(tmp_path / "tiny.gguf")
+  write_gguf(path, "qwen2", make_hf_model("qwen2"),
+             add_metadata=lambda w: add_tokenizer_metadata(w, train_tokenizer("qwen2"), "qwen2"))
+  first = load_model(path, weights="int4")
+  files = sorted(p.name for p in (tmp_path / "cache" / "converted").glob("*/weights-*"))
+  assert files == ["weights-int4-32-float32.safetensors"]
+  monkeypatch.setattr(quantized, "quantize", lambda *a, **k: pytest.fail("quantized again"))
+  read, original = [], load._read_safetensors
+
+  def recording(file, skip=()):
+    meta, tensors = original(file, skip)
+
+    def recorded():
+      for name, array in tensors:
+        read.append(name)
+        yield name, array
+    return meta, recorded()
+
+  monkeypatch.setattr(load, "_read_safetensors", recording)
+  again = load_model(path, weights="int4")
+  assert "layers_0/mlp/down_proj/weight" not in read and "embed/embedding" in read
+  quantized_leaf = lambda node: isinstance(node, quantized.QuantizedWeight)
+  assert jax.tree.structure(again.params, is_leaf=quantized_leaf) == jax.tree.structure(first.params,
+                                                                                        is_leaf=quantized_leaf)
+  jax.tree.map(np.testing.assert_array_equal, again.params, first.params)
+  monkeypatch.undo()

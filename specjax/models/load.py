@@ -10,6 +10,9 @@ Converting a GGUF is slow (parsing the metadata of a 150k-token vocabulary takes
 (safetensors, config in its metadata) and the tokenizer to `$SPECJAX_CACHE/converted/KEY/`; later loads
 read them back tensor by tensor. KEY is the registry sha256 for named models and a hash of path, size
 and mtime for other files. Registry models are never fetched implicitly: the error names the command.
+Quantized weights (`weights`, `quantized`) are cached the same way, per format and dtype, beside them
+(`weights-int4-32-float32.safetensors`: codes and float32 scales); a load that finds them reads only
+the float tensors that stay float (the embedding, norms, biases) from the converted cache.
 
 Handed a `ParamSharding` (the caller's: this package knows no mesh rules), every loader places each
 tensor straight into its shards as it reads it: no device ever holds a whole sharded weight and the
@@ -23,7 +26,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Collection, Iterator, Protocol
 
 import jax
 import numpy as np
@@ -38,6 +41,8 @@ from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Params
 
 _CACHE_VERSION = "1"  # bump when the converted layout changes
+_QUANTIZED_VERSION = "1"  # bump when `quantized.quantize` or its stored layout changes
+_DTYPES = {"F32": np.float32, "I8": np.int8, "U8": np.uint8}  # what the cache files hold
 
 
 class ParamSharding(Protocol):
@@ -134,19 +139,65 @@ def load_model(name_or_path: str, dtype: str = "float32",
     params = quantized.quantize_params(config, params, fmt)
     return LoadedModel(name, config, params, Tokenizer.from_hf_dir(path), part)
   params_file, tokenizer_file = _converted(path, gguf_key)
-  meta, tensors = _read_safetensors(params_file)
+  meta, _ = _read_safetensors(params_file)
   config = ModelConfig.from_dict({**json.loads(meta["config"]), "dtype": dtype})
   _check_format(config, fmt)
+  quantized_file = fmt and os.path.join(os.path.dirname(params_file),
+                                        f"weights-{fmt.name.replace(':', '-')}-{dtype}.safetensors")
+  cached = _read_quantized(quantized_file, config, fmt) if fmt else {}
   place = placement(config)
   params: dict = {}
-  for tensor_path, array in tensors:
-    *parents, leaf = tensor_path.split("/")
-    node = params
-    for parent in parents:
-      node = node.setdefault(parent, {})
-    node[leaf] = place(tensor_path, array)
-  return LoadedModel(name, config, quantized.quantize_params(config, params, fmt), _read_tokenizer(tokenizer_file),
-                     part)
+  for tensor_path, array in _read_safetensors(params_file, skip=cached)[1]:
+    _set(params, tensor_path, place(tensor_path, array))
+  for tensor_path, weight in cached.items():
+    _set(params, tensor_path, weight)
+  if fmt and not cached:
+    params = quantized.quantize_params(config, params, fmt)
+    _write_quantized(quantized_file, params, fmt, dtype, path)
+  return LoadedModel(name, config, params, _read_tokenizer(tokenizer_file), part)
+
+
+def _set(params: dict, tensor_path: str, value: Any) -> None:
+  *parents, leaf = tensor_path.split("/")
+  for parent in parents:
+    params = params.setdefault(parent, {})
+  params[leaf] = value
+
+
+def _quantized_meta(fmt: quantized.WeightFormat, dtype: str) -> dict[str, str]:
+  return {"version": _QUANTIZED_VERSION, "format": fmt.name, "dtype": dtype}
+
+
+def _write_quantized(file: str, params: Params, fmt: quantized.WeightFormat, dtype: str, source: str) -> None:
+  """Writes the quantized weights of `params` (per-layer layout) beside the converted float32 cache:
+  `PATH/codes` as stored, `PATH/scales` in float32 (bfloat16 ones are exact in it)."""
+  flat = {}
+  for key_path, leaf in jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda node: isinstance(node, quantized.QuantizedWeight))[0]:
+    if isinstance(leaf, quantized.QuantizedWeight):
+      name = "/".join(k.key for k in key_path)
+      flat[f"{name}/codes"] = np.asarray(leaf.codes)
+      flat[f"{name}/scales"] = np.asarray(leaf.scales, np.float32)
+  meta = {**_quantized_meta(fmt, dtype), "source": source}
+  _write_atomically(file, lambda tmp: safetensors.numpy.save_file(flat, tmp, metadata=meta))
+
+
+def _read_quantized(file: str, config: ModelConfig, fmt: quantized.WeightFormat) -> dict[str, Any]:
+  """Parameter path -> `QuantizedWeight` from a file `_write_quantized` wrote for this format and
+  dtype (on the default device); {} when there is none (or it is of another version)."""
+  if not os.path.isfile(file):
+    return {}
+  meta, tensors = _read_safetensors(file)
+  if {k: meta.get(k) for k in ("version", "format", "dtype")} != _quantized_meta(fmt, config.dtype):
+    return {}
+  parts: dict[str, dict[str, np.ndarray]] = {}
+  for name, array in tensors:
+    path, _, part = name.rpartition("/")
+    parts.setdefault(path, {})[part] = array
+  return {path: quantized.QuantizedWeight(jax.device_put(part["codes"]),
+                                          jax.device_put(part["scales"].astype(fmt.scale_dtype)), fmt,
+                                          config.jnp_dtype)
+          for path, part in parts.items()}
 
 
 def _check_format(config: ModelConfig, fmt: quantized.WeightFormat | None) -> None:
@@ -227,8 +278,9 @@ def _convert(path: str, directory: str, params_file: str, tokenizer_file: str) -
   _write_atomically(params_file, lambda tmp: safetensors.numpy.save_file(_flatten(params), tmp, metadata=meta))
 
 
-def _read_safetensors(file: str) -> tuple[dict[str, str], Iterator[tuple[str, np.ndarray]]]:
-  """Metadata and (name, float32 array) of a float32 safetensors file, each array read into a fresh
+def _read_safetensors(file: str, skip: Collection[str] = ()) -> tuple[dict[str, str], Iterator[tuple[str, np.ndarray]]]:
+  """Metadata and (name, array) of a safetensors file of float32 (the converted cache) or 8-bit integer
+  tensors (quantized codes) but those named in `skip` (never read), each array read into a fresh
   64-byte-aligned buffer: XLA's CPU client then adopts it as is (one copy from disk, no second one)."""
   with open(file, "rb") as f:
     header_len = int.from_bytes(f.read(8), "little")
@@ -238,15 +290,17 @@ def _read_safetensors(file: str) -> tuple[dict[str, str], Iterator[tuple[str, np
   def tensors():
     with open(file, "rb") as f:
       for name, info in header.items():
-        if info["dtype"] != "F32":
-          raise ValueError(f"{file}: {name} is {info['dtype']}, the cache holds float32 only")
+        if name in skip:
+          continue
+        if info["dtype"] not in _DTYPES:
+          raise ValueError(f"{file}: {name} is {info['dtype']}, the cache holds {', '.join(_DTYPES)} only")
         begin, end = info["data_offsets"]
         raw = np.empty(end - begin + 64, np.uint8)
         start = -raw.ctypes.data % 64
         buffer = raw[start:start + end - begin]
         f.seek(8 + header_len + begin)
         f.readinto(memoryview(buffer))
-        yield name, buffer.view(np.float32).reshape(info["shape"])
+        yield name, buffer.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
 
   return meta, tensors()
 

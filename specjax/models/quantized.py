@@ -7,9 +7,10 @@ code (`transformer.Linear`, the output head) is the same for every format. Forma
 - "float": no quantization (the weights in the model's dtype, `config.dtype`).
 - "int8": one float32 scale per output channel (row of W), codes in [-127, 127] (int8).
 - "int4", "int4:G": one bfloat16 scale per group of G consecutive input elements of a row (G in
-  32..128, dividing every input width of the model; "int4" is G = 32, the block of MXFP4 and of
-  llama.cpp's Q4_0), codes in [-7, 7], two per byte (uint8: element 2j in the low nibble, 2j + 1 in
-  the high one, each stored as code + 8).
+  32..128, even, dividing every input width of the model; "int4" is G = 32, the block of MXFP4 and of
+  llama.cpp's Q4_0), codes in [-7, 7], two per byte as in Q4_0 (uint8: within each group, element j
+  in the low nibble and element j + G / 2 in the high one, each stored as code + 8), so that a group
+  unpacks into its two halves without interleaving.
 
 Symmetric (no zero point): w ~ code * scale with scale = max |w| / qmax of the channel or group, so
 every element's error is at most scale / 2 (the scale rounded to bfloat16 moves max |w| / scale by at
@@ -28,10 +29,14 @@ How it multiplies (`QuantizedWeight.dense`), on XLA everywhere (the CPU kernel d
 codes yet; `matmul.backend_for` keeps such models on XLA): int8 contracts x with the codes converted
 to x's dtype (exact: |code| <= 127 fits bfloat16's mantissa) with float32 accumulation and multiplies
 the output by the channel scales; int4 dequantizes the codes to x's dtype (code * scale is exact in
-float32 with bfloat16 scales; a bfloat16 model rounds it once) and contracts. On GPU/TPU XLA fuses the conversion into
-the dot's operand (the lowering report counts these conversions, `lowering.report`); on the CPU it
-materialises the dequantized matrix each call, so a quantized model there reads its codes *and*
-writes and reads a float copy: fewer bytes only once a kernel unpacks in registers.
+float32 with bfloat16 scales; a bfloat16 model rounds it once) and contracts, one dot per half of its
+groups (`_whole`). On GPU/TPU XLA fuses the conversion into the dot's operand (the lowering report
+counts these conversions, `lowering.report`). On the CPU (`lax.platform_dependent`) the weight is
+dequantized and multiplied CPU_ROWS output rows at a time in a loop: XLA:CPU materialises a
+dequantized matrix in a fresh buffer, and a whole 8960 x 1536 one cost ~100 ms a call on this
+project's 2-core host (a 2.4-4 ms float32 matvec), 128-row tiles 4.5 ms for the whole matrix (int8
+and int4; one run each, on a loaded host). It still reads the codes and writes and reads a float copy
+per tile: fewer bytes than float32 only once a kernel unpacks in registers.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 GROUPS = (32, 128)  # the smallest and largest int4 group width
+CPU_ROWS = 128  # output rows dequantized and multiplied per step on the CPU (see the module docstring)
 DEFAULT_INT4_GROUP = 32
 FORMATS = ("float", "int8", "int4", "int4:G")  # what `parse` takes (G: the group width)
 
@@ -124,12 +130,15 @@ class QuantizedWeight:
     return self.codes.ndim
 
   def int_codes(self) -> jax.Array:
-    """The codes as int8 [..., N, K] in [-qmax, qmax] (int4 unpacked)."""
+    """The codes as int8 [..., N, K] in [-qmax, qmax] (int4 unpacked: each group's low nibbles, then
+    its high ones)."""
     if self.format.bits == 8:
       return self.codes
-    low = (self.codes & 15).astype(jnp.int8) - 8
-    high = (self.codes >> 4).astype(jnp.int8) - 8
-    return jnp.stack([low, high], axis=-1).reshape(self.shape)
+    *lead, n, k = self.shape
+    packed = self.codes.reshape(*lead, n, k // self.format.group, self.format.group // 2)
+    low = (packed & 15).astype(jnp.int8) - 8
+    high = (packed >> 4).astype(jnp.int8) - 8
+    return jnp.concatenate([low, high], axis=-1).reshape(self.shape)
 
   def dequantize(self, dtype=jnp.float32) -> jax.Array:
     """W [..., N, K] = code * scale, computed in float32 (exact for bfloat16 scales: at most 8 x 8
@@ -143,15 +152,47 @@ class QuantizedWeight:
     return self.replace(codes=jnp.take(self.codes, indices, axis=0), scales=jnp.take(self.scales, indices, axis=0))
 
   def dense(self, x_xK: jax.Array, out_dtype=None) -> jax.Array:
-    """x W^T [..., N] on XLA, accumulated in float32 and returned in `out_dtype` (None: x's dtype
-    promoted with the model's, as `dot_general` returns for a float weight)."""
+    """x W^T [..., N] on XLA for a 2-D W, accumulated in float32 and returned in `out_dtype` (None: x's
+    dtype promoted with the model's, as `dot_general` returns for a float weight); on the CPU CPU_ROWS
+    rows of W at a time (the module docstring says why)."""
     out_dtype = out_dtype or jnp.promote_types(x_xK.dtype, self.dtype)
+    return jax.lax.platform_dependent(x_xK, cpu=lambda x: self._by_rows(x, out_dtype),
+                                      default=lambda x: self._whole(x, out_dtype))
+
+  def _by_rows(self, x_xK: jax.Array, out_dtype) -> jax.Array:
+    """`_whole` over tiles of CPU_ROWS rows in a loop (`lax.map`), the remaining rows in one more."""
+    n = self.shape[0]
+    tiles = n // CPU_ROWS
+    parts = []
+    if tiles:
+      split = lambda a: a[:tiles * CPU_ROWS].reshape(tiles, CPU_ROWS, *a.shape[1:])
+      y_TxxR = jax.lax.map(lambda tile: self.replace(codes=tile[0], scales=tile[1])._whole(x_xK, out_dtype),
+                           (split(self.codes), split(self.scales)))
+      parts.append(jnp.moveaxis(y_TxxR, 0, -2).reshape(*x_xK.shape[:-1], tiles * CPU_ROWS))
+    if n % CPU_ROWS:
+      rest = self.replace(codes=self.codes[tiles * CPU_ROWS:], scales=self.scales[tiles * CPU_ROWS:])
+      parts.append(rest._whole(x_xK, out_dtype))
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+  def _whole(self, x_xK: jax.Array, out_dtype) -> jax.Array:
+    """x W^T with float32 accumulation: int8 contracted with its codes and scaled after; int4 as two
+    dots, one per half of every group (the low nibbles hold the first halves, the high ones the second:
+    dequantized with no interleaving, which XLA:CPU ran ~15x slower)."""
     dims = (((x_xK.ndim - 1,), (1,)), ((), ()))
     if self.format.group == 0:  # one scale per output channel: scale the output, contract with the codes
       y_xN = jax.lax.dot_general(x_xK, self.codes.astype(x_xK.dtype), dims, preferred_element_type=jnp.float32)
       scale_xN = self.scales[:, 0].astype(jnp.float32).reshape((1,) * (y_xN.ndim - 1) + (-1,))
       return (y_xN * scale_xN).astype(out_dtype)
-    return jax.lax.dot_general(x_xK, self.dequantize(x_xK.dtype), dims, preferred_element_type=out_dtype)
+    (n, k), group = self.shape, self.format.group
+    packed_NxGxH = self.codes.reshape(n, k // group, group // 2)
+    scale_NxGx1 = self.scales.astype(jnp.float32)[..., None]
+    x_xGxE = x_xK.reshape(*x_xK.shape[:-1], k // group, group)
+    y_xN = 0.0
+    for half, nibbles_NxGxH in enumerate((packed_NxGxH & 15, packed_NxGxH >> 4)):
+      w_NxH = ((nibbles_NxGxH.astype(jnp.float32) - 8.0) * scale_NxGx1).reshape(n, k // 2).astype(x_xK.dtype)
+      x_xH = x_xGxE[..., half * group // 2:(half + 1) * group // 2].reshape(*x_xK.shape[:-1], k // 2)
+      y_xN = y_xN + jax.lax.dot_general(x_xH, w_NxH, dims, preferred_element_type=jnp.float32)
+    return y_xN.astype(out_dtype)
 
 
 def take_rows(weight, indices: jax.Array):
@@ -187,9 +228,9 @@ def quantize(weight: jax.Array, fmt: WeightFormat, dtype: Any = jnp.float32) -> 
   scale_xNxG = jnp.where(scale_xNxG == 0, jnp.ones_like(scale_xNxG), scale_xNxG)
   codes = jnp.clip(jnp.round(w_xNxGxE / scale_xNxG.astype(jnp.float32)[..., None]), -fmt.qmax, fmt.qmax)
   codes = codes.astype(jnp.int8).reshape(*lead, n, k)
-  if fmt.bits == 4:
-    biased = (codes + 8).astype(jnp.uint8)
-    codes = biased[..., 0::2] | (biased[..., 1::2] << 4)
+  if fmt.bits == 4:  # within each group: element j in the low nibble, j + G / 2 in the high one
+    biased = (codes + 8).astype(jnp.uint8).reshape(*lead, n, k // group, group)
+    codes = (biased[..., :group // 2] | (biased[..., group // 2:] << 4)).reshape(*lead, n, k // 2)
   return QuantizedWeight(codes, scale_xNxG, fmt, jnp.dtype(dtype))
 
 

@@ -7,14 +7,20 @@ import numpy as np
 
 def unpacked_codes(weight) -> np.ndarray:
   """int64 codes [..., N, K] of a `QuantizedWeight`, from its stored bytes: int8 as stored; int4 two per
-  uint8 byte, element 2j in the low nibble and 2j + 1 in the high one, each stored as code + 8."""
+  uint8 byte as in llama.cpp's Q4_0: within each group of G, byte j holds element j in its low nibble
+  and element j + G / 2 in its high one, each stored as code + 8."""
   stored = np.asarray(weight.codes)
   if weight.format.bits == 8:
     assert stored.dtype == np.int8
     return stored.astype(np.int64)
   assert stored.dtype == np.uint8
-  low, high = (stored & 15).astype(np.int64) - 8, (stored >> 4).astype(np.int64) - 8
-  return np.stack([low, high], axis=-1).reshape(*stored.shape[:-1], 2 * stored.shape[-1])
+  codes = np.empty(stored.shape[:-1] + (2 * stored.shape[-1],), np.int64)
+  half = weight.format.group // 2
+  for byte in range(stored.shape[-1]):
+    group, j = divmod(byte, half)
+    codes[..., group * 2 * half + j] = (stored[..., byte] & 15).astype(np.int64) - 8
+    codes[..., group * 2 * half + half + j] = (stored[..., byte] >> 4).astype(np.int64) - 8
+  return codes
 
 
 def float64_scales(weight) -> np.ndarray:
