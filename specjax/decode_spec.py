@@ -28,9 +28,11 @@ from specjax.speculative.trees.tree import Tree, parse
 MODES = ("speculative", "autoregressive")
 DTYPES = ("float32", "bfloat16")
 DRAFT_SHARDINGS = ("same", "replicated")
-# Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload).
+# Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload);
+# "model.weights" is the draft model's weight format (a dotted path: ConfigDict reads it as one key).
 LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers",
-               "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul", "weights")
+               "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul", "weights",
+               "model.weights")
 # Top-level fields that only speculative runs read; every drafter group is speculative-only too.
 SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_children")
 # Config fields that reach a compiled program only as runtime values (or not at all): a run changing

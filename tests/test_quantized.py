@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from specjax import decode_spec, lowering, metrics, pipeline
+from specjax.api import Decoder
 from specjax.errors import ConfigError
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models import load, matmul, quantized
@@ -154,7 +155,8 @@ def test_bad_weight_formats_fail_before_any_model_loads(overrides, message):
 def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_load(model_dirs):
   """`drafter = "quantized"` needs no draft model and drafts with the target's quantized weights on XLA;
   a group that does not divide a width (the tiny models' d_ff is 96) fails with one line naming the
-  field, for the target, a draft model and the drafter (`python -m specjax.decode` prints it alone)."""
+  field, for the target, a draft model and the drafter (`python -m specjax.decode` prints it alone); a
+  Decoder refuses a run that changes the draft's weight format (it would need another load)."""
   spec = decode_spec.from_config(cli_config([model_dirs[0], ""], drafter="quantized"))
   assert not spec.loads_draft_model
   target, draft = pipeline.load_models(spec, log=lambda m: None)
@@ -171,6 +173,10 @@ def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_
   with pytest.raises(ConfigError, match=r"^config.model.weights: int4:64: groups of 64 .* \(d_ff\)$"):
     pipeline.load_models(decode_spec.from_config(cli_config(model_dirs, model=dict(weights="int4:64"))),
                          log=lambda m: None, target=target)
+  decoder = Decoder(config=cli_config(model_dirs, model=dict(weights="int8")))
+  assert isinstance(output_head(decoder.draft.config, decoder.draft.params), quantized.QuantizedWeight)
+  with pytest.raises(ConfigError, match=r"config.model.weights changes the loaded models \('int8' -> 'int4'\)"):
+    decoder.run(model=dict(weights="int4"))
   status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
                                       "--config.mode=autoregressive", "--config.weights=int4:64"])
   assert (status, stderr.strip()) == (2, "error: config.weights: int4:64: groups of 64 do not divide an input "
