@@ -137,7 +137,7 @@ def test_batch_invariant(dtype, vector_path):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_batch_invariant_in_every_tile_position(dtype, vector_path):
   """Each of 17 rows multiplied alone equals, bit for bit, that row in a product of M = 1..17 rows
-  starting at offsets 0..5, so every row sits at every position of a 6-row tile, in tiles of every
+  starting at offsets 0..5, so every row sits at every position of a 4- or 6-row tile, in tiles of every
   height and row blocks whose tiles take 2, 3 or 4 rows of W; K (1031) and N (67) leave tails."""
   x, w = _operands(17, 67, 1031, dtype, seed=5)
   alone = np.concatenate([np.asarray(dense(x[m:m + 1], w, KERNEL, jnp.float32)) for m in range(17)])

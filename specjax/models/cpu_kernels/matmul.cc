@@ -2,15 +2,16 @@
 //
 // XLA:CPU multiplies a handful of rows at ~35 GFLOP/s in float32 and ten times slower in bfloat16, so
 // a 6-token verify cost 3-4 single-token steps. These handlers stream each weight row once per tile of
-// up to 6 input rows (the tile's weight rows stay in L1 while every tile of x passes over them), so
-// that a pass over a few rows costs about what one row costs: its weights' bytes. Two vector paths:
+// up to 6 (AVX-512) or 4 (AVX2) input rows (the tile's weight rows stay in L1 while every tile of x
+// passes over them), so that a pass over a few rows costs about what one row costs: its weights' bytes.
+// Two vector paths:
 // - AVX-512: float32 FMA; bfloat16 with the VDPBF16PS dot product (AVX512_BF16), float32 accumulation;
 //   6 x 4 register tiles.
 // - AVX2 + FMA (CPUs without AVX-512, or without AVX512_BF16 for bfloat16): float32 FMA; bfloat16
 //   weights widened to float32 in registers (a bfloat16 is the high half of a float32: one shift for
 //   the even elements of a 32-bit lane pair, one mask for the odd ones) and multiplied by FMA in
 //   float32 with x, which is widened once per call into a float32 copy laid out the same way. Tiles of
-//   up to 6 rows of x by 2-4 rows of W (AVX2 has 16 vector registers).
+//   up to 4 rows of x by 3-4 rows of W (AVX2 has 16 vector registers).
 //
 // Batch invariance: y[m, n] is the same sequence of vector operations on x[m] and W[n] whatever the
 // number of rows M, the row's place in its tile, the tile's shape or which thread computes it, so a
@@ -183,12 +184,18 @@ void VectorRows(const T* x, const T* w, float* y, int64_t M, int64_t N, int64_t 
 
 #define SPECJAX_AVX2 __attribute__((target("avx2,fma")))
 
-constexpr int64_t kAvx2TileM = 6;
+// Rows of x per tile, and rows of W per tile for a row block whose widest tile of x has `rows` rows:
+// MR x NR accumulators, NR weight vectors and one x vector fill the 16 ymm registers (4 x 3: 12 + 3 + 1);
+// a narrow tile takes more rows of W, so that a one-token step still runs several independent FMA chains.
+// Measured on a 2-core AMD EPYC (one thread, CPU time, 8960 x 1536): 4 x 3 with x held in a register and
+// bfloat16 widened in two halves made a 6-row bfloat16 product ~25% faster than 6 x 2 tiles with x folded
+// into every FMA as a memory operand (two loads per FMA pair: load-bound); float32 was within noise.
+constexpr int64_t kAvx2TileM = 4;
+constexpr int64_t Avx2TileN(int64_t rows) { return rows >= 3 ? 3 : 4; }
 
-// Rows of W per tile for a row block whose widest tile of x has `rows` rows: MR x NR accumulators,
-// NR (float32) or 2 NR (bfloat16) weight vectors and x's vectors fit the 16 ymm registers; a narrow tile
-// takes more rows of W, so that a one-token step still runs several independent FMA chains.
-constexpr int64_t Avx2TileN(int64_t rows) { return rows >= 5 ? 2 : rows >= 3 ? 3 : 4; }
+// Keeps a loaded vector in a register: without it the compiler folds the load into each FMA that uses
+// it, one load per FMA, and the loop runs at the speed of the load ports instead of the FMA units.
+#define SPECJAX_IN_REGISTER(v) __asm__("" : "+x"(v))
 
 SPECJAX_AVX2 inline float Sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // lanes l + l+4
@@ -203,7 +210,8 @@ SPECJAX_AVX2 inline void Avx2StepF32(const float* x, const float* w, int64_t K, 
   __m256 wv[NR];
   for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
   for (int i = 0; i < MR; ++i) {
-    const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+    __m256 xv = _mm256_loadu_ps(x + i * K + k);
+    SPECJAX_IN_REGISTER(xv);
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
   }
 }
@@ -239,24 +247,31 @@ SPECJAX_AVX2 void Avx2TileF32(const float* x, const float* w, float* y, int64_t 
 
 // bfloat16: 16 elements of K per step. Each 32-bit lane of a W vector holds the pair (2l, 2l + 1); the
 // even element as float32 is the lane shifted left 16 bits, the odd one the lane with its low half
-// cleared. x comes already widened (WidenBf16Rows): 8 even elements, then 8 odd ones, per 16.
+// cleared. x comes already widened (WidenBf16Rows): 8 even elements, then 8 odd ones, per 16. Every
+// accumulator takes its even products, then its odd ones (W's rows are read twice from L1, so that only
+// NR widened W vectors are live at a time).
 template <int MR, int NR>
 SPECJAX_AVX2 inline void Avx2StepBf16(const float* xf, int64_t KP, const uint16_t* w, int64_t K, int64_t k,
                                       __m256 (&acc)[MR][NR]) {
   const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  __m256 even[NR], odd[NR];
+  __m256 wv[NR];
   for (int j = 0; j < NR; ++j) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * K + k));
-    even[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    odd[j] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+    wv[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   }
   for (int i = 0; i < MR; ++i) {
-    const __m256 xe = _mm256_loadu_ps(xf + i * KP + k);
-    const __m256 xo = _mm256_loadu_ps(xf + i * KP + k + 8);
-    for (int j = 0; j < NR; ++j) {
-      acc[i][j] = _mm256_fmadd_ps(xe, even[j], acc[i][j]);
-      acc[i][j] = _mm256_fmadd_ps(xo, odd[j], acc[i][j]);
-    }
+    __m256 xe = _mm256_loadu_ps(xf + i * KP + k);
+    SPECJAX_IN_REGISTER(xe);
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xe, wv[j], acc[i][j]);
+  }
+  for (int j = 0; j < NR; ++j) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * K + k));
+    wv[j] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+  }
+  for (int i = 0; i < MR; ++i) {
+    __m256 xo = _mm256_loadu_ps(xf + i * KP + k + 8);
+    SPECJAX_IN_REGISTER(xo);
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xo, wv[j], acc[i][j]);
   }
 }
 
@@ -333,8 +348,6 @@ void Avx2Rows(const Avx2Operands& a, const T* w, float* y, int64_t M, int64_t N,
         const T* wn = w + n * K;
         float* ym = y + m * N + n;
         switch (std::min(kAvx2TileM, m1 - m)) {
-          case 6: Avx2TileRows<T, 6>(a, m, wn, ym, N, K, nr); break;
-          case 5: Avx2TileRows<T, 5>(a, m, wn, ym, N, K, nr); break;
           case 4: Avx2TileRows<T, 4>(a, m, wn, ym, N, K, nr); break;
           case 3: Avx2TileRows<T, 3>(a, m, wn, ym, N, K, nr); break;
           case 2: Avx2TileRows<T, 2>(a, m, wn, ym, N, K, nr); break;
