@@ -68,8 +68,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;
   #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see docs/devices.md)
   c.attention_block = 256  # keys per block of blockwise attention (0 = dense over the cache)
-  c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's AVX-512 CPU kernel: float32, bfloat16) or
-  #                    "auto": the kernel for bfloat16 on a CPU with AVX512_BF16, XLA elsewhere
+  c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's CPU kernel, AVX-512 or AVX2: float32, bfloat16)
+  #                    or "auto": the kernel for bfloat16 on a CPU with AVX512_BF16 or AVX2+FMA, XLA elsewhere
   c.narrow_passes = "auto"  # "on": a verify / catch-up pass runs its narrowest compiled width that fits (a
   #                           branch); "off": always the widest; "auto": off on GPU, on elsewhere
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)

@@ -2,19 +2,28 @@
 
 - "xla": `lax.dot_general`, what XLA makes of it on each platform (GPU/TPU: their GEMM libraries).
 - "cpu_kernel": specjax's own XLA FFI handler on the CPU (`cpu_kernels/matmul.cc`, built by
-  `pip install`): AVX-512 float32, or AVX512_BF16 dot products with float32 accumulation, streaming each
-  weight once per tile of rows. XLA:CPU multiplies a handful of rows far below the machine's peak
-  (bfloat16 worst of all), so there a pass over K + 1 tokens cost several single-token steps; through
-  the kernel it costs about what one does. It is batch-invariant: a row's result does not depend on
-  how many rows are multiplied with it (a verify pass computes bit for bit what a one-token step
-  computes). A `custom_vjp` makes it differentiable (the backward runs XLA's matmuls).
+  `pip install`), streaming each weight once per tile of rows, on the best path the CPU has (chosen at
+  run time, `kernel_path`): AVX-512 (float32 FMA; bfloat16 by AVX512_BF16 dot products, float32
+  accumulation), else AVX2+FMA (float32 FMA; bfloat16 widened to float32 in registers, FMA in float32),
+  else a portable loop. XLA:CPU multiplies a handful of rows far below the machine's peak (bfloat16
+  5-30 times slower than float32), so there a pass over K + 1 tokens cost several single-token
+  steps; through the kernel it costs about what one does. It is batch-invariant: a row's result does
+  not depend on how many rows are multiplied with it (a verify pass computes bit for bit what a
+  one-token step computes; each path is, though two paths may differ in the last bits). A
+  `custom_vjp` makes it differentiable (the backward runs XLA's matmuls).
 
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
-for bfloat16 weights on a CPU with AVX512_BF16, XLA everywhere else (GPUs and TPUs are untouched). On
-this project's 2-core CPU (AMD EPYC, AVX-512, no AMX) a whole Qwen2.5-1.5B step took 115 ms in bfloat16
-through the kernel, where XLA's bfloat16 took 2 s and its float32 277 ms; in float32 the kernel's gain
-was mixed across runs (0.8-1.2x XLA's time at T = 1, slower at prefill widths), so "auto" leaves
-float32 on XLA and its numbers as they were (`cpu_kernel` asks for the kernel anyway).
+for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA), XLA everywhere else
+(GPUs and TPUs are untouched). On this project's 2-core CPU with AVX-512 (AMD EPYC, no AMX) a whole
+Qwen2.5-1.5B step took 115 ms in bfloat16 through the kernel, where XLA's bfloat16 took 2 s and its
+float32 277 ms; in float32 the kernel's gain was mixed across runs (0.8-1.2x XLA's time at T = 1, slower
+at prefill widths). On a 2-core AMD EPYC with AVX2+FMA and no AVX-512 (shared with other work: medians
+of interleaved calls, three runs), one [T x 1536] x [8960 x 1536]^T matmul took, in ms, at T = 1: XLA
+float32 2.8 in every run, the kernel's float32 3.2-7.9; at T = 6: XLA float32 6.0-11.8, the kernel's
+float32 5.7-12.0 (XLA bfloat16 40-92 ms at either T; the kernel's bfloat16 2.0-2.3 at T = 1, 3.1-3.4 at
+T = 6). The kernel's float32 is slower at T = 1 and not clearly faster at T = 6, so "auto" leaves
+float32 on XLA on both kinds of host (`cpu_kernel` asks for the kernel anyway) and sends bfloat16
+through the kernel (docs/devices.md has the table and the whole-model passes).
 """
 
 from __future__ import annotations
