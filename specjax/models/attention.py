@@ -50,10 +50,35 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxGxDh)
 
 
+def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh: jax.Array,
+                  visible_BxTxSb: jax.Array, carry: tuple, scale: float, softcap: float) -> tuple:
+  """One key block's online-softmax update of the queries' (max, sum, accumulator) [B, G, Hg, T(, Dh)]."""
+  max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh = carry
+  visible_Bx1x1xTxSb = visible_BxTxSb[:, None, None]
+  scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, scores(q_BxTxGxHgxDh, k_BxSbxGxDh, scale, softcap), -jnp.inf)
+  new_max_BxGxHgxT = jnp.maximum(max_BxGxHgxT, scores_BxGxHgxTxSb.max(axis=-1))
+  # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
+  shift_BxGxHgxT = jnp.where(jnp.isfinite(new_max_BxGxHgxT), new_max_BxGxHgxT, 0.0)
+  rescale_BxGxHgxT = jnp.exp(max_BxGxHgxT - shift_BxGxHgxT)
+  weights_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, jnp.exp(scores_BxGxHgxTxSb - shift_BxGxHgxT[..., None]), 0.0)
+  sum_BxGxHgxT = sum_BxGxHgxT * rescale_BxGxHgxT + weights_BxGxHgxTxSb.sum(axis=-1)
+  acc_BxGxHgxTxDh = acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None] + jnp.einsum(
+      "bkgtn,bnkd->bkgtd", weights_BxGxHgxTxSb.astype(v_BxSbxGxDh.dtype), v_BxSbxGxDh,
+      preferred_element_type=jnp.float32)
+  return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh
+
+
 def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
-              block: int, scale: float | None = None, softcap: float = 0.0) -> jax.Array:
+              block: int, scale: float | None = None, softcap: float = 0.0,
+              per_query: bool = False) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax), and
-  the cache's keys and values as they leave the loop (unchanged: write the next layer into these)."""
+  the cache's keys and values as they leave the loop (unchanged: write the next layer into these).
+
+  `per_query` (a chain): each block's update runs on each query's [B, 1, ...] slice in turn, inside the
+  one loop over the blocks, so that query t computes bit for bit what a one-token step at length
+  `lengths + t` computes (`transformer.per_position`: the CPU kernel's batch-invariant mode): its
+  blocks are those, and the blocks beyond them that the later queries need leave its state exactly as
+  it was (a block it sees nothing of rescales by exp(0) = 1 and adds zeros)."""
   lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
@@ -66,7 +91,7 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   first_block, last_block = start // block, (end + block - 1) // block
 
   def step(i, carry):
-    max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh, k_LxBxSxGxDh, v_LxBxSxGxDh = carry
+    *state, k_LxBxSxGxDh, v_LxBxSxGxDh = carry
     # The last block may overhang S_max: it is read from S - block and its keys below i * block (already
     # seen by the previous block) are masked.
     begin = jnp.minimum(i * block, S - block)
@@ -76,18 +101,13 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
     v_BxSbxGxDh = jax.lax.dynamic_slice(v_LxBxSxGxDh, start, size)[0]
     visible_BxTxSb = (visible(query_pos_BxT, key_pos_Sb[None, :], window, lengths_B, tree)
                       & (key_pos_Sb >= i * block)[None, None, :])
-    visible_Bx1x1xTxSb = visible_BxTxSb[:, None, None]
-    scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, scores(q_BxTxGxHgxDh, k_BxSbxGxDh, scale, softcap), -jnp.inf)
-    new_max_BxGxHgxT = jnp.maximum(max_BxGxHgxT, scores_BxGxHgxTxSb.max(axis=-1))
-    # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
-    shift_BxGxHgxT = jnp.where(jnp.isfinite(new_max_BxGxHgxT), new_max_BxGxHgxT, 0.0)
-    rescale_BxGxHgxT = jnp.exp(max_BxGxHgxT - shift_BxGxHgxT)
-    weights_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, jnp.exp(scores_BxGxHgxTxSb - shift_BxGxHgxT[..., None]), 0.0)
-    sum_BxGxHgxT = sum_BxGxHgxT * rescale_BxGxHgxT + weights_BxGxHgxTxSb.sum(axis=-1)
-    acc_BxGxHgxTxDh = acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None] + jnp.einsum(
-        "bkgtn,bnkd->bkgtd", weights_BxGxHgxTxSb.astype(v_LxBxSxGxDh.dtype), v_BxSbxGxDh,
-        preferred_element_type=jnp.float32)
-    return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh, k_LxBxSxGxDh, v_LxBxSxGxDh
+    if not per_query:
+      state = _block_update(q_BxTxGxHgxDh, k_BxSbxGxDh, v_BxSbxGxDh, visible_BxTxSb, tuple(state), scale, softcap)
+    else:
+      slices = [_block_update(q_BxTxGxHgxDh[:, t:t + 1], k_BxSbxGxDh, v_BxSbxGxDh, visible_BxTxSb[:, t:t + 1],
+                              tuple(x[:, :, :, t:t + 1] for x in state), scale, softcap) for t in range(T)]
+      state = tuple(jnp.concatenate(parts, axis=3) for parts in zip(*slices))
+    return (*state, k_LxBxSxGxDh, v_LxBxSxGxDh)
 
   # The cache rides in the carry and comes back out: the next write then updates the loop's own buffer
   # in place. Closed over instead, it is a loop invariant that XLA copies whole (every layer's
@@ -101,7 +121,7 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
 
 
 def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
-           config: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+           config: ModelConfig, per_query: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Attention over cache layer `layer` (an int or a traced index; `mask.window` an int or a traced
   scalar, `mask.tree` static or None) by the config's implementation (`config.attention`, one of
   `config.ATTENTION_IMPLEMENTATIONS`): `dense`; `blockwise` with `config.attention_block` keys per step
@@ -109,7 +129,8 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   mode), which has no soft-cap and tiles heads in powers of two on GPU: soft-capped layers and heads of
   another width run blockwise. Scores are scaled by `config.attention_scale()` and soft-capped by
   `config.attn_softcap`. Returns the output [B, T, G, Hg, Dh] and the cache's keys and values to write
-  the next layer into (see `blockwise`)."""
+  the next layer into (see `blockwise`). `per_query` (a chain, blockwise or dense): each query computes
+  what a one-token step at its position computes, bit for bit (`blockwise`)."""
   implementation, block = config.attention, config.attention_block
   scale, softcap = config.attention_scale(), config.attn_softcap
   head_width = q_BxTxGxHgxDh.shape[-1]
@@ -120,6 +141,11 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
                                     interpret=implementation == "kernel_interpret"),
             k_LxBxSxGxDh, v_LxBxSxGxDh)
   if block and implementation != "dense":
-    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, scale, softcap)
+    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, scale, softcap, per_query)
+  if per_query:  # dense: query t as a one-token step at length lengths + t
+    lengths_B, window, _ = mask
+    return (jnp.concatenate([dense(q_BxTxGxHgxDh[:, t:t + 1], k_LxBxSxGxDh, v_LxBxSxGxDh, layer,
+                                   Mask(lengths_B + t, window, None), scale, softcap)
+                             for t in range(q_BxTxGxHgxDh.shape[1])], axis=1), k_LxBxSxGxDh, v_LxBxSxGxDh)
   return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale, softcap),
           k_LxBxSxGxDh, v_LxBxSxGxDh)

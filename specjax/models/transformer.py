@@ -146,17 +146,12 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
            else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
   q_BxTxGxHgxDh = q_BxTxHxDh.reshape(B, T, G, H // G, Dh)
   window = per_layer(cfg.layer_windows(), layer)
-  if tree is not None or not by_position(cfg, T):
-    mask = attention_mask.Mask(cache.lengths, window, tree)
-    out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh, cache.k, cache.v, layer, mask, cfg)
-    return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
-  # Query t as a one-token step at length lengths + t would see it (`per_position`): a chain only.
-  k, v, outs = cache.k, cache.v, []
-  for t in range(T):
-    mask = attention_mask.Mask(cache.lengths + t, window, None)
-    out_Bx1xGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh[:, t:t + 1], k, v, layer, mask, cfg)
-    outs.append(out_Bx1xGxHgxDh)
-  return jnp.concatenate(outs, axis=1).reshape(B, T, H, Dh), cache.replace(k=k, v=v)
+  mask = attention_mask.Mask(cache.lengths, window, tree)
+  # A chain reduced position by position (`per_position`): query t as a one-token step at length
+  # lengths + t would see it, in one loop over the key blocks.
+  per_query = tree is None and by_position(cfg, T)
+  out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh, cache.k, cache.v, layer, mask, cfg, per_query)
+  return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
 
 class Attention(nn.Module):
