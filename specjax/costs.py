@@ -26,17 +26,19 @@ from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 from specjax.speculative.k_policy import KPolicy
 
 
+@functools.partial(jax.jit, static_argnames=("config", "layers"), donate_argnames=("cache",))
+def _step(config: ModelConfig, layers: tuple[int, ...] | None, params, head, tokens_BxT, cache):
+  """One timed forward (module level: timers of the same model and shapes share its compiled program)."""
+  hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache, layers)
+  return draft_logits(config, params, head, hidden_BxTxD).argmax(-1), cache
+
+
 def forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
                    head: DraftHead | None, layers: tuple[int, ...] | None = None) -> Callable[[], float]:
-  """Compiles (and runs once) a jitted forward of [batch_size, T] tokens with `offset` positions cached,
-  through the restricted output `head` when one is given and the blocks `layers` only when given; each
-  call of the result times one more."""
-
-  @functools.partial(jax.jit, donate_argnames=("cache",))
-  def step(params, head, tokens_BxT, cache):
-    hidden_BxTxD, cache = forward_hidden(config, params, tokens_BxT, cache, layers)
-    return draft_logits(config, params, head, hidden_BxTxD).argmax(-1), cache
-
+  """Compiles (once per model and shape) and runs once a jitted forward of [batch_size, T] tokens with
+  `offset` positions cached, through the restricted output `head` when one is given and the blocks
+  `layers` only when given; each call of the result times one more."""
+  step = functools.partial(_step, config, layers)
   tokens_BxT = jnp.ones((batch_size, T), jnp.int32)
   out_BxT, cache = step(params, head, tokens_BxT,
                         init_cache(config, batch_size, cache_len).advance(jnp.full((batch_size,), offset)))

@@ -377,7 +377,8 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
         check = runner.memory.check(meshes.to_host(out.rounds_per_length), wall)
         if check is not None:
           cost_checks.append(check)
-          if check["stale"]:
+          # Measured again once per run at most: a machine whose load keeps changing would measure forever.
+          if check["stale"] and not policy_record["remeasured_after_a_miss"]:
             log(f"the round costs predicted {check['predicted_s']:.2f} s for this batch; it took {wall:.2f} s")
             policy_record = _tune(spec, runner, policy_memory, (padded, lengths), key, log, tuned_program)
       if built:  # what the real rows (not the filler) decoded, for the next batch, turn and run

@@ -25,10 +25,10 @@ category, the first four), with the model draft at K <= 5 adaptive and K = 5 fix
 autoregressive decoding and transformers (bfloat16: generate, prompt lookup, assisted generation with the
 same draft, K = 5) in the same run; about 15 minutes each.
 
-`get_config("sets")`: every prompt set at batch 1, greedy, float32: the README's two prompts, MT-Bench first
-turns (one per category, the first four) and raw code, with autoregressive decoding, K = 1 and K = 5
-fixed and K <= 5 adaptive, every run profiled (`config.profile`: a round beside its passes); about 35
-minutes on 2 cores without AVX-512.
+`get_config("sets")`: every prompt set at batch 1, greedy, bfloat16 through the CPU kernel: the README's two
+prompts, MT-Bench first turns (one per category, the first four) and raw code, with autoregressive
+decoding, K = 1 and K = 5 fixed and K <= 5 adaptive, every run profiled (`config.profile`: a round
+beside its passes); about 35 minutes on 2 cores.
 
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
 policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
@@ -91,16 +91,17 @@ def get_config(variant: str = ""):
     cfg.transformers, cfg.transformers_set = True, name
     cfg.output = f"experiments/results/kernel_cpu_bfloat16_{name}.json"
   elif variant == "sets":
-    # Every prompt set at batch 1, greedy, on this host's float32 XLA path: autoregressive, K = 1 and K = 5
-    # fixed, K <= 5 adaptive, every run profiled (a round beside its passes).
+    # Every prompt set at batch 1, greedy, bfloat16 through the CPU kernel (AVX-512 or AVX2+FMA): autoregressive,
+    # K = 1 and K = 5 fixed, K <= 5 adaptive, every run profiled (a round beside its passes).
     systems = ("model_k1", "model_k5", "model_k5_adaptive")
+    cfg.dtype = "bfloat16"
     cfg.model_ks = (1, 5)
     cfg.prompt_sets = ("readme", "mtbench", "raw")
     cfg.sets.readme = drafters.prompt_set(True, 2, greedy=systems, sampled=(), batched=())
     cfg.sets.mtbench = drafters.prompt_set(True, 4, greedy=systems, sampled=(), batched=())
     cfg.sets.raw = drafters.prompt_set(False, 2, greedy=systems, sampled=(), batched=())
     cfg.ar_every, cfg.profile = 2, True
-    cfg.output = "experiments/results/adaptive_cpu_float32_sets.json"
+    cfg.output = "experiments/results/adaptive_cpu_bfloat16_sets.json"
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/benchmarks/adaptive.py "
                      f"(known: 'batch1', 'batched', 'plain_ab', 'trees', 'tree_widths', 'kernel_readme', "
