@@ -135,13 +135,15 @@ def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
 @pytest.mark.slow
 def test_real_weights_measure_acceptance_and_speedup(tmp_path):
   """weights=real on tiny HF directories (two different random models: drafts get rejected) and
-  standard-library prompts through their character tokenizer."""
+  standard-library prompts through their character tokenizer. The grid alone: the attention comparison
+  and the verify widths, which do not depend on where the weights came from, run in the dry run."""
   for name, seed in (("target", 0), ("draft", 1)):
     make_hf_model("qwen2", seed).save_pretrained(tmp_path / name)
     save_char_tokenizer(str(tmp_path / name))
   cfg = accelerator.get_config("tiny")
   cfg.update(weights="real", target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), prompt_lengths=(24,),
-             ks=(2,), adaptive_ks=(), block_drafters=(), repeats=1, output=str(tmp_path / "real.json"))
+             ks=(2,), adaptive_ks=(), block_drafters=(), attention_comparison=(), verify_widths=(), repeats=1,
+             output=str(tmp_path / "real.json"))
   results = kit.run(cfg, log=lambda message: None)
   assert results["prompt_source"] == "standard-library sources" and results["finished"]
   baseline, spec = results["cells"]
