@@ -400,7 +400,8 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   stats = {"mode": cfg.mode, "num_prompts": len(outputs), **_Tally.merged(per_turn).stats(spec),
            "compile_time_s": compile_time, "load_time_s": load_time}
   if spec.speculative:
-    stats.update(k_policy={**policy_record, **stats.pop("k_policy"), "cost_checks": cost_checks}, **drafter_info)
+    checks = {"cost_checks": cost_checks} if spec.policy.tuned else {}
+    stats.update(k_policy={**policy_record, **stats.pop("k_policy"), **checks}, **drafter_info)
     if "tree_nodes" in drafter_info:  # a tree: positions are depths; a round verifies the tree cut at its depth
       verified = tuning.nodes_verified_per_round(spec.tree, drafter_info["tree_nodes"], stats["k_policy"])
       mean = stats["mean_accepted_length"]

@@ -58,7 +58,7 @@ def test_blockwise_equals_dense_with_softcap_and_traced_windows(softcap):
   def both(layer):
     window = windows[layer]
     return (attention.dense(q, k, v, layer, Mask(lengths_B, window), scale, softcap),
-            attention.blockwise(q, k, v, layer, Mask(lengths_B, window), block, scale, softcap)[0])
+            attention.blockwise(q, k, v, layer, Mask(lengths_B, window), block, (scale, softcap))[0])
 
   for layer in (0, 1):
     expected, got = both(jnp.int32(layer))

@@ -41,6 +41,7 @@ def get_config(variant: str = ""):
   cfg.systems = ("model_k5", "model_k8_adaptive", "ngram")  # at batch 1 ("layer_skip": 0.63-0.99x elsewhere)
   cfg.batched_systems = ("model_k5", "model_k8_adaptive")  # at batch sizes > 1
   cfg.ar_every = 4  # rerun the autoregressive baseline after this many systems (and first and last)
+  cfg.profile = False  # profile every run (decode's config.profile: a round's time beside its passes)
   # What parse_systems and the decode configs read (configs/benchmarks/drafters.py explains each).
   base = drafters.get_config()
   cfg.model_ks, cfg.thresholds, cfg.threshold_k = base.model_ks, (), base.threshold_k

@@ -69,10 +69,10 @@ def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh:
 
 
 def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
-              block: int, scale: float | None = None, softcap: float = 0.0,
-              per_query: bool = False) -> jax.Array:
+              block: int, scoring: tuple[float | None, float] = (None, 0.0), per_query: bool = False) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax), and
   the cache's keys and values as they leave the loop (unchanged: write the next layer into these).
+  `scoring` = (scale, soft-cap): scores are q.k times scale (None: Dh^-1/2), soft-capped (0: none).
 
   `per_query` (a chain): each block's update runs on each query's [B, 1, ...] slice in turn, inside the
   one loop over the blocks, so that query t computes bit for bit what a one-token step at length
@@ -83,6 +83,7 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
   block = min(block, S)
+  scale, softcap = scoring
   scale = Dh ** -0.5 if scale is None else scale
   query_pos_BxT = query_positions(lengths_B, T, tree)
   # One past the last key any query sees (a tree level also sees the `first` nodes before it).
@@ -141,7 +142,7 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
                                     interpret=implementation == "kernel_interpret"),
             k_LxBxSxGxDh, v_LxBxSxGxDh)
   if block and implementation != "dense":
-    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, scale, softcap, per_query)
+    return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, (scale, softcap), per_query)
   if per_query:  # dense: query t as a one-token step at length lengths + t
     lengths_B, window, _ = mask
     return (jnp.concatenate([dense(q_BxTxGxHgxDh[:, t:t + 1], k_LxBxSxGxDh, v_LxBxSxGxDh, layer,
