@@ -78,11 +78,10 @@ def interleaved_medians(timers: dict[Any, Callable[[], float]], repeats: int) ->
 
 
 def candidate_passes(target_config: ModelConfig, target_params, drafter, candidates: tuple[Any, ...],
-                     batch_size: int, cache_len: int, offset: int, repeats: int = 5) -> tuple[np.ndarray, dict]:
+                     batch_size: int, cache_len: int, offset: int, repeats: int = 5) -> np.ndarray:
   """The passes a round of each candidate (`k_policy.Candidate`) runs, each timed alone at `offset`
   cached positions: the target's verify pass over the candidate's nodes (`Candidate.nodes`) plus
-  `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token). Returns ([C] seconds, the
-  timings by pass: {"target": {T: s}, "draft": s or None}). A tree's levels and a parallel draft's
+  `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token): [C] seconds. A tree's levels and a parallel draft's
   block are priced at one 1-token draft pass each (a wider pass costs a little more on a CPU)."""
   widths = sorted({c.nodes(drafter.tree) for c in candidates})
   timers = {T: forward_timer(target_config, target_params, T, batch_size, cache_len, offset, None) for T in widths}
@@ -92,8 +91,7 @@ def candidate_passes(target_config: ModelConfig, target_params, drafter, candida
                                     draft.layers)
   seconds = interleaved_medians(timers, repeats)
   draft_s = seconds.pop("draft", 0.0)
-  passes_C = np.asarray([seconds[c.nodes(drafter.tree)] + drafter.passes(c.length) * draft_s for c in candidates])
-  return passes_C, {"target": seconds, "draft": draft_s if draft is not None else None}
+  return np.asarray([seconds[c.nodes(drafter.tree)] + drafter.passes(c.length) * draft_s for c in candidates])
 
 
 def cost_ratio(target_config: ModelConfig, target_params, draft: DraftPass, batch_size: int, repeats: int,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ from specjax.speculative.proposal import Proposal
 REPEATS = 5  # interleaved timings per pass (`costs.interleaved_medians`)
 
 
-def acceptance_timer(batch: int, k: int, vocab: int, sampling) -> callable:
+def acceptance_timer(batch: int, k: int, vocab: int, sampling) -> Callable[[], float]:
   """A timer of one round's sampling and acceptance alone: the target's distributions (or argmaxes,
   greedy) of [B, K + 1, V] logits and the acceptance rule over a K-token proposal with draft
   distributions (compiled and run once)."""
@@ -79,9 +79,11 @@ class Profiler:
   rows: int = 0
 
   def batch(self, runner, padded_BxP: np.ndarray, lengths_B: np.ndarray, key, out, wall: float) -> None:
-    """Adds a timed call (`out`, `wall` seconds) and times its batch's prefill call."""
+    """Adds a timed call (`out`, `wall` seconds) and times its batch's prefill call (the first batch's
+    after one untimed run: a program's first execution prepares its kernels lazily)."""
     ones_B = np.ones(len(lengths_B), np.int32)
-    jax.block_until_ready(runner(padded_BxP, lengths_B, ones_B, key).tokens)  # the 1-token budget's first run
+    if not self.rows:
+      jax.block_until_ready(runner(padded_BxP, lengths_B, ones_B, key).tokens)
     start = time.perf_counter()
     jax.block_until_ready(runner(padded_BxP, lengths_B, ones_B, key).tokens)
     self.prefill_s += time.perf_counter() - start

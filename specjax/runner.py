@@ -93,9 +93,9 @@ class Runner:
     with contextlib.ExitStack() as stack:
       if self.target.part is not None:
         stack.enter_context(jax.set_mesh(self.target.part.mesh))
-      passes_C, _ = costs.candidate_passes(self.target.config, self.target.params, self.drafter, candidates,
-                                           len(lengths_B), self.cache_len,
-                                           min(offset, self.cache_len - self.spec.verify_width))
+      passes_C = costs.candidate_passes(self.target.config, self.target.params, self.drafter, candidates,
+                                        len(lengths_B), self.cache_len,
+                                        min(offset, self.cache_len - self.spec.verify_width))
     return k_policy.Prices(passes_C, max(plain_s - float(passes_C[0]), 0.0), float(np.median(prefill_s)), longest_s)
 
   def _allocate(self, batch: int) -> None:

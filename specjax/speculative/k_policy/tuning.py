@@ -97,8 +97,9 @@ class Memory:
       return None
     predicted = self.prefill_s + rounds_s
     miss = measured_s / predicted - 1.0
-    self.stale = self.stale or abs(miss) > MISS_LIMIT
-    return {"predicted_s": predicted, "measured_s": measured_s, "miss": miss, "stale": abs(miss) > MISS_LIMIT}
+    stale = abs(miss) > MISS_LIMIT
+    self.stale = self.stale or stale
+    return {"predicted_s": predicted, "measured_s": measured_s, "miss": miss, "stale": stale}
 
 
 def forcing(num_candidates: int, index: int) -> np.ndarray:
