@@ -96,7 +96,7 @@ class DecodeSpec:
     return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
             "cache_len": cache_len, "sampling": sampling,
             "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}",
-            "matmul": matmul.describe(backend, cfg.dtype)}
+            "matmul": matmul.describe(backend, cfg.dtype, cfg.weights)}
 
   def _compiled(self) -> tuple[dict[str, Any], list]:
     sampling = self.sampling

@@ -151,7 +151,7 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
     draft = with_execution(_load(cfg.draft, cfg.dtype, draft_part, spec.draft_weights, field),
                            **_execution(execution, cfg, spec.draft_weights, field), part=draft_part)
   log(f"loaded in {time.perf_counter() - start:.1f} s; weight matmuls: "
-      f"{matmul.describe(target.config.matmul, target.config.dtype)}")
+      f"{matmul.describe(target.config.matmul, target.config.dtype, quantized.describe(target.params))}")
   return target, draft
 
 
@@ -168,8 +168,8 @@ def _load(name: str, dtype: str, part, weights: str, field: str) -> LoadedModel:
 
 
 def _execution(execution: dict[str, Any], cfg, weights: str, field: str) -> dict[str, Any]:
-  """`execution` with the matmul backend resolved for weights in the format `weights` (quantized ones
-  multiply on XLA; an explicit cpu_kernel is an error naming `field`)."""
+  """`execution` with the matmul backend resolved for weights in the format `weights` (`matmul.backend_for`;
+  a backend that cannot multiply them is an error naming `field`)."""
   try:
     return {**execution, "matmul": matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, weights)}
   except ValueError as error:
@@ -180,8 +180,8 @@ def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, 
   """The devices a run used, for its results: mesh, device kind and count, processes, what the weight
   matmuls ran on, and the bytes of each model's parameters per device (the most any device holds)."""
   record = meshes.describe(target.part.mesh if target.part else None)
-  record["matmul"] = matmul.describe(target.config.matmul, target.config.dtype)
   record["target_weights"] = quantized.describe(target.params)
+  record["matmul"] = matmul.describe(target.config.matmul, target.config.dtype, record["target_weights"])
   for role, model in (("target", target), ("draft", draft)):
     if model is not None:
       record[f"{role}_param_bytes_per_device"] = max(partitioning.bytes_per_device(model.params).values())

@@ -1,6 +1,7 @@
 """The CPU matmul kernel (`specjax.models.matmul`, `cpu_kernels/matmul.cc`): equal to XLA's matmul
 (float32 within 1e-5 relative; bfloat16 within float32 rounding of the bfloat16 products) on ragged
-shapes, inside loops; batch-invariant bit for bit; differentiable; models through it equal
+shapes, inside loops; quantized weights (int8, int4:G) within float32 rounding of a float64 product
+with their dequantized values; batch-invariant bit for bit; differentiable; models through it equal
 `transformers`, and greedy speculative decoding through it equals greedy autoregressive decoding in
 bfloat16 too; "auto" and the config fall back to XLA, or fail in one line, where it is not built."""
 
@@ -11,16 +12,19 @@ import pytest
 
 from specjax import decode_config, decode_spec
 from specjax.errors import ConfigError
-from specjax.models import matmul, transformer
+from specjax.models import matmul, quantized, transformer
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
 from tests.helpers import engine
 from tests.helpers.loop import autoregress
+from tests.helpers.quantized import dequantized64, random_weights
 from tests.helpers.tiny_hf import VOCAB, save_hf_model
 
 # CI builds the kernel with the package (`pip install -e .`): a missing build fails here, not skips.
 KERNEL = "cpu_kernel"
 SHAPES = [(1, 7, 5), (3, 33, 17), (6, 130, 67), (17, 64, 96), (2, 257, 1031)]  # (M, N, K): tails of every tile
+# int4:56: each half of a group is 28 bytes, so every group ends in a partial step of the vector path
+QUANTIZED = ("int8", "int4", "int4:56", "int4:64", "int4:128")
 PATH_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 dense = jax.jit(matmul.dense, static_argnums=(2, 3))
 
@@ -45,10 +49,11 @@ def _paths_here(dtype):
   return here
 
 
-def _capped_at(level):
-  """Caps the kernel at path `level` for both dtypes while a test runs; skips, saying why, where this CPU
-  lacks that path for either (a CPU with AVX-512F but not AVX512_BF16 runs AVX2 for bfloat16)."""
-  missing = [d for d in matmul.KERNEL_DTYPES if level not in _paths_here(d)]
+def _capped_at(level, kinds=matmul.KERNEL_DTYPES):
+  """Caps the kernel at path `level` for every kind of weight while a test runs; skips, saying why, where
+  this CPU lacks that path for one of `kinds` (a CPU with AVX-512F but not AVX512_BF16 runs AVX2 for
+  bfloat16)."""
+  missing = [d for d in kinds if level not in _paths_here(d)]
   if missing:
     pytest.skip(f"this CPU has no {PATH_NAMES[level]} path for {', '.join(missing)}")
   previous = matmul.kernel_limit(level)
@@ -68,6 +73,12 @@ def path(request):
   yield from _capped_at(request.param)
 
 
+@pytest.fixture(params=[0, 1], ids=["portable", "avx2"])
+def quantized_path(request):
+  """Each path the kernel has for quantized weights on this CPU (there is no AVX-512 one)."""
+  yield from _capped_at(request.param, ("quantized",))
+
+
 def test_kernel_is_built():
   library, why_not = matmul._library()
   assert library is not None, why_not
@@ -85,6 +96,8 @@ def test_a_vector_path_runs_on_x86():
   for dtype in matmul.KERNEL_DTYPES:
     assert matmul.kernel_path(dtype) >= 1 and matmul.kernel_status(dtype)[0], matmul.kernel_status(dtype)
     assert matmul.backend_for("auto", "bfloat16", "cpu") == KERNEL
+    assert matmul.kernel_path("quantized") == 1 and matmul.kernel_status(dtype, "int4")[0]
+    assert matmul.backend_for("auto", dtype, "cpu", "int4:64") == matmul.backend_for("auto", dtype, "cpu", "int8") == KERNEL
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES)
@@ -109,6 +122,64 @@ def test_bfloat16_equals_float64_products(M, N, K, path):
   assert np.all(np.abs(got - want) <= K * 2.0 ** -24 * scale + 1e-30)
   xla = np.asarray(dense(x, w, "xla", jnp.float32))
   np.testing.assert_allclose(got, xla, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def _quantized_operands(name, M, N, dtype, seed):
+  """x [M, K] and W [N, K] in the format `name` dequantizing to `dtype`: int8 with K = 331 (five 64-code
+  blocks, one step of 8 and a tail of 3), int4:G with three groups."""
+  fmt = quantized.parse(name)
+  K = 3 * fmt.group or 331
+  q = quantized.quantize(jnp.asarray(random_weights((N, K), seed)), fmt, dtype)
+  return jnp.asarray(np.random.default_rng(seed).standard_normal((M, K)), dtype), q
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_weights_equal_float64(name, dtype, quantized_path):
+  """The kernel multiplies x by the dequantized weights (an int4 weight, code x bfloat16 scale, is exact
+  in float32, also for bfloat16 x, where the XLA path rounds it to bfloat16; int8 scales the sum): within
+  K + 2 float32 roundings of float64's sum of |products|, on every path. A swapped nibble, a scale of
+  the wrong group or row, or a lost tail is off by whole weights. M = 7 and N = 13 leave tails of every
+  tile."""
+  x, q = _quantized_operands(name, 7, 13, dtype, seed=7)
+  got = np.asarray(dense(x, q, KERNEL, jnp.float32))
+  w = dequantized64(q)
+  want = np.asarray(x, np.float64) @ w.T
+  scale = np.abs(np.asarray(x, np.float64)) @ np.abs(w).T
+  assert np.all(np.abs(got - want) <= (x.shape[1] + 2) * 2.0 ** -24 * scale + 1e-30)
+
+
+SLICES = [(start, rows) for start in range(5) for rows in range(1, 13 - start)]  # of 12 rows
+
+
+@jax.jit
+def _alone_and_in_slices(x_12xK, weight):
+  """Each of 12 rows of x times W alone, and every slice of SLICES, in one compiled program (the path cap
+  is read when it runs, so each path reuses it)."""
+  alone = [matmul.dense(x_12xK[m:m + 1], weight, KERNEL, jnp.float32) for m in range(12)]
+  return alone, [matmul.dense(x_12xK[s:s + r], weight, KERNEL, jnp.float32) for s, r in SLICES]
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "int4:56"])
+def test_quantized_weights_batch_invariant(name, quantized_path):
+  """Each of 12 rows multiplied alone equals, bit for bit, that row in a product of M = 1..12 rows
+  starting at offsets 0..4: every position of a 4-row tile, tiles of every height, taking 2 or 4 rows of
+  W."""
+  alone, parts = _alone_and_in_slices(*_quantized_operands(name, 12, 13, jnp.bfloat16, seed=8))
+  alone = np.concatenate([np.asarray(row) for row in alone])
+  for (start, rows), part in zip(SLICES, parts):
+    np.testing.assert_array_equal(np.asarray(part), alone[start:start + rows], err_msg=f"rows {start}..{start + rows}")
+
+
+def test_quantized_gradients_are_the_xla_paths():
+  """The kernel's backward for a quantized W is the XLA path's: dx, and its scales' gradient."""
+  x, q = _quantized_operands("int4", 3, 10, jnp.float32, seed=9)
+  loss = lambda backend: lambda x, scales: jnp.sum(jnp.sin(matmul.dense(x, q.replace(scales=scales), backend,
+                                                                          jnp.float32)))
+  got, want = (jax.jit(jax.grad(loss(backend), argnums=(0, 1)))(x, q.scales) for backend in (KERNEL, "xla"))
+  for g, v in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(v, np.float32), rtol=1e-2,
+                               atol=1e-4 * float(jnp.abs(v.astype(jnp.float32)).max()))
 
 
 def test_leading_axes_and_output_dtype():

@@ -4,8 +4,6 @@ a quantized model computes what the model of its dequantized weights computes (t
 layers included); greedy speculation with the target's own int8 / int4 copy as its draft equals the
 target's greedy output on a ragged batch; bad formats fail with one line naming the field."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,10 +64,9 @@ def test_round_trip_error_is_at_most_half_a_scale(name):
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_quantized_dense_equals_a_float64_matmul_of_the_dequantized_weights(name):
-  """`matmul.dense` dispatches on the quantized leaf, whatever backend the model names (the CPU kernel
-  does not unpack codes: the XLA path runs; here the CPU's, two tiles of CPU_ROWS rows and the rest),
-  and the other platforms' path (one pass over W) computes the same; x [2, 3, K] float32 against
-  float64 truth."""
+  """`matmul.dense` dispatches on the quantized leaf for the backend the model names (the CPU kernel,
+  which unpacks the codes; XLA's path on the CPU, two tiles of CPU_ROWS rows and the rest) and the other
+  platforms' path (one pass over W) computes the same; x [2, 3, K] float32 against float64 truth."""
   q = quantized.quantize(jnp.asarray(random_weights((2 * quantized.CPU_ROWS + 44, 256), seed=5)),
                          quantized.parse(name))
   x = np.random.default_rng(6).normal(size=(2, 3, 256)).astype(np.float32)
@@ -85,12 +82,15 @@ def _logits(config, params):
   return np.asarray(jax.jit(forward, static_argnums=0)(config, params, tokens, init_cache(config, 2, 8))[0])
 
 
-@pytest.mark.parametrize("name, tied, stacked", [("int8", False, False), ("int4", True, True)])
-def test_a_quantized_model_computes_what_its_dequantized_weights_compute(name, tied, stacked):
+@pytest.mark.parametrize("name, tied, stacked, backend", [("int4", False, False, "cpu_kernel"),
+                                                         ("int4", True, True, "xla")])
+def test_a_quantized_model_computes_what_its_dequantized_weights_compute(name, tied, stacked, backend):
   """The forward of the quantized params equals the forward of the same model whose weights are their
-  dequantized values (float32 rounding apart), and differs from the float model's; every linear weight
-  and the head are quantized, the embedding not (a tied model gains its quantized head as lm_head)."""
+  dequantized values (float32 rounding apart), and differs from the float model's, on XLA and through
+  the CPU kernel; every linear weight and the head are quantized, the embedding not (a tied model gains
+  its quantized head as lm_head)."""
   config, params = tiny_model(2, n_layers=2)
+  config = config.replace(matmul=backend)
   if tied:
     config, params = config.replace(tie_embeddings=True), {k: v for k, v in params.items() if k != "lm_head"}
   q = quantized.quantize_params(config, params, quantized.parse(name))
@@ -142,7 +142,6 @@ def test_the_xla_path_shows_in_the_lowering_for_a_gpu():
     (dict(weights="int3"), r"config.weights: 'int3' is not a weight format"),
     (dict(weights="int4:16"), r"config.weights: 'int4:16': an int4 group width G must be an even integer in 32..128"),
     (dict(weights="int4:65"), r"config.weights: 'int4:65'"),
-    (dict(weights="int8", matmul="cpu_kernel"), r"config.matmul='cpu_kernel' does not multiply quantized weights"),
     (dict(weights="int4", mesh="data=1"), r"config.weights 'int4': quantized weights on a mesh"),
     (dict(model=dict(weights="nf4")), r"config.model.weights: 'nf4' is not a weight format"),
     (dict(drafter="quantized", quantized=dict(weights="int2")), r"config.quantized.weights: 'int2'"),
@@ -153,17 +152,17 @@ def test_bad_weight_formats_fail_before_any_model_loads(overrides, message):
 
 
 def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_load(model_dirs):
-  """`drafter = "quantized"` needs no draft model and drafts with the target's quantized weights on XLA;
-  a group that does not divide a width (the tiny models' d_ff is 96) fails with one line naming the
-  field, for the target, a draft model and the drafter (`python -m specjax.decode` prints it alone); a
-  Decoder refuses a run that changes the draft's weight format (it would need another load)."""
+  """`drafter = "quantized"` needs no draft model and drafts with the target's quantized weights on the
+  target's matmul backend; a group that does not divide a width (the tiny models' d_ff is 96) fails with
+  one line naming the field, for the target, a draft model and the drafter (`python -m specjax.decode`
+  prints it alone); a Decoder refuses a run that changes the draft's weight format (it would need
+  another load)."""
   spec = decode_spec.from_config(cli_config([model_dirs[0], ""], drafter="quantized"))
   assert not spec.loads_draft_model
   target, draft = pipeline.load_models(spec, log=lambda m: None)
   built = pipeline.build_drafter(spec, target, draft, log=lambda m: None)
   assert draft is None and isinstance(built.drafter, QuantizedDrafter) and built.info["draft_weights"] == "int4:32"
-  assert built.drafter.config.matmul == "xla" and built.drafter.config == dataclasses.replace(target.config,
-                                                                                             matmul="xla")
+  assert built.drafter.config == target.config
   head = output_head(built.drafter.config, built.drafter.params)
   assert isinstance(head, quantized.QuantizedWeight) and head.format == quantized.parse("int4")
   wide = cli_config([model_dirs[0], ""], drafter="quantized", quantized=dict(weights="int4:64"))

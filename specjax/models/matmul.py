@@ -35,21 +35,32 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from specjax.models.quantized import QuantizedWeight
+from specjax.models import quantized
 
 BACKENDS = ("xla", "cpu_kernel")  # what `ModelConfig.matmul` holds
 SETTINGS = ("auto",) + BACKENDS  # what the `matmul` config field takes
-KERNEL_DTYPES = ("float32", "bfloat16")
-AUTO_DTYPES = ("bfloat16",)  # the dtypes "auto" runs through the kernel (see the module docstring)
+KERNEL_DTYPES = ("float32", "bfloat16")  # model dtypes the kernel multiplies in (x's dtype on its path)
+AUTO_DTYPES = ("bfloat16",)  # float weights' dtypes "auto" runs through the kernel (see the module docstring)
 _LIBRARY = "_cpu_kernels"  # the extension setup.py builds beside this module
-_TARGETS = {"float32": "specjax_matmul_f32", "bfloat16": "specjax_matmul_bf16"}
-_FEATURE_SHIFT = {"float32": 0, "bfloat16": 2}  # where specjax_cpu_features holds each dtype's path (2 bits)
-_PATHS = {  # what each path number means, per dtype; 0 is the portable loop
+_HANDLERS = {  # (weights: their dtype or format's bits, x's dtype) -> (FFI target, the library's handler)
+    ("float32", "float32"): ("specjax_matmul_f32", "SpecjaxMatmulF32"),
+    ("bfloat16", "bfloat16"): ("specjax_matmul_bf16", "SpecjaxMatmulBf16"),
+    (8, "float32"): ("specjax_matmul_int8_f32", "SpecjaxMatmulInt8F32"),
+    (8, "bfloat16"): ("specjax_matmul_int8_bf16", "SpecjaxMatmulInt8Bf16"),
+    (4, "float32"): ("specjax_matmul_int4_f32", "SpecjaxMatmulInt4F32"),
+    (4, "bfloat16"): ("specjax_matmul_int4_bf16", "SpecjaxMatmulInt4Bf16"),
+}
+# Where specjax_cpu_features holds each kind of weight's path (2 bits): float32, bfloat16, quantized
+# (int8 and int4, with float32 or bfloat16 x).
+_FEATURE_SHIFT = {"float32": 0, "bfloat16": 2, "quantized": 4}
+_PATHS = {  # what each path number means, per kind; 0 is the portable loop
     "float32": {1: "AVX2+FMA", 2: "AVX-512F"},
     "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16"},
+    "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers"},
 }
-_NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16"}
+_NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16", "quantized": "AVX2+FMA"}
 
 
 @functools.cache
@@ -65,33 +76,43 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     library = ctypes.CDLL(str(found[0]))
   except OSError as error:
     return None, f"the CPU matmul kernel {found[0].name} does not load: {error}"
-  if not hasattr(library, "specjax_cpu_limit"):  # its features word meant something else then
+  if not all(hasattr(library, symbol) for _, symbol in _HANDLERS.values()):  # older: fewer handlers
     return None, f"the CPU matmul kernel {found[0].name} is an older build: rebuild it (`pip install -e .`)"
-  jax.ffi.register_ffi_target(_TARGETS["float32"], jax.ffi.pycapsule(library.SpecjaxMatmulF32), platform="cpu")
-  jax.ffi.register_ffi_target(_TARGETS["bfloat16"], jax.ffi.pycapsule(library.SpecjaxMatmulBf16), platform="cpu")
+  for target, symbol in _HANDLERS.values():
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
   return library, ""
 
 
-def kernel_status(dtype: str) -> tuple[bool, str]:
-  """(whether the kernel runs vectorised on this CPU for `dtype`, a phrase saying so or why not)."""
+def _kind(dtype: str, weights: str) -> str:
+  """The kind of weight the kernel multiplies for a model in `dtype` with weights in the format `weights`
+  ("float", or a quantized format as `quantized.parse` takes it): its dtype, or "quantized"."""
+  return dtype if weights.strip() == "float" else "quantized"
+
+
+def kernel_status(dtype: str, weights: str = "float") -> tuple[bool, str]:
+  """(whether the kernel runs vectorised on this CPU for a `dtype` model with weights in the format
+  `weights`, a phrase saying so or why not)."""
   library, why_not = _library()
   if library is None:
     return False, why_not
   if dtype not in KERNEL_DTYPES:
     return False, f"the CPU matmul kernel has no {dtype} path (it has {', '.join(KERNEL_DTYPES)})"
-  path = kernel_path(dtype)
+  kind = _kind(dtype, weights)
+  path = kernel_path(kind)
   if not path:
-    return False, f"this CPU lacks {_NEEDS[dtype]}: the kernel's {dtype} path would run its portable loop"
-  return True, f"the CPU matmul kernel ({dtype}, {_PATHS[dtype][path]})"
+    return False, f"this CPU lacks {_NEEDS[kind]}: the kernel's {kind} path would run its portable loop"
+  return True, f"the CPU matmul kernel ({dtype if kind == dtype else f'{weights.strip()}, {dtype} x'}, " \
+               f"{_PATHS[kind][path]})"
 
 
-def kernel_path(dtype: str) -> int:
-  """The kernel's path for `dtype` on this CPU now: 0 the portable loop, 1 AVX2+FMA, 2 AVX-512 (what
-  `specjax_cpu_features` reports; `kernel_limit` caps it)."""
+def kernel_path(kind: str) -> int:
+  """The kernel's path for weights of `kind` ("float32", "bfloat16" or "quantized") on this CPU now: 0
+  the portable loop, 1 AVX2+FMA, 2 AVX-512 (what `specjax_cpu_features` reports; `kernel_limit` caps it;
+  quantized weights have no AVX-512 path)."""
   library = _library()[0]
-  if library is None or dtype not in KERNEL_DTYPES:
+  if library is None or kind not in _FEATURE_SHIFT:
     return 0
-  return (library.specjax_cpu_features() >> _FEATURE_SHIFT[dtype]) & 3
+  return (library.specjax_cpu_features() >> _FEATURE_SHIFT[kind]) & 3
 
 
 def kernel_limit(level: int) -> int:
@@ -105,43 +126,41 @@ def kernel_limit(level: int) -> int:
 
 
 def backend_for(setting: str, dtype: str, platform: str | None = None, weights: str = "float") -> str:
-  """`ModelConfig.matmul` for the setting `matmul` (one of SETTINGS) with weights in `dtype` on
-  `platform` (None: this one), stored in the weight format `weights` (`quantized.parse`: quantized
-  weights run on XLA, "auto" resolves to it). "cpu_kernel" where it cannot run is an error naming the
-  reason."""
+  """`ModelConfig.matmul` for the setting `matmul` (one of SETTINGS) with a model in `dtype` on
+  `platform` (None: this one), its weights stored in the format `weights` (`quantized.parse`). "auto"
+  takes the kernel on a CPU where it runs vectorised, for float weights in AUTO_DTYPES and for quantized
+  weights in either dtype (the module docstring says why); "cpu_kernel" where it cannot run is an error
+  naming the reason."""
   if setting not in SETTINGS:
     raise ValueError(f"matmul must be one of {SETTINGS}, got {setting!r}")
   on_cpu = (platform or jax.default_backend()) == "cpu"
-  if weights.strip() != "float":
-    if setting == "cpu_kernel":
-      raise ValueError(f"matmul='cpu_kernel' does not multiply quantized weights ({weights}) yet: use 'auto' "
-                       f"or 'xla'")
-    return "xla"
   if setting == "xla" or (setting == "auto" and not on_cpu):
     return "xla"
   if setting == "cpu_kernel" and not on_cpu:
     raise ValueError(f"matmul='cpu_kernel' runs on the CPU only, not on {platform or jax.default_backend()}")
-  runs, why = kernel_status(dtype)
+  runs, why = kernel_status(dtype, weights)
   if setting == "auto":
-    return "cpu_kernel" if runs and dtype in AUTO_DTYPES else "xla"
+    return "cpu_kernel" if runs and (_kind(dtype, weights) == "quantized" or dtype in AUTO_DTYPES) else "xla"
   if _library()[0] is None or dtype not in KERNEL_DTYPES:
     raise ValueError(f"matmul='cpu_kernel': {why}")
   return "cpu_kernel"
 
 
-def describe(backend: str, dtype: str) -> str:
+def describe(backend: str, dtype: str, weights: str = "float") -> str:
   """What a model with `ModelConfig.matmul = backend` multiplies with, for run stats."""
-  return kernel_status(dtype)[1] if backend == "cpu_kernel" else "XLA's dot_general"
+  return kernel_status(dtype, weights)[1] if backend == "cpu_kernel" else "XLA's dot_general"
 
 
-def dense(x_xK: jax.Array, weight_NxK: jax.Array | QuantizedWeight, backend: str, out_dtype=None) -> jax.Array:
+def dense(x_xK: jax.Array, weight_NxK: jax.Array | quantized.QuantizedWeight, backend: str,
+          out_dtype=None) -> jax.Array:
   """x W^T [..., N] for x [..., K] and W [N, K], accumulated in float32 and returned in `out_dtype`
-  (None: x's dtype after promotion with W's, as `dot_general` returns). x is cast to W's dtype on the
-  kernel path (both operands in the weights' precision). A quantized W (`quantized.QuantizedWeight`)
-  multiplies on XLA whatever the backend: the kernel does not unpack its codes (yet)."""
-  if isinstance(weight_NxK, QuantizedWeight):
-    return weight_NxK.dense(x_xK, out_dtype)
+  (None: x's dtype after promotion with W's, as `dot_general` returns). x is cast to the weights' dtype
+  on the kernel path (both operands in the weights' precision; a quantized W's is its model's dtype,
+  the dtype it dequantizes to). A quantized W (`quantized.QuantizedWeight`) multiplies through the
+  kernel, which unpacks its codes in registers, or on XLA (`QuantizedWeight.dense`)."""
   if backend == "xla":
+    if isinstance(weight_NxK, quantized.QuantizedWeight):
+      return weight_NxK.dense(x_xK, out_dtype)
     return jax.lax.dot_general(x_xK, weight_NxK, (((x_xK.ndim - 1,), (1,)), ((), ())),
                                preferred_element_type=out_dtype)
   out_dtype = out_dtype or jnp.promote_types(x_xK.dtype, weight_NxK.dtype)
@@ -150,16 +169,26 @@ def dense(x_xK: jax.Array, weight_NxK: jax.Array | QuantizedWeight, backend: str
   return y_MxN.reshape(*lead, weight_NxK.shape[0]).astype(out_dtype)
 
 
+def _handler(x_MxK: jax.Array, weight_NxK: jax.Array | quantized.QuantizedWeight) -> tuple[str, tuple]:
+  """The FFI target for these operands and the arrays it takes (a quantized W: its codes and scales)."""
+  dtype = jnp.dtype(x_MxK.dtype).name
+  if isinstance(weight_NxK, quantized.QuantizedWeight):
+    key, operands = (weight_NxK.format.bits, dtype), (x_MxK, weight_NxK.codes, weight_NxK.scales)
+  else:
+    key, operands = (jnp.dtype(weight_NxK.dtype).name, dtype), (x_MxK, weight_NxK)
+  if key not in _HANDLERS or jnp.dtype(weight_NxK.dtype) != x_MxK.dtype:
+    raise ValueError(f"the CPU matmul kernel multiplies float32 or bfloat16 x by weights of its dtype (float, "
+                     f"int8 or int4), got {x_MxK.dtype} x {weight_NxK.dtype} weights")
+  return _HANDLERS[key][0], operands
+
+
 @jax.custom_vjp
-def _kernel_matmul(x_MxK: jax.Array, weight_NxK: jax.Array) -> jax.Array:
-  """Float32 x W^T [M, N] through the FFI handler of W's dtype."""
-  dtype = jnp.dtype(weight_NxK.dtype).name
-  if dtype not in _TARGETS or x_MxK.dtype != weight_NxK.dtype:
-    raise ValueError(f"the CPU matmul kernel multiplies float32 or bfloat16 operands of one dtype, got "
-                     f"{x_MxK.dtype} x {weight_NxK.dtype}")
+def _kernel_matmul(x_MxK: jax.Array, weight_NxK: jax.Array | quantized.QuantizedWeight) -> jax.Array:
+  """Float32 x W^T [M, N] through the FFI handler of W's kind and x's dtype."""
+  target, operands = _handler(x_MxK, weight_NxK)
   _library()
   out = jax.ShapeDtypeStruct((x_MxK.shape[0], weight_NxK.shape[0]), jnp.float32)
-  return jax.ffi.ffi_call(_TARGETS[dtype], out, vmap_method="sequential")(x_MxK, weight_NxK)
+  return jax.ffi.ffi_call(target, out, vmap_method="sequential")(*operands)
 
 
 def _kernel_forward(x_MxK, weight_NxK):
@@ -167,8 +196,14 @@ def _kernel_forward(x_MxK, weight_NxK):
 
 
 def _kernel_backward(residuals, dy_MxN):
-  """dx = dy W and dW = dy^T x, by XLA with float32 accumulation, in the operands' dtypes."""
+  """dx = dy W and dW = dy^T x, by XLA with float32 accumulation, in the operands' dtypes; a quantized W
+  takes the XLA path's own gradients (dx, and its scales'; none for its integer codes)."""
   x_MxK, weight_NxK = residuals
+  if isinstance(weight_NxK, quantized.QuantizedWeight):
+    _, vjp = jax.vjp(lambda x, scales: weight_NxK.replace(scales=scales).dense(x, jnp.float32), x_MxK,
+                     weight_NxK.scales)
+    dx_MxK, dscales = vjp(dy_MxN)
+    return dx_MxK, weight_NxK.replace(codes=np.zeros(weight_NxK.codes.shape, jax.dtypes.float0), scales=dscales)
   dx_MxK = jax.lax.dot_general(dy_MxN.astype(weight_NxK.dtype), weight_NxK, (((1,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
   dw_NxK = jax.lax.dot_general(dy_MxN.astype(x_MxK.dtype), x_MxK, (((0,), (0,)), ((), ())),

@@ -25,9 +25,14 @@ weights). The token embedding stays float: a step gathers B x T of its rows, nev
 A tied model keeps its float embedding for the gather and gains a quantized copy of it as its head,
 `lm_head/weight` (`transformer.output_head` prefers that copy).
 
-How it multiplies (`QuantizedWeight.dense`), on XLA everywhere (the CPU kernel does not unpack these
-codes yet; `matmul.backend_for` keeps such models on XLA): int8 contracts x with the codes converted
-to x's dtype (exact: |code| <= 127 fits bfloat16's mantissa) with float32 accumulation and multiplies
+How it multiplies: through the CPU kernel when the model's matmul backend is "cpu_kernel"
+(`matmul.dense`; "auto" picks it on a CPU with AVX2+FMA), which reads the codes (1 or 1/2 byte a
+weight), widens them to float32 in registers and multiplies x in float32 (bfloat16 x widened): int8
+scales each output's sum by its channel's scale, int4 multiplies the dequantized weight code * scale,
+exact in float32, so the result is the float32 product with the exactly dequantized weights (a
+bfloat16 model's XLA path rounds them to bfloat16 first), batch-invariant like the kernel's float
+paths (`cpu_kernels/matmul.cc` documents the arithmetic). Elsewhere on XLA (`QuantizedWeight.dense`):
+int8 contracts x with the codes converted to x's dtype (exact: |code| <= 127 fits bfloat16's mantissa) with float32 accumulation and multiplies
 the output by the channel scales; int4 dequantizes the codes to x's dtype (code * scale is exact in
 float32 with bfloat16 scales; a bfloat16 model rounds it once) and contracts, one dot per half of its
 groups (`_whole`). On GPU/TPU XLA fuses the conversion into the dot's operand (the lowering report
@@ -36,7 +41,7 @@ dequantized and multiplied CPU_ROWS output rows at a time in a loop: XLA:CPU mat
 dequantized matrix in a fresh buffer, and a whole 8960 x 1536 one cost ~100 ms a call on this
 project's 2-core host (a 2.4-4 ms float32 matvec), 128-row tiles 4.5 ms for the whole matrix (int8
 and int4; one run each, on a loaded host). It still reads the codes and writes and reads a float copy
-per tile: fewer bytes than float32 only once a kernel unpacks in registers.
+per tile: 1.3-2.1x slower than float32, which is why the CPU kernel unpacks in registers instead.
 """
 
 from __future__ import annotations
@@ -152,9 +157,10 @@ class QuantizedWeight:
     return self.replace(codes=jnp.take(self.codes, indices, axis=0), scales=jnp.take(self.scales, indices, axis=0))
 
   def dense(self, x_xK: jax.Array, out_dtype=None) -> jax.Array:
-    """x W^T [..., N] on XLA for a 2-D W, accumulated in float32 and returned in `out_dtype` (None: x's
-    dtype promoted with the model's, as `dot_general` returns for a float weight); on the CPU CPU_ROWS
-    rows of W at a time (the module docstring says why)."""
+    """x W^T [..., N] on XLA (the "xla" backend's path: `matmul.dense` dispatches) for a 2-D W,
+    accumulated in float32 and returned in `out_dtype` (None: x's dtype promoted with the model's, as
+    `dot_general` returns for a float weight); on the CPU CPU_ROWS rows of W at a time (the module
+    docstring says why)."""
     out_dtype = out_dtype or jnp.promote_types(x_xK.dtype, self.dtype)
     return jax.lax.platform_dependent(x_xK, cpu=lambda x: self._by_rows(x, out_dtype),
                                       default=lambda x: self._whole(x, out_dtype))

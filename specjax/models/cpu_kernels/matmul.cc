@@ -19,11 +19,25 @@
 // equals greedy autoregressive output in bfloat16 too). Within one path, that is: the AVX-512 and AVX2
 // paths sum in different orders and may differ from each other in the last bits; one call runs one path.
 //
-// Handlers (XLA FFI, CPU): specjax_matmul_f32(x [M, K] f32, w [N, K] f32) -> y [M, N] f32 and
-// specjax_matmul_bf16(x [M, K] bf16, w [N, K] bf16) -> y [M, N] f32. Output rows are split over XLA's
-// intra-op thread pool. CPUs with neither vector path run a portable loop (correct, slow: the Python
-// side chooses XLA there); `specjax_cpu_features` tells which path runs, `specjax_cpu_limit` caps it
-// (tests run every path a CPU has).
+// Quantized weights (specjax/models/quantized.py), x float32 or bfloat16, y float32:
+// - int8: codes [N, K] int8 and one float32 scale per row [N, 1]: y[m, n] = (sum_k x[m, k] code[n, k])
+//   * scale[n], the sum in float32 (each product rounded into it by one FMA), then one multiply.
+// - int4:G: codes [N, K / 2] uint8 and one bfloat16 scale per group of G inputs [N, K / G]; within a group
+//   byte j holds element j in its low nibble and element j + G / 2 in its high one, each as code + 8.
+//   y[m, n] = sum_k x[m, k] w[n, k] in float32 with w = (nibble - 8) * scale, exact in float32 (4 bits
+//   times a bfloat16's 8 significant bits): the products with the exactly dequantized weights.
+// Codes are read as 1 or 1/2 byte a weight and widened in registers to float32 (no dequantized copy);
+// x is widened to float32 once per call. llama.cpp's CPU kernels instead quantize x to 8-bit blocks and
+// take integer dot products: faster per byte, but a model that computes on rounded activations; these
+// multiply float x, so a quantized model computes what its dequantized float model computes. No AVX-512
+// path for these: the AVX2 host they were written on could not test one.
+//
+// Handlers (XLA FFI, CPU): specjax_matmul_f32(x [M, K] f32, w [N, K] f32) -> y [M, N] f32,
+// specjax_matmul_bf16(x [M, K] bf16, w [N, K] bf16) -> y [M, N] f32 and the quantized ones,
+// SpecjaxMatmul{Int8,Int4}{F32,Bf16}(x, codes, scales) -> y [M, N] f32. Output rows are split over XLA's
+// intra-op thread pool. CPUs with no vector path run a portable loop (correct, slow: the Python side
+// chooses XLA there); `specjax_cpu_features` tells which path runs, `specjax_cpu_limit` caps it (tests
+// run every path a CPU has).
 
 #include <algorithm>
 #include <atomic>
@@ -204,23 +218,35 @@ SPECJAX_AVX2 inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One step of 8 elements of K: every W vector loaded once for the MR rows of x.
 template <int MR, int NR>
-SPECJAX_AVX2 inline void Avx2StepF32(const float* x, const float* w, int64_t K, int64_t k, __m256 (&acc)[MR][NR]) {
-  __m256 wv[NR];
-  for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+SPECJAX_AVX2 inline void Avx2Zero(__m256 (&acc)[MR][NR]) {
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+}
+
+// acc[i][j] += x[i] * wv[j] for 8 elements of the MR rows of x (XS floats apart), each x vector held in
+// a register while the NR weight vectors use it.
+template <int MR, int NR>
+SPECJAX_AVX2 inline void Avx2Fma(const float* x, int64_t XS, const __m256 (&wv)[NR], __m256 (&acc)[MR][NR]) {
   for (int i = 0; i < MR; ++i) {
-    __m256 xv = _mm256_loadu_ps(x + i * K + k);
+    __m256 xv = _mm256_loadu_ps(x + i * XS);
     SPECJAX_IN_REGISTER(xv);
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
   }
 }
 
+// One step of 8 elements of K: every W vector loaded once for the MR rows of x.
+template <int MR, int NR>
+SPECJAX_AVX2 inline void Avx2StepF32(const float* x, const float* w, int64_t K, int64_t k, __m256 (&acc)[MR][NR]) {
+  __m256 wv[NR];
+  for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+  Avx2Fma<MR, NR>(x + k, K, wv, acc);
+}
+
 template <int MR, int NR>
 SPECJAX_AVX2 void Avx2TileF32(const float* x, const float* w, float* y, int64_t N, int64_t K) {
   __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  Avx2Zero(acc);
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {  // one 64-byte line of each W row: prefetch the next tile's
     for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * K + k), _MM_HINT_T0);
@@ -259,27 +285,18 @@ SPECJAX_AVX2 inline void Avx2StepBf16(const float* xf, int64_t KP, const uint16_
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * K + k));
     wv[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   }
-  for (int i = 0; i < MR; ++i) {
-    __m256 xe = _mm256_loadu_ps(xf + i * KP + k);
-    SPECJAX_IN_REGISTER(xe);
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xe, wv[j], acc[i][j]);
-  }
+  Avx2Fma<MR, NR>(xf + k, KP, wv, acc);
   for (int j = 0; j < NR; ++j) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * K + k));
     wv[j] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
   }
-  for (int i = 0; i < MR; ++i) {
-    __m256 xo = _mm256_loadu_ps(xf + i * KP + k + 8);
-    SPECJAX_IN_REGISTER(xo);
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xo, wv[j], acc[i][j]);
-  }
+  Avx2Fma<MR, NR>(xf + k + 8, KP, wv, acc);
 }
 
 template <int MR, int NR>
 SPECJAX_AVX2 void Avx2TileBf16(const float* xf, int64_t KP, const uint16_t* w, float* y, int64_t N, int64_t K) {
   __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  Avx2Zero(acc);
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {  // one 64-byte line of each W row
     for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * K + k), _MM_HINT_T0);
@@ -327,36 +344,175 @@ void Avx2Tile(const Avx2Operands& a, int64_t m, const T* w, float* y, int64_t N,
   }
 }
 
-template <typename T, int MR>
-void Avx2TileRows(const Avx2Operands& a, int64_t m, const T* w, float* y, int64_t N, int64_t K, int64_t nr) {
+// A tile of `nr` rows of W (1..4) dispatched to its compiled shape: `tiles.Tile<MR, NR>(m, n)`.
+template <int MR, typename Tiles>
+void Avx2TileCols(const Tiles& tiles, int64_t m, int64_t n, int64_t nr) {
   switch (nr) {
-    case 4: return Avx2Tile<T, MR, 4>(a, m, w, y, N, K);
-    case 3: return Avx2Tile<T, MR, 3>(a, m, w, y, N, K);
-    case 2: return Avx2Tile<T, MR, 2>(a, m, w, y, N, K);
-    default: return Avx2Tile<T, MR, 1>(a, m, w, y, N, K);
+    case 4: return tiles.template Tile<MR, 4>(m, n);
+    case 3: return tiles.template Tile<MR, 3>(m, n);
+    case 2: return tiles.template Tile<MR, 2>(m, n);
+    default: return tiles.template Tile<MR, 1>(m, n);
   }
 }
 
-template <typename T>
-void Avx2Rows(const Avx2Operands& a, const T* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+// Rows [n0, n1) of W against the M rows of x in register tiles of up to kAvx2TileM rows of x by
+// `Tiles::Width(rows)` rows of W, row block by row block (every kind of weight: `Tiles` computes one).
+template <typename Tiles>
+void Avx2Grid(const Tiles& tiles, int64_t M, int64_t n0, int64_t n1) {
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
-    const int64_t tile_n = Avx2TileN(std::min(kAvx2TileM, m1 - m0));
+    const int64_t tile_n = Tiles::Width(std::min(kAvx2TileM, m1 - m0));
     for (int64_t n = n0; n < n1; n += tile_n) {
       const int64_t nr = std::min(tile_n, n1 - n);
       for (int64_t m = m0; m < m1; m += kAvx2TileM) {
-        const T* wn = w + n * K;
-        float* ym = y + m * N + n;
         switch (std::min(kAvx2TileM, m1 - m)) {
-          case 4: Avx2TileRows<T, 4>(a, m, wn, ym, N, K, nr); break;
-          case 3: Avx2TileRows<T, 3>(a, m, wn, ym, N, K, nr); break;
-          case 2: Avx2TileRows<T, 2>(a, m, wn, ym, N, K, nr); break;
-          default: Avx2TileRows<T, 1>(a, m, wn, ym, N, K, nr); break;
+          case 4: Avx2TileCols<4>(tiles, m, n, nr); break;
+          case 3: Avx2TileCols<3>(tiles, m, n, nr); break;
+          case 2: Avx2TileCols<2>(tiles, m, n, nr); break;
+          default: Avx2TileCols<1>(tiles, m, n, nr); break;
         }
       }
     }
   }
 }
+
+// Float weights (float32, bfloat16) for Avx2Grid.
+template <typename T>
+struct Avx2FloatTiles {
+  const Avx2Operands& a;
+  const T* w;
+  float* y;
+  int64_t N, K;
+  static constexpr int64_t Width(int64_t rows) { return Avx2TileN(rows); }
+  template <int MR, int NR>
+  void Tile(int64_t m, int64_t n) const { Avx2Tile<T, MR, NR>(a, m, w + n * K, y + m * N + n, N, K); }
+};
+
+template <typename T>
+void Avx2Rows(const Avx2Operands& a, const T* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  Avx2Grid(Avx2FloatTiles<T>{a, w, y, N, K}, M, n0, n1);
+}
+
+// ---- AVX2 + FMA, quantized weights -----------------------------------------------------------------
+// x comes widened to float32 in runs (WidenRuns): the K elements (int8) or each half of a group (int4),
+// each zero-padded to a multiple of 8. Codes widen in registers: 8 bytes -> 8 int32 lanes -> float32.
+// Accumulator acc[i][j] lane l sums, in order over steps of 8 elements, the FMA products of element
+// 8s + l of each run; the lanes are summed by Sum8. int8 then multiplies the sum by the row's scale;
+// int4 multiplies dequantized weights, (nibble - 8) * scale, made exactly by one FMA, nibble * scale -
+// 8 * scale (a 4-bit code times a bfloat16 scale fits float32's mantissa), and takes each group's low
+// nibbles (its first half) then its high ones at every step. Nothing depends on MR, NR or M.
+
+template <int MR, int NR>
+SPECJAX_AVX2 inline void Avx2StepInt8(const float* xf, int64_t XS, const int8_t* w, int64_t K,
+                                      __m256 (&acc)[MR][NR]) {
+  __m256 wv[NR];
+  for (int j = 0; j < NR; ++j) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j * K));
+    wv[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  }
+  Avx2Fma<MR, NR>(xf, XS, wv, acc);
+}
+
+template <int MR, int NR>
+SPECJAX_AVX2 void Avx2TileInt8(const float* xf, int64_t XS, const int8_t* w, const float* scale, float* y,
+                               int64_t N, int64_t K) {
+  __m256 acc[MR][NR];
+  Avx2Zero(acc);
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {  // one 64-byte line of each W row: prefetch the next tile's
+    for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * K + k), _MM_HINT_T0);
+    for (int s = 0; s < 64; s += 8) Avx2StepInt8<MR, NR>(xf + k + s, XS, w + k + s, K, acc);
+  }
+  for (; k + 8 <= K; k += 8) Avx2StepInt8<MR, NR>(xf + k, XS, w + k, K, acc);
+  if (k < K) {  // 1..7 codes copied into zero-padded blocks (x is padded already)
+    alignas(8) int8_t tail[NR][8] = {};
+    for (int j = 0; j < NR; ++j) std::memcpy(tail[j], w + j * K + k, size_t(K - k));
+    Avx2StepInt8<MR, NR>(xf + k, XS, &tail[0][0], 8, acc);
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * N + j] = Sum8(acc[i][j]) * scale[j];
+}
+
+// 8 bytes of a group (16 codes): the low nibbles against x's first half, then the high ones against its
+// second. `s` and `s8` hold each W row's group scale and 8 times it.
+template <int MR, int NR>
+SPECJAX_AVX2 inline void Avx2StepInt4(const float* xlo, const float* xhi, int64_t XS, const uint8_t* w, int64_t RB,
+                                      const __m256 (&s)[NR], const __m256 (&s8)[NR], __m256 (&acc)[MR][NR]) {
+  const __m256i nibble = _mm256_set1_epi32(15);
+  __m256 wv[NR];
+  for (int j = 0; j < NR; ++j) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j * RB)));
+    wv[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, nibble)), s[j], s8[j]);
+  }
+  Avx2Fma<MR, NR>(xlo, XS, wv, acc);
+  for (int j = 0; j < NR; ++j) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j * RB)));
+    wv[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), s[j], s8[j]);
+  }
+  Avx2Fma<MR, NR>(xhi, XS, wv, acc);
+}
+
+// W rows of RB bytes (K / 2), `groups` groups of `half` bytes each; x runs of `padded` floats.
+template <int MR, int NR>
+SPECJAX_AVX2 void Avx2TileInt4(const float* xf, int64_t XS, const uint8_t* w, int64_t RB, const uint16_t* scale,
+                               int64_t groups, float* y, int64_t N) {
+  const int64_t half = RB / groups, padded = (half + 7) / 8 * 8;
+  __m256 acc[MR][NR];
+  Avx2Zero(acc);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 s[NR], s8[NR];
+    for (int j = 0; j < NR; ++j) {
+      const float value = Bf16ToFloat(scale[j * groups + g]);
+      s[j] = _mm256_set1_ps(value);
+      s8[j] = _mm256_set1_ps(8.0f * value);
+    }
+    const uint8_t* wg = w + g * half;
+    const float* xlo = xf + 2 * g * padded;
+    if ((g * half) % 64 < half) {  // the group starts a new 64-byte line: prefetch the next tile's
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wg + (j + NR) * RB), _MM_HINT_T0);
+    }
+    int64_t b = 0;
+    for (; b + 8 <= half; b += 8) Avx2StepInt4<MR, NR>(xlo + b, xlo + padded + b, XS, wg + b, RB, s, s8, acc);
+    if (b < half) {  // G / 2 not a multiple of 8: the rest padded with code 0 (0x88: both nibbles 8)
+      alignas(8) uint8_t tail[NR][8];
+      std::memset(tail, 0x88, sizeof(tail));
+      for (int j = 0; j < NR; ++j) std::memcpy(tail[j], wg + j * RB + b, size_t(half - b));
+      Avx2StepInt4<MR, NR>(xlo + b, xlo + padded + b, XS, &tail[0][0], 8, s, s8, acc);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * N + j] = Sum8(acc[i][j]);
+}
+
+// Quantized weights for Avx2Grid: x widened into runs (`xf`, rows of XS floats), codes and scales.
+struct Avx2QuantTiles {
+  const float* xf;
+  int64_t XS;
+  const void* codes;   // int8 [N, K] or uint8 [N, K / 2]
+  const void* scales;  // float32 [N, 1] or bfloat16 [N, groups]
+  float* y;
+  int64_t N, K, groups;
+};
+
+struct Avx2Int8Tiles : Avx2QuantTiles {
+  static constexpr int64_t Width(int64_t rows) { return Avx2TileN(rows); }
+  template <int MR, int NR>
+  void Tile(int64_t m, int64_t n) const {
+    Avx2TileInt8<MR, NR>(xf + m * XS, XS, static_cast<const int8_t*>(codes) + n * K,
+                         static_cast<const float*>(scales) + n, y + m * N + n, N, K);
+  }
+};
+
+// int4 keeps two scale vectors per W row live: 2 rows of W for a tile of 3-4 rows of x (8 + 2 + 4 + 1
+// registers), 4 for narrower tiles.
+struct Avx2Int4Tiles : Avx2QuantTiles {
+  static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
+  template <int MR, int NR>
+  void Tile(int64_t m, int64_t n) const {
+    Avx2TileInt4<MR, NR>(xf + m * XS, XS, static_cast<const uint8_t*>(codes) + n * (K / 2), K / 2,
+                         static_cast<const uint16_t*>(scales) + n * groups, groups, y + m * N + n, N);
+  }
+};
 
 bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
 bool HasAvx512Bf16() {
@@ -385,6 +541,11 @@ Path PathFor() {
   return kPortable;
 }
 
+// Quantized weights have no AVX-512 path (none could be tested on the AVX2 host they were written on).
+Path QuantizedPath() {
+  return path_limit.load(std::memory_order_relaxed) >= kAvx2 && HasAvx2Fma() ? kAvx2 : kPortable;
+}
+
 // One call's operands on its path (chosen once per call: every row of it runs the same path).
 template <typename T>
 struct Operands {
@@ -396,27 +557,27 @@ struct Operands {
 #ifdef SPECJAX_X86
   Avx2Operands avx2;
 #endif
-};
 
-// Rows [n0, n1) of W against every row of x.
-template <typename T>
-void Rows(const Operands<T>& o, int64_t n0, int64_t n1) {
+  // Rows [n0, n1) of W against every row of x.
+  void Rows(int64_t n0, int64_t n1) const {
 #ifdef SPECJAX_X86
-  if (o.path == kAvx512) return VectorRows(o.x, o.w, o.y, o.M, o.N, o.K, n0, n1);
-  if (o.path == kAvx2) return Avx2Rows(o.avx2, o.w, o.y, o.M, o.N, o.K, n0, n1);
+    if (path == kAvx512) return VectorRows(x, w, y, M, N, K, n0, n1);
+    if (path == kAvx2) return Avx2Rows(avx2, w, y, M, N, K, n0, n1);
 #endif
-  PortableRows(o.x, o.w, o.y, o.M, o.N, o.K, n0, n1);
-}
+    PortableRows(x, w, y, M, N, K, n0, n1);
+  }
+};
 
 // Chunks of kChunk rows of W claimed from a shared counter by the calling thread and by up to
 // `pool.num_threads() - 1` tasks on XLA's pool. The caller returns once every chunk is done; a task that
 // starts after that finds no chunk left and touches nothing (the state it reads is shared-owned).
-template <typename T>
-void ParallelRows(ffi::ThreadPool& pool, const Operands<T>& o) {
+// `o` is any call's operands: `o.Rows(n0, n1)` computes rows [n0, n1) of W against every row of x.
+template <typename Op>
+void ParallelRows(ffi::ThreadPool& pool, const Op& o) {
   const int64_t chunks = (o.N + kChunk - 1) / kChunk;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
   if (helpers <= 0 || o.M * o.N * o.K < (int64_t{1} << 18)) {
-    return Rows(o, 0, o.N);
+    return o.Rows(0, o.N);
   }
   struct State {
     std::atomic<int64_t> next{0};
@@ -425,7 +586,7 @@ void ParallelRows(ffi::ThreadPool& pool, const Operands<T>& o) {
   auto state = std::make_shared<State>();
   auto work = [state, o, chunks]() {
     for (int64_t c; (c = state->next.fetch_add(1)) < chunks;) {
-      Rows(o, c * kChunk, std::min(o.N, (c + 1) * kChunk));
+      o.Rows(c * kChunk, std::min(o.N, (c + 1) * kChunk));
       state->done.fetch_add(1, std::memory_order_release);
     }
   };
@@ -476,6 +637,122 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ff
   return ffi::Error::Success();
 }
 
+// ---- Quantized weights -----------------------------------------------------------------------------
+
+template <typename X>
+float ToFloat(X value) {
+  if constexpr (std::is_same_v<X, float>) {
+    return value;
+  } else {
+    return Bf16ToFloat(value);
+  }
+}
+
+// The portable path: one float32 accumulator per output, k in order; int8 sums x * code and multiplies
+// the sum by the row's scale, int4 sums x * ((nibble - 8) * scale), the weight exact in float32.
+template <int Bits, typename X>
+void PortableQuantizedRows(const X* x, const void* codes, const void* scales, float* y, int64_t M, int64_t N,
+                           int64_t K, int64_t groups, int64_t n0, int64_t n1) {
+  const int64_t group = K / groups, half = group / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float acc = 0.0f;
+      if constexpr (Bits == 8) {
+        const int8_t* c = static_cast<const int8_t*>(codes) + n * K;
+        for (int64_t k = 0; k < K; ++k) acc += ToFloat(x[m * K + k]) * float(c[k]);
+        acc *= static_cast<const float*>(scales)[n];
+      } else {
+        const uint8_t* c = static_cast<const uint8_t*>(codes) + n * (K / 2);
+        const uint16_t* scale = static_cast<const uint16_t*>(scales) + n * groups;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t g = k / group, e = k % group;
+          const uint8_t byte = c[g * half + e % half];
+          const int code = (e < half ? byte & 15 : byte >> 4) - 8;
+          acc += ToFloat(x[m * K + k]) * (float(code) * Bf16ToFloat(scale[g]));
+        }
+      }
+      y[m * N + n] = acc;
+    }
+  }
+}
+
+// x [M, K] as float32 runs for the AVX2 quantized tiles: each row's K / run runs of `run` elements, each
+// zero-padded to a multiple of 8 (int8: one run of K; int4: each half of each group, G / 2). Exact.
+template <typename X>
+void WidenRuns(const X* x, float* xf, int64_t M, int64_t K, int64_t run) {
+  const int64_t padded = (run + 7) / 8 * 8, runs = K / run;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t r = 0; r < runs; ++r) {
+      float* out = xf + (m * runs + r) * padded;
+      for (int64_t e = 0; e < padded; ++e) out[e] = e < run ? ToFloat(x[m * K + r * run + e]) : 0.0f;
+    }
+  }
+}
+
+// One quantized call's operands (int8 when Bits = 8, else int4:G with G = K / groups).
+template <int Bits, typename X>
+struct QuantizedOperands {
+  Path path;
+  const X* x;
+  const void* codes;
+  const void* scales;
+  float* y;
+  int64_t M, N, K, groups;
+  const float* xf = nullptr;  // AVX2: x widened into runs (WidenRuns), rows of XS floats
+  int64_t XS = 0;
+
+  void Rows(int64_t n0, int64_t n1) const {
+#ifdef SPECJAX_X86
+    if (path == kAvx2) {
+      const Avx2QuantTiles tiles{xf, XS, codes, scales, y, N, K, groups};
+      if constexpr (Bits == 8) {
+        return Avx2Grid(Avx2Int8Tiles{tiles}, M, n0, n1);
+      } else {
+        return Avx2Grid(Avx2Int4Tiles{tiles}, M, n0, n1);
+      }
+    }
+#endif
+    PortableQuantizedRows<Bits>(x, codes, scales, y, M, N, K, groups, n0, n1);
+  }
+};
+
+// y = x W^T for a quantized W: int8 codes [N, K] with float32 scales [N, 1], or int4 codes [N, K / 2]
+// (uint8) with bfloat16 scales [N, K / G]; x float32 or bfloat16.
+template <int Bits, ffi::DataType XT, ffi::DataType CT, ffi::DataType ST>
+ffi::Error QuantizedMatmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<CT> codes, ffi::Buffer<ST> scales,
+                           ffi::ResultBuffer<ffi::F32> y) {
+  using X = std::remove_const_t<std::remove_pointer_t<decltype(x.typed_data())>>;
+  const auto xd = x.dimensions(), cd = codes.dimensions(), sd = scales.dimensions();
+  if (xd.size() != 2 || cd.size() != 2 || sd.size() != 2 || cd[0] != sd[0]) {
+    return ffi::Error::InvalidArgument("specjax quantized matmul: x must be [M, K], codes [N, *], scales [N, *]");
+  }
+  const int64_t M = xd[0], K = xd[1], N = cd[0], groups = sd[1];
+  const bool fits = Bits == 8 ? cd[1] == K && groups == 1
+                              : cd[1] * 2 == K && groups > 0 && K % groups == 0 && (K / groups) % 2 == 0;
+  if (!fits) {
+    return ffi::Error::InvalidArgument(Bits == 8 ? "specjax int8 matmul: codes must be [N, K], scales [N, 1]"
+                                                 : "specjax int4 matmul: codes must be [N, K / 2], scales [N, K / G] "
+                                                   "with G even");
+  }
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (K == 0) {
+    std::fill(y->typed_data(), y->typed_data() + M * N, 0.0f);
+    return ffi::Error::Success();
+  }
+  QuantizedOperands<Bits, X> o{QuantizedPath(), x.typed_data(), codes.typed_data(), scales.typed_data(),
+                               y->typed_data(), M, N, K, groups};
+  std::unique_ptr<float[]> widened;  // outlives every chunk: ParallelRows returns when all are done
+  if (o.path == kAvx2) {
+    const int64_t run = Bits == 8 ? K : K / groups / 2;
+    o.XS = K / run * ((run + 7) / 8 * 8);
+    widened.reset(new float[size_t(M * o.XS)]);
+    WidenRuns(o.x, widened.get(), M, K, run);
+    o.xf = widened.get();
+  }
+  ParallelRows(pool, o);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulF32, Matmul<ffi::F32>,
@@ -492,9 +769,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulBf16, Matmul<ffi::BF16>,
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
+#define SPECJAX_QUANTIZED_HANDLER(name, bits, x_type, code_type, scale_type)                                   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (QuantizedMatmul<bits, x_type, code_type, scale_type>),                 \
+                                ffi::Ffi::Bind()                                                              \
+                                    .Ctx<ffi::ThreadPool>()                                                   \
+                                    .Arg<ffi::Buffer<x_type>>()                                               \
+                                    .Arg<ffi::Buffer<code_type>>()                                            \
+                                    .Arg<ffi::Buffer<scale_type>>()                                           \
+                                    .Ret<ffi::Buffer<ffi::F32>>())
+
+SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt8F32, 8, ffi::F32, ffi::S8, ffi::F32);
+SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt8Bf16, 8, ffi::BF16, ffi::S8, ffi::F32);
+SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4F32, 4, ffi::F32, ffi::U8, ffi::BF16);
+SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4Bf16, 4, ffi::BF16, ffi::U8, ffi::BF16);
+
 // Which path each handler runs now (under `specjax_cpu_limit`): bits 0-1 the float32 handler's, bits 2-3
-// the bfloat16 handler's, each 0 = portable loop, 1 = AVX2 + FMA, 2 = AVX-512 (bfloat16: AVX512_BF16).
-extern "C" int specjax_cpu_features() { return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2); }
+// the bfloat16 handler's, bits 4-5 the quantized handlers', each 0 = portable loop, 1 = AVX2 + FMA,
+// 2 = AVX-512 (bfloat16: AVX512_BF16).
+extern "C" int specjax_cpu_features() {
+  return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2) | (int(QuantizedPath()) << 4);
+}
 
 // Caps the path every later call runs at `level` (0 portable, 1 AVX2, 2 AVX-512: the default); returns
 // the previous cap. For tests, which run each path the CPU has; not for concurrent use with running calls

@@ -5,8 +5,9 @@ model's, not the target's).
 
 It is the model drafter (`model.ModelDrafter`: the lag, catch-up, early stop, restricted head and trees
 all apply) whose draft model is `quantized.quantize_params` of the target's params, built from the
-loaded target instead of a loaded `config.draft`. The draft's weight matmuls run on XLA (the CPU
-kernel does not unpack quantized codes yet; see `specjax.models.quantized`).
+loaded target instead of a loaded `config.draft`. The draft's weight matmuls run on the target's backend:
+through the CPU kernel, which unpacks the codes in registers, where the target's run there (`matmul =
+"auto"` sends a bfloat16 target through it on a vectorised CPU), else on XLA.
 
 One trap when reading its numbers: the default target's float weights were themselves dequantized from
 Q4_K blocks. A fresh int4 quantization of them (this drafter) is a real 4-bit draft; a draft that kept
@@ -66,13 +67,11 @@ class QuantizedDrafter(ModelDrafter):
     fmt = quantized.parse(settings.options.weights)
     if target.part is not None and fmt is not None:
       raise ConfigError(f"{settings.field('weights')}: quantized weights on a mesh are not supported yet")
-    config = target.config if fmt is None else target.config.replace(matmul="xla")  # codes unpack on XLA
     try:
-      params = quantized.quantize_params(config, target.params, fmt)
+      params = quantized.quantize_params(target.config, target.params, fmt)
     except quantized.FormatError as error:
       raise ConfigError(f"{settings.field('weights')}: {error}") from None
     log(f"quantized draft: the target's weights as {settings.options.weights}")
-    own = dataclasses.replace(target, name=f"{target.name} ({settings.options.weights})", config=config,
-                              params=params)
+    own = dataclasses.replace(target, name=f"{target.name} ({settings.options.weights})", params=params)
     drafter, facts = super().build(settings, target, own, log)
     return drafter, {**facts, "draft_weights": quantized.describe(params)}
