@@ -355,23 +355,26 @@ void Avx2TileCols(const Tiles& tiles, int64_t m, int64_t n, int64_t nr) {
   }
 }
 
-// Rows [n0, n1) of W against the M rows of x in register tiles of up to kAvx2TileM rows of x by
+// A tile of `mr` (1..MR) rows of x dispatched to its compiled height.
+template <int MR, typename Tiles>
+void Avx2TileRows(const Tiles& tiles, int64_t m, int64_t n, int64_t mr, int64_t nr) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return Avx2TileRows<MR - 1>(tiles, m, n, mr, nr);
+  }
+  Avx2TileCols<MR>(tiles, m, n, nr);
+}
+
+// Rows [n0, n1) of W against the M rows of x in register tiles of up to `Tiles::kRows` rows of x by
 // `Tiles::Width(rows)` rows of W, row block by row block (every kind of weight: `Tiles` computes one).
 template <typename Tiles>
 void Avx2Grid(const Tiles& tiles, int64_t M, int64_t n0, int64_t n1) {
+  constexpr int64_t kRows = Tiles::kRows;
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
-    const int64_t tile_n = Tiles::Width(std::min(kAvx2TileM, m1 - m0));
+    const int64_t tile_n = Tiles::Width(std::min(kRows, m1 - m0));
     for (int64_t n = n0; n < n1; n += tile_n) {
       const int64_t nr = std::min(tile_n, n1 - n);
-      for (int64_t m = m0; m < m1; m += kAvx2TileM) {
-        switch (std::min(kAvx2TileM, m1 - m)) {
-          case 4: Avx2TileCols<4>(tiles, m, n, nr); break;
-          case 3: Avx2TileCols<3>(tiles, m, n, nr); break;
-          case 2: Avx2TileCols<2>(tiles, m, n, nr); break;
-          default: Avx2TileCols<1>(tiles, m, n, nr); break;
-        }
-      }
+      for (int64_t m = m0; m < m1; m += kRows) Avx2TileRows<kRows>(tiles, m, n, std::min(kRows, m1 - m), nr);
     }
   }
 }
@@ -383,6 +386,7 @@ struct Avx2FloatTiles {
   const T* w;
   float* y;
   int64_t N, K;
+  static constexpr int64_t kRows = kAvx2TileM;
   static constexpr int64_t Width(int64_t rows) { return Avx2TileN(rows); }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const { Avx2Tile<T, MR, NR>(a, m, w + n * K, y + m * N + n, N, K); }
@@ -495,6 +499,7 @@ struct Avx2QuantTiles {
 };
 
 struct Avx2Int8Tiles : Avx2QuantTiles {
+  static constexpr int64_t kRows = kAvx2TileM;
   static constexpr int64_t Width(int64_t rows) { return Avx2TileN(rows); }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const {
@@ -503,9 +508,12 @@ struct Avx2Int8Tiles : Avx2QuantTiles {
   }
 };
 
-// int4 keeps two scale vectors per W row live: 2 rows of W for a tile of 3-4 rows of x (8 + 2 + 4 + 1
-// registers), 4 for narrower tiles.
+// int4 unpacks each W vector once per tile of x, which costs more than its FMAs: tiles of up to 6 rows of
+// x (a K = 5 verify pass in one) by 2 rows of W (4 for a row block of 1-2 rows), the scale vectors read
+// from memory where registers run out. Measured on the 2-core AVX2 EPYC, 8960 x 1536 at T = 6: 1.3-1.5x
+// bfloat16's time against 1.8x with 4-row tiles (noisy, shared host).
 struct Avx2Int4Tiles : Avx2QuantTiles {
+  static constexpr int64_t kRows = 6;
   static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const {
