@@ -6,7 +6,7 @@ in one non-causal pass per round.
   are accepted in part, up to their second slot at least); the head runs exactly one pass per round that
   drafts, whatever K (`draft_calls`).
 - Sampled at T = 0.7 (top-k 5), the first K + 2 = 4 tokens (K = 2: the prefill's, d_1, d_2, the bonus
-  or a correction) follow the target's exact distribution: chi-square at level 0.001 on N = 10,000 rows
+  or a correction) follow the target's exact distribution: chi-square at level 0.001 on N = SAMPLE_ROWS rows
   of one call (fixed seed), with a briefly trained head; reporting q_1 for every block position while
   drawing d_i from q_i (`FirstDistributionReported`) must give p < 1e-6 on the same number of rows (it
   gave 2e-84; at 2,000 rows only 0.15).

@@ -175,7 +175,7 @@ def _first_tokens(tree_rule=None):
 
 @pytest.mark.slow
 def test_sampled_dynamic_tree_decoding_follows_the_exact_target_distribution():
-  """N = 10,000 rows of LONG_STEPS = 8 tokens through dynamic(3, 2, 2) (three rounds at least per row):
+  """N = SAMPLE_ROWS rows of LONG_STEPS = 8 tokens through dynamic(3, 2, 2) (three rounds at least per row):
   chi-square of the first 3 tokens' joint and the all-positions test (`all_positions_pvalue`: each of
   the 8 positions against the exact conditional given the row's earlier tokens, PIT in 10 bins,
   Bonferroni), each at level 1e-3 / 2; a rule that forgets the rejected children fails the first

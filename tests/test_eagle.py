@@ -110,7 +110,7 @@ def test_greedy_with_a_restricted_vocabulary_equals_target_greedy():
 
 @pytest.mark.parametrize("rule, passes", [(verify, True), (accept_all, False)])
 def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
-  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 10,000 rows; chi-square at level 0.001 (the broken
+  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = SAMPLE_ROWS rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12)."""
   sampling, rows = sampling_params(0.7, top_k=5), SAMPLE_ROWS
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.05)  # first-token acceptance ~0.36
@@ -235,7 +235,7 @@ def test_drafted_dynamic_tree_is_eagle2s_selection_from_plain_head_chains():
 @pytest.mark.slow
 def test_sampled_tree_drafting_follows_the_exact_target_distribution(monkeypatch):
   """The tree (2, 1) with children drawn without replacement, T = 0.7, top-k 5, first 3 tokens of
-  N = 10,000 rows: chi-square at level 0.001. The head's final norm scale 0.3 makes its drafts peaked
+  N = SAMPLE_ROWS rows: chi-square at level 0.001. The head's final norm scale 0.3 makes its drafts peaked
   (a depth-1 node accepted in about 0.45 of the rounds), so the second child is tried often and its
   distribution (renormalised without the elder's large mass) matters. It fails (p < 1e-6) with
   `_without_elders` leaving the renormalisation out (mutants.WITHOUT_REPLACEMENT_MUTANTS;

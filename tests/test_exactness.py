@@ -26,14 +26,14 @@ the correct one except at the bonus of the rows that reach it (asserted), so onl
 can catch them.
 
 Level and sample sizes: every chi-square test of the correct engine is at level ALPHA = 0.001 on
-N = SAMPLE_ROWS = 10,000 rows of one call (fixed keys, so the outcome is deterministic; the correct
-engine gives p = 0.06-0.81); a mutated variant must give p < 1e-6. Cells expecting fewer than 5 draws
-are pooled (`chi_square_pvalue`). Power: at this N the weakest injected fault (the bonus from the
+N = SAMPLE_ROWS = 5,000 rows of one call (fixed keys, so the outcome is deterministic; each passes); a mutated variant must give p < 1e-6. Cells expecting fewer than 5 draws
+are pooled (`chi_square_pvalue`). Power: at 10,000 rows the weakest injected fault (the bonus from the
 residual against p_K) scores a statistic of 275 on 55 degrees of freedom (p = 4e-31); drafts sampled at
 another temperature score 312 on 16 (top-p 0.8, p = 8e-57) and 469 on 33, the broken top-k sampler 631
-on 20, the bonus from q_K 13,072 on 33. (At 30,000 rows each statistic was about three times larger.)
+on 20, the bonus from q_K 13,072 on 33. (At 30,000 rows each statistic was about three times larger; at
+5,000 each excess over its degrees of freedom is about half, `tests/helpers/stats.py`.)
 Run time: the compiles dominate (one per K and sampling's static flags for the correct engine, one per
-mutated run); each 10,000-row run takes ~1.5 s on 2 CPU cores with the tests' XLA flags.
+mutated run); each 10,000-row run took ~1.5 s on 2 CPU cores with the tests' XLA flags.
 """
 
 import functools
@@ -114,7 +114,7 @@ def _shows_bonus(acceptance, k):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, k", [(name, 2) for name in sorted(SAMPLINGS)] + [("t0.7", 1), ("t1.5_top_p0.8", 1)])
 def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
-  """Chi-square at level 0.001 on N = 10,000 rows over the first K + 2 tokens, which include the
+  """Chi-square at level 0.001 on N = SAMPLE_ROWS rows over the first K + 2 tokens, which include the
   bonus token of every row that accepted its first K drafts (at least MIN_BONUS_SHARE of them). K = 2
   for every sampling; K = 1 (one draft, the bonus right after it) at both temperatures, plain and with
   top-p (top-k at K = 1 was the same program shape twice more: K = 2 runs it)."""
@@ -138,7 +138,7 @@ def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
   """Bug class (1): the drafter draws from probs ** T renormalised (probs at T go as exp(logits / T):
   this is temperature 1 on the same top-k/top-p support) but hands the probabilities at T to the rule.
   At T = 1 the patch is the identity, which is why tests at T = 1 cannot see it. The correct engine
-  passes at level 0.001, the mutated one is rejected with p < 1e-6 (K = 1, N = 10,000)."""
+  passes at level 0.001, the mutated one is rejected with p < 1e-6 (K = 1, N = SAMPLE_ROWS)."""
   temperature = float(SAMPLINGS[name].temperature)
   drafter_module = model_shapes  # where the model drafter's chain finds its sampler
   traced = []
@@ -182,7 +182,7 @@ BONUS_BUGS = {  # module-level objects: one compiled program per (rule, K); each
 def test_bonus_drawn_from_the_wrong_distribution_fails(bug, k):
   """Bug class (2): the bonus from q_K, or from the residual of q_{K+1} against p_K. Same key as the
   correct run, so the tokens agree except at the bonus of the rows that reach it, where they differ
-  often; the correct engine passes at level 0.001, the mutated one gives p < 1e-6 (N = 10,000, T = 0.7,
+  often; the correct engine passes at level 0.001, the mutated one gives p < 1e-6 (N = SAMPLE_ROWS, T = 0.7,
   plain sampling: full support, so the statistic itself rejects, not a draw outside the support)."""
   name = "t0.7"
   mutated_ZxT, mutated_acceptance = _engine(SAMPLINGS[name], k, BONUS_BUGS[bug])
@@ -201,7 +201,7 @@ def test_bonus_drawn_from_the_wrong_distribution_fails(bug, k):
 def test_early_stopped_drafts_keep_the_exact_distribution(name):
   """The model drafter with `stop_threshold` = 0.75 (rows stop proposing at their first draft token
   whose distribution's top probability is below it; the round's verify pass narrows to the longest
-  live proposal): chi-square at level 0.001 on N = 10,000 rows, K = 2, over the first 4 tokens, with a
+  live proposal): chi-square at level 0.001 on N = SAMPLE_ROWS rows, K = 2, over the first 4 tokens, with a
   real mix of short and full proposals. (Exactness is structural here: what is proposed was drawn from
   p, and the rest is never accepted; this guards the bookkeeping of short proposals end to end.)"""
   k, threshold = 2, 0.75
@@ -226,7 +226,7 @@ def test_a_broken_sampler_fails_against_the_independent_reference(monkeypatch, b
   """`sampling.probabilities` broken (top-k keeping k - 1 tokens) everywhere the engine reads it
   (`sampling` itself, behind the drafter's sampler and the first token, and the loop's verify pass).
   The exact reference (`exact_distribution`: numpy float64 probabilities, `tests.helpers.reference`)
-  does not move with it: the mutated engine fails with p < 1e-6 (K = 1, N = 10,000, first 3 tokens,
+  does not move with it: the mutated engine fails with p < 1e-6 (K = 1, N = SAMPLE_ROWS, first 3 tokens,
   T = 0.7, top-k 3), while the correct one passes at level 1e-3 (`test_sampled_tokens_and_bonus_...`).
   A reference built on the library's own `probabilities` moved with the mutant and passed it."""
   name, make_bug = SAMPLER_BUGS[bug]

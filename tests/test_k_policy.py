@@ -268,7 +268,7 @@ ALPHA = 1e-3
 
 
 def _first_tokens(drafter, cost_C):
-  """The first three tokens of N = 10,000 rows at T = 1, K = 2, the adaptive policy on."""
+  """The first three tokens of N = SAMPLE_ROWS rows at T = 1, K = 2, the adaptive policy on."""
   (target_config, target_params), sampling = SMALL_TARGET, sampling_params(1.0)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
@@ -281,7 +281,7 @@ def _first_tokens(drafter, cost_C):
 
 @pytest.mark.slow
 def test_sampled_tokens_follow_the_exact_target_distribution_with_the_policy_on():
-  """T = 1, K = 2, chi-square at level 0.001 on N = 10,000 rows of the first 3 tokens. Lengths vary with
+  """T = 1, K = 2, chi-square at level 0.001 on N = SAMPLE_ROWS rows of the first 3 tokens. Lengths vary with
   the draft's own draws (early stopping at a top probability of 0.5) and with the policy: the rows'
   first round proposes 2 tokens (at the prior, with costs (1, 1.2, 1.6)), their second 1 (the live rows
   are those that rejected d_1: their estimates fell).
@@ -320,7 +320,7 @@ def _tree_tokens(rows=SAMPLE_ROWS):
 
 @pytest.mark.slow
 def test_a_tree_cut_at_the_chosen_depth_follows_the_exact_target_distribution():
-  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth, whole or its spine alone, N = 10,000
+  """T = 0.8, top-k 6, the tree (2, 2, 1) cut at the policy's depth, whole or its spine alone, N = SAMPLE_ROWS
   rows of LONG_STEPS = 8 tokens (at least 3 rounds each, several at each of the candidates chosen):
   chi-square at level 0.001 of the first 3 tokens' joint, and every position's conditional given the
   row's earlier tokens (`all_positions_pvalue`: the randomized PIT per position, Bonferroni over the 8,

@@ -51,7 +51,7 @@ def test_eos_inside_an_accepted_block():
 
 @pytest.mark.parametrize("rule, passes", [(verify, True), (accept_all, False)])
 def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
-  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = 10,000 rows; chi-square at level 0.001 (the broken
+  """T = 0.7, top-k 5, K = 2, first 3 tokens of N = SAMPLE_ROWS rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12). The 1-layer draft is accepted in part: both branches of the rule matter."""
   sampling, rows = sampling_params(0.7, top_k=5), SAMPLE_ROWS
   out = _run(SMALL_TARGET, (0,), 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,

@@ -10,7 +10,7 @@ Greedy: the output equals the target's own greedy decoding for ragged prompts, p
 inside an accepted block, K = 1 and 8, with the random target of `helpers.engine` and a near-bigram
 variant whose greedy output falls into runs; a plain-Python replay of the loop (`_replay`) predicts
 every row's rounds, proposed and accepted counts and which rounds run the single-token verify pass.
-Sampling: the first three tokens over 10,000 rows follow the target's exact distribution at
+Sampling: the first three tokens over SAMPLE_ROWS rows follow the target's exact distribution at
 temperature 0.7 with top-k and at 1.0 (chi-square, level 0.001), and a rule that accepts every
 proposed token fails the same test.
 """
@@ -251,7 +251,7 @@ SAMPLE_STEPS, ALPHA = 3, 1e-3
 
 
 def _first_tokens(sampling, rule):
-  """Counts [V^3] of the first three tokens over N = 10,000 rows of one call, K = 2, and the
+  """Counts [V^3] of the first three tokens over N = SAMPLE_ROWS rows of one call, K = 2, and the
   acceptance counters."""
   (config, params), drafter = SMALL_TARGET, NgramDrafter(SMALL_TARGET[0].vocab_size, 1, 3)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
@@ -267,7 +267,7 @@ def _first_tokens(sampling, rule):
 @pytest.mark.slow
 @pytest.mark.parametrize("sampling", [sampling_params(0.7, top_k=3)], ids=["t0.7_top_k3"])
 def test_sampled_tokens_follow_the_exact_target_distribution(sampling):
-  """Chi-square at level 0.001 on N = 10,000 rows; the broken rule must fail it (p < 1e-12). Every
+  """Chi-square at level 0.001 on N = SAMPLE_ROWS rows; the broken rule must fail it (p < 1e-12). Every
   row proposes in its first round, and a good share of the drafts is accepted. (Point masses carry no
   draft temperature: T = 1 is the same code with other numbers; the model drafter's T = 1 runs in
   test_speculative.)"""

@@ -9,7 +9,7 @@ What is checked, from the rule to the pipeline:
   target tokens the smaller draft cannot embed (ids >= W are fed to it as its last id; without that
   its cache fills with NaN and it never gets a token accepted again, which the test would see).
 - The engine, sampled: the joint distribution of the first 3 generated tokens (K = 1: the prefill's
-  token, round one's draft position, then its bonus or round two's first token) over N = 10,000 seeded
+  token, round one's draft position, then its bonus or round two's first token) over N = SAMPLE_ROWS seeded
   rows, by a chi-square test at level ALPHA = 0.001 against the target's exact distribution
   (enumerated), at T = 0.7 with top-k 3 and T = 1.5 with top-p 0.8, in both directions. A deliberately
   wrong extension must fail the same test with p < 1e-6: cutting the target to the draft's ids and
@@ -219,7 +219,7 @@ def _pvalue(direction, name, tokens_ZxT):
 @pytest.mark.slow
 @pytest.mark.parametrize("direction, name", [("smaller", "t0.7_top_k3"), ("larger", "t1.5_top_p0.8")])
 def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
-  """Chi-square at level 0.001 on N = 10,000 rows over the first 3 tokens; each direction with one of
+  """Chi-square at level 0.001 on N = SAMPLE_ROWS rows over the first 3 tokens; each direction with one of
   the two sampling settings (top-k for the smaller draft, top-p for the larger one)."""
   assert _pvalue(direction, name, _first_tokens(direction, SAMPLINGS[name], verify)) > ALPHA
 
@@ -227,7 +227,7 @@ def test_sampled_tokens_follow_the_target_with_a_padded_head(direction, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("direction", sorted(PAIRS))
 def test_a_wrong_extension_fails_the_same_test(direction):
-  """The same statistic (T = 0.7, top-k 3, N = 10,000) rejects the wrong extension with p < 1e-6."""
+  """The same statistic (T = 0.7, top-k 3, N = SAMPLE_ROWS) rejects the wrong extension with p < 1e-6."""
   name = "t0.7_top_k3"
   tokens_ZxT = _first_tokens(direction, SAMPLINGS[name], WRONG_EXTENSIONS[direction])
   assert _pvalue(direction, name, tokens_ZxT) < REJECTED

@@ -8,7 +8,7 @@
   pass's cache entries as the accepted tokens' (`MaskEntriesKept`) reads masks in its history and
   misses some (it stays exact: only this test sees it).
 - Sampled at T = 0.7 the first K + 2 tokens (K = 2: the prefill's token, the two drafts, the bonus or
-  the correction) follow the target's exact distribution: chi-square at level 0.001 on N = 10,000 rows
+  the correction) follow the target's exact distribution: chi-square at level 0.001 on N = SAMPLE_ROWS rows
   of one call (fixed seed); reporting q_1 for every position (`FirstDistributionReported`) must give
   p < 1e-6 on 2,000 rows.
 """

@@ -156,7 +156,7 @@ ALPHA = 1e-3
 
 
 def _first_tokens(sampling, rule, draft_head=None):
-  """Counts [V^3] of the first three tokens over N = 10,000 rows of one call, K = 2."""
+  """Counts [V^3] of the first three tokens over N = SAMPLE_ROWS rows of one call, K = 2."""
   (target_config, target_params), drafter = SMALL_TARGET, ModelDrafter(*SMALL_DRAFT, draft_head)
   padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
   cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
@@ -174,7 +174,7 @@ SAMPLINGS = {"plain": sampling_params(1.0)}
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAMPLINGS))
 def test_sampled_tokens_follow_the_exact_target_distribution(name):
-  """Temperature 1: chi-square test at level 0.001 on N = 10,000 rows; the broken rule must fail the
+  """Temperature 1: chi-square test at level 0.001 on N = SAMPLE_ROWS rows; the broken rule must fail the
   same test (p < 1e-12). Top-k and top-p on both models run in test_exactness (T = 0.7 and 1.5, K = 1
   and 2, bonus included, with broken rules and samplers)."""
   exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLINGS[name], SAMPLE_STEPS).ravel()
@@ -185,7 +185,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution(name):
 @pytest.mark.slow
 def test_sampling_with_a_restricted_draft_head_follows_the_exact_target_distribution():
   """A draft that can propose only 5 of the 8 tokens: the residual supplies the other three with the
-  target's probability. Chi-square at level 0.001 on N = 10,000 rows, temperature 1."""
+  target's probability. Chi-square at level 0.001 on N = SAMPLE_ROWS rows, temperature 1."""
   sampling = SAMPLINGS["plain"]
   head = restrict_head(*SMALL_DRAFT, [0, 2, 3, 5, 6])
   exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling, SAMPLE_STEPS).ravel()

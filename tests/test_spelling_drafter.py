@@ -206,7 +206,7 @@ class _NotRenormalised(ModelDrafter):
 
 
 def _first_tokens(drafter):
-  """Counts [V^3] of the first three tokens over N = 10,000 rows of one call, K = 2, temperature 1."""
+  """Counts [V^3] of the first three tokens over N = SAMPLE_ROWS rows of one call, K = 2, temperature 1."""
   out = run_drafter(drafter, target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS, budgets=SAMPLE_STEPS,
                     eos_ids=NO_EOS, k=2, sampling=sampling_params(1.0), seed=1,
                     cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2, out_width=SAMPLE_STEPS)
@@ -218,7 +218,7 @@ def _first_tokens(drafter):
 @pytest.mark.slow
 def test_sampled_tokens_follow_the_exact_target_distribution():
   """8 target ids, 5 of them shared with a 7-id draft, the others spelled by up to 2 draft ids:
-  chi-square at level 0.001 on N = 10,000 rows; the broken mapping must fail it (p < 1e-6)."""
+  chi-square at level 0.001 on N = SAMPLE_ROWS rows; the broken mapping must fail it (p < 1e-6)."""
   exact = exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, sampling_params(1.0), SAMPLE_STEPS).ravel()
   drafter, _ = spelling_drafter(SMALL_TARGET, draft_vocab=7, shared=5, max_ids=2, seed=3)
   assert chi_square_pvalue(_first_tokens(drafter), exact) > ALPHA

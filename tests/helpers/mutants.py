@@ -198,20 +198,19 @@ def inject(monkeypatch, mutant: str, chain: bool = False, tree: bool = False) ->
 
 
 def deeper_tree_cut(monkeypatch) -> list:
-  """`loop._verify_tree_pass` verifying the tree cut one level deeper than the adaptive round's candidate
-  (whole cut or spine; a candidate already at the tree's depth stays): the drafter drew the chosen cut
-  only, so the extra level's tokens were never drawn (probability 0 under the draft: the rule accepts
-  them wherever the target gives them mass). Returns the candidates it deepened (at trace time)."""
-  real, deepened = loop._verify_tree_pass, []
+  """`SpeculativeLoop._verify_tree_pass` verifying the tree cut one level deeper than the adaptive round's
+  candidate (whole cut or spine; a candidate already at the tree's depth stays): the drafter drew the
+  chosen cut only, so the extra level's tokens were never drawn (probability 0 under the draft: the rule
+  accepts them wherever the target gives them mass). Returns the candidates it deepened (at trace time)."""
+  real, deepened = loop.SpeculativeLoop._verify_tree_pass, []
 
-  def verify_tree_pass(*args):
-    *head, proposal, sampling, key, candidate, target_cache = args
-    if candidate is not None and candidate.length < proposal.verified_tree.max_depth:
+  def verify_tree_pass(self, target_params, features, round_, candidate, target_cache):
+    if candidate is not None and candidate.length < round_.proposal.verified_tree.max_depth:
       deepened.append(candidate)
       candidate = candidate._replace(length=candidate.length + 1)
-    return real(*head, proposal, sampling, key, candidate, target_cache)
+    return real(self, target_params, features, round_, candidate, target_cache)
 
-  monkeypatch.setattr(loop, "_verify_tree_pass", verify_tree_pass)
+  monkeypatch.setattr(loop.SpeculativeLoop, "_verify_tree_pass", verify_tree_pass)
   return deepened
 
 
