@@ -62,14 +62,16 @@ def default_config() -> ml_collections.ConfigDict:
   #                      docs/quantized-drafts.md): "float" (config.dtype), "int8" (per output channel,
   #                      float32 scales), "int4" (groups of 32 inputs, bfloat16 scales) or "int4:G" (G even,
   #                      32..128, dividing every input width); a draft model's is config.model.weights.
-  #                      Quantized weights multiply on XLA (matmul "auto" resolves to it); no mesh yet
+  #                      Quantized weights multiply through the CPU matmul kernel where it runs
+  #                      vectorised (matmul "auto"), else on XLA; no mesh yet
   c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);
   #                         "off": unrolled; "auto": on for GPU/TPU, off on CPU (see docs/devices.md)
   c.attention = "auto"  # "dense", "blockwise" (live blocks, a loop per layer), "kernel" (Pallas GPU kernel;
   #                       interpret mode on CPU) or "auto": kernel on GPU, blockwise on CPU/TPU (see docs/devices.md)
   c.attention_block = 256  # keys per block of blockwise attention (0 = dense over the cache)
-  c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's CPU kernel, AVX-512 or AVX2: float32, bfloat16)
-  #                    or "auto": the kernel for bfloat16 on a CPU with AVX512_BF16 or AVX2+FMA, XLA elsewhere
+  c.matmul = "auto"  # weight matmuls: "xla", "cpu_kernel" (specjax's CPU kernel, AVX-512 or AVX2: float32, bfloat16,
+  #                    int8, int4) or "auto": the kernel for bfloat16 on a CPU with AVX512_BF16 or AVX2+FMA and
+  #                    for quantized weights on one with AVX2+FMA, XLA elsewhere
   c.narrow_passes = "auto"  # "on": a verify / catch-up pass runs its narrowest compiled width that fits (a
   #                           branch); "off": always the widest; "auto": off on GPU, on elsewhere
   c.prefill_chunk = 512  # prompt tokens per prefill pass (peak memory ~ chunk x live keys)

@@ -9,12 +9,18 @@
   5-30 times slower than float32), so there a pass over K + 1 tokens cost several single-token
   steps; through the kernel it costs about what one does. It is batch-invariant: a row's result does
   not depend on how many rows are multiplied with it (a verify pass computes bit for bit what a
-  one-token step computes; each path is, though two paths may differ in the last bits). A
-  `custom_vjp` makes it differentiable (the backward runs XLA's matmuls).
+  one-token step computes; each path is, though two paths may differ in the last bits). Quantized
+  weights (`quantized.QuantizedWeight`: int8, int4:G) have handlers of their own that read the codes
+  and widen them to float32 in registers (AVX2+FMA, else the portable loop; no AVX-512 path), x in
+  float32. A `custom_vjp` makes it differentiable (the backward runs XLA's matmuls; for quantized
+  weights, the XLA path's gradients).
 
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
-for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA), XLA everywhere else
-(GPUs and TPUs are untouched). On this project's 2-core CPU with AVX-512 (AMD EPYC, no AMX) a whole
+for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA) and for quantized
+weights (either dtype) on one with AVX2+FMA, XLA everywhere else (GPUs and TPUs are untouched). XLA:CPU
+runs quantized weights by dequantizing tiles, 3-5x the kernel's time on the AVX2 host below
+(docs/quantized-drafts.md has the table: there int8 costs 0.6-0.65x a bfloat16 matmul at T = 1, int4,
+bound by its unpacking, 0.6-0.94x, and 1.35-1.47x at T = 6). On this project's 2-core CPU with AVX-512 (AMD EPYC, no AMX) a whole
 Qwen2.5-1.5B step took 115 ms in bfloat16 through the kernel, where XLA's bfloat16 took 2 s and its
 float32 277 ms; in float32 the kernel's gain was mixed across runs (0.8-1.2x XLA's time at T = 1, slower
 at prefill widths). On a 2-core AMD EPYC with AVX2+FMA and no AVX-512 (shared with other work: medians
