@@ -29,19 +29,20 @@ How it multiplies: through the CPU kernel when the model's matmul backend is "cp
 (`matmul.dense`; "auto" picks it on a CPU with AVX2+FMA), which reads the codes (1 or 1/2 byte a
 weight), widens them to float32 in registers and multiplies x in float32 (bfloat16 x widened): int8
 scales each output's sum by its channel's scale, int4 multiplies the dequantized weight code * scale,
-exact in float32, so the result is the float32 product with the exactly dequantized weights (a
-bfloat16 model's XLA path rounds them to bfloat16 first), batch-invariant like the kernel's float
-paths (`cpu_kernels/matmul.cc` documents the arithmetic). Elsewhere on XLA (`QuantizedWeight.dense`):
-int8 contracts x with the codes converted to x's dtype (exact: |code| <= 127 fits bfloat16's mantissa) with float32 accumulation and multiplies
-the output by the channel scales; int4 dequantizes the codes to x's dtype (code * scale is exact in
-float32 with bfloat16 scales; a bfloat16 model rounds it once) and contracts, one dot per half of its
-groups (`_whole`). On GPU/TPU XLA fuses the conversion into the dot's operand (the lowering report
-counts these conversions, `lowering.report`). On the CPU (`lax.platform_dependent`) the weight is
-dequantized and multiplied CPU_ROWS output rows at a time in a loop: XLA:CPU materialises a
-dequantized matrix in a fresh buffer, and a whole 8960 x 1536 one cost ~100 ms a call on this
-project's 2-core host (a 2.4-4 ms float32 matvec), 128-row tiles 4.5 ms for the whole matrix (int8
-and int4; one run each, on a loaded host). It still reads the codes and writes and reads a float copy
-per tile: 1.3-2.1x slower than float32, which is why the CPU kernel unpacks in registers instead.
+exact in float32, so the result is the float32 product with the exactly dequantized weights (a bfloat16
+model's XLA path rounds them to bfloat16 first), batch-invariant like the kernel's float paths
+(`cpu_kernels/matmul.cc` documents the arithmetic). Elsewhere on XLA (`QuantizedWeight.dense`): int8
+contracts x with the codes converted to x's dtype (exact: |code| <= 127 fits bfloat16's mantissa) with
+float32 accumulation and multiplies the output by the channel scales; int4 dequantizes the codes to x's
+dtype (code * scale is exact in float32 with bfloat16 scales; a bfloat16 model rounds it once) and
+contracts, one dot per half of its groups (`_whole`). On GPU/TPU XLA fuses the conversion into the dot's
+operand (the lowering report counts these conversions, `lowering.report`). On the CPU
+(`lax.platform_dependent`) the weight is dequantized and multiplied CPU_ROWS output rows at a time in a
+loop: XLA:CPU materialises a dequantized matrix in a fresh buffer, and a whole 8960 x 1536 one cost ~100
+ms a call on this project's 2-core host (a 2.4-4 ms float32 matvec), 128-row tiles 4.5 ms for the whole
+matrix (int8 and int4; one run each, on a loaded host). It still reads the codes and writes and reads a
+float copy per tile: 1.3-2.1x slower than float32, which is why the CPU kernel unpacks in registers
+instead.
 """
 
 from __future__ import annotations

@@ -498,9 +498,11 @@ struct Avx2QuantTiles {
   int64_t N, K, groups;
 };
 
+// int8: tiles of up to 6 rows of x (a K = 5 verify pass widens each W vector once) by 2 rows of W (12
+// accumulators), 3-4 rows of W for narrower tiles, as the float paths.
 struct Avx2Int8Tiles : Avx2QuantTiles {
-  static constexpr int64_t kRows = kAvx2TileM;
-  static constexpr int64_t Width(int64_t rows) { return Avx2TileN(rows); }
+  static constexpr int64_t kRows = 6;
+  static constexpr int64_t Width(int64_t rows) { return rows >= 5 ? 2 : Avx2TileN(rows); }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const {
     Avx2TileInt8<MR, NR>(xf + m * XS, XS, static_cast<const int8_t*>(codes) + n * K,
@@ -511,7 +513,8 @@ struct Avx2Int8Tiles : Avx2QuantTiles {
 // int4 unpacks each W vector once per tile of x, which costs more than its FMAs: tiles of up to 6 rows of
 // x (a K = 5 verify pass in one) by 2 rows of W (4 for a row block of 1-2 rows), the scale vectors read
 // from memory where registers run out. Measured on the 2-core AVX2 EPYC, 8960 x 1536 at T = 6: 1.3-1.5x
-// bfloat16's time against 1.8x with 4-row tiles (noisy, shared host).
+// bfloat16's time against 1.8x with 4-row tiles (noisy, shared host; int8's 6-row tiles: 0.80x
+// against 0.84-0.93x).
 struct Avx2Int4Tiles : Avx2QuantTiles {
   static constexpr int64_t kRows = 6;
   static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
