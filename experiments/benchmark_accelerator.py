@@ -19,7 +19,7 @@ in the config's dtype. Each cell is one compiled program (`autoregressive.genera
      `wall_s - prefill_s`, over `max_new_tokens - 1` target steps (autoregressive: `step_s`) or the
      loop's rounds (speculative: `round_s`).
 First of all (`attention_comparison`), the attention implementations side by side: for each of dense,
-blockwise and the kernel (`attention_for` this backend: the Pallas kernel on GPU), the autoregressive and
+blockwise and the kernel (`Execution.resolve` on this backend: the Pallas kernel on GPU), the autoregressive and
 K = `comparison_k` cells at the first prompt length and batch 1, each with its program's lowering report
 (`lowering.report`: data-dependent while loops inside the round, kernels) and the speculative cell's
 greedy comparison; the grid then runs with `attention` ("auto": the kernel on GPU).
@@ -95,8 +95,8 @@ from specjax.errors import ConfigError
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax import lowering
-from specjax.models.load import (SCAN_LAYERS, attention_for, load_model, narrow_passes_for, scan_layers_for,
-                                 with_execution)
+from specjax.models.execution import FIELDS, Execution
+from specjax.models.load import load_model, with_execution
 from specjax.models.transformer import init_params
 from specjax.generation import Request
 from specjax.sampling import sampling_params
@@ -140,13 +140,11 @@ def check(cfg: ml_collections.ConfigDict) -> None:
   require(cfg.weights == "real" or cfg.shapes in SHAPES,
           f"config.shapes must be one of {', '.join(SHAPES)}, got {cfg.shapes!r}")
   require(cfg.dtype in ("float32", "bfloat16"), f"config.dtype must be float32 or bfloat16, got {cfg.dtype!r}")
-  require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got {cfg.scan_layers!r}")
   try:
     for setting in (cfg.attention, *cfg.attention_comparison):
-      attention_for(setting)
-    narrow_passes_for(cfg.narrow_passes)
+      execution(cfg, setting)
   except ValueError as error:
-    raise ConfigError(f"config.{error} (attention / attention_comparison / narrow_passes)") from None
+    raise ConfigError(f"config.{error} (scan_layers / attention / attention_comparison / narrow_passes)") from None
   require(int(cfg.comparison_k) == cfg.comparison_k and cfg.comparison_k >= 1,
           f"config.comparison_k must be an integer >= 1, got {cfg.comparison_k}")
   for field in ("prompt_lengths", "batch_sizes", "ks"):
@@ -183,20 +181,25 @@ def _random_model(config: ModelConfig, seed: int):
   return jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed))
 
 
+def execution(cfg: ml_collections.ConfigDict, attention: str = "") -> Execution:
+  """The kit's execution record on this backend (weight matmuls on XLA, the GEMM libraries of GPUs and
+  TPUs), with the attention setting `attention` in place of `cfg.attention` if given."""
+  settings = {name: cfg[name] for name in FIELDS if name != "matmul"}
+  return Execution.resolve({**settings, "attention": attention or cfg.attention, "matmul": "xla"}, cfg.dtype)
+
+
 def load_pair(cfg: ml_collections.ConfigDict, log: Log):
   """(target config, target params, draft config, draft params, tokenizer or None) of `cfg`."""
-  execution = dict(scan_layers=scan_layers_for(cfg.scan_layers), attention_block=cfg.attention_block,
-                   prefill_chunk=cfg.prefill_chunk, attention=attention_for(cfg.attention),
-                   narrow_passes=narrow_passes_for(cfg.narrow_passes))
+  record = execution(cfg)
   start = time.perf_counter()
   if cfg.weights == "real":
     log(f"loading {cfg.target} and {cfg.draft} ({cfg.dtype}) ...")
-    target, draft = (with_execution(load_model(name, cfg.dtype), **execution) for name in (cfg.target, cfg.draft))
+    target, draft = (with_execution(load_model(name, cfg.dtype), record) for name in (cfg.target, cfg.draft))
     check_compatible(target, draft)
     pair = (target.config, target.params, draft.config, draft.params, target.tokenizer)
   else:
     log(f"random parameters of the {cfg.shapes} pair ({cfg.dtype}) ...")
-    target_config, draft_config = (c.replace(dtype=cfg.dtype, **execution) for c in SHAPES[cfg.shapes])
+    target_config, draft_config = (c.replace(dtype=cfg.dtype, **record.fields()) for c in SHAPES[cfg.shapes])
     pair = (target_config, _random_model(target_config, cfg.seed), draft_config,
             _random_model(draft_config, cfg.seed + 1), None)
   jax.block_until_ready((pair[1], pair[3]))
@@ -455,7 +458,7 @@ def _cache_len(cfg, length: int) -> int:
 
 def compare_attention(cfg, pair, setting: str, prompts_BxP: np.ndarray, results: dict, start: float,
                       log: Log) -> None:
-  """The autoregressive and K = `comparison_k` cells with attention `setting` (`attention_for` this
+  """The autoregressive and K = `comparison_k` cells with attention `setting` (resolved on this
   backend), timed and with their lowering reports, appended to `results["attention_comparison"]`; or
   skipped past the deadline."""
   elapsed = time.perf_counter() - start
@@ -466,7 +469,7 @@ def compare_attention(cfg, pair, setting: str, prompts_BxP: np.ndarray, results:
                            for mode, k in modes]
     return
   jax.clear_caches()
-  attention = attention_for(setting)
+  attention = execution(cfg, setting).attention
   target_config, target_params, draft_config, draft_params, tokenizer = pair
   compared = (target_config.replace(attention=attention), target_params, draft_config.replace(attention=attention),
               draft_params, tokenizer)

@@ -37,6 +37,7 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
 
   from specjax import generation, mesh as meshes, partitioning
   from specjax.models.kv_cache import init_cache
+  from specjax.models.execution import Execution
   from specjax.models.load import load_model, with_execution
   from specjax.sampling import sampling_params
   from specjax.generation import Request
@@ -51,9 +52,10 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
     draft_part = dataclasses.replace(target_part, name="draft")
     draft_part = draft_part.replicated() if draft_sharding == "replicated" else draft_part
   start = time.perf_counter()
-  execution = dict(scan_layers=False, attention_block=256, prefill_chunk=512)
-  target = with_execution(load_model(cfg.target, "float32", target_part), **execution, part=target_part)
-  draft = with_execution(load_model(cfg.draft, "float32", draft_part), **execution, part=draft_part)
+  execution = Execution(scan_layers=False, attention="blockwise", attention_block=256, prefill_chunk=512,
+                        narrow_passes=True, matmul="xla")
+  target = with_execution(load_model(cfg.target, "float32", target_part), execution, target_part)
+  draft = with_execution(load_model(cfg.draft, "float32", draft_part), execution, draft_part)
   load_s = time.perf_counter() - start
   result = {"mesh": mesh_spec, "mesh_indivisible": indivisible, "draft_sharding": draft_sharding,
             "devices": jax.device_count(), "load_s": load_s}

@@ -16,7 +16,7 @@ from specjax import decode_config, lowering, mesh as meshes, partitioning
 from specjax.constraints import compiler
 from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
-from specjax.models.load import SCAN_LAYERS, attention_for, narrow_passes_for
+from specjax.models.execution import Execution
 from specjax.sampling import SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative import k_policy
@@ -53,6 +53,10 @@ class DecodeSpec:
   verify_width: int  # tokens one verify pass feeds: K + 1, or the tree's nodes and root
   policy: k_policy.KPolicy = k_policy.KPolicy()  # how many of the K tokens a round proposes
   tuning: k_policy.Tuning = k_policy.Tuning()  # how a decoder measures the policy's cost table
+  # How the target's and the draft model's programs compute, resolved once (`Execution.resolve`, for
+  # the platform `lower_only` names, else this one); the draft's is None without a draft model.
+  execution: Execution | None = None
+  draft_execution: Execution | None = None
 
   @property
   def speculative(self) -> bool:
@@ -92,11 +96,10 @@ class DecodeSpec:
     resolves by what was built and what the CPU has)."""
     fields, sampling = self._compiled()
     cfg = self.config
-    backend = matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, cfg.weights)
     return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
             "cache_len": cache_len, "sampling": sampling,
             "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}",
-            "matmul": matmul.describe(backend, cfg.dtype, cfg.weights)}
+            "matmul": matmul.describe(self.execution.matmul, cfg.dtype, cfg.weights)}
 
   def _compiled(self) -> tuple[dict[str, Any], list]:
     sampling = self.sampling
@@ -164,24 +167,12 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
   require(cfg.dtype in DTYPES, f"config.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
   require(cfg.lower_only in ("",) + lowering.PLATFORMS, f"config.lower_only must be one of "
           f"{lowering.PLATFORMS} (or empty: decode), got {cfg.lower_only!r}")
-  require(cfg.scan_layers in SCAN_LAYERS, f"config.scan_layers must be one of {SCAN_LAYERS}, got "
-          f"{cfg.scan_layers!r}")
   try:
     weights = quantized.parse(cfg.weights)
   except quantized.FormatError as error:
     raise ConfigError(f"config.weights: {error}") from None
   require(weights is None or not cfg.mesh.strip(), f"config.weights {cfg.weights!r}: quantized weights on a "
           f"mesh (config.mesh {cfg.mesh!r}) are not supported yet")
-  try:  # the settings, and a kernel on a platform without one
-    attention_for(cfg.attention, cfg.lower_only or None)
-    narrow_passes_for(cfg.narrow_passes)
-    matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, cfg.weights)
-  except ValueError as error:
-    raise ConfigError(f"config.{error}") from None
-  require(int(cfg.attention_block) == cfg.attention_block and cfg.attention_block >= 0,
-          f"config.attention_block must be an integer >= 0 (0 = dense), got {cfg.attention_block}")
-  require(int(cfg.prefill_chunk) == cfg.prefill_chunk and cfg.prefill_chunk >= 1,
-          f"config.prefill_chunk must be an integer >= 1, got {cfg.prefill_chunk}")
   require(bool(cfg.target), "config.target is empty: give a .gguf file, an HF directory, a registry name or a "
           "hub name org/name[@revision]")
   require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
@@ -209,14 +200,25 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
   return sampling
 
 
+def _execution(cfg: ml_collections.ConfigDict, weights: str, field: str = "") -> Execution:
+  """The execution record of a model of `cfg` whose weights are in the format `weights`; a setting that
+  cannot apply is a ConfigError naming it (and `field`, the weight format's, when it is not the target's)."""
+  try:
+    return Execution.resolve(cfg, cfg.dtype, weights, cfg.lower_only or None)
+  except ValueError as error:
+    raise ConfigError(f"{field} {weights!r}: config.{error}" if field else f"config.{error}") from None
+
+
 def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) -> DecodeSpec:
   """The spec of `cfg`; a `ConfigError` naming the field for anything that cannot work. `drafter`, a
   built Drafter instance, replaces `config.drafter` (its class is still checked against the settings)."""
   cfg = with_drafter_group(cfg) if drafter is None else unlocked_copy(cfg)
   check_fields(cfg)
   sampling = _check_top_level(cfg)
+  execution = _execution(cfg, cfg.weights)
   if cfg.mode != "speculative":
-    return DecodeSpec(ml_collections.FrozenConfigDict(cfg), None, None, sampling, cfg.k, cfg.k + 1)
+    return DecodeSpec(ml_collections.FrozenConfigDict(cfg), None, None, sampling, cfg.k, cfg.k + 1,
+                      execution=execution)
   cls = type(drafter) if drafter is not None else registry.resolve(cfg.drafter)
   try:
     tree = parse(cfg.tree)
@@ -237,4 +239,8 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
                              k=cfg.k if tree is None else tree.max_depth, plain_rounds=policy.plain_rounds)
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
-  return DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning)
+  spec = DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning,
+                    execution)
+  if not spec.loads_draft_model:
+    return spec
+  return dataclasses.replace(spec, draft_execution=_execution(cfg, spec.draft_weights, settings.field("weights")))

@@ -32,8 +32,7 @@ from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec, from_config
 from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
-from specjax.models.load import (LoadedModel, attention_for, load_model, narrow_passes_for, scan_layers_for,
-                                 with_execution)
+from specjax.models.load import LoadedModel, load_model, with_execution
 from specjax.runner import Runner
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import k_policy
@@ -126,13 +125,6 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
   spec = spec if isinstance(spec, DecodeSpec) else from_config(spec)
   cfg = spec.config
   start = time.perf_counter()
-  # "auto" resolves for the platform the program is for: the one `lower_only` names, else this backend.
-  execution = dict(scan_layers=scan_layers_for(cfg.scan_layers, cfg.lower_only or None),
-                   attention=attention_for(cfg.attention, cfg.lower_only or None),
-                   narrow_passes=narrow_passes_for(cfg.narrow_passes, cfg.lower_only or None),
-                   matmul=matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None),
-                   attention_block=cfg.attention_block,
-                   prefill_chunk=cfg.prefill_chunk)
   if target is None:
     mesh = meshes.make_mesh(cfg.mesh)
     target_part = None
@@ -141,7 +133,7 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
       log(f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices")
     log(f"loading target {cfg.target} ({cfg.dtype}{_weights_note(cfg.weights)}) ...")
     target = with_execution(_load(cfg.target, cfg.dtype, target_part, cfg.weights, "config.weights"),
-                            **_execution(execution, cfg, cfg.weights, "config.weights"), part=target_part)
+                            spec.execution, target_part)
   draft = None
   if spec.loads_draft_model:
     draft_part = None if target.part is None else dataclasses.replace(target.part, name="draft")
@@ -149,7 +141,7 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
     field = spec.drafter_settings.field("weights")
     log(f"loading draft {cfg.draft} ({cfg.dtype}{_weights_note(spec.draft_weights)}) ...")
     draft = with_execution(_load(cfg.draft, cfg.dtype, draft_part, spec.draft_weights, field),
-                           **_execution(execution, cfg, spec.draft_weights, field), part=draft_part)
+                           spec.draft_execution, draft_part)
   log(f"loaded in {time.perf_counter() - start:.1f} s; weight matmuls: "
       f"{matmul.describe(target.config.matmul, target.config.dtype, quantized.describe(target.params))}")
   return target, draft
@@ -167,21 +159,13 @@ def _load(name: str, dtype: str, part, weights: str, field: str) -> LoadedModel:
     raise ConfigError(f"{field}: {error}") from None
 
 
-def _execution(execution: dict[str, Any], cfg, weights: str, field: str) -> dict[str, Any]:
-  """`execution` with the matmul backend resolved for weights in the format `weights` (`matmul.backend_for`;
-  a backend that cannot multiply them is an error naming `field`)."""
-  try:
-    return {**execution, "matmul": matmul.backend_for(cfg.matmul, cfg.dtype, cfg.lower_only or None, weights)}
-  except ValueError as error:
-    raise ConfigError(f"{field} {weights!r}: config.{error}") from None
-
-
 def devices_record(target: LoadedModel, draft: LoadedModel | None) -> dict[str, Any]:
   """The devices a run used, for its results: mesh, device kind and count, processes, what the weight
   matmuls ran on, and the bytes of each model's parameters per device (the most any device holds)."""
   record = meshes.describe(target.part.mesh if target.part else None)
   record["target_weights"] = quantized.describe(target.params)
   record["matmul"] = matmul.describe(target.config.matmul, target.config.dtype, record["target_weights"])
+  record["numerics"] = target.config.numerics  # `ModelConfig.numerics`: batch_invariant or fast
   for role, model in (("target", target), ("draft", draft)):
     if model is not None:
       record[f"{role}_param_bytes_per_device"] = max(partitioning.bytes_per_device(model.params).values())

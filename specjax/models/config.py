@@ -26,6 +26,10 @@ _DTYPES = ("float32", "bfloat16", "float16")
 # How attention runs (`attention.attend`); `kernel_interpret` is the kernel in Pallas interpret mode (CPU).
 ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise", "kernel", "kernel_interpret")
 MATMUL_BACKENDS = ("xla", "cpu_kernel")  # how weight matmuls run (`matmul`); "cpu_kernel": float32/bfloat16
+# What one pass's outputs may depend on (`ModelConfig.numerics`; `specjax.models.execution` says more):
+# "batch_invariant": not on how many rows or positions the pass holds (bit for bit); "fast": up to rounding.
+BATCH_INVARIANT, FAST = "batch_invariant", "fast"
+NUMERICS = (BATCH_INVARIANT, FAST)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,12 +137,20 @@ class ModelConfig:
     return jnp.dtype(self.dtype)
 
   @property
+  def numerics(self) -> str:
+    """The numerics mode (one of NUMERICS): batch-invariant where the CPU matmul kernel runs the weights,
+    the one path here whose matmuls are (the model code then reduces short chunks position by position,
+    `transformer.per_position`, in float32 caches); fast elsewhere. A GPU or TPU path would need
+    batch-invariant matmul and attention kernels (a fixed reduction split), which are not built."""
+    return BATCH_INVARIANT if self.matmul == "cpu_kernel" else FAST
+
+  @property
   def cache_dtype(self):
-    """The KV cache's dtype, and so attention's: the model dtype, except float32 where the CPU matmul
-    kernel runs the weights (around it XLA:CPU runs attention, and its bfloat16 dots are slow and made
+    """The KV cache's dtype, and so attention's: the model dtype, except float32 in the batch-invariant
+    mode (around the CPU matmul kernel XLA:CPU runs attention, and its bfloat16 dots are slow and made
     it convert every layer's cache to float32 inside each layer's attention loop). bfloat16 keys and
     values are held exactly in float32."""
-    return jnp.dtype(jnp.float32) if self.matmul == "cpu_kernel" else self.jnp_dtype
+    return jnp.dtype(jnp.float32) if self.numerics == BATCH_INVARIANT else self.jnp_dtype
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)

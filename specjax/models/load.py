@@ -34,6 +34,7 @@ import safetensors.numpy
 
 from specjax.models import gguf_loader, hub, quantized, registry
 from specjax.models.config import ModelConfig
+from specjax.models.execution import Execution
 from specjax.models.hf import hf_config, load_hf_dir
 from specjax.models.layout import to_layout
 from specjax.models.param_tree import on_one_device
@@ -65,55 +66,10 @@ class LoadedModel:
   part: ParamSharding | None = None  # how params (and its caches) lie on a mesh; None: one device
 
 
-SCAN_LAYERS = ("auto", "on", "off")  # also the settings of narrow_passes
-_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-
-
-def scan_layers_for(setting: str, backend: str | None = None) -> bool:
-  """`scan_layers` "on" / "off", or "auto": on for GPU/TPU (compile time flat in depth), off on CPU."""
-  if setting not in SCAN_LAYERS:
-    raise ValueError(f"scan_layers must be one of {SCAN_LAYERS}, got {setting!r}")
-  if setting == "auto":
-    return (backend or jax.default_backend()) != "cpu"
-  return setting == "on"
-
-
-def narrow_passes_for(setting: str, backend: str | None = None) -> bool:
-  """`narrow_passes` "on" / "off", or "auto": off on GPU, where choosing a pass's width is a host read
-  of the branch's predicate and a narrower memory-bound pass saves little; on elsewhere."""
-  if setting not in SCAN_LAYERS:
-    raise ValueError(f"narrow_passes must be one of {SCAN_LAYERS}, got {setting!r}")
-  if setting == "auto":
-    return (backend or jax.default_backend()) not in _GPU_PLATFORMS
-  return setting == "on"
-
-
-ATTENTION = ("auto", "dense", "blockwise", "kernel")
-def attention_for(setting: str, backend: str | None = None) -> str:
-  """`ModelConfig.attention` for the setting `attention` (one of ATTENTION) on `backend` (a platform
-  name; None: this one). "auto": the Pallas kernel on GPU (no host read per key block), blockwise on
-  CPU and TPU (their loops run on the device). "kernel" on CPU runs it in interpret mode (tests); TPU
-  has no such kernel here."""
-  if setting not in ATTENTION:
-    raise ValueError(f"attention must be one of {ATTENTION}, got {setting!r}")
-  backend = backend or jax.default_backend()
-  if setting == "auto":
-    return "kernel" if backend in _GPU_PLATFORMS else "blockwise"
-  if setting == "kernel" and backend not in _GPU_PLATFORMS:
-    if backend != "cpu":
-      raise ValueError(f"attention='kernel' is the Pallas GPU kernel: {backend} has none here (use blockwise)")
-    return "kernel_interpret"
-  return setting
-
-
-def with_execution(model: LoadedModel, scan_layers: bool, attention_block: int, prefill_chunk: int,
-                   part: ParamSharding | None = None, attention: str = "blockwise",
-                   narrow_passes: bool = True, matmul: str = "xla") -> LoadedModel:
-  """`model` set up to run with these execution settings (resolved: see `attention_for`,
-  `narrow_passes_for` and `matmul.backend_for`; its params restacked if the layout changes, and laid
-  out by `part` on its mesh)."""
-  config = model.config.replace(scan_layers=scan_layers, attention=attention, attention_block=attention_block,
-                                prefill_chunk=prefill_chunk, narrow_passes=narrow_passes, matmul=matmul)
+def with_execution(model: LoadedModel, execution: Execution, part: ParamSharding | None = None) -> LoadedModel:
+  """`model` set up to run as `execution` says (`Execution.resolve`): its config's execution fields set,
+  its params restacked if the layout changes, and laid out by `part` on its mesh."""
+  config = model.config.replace(**execution.fields())
   params = to_layout(config, model.params)
   if part is not None:
     params = part.shard(config, params)

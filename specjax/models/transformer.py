@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import attention, attention_mask, matmul, rope
-from specjax.models.config import ModelConfig
+from specjax.models.config import BATCH_INVARIANT, ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.layout import to_layout
 from specjax.models.quantized import QuantizedWeight
@@ -53,12 +53,12 @@ INVARIANT_WIDTH = 16  # chunks of up to this many positions reduce position by p
 
 def by_position(config: ModelConfig, T: int) -> bool:
   """Whether a chunk of T positions reduces position by position (`per_position`)."""
-  return config.matmul == "cpu_kernel" and 1 < T <= INVARIANT_WIDTH
+  return config.numerics == BATCH_INVARIANT and 1 < T <= INVARIANT_WIDTH
 
 
 def per_position(config: ModelConfig, fn: Callable[[jax.Array], jax.Array], x_BxTx: jax.Array) -> jax.Array:
-  """`fn(x)` for a reduction over x's last axes, run on each position's [B, 1, ...] slice in turn where the
-  CPU matmul kernel makes the matmuls batch-invariant and x is a chunk of 2..INVARIANT_WIDTH positions.
+  """`fn(x)` for a reduction over x's last axes, run on each position's [B, 1, ...] slice in turn in the
+  batch-invariant numerics mode (`ModelConfig.numerics`) where x is a chunk of 2..INVARIANT_WIDTH positions.
   XLA sums in an order that depends on how many rows it reduces; a slice reduces exactly as a one-token
   step does, so a verify pass computes bit for bit what the steps would and greedy speculative output
   equals greedy autoregressive output in bfloat16 too. Wider chunks (prefill) run whole."""
