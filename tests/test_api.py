@@ -31,6 +31,13 @@ def readme_drafter(tmp_path_factory):
   sys.modules.pop("my_drafters", None)
 
 
+def test_the_manuals_check_of_its_example_drafter_runs(readme_drafter, capsys):
+  """docs/writing-a-drafter.md's `specjax.testing` example, run as written: LastMatch's greedy output is
+  the tiny target's and its sampled first tokens pass the chi-square test."""
+  exec(compile(python_block("testing.check_sampled("), "check_my_drafter.py", "exec"), {})
+  assert "LastMatch is exact on the tiny target" in capsys.readouterr().out
+
+
 def test_the_readme_drafter_keeps_the_targets_greedy_output_through_the_cli_and_the_decoder(
     model_dirs, readme_drafter, tmp_path):
   dec = specjax.Decoder(config=cli_config(model_dirs, drafter=readme_drafter, prompts=PROMPTS))

@@ -225,7 +225,7 @@ SAMPLER_BUGS = {"top_k_keeps_k_minus_1": ("t0.7_top_k3", _top_k_keeps_one_fewer)
 def test_a_broken_sampler_fails_against_the_independent_reference(monkeypatch, bug):
   """`sampling.probabilities` broken (top-k keeping k - 1 tokens) everywhere the engine reads it
   (`sampling` itself, behind the drafter's sampler and the first token, and the loop's verify pass).
-  The exact reference (`exact_distribution`: numpy float64 probabilities, `tests.helpers.reference`)
+  The exact reference (`exact_distribution`: numpy float64 probabilities, `specjax.testing.reference`)
   does not move with it: the mutated engine fails with p < 1e-6 (K = 1, N = SAMPLE_ROWS, first 3 tokens,
   T = 0.7, top-k 3), while the correct one passes at level 1e-3 (`test_sampled_tokens_and_bonus_...`).
   A reference built on the library's own `probabilities` moved with the mutant and passed it."""

@@ -15,7 +15,7 @@ import pytest
 
 from specjax import sampling
 from specjax.sampling import greedy_tokens, next_tokens, sample, sampling_params
-from tests.helpers import reference
+from specjax.testing import reference
 from tests.helpers.stats import chi_square_pvalue
 
 probabilities = jax.jit(sampling.probabilities)  # one compile per shape and mode

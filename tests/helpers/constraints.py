@@ -15,7 +15,8 @@ from specjax.constraints import compiler
 from specjax.constraints.mask import constrained
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
-from tests.helpers import engine, reference
+from specjax.testing import reference
+from tests.helpers import engine
 from tests.helpers.stats import chi_square_pvalue
 
 EOS = 0

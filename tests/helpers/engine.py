@@ -1,19 +1,17 @@
 """Tiny random models and drafts for the engine tests, the runners that decode with them (speculative
 and the target's own greedy), and the exact enumeration of a model's first generated tokens."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import forward, init_params
+from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
-from tests.helpers import reference
+from specjax.testing import exact_distribution, perturbed, reference, tiny_model  # noqa: F401 (for the tests)
 from tests.helpers.loop import autoregress, speculate
 from tests.helpers.stats import chi_square_pvalue
 
@@ -24,29 +22,6 @@ PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]
 BUDGETS = [13, 6, 20]  # 12, 5, 19 tokens after the prefill's: some fill their last block, some cut it
 OUT_WIDTH = 24
 CACHE_LEN = 40
-
-
-def tiny_model(seed, vocab=VOCAB, arch="llama", d_model=32, n_layers=1, scale=0.3):
-  """A tiny random model, weights drawn with numpy (no compile) in the tree `init_params` defines;
-  std `scale` on matrices makes the distributions peaked and free of near-ties."""
-  config = ModelConfig(arch=arch, vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=4,
-                       n_kv_heads=4 if arch == "gpt2" else 2, head_dim=d_model // 4, d_ff=2 * d_model,
-                       max_positions=64 if arch == "gpt2" else 0)
-  rng = np.random.default_rng(seed)
-  init = lambda path, leaf: jnp.asarray(
-      rng.normal(0.0, scale, leaf.shape) if leaf.ndim == 2 else
-      np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), jnp.float32)
-  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
-  return config, jax.tree_util.tree_map_with_path(init, shapes)
-
-
-def perturbed(model, noise, seed):
-  """The same architecture with Gaussian noise of std `noise` on every weight: a draft that agrees
-  with the model often but not always."""
-  config, params = model
-  rng = np.random.default_rng(seed)
-  noisy = lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32)
-  return config, jax.tree.map(noisy, params)
 
 
 TARGET = tiny_model(0)
@@ -85,25 +60,6 @@ def target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
                     init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
                     jax.random.key(0), out_width=OUT_WIDTH)
   return as_token_lists(out.tokens, out.counts)
-
-
-def exact_distribution(config, params, prompt, sampling, steps):
-  """P(first `steps` generated tokens) as a [V] * steps array, enumerating every continuation: logits
-  from the library's forward, probabilities from `reference` (numpy float64, independent of
-  `specjax.sampling`)."""
-  vocab = config.vocab_size
-  prefixes = np.array(list(itertools.product(range(vocab), repeat=steps - 1)), np.int32)
-  tokens = np.concatenate([np.tile(prompt, (len(prefixes), 1)), prefixes], axis=1)
-  logits, _ = jax.jit(forward, static_argnums=0)(config, params, jnp.asarray(tokens),
-                                                 init_cache(config, len(tokens), tokens.shape[1]))
-  # The distributions from the float64 numpy reference, not the library's sampler under test.
-  probs = reference.params_probabilities(np.asarray(logits[:, len(prompt) - 1:]), sampling)  # [V^(s-1), s, V]
-  joint = np.ones(())
-  for step in range(steps):
-    table = probs[:, step].reshape([vocab] * steps)  # [prefix token 1 .. s-1, next token]
-    conditional = table[(slice(None),) * step + (0,) * (steps - 1 - step)]  # on the first `step` only
-    joint = joint[..., None] * conditional
-  return joint
 
 
 def first_tokens_pvalue(model, prompt, sampling, tokens_ZxT) -> float:

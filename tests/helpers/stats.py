@@ -3,6 +3,8 @@
 import numpy as np
 from scipy import stats
 
+from specjax.testing import chi_square_pvalue  # noqa: F401 (for the tests)
+
 # Rows of one seeded engine call behind each chi-square test of the engine (unless a module states its
 # own). At 10,000 rows the weakest injected faults (the EAGLE tree's children not renormalised, the bonus
 # drawn from the residual against p_K) scored 252 on 43 and 275 on 55 degrees of freedom; a statistic's
@@ -11,20 +13,6 @@ from scipy import stats
 # this size (checked, as are the plugin's tree mutants: p underflows to 0). 5,000 rows shorten the
 # execution-bound tests (the dynamic tree's from 30 to 22 s on 2 cores).
 SAMPLE_ROWS = 5_000
-
-
-def chi_square_pvalue(observed, probs):
-  """Chi-square goodness of fit of counts to `probs` on its support, cells expecting fewer than 5
-  draws pooled; any draw outside the support gives p-value 0."""
-  support = probs > 0
-  if observed[~support].any():
-    return 0.0
-  observed, expected = observed[support], probs[support] / probs[support].sum() * observed.sum()
-  small = expected < 5
-  if small.any():
-    observed = np.append(observed[~small], observed[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-  return stats.chisquare(observed, expected).pvalue
 
 
 # Equiprobable bins of the probability integral transform per position (`pit_pvalues`): with 10,000+

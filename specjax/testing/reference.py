@@ -1,5 +1,6 @@
 """An independent float64 numpy reference for `specjax.sampling.probabilities`: what
-`engine.exact_distribution`, the end-to-end tests' exact reference, turns logits into distributions with.
+`specjax.testing.exact_distribution`, the end-to-end tests' exact reference, turns logits into
+distributions with.
 
 The semantics it implements (those `specjax.sampling` documents), per row of logits over V ids:
 - temperature T = 0: the one-hot of the argmax (the first index of tied maxima);
