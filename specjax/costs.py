@@ -77,6 +77,19 @@ def interleaved_medians(timers: dict[Any, Callable[[], float]], repeats: int) ->
   return {name: float(np.median(seconds)) for name, seconds in samples.items()}
 
 
+def pass_timers(target_config: ModelConfig, target_params, drafter, widths: Iterable[int], batch_size: int,
+                cache_len: int, offset: int) -> dict[Any, Callable[[], float]]:
+  """Timers (`forward_timer`, at `offset` cached positions) of the target's pass over each width T of
+  `widths` and, under "draft", of one 1-token pass of what `drafter` drafts with (`Drafter.draft_pass`;
+  none for a lookup, or without a drafter)."""
+  timers = {T: forward_timer(target_config, target_params, T, batch_size, cache_len, offset, None) for T in widths}
+  draft = drafter.draft_pass() if drafter is not None else None
+  if draft is not None:
+    timers["draft"] = forward_timer(draft.config, draft.params, 1, batch_size, cache_len, offset, draft.head,
+                                    draft.layers)
+  return timers
+
+
 def candidate_passes(target_config: ModelConfig, target_params, drafter, candidates: tuple[Any, ...],
                      batch_size: int, cache_len: int, offset: int, repeats: int = 5) -> np.ndarray:
   """The passes a round of each candidate (`k_policy.Candidate`) runs, each timed alone at `offset`
@@ -84,12 +97,8 @@ def candidate_passes(target_config: ModelConfig, target_params, drafter, candida
   `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token): [C] seconds. A tree's levels and a parallel draft's
   block are priced at one 1-token draft pass each (a wider pass costs a little more on a CPU)."""
   widths = sorted({c.nodes(drafter.tree) for c in candidates})
-  timers = {T: forward_timer(target_config, target_params, T, batch_size, cache_len, offset, None) for T in widths}
-  draft = drafter.draft_pass()
-  if draft is not None:
-    timers["draft"] = forward_timer(draft.config, draft.params, 1, batch_size, cache_len, offset, draft.head,
-                                    draft.layers)
-  seconds = interleaved_medians(timers, repeats)
+  seconds = interleaved_medians(pass_timers(target_config, target_params, drafter, widths, batch_size, cache_len,
+                                            offset), repeats)
   draft_s = seconds.pop("draft", 0.0)
   return np.asarray([seconds[c.nodes(drafter.tree)] + drafter.passes(c.length) * draft_s for c in candidates])
 

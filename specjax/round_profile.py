@@ -24,7 +24,6 @@ narrower pass (short offers) make passes_s an upper bound.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any, Callable
 
@@ -101,18 +100,13 @@ class Profiler:
     spec, target, drafter = runner.spec, runner.target, runner.drafter
     batch = spec.config.batch_size
     offset = min(width + self.generated // max(self.rows, 1) // 2, runner.cache_len - spec.verify_width)
-    timer = functools.partial(costs.forward_timer, batch_size=batch, cache_len=runner.cache_len, offset=offset,
-                              head=None)
-    timers = {1: timer(target.config, target.params, 1)}
+    candidates = runner.candidates if drafter is not None else ()
+    widths = sorted({1} | {c.nodes(drafter.tree) for c in candidates})
+    timers = costs.pass_timers(target.config, target.params, drafter, widths, batch, runner.cache_len, offset)
     timers["target prefill"] = costs.forward_timer(target.config, target.params, width, batch, runner.cache_len, 0,
                                                    None)
-    candidates = runner.candidates if drafter is not None else ()
-    for c in candidates:
-      timers.setdefault(c.nodes(drafter.tree), timer(target.config, target.params, c.nodes(drafter.tree)))
     draft = drafter.draft_pass() if drafter is not None else None
     if draft is not None:
-      timers["draft"] = costs.forward_timer(draft.config, draft.params, 1, batch, runner.cache_len, offset,
-                                            draft.head, draft.layers)
       timers["draft prefill"] = costs.forward_timer(draft.config, draft.params, width, batch, runner.cache_len, 0,
                                                     draft.head, draft.layers)
     if drafter is not None:
