@@ -1,7 +1,7 @@
 """Exactness of tree speculative sampling end to end: the first eight generated tokens through the tree
 (2, 1) (the prefill's token, then rounds of up to three, the bonus included after a full-depth path:
 every row needs three rounds at least, so compaction of an accepted second branch and the tree masks at
-depth 2 are exercised before later rounds read the cache) over 10,000 seeded rows follow the target's
+depth 2 are exercised before later rounds read the cache) over SAMPLE_ROWS seeded rows follow the target's
 exact distribution (enumerated over a vocabulary of 8, fixed keys) at temperature 0.8 with top-k 6, for
 i.i.d., without-replacement and top-b children. Statistics: chi-square on two marginals of the exact
 joint of the first 5 tokens, tokens 0-3 (4,096 cells) and tokens 2-4 (512 cells); and every one of the 8
@@ -13,7 +13,7 @@ rejection), patched in while the loop is traced, fails the same test with top-b 
 fails it with i.i.d. children (`SPECJAX_TEST_MUTANT=bonus_from_residual`, `tests/helpers/mutant_plugin.py`;
 the rule-level Monte Carlo of test_tree_acceptance runs every mutant against every children mode). At
 15,000 rows the correct engine gave p = 0.05-0.67 and every broken rule p = 0 (underflow) in every
-children mode; at 4,000 rows they still give p < 1e-30.
+children mode; at 4,000 rows they still give p < 1e-30, and the bonus mutant fails at SAMPLE_ROWS too.
 """
 
 import functools
@@ -25,12 +25,12 @@ from specjax import metrics
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.engine import SAMPLE_PROMPT, SMALL_DRAFT, SMALL_TARGET, exact_distribution
-from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 from tests.helpers.trees import (ALPHA, LONG_STEPS, REJECTED, SAMPLED, all_positions_pvalue, no_update_rule,
                                  run_tree_speculative)
 
 SAMPLED_TREE = tree_lib.from_branching((2, 1))
-ROWS = 10_000
+ROWS = SAMPLE_ROWS
 MUTANT_ROWS = 4_000  # the broken rules give p < 1e-30 at this size already (p = 0 by underflow at 15,000)
 DEEP_STEPS = 5  # the prefill's token, round one's up to 3 (bonus included), and round two's: the joint's
 MARGINALS = ((0, 1, 2, 3), (2, 3, 4))  # the positions of each chi-square test
