@@ -18,9 +18,9 @@
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
 for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA) and for quantized
 weights (either dtype) on one with AVX2+FMA, XLA everywhere else (GPUs and TPUs are untouched). XLA:CPU
-runs quantized weights by dequantizing tiles, 3-5x the kernel's time on the AVX2 host below
-(docs/quantized-drafts.md has the table: there int8 costs 0.57-0.68x a bfloat16 matmul at T = 1 and
-0.74-0.82x at T = 6; int4, bound by its unpacking, 0.73-0.98x at T = 1 and 1.23-1.33x at T = 6).
+runs quantized weights by dequantizing tiles, 5-7x the kernel's int4 time on the AVX2 host below
+(docs/quantized-drafts.md has the table: there int8 costs 0.56-0.67x a bfloat16 matmul at T = 1 and
+0.78-0.80x at T = 6; int4, bound by its unpacking, 0.57-0.80x at T = 1 and 1.18-1.23x at T = 6).
 
 On this project's 2-core CPU with AVX-512 (AMD EPYC, no AMX) a whole Qwen2.5-1.5B step took 115 ms in
 bfloat16 through the kernel, where XLA's bfloat16 took 2 s and its float32 277 ms; in float32 the
