@@ -16,7 +16,7 @@ from tests.helpers import mutants
 from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, exact_distribution
 from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, free_greedy
-from tests.helpers.stats import chi_square_pvalue
+from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 from tests.helpers.trees import LONG_STEPS, all_positions_pvalue
 
 SPINES = tree_lib.from_branching((3, 1, 1))  # 3 matches, each continued 3 deep
@@ -97,17 +97,17 @@ SPINE_PROMPT = [6, 7, 4, 5, 1, 2, 3, 0, 1, 5, 4, 0, 6, 2, 3, 7, 5]
 
 @pytest.mark.slow
 def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
-  """N = 15,000 rows of LONG_STEPS = 8 tokens through spines (2, 1) at temperature 0.7 with top-k 3 (three
+  """N = SAMPLE_ROWS rows of LONG_STEPS = 8 tokens through spines (2, 1) at temperature 0.7 with top-k 3 (three
   rounds at least per row): chi-square of the first 3 tokens' joint, and every position against the
   target's exact conditional given the row's earlier tokens (`all_positions_pvalue`: PIT in 10 bins per
   position, Bonferroni over the 8), each at level 0.001 / 2. SPINE_PROMPT gives every row two spines, and the first spine's head is
   rejected (the second spine tried) in about 80% of the rows (asserted > 60%, read from the output: its
   token 1 is not that head). A broken tree rule fails (p < 1e-6): the second spine's point mass not taken
   out of q' after its rejection ("later_sibling_kept"; p = 0 by underflow at 30,000 rows, as for
-  "shared_sibling_uniform"; the correct engine p = 0.95; run on 4,000 rows, p < 1e-30). The earlier prompt had two spines in no row:
+  "shared_sibling_uniform"; the correct engine p = 0.95 at 15,000 rows; run on 4,000 rows, p < 1e-30). The earlier prompt had two spines in no row:
   the later-sibling mutant passed there. (q' never updated at all is caught for point-mass children by
   test_tree_exactness.py's "top" case.)"""
-  sampling, rows, steps = sampling_params(0.7, top_k=3), 15_000, 3  # `steps`: the joint's
+  sampling, rows, steps = sampling_params(0.7, top_k=3), SAMPLE_ROWS, 3  # `steps`: the joint's
   (config, params) = SMALL_TARGET
   drafter = NgramDrafter(config.vocab_size, 1, 3, tree=tree_lib.from_branching((2, 1)))
   exact = exact_distribution(config, params, SPINE_PROMPT, sampling, steps).ravel()
