@@ -94,8 +94,9 @@ def candidate_passes(target_config: ModelConfig, target_params, drafter, candida
                      batch_size: int, cache_len: int, offset: int, repeats: int = 5) -> np.ndarray:
   """The passes a round of each candidate (`k_policy.Candidate`) runs, each timed alone at `offset`
   cached positions: the target's verify pass over the candidate's nodes (`Candidate.nodes`) plus
-  `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token): [C] seconds. A tree's levels and a parallel draft's
-  block are priced at one 1-token draft pass each (a wider pass costs a little more on a CPU)."""
+  `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token): [C] seconds. A tree's levels
+  and a parallel draft's block are priced at one 1-token draft pass each (a wider pass costs a little
+  more on a CPU)."""
   widths = sorted({c.nodes(drafter.tree) for c in candidates})
   seconds = interleaved_medians(pass_timers(target_config, target_params, drafter, widths, batch_size, cache_len,
                                             offset), repeats)
