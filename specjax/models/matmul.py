@@ -11,8 +11,9 @@
   not depend on how many rows are multiplied with it (a verify pass computes bit for bit what a
   one-token step computes; each path is, though two paths may differ in the last bits). Quantized
   weights (`quantized.QuantizedWeight`: int8, int4:G) have handlers of their own that read the codes
-  and widen them to float32 in registers (AVX2+FMA, else the portable loop; no AVX-512 path), x in
-  float32. A `custom_vjp` makes it differentiable (the backward runs XLA's matmuls; for quantized
+  and unpack them in registers: AVX-512 (int8 widened to float32, FMA with x in float32; int4 at G =
+  32, 64, 128 with bfloat16 x turned into bfloat16 integers for AVX512_BF16 dot products per group),
+  else AVX2+FMA (codes and x widened to float32), else the portable loop. A `custom_vjp` makes it differentiable (the backward runs XLA's matmuls; for quantized
   weights, the XLA path's gradients).
 
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
@@ -66,9 +67,11 @@ _FEATURE_SHIFT = {"float32": 0, "bfloat16": 2, "quantized": 4}
 _PATHS = {  # what each path number means, per kind; 0 is the portable loop
     "float32": {1: "AVX2+FMA", 2: "AVX-512F"},
     "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16"},
-    "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers"},
+    "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers",
+                  2: "AVX-512: int8 codes unpacked to float32, int4 to bfloat16 for AVX512_BF16 dot products"},
 }
-_NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16", "quantized": "AVX2+FMA"}
+_NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16",
+          "quantized": "AVX2+FMA or AVX512_BF16"}
 
 
 @functools.cache
@@ -116,7 +119,7 @@ def kernel_status(dtype: str, weights: str = "float") -> tuple[bool, str]:
 def kernel_path(kind: str) -> int:
   """The kernel's path for weights of `kind` ("float32", "bfloat16" or "quantized") on this CPU now: 0
   the portable loop, 1 AVX2+FMA, 2 AVX-512 (what `specjax_cpu_features` reports; `kernel_limit` caps it;
-  quantized weights have no AVX-512 path)."""
+  "quantized": int4 with bfloat16 x, whose AVX-512 path needs AVX512_BF16; int4 with float32 x runs AVX2)."""
   library = _library()[0]
   if library is None or kind not in _FEATURE_SHIFT:
     return 0

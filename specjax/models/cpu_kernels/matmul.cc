@@ -45,6 +45,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -346,7 +347,7 @@ void Avx2Tile(const Avx2Operands& a, int64_t m, const T* w, float* y, int64_t N,
 
 // A tile of `nr` rows of W (1..4) dispatched to its compiled shape: `tiles.Tile<MR, NR>(m, n)`.
 template <int MR, typename Tiles>
-void Avx2TileCols(const Tiles& tiles, int64_t m, int64_t n, int64_t nr) {
+void GridCols(const Tiles& tiles, int64_t m, int64_t n, int64_t nr) {
   switch (nr) {
     case 4: return tiles.template Tile<MR, 4>(m, n);
     case 3: return tiles.template Tile<MR, 3>(m, n);
@@ -357,29 +358,29 @@ void Avx2TileCols(const Tiles& tiles, int64_t m, int64_t n, int64_t nr) {
 
 // A tile of `mr` (1..MR) rows of x dispatched to its compiled height.
 template <int MR, typename Tiles>
-void Avx2TileRows(const Tiles& tiles, int64_t m, int64_t n, int64_t mr, int64_t nr) {
+void GridRows(const Tiles& tiles, int64_t m, int64_t n, int64_t mr, int64_t nr) {
   if constexpr (MR > 1) {
-    if (mr < MR) return Avx2TileRows<MR - 1>(tiles, m, n, mr, nr);
+    if (mr < MR) return GridRows<MR - 1>(tiles, m, n, mr, nr);
   }
-  Avx2TileCols<MR>(tiles, m, n, nr);
+  GridCols<MR>(tiles, m, n, nr);
 }
 
 // Rows [n0, n1) of W against the M rows of x in register tiles of up to `Tiles::kRows` rows of x by
 // `Tiles::Width(rows)` rows of W, row block by row block (every kind of weight: `Tiles` computes one).
 template <typename Tiles>
-void Avx2Grid(const Tiles& tiles, int64_t M, int64_t n0, int64_t n1) {
+void Grid(const Tiles& tiles, int64_t M, int64_t n0, int64_t n1) {
   constexpr int64_t kRows = Tiles::kRows;
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
     const int64_t tile_n = Tiles::Width(std::min(kRows, m1 - m0));
     for (int64_t n = n0; n < n1; n += tile_n) {
       const int64_t nr = std::min(tile_n, n1 - n);
-      for (int64_t m = m0; m < m1; m += kRows) Avx2TileRows<kRows>(tiles, m, n, std::min(kRows, m1 - m), nr);
+      for (int64_t m = m0; m < m1; m += kRows) GridRows<kRows>(tiles, m, n, std::min(kRows, m1 - m), nr);
     }
   }
 }
 
-// Float weights (float32, bfloat16) for Avx2Grid.
+// Float weights (float32, bfloat16) for Grid.
 template <typename T>
 struct Avx2FloatTiles {
   const Avx2Operands& a;
@@ -394,7 +395,7 @@ struct Avx2FloatTiles {
 
 template <typename T>
 void Avx2Rows(const Avx2Operands& a, const T* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  Avx2Grid(Avx2FloatTiles<T>{a, w, y, N, K}, M, n0, n1);
+  Grid(Avx2FloatTiles<T>{a, w, y, N, K}, M, n0, n1);
 }
 
 // ---- AVX2 + FMA, quantized weights -----------------------------------------------------------------
@@ -490,7 +491,7 @@ SPECJAX_AVX2 void Avx2TileInt4(const float* xf, int64_t XS, const uint8_t* w, in
     for (int j = 0; j < NR; ++j) y[i * N + j] = Sum8(acc[i][j]);
 }
 
-// Quantized weights for Avx2Grid: x widened into runs (`xf`, rows of XS floats), codes and scales.
+// Quantized weights for Grid: x widened into runs (`xf`, rows of XS floats), codes and scales.
 struct Avx2QuantTiles {
   const float* xf;
   int64_t XS;
@@ -533,17 +534,173 @@ struct Avx2Int4Tiles : Avx2QuantTiles {
   }
 };
 
-bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
-bool HasAvx512Bf16() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
+// ---- AVX-512, quantized weights ---------------------------------------------------------------------
+// int8 (AVX-512F + BW): x widened to float32 once per call (WidenRuns, one run of K); 16 codes per step
+// sign-extended to int32 and converted to float32 in registers, FMA'd into 16-lane accumulators; the
+// lane sum (_mm512_reduce_add_ps) times the row's scale. Tiles of up to 6 rows of x by 2 rows of W (4 for
+// tiles of up to 4 rows: 6 x 4 made a 6-row product slower than AVX2's 6 x 2).
+// int4:G, G = 32, 64 or 128, bfloat16 x (AVX512_BF16): x is read as it is. A group's codes unpack in
+// registers into bfloat16 integers code - 8 (exact) through a 16-entry table (VPERMW), in x's own
+// order: the low nibbles of its bytes are the group's first half, the high ones its second. VDPBF16PS
+// sums x * (code - 8) over the group in float32 (each product exact: 8 by 4 significant bits), and one
+// FMA adds that sum times the group's scale to the row's accumulator. Per group, 32 weights cost one
+// table lookup instead of AVX2's two widenings and a multiply per 8, which made a one-token int4 pass
+// bound by its unpacking there. The sum is the same products' as AVX2's, rounded in another order (per
+// group, then scaled), so the two paths may differ in the last bits; each is batch-invariant: nothing
+// depends on MR, NR or M.
+
+#define SPECJAX_AVX512Q __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+template <int MR, int NR>
+SPECJAX_AVX512Q inline void Avx512StepInt8(const float* xf, int64_t XS, const int8_t* w, int64_t K, __mmask16 mask,
+                                           __m512 (&acc)[MR][NR]) {
+  __m512 wv[NR];
+  for (int j = 0; j < NR; ++j) wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, w + j * K)));
+  for (int i = 0; i < MR; ++i) {
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, xf + i * XS);
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+  }
 }
+
+template <int MR, int NR>
+SPECJAX_AVX512Q void Avx512TileInt8(const float* xf, int64_t XS, const int8_t* w, const float* scale, float* y,
+                                    int64_t N, int64_t K) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {  // one 64-byte line of each W row: prefetch the next tile's
+    for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * K + k), _MM_HINT_T0);
+    for (int s = 0; s < 64; s += 16) Avx512StepInt8<MR, NR>(xf + k + s, XS, w + k + s, K, __mmask16(0xFFFF), acc);
+  }
+  for (; k < K; k += 16) {
+    const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    Avx512StepInt8<MR, NR>(xf + k, XS, w + k, K, mask, acc);
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]) * scale[j];
+}
+
+// bfloat16 bits of code - 8 for code = 0 .. 15 (twice: VPERMW indexes 32 lanes; codes use the first 16).
+alignas(64) constexpr uint16_t kInt4Bf16[32] = {
+    0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0,
+    0x40C0, 0x40E0, 0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040,
+    0x4080, 0x40A0, 0x40C0, 0x40E0};
+
+// bfloat16 x [M, K] in the order int4 codes unpack in (rows of XQ = 64 per block): per block of 32 code
+// bytes of a W row, the 32 elements of their low nibbles, then the 32 of their high ones (zeros for
+// bytes past a row's K / 2). Byte p of a row holds elements g G + e (low) and g G + G / 2 + e (high),
+// g = p / (G / 2), e = p % (G / 2). Exact (a copy).
+void Int4BlockRows(const uint16_t* x, uint16_t* xq, int64_t M, int64_t K, int64_t half, int64_t XQ) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t p = 0; p < XQ / 2; ++p) {
+      uint16_t* out = xq + m * XQ + p / 32 * 64 + p % 32;
+      const int64_t first = p / half * 2 * half + p % half;
+      out[0] = p < K / 2 ? x[m * K + first] : 0;
+      out[32] = p < K / 2 ? x[m * K + first + half] : 0;
+    }
+  }
+}
+
+// x (blocked: Int4BlockRows) times NR rows of W of RB = K / 2 bytes in groups of HALF = G / 2 bytes (16, 32
+// or 64), a block of 32 bytes at a time: the block's 64 codes unpack into two vectors of 32 bfloat16
+// integers (low nibbles, high nibbles) and two VDPBF16PS take x's block against them into 16 float32
+// lanes, lane l holding the products of bytes 2l and 2l + 1 (G = 32: lanes 0-7 are the block's first
+// group, 8-15 its second); one FMA adds the lanes times their groups' scales to the row's accumulator.
+template <int MR, int NR, int HALF>
+SPECJAX_AVX512Q void Avx512TileInt4(const uint16_t* xq, int64_t XQ, const uint8_t* w, int64_t RB,
+                                    const uint16_t* scale, int64_t groups, float* y, int64_t N) {
+  thread_local std::vector<float> buffer;  // this tile's scales in float32, [NR, groups]
+  buffer.resize(size_t(NR * groups));
+  float* const scales = buffer.data();  // read once: each access to a thread_local is a call in a library
+  for (int j = 0; j < NR; ++j) {
+    for (int64_t g = 0; g < groups; g += 16) {
+      const __mmask16 mask = groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g)) - 1);
+      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, scale + j * groups + g));
+      _mm512_mask_storeu_ps(scales + j * groups + g, mask, _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)));
+    }
+  }
+  const __m512i table = _mm512_load_si512(kInt4Bf16);
+  const __m512i low = _mm512_set1_epi16(15);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < RB; p += 32) {
+    if (p % 64 == 0) {  // a new 64-byte line of each W row: prefetch the next tile's
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * RB + p), _MM_HINT_T0);
+    }
+    const __mmask32 mask = RB - p >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1ull << (RB - p)) - 1);
+    __m512bh lo[NR], hi[NR];
+    __m512 sv[NR];
+    for (int j = 0; j < NR; ++j) {
+      const __m512i codes = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, w + j * RB + p));
+      lo[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(codes, low), table);
+      hi[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
+      const float* sj = scales + j * groups + p / HALF;
+      sv[j] = _mm512_set1_ps(sj[0]);
+      if (HALF == 16 && p / HALF + 1 < groups) sv[j] = _mm512_mask_blend_ps(0xFF00, sv[j], _mm512_set1_ps(sj[1]));
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xlo = (__m512bh)_mm512_loadu_si512(xq + i * XQ + 2 * p);
+      const __m512bh xhi = (__m512bh)_mm512_loadu_si512(xq + i * XQ + 2 * p + 32);
+      for (int j = 0; j < NR; ++j) {
+        const __m512 sum = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), xlo, lo[j]), xhi, hi[j]);
+        acc[i][j] = _mm512_fmadd_ps(sum, sv[j], acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// int8 for Grid: x widened (xf, rows of XS floats).
+struct Avx512Int8Tiles : Avx2QuantTiles {
+  static constexpr int64_t kRows = 6;
+  static constexpr int64_t Width(int64_t rows) { return rows >= 5 ? 2 : 4; }
+  template <int MR, int NR>
+  void Tile(int64_t m, int64_t n) const {
+    Avx512TileInt8<MR, NR>(xf + m * XS, XS, static_cast<const int8_t*>(codes) + n * K,
+                           static_cast<const float*>(scales) + n, y + m * N + n, N, K);
+  }
+};
+
+// int4 for Grid: bfloat16 x blocked (`xq`, rows of XQ: Int4BlockRows), G / 2 one of 16, 32, 64
+// (`Avx512Int4Fits`).
+struct Avx512Int4Tiles : Avx2QuantTiles {
+  const uint16_t* xq;
+  int64_t XQ;
+  static constexpr int64_t kRows = 6;
+  static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
+  template <int MR, int NR>
+  void Tile(int64_t m, int64_t n) const {
+    const auto* w = static_cast<const uint8_t*>(codes) + n * (K / 2);
+    const auto* scale = static_cast<const uint16_t*>(scales) + n * groups;
+    switch (K / groups / 2) {
+      case 16: return Avx512TileInt4<MR, NR, 16>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
+      case 32: return Avx512TileInt4<MR, NR, 32>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
+      default: return Avx512TileInt4<MR, NR, 64>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
+    }
+  }
+};
+
+bool Avx512Int4Fits(int64_t K, int64_t groups) {
+  const int64_t half = K / groups / 2;
+  return half == 16 || half == 32 || half == 64;
+}
+
+bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+bool HasAvx512Bw() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+bool HasAvx512Bf16() { return HasAvx512Bw() && __builtin_cpu_supports("avx512bf16"); }
 bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 #else
 
 bool HasAvx512() { return false; }
+bool HasAvx512Bw() { return false; }
 bool HasAvx512Bf16() { return false; }
+bool Avx512Int4Fits(int64_t, int64_t) { return false; }
 bool HasAvx2Fma() { return false; }
 
 #endif  // SPECJAX_X86
@@ -560,9 +717,15 @@ Path PathFor() {
   return kPortable;
 }
 
-// Quantized weights have no AVX-512 path (none could be tested on the AVX2 host they were written on).
-Path QuantizedPath() {
-  return path_limit.load(std::memory_order_relaxed) >= kAvx2 && HasAvx2Fma() ? kAvx2 : kPortable;
+// Quantized weights: AVX-512 for int8 (AVX-512F + BW) and for int4 with bfloat16 x (AVX512_BF16; float32 x
+// runs AVX2); `fits` says whether an int4 call's group width has an AVX-512 tile (G = 32, 64, 128).
+template <int Bits, typename X>
+Path QuantizedPath(bool fits = true) {
+  const int limit = path_limit.load(std::memory_order_relaxed);
+  if (limit >= kAvx512 && (Bits == 8 ? HasAvx512Bw() : std::is_same_v<X, uint16_t> && fits && HasAvx512Bf16())) {
+    return kAvx512;
+  }
+  return limit >= kAvx2 && HasAvx2Fma() ? kAvx2 : kPortable;
 }
 
 // One call's operands on its path (chosen once per call: every row of it runs the same path).
@@ -717,17 +880,26 @@ struct QuantizedOperands {
   const void* scales;
   float* y;
   int64_t M, N, K, groups;
-  const float* xf = nullptr;  // AVX2: x widened into runs (WidenRuns), rows of XS floats
+  const float* xf = nullptr;  // AVX2, AVX-512 int8: x widened into runs (WidenRuns), rows of XS floats
   int64_t XS = 0;
+  const uint16_t* xq = nullptr;  // AVX-512 int4: x blocked (Int4BlockRows), rows of XQ
+  int64_t XQ = 0;
 
   void Rows(int64_t n0, int64_t n1) const {
 #ifdef SPECJAX_X86
+    const Avx2QuantTiles tiles{xf, XS, codes, scales, y, N, K, groups};
     if (path == kAvx2) {
-      const Avx2QuantTiles tiles{xf, XS, codes, scales, y, N, K, groups};
       if constexpr (Bits == 8) {
-        return Avx2Grid(Avx2Int8Tiles{tiles}, M, n0, n1);
+        return Grid(Avx2Int8Tiles{tiles}, M, n0, n1);
       } else {
-        return Avx2Grid(Avx2Int4Tiles{tiles}, M, n0, n1);
+        return Grid(Avx2Int4Tiles{tiles}, M, n0, n1);
+      }
+    }
+    if (path == kAvx512) {
+      if constexpr (Bits == 8) {
+        return Grid(Avx512Int8Tiles{tiles}, M, n0, n1);
+      } else if constexpr (std::is_same_v<X, uint16_t>) {
+        return Grid(Avx512Int4Tiles{tiles, xq, XQ}, M, n0, n1);
       }
     }
 #endif
@@ -758,16 +930,27 @@ ffi::Error QuantizedMatmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<
     std::fill(y->typed_data(), y->typed_data() + M * N, 0.0f);
     return ffi::Error::Success();
   }
-  QuantizedOperands<Bits, X> o{QuantizedPath(), x.typed_data(), codes.typed_data(), scales.typed_data(),
-                               y->typed_data(), M, N, K, groups};
+  QuantizedOperands<Bits, X> o{QuantizedPath<Bits, X>(Avx512Int4Fits(K, groups)), x.typed_data(), codes.typed_data(),
+                               scales.typed_data(), y->typed_data(), M, N, K, groups};
   std::unique_ptr<float[]> widened;  // outlives every chunk: ParallelRows returns when all are done
-  if (o.path == kAvx2) {
+  if (o.path == kAvx2 || (o.path == kAvx512 && Bits == 8)) {
     const int64_t run = Bits == 8 ? K : K / groups / 2;
     o.XS = K / run * ((run + 7) / 8 * 8);
     widened.reset(new float[size_t(M * o.XS)]);
     WidenRuns(o.x, widened.get(), M, K, run);
     o.xf = widened.get();
   }
+  std::unique_ptr<uint16_t[]> blocked;  // likewise
+#ifdef SPECJAX_X86
+  if constexpr (Bits == 4 && std::is_same_v<X, uint16_t>) {
+    if (o.path == kAvx512) {
+      o.XQ = (K / 2 + 31) / 32 * 64;
+      blocked.reset(new uint16_t[size_t(M * o.XQ)]);
+      Int4BlockRows(o.x, blocked.get(), M, K, K / groups / 2, o.XQ);
+      o.xq = blocked.get();
+    }
+  }
+#endif
   ParallelRows(pool, o);
   return ffi::Error::Success();
 }
@@ -806,7 +989,7 @@ SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4Bf16, 4, ffi::BF16, ffi::U8, ffi::BF1
 // the bfloat16 handler's, bits 4-5 the quantized handlers', each 0 = portable loop, 1 = AVX2 + FMA,
 // 2 = AVX-512 (bfloat16: AVX512_BF16).
 extern "C" int specjax_cpu_features() {
-  return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2) | (int(QuantizedPath()) << 4);
+  return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2) | (int(QuantizedPath<4, uint16_t>()) << 4);
 }
 
 // Caps the path every later call runs at `level` (0 portable, 1 AVX2, 2 AVX-512: the default); returns
