@@ -34,6 +34,7 @@ from tests.helpers.eagle import eagle_head, run_eagle
 from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SAMPLE_PROMPT, first_tokens_pvalue
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET
 from tests.helpers.loop import autoregress
+from tests.helpers.tiny_hf import save_hf_model
 from tests.helpers.stats import SAMPLE_ROWS
 
 ALPHA, REJECTED = 1e-3, 1e-6
@@ -111,3 +112,7 @@ def test_heads_and_settings_that_cannot_work_fail_early(tmp_path):
     cls.build(DrafterSettings("dflash", options, draft=str(tmp_path), k=3), target, None)
   with pytest.raises(ValueError, match="mask/embedding"):
     DFlashDrafter(config, params, *TARGET).check(TARGET[0])
+  model_dir = tmp_path / "model"  # a plain model directory: not called an EAGLE-3 head
+  save_hf_model("llama", str(model_dir))
+  with pytest.raises(ValueError, match=r"a model directory \(llama with 2 layers\), not a draft head"):
+    cls.build(DrafterSettings("dflash", options, draft=str(model_dir), k=3), target, None)

@@ -103,3 +103,8 @@ def test_mask_token_from_the_draft_directory_or_the_config(tmp_path):
     cls.build(DrafterSettings("parallel", options, draft=str(tmp_path / "none"), k=3), draft, draft)
   with pytest.raises(ValueError, match="mask token 61"):
     ParallelDrafter(*loaded, 61, 3).check(loaded[0])
+  # Out of the draft's vocabulary: a config error (exit 2) naming the field, before anything compiles.
+  outside = options.copy_and_resolve_references()
+  outside.mask_token_id = loaded[0].vocab_size
+  with pytest.raises(ConfigError, match=f"config.parallel.mask_token_id: mask token {loaded[0].vocab_size} lies"):
+    cls.build(DrafterSettings("parallel", outside, draft=str(tmp_path), k=3), draft, draft)

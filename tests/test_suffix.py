@@ -281,8 +281,14 @@ def test_a_corpus_warms_the_pool_up_to_its_budget(tmp_path):
 @pytest.mark.parametrize("field, value, message", [
     ("max_match", 0, "config.suffix.max_match must be an integer >= 1"),
     ("min_prob", 1.5, r"config.suffix.min_prob must be in \[0, 1\]"),
-    ("pool_tokens", -1, "config.suffix.pool_tokens must be an integer >= 0"),
+    ("pool_tokens", -1, r"config.suffix.pool_tokens must be an integer in \[0, 16777216\]"),
+    ("pool_tokens", 10 ** 12, r"config.suffix.pool_tokens must be an integer in \[0, 16777216\]"),  # not 4 TB
 ])
 def test_bad_settings_fail_with_one_line_naming_the_field(model_dirs, field, value, message):
   with pytest.raises(ConfigError, match=message):
     specjax.Decoder(config=cli_config(model_dirs, drafter="suffix", suffix={field: value}))
+
+
+def test_a_tree_that_is_not_spines_is_refused_by_its_config_string(model_dirs):
+  with pytest.raises(ConfigError, match=r"^config.tree \(2, 2, 1\): the suffix drafter drafts spines"):
+    specjax.Decoder(config=cli_config(model_dirs, drafter="suffix", tree="(2, 2, 1)", k=3))

@@ -148,6 +148,10 @@ def _read_eagle3(directory: str, target_config: ModelConfig) -> tuple[EagleConfi
   with the head's rows in that order)."""
   with open(os.path.join(directory, "config.json")) as f:
     hf = json.load(f)
+  if hf.get("num_hidden_layers", 1) != 1 and "draft_vocab_size" not in hf:  # EAGLE-3 heads hold one layer
+    raise ValueError(f"{directory}: a model directory ({hf.get('model_type', 'a model')} with "
+                     f"{hf['num_hidden_layers']} layers), not a draft head: give a head trained by specjax.distill "
+                     f"({CONFIG_FILE}) or a published EAGLE-3 head")
   if hf.get("target_hidden_size", hf["hidden_size"]) != target_config.d_model:
     raise ValueError(f"{directory}: an EAGLE-3 head for a target of width "
                      f"{hf.get('target_hidden_size', hf['hidden_size'])}, this target's d_model is "

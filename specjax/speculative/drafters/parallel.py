@@ -128,6 +128,9 @@ class ParallelDrafter(ModelBackedDrafter):
       if mask_id is None:
         raise ConfigError(f"{settings.field('mask_token_id')} is -1 but {settings.draft} records no mask token "
                           f"({MASK_FILE}): give the id the draft was trained with")
+    if not 0 <= mask_id < draft.config.vocab_size:
+      raise ConfigError(f"{settings.field('mask_token_id')}: mask token {mask_id} lies outside the draft's "
+                        f"vocabulary of {draft.config.vocab_size}")
     drafter = cls(draft.config, draft.params, mask_id, settings.k,
                   cache_sharding=partitioning.cache_sharding(draft.config, draft.part))
     return drafter, {"parallel_mask_token_id": mask_id}

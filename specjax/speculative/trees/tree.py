@@ -31,6 +31,21 @@ class Tree:
   parent: tuple[int, ...]  # [N + 1]: parent[0] = -1, parent[i] < i
   depth: tuple[int, ...]  # [N + 1]: depth[0] = 0, depth[i] = depth[parent[i]] + 1, non-decreasing
 
+  def __str__(self) -> str:
+    """The config string that names it (`parse`): its branching tuple where it is a full tree, e.g.
+    (2, 2, 1), else its path list."""
+    paths = [()]
+    for node in range(1, len(self.parent)):
+      rank = sum(1 for other in range(1, node) if self.parent[other] == self.parent[node])
+      paths.append(paths[self.parent[node]] + (rank,))
+    branching, node = [], 0
+    while self.children(node):
+      branching.append(len(self.children(node)))
+      node = self.children(node)[0]
+    if from_branching(branching) == self:
+      return str(tuple(branching))
+    return str([list(path) for path in paths[1:]])
+
   @property
   def nodes_with_root(self) -> int:
     """N + 1: the root and the N draft nodes (the verify chunk's width)."""
