@@ -141,6 +141,9 @@ def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: s
   """The systems named in `names` (see configs/benchmarks/drafters.py), "model" expanded to every K of
   `model_ks` and every threshold of `thresholds` at `threshold_k`. Fails naming `where` (the field)."""
   systems = []
+  for alias in cfg.draft_weights:
+    if alias not in cfg.other_drafts:
+      raise ConfigError(f"config.draft_weights.{alias}: no config.other_drafts.{alias} to apply it to")
   for name in names:
     match = _SYSTEM.fullmatch(str(name))
     known = match and (match[1] in registry.names() or ":" in match[1])
@@ -198,6 +201,8 @@ def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> m
   groups = {name: group.to_dict() for name, group in cfg.drafters.items()}
   if system.drafter == "model":
     groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
+    if system.draft in cfg.draft_weights:
+      groups["model"]["weights"] = cfg.draft_weights[system.draft]
   return apply_fields(default_config(), dict(
       target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,
       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, profile=cfg.profile,

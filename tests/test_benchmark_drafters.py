@@ -153,6 +153,13 @@ def test_systems_expand_and_baselines_interleave():
   assert [s.name for s in other] == ["model@small_k3", "model@small_k8_t0.5_adaptive"]
   assert benchmark_drafters.decode_config(cfg, other[0]).draft == "smollm2-135m-instruct"
   assert benchmark_drafters.decode_config(cfg, System("model", 3)).draft == cfg.draft
+  cfg.draft_weights.small = "int4"  # that alias's weights quantized; the others as drafters.model.weights
+  assert benchmark_drafters.decode_config(cfg, other[0]).model.weights == "int4"
+  assert benchmark_drafters.decode_config(cfg, System("model", 3)).model.weights == ""
+  cfg.draft_weights.nowhere = "int8"
+  with pytest.raises(ConfigError, match="config.draft_weights.nowhere: no config.other_drafts.nowhere"):
+    benchmark_drafters.parse_systems(("model_k3",), cfg, "x")
+  del cfg.draft_weights["nowhere"]
   cfg.trees.spines = "(3, 1, 1)"
   trees = benchmark_drafters.parse_systems(("model+spines", "model@small+spines_adaptive"), cfg, "x")
   assert trees == [System("model", 3, tree="spines"), System("model", 3, 0.0, "adaptive", "small", "spines")]
@@ -191,7 +198,7 @@ def test_a_repeated_system_is_summarised_over_its_adjacent_baselines():
 
 @pytest.mark.parametrize("module, variant, groups", [
     (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5), (adaptive, "plain_ab", 1),
-    (adaptive, "trees", 3), (adaptive, "tree_widths", 3),
+    (adaptive, "trees", 3), (adaptive, "tree_widths", 3), (adaptive, "sets", 3),
     (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
 def test_benchmark_configs_plan_their_groups(module, variant, groups):
   """The committed benchmark configs built on this one plan before loading anything (a system name or

@@ -48,6 +48,9 @@ def get_config(variant: str = ""):
   # More draft models by alias, for comparing drafts of one target in one run: system "model@ALIAS_k3"
   # drafts with other_drafts.ALIAS (letters, digits, "." and "-"; loaded once, beside the target).
   cfg.other_drafts = ml_collections.ConfigDict()
+  # Weight formats of those drafts by alias (config.model.weights: "int8", "int4", "int4:G"; absent: as
+  # drafters.model.weights), e.g. other_drafts.q4 = the same 0.5B draft, draft_weights.q4 = "int4".
+  cfg.draft_weights = ml_collections.ConfigDict()
   # Draft trees by alias: system "model+ALIAS" drafts the tree trees.ALIAS (K = its depth; a config.tree
   # value: a branching tuple or a path list; letters, digits, "." and "-" in the alias).
   cfg.trees = ml_collections.ConfigDict()
