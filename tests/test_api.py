@@ -99,6 +99,18 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   assert len(loads) == 1  # every call above reused the models loaded once
 
 
+def test_a_draft_accepted_at_every_position_keeps_bfloat16_greedy_output_through_the_decoder(model_dirs):
+  """The target drafts for itself, in bfloat16 through the CPU kernel: every draft token is accepted (alpha
+  1), so every position of every verify pass is held against the one-token steps that drafted it and
+  against the autoregressive program's tokens. A pair that accepts nothing checks only each pass's first
+  position, and would miss a kernel whose sums depend on the number of rows multiplied."""
+  dec = specjax.Decoder(config=cli_config(model_dirs, draft=model_dirs[0], dtype="bfloat16", matmul="cpu_kernel",
+                                          max_new_tokens=20))
+  spec = dec.generate(list(PROMPTS))
+  assert spec.stats["alpha_hat"] == 1.0 and spec.stats["per_position_acceptance"] == [1.0, 1.0, 1.0]  # K = 3
+  assert spec.token_ids == dec.generate(list(PROMPTS), mode="autoregressive").token_ids
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(dtype="bfloat16"), "config.dtype changes the loaded models"),
     (dict(ngram_mni=2), "unknown config field 'ngram_mni'"),

@@ -71,7 +71,11 @@ def test_dead_ends_are_pruned_and_eos_only_accepts():
 def test_json_schema_spec_and_bad_input():
   schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
   assert regex.fullmatch(compiler.parse("json_schema:" + schema), '{"n": 12}')
-  for spec, words in [("regex:(", "config.constraint"), ("regex:zz", "config.constraint"),
+  for spec, words in [("regex:(", r"config.constraint: invalid regular expression '\(': missing \), unterminated "
+                                  r"subpattern at position 0"),
+                      ("regex:(?<=a)b", r"config.constraint: .* for '\(\?<=a\)b' \(outlines-core takes Rust's regex "
+                                        r"syntax: no lookaround"),
+                      ("regex:zz", "config.constraint"),
                       ("grammar:x", "config.constraint must start with"),
                       ('json_schema:{"type": 3}', "invalid JSON schema"),
                       ('json_schema:{"type": "object", "patternProperties": {"a": {}}}', "unsupported JSON schema"),

@@ -9,8 +9,9 @@
   misses some (it stays exact: only this test sees it).
 - Sampled at T = 0.7 the first K + 2 tokens (K = 2: the prefill's token, the two drafts, the bonus or
   the correction) follow the target's exact distribution: chi-square at level 0.001 on N = SAMPLE_ROWS rows
-  of one call (fixed seed); reporting q_1 for every position (`FirstDistributionReported`) must give
-  p < 1e-6 on 2,000 rows.
+  of one call (fixed seed), with a perturbed draft and with a near-uniform one; reporting q_1 for every
+  position (`FirstDistributionReported`), or drawing the whole block with one key (`OneKeyPerBlock`, the
+  near-uniform draft), must give p < 1e-6 on 2,000 rows.
 """
 
 import jax
@@ -25,7 +26,7 @@ from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.parallel import ParallelDrafter, load_mask_token, save_mask_token
 from specjax.speculative.k_policy import Adaptive
 from tests.helpers import engine
-from tests.helpers.parallel import FirstDistributionReported, MaskEntriesKept, run_parallel
+from tests.helpers.parallel import FirstDistributionReported, MaskEntriesKept, OneKeyPerBlock, run_parallel
 from tests.helpers.stats import SAMPLE_ROWS
 
 MASK = engine.VOCAB - 1  # any id of the draft's vocabulary serves a random draft
@@ -73,8 +74,13 @@ def test_history_holds_real_ids_not_masks():
   assert _first_position_misses(MaskEntriesKept) > 0
 
 
-def _sampled(cls, rows):
-  out = run_parallel(engine.SMALL_DRAFT, engine.SMALL_TARGET[0].vocab_size - 1, k=SAMPLE_K, cls=cls,
+# A near-uniform draft: q_1 and q_2 alike, so that one key for the whole block draws d_2 = d_1 almost always
+# (with SMALL_DRAFT the two distributions differ enough that such a draw passed at 5,000 rows, p 0.27).
+FLAT_DRAFT = engine.tiny_model(12, vocab=8, n_layers=2, scale=0.02)
+
+
+def _sampled(cls, rows, draft=engine.SMALL_DRAFT):
+  out = run_parallel(draft, engine.SMALL_TARGET[0].vocab_size - 1, k=SAMPLE_K, cls=cls,
                      target=engine.SMALL_TARGET, prompts=[engine.SAMPLE_PROMPT] * rows,
                      budgets=SAMPLE_K + 2, sampling=SAMPLED, seed=1, cache_len=16, out_width=None)
   return np.asarray(out.tokens)
@@ -85,6 +91,12 @@ def test_sampled_tokens_follow_the_exact_target_distribution():
                                     _sampled(ParallelDrafter, SAMPLE_ROWS)) > ALPHA
   assert engine.first_tokens_pvalue(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SAMPLED,
                                     _sampled(FirstDistributionReported, MUTANT_ROWS)) < REJECTED
+  # One key for every draw of a block: this drafter's own test rejects it (not only the DFlash test, which
+  # shares draw_block); the truthful drafter passes with the same draft.
+  assert engine.first_tokens_pvalue(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SAMPLED,
+                                    _sampled(ParallelDrafter, SAMPLE_ROWS, FLAT_DRAFT)) > ALPHA
+  assert engine.first_tokens_pvalue(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SAMPLED,
+                                    _sampled(OneKeyPerBlock, MUTANT_ROWS, FLAT_DRAFT)) < REJECTED
 
 
 def test_mask_token_from_the_draft_directory_or_the_config(tmp_path):

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -106,6 +107,10 @@ def parse(spec: str, field: str = "config.constraint") -> str:
   if not sep or kind not in KINDS:
     raise ConfigError(f"{field} must start with one of {', '.join(k + ':' for k in KINDS)}, got {spec[:40]!r}")
   if kind == "regex":
+    try:  # outlines-core's own error says only "Failed to build DFA"; Python's names what is wrong, and where
+      re.compile(body)
+    except re.error as e:
+      raise ConfigError(f"{field}: invalid regular expression {body[:60]!r}: {e.msg} at position {e.pos}") from None
     return body
   text = body
   if not body.lstrip().startswith("{"):
@@ -162,9 +167,10 @@ def compile_table(regex: str, strings: Sequence[bytes], eos_ids: Sequence[int],
   try:
     index = outlines_core.Index(f"(?:{regex}){_END}", outlines_core.Vocabulary(end + 1, {**by_bytes,
                                                                                      _END.encode(): [end]}))
-  except ValueError as e:
+  except ValueError as e:  # a pattern Python accepts but outlines-core (Rust's regex syntax) does not
     message = str(e).split(". Found")[0].replace(_END, "")
-    raise ConfigError(f"{field}: {message}") from None
+    raise ConfigError(f"{field}: {message} for {regex[:60]!r} (outlines-core takes Rust's regex syntax: no "
+                      f"lookaround, no backreferences)") from None
   transitions, finals = index.get_transitions(), set(index.get_final_states())
   start = index.get_initial_state()
   states = [start] + sorted(set(transitions) - finals - {start})

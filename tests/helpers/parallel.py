@@ -3,6 +3,9 @@
 Mutants (subclasses of `ParallelDrafter`, each one plausible bug; the tests must reject them):
 - `FirstDistributionReported`: every position's reported distribution is q_1 (pending's), while d_i is
   still drawn from q_i: the rule is handed a distribution the token was not drawn from.
+- `OneKeyPerBlock`: every position of the block is drawn with the round's one key (not a key each):
+  each d_i still has q_i as its marginal, but d_2 is no longer drawn independently of d_1, which the
+  chain rule needs (the same noise picks the same rank in similar distributions).
 - `MaskEntriesKept`: `commit` keeps the mask pass's cache entries as if they were the accepted tokens'
   (the cache advances past [lag, pending, d_1 .. d_n], nothing lags): the next round reads masks where
   the history holds d_1 .. d_n. Still exact (any draft distribution is), only a worse draft.
@@ -13,6 +16,7 @@ import jax.numpy as jnp
 
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
+from specjax.sampling import tokens_and_probabilities
 from specjax.speculative.drafters.parallel import ParallelDraftState, ParallelDrafter
 from tests.helpers import engine
 from tests.helpers.loop import speculate
@@ -23,6 +27,13 @@ class FirstDistributionReported(ParallelDrafter):
     proposal, state, target_cache = super().propose(state, target_cache, pending_B, sampling, key, plan)
     probs_BxKxW = None if proposal.probs is None else jnp.broadcast_to(proposal.probs[:, :1], proposal.probs.shape)
     return proposal.replace(probs=probs_BxKxW), state, target_cache
+
+
+class OneKeyPerBlock(ParallelDrafter):
+  def draw(self, key, logits_BxKxW, sampling):
+    drawn = [tokens_and_probabilities(key, logits_BxKxW[:, i], sampling) for i in range(logits_BxKxW.shape[1])]
+    probs = None if drawn[0][1] is None else jnp.stack([p for _, p in drawn], axis=1)
+    return jnp.stack([token for token, _ in drawn], axis=1), probs
 
 
 class MaskEntriesKept(ParallelDrafter):

@@ -193,10 +193,16 @@ class ParallelDrafter(ModelBackedDrafter):
     ids_Bx2K, read_BxK = self.block(state, pending_B)
     hidden_Bx2KxD, cache = forward_hidden(self.config, self.params, ids_Bx2K, state.cache)
     hidden_BxKxD = jnp.take_along_axis(hidden_Bx2KxD, read_BxK[:, :, None], axis=1)
-    tokens_BxK, probs_BxKxW = draw_block(key, hidden_to_logits(self.config, self.params, hidden_BxKxD), sampling)
+    tokens_BxK, probs_BxKxW = self.draw(key, hidden_to_logits(self.config, self.params, hidden_BxKxD), sampling)
     proposal = Proposal(tokens=tokens_BxK, lengths=plan.clip(jnp.full(pending_B.shape, k, jnp.int32)),
                         probs=probs_BxKxW, calls=jnp.int32(1))
     return proposal, state.replace(cache=cache), target_cache
+
+  def draw(self, key: jax.Array, logits_BxKxW: jax.Array, sampling: SamplingParams
+           ) -> tuple[jax.Array, jax.Array | None]:
+    """The block's tokens and distributions from its logits (`draw_block`: a key per position), the step a
+    variant of the drafter (or a test's mutant) replaces."""
+    return draw_block(key, logits_BxKxW, sampling)
 
   def commit(self, state: ParallelDraftState, proposal: Proposal, num_committed_B: jax.Array,
              target_features_BxK1xF: jax.Array) -> ParallelDraftState:
