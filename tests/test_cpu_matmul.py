@@ -22,10 +22,11 @@ from tests.helpers.tiny_hf import VOCAB, save_hf_model
 
 # CI builds the kernel with the package (`pip install -e .`): a missing build fails here, not skips.
 KERNEL = "cpu_kernel"
-SHAPES = [(1, 7, 5), (3, 33, 17), (6, 130, 67), (17, 64, 96), (2, 257, 1031)]  # (M, N, K): tails of every tile
+# (M, N, K): tails of every tile; K a multiple of 32 (AMX) with N tails and M past one 16-row group
+SHAPES = [(1, 7, 5), (3, 33, 17), (6, 130, 67), (17, 64, 96), (2, 257, 1031), (3, 37, 64), (20, 50, 128)]
 # int4:56: each half of a group is 28 bytes, so every group ends in a partial step of the vector path
 QUANTIZED = ("int8", "int4", "int4:56", "int4:64", "int4:128")
-PATH_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
+PATH_NAMES = {0: "portable", 1: "avx2", 2: "avx512", 3: "amx"}
 dense = jax.jit(matmul.dense, static_argnums=(2, 3))
 
 
@@ -49,10 +50,15 @@ def _paths_here(dtype):
   return here
 
 
-def _capped_at(level, kinds=matmul.KERNEL_DTYPES):
+def _capped_at(level, kinds=matmul.KERNEL_DTYPES, request=None):
   """Caps the kernel at path `level` for every kind of weight while a test runs; skips, saying why, where
   this CPU lacks that path for one of `kinds` (a CPU with AVX-512F but not AVX512_BF16 runs AVX2 for
-  bfloat16)."""
+  bfloat16; AMX is bfloat16's alone: a test of float32 only, by its `dtype` parameter, skips it)."""
+  if level == 3:
+    kinds = ("bfloat16",)
+    if request is not None and getattr(request.node, "callspec", None) and \
+        request.node.callspec.params.get("dtype", jnp.bfloat16) != jnp.bfloat16:
+      pytest.skip("AMX multiplies bfloat16 only")
   missing = [d for d in kinds if level not in _paths_here(d)]
   if missing:
     pytest.skip(f"this CPU has no {PATH_NAMES[level]} path for {', '.join(missing)}")
@@ -61,16 +67,16 @@ def _capped_at(level, kinds=matmul.KERNEL_DTYPES):
   matmul.kernel_limit(previous)
 
 
-@pytest.fixture(params=[1, 2], ids=["avx2", "avx512"])
+@pytest.fixture(params=[1, 2, 3], ids=["avx2", "avx512", "amx"])
 def vector_path(request):
-  """Each vector path this CPU has (an AVX-512 host runs its AVX2 path too)."""
-  yield from _capped_at(request.param)
+  """Each vector path this CPU has (an AVX-512 host runs its AVX2 path too, an AMX host all three)."""
+  yield from _capped_at(request.param, request=request)
 
 
-@pytest.fixture(params=[0, 1, 2], ids=["portable", "avx2", "avx512"])
+@pytest.fixture(params=[0, 1, 2, 3], ids=["portable", "avx2", "avx512", "amx"])
 def path(request):
   """Each path this CPU has, the portable loop included."""
-  yield from _capped_at(request.param)
+  yield from _capped_at(request.param, request=request)
 
 
 @pytest.fixture(params=[0, 1, 2], ids=["portable", "avx2", "avx512"])
@@ -101,8 +107,9 @@ def test_a_vector_path_runs_on_x86():
     assert all(matmul.backend_for("auto", dtype, "cpu", weights) == KERNEL for weights in ("int8", "int4:64"))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32])
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_float32_equals_xla_and_float64(M, N, K, path):
+def test_float32_equals_xla_and_float64(M, N, K, dtype, path):
   """Within float32 rounding of a float64 reference: K roundings of the sum of |products|."""
   x, w = _operands(M, N, K, jnp.float32)
   got, want = np.asarray(dense(x, w, KERNEL, None)), np.asarray(dense(x, w, "xla", None))
@@ -210,8 +217,10 @@ def test_batch_invariant(dtype, vector_path):
 def test_batch_invariant_in_every_tile_position(dtype, vector_path):
   """Each of 17 rows multiplied alone equals, bit for bit, that row in a product of M = 1..17 rows
   starting at offsets 0..5, so every row sits at every position of a 4- or 6-row tile, in tiles of every
-  height and row blocks whose tiles take 2, 3 or 4 rows of W; K (1031) and N (67) leave tails."""
-  x, w = _operands(17, 67, 1031, dtype, seed=5)
+  height and row blocks whose tiles take 2, 3 or 4 rows of W; K (1031) and N (67) leave tails. AMX
+  takes K = 1024 (a multiple of 32, else the call runs AVX-512): every column of its 16-row B tiles,
+  and a row in a second tile group."""
+  x, w = _operands(17, 67, 1024 if vector_path == 3 else 1031, dtype, seed=5)
   alone = np.concatenate([np.asarray(dense(x[m:m + 1], w, KERNEL, jnp.float32)) for m in range(17)])
   for start in range(6):
     for rows in range(1, 18 - start):

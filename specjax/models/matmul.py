@@ -66,7 +66,8 @@ _HANDLERS = {  # (weights: their dtype or format's bits, x's dtype) -> (FFI targ
 _FEATURE_SHIFT = {"float32": 0, "bfloat16": 2, "quantized": 4}
 _PATHS = {  # what each path number means, per kind; 0 is the portable loop
     "float32": {1: "AVX2+FMA", 2: "AVX-512F"},
-    "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16"},
+    "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16",
+                 3: "AMX tiles (AVX512_BF16 where K is not a multiple of 32)"},
     "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers",
                   2: "AVX-512: int8 codes unpacked to float32, int4 to bfloat16 for AVX512_BF16 dot products"},
 }
@@ -118,7 +119,8 @@ def kernel_status(dtype: str, weights: str = "float") -> tuple[bool, str]:
 
 def kernel_path(kind: str) -> int:
   """The kernel's path for weights of `kind` ("float32", "bfloat16" or "quantized") on this CPU now: 0
-  the portable loop, 1 AVX2+FMA, 2 AVX-512 (what `specjax_cpu_features` reports; `kernel_limit` caps it;
+  the portable loop, 1 AVX2+FMA, 2 AVX-512, 3 AMX (bfloat16 with K a multiple of 32; what
+  `specjax_cpu_features` reports; `kernel_limit` caps it;
   "quantized": int4 with bfloat16 x, whose AVX-512 path needs AVX512_BF16; int4 with float32 x runs AVX2)."""
   library = _library()[0]
   if library is None or kind not in _FEATURE_SHIFT:
@@ -127,7 +129,7 @@ def kernel_path(kind: str) -> int:
 
 
 def kernel_limit(level: int) -> int:
-  """Caps the kernel's path at `level` (0 portable, 1 AVX2+FMA, 2 AVX-512, the default) for every later
+  """Caps the kernel's path at `level` (0 portable, 1 AVX2+FMA, 2 AVX-512, 3 AMX: the default) for every later
   call, compiled programs included (a call reads the cap when it starts); returns the previous cap. For
   tests and measurements: a path's results are batch-invariant, but two paths may differ in the last bits."""
   library, why_not = _library()

@@ -109,10 +109,12 @@ class Norm(nn.Module):
     scale = _along_last(self.param("scale", init, (features,), cfg.jnp_dtype), x.ndim)
     if cfg.arch == "gpt2":
       bias = _along_last(self.param("bias", nn.initializers.zeros, (features,), cfg.jnp_dtype), x.ndim)
-      x = x - per_position(cfg, lambda x: x.mean(-1, keepdims=True), x)
-      x = x * jax.lax.rsqrt(per_position(cfg, lambda x: (x * x).mean(-1, keepdims=True), x) + cfg.norm_eps)
+      x = per_position(cfg, lambda x: x - x.mean(-1, keepdims=True), x)
+      x = per_position(cfg, lambda x: x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps), x)
       return (x * scale + bias).astype(cfg.jnp_dtype)
-    x = x * jax.lax.rsqrt(per_position(cfg, lambda x: (x * x).mean(-1, keepdims=True), x) + cfg.norm_eps)
+    # The whole normalisation per position, its rsqrt too: XLA's rsqrt over a chunk's T values may be
+    # vectorised differently from a step's single value (seen: 3 of 24 positions off by an ulp).
+    x = per_position(cfg, lambda x: x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps), x)
     if cfg.arch == "gemma":  # Gemma scales in float32, then rounds; Llama rounds, then scales
       return (x * (1.0 + scale.astype(jnp.float32))).astype(cfg.jnp_dtype)
     return scale * x.astype(cfg.jnp_dtype)

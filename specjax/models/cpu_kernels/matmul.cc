@@ -4,7 +4,10 @@
 // a 6-token verify cost 3-4 single-token steps. These handlers stream each weight row once per tile of
 // up to 6 (AVX-512) or 4 (AVX2) input rows (the tile's weight rows stay in L1 while every tile of x
 // passes over them), so that a pass over a few rows costs about what one row costs: its weights' bytes.
-// Two vector paths:
+// Three vector paths:
+// - AMX (AMX-TILE + AMX-BF16), bfloat16 with K a multiple of 32: tile dot products, W read in place, x
+//   in AMX's pair layout; a call of up to 16 rows of x reads W once and costs about what one row costs
+//   (the AMX section below).
 // - AVX-512: float32 FMA; bfloat16 with the VDPBF16PS dot product (AVX512_BF16), float32 accumulation;
 //   6 x 4 register tiles.
 // - AVX2 + FMA (CPUs without AVX-512, or without AVX512_BF16 for bfloat16): float32 FMA; bfloat16
@@ -16,8 +19,9 @@
 // Batch invariance: y[m, n] is the same sequence of vector operations on x[m] and W[n] whatever the
 // number of rows M, the row's place in its tile, the tile's shape or which thread computes it, so a
 // verify pass computes bit for bit what a one-token step computes (greedy speculative output then
-// equals greedy autoregressive output in bfloat16 too). Within one path, that is: the AVX-512 and AVX2
-// paths sum in different orders and may differ from each other in the last bits; one call runs one path.
+// equals greedy autoregressive output in bfloat16 too). Within one path, that is: the AMX, AVX-512 and AVX2
+// paths sum in different orders and may differ from each other in the last bits; one call runs one path,
+// chosen from the CPU and the weight's shape only (never from M).
 //
 // Quantized weights (specjax/models/quantized.py), x float32 or bfloat16, y float32:
 // - int8: codes [N, K] int8 and one float32 scale per row [N, 1]: y[m, n] = (sum_k x[m, k] code[n, k])
@@ -50,7 +54,10 @@
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define SPECJAX_X86 1
 #endif
 
@@ -688,6 +695,101 @@ bool Avx512Int4Fits(int64_t K, int64_t groups) {
   return half == 16 || half == 32 || half == 64;
 }
 
+// ---- AMX (AMX-TILE + AMX-BF16), bfloat16 weights ------------------------------------------------------
+// y^T = W x^T in tiles: A = 16 rows of W by 32 of K, loaded in place (stride K); B = the same 32 of K by 16
+// rows of x in AMX's pair layout (x copied once per call: AmxPairRows); C = 16 x 16 float32 sums. Two
+// row tiles of W share each B tile. A call with M <= 16 streams W once, whatever M: the tile's dot
+// products cost ~1/30 of what reading W does, so a 6-token verify pass costs what a 1-token step does.
+// Batch-invariant: C[n, m] is the same sequence of tile dot products (32 products each, pairs summed
+// in the hardware's fixed order, float32 accumulation) over K whatever M or m's column in B. It sums
+// in another order than the AVX-512 path, so the two may differ in the last bits; every call on an AMX
+// host with K a multiple of 32 runs this one (`PathFor`).
+
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-1: C (row tiles of W against B), 2-3: A (rows of W), 4: B (x); `rows` rows of W per tile.
+TileConfig AmxConfig(int rows) {
+  TileConfig config;
+  for (int t = 0; t < 4; ++t) config.colsb[t] = 64, config.rows[t] = uint8_t(rows);
+  config.colsb[4] = 64, config.rows[4] = 16;
+  return config;
+}
+
+// Whether AMX runs here: the CPU has it (CPUID 7.0: EDX bits 22, 24) and Linux lets this process use its
+// tile state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, asked once).
+bool AmxUsable() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1) || !((d >> 24) & 1)) return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  }();
+  return usable;
+}
+
+// x [M, K] bfloat16 as B tiles: [ceil(M / 16)][K / 32][16 pairs of K][16 rows of x][2], zeros past M.
+void AmxPairRows(const uint16_t* x, uint16_t* xv, int64_t M, int64_t K) {
+  const int64_t blocks = K / 32;
+  for (int64_t g = 0; g < (M + 15) / 16; ++g)
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t p = 0; p < 16; ++p)
+        for (int64_t m = 0; m < 16; ++m, xv += 2) {
+          const bool row = g * 16 + m < M;
+          xv[0] = row ? x[(g * 16 + m) * K + b * 32 + 2 * p] : 0;
+          xv[1] = row ? x[(g * 16 + m) * K + b * 32 + 2 * p + 1] : 0;
+        }
+}
+
+// C tiles of TILES (1 or 2) row tiles of W from `w` (rows K apart) against one B group (`xv`), stored to
+// `c` ([TILES * 16][16] float32).
+template <int TILES>
+__attribute__((target("amx-tile,amx-bf16"))) void AmxTiles(const uint16_t* w, int64_t K, const uint16_t* xv,
+                                                           float* c) {
+  _tile_zero(0);
+  if (TILES == 2) _tile_zero(1);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    _tile_loadd(4, xv + b * 512, 64);
+    _tile_loadd(2, w + b * 32, K * 2);
+    _tile_dpbf16ps(0, 2, 4);
+    if (TILES == 2) {
+      _tile_loadd(3, w + 16 * K + b * 32, K * 2);
+      _tile_dpbf16ps(1, 3, 4);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if (TILES == 2) _tile_stored(1, c + 256, 64);
+}
+
+// Rows [n0, n1) of W against every row of x (`xv`: AmxPairRows), 32 rows of W at a time, then 16, then
+// the rest with a tile configuration of that many rows.
+__attribute__((target("amx-tile,amx-bf16"))) void AmxRows(const uint16_t* w, const uint16_t* xv, float* y,
+                                                         int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  alignas(64) float c[2 * 16 * 16];
+  const int64_t groups = (M + 15) / 16, group_size = K / 32 * 512;
+  auto scatter = [&](int64_t n, int64_t rows, int64_t g) {
+    for (int64_t m = g * 16; m < std::min(M, g * 16 + 16); ++m)
+      for (int64_t i = 0; i < rows; ++i) y[m * N + n + i] = c[i * 16 + m - g * 16];
+  };
+  const TileConfig full = AmxConfig(16);
+  _tile_loadconfig(&full);
+  int64_t n = n0;
+  for (; n + 32 <= n1; n += 32)
+    for (int64_t g = 0; g < groups; ++g) AmxTiles<2>(w + n * K, K, xv + g * group_size, c), scatter(n, 32, g);
+  for (; n + 16 <= n1; n += 16)
+    for (int64_t g = 0; g < groups; ++g) AmxTiles<1>(w + n * K, K, xv + g * group_size, c), scatter(n, 16, g);
+  if (n < n1) {
+    const TileConfig tail = AmxConfig(int(n1 - n));
+    _tile_loadconfig(&tail);
+    for (int64_t g = 0; g < groups; ++g) AmxTiles<1>(w + n * K, K, xv + g * group_size, c), scatter(n, n1 - n, g);
+  }
+  _tile_release();
+}
+
 bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
 bool HasAvx512Bw() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
@@ -697,6 +799,7 @@ bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_suppo
 
 #else
 
+bool AmxUsable() { return false; }
 bool HasAvx512() { return false; }
 bool HasAvx512Bw() { return false; }
 bool HasAvx512Bf16() { return false; }
@@ -706,12 +809,14 @@ bool HasAvx2Fma() { return false; }
 #endif  // SPECJAX_X86
 
 // The paths, best last; `specjax_cpu_limit` caps which one runs (tests run each path a CPU has).
-enum Path : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-std::atomic<int> path_limit{kAvx512};
+enum Path : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
+std::atomic<int> path_limit{kAmx};
 
+// A float call's path (`K`: its inner width; AMX takes bfloat16 with K a multiple of 32).
 template <typename T>
-Path PathFor() {
+Path PathFor(int64_t K = 32) {
   const int limit = path_limit.load(std::memory_order_relaxed);
+  if (std::is_same_v<T, uint16_t> && limit >= kAmx && K % 32 == 0 && AmxUsable()) return kAmx;
   if (limit >= kAvx512 && (std::is_same_v<T, float> ? HasAvx512() : HasAvx512Bf16())) return kAvx512;
   if (limit >= kAvx2 && HasAvx2Fma()) return kAvx2;
   return kPortable;
@@ -738,11 +843,15 @@ struct Operands {
   int64_t M, N, K;
 #ifdef SPECJAX_X86
   Avx2Operands avx2;
+  const uint16_t* xv = nullptr;  // AMX: x as B tiles (AmxPairRows)
 #endif
 
   // Rows [n0, n1) of W against every row of x.
   void Rows(int64_t n0, int64_t n1) const {
 #ifdef SPECJAX_X86
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (path == kAmx) return AmxRows(w, xv, y, M, N, K, n0, n1);
+    }
     if (path == kAvx512) return VectorRows(x, w, y, M, N, K, n0, n1);
     if (path == kAvx2) return Avx2Rows(avx2, w, y, M, N, K, n0, n1);
 #endif
@@ -801,9 +910,17 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ff
     std::fill(y->typed_data(), y->typed_data() + M * N, 0.0f);
     return ffi::Error::Success();
   }
-  Operands<T> o{PathFor<T>(), x.typed_data(), w.typed_data(), y->typed_data(), M, N, K};
+  Operands<T> o{PathFor<T>(K), x.typed_data(), w.typed_data(), y->typed_data(), M, N, K};
 #ifdef SPECJAX_X86
   std::unique_ptr<float[]> widened;  // outlives every chunk: ParallelRows returns when all are done
+  std::unique_ptr<uint16_t[]> paired;  // likewise
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (o.path == kAmx) {
+      paired.reset(new uint16_t[size_t((M + 15) / 16 * 16 * K)]);
+      AmxPairRows(o.x, paired.get(), M, K);
+      o.xv = paired.get();
+    }
+  }
   if (o.path == kAvx2) {
     if constexpr (std::is_same_v<T, float>) {
       o.avx2.xf32 = o.x;
@@ -986,13 +1103,13 @@ SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4F32, 4, ffi::F32, ffi::U8, ffi::BF16)
 SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4Bf16, 4, ffi::BF16, ffi::U8, ffi::BF16);
 
 // Which path each handler runs now (under `specjax_cpu_limit`): bits 0-1 the float32 handler's, bits 2-3
-// the bfloat16 handler's, bits 4-5 the quantized handlers', each 0 = portable loop, 1 = AVX2 + FMA,
-// 2 = AVX-512 (bfloat16: AVX512_BF16).
+// the bfloat16 handler's (for K a multiple of 32), bits 4-5 the quantized handlers', each 0 = portable
+// loop, 1 = AVX2 + FMA, 2 = AVX-512 (bfloat16: AVX512_BF16), 3 = AMX (bfloat16).
 extern "C" int specjax_cpu_features() {
   return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2) | (int(QuantizedPath<4, uint16_t>()) << 4);
 }
 
-// Caps the path every later call runs at `level` (0 portable, 1 AVX2, 2 AVX-512: the default); returns
+// Caps the path every later call runs at `level` (0 portable, 1 AVX2, 2 AVX-512, 3 AMX: the default); returns
 // the previous cap. For tests, which run each path the CPU has; not for concurrent use with running calls
 // of another cap (a call reads the cap once, at its start).
 extern "C" int specjax_cpu_limit(int level) { return path_limit.exchange(level); }
