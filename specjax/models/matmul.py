@@ -3,18 +3,18 @@
 - "xla": `lax.dot_general`, what XLA makes of it on each platform (GPU/TPU: their GEMM libraries).
 - "cpu_kernel": specjax's own XLA FFI handler on the CPU (`cpu_kernels/matmul.cc`, built by
   `pip install`), streaming each weight once per tile of rows, on the best path the CPU has (chosen at
-  run time, `kernel_path`): AVX-512 (float32 FMA; bfloat16 by AVX512_BF16 dot products, float32
-  accumulation), else AVX2+FMA (float32 FMA; bfloat16 widened to float32 in registers, FMA in float32),
-  else a portable loop. XLA:CPU multiplies a handful of rows far below the machine's peak (bfloat16
-  5-30 times slower than float32), so there a pass over K + 1 tokens cost several single-token
-  steps; through the kernel it costs about what one does. It is batch-invariant: a row's result does
+  run time, `kernel_path`): AMX tiles for bfloat16 where the CPU has AMX-BF16 (K a multiple of 32),
+  AVX-512 (float32 FMA; bfloat16 by AVX512_BF16 dot products, float32 accumulation), else AVX2+FMA
+  (float32 FMA; bfloat16 widened to float32 in registers, FMA in float32), else a portable loop.
+  XLA:CPU multiplies a handful of rows far below the machine's peak (bfloat16 5-30 times slower than
+  float32), so there a pass over K + 1 tokens cost several single-token steps; through the kernel it costs about what one does. It is batch-invariant: a row's result does
   not depend on how many rows are multiplied with it (a verify pass computes bit for bit what a
   one-token step computes; each path is, though two paths may differ in the last bits). Quantized
   weights (`quantized.QuantizedWeight`: int8, int4:G) have handlers of their own that read the codes
   and unpack them in registers: AVX-512 (int8 widened to float32, FMA with x in float32; int4 at G =
   32, 64, 128 with bfloat16 x turned into bfloat16 integers for AVX512_BF16 dot products per group),
-  else AVX2+FMA (codes and x widened to float32), else the portable loop. A `custom_vjp` makes it differentiable (the backward runs XLA's matmuls; for quantized
-  weights, the XLA path's gradients).
+  else AVX2+FMA (codes and x widened to float32), else the portable loop. A `custom_vjp` makes it
+  differentiable (the backward runs XLA's matmuls; for quantized weights, the XLA path's gradients).
 
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
 for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA) and for quantized
