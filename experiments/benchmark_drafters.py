@@ -141,8 +141,9 @@ def parse_systems(names: Sequence[str], cfg: ml_collections.ConfigDict, where: s
   """The systems named in `names` (see configs/benchmarks/drafters.py), "model" expanded to every K of
   `model_ks` and every threshold of `thresholds` at `threshold_k`. Fails naming `where` (the field)."""
   systems = []
-  for alias in cfg.draft_weights:
-    if alias not in cfg.other_drafts:
+  draft_weights = cfg.get("draft_weights") or {}  # benchmarks built on other configs (MT-Bench) have none
+  for alias in draft_weights:
+    if alias not in (cfg.get("other_drafts") or {}):
       raise ConfigError(f"config.draft_weights.{alias}: no config.other_drafts.{alias} to apply it to")
   for name in names:
     match = _SYSTEM.fullmatch(str(name))
@@ -201,7 +202,7 @@ def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> m
   groups = {name: group.to_dict() for name, group in cfg.drafters.items()}
   if system.drafter == "model":
     groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
-    if system.draft in cfg.draft_weights:
+    if system.draft in (cfg.get("draft_weights") or {}):
       groups["model"]["weights"] = cfg.draft_weights[system.draft]
   return apply_fields(default_config(), dict(
       target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,

@@ -49,6 +49,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -508,6 +509,20 @@ struct Avx2QuantTiles {
   int64_t N, K, groups;
 };
 
+// Calls `tile(half, codes, scales)` for the int4 rows of W from n: `half` is G / 2 as a compile-time
+// constant (std::integral_constant) where it is 16, 32 or 64, else 0 (read at run time).
+template <typename Tile>
+void Int4Tile(const Avx2QuantTiles& t, int64_t n, Tile&& tile) {
+  const auto* w = static_cast<const uint8_t*>(t.codes) + n * (t.K / 2);
+  const auto* scale = static_cast<const uint16_t*>(t.scales) + n * t.groups;
+  switch (t.K / t.groups / 2) {
+    case 16: return tile(std::integral_constant<int, 16>{}, w, scale);
+    case 32: return tile(std::integral_constant<int, 32>{}, w, scale);
+    case 64: return tile(std::integral_constant<int, 64>{}, w, scale);
+    default: return tile(std::integral_constant<int, 0>{}, w, scale);
+  }
+}
+
 // int8: tiles of up to 6 rows of x (a K = 5 verify pass widens each W vector once) by 2 rows of W (12
 // accumulators), 3-4 rows of W for narrower tiles, as the float paths.
 struct Avx2Int8Tiles : Avx2QuantTiles {
@@ -530,14 +545,9 @@ struct Avx2Int4Tiles : Avx2QuantTiles {
   static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const {
-    const auto* w = static_cast<const uint8_t*>(codes) + n * (K / 2);
-    const auto* scale = static_cast<const uint16_t*>(scales) + n * groups;
-    switch (K / groups / 2) {
-      case 16: return Avx2TileInt4<MR, NR, 16>(xf + m * XS, XS, w, K / 2, scale, groups, y + m * N + n, N);
-      case 32: return Avx2TileInt4<MR, NR, 32>(xf + m * XS, XS, w, K / 2, scale, groups, y + m * N + n, N);
-      case 64: return Avx2TileInt4<MR, NR, 64>(xf + m * XS, XS, w, K / 2, scale, groups, y + m * N + n, N);
-      default: return Avx2TileInt4<MR, NR, 0>(xf + m * XS, XS, w, K / 2, scale, groups, y + m * N + n, N);
-    }
+    Int4Tile(*this, n, [&](auto half, const uint8_t* w, const uint16_t* scale) {
+      Avx2TileInt4<MR, NR, decltype(half)::value>(xf + m * XS, XS, w, K / 2, scale, groups, y + m * N + n, N);
+    });
   }
 };
 
@@ -680,13 +690,11 @@ struct Avx512Int4Tiles : Avx2QuantTiles {
   static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const {
-    const auto* w = static_cast<const uint8_t*>(codes) + n * (K / 2);
-    const auto* scale = static_cast<const uint16_t*>(scales) + n * groups;
-    switch (K / groups / 2) {
-      case 16: return Avx512TileInt4<MR, NR, 16>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
-      case 32: return Avx512TileInt4<MR, NR, 32>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
-      default: return Avx512TileInt4<MR, NR, 64>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
-    }
+    Int4Tile(*this, n, [&](auto half, const uint8_t* w, const uint16_t* scale) {
+      if constexpr (decltype(half)::value != 0) {  // the path runs only where G / 2 is 16, 32 or 64
+        Avx512TileInt4<MR, NR, decltype(half)::value>(xq + m * XQ, XQ, w, K / 2, scale, groups, y + m * N + n, N);
+      }
+    });
   }
 };
 
