@@ -7,9 +7,10 @@
   AVX-512 (float32 FMA; bfloat16 by AVX512_BF16 dot products, float32 accumulation), else AVX2+FMA
   (float32 FMA; bfloat16 widened to float32 in registers, FMA in float32), else a portable loop.
   XLA:CPU multiplies a handful of rows far below the machine's peak (bfloat16 5-30 times slower than
-  float32), so there a pass over K + 1 tokens cost several single-token steps; through the kernel it costs about what one does. It is batch-invariant: a row's result does
-  not depend on how many rows are multiplied with it (a verify pass computes bit for bit what a
-  one-token step computes; each path is, though two paths may differ in the last bits). Quantized
+  float32), so there a pass over K + 1 tokens cost several single-token steps; through the kernel it
+  costs about what one does. It is batch-invariant: a row's result does not depend on how many rows
+  are multiplied with it (a verify pass computes bit for bit what a one-token step computes; each path
+  is, though two paths may differ in the last bits). Quantized
   weights (`quantized.QuantizedWeight`: int8, int4:G) have handlers of their own that read the codes
   and unpack them in registers: AVX-512 (int8 widened to float32, FMA with x in float32; int4 at G =
   32, 64, 128 with bfloat16 x turned into bfloat16 integers for AVX512_BF16 dot products per group),
