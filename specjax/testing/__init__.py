@@ -9,6 +9,9 @@
   draft that agrees with one often but not always.
 - `run`: one call of the jitted speculative loop for any drafter; `target_greedy`: the target's own
   greedy decoding (the autoregressive program) to compare with.
+- `request`, `speculate`: the loop called as any caller calls it, its parts the library's own objects
+  (the settings a `SpeculativeLoop`, a `generation.Request` of lists of ids, the policy's `Tables`), with
+  fresh caches of one given size (tests that share a compiled program share its shapes).
 - `exact_distribution`: the joint law of a tiny-vocabulary model's first generated tokens, enumerated
   (logits from the library's forward, probabilities from `reference`, a float64 numpy implementation
   of temperature / top-k / top-p that shares no code with `specjax.sampling`); `chi_square_pvalue`.
@@ -69,41 +72,57 @@ def perturbed(model: Model, noise: float, seed: int) -> Model:
   return config, jax.tree.map(lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32), params)
 
 
-def _request(prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: SamplingParams, seed: int):
+def request(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], sampling: SamplingParams = GREEDY,
+            *, seed: int = 0, eos_ids: Sequence[int] = NO_EOS, round_limit: int | None = None) -> Request:
+  """`prompts` (lists of ids) as the `generation.Request` both loops take: right-padded (`pad_prompts`),
+  `max_new_tokens` an int or one per row, the key `jax.random.key(seed)`, EOS off unless `eos_ids` says
+  (rows stop on their budgets), `round_limit` rounds at most (None: no limit)."""
   padded_BxP, lengths_B = pad_prompts(prompts)
-  request = Request(padded_BxP, lengths_B, max_new_tokens, list(NO_EOS), sampling, jax.random.key(seed))
-  return request, padded_BxP.shape[1] + max_new_tokens + 1
+  return Request(padded_BxP, lengths_B, max_new_tokens, list(eos_ids), sampling, jax.random.key(seed), round_limit)
+
+
+def speculate(loop: SpeculativeLoop, target_params: Any, drafter: Drafter, request: Request, *, cache_len: int,
+              tables: Tables = Tables(), lower: bool | str = False):
+  """`speculative_generate` with a fresh target cache and drafter storage (`drafter.storage`) of `cache_len`
+  positions for the request's rows: the loop's settings, the request and the policy's tables stay the
+  library's own objects, so a test reads as any caller's code. Returns the loop's output (`lower`: the
+  lowered program)."""
+  batch = np.shape(request.prompts_BxP)[0]
+  return speculative_generate(loop, target_params, drafter, request, init_cache(loop.target_config, batch, cache_len),
+                              drafter.storage(batch, cache_len), tables, lower)
 
 
 def run(drafter: Drafter, target: Model, prompts: Sequence[Sequence[int]] = PROMPTS, *, k: int = 3,
-        max_new_tokens: int = 12, sampling: SamplingParams = GREEDY, seed: int = 0):
+        max_new_tokens: int = 12, sampling: SamplingParams = GREEDY, seed: int = 0, cache_len: int | None = None):
   """`drafter` decoding `prompts` (lists of ids) against `target` in one call of the jitted loop, K = `k`
   (a tree drafter: its tree's depth), the fixed policy, EOS off: the loop's output (`tokens` [B, W],
-  `counts` [B], `acceptance`)."""
+  `counts` [B], `acceptance`). Caches of `cache_len` positions (default: the longest prompt, the budget
+  and a chain's look-ahead; a tree of N nodes needs N - 1 past the budget)."""
   config, params = target
-  request, cache_len = _request(prompts, max_new_tokens, sampling, seed)
-  cache_len += k + 1  # room for the last round's look-ahead
-  return speculative_generate(SpeculativeLoop(config, k, max_new_tokens), params, drafter, request,
-                              init_cache(config, len(prompts), cache_len), drafter.storage(len(prompts), cache_len),
-                              Tables())
+  asked = request(prompts, max_new_tokens, sampling, seed=seed)
+  cache_len = cache_len or asked.prompts_BxP.shape[1] + max_new_tokens + 1 + k + 1  # + K + 1: the look-ahead
+  return speculate(SpeculativeLoop(config, k, max_new_tokens), params, drafter, asked, cache_len=cache_len)
 
 
-def target_greedy(target: Model, prompts: Sequence[Sequence[int]] = PROMPTS,
-                  max_new_tokens: int = 12) -> list[list[int]]:
-  """`target`'s own greedy decoding of `prompts` (the autoregressive program), as token lists."""
+def target_greedy(target: Model, prompts: Sequence[Sequence[int]] = PROMPTS, max_new_tokens: int = 12, *,
+                  cache_len: int | None = None) -> list[list[int]]:
+  """`target`'s own greedy decoding of `prompts` (the autoregressive program), as token lists; a cache of
+  `cache_len` positions (default: the longest prompt and the budget)."""
   config, params = target
-  request, cache_len = _request(prompts, max_new_tokens, GREEDY, 0)
-  out = autoregressive.generate(config, params, request, init_cache(config, len(prompts), cache_len),
-                                out_width=max_new_tokens)
+  asked = request(prompts, max_new_tokens)
+  cache = init_cache(config, len(prompts), cache_len or asked.prompts_BxP.shape[1] + max_new_tokens + 1)
+  out = autoregressive.generate(config, params, asked, cache, out_width=max_new_tokens)
   return as_token_lists(out.tokens, out.counts)
 
 
 def check_greedy(drafter: Drafter, target: Model, prompts: Sequence[Sequence[int]] = PROMPTS, *, k: int = 3,
-                 max_new_tokens: int = 12):
+                 max_new_tokens: int = 12, cache_len: int | None = None):
   """Asserts that greedy speculative decoding with `drafter` gives the target's own greedy tokens, row
-  for row (prompts of several lengths, budgets not multiples of K + 1); returns the loop's output."""
-  out = run(drafter, target, prompts, k=k, max_new_tokens=max_new_tokens)
-  got, want = as_token_lists(out.tokens, out.counts), target_greedy(target, prompts, max_new_tokens)
+  for row (prompts of several lengths, budgets not multiples of K + 1), both with caches of `cache_len`
+  positions (None: `run`'s and `target_greedy`'s defaults); returns the loop's output."""
+  out = run(drafter, target, prompts, k=k, max_new_tokens=max_new_tokens, cache_len=cache_len)
+  got = as_token_lists(out.tokens, out.counts)
+  want = target_greedy(target, prompts, max_new_tokens, cache_len=cache_len)
   for row, (tokens, expected) in enumerate(zip(got, want)):
     assert tokens == expected, f"row {row}: speculative {tokens} != the target's greedy {expected}"
   return out
