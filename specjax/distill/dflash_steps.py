@@ -1,5 +1,5 @@
 """Training a DFlash block head (`specjax.speculative.drafters.dflash`) on the target's own features: random
-anchors, the block loss, its train step and its held-out evaluation.
+anchors, the block loss and its held-out sums (its steps: `objectives.dflash`).
 
 A row x_0 .. x_{T-1} gives the target's features f_t and logits. Drafting after history x_0 .. x_{a-1}
 with pending x_a (an *anchor* a >= 1) feeds the block [(f_{a-1}, x_a), (f_{a-1}, MASK) x (K - 1)] at
@@ -11,25 +11,23 @@ Slot j is trained toward the target's distribution at a + j (its next-token dist
 KL(target || head), weighted exp(-j / gamma) (DFlash's decay over the block: early slots decide whether
 later ones count), each slot's KL averaged over its valid anchors (a + j < T, inside the row's loss mask).
 
-The anchors of training step i are drawn from fold_in(the run's key, i) inside the step: a resumed run
-draws the same ones. The evaluation uses fixed anchors (one seeded draw per batch shape) and reports the
-expected acceptance sum_x min(p, q) per block slot (`acceptance_at`) and the expected accepted length
-(`eagle_steps.acceptance_length`).
+The anchors of training step i are drawn from fold_in(the run's key, i) inside the step
+(`eagle_steps.make_head_train_step`): a resumed run draws the same ones. The evaluation uses fixed
+anchors (one seeded draw per batch shape) and reports the expected acceptance sum_x min(p, q) per block
+slot (`acceptance_at`) and the expected accepted length (`eagle_steps.acceptance_length`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
 
 from specjax.distill import losses
-from specjax.distill.eagle_steps import (acceptance_length, expected_acceptance, make_head_eval_step,
-                                         make_head_train_step, target_features)
+from specjax.distill.eagle_steps import acceptance_length, expected_acceptance, target_features
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import Params
@@ -105,8 +103,9 @@ def block_logits(config: EagleConfig, params: Params, target_config: ModelConfig
   tokens_BxN = jnp.concatenate([tokens_BxT[:, 1:], block_tokens_BxMK], axis=1)
   fused_BxNxD = jnp.concatenate([fused_BxTxD[:, :-1], jnp.repeat(anchor_fused_BxMxD, block, axis=1)], axis=1)
   dense = dataclasses.replace(config, block=config.block.replace(attention="dense"))
-  out_BxNxD, _ = head_forward(dense, params, target_params["embed"]["embedding"], tokens_BxN, fused_BxNxD,
-                              init_cache(dense.block, B, tokens_BxN.shape[1]), tree=anchor_layout(anchors_BxM, T, block))
+  cache = init_cache(dense.block, B, tokens_BxN.shape[1])
+  out_BxNxD, _ = head_forward(dense, params, target_params["embed"]["embedding"], tokens_BxN, fused_BxNxD, cache,
+                              tree=anchor_layout(anchors_BxM, T, block))
   logits_BxMKxV = head_scores(config, params, target_config, target_params, None, out_BxNxD[:, T - 1:])
   return logits_BxMKxV.reshape(B, m, block, -1)
 
@@ -148,17 +147,3 @@ def eval_sums(config: EagleConfig, params: Params, target_config: ModelConfig, t
           "acceptance_at": jnp.stack([jnp.sum(a * v) for a, v in extra["accepts"]]),
           "greedy_agreement_at": jnp.stack([jnp.sum(g * v) for g, (_, v) in zip(extra["agrees"], extra["accepts"])]),
           "tokens_at": jnp.stack([jnp.sum(v) for _, v in extra["accepts"]])}
-
-
-def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: optax.GradientTransformation,
-                    schedule: optax.Schedule, objective: BlockObjective) -> Callable:
-  """The DFlash head's `make_head_train_step`: `block_loss` at anchors drawn from the step's key."""
-  return make_head_train_step(config, optimizer, schedule, lambda params, target_params, tokens_BxT, mask_BxT,
-                              vocab, key: block_loss(config, params, target_config, target_params, tokens_BxT,
-                                                     mask_BxT, objective, key)[0])
-
-
-def make_eval_step(config: EagleConfig, target_config: ModelConfig, objective: BlockObjective) -> Callable:
-  """The DFlash head's `make_head_eval_step`: `eval_sums`."""
-  return make_head_eval_step(config, lambda params, target_params, tokens_BxT, mask_BxT, vocab: eval_sums(
-      config, params, target_config, target_params, tokens_BxT, mask_BxT, objective))

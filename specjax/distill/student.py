@@ -1,19 +1,12 @@
-"""The draft to be distilled: how it is initialised and which of its parameters train.
+"""The draft's initialisations and which of its parameters train.
 
-The initialisations (`config.student.init`):
-  "truncate"    the target's first `num_layers` blocks plus its embeddings, final norm and head: a
-                draft that already speaks the target's language and shares its tokenizer by design;
-  "checkpoint"  any model `specjax.models.load.load_model` can load (HF directory, GGUF, registry or hub name)
-                whose vocabulary and tokenizer are the target's;
-  "fresh"       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised;
-  "eagle_head"  an EAGLE head (`specjax.speculative.drafters.eagle`) reading the target's features: not a model but one
-                block that shares the target's embedding and output head (which stay the target's, untrained)
-                and trains whole (`eagle_head`), by the training-time test (`specjax.distill.eagle_steps`).
-  "dflash_head" a DFlash block head (`specjax.speculative.drafters.dflash`): an EAGLE head with a learned mask
-                embedding, trained whole on random anchors' blocks (`specjax.distill.dflash_steps`).
-  "parallel"    a PARD draft (`specjax.distill.pard`): `checkpoint` when given, else `truncate`, with a
-                mask token appended to its vocabulary, trained to propose K tokens from one pass.
-Freezing is by parameter subtree: embeddings, output head, chosen layers.
+How a draft model starts (the objectives of `specjax.distill.objectives` pick one per `config.student.init`):
+  `truncate`    the target's first `num_layers` blocks plus its embeddings, final norm and head: a draft that
+                already speaks the target's language and shares its tokenizer by design;
+  `fresh`       a new small `ModelConfig` of the target's architecture and vocabulary, randomly initialised;
+  `check_vocab` what a loaded checkpoint must share with the target;
+and which target features an EAGLE or DFlash head reads (`feature_layers`). Freezing is by parameter
+subtree: embeddings, output head, chosen layers.
 
 The student is trained, labelled and checkpointed in the per-layer layout (`layers_{i}` subtrees) even
 when its config scans layers (`ModelConfig.scan_layers`, one stacked `layers` subtree): a stacked leaf
@@ -33,11 +26,8 @@ import ml_collections
 from specjax.models.config import ModelConfig
 from specjax.models.layout import unstack_layers
 from specjax.models.transformer import Params, init_params
-from specjax.speculative.drafters.eagle_head import (EagleConfig, check_head, eagle3_layers, head_config,
-                                                     init_head_params)
+from specjax.speculative.drafters.eagle_head import eagle3_layers
 
-INITS = ("truncate", "checkpoint", "fresh", "eagle_head", "dflash_head", "parallel")
-HEAD_INITS = ("eagle_head", "dflash_head")  # heads on the target's features, not draft models
 TRAIN, FROZEN = "train", "frozen"  # labels for `optax.multi_transform`
 
 
@@ -86,16 +76,6 @@ def feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
   except ValueError:
     raise ValueError(f"student.feature_layers must be 'eagle3', 'last' or comma-separated block indices, "
                      f"got {spec!r}") from None
-
-
-def eagle_head(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax.Array
-               ) -> tuple[EagleConfig, Params]:
-  """A random EAGLE head for the target (one block of its width; `spec.feature_layers`), every leaf trained;
-  a DFlash head (with its mask embedding) for `spec.init` "dflash_head"."""
-  config = head_config(teacher_config, feature_layers(spec.feature_layers, teacher_config.n_layers))
-  params = init_head_params(config, key, mask=spec.init == "dflash_head")
-  check_head(config, params, teacher_config)
-  return config, params
 
 
 def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, freeze_head: bool,
