@@ -13,27 +13,25 @@ in one non-causal pass per round.
 - Heads without a mask embedding, trees and a missing head directory fail early, naming the field.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specjax import metrics
 from specjax.errors import ConfigError
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax.generation import as_token_lists
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.dflash import DFlashDrafter
 from specjax.speculative.drafters.eagle_io import save_head
-from specjax.speculative.k_policy import Adaptive
+from specjax.speculative.k_policy import Tables
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.dflash import FirstDistributionReported, trained_dflash_drafter
 from tests.helpers.eagle import eagle_head, run_eagle
-from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SAMPLE_PROMPT, first_tokens_pvalue
+from tests.helpers.engine import SAMPLE_PROMPT, first_tokens_pvalue, target_greedy
+from tests.helpers.k_policy import COSTS_K3, POLICY
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET
-from tests.helpers.loop import autoregress
 from tests.helpers.tiny_hf import save_hf_model
 from tests.helpers.stats import SAMPLE_ROWS
 
@@ -52,12 +50,8 @@ def trained():
 
 def _greedy(drafter, k, **kwargs):
   """(the target's own greedy tokens, the DFlash drafter's, its output) for `PROMPTS`."""
-  config, params = SMALL_TARGET
-  padded, lengths = pad_prompts(PROMPTS)
-  plain = autoregress(config, params, padded, lengths, init_cache(config, len(PROMPTS), CACHE_LEN), BUDGETS, NO_EOS,
-                      GREEDY, jax.random.key(0), out_width=OUT_WIDTH)
   out = run_eagle(SMALL_TARGET, drafter, k, prompts=PROMPTS, budgets=BUDGETS, **kwargs)
-  return as_token_lists(plain.tokens, plain.counts), as_token_lists(out.tokens, out.counts), out
+  return target_greedy(PROMPTS, BUDGETS, target=SMALL_TARGET), as_token_lists(out.tokens, out.counts), out
 
 
 @pytest.mark.parametrize("k", [3, 6])
@@ -72,8 +66,7 @@ def test_greedy_equals_target_greedy_with_one_pass_per_round(trained, k):
 def test_adaptive_policy_greedy_equals_target_greedy(trained):
   """Costs that make long proposals pay only while acceptance stays high: rounds propose 0 (a plain
   step: no head pass) to K tokens, and the head runs once per round that drafts."""
-  plain, speculative, out = _greedy(trained, 3, policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
-                                    cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))
+  plain, speculative, out = _greedy(trained, 3, policy=POLICY, tables=Tables(COSTS_K3))
   assert speculative == plain
   per_length = np.asarray(out.rounds_per_length)
   assert per_length[0] > 0 and per_length[1:].sum() > 0  # plain rounds and drafting rounds

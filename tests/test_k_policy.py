@@ -8,29 +8,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import costs, decode_spec
+from specjax import costs, decode_spec, testing
 from specjax.api import apply_fields
 from specjax.decode_config import default_config
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax.generation import as_token_lists
 from specjax.sampling import sampling_params
 from specjax.speculative import k_policy, loop
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import LAG_CHUNK, ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
-from specjax.speculative.k_policy import Adaptive, Candidate, KPolicy
+from specjax.speculative.k_policy import Adaptive, Candidate, KPolicy, Tables
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.plan import ChosenPlan
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, TARGET, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, TARGET, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
                                   target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
 from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, assert_rounds_draft,
                                     tree_costs)
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
-from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS
 from tests.helpers.trees import (LONG_STEPS, SAMPLED, STEPS, TREES, all_positions_pvalue, run_tree_speculative,
                                  sampled_pvalue)
@@ -142,7 +141,7 @@ def _check_rounds(out, calls_per_round, tree=None, accepting=True):
 @pytest.mark.parametrize("draft_name", ["never", "perturbed"])
 def test_model_drafter_keeps_greedy_output_while_the_length_varies(draft_name):
   """The catch-up pass always runs (it feeds the pending token), then one pass per further token."""
-  out = run_speculative(DRAFTS[draft_name], k=3, policy=POLICY, cost_C=COSTS_K3)
+  out = run_speculative(DRAFTS[draft_name], k=3, policy=POLICY, tables=Tables(COSTS_K3))
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   visited = _check_rounds(out, lambda length: max(length, 1), accepting=draft_name != "never")
   assert len(visited) >= 2 and Candidate(0) in visited  # plain steps too (after rejections, before recovering)
@@ -151,14 +150,12 @@ def test_model_drafter_keeps_greedy_output_while_the_length_varies(draft_name):
 def test_layer_skip_and_eagle_keep_greedy_output_while_the_length_varies():
   config, params = TARGET_3
   layer_skip = LayerSkipDrafter(config, params, (0,))
-  padded, lengths = pad_prompts(PROMPTS)
-  out = speculate(config, params, layer_skip, padded, lengths, init_cache(config, 3, CACHE_LEN),
-                  None, BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH,
-                  policy=POLICY, cost_C=COSTS_K3)
+  out = testing.speculate(SpeculativeLoop(config, 3, OUT_WIDTH, policy=POLICY), params, layer_skip,
+                          testing.request(PROMPTS, BUDGETS), cache_len=CACHE_LEN, tables=Tables(COSTS_K3))
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda length: length)) >= 2
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params)
-  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=COSTS_K3)
+  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, tables=Tables(COSTS_K3))
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda length: length, accepting=False)) >= 2  # a random head: nothing accepted
 
@@ -168,11 +165,9 @@ def _ngram_greedy(model_name, tree=None):
   the target's own greedy tokens; returns the loop's output."""
   config, params = ngram_setup.MODELS[model_name]
   drafter = NgramDrafter(config.vocab_size, tree=tree)
-  padded, lengths = pad_prompts(ngram_setup.PROMPTS)
-  out = speculate(config, params, drafter, padded, lengths,
-                  init_cache(config, 3, 48), drafter.storage(3, 48), ngram_setup.BUDGETS, NO_EOS, GREEDY,
-                  jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
-                  cost_C=COSTS_K3 if tree is None else tree_costs(tree))
+  out = testing.speculate(SpeculativeLoop(config, 3, OUT_WIDTH, policy=POLICY), params, drafter,
+                          testing.request(ngram_setup.PROMPTS, ngram_setup.BUDGETS), cache_len=48,
+                          tables=Tables(COSTS_K3 if tree is None else tree_costs(tree)))
   free = ngram_setup.free_greedy(ngram_setup.MODELS[model_name])
   assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   return out
@@ -189,11 +184,11 @@ def test_calibration_verifies_a_lookups_forced_length_whole():
   short (the random model's text seldom repeats)."""
   config, params = ngram_setup.MODELS["random"]
   drafter = NgramDrafter(config.vocab_size)
-  padded, lengths = pad_prompts(ngram_setup.PROMPTS)
   free = ngram_setup.free_greedy(ngram_setup.MODELS["random"])
-  outs = [speculate(config, params, drafter, padded, lengths, init_cache(config, 3, 48), drafter.storage(3, 48),
-                    ngram_setup.BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH, policy=POLICY,
-                    cost_C=k_policy.forcing(4, 3), full=full) for full in (True, False)]
+  settings = SpeculativeLoop(config, 3, OUT_WIDTH, policy=POLICY)
+  request = testing.request(ngram_setup.PROMPTS, ngram_setup.BUDGETS)
+  outs = [testing.speculate(settings, params, drafter, request, cache_len=48,
+                            tables=Tables(k_policy.forcing(4, 3), full=full)) for full in (True, False)]
   for out in outs:
     assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   full, short = outs
@@ -211,7 +206,7 @@ def test_model_tree_keeps_greedy_output_while_the_depth_varies(draft_name, max_l
   leaves), none beyond; depth 0 is a plain step, which runs no draft pass when the draft may lag
   (`max_lag` None; the prompt is the first lag) and the catch-up alone when it may not (1)."""
   tree = TREES["paths"]
-  out = run_tree_speculative(DRAFTS[draft_name], tree, policy=POLICY, cost_C=tree_costs(tree), max_lag=max_lag)
+  out = run_tree_speculative(DRAFTS[draft_name], tree, policy=POLICY, tables=Tables(tree_costs(tree)), max_lag=max_lag)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   visited = _check_rounds(out, lambda depth: depth + 1 if depth or max_lag else 0, tree, draft_name != "never")
   assert len(visited) >= 3 and any(c.spine for c in visited) and any(c.length and not c.spine for c in visited)
@@ -227,7 +222,7 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
   config, params = TARGET_3
   tree = tree_lib.from_branching((2, 2, 1))
   eagle = EagleDrafter(*eagle_head(config, (0, 2)), config, params, tree=tree)
-  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, cost_C=tree_costs(tree))
+  out = run_eagle(TARGET_3, eagle, 3, policy=POLICY, tables=Tables(tree_costs(tree)))
   assert as_token_lists(out.tokens, out.counts) == target_greedy_3()
   assert len(_check_rounds(out, lambda depth: depth, tree, accepting=False)) >= 2  # a random head
   spines = tree_lib.from_branching((2, 1, 1))
@@ -260,7 +255,8 @@ def test_a_forcing_cost_table_fixes_the_length():
   """What calibration relies on: `forcing` makes every round choose one length, and `round_limit`
   stops the loop after that many rounds."""
   for index, length in enumerate(POLICY.lengths(3)):
-    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=k_policy.forcing(4, index), round_limit=2)
+    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, tables=Tables(k_policy.forcing(4, index)),
+                          round_limit=2)
     assert np.asarray(out.rounds_per_length).tolist() == [2 if i == index else 0 for i in range(4)]
 
 
@@ -270,12 +266,9 @@ ALPHA = 1e-3
 def _first_tokens(drafter, cost_C):
   """The first three tokens of N = SAMPLE_ROWS rows at T = 1, K = 2, the adaptive policy on."""
   (target_config, target_params), sampling = SMALL_TARGET, sampling_params(1.0)
-  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
-  cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculate(target_config, target_params, drafter, padded, lengths,
-                  init_cache(target_config, SAMPLE_ROWS, cache_len),
-                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
-                  jax.random.key(1), k=2, policy=POLICY, cost_C=cost_C)
+  request = testing.request([SAMPLE_PROMPT] * SAMPLE_ROWS, SAMPLE_STEPS, sampling, seed=1)
+  out = testing.speculate(SpeculativeLoop(target_config, 2, policy=POLICY), target_params, drafter, request,
+                          cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2, tables=Tables(cost_C))
   return out.tokens, np.asarray(out.rounds_per_length), out
 
 
@@ -309,10 +302,9 @@ def _tree_tokens(rows=SAMPLE_ROWS):
   round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the loop's output."""
   drafter = ModelDrafter(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + LONG_STEPS + 9
-  padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
-                  drafter.storage(rows, cache_len), LONG_STEPS, NO_EOS, SAMPLED, jax.random.key(2),
-                  k=3, policy=POLICY, cost_C=TREE_CHI2_COSTS)
+  out = testing.speculate(SpeculativeLoop(config, 3, policy=POLICY), params, drafter,
+                          testing.request([SAMPLE_PROMPT] * rows, LONG_STEPS, SAMPLED, seed=2), cache_len=cache_len,
+                          tables=Tables(TREE_CHI2_COSTS))
   tokens_ZxT = np.asarray(out.tokens)
   index = np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [config.vocab_size] * STEPS)
   return np.bincount(index, minlength=config.vocab_size ** STEPS), tokens_ZxT, out
@@ -524,8 +516,8 @@ def test_a_tree_drafter_defers_plain_rounds_and_feeds_its_lag_when_drafting_resu
 def test_a_deferring_model_drafter_keeps_greedy_output(max_lag):
   """The loop with plain rounds that skip the draft: greedy output unchanged, and fewer draft passes
   than the drafter that feeds every pending token (max_lag 1) on the same rounds."""
-  feeding = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3)
-  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, max_lag=max_lag)
+  feeding = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, tables=Tables(COSTS_K3))
+  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, tables=Tables(COSTS_K3), max_lag=max_lag)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert np.asarray(out.rounds_per_length).tolist() == np.asarray(feeding.rounds_per_length).tolist()
   assert np.asarray(out.rounds_per_length)[0] > 0 and int(out.draft_calls) < int(feeding.draft_calls)
@@ -535,7 +527,7 @@ def test_a_call_that_never_drafts_never_runs_the_draft():
   """With the whole history as the lag and a prior under which no length pays, every round is plain:
   greedy output unchanged, no draft pass, and the draft's cache still empty at the end (its prompt was
   never prefilled)."""
-  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_AxK=np.full(3, 0.05),
+  out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, tables=Tables(COSTS_K3, np.full(3, 0.05)),
                         max_lag=None)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert np.asarray(out.rounds_per_length)[1:].sum() == 0 and int(out.draft_calls) == 0
@@ -568,7 +560,7 @@ def test_a_prior_sets_the_first_rounds_choice():
   """The same program, two runtime priors: at 0.95 the first round proposes K = 3, at 0.3 nothing."""
   rounds = {}
   for prior in (0.95, 0.3):
-    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, cost_C=COSTS_K3, prior_AxK=np.full(3, prior),
+    out = run_speculative(DRAFTS["perturbed"], k=3, policy=POLICY, tables=Tables(COSTS_K3, np.full(3, prior)),
                           round_limit=1)
     rounds[prior] = np.asarray(out.rounds_per_length).tolist()
   assert rounds == {0.95: [0, 0, 0, 1], 0.3: [1, 0, 0, 0]}

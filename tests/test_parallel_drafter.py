@@ -14,7 +14,6 @@
   near-uniform draft), must give p < 1e-6 on 2,000 rows.
 """
 
-import jax
 import numpy as np
 import pytest
 
@@ -24,8 +23,9 @@ from specjax.sampling import sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.parallel import ParallelDrafter, load_mask_token, save_mask_token
-from specjax.speculative.k_policy import Adaptive
+from specjax.speculative.k_policy import Tables
 from tests.helpers import engine
+from tests.helpers.k_policy import COSTS_K3, POLICY
 from tests.helpers.parallel import FirstDistributionReported, MaskEntriesKept, OneKeyPerBlock, run_parallel
 from tests.helpers.stats import SAMPLE_ROWS
 
@@ -55,8 +55,7 @@ def test_greedy_output_equals_the_targets_with_one_draft_pass_per_round(draft, t
 def test_adaptive_policy_greedy_output_equals_the_targets(target_greedy):
   """Fast-moving estimates and costs that make long proposals pay only while acceptance stays high: the
   rounds propose 0 (a plain step: the pass still feeds the lag and pending) to K tokens."""
-  out = run_parallel(engine.DRAFTS["perturbed"], MASK, policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
-                     cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))
+  out = run_parallel(engine.DRAFTS["perturbed"], MASK, policy=POLICY, tables=Tables(COSTS_K3))
   assert _tokens(out) == target_greedy
   assert int(out.draft_calls) == int(out.target_calls) - 1
   assert int(np.asarray(out.rounds_per_length)[:-1].sum()) > 0  # some rounds proposed fewer than K

@@ -15,7 +15,7 @@ from specjax.models.load import load_model
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import intersection_drafting
-from specjax.speculative.k_policy import Adaptive
+from specjax.speculative.k_policy import Tables
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.plan import ChosenPlan, RoundPlan
 from specjax.speculative.trees.dynamic import DynamicSpec
@@ -23,18 +23,14 @@ from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, 
                                   target_greedy)
 from tests.helpers.spelling import (FORCED_CACHE, FORCED_PROMPTS, bpe_pair_dirs, forced_rounds, run_drafter,
                                     spell_history, spelling_drafter)
-from tests.helpers.k_policy import assert_rounds_draft
+from tests.helpers.k_policy import COSTS_K3, POLICY, assert_rounds_draft
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 # name -> (drafter fields, loop arguments); the adaptive policy's costs are those of lengths 0 .. 3.
+ADAPTIVE = dict(policy=POLICY, tables=Tables(COSTS_K3))
 SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
-          "adaptive": ({}, dict(policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
-                                cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
-          "adaptive_deferred": (dict(max_lag=5), dict(policy=Adaptive(prior=0.8, decay=0.5, recovery=0.3),
-                                                       cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
-          "adaptive_history": (dict(max_lag=None), dict(policy=Adaptive(prior=0.8, decay=0.5,
-                                                                       recovery=0.3),
-                                                        cost_C=np.array([1.0, 1.5, 1.9, 2.2], np.float32))),
+          "adaptive": ({}, ADAPTIVE), "adaptive_deferred": (dict(max_lag=5), ADAPTIVE),
+          "adaptive_history": (dict(max_lag=None), ADAPTIVE),
           "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}),
           "dynamic_tree": (dict(tree=DynamicSpec(6, 3, 2)), {})}
 

@@ -4,12 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.generation import pad_prompts
+from specjax import testing
 from specjax.models.kv_cache import init_cache
 from specjax.speculative import verify
 from specjax.speculative.drafters.eagle_head import MASK_PARAM, head_config, init_head_params
+from specjax.speculative.k_policy import Tables
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS
-from tests.helpers.loop import speculate
 
 
 def eagle_head(target_config, feature_layers, seed=3, final_scale=1.0, mask=False):
@@ -26,14 +27,13 @@ def eagle_head(target_config, feature_layers, seed=3, final_scale=1.0, mask=Fals
 
 
 def run_eagle(target, drafter, k, prompts=PROMPTS, budgets=BUDGETS, sampling=GREEDY, seed=0, rule=verify,
-              out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS, **kwargs):
+              out_width=OUT_WIDTH, cache_len=CACHE_LEN, eos_ids=NO_EOS, tables=Tables(), **settings):
   """Speculative decoding of `prompts` by `target` with the EAGLE drafter `drafter`, checked first as the
-  engine's callers check it."""
+  engine's callers check it; `settings` are the loop's (`SpeculativeLoop`), `tables` the K policy's."""
   config, params = target
   drafter.check(config)
-  padded, lengths = pad_prompts(prompts)
+  request = testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids)
   storage = drafter.storage(len(prompts), cache_len)
-  drafter.check_fits(storage, np.asarray(lengths), max(np.atleast_1d(budgets)), k)
-  return speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                   storage, budgets, eos_ids, sampling, jax.random.key(seed), k=k,
-                   out_width=out_width, rule=rule, **kwargs)
+  drafter.check_fits(storage, np.asarray(request.prompt_lengths_B), max(np.atleast_1d(budgets)), k)
+  return speculative_generate(SpeculativeLoop(config, k, out_width, rule=rule, **settings), params, drafter, request,
+                              init_cache(config, len(prompts), cache_len), storage, tables)

@@ -6,13 +6,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import autoregressive, testing
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
 from specjax.sampling import probabilities, sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.k_policy import Tables
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 from specjax.testing import exact_distribution, perturbed, reference, tiny_model  # noqa: F401 (for the tests)
-from tests.helpers.loop import autoregress, speculate
 from tests.helpers.stats import chi_square_pvalue
 
 GREEDY = sampling_params(0.0)
@@ -41,24 +43,22 @@ DRAFTS = _drafts()
 
 def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
                     target_cache_len=CACHE_LEN, draft_cache_len=CACHE_LEN, draft_head=None, stop_threshold=0.0,
-                    target=TARGET, max_lag=1, **kwargs):
-  """Speculative decoding of `prompts` by `target` with the model drafter `draft`."""
+                    target=TARGET, max_lag=1, tables=Tables(), round_limit=None, **settings):
+  """Speculative decoding of `prompts` by `target` with the model drafter `draft`; `settings` are the
+  loop's (`SpeculativeLoop`: the K policy, the acceptance rules), `tables` the policy's."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold, max_lag=max_lag)
-  padded, lengths = pad_prompts(prompts)
-  return speculate(target_config, target_params, drafter, padded, lengths,
-                   init_cache(target_config, len(prompts), target_cache_len),
-                   drafter.storage(len(prompts), draft_cache_len), budgets, eos_ids,
-                   sampling, jax.random.key(seed), k=k, out_width=OUT_WIDTH, **kwargs)
+  request = testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids, round_limit=round_limit)
+  return speculative_generate(SpeculativeLoop(target_config, k, OUT_WIDTH, **settings), target_params, drafter,
+                              request, init_cache(target_config, len(prompts), target_cache_len),
+                              drafter.storage(len(prompts), draft_cache_len), tables)
 
 
-def target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS):
-  """TARGET's own greedy decoding of `prompts`, as token lists."""
-  config, params = TARGET
-  padded, lengths = pad_prompts(prompts)
-  out = autoregress(config, params, padded, lengths,
-                    init_cache(config, len(prompts), CACHE_LEN), budgets, eos_ids, GREEDY,
-                    jax.random.key(0), out_width=OUT_WIDTH)
+def target_greedy(prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, target=TARGET):
+  """`target`'s own greedy decoding of `prompts`, as token lists."""
+  config, params = target
+  out = autoregressive.generate(config, params, testing.request(prompts, budgets, eos_ids=eos_ids),
+                                init_cache(config, len(prompts), CACHE_LEN), out_width=OUT_WIDTH)
   return as_token_lists(out.tokens, out.counts)
 
 

@@ -2,13 +2,12 @@
 near-bigram variant whose greedy output falls into runs), prompts whose greedy continuations repeat
 them, and the targets' free-running greedy tokens."""
 
-import jax
 import jax.numpy as jnp
 
-from specjax.generation import as_token_lists, pad_prompts
+from specjax import autoregressive, testing
+from specjax.generation import as_token_lists
 from specjax.models.kv_cache import init_cache
-from tests.helpers.engine import GREEDY, NO_EOS, TARGET, tiny_model
-from tests.helpers.loop import autoregress
+from tests.helpers.engine import NO_EOS, TARGET, tiny_model
 
 
 def bigram(model):
@@ -31,9 +30,8 @@ FREE_WIDTH = 32  # free-running greedy tokens: room for a budget of 20 and a blo
 def free_greedy(model):
   """The target's own greedy tokens, FREE_WIDTH per row, no EOS and no budget cut."""
   config, params = model
-  padded, lengths = pad_prompts(PROMPTS)
-  out = autoregress(config, params, padded, lengths, init_cache(config, len(PROMPTS), 48),
-                    FREE_WIDTH, NO_EOS, GREEDY, jax.random.key(0), out_width=FREE_WIDTH)
+  out = autoregressive.generate(config, params, testing.request(PROMPTS, FREE_WIDTH, eos_ids=NO_EOS),
+                                init_cache(config, len(PROMPTS), 48), out_width=FREE_WIDTH)
   return as_token_lists(out.tokens, out.counts)
 
 

@@ -11,15 +11,14 @@ Mutants (subclasses of `ParallelDrafter`, each one plausible bug; the tests must
   the history holds d_1 .. d_n. Still exact (any draft distribution is), only a worse draft.
 """
 
-import jax
 import jax.numpy as jnp
 
-from specjax.generation import pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax import testing
 from specjax.sampling import tokens_and_probabilities
 from specjax.speculative.drafters.parallel import ParallelDraftState, ParallelDrafter
+from specjax.speculative.k_policy import Tables
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers import engine
-from tests.helpers.loop import speculate
 
 
 class FirstDistributionReported(ParallelDrafter):
@@ -45,12 +44,11 @@ class MaskEntriesKept(ParallelDrafter):
 
 def run_parallel(draft, mask_id, k=3, cls=ParallelDrafter, target=engine.TARGET, prompts=engine.PROMPTS,
                  budgets=engine.BUDGETS, sampling=engine.GREEDY, seed=0, cache_len=engine.CACHE_LEN,
-                 out_width=engine.OUT_WIDTH, **kwargs):
-  """Speculative decoding of `prompts` by `target` with `draft` (a model) as a parallel drafter `cls`."""
+                 out_width=engine.OUT_WIDTH, tables=Tables(), **settings):
+  """Speculative decoding of `prompts` by `target` with `draft` (a model) as a parallel drafter `cls`;
+  `settings` are the loop's (`SpeculativeLoop`), `tables` the K policy's."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = cls(draft_config, draft_params, mask_id, k)
-  padded, lengths = pad_prompts(prompts)
-  return speculate(target_config, target_params, drafter, padded, lengths,
-                   init_cache(target_config, len(prompts), cache_len), drafter.storage(len(prompts), cache_len),
-                   budgets, engine.NO_EOS, sampling, jax.random.key(seed), k=k,
-                   out_width=out_width, **kwargs)
+  return testing.speculate(SpeculativeLoop(target_config, k, out_width, **settings), target_params, drafter,
+                           testing.request(prompts, budgets, sampling, seed=seed, eos_ids=engine.NO_EOS),
+                           cache_len=cache_len, tables=tables)

@@ -7,14 +7,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import testing
 from specjax.generation import pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import forward
 from specjax.speculative.drafters.draft_head import intersection_head
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.spelling import Spelling
+from specjax.speculative.k_policy import Tables
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.engine import BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, tiny_model
-from tests.helpers.loop import speculate
 from tests.helpers.tiny_hf import save_hf_model
 from tests.helpers.tokenizers import OTHER_SOURCES, save_hf_dir, train_tokenizer
 
@@ -61,14 +63,13 @@ def spelling_drafter(target, draft_vocab: int = 50, shared: int = 40, max_ids: i
 
 
 def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY,
-                seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH, **kwargs):
-  """Speculative decoding of `prompts` by `target` with `drafter` (its storage sized by itself)."""
+                seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH, tables=Tables(), **settings):
+  """Speculative decoding of `prompts` by `target` with `drafter` (its storage sized by itself);
+  `settings` are the loop's (`SpeculativeLoop`), `tables` the K policy's."""
   target_config, target_params = target
-  padded, lengths = pad_prompts(prompts)
-  return speculate(target_config, target_params, drafter, padded, lengths,
-                   init_cache(target_config, len(prompts), cache_len),
-                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                   jax.random.key(seed), k=k, out_width=out_width, **kwargs)
+  return testing.speculate(SpeculativeLoop(target_config, k, out_width, **settings), target_params, drafter,
+                           testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids),
+                           cache_len=cache_len, tables=tables)
 
 
 def bpe_pair_dirs(tmp_path):
