@@ -9,7 +9,8 @@ def get_config():
   cfg = default_config()
   cfg.target = "qwen2.5-coder-1.5b-instruct"
   cfg.draft = "qwen2.5-coder-0.5b-instruct"
-  cfg.dtype = "bfloat16"  # half the bytes of float32; on a CPU with AVX2+FMA or AVX-512: specjax's matmul kernel
+  cfg.dtype = "auto"  # bfloat16 (half the bytes) where it runs fast: on a CPU with AVX2+FMA or AVX-512, through
+  #                    specjax's matmul kernel; float32 on a CPU without them (the load log says which)
   cfg.prompts = (
       "Write a Python function that checks whether a string is a palindrome.",
       "Write a Python function that returns the n-th Fibonacci number iteratively.",

@@ -56,7 +56,7 @@ import numpy as np
 from configs import code_edit_prompts, qwen_coder
 from experiments import benchmark_decode, harness, hf_reference
 from experiments.harness import number
-from specjax import costs, decode_spec, metrics, pipeline, prompts, records
+from specjax import costs, decode_spec, metrics, pipeline, prompts, records, session
 from specjax.api import apply_fields
 from specjax.decode_config import default_config
 from specjax.speculative.drafters import registry
@@ -298,7 +298,7 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
     c[str(batch_size)] = {}
     for group, system in systems:
       if system.source not in c[str(batch_size)]:
-        drafter = pipeline.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
+        drafter = session.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
                                          drafts[system.draft], log).drafter
         c[str(batch_size)][system.source] = costs.drafter_cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
     log(f"batch {batch_size}: target T=1 {seconds[1] * 1e3:.0f} ms; verify cost " +
@@ -563,7 +563,7 @@ def tables(results: dict) -> str:
 def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   """Runs the benchmark of `cfg`; returns the results, also written to `cfg.output`."""
   groups = plan(cfg, log)
-  pipeline.check_output(cfg.output)
+  records.check_output(cfg.output)
   config = cfg.to_dict()
   config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
   config["other_drafts"] = {alias: records.relative(name) for alias, name in cfg.other_drafts.items()}

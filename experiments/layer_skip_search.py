@@ -58,7 +58,7 @@ def seeds(n_layers: int) -> list[tuple[int, ...]]:
 def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -> dict:
   base = search.base
   decode_spec.from_config(base)
-  pipeline.check_output(search.output)
+  records.check_output(search.output)
   target = load_model(base.target, dtype=base.dtype)
   n_layers = target.config.n_layers
   k = base.k

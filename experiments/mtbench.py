@@ -47,7 +47,7 @@ import numpy as np
 from experiments import benchmark_drafters, harness, hf_reference
 from experiments.benchmark_drafters import AUTOREGRESSIVE, System
 from experiments.harness import number
-from specjax import decode_spec, pipeline, prompts, records
+from specjax import decode_spec, pipeline, prompts, records, session
 from specjax.data import mtbench
 from specjax.errors import ConfigError
 from specjax.models.tokenizer import Tokenizer
@@ -207,17 +207,16 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
                        (groups[0], System(AUTOREGRESSIVE)))
   target, draft = pipeline.load_models(group.decode_config(cfg, system), log)
   log(f"{len(todo)} specjax runs to make ({len(done)} already in {cfg.output})")
-  policy_memory: dict = {}
-  current = None
+  current, sessions = None, None
   for number_, (group, index, system) in enumerate(todo, 1):
     if group.key != current:
       # Every compiled program of the 1.5B target holds ~1 GB of code and buffers: drop a group's
       # programs before the next group compiles its own.
       jax.clear_caches()
-      current = group.key
+      # A group's runs share their sessions (the adaptive policy's cost table is measured once per program).
+      current, sessions = group.key, session.Sessions((target, draft), log=lambda m: log(f"  {m}"))
       log(f"== {group.key}: {', '.join(s.name for s in group.systems)}")
-    result = pipeline.run(group.decode_config(cfg, system), log=lambda m: log(f"  {m}"), models=(target, draft),
-                          policy_memory=policy_memory)
+    result = pipeline.run(group.decode_config(cfg, system), log=lambda m: log(f"  {m}"), sessions=sessions)
     results["runs"].append(make_row(cfg, group, index, system, result))
     save()
     row = results["runs"][-1]  # with its speedup and greedy comparison, which `save` derived
@@ -397,7 +396,7 @@ def reusable(earlier: dict, config: dict, groups: list[Group], cfg: ml_collectio
 def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   """Runs what the results file `cfg.output` lacks; returns the results (also written there)."""
   groups = plan(cfg)
-  pipeline.check_output(cfg.output)
+  records.check_output(cfg.output)
   prompts.requests((), source(cfg))  # the questions are there (fetched) before any model loads
   config = _config_record(cfg)
   results = {"command": records.command(), "environment": records.environment(), "config": config,

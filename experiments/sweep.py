@@ -41,7 +41,7 @@ from typing import Any, Callable
 import ml_collections
 
 from experiments import harness
-from specjax import costs, decode_spec, metrics, pipeline, records
+from specjax import costs, decode_spec, metrics, pipeline, records, session
 from specjax.cli import unknown_field
 from specjax.models.load import LoadedModel
 
@@ -224,7 +224,7 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
                  "batch_size": cfg.batch_size, settings.group: settings.options.to_json()}
     key = point_key(described)
     if key not in costs_measured:
-      drafter = pipeline.build_drafter(spec, *pair, log).drafter
+      drafter = session.build_drafter(spec, *pair, log).drafter
       costs_measured[key] = costs.drafter_cost_ratio(drafter, pair[0], cfg.batch_size, sweep.cost_repeats)
       log(f"cost ratio c = {costs_measured[key]:.3f} (drafter {cfg.drafter}: {_describe(described)})")
     return costs_measured[key]

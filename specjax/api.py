@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 
-from specjax import decode_config, decode_spec, mesh as meshes, pipeline
+from specjax import decode_config, decode_spec, mesh as meshes, pipeline, session
 from specjax.cli import unknown_field
 from specjax.constraints import compiler
 from specjax.decode_spec import DecodeSpec
@@ -37,7 +37,7 @@ from specjax.speculative.drafters.base import Drafter
 class Generation:
   """What one `Decoder.generate` call produced."""
 
-  texts: list[str]  # the generated text of each prompt (the prompt excluded)
+  texts: list[str]  # the generated text of each prompt (the prompt and special tokens such as EOS excluded)
   token_ids: list[list[int]]  # its token ids (EOS included when hit)
   stats: dict[str, Any]  # tokens_per_second, alpha_hat, mean_accepted_length, per_position_acceptance, ...
   results: dict[str, Any]  # everything `pipeline.run` returns: per-prompt stats, the config, the machine
@@ -83,7 +83,7 @@ class Decoder:
     `fields` set; loads the models at once."""
     silent = lambda message: None
     self._log = (log or silent) if meshes.is_main_process() else silent
-    self._drafter_instance = pipeline.BuiltDrafter(drafter, {}) if isinstance(drafter, Drafter) else None
+    self._drafter_instance = drafter if isinstance(drafter, Drafter) else None
     given = {name: value for name, value in (("target", target), ("draft", draft)) if value is not None}
     if isinstance(drafter, str):
       given["drafter"] = drafter
@@ -94,9 +94,10 @@ class Decoder:
     spec = self._spec(self._config)
     pipeline.check_inputs(spec)  # a bad prompts file or output location fails before the models load
     self.target, self.draft = pipeline.load_models(spec, self._log)
-    self._drafters: dict[tuple, pipeline.BuiltDrafter] = {}
-    self._policy_memory: dict[tuple, Any] = {}  # the adaptive K policy's, one per compiled program
-    self._warm: set[tuple] = set()  # programs compiled and run once (`DecodeSpec.program`): no warm-up call
+    # One session per compiled program (its caches, the K policy's memory, the widths warmed up) and
+    # one built drafter per drafter setting, with what it learned (`specjax.session`).
+    given = None if self._drafter_instance is None else session.BuiltDrafter(self._drafter_instance, {})
+    self._sessions = session.Sessions((self.target, self.draft), given, self._log)
 
   @classmethod
   def from_config(cls, cfg: ml_collections.ConfigDict, log: Callable[[str], None] | None = None) -> Decoder:
@@ -108,17 +109,7 @@ class Decoder:
     return ml_collections.FrozenConfigDict(self._config)
 
   def _spec(self, cfg: ml_collections.ConfigDict) -> DecodeSpec:
-    return decode_spec.from_config(cfg, self._drafter_instance and self._drafter_instance.drafter)
-
-  def _drafter(self, spec: DecodeSpec) -> pipeline.BuiltDrafter | None:
-    """The built drafter of `spec`, built once per distinct drafter setting."""
-    if not spec.speculative:
-      return None
-    if self._drafter_instance is not None:
-      return self._drafter_instance
-    if spec.drafter_key not in self._drafters:
-      self._drafters[spec.drafter_key] = pipeline.build_drafter(spec, self.target, self.draft, self._log)
-    return self._drafters[spec.drafter_key]
+    return decode_spec.from_config(cfg, self._drafter_instance)
 
   def run(self, **fields) -> dict[str, Any]:
     """Decodes the config's own prompts (`prompts` or `prompts_file`), with `fields` changed; returns
@@ -136,15 +127,13 @@ class Decoder:
     if spec.loads_draft_model and self.draft is None:
       raise ConfigError(f"config.drafter {cfg.drafter!r} needs a draft model, which this Decoder did not load: "
                         f"make a new Decoder with it")
-    return pipeline.run(spec, self._log, models=(self.target, self.draft), drafter=self._drafter(spec),
-                        policy_memory=self._policy_memory, warm=self._warm, requests=requests)
+    return pipeline.run(spec, self._log, sessions=self._sessions, requests=requests)
 
   def reset_pool(self) -> None:
     """Forgets the sequences earlier calls taught the drafters (`Drafter.forget`: a suffix drafter's pool
     is emptied; its warm-start corpus too). Every call's prompts and outputs go to the pool of a pool
     drafter, for the calls after it."""
-    for built in [*self._drafters.values(), *filter(None, [self._drafter_instance])]:
-      built.drafter = built.drafter.forget()
+    self._sessions.forget()
 
   def generate(self, prompts: str | Request | Sequence[str | Request], **fields) -> Generation:
     """Decodes `prompts` (a string, a `specjax.Request`, or a sequence of them) with `fields` changed for

@@ -57,7 +57,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.top_p = 1.0  # 1 disables top-p
   c.seed = 0  # PRNG seed for sampling
   c.batch_size = 1  # prompts decoded together; each row accepts its own number of tokens
-  c.dtype = "float32"  # "float32" or "bfloat16" (half the bytes; on CPU through the matmul kernel, below)
+  c.dtype = "float32"  # "float32", "bfloat16" (half the bytes; on CPU through the matmul kernel, below) or
+  #                     "auto": bfloat16 where it runs fast (GPU, TPU, a CPU the kernel runs it on), else float32
   c.weights = "float"  # the target's weight format, quantized from the loaded weights at load (see
   #                      docs/quantized-drafts.md): "float" (config.dtype), "int8" (per output channel,
   #                      float32 scales), "int4" (groups of 32 inputs, bfloat16 scales) or "int4:G" (G even,

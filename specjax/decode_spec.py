@@ -16,7 +16,7 @@ from specjax import decode_config, lowering, mesh as meshes, partitioning
 from specjax.constraints import compiler
 from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
-from specjax.models.execution import Execution
+from specjax.models.execution import Execution, resolve_dtype
 from specjax.sampling import SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative import k_policy
@@ -26,7 +26,7 @@ from specjax.speculative.trees.dynamic import DynamicSpec
 from specjax.speculative.trees.tree import Tree, parse
 
 MODES = ("speculative", "autoregressive")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
 DRAFT_SHARDINGS = ("same", "replicated")
 # Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload);
 # "model.weights" is the draft model's weight format (a dotted path: ConfigDict reads it as one key).
@@ -57,6 +57,7 @@ class DecodeSpec:
   # the platform `lower_only` names, else this one); the draft's is None without a draft model.
   execution: Execution | None = None
   draft_execution: Execution | None = None
+  dtype_note: str = ""  # why config.dtype "auto" resolved as it did (the load log says it); "" when given
 
   @property
   def speculative(self) -> bool:
@@ -215,10 +216,11 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
   cfg = with_drafter_group(cfg) if drafter is None else unlocked_copy(cfg)
   check_fields(cfg)
   sampling = _check_top_level(cfg)
+  cfg.dtype, dtype_note = resolve_dtype(cfg.dtype, cfg.matmul, cfg.weights, cfg.lower_only or None)  # what runs
   execution = _execution(cfg, cfg.weights)
   if cfg.mode != "speculative":
     return DecodeSpec(ml_collections.FrozenConfigDict(cfg), None, None, sampling, cfg.k, cfg.k + 1,
-                      execution=execution)
+                      execution=execution, dtype_note=dtype_note)
   cls = type(drafter) if drafter is not None else registry.resolve(cfg.drafter)
   try:
     tree = parse(cfg.tree)
@@ -240,7 +242,7 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
   spec = DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning,
-                    execution)
+                    execution, dtype_note=dtype_note)
   if not spec.loads_draft_model:
     return spec
   return dataclasses.replace(spec, draft_execution=_execution(cfg, spec.draft_weights, settings.field("weights")))

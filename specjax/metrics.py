@@ -14,10 +14,15 @@ passes the speedup over autoregressive decoding is that divided by (K c + 1).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Sequence
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax import mesh as meshes
 
 
 @flax.struct.dataclass
@@ -126,3 +131,48 @@ def theoretical_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0
   if verify_cost <= 0:
     raise ValueError(f"verify_cost must be > 0, got {verify_cost}")
   return expected_accepted_length(alpha, k) / (k * c + verify_cost)
+
+
+@dataclasses.dataclass
+class Tally:
+  """What a run's batches add up to: tokens, wall time, passes and acceptance (per turn, or merged)."""
+
+  tokens: int = 0
+  walls: list[float] = dataclasses.field(default_factory=list)  # seconds per batch
+  target_calls: int = 0
+  draft_calls: int = 0
+  acceptance: list = dataclasses.field(default_factory=list)  # per batch: `metrics` counters of its real rows
+  rounds_per_length: Any = 0  # [C] rounds that chose each proposal length (speculative)
+
+  def add(self, speculative: bool, out, wall: float, counts_B: np.ndarray) -> list[dict] | None:
+    """Counts one batch's output, whose real rows (the first ones; the rest are filler) generated `counts_B` tokens;
+    returns the real rows' statistics (speculative)."""
+    rows = len(counts_B)
+    self.tokens += int(np.sum(counts_B))
+    self.walls.append(wall)
+    self.target_calls += int(out.target_calls)
+    if not speculative:
+      return None
+    self.draft_calls += int(out.draft_calls)
+    self.rounds_per_length = self.rounds_per_length + meshes.to_host(out.rounds_per_length)
+    self.acceptance.append(jax.tree.map(lambda a: a[:rows], meshes.to_host(out.acceptance)))
+    return summarize(self.acceptance[-1])["per_row"]
+
+  @staticmethod
+  def merged(tallies: Sequence["Tally"]) -> Tally:
+    return Tally(sum(t.tokens for t in tallies), [w for t in tallies for w in t.walls],
+                  sum(t.target_calls for t in tallies), sum(t.draft_calls for t in tallies),
+                  [a for t in tallies for a in t.acceptance], sum(t.rounds_per_length for t in tallies))
+
+  def stats(self, speculative: bool) -> dict[str, Any]:
+    wall = sum(self.walls)
+    stats = {"generated_tokens": self.tokens, "wall_time_s": wall, "tokens_per_second": self.tokens / wall,
+             "target_calls": self.target_calls}
+    if speculative:
+      totals = summarize(jax.tree.map(lambda *a: np.concatenate(a), *self.acceptance))["total"]
+      stats.update(draft_calls=self.draft_calls, acceptance_rate=totals["acceptance_rate"],
+                   alpha_hat=totals["alpha_hat"], mean_accepted_length=totals["mean_accepted_length"],
+                   per_position_acceptance=totals["position_acceptance_rate"], acceptance=totals,
+                   jump_forward_share=totals["jump_forward"] / max(self.tokens, 1),
+                   k_policy={"rounds_per_length": [int(n) for n in self.rounds_per_length]})
+    return stats

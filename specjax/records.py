@@ -3,10 +3,13 @@ that made it, with paths relative to the repository root so records name no mach
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
-from typing import Any
+import tempfile
+import time
+from typing import Any, Callable
 
 import jax
 
@@ -43,3 +46,33 @@ def _relative_arg(arg: str) -> str:
   """One argument, a path or `--flag=path`, with `relative` applied to the path."""
   name, equals, value = arg.partition("=")
   return name + equals + relative(value) if arg.startswith("-") and equals else relative(arg)
+
+
+def check_output(path: str) -> None:
+  """Proves that results can be written to `path` (its directory exists and takes a file) before any
+  model loads; a missing or read-only location otherwise fails after all the generation."""
+  directory = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"config.output {path} is a directory; give a file path")
+  if not os.path.isdir(directory):
+    raise ValueError(f"config.output {path}: directory {directory} does not exist")
+  try:
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".specjax-write-test-"):
+      pass
+  except OSError as e:
+    raise ValueError(f"config.output {path}: cannot write in {directory} ({e.strerror or e})") from None
+
+
+def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
+  """Writes `results` as JSON to `path`; if that fails, to a fallback file in the temporary directory
+  (the generation is never lost). Returns the path written ("" if even the fallback failed)."""
+  for target in (path, os.path.join(tempfile.gettempdir(), f"specjax-results-{time.strftime('%Y%m%d-%H%M%S')}"
+                                    f"-{os.getpid()}.json")):
+    try:
+      with open(target, "w") as f:
+        json.dump(results, f, indent=1)
+      log(f"wrote {target}")
+      return target
+    except OSError as e:
+      log(f"could not write {target}: {e.strerror or e}")
+  return ""

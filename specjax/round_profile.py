@@ -77,37 +77,38 @@ class Profiler:
   generated: int = 0  # tokens per row, summed (for the passes' cache offset)
   rows: int = 0
 
-  def batch(self, runner, padded_BxP: np.ndarray, lengths_B: np.ndarray, key, out, wall: float) -> None:
-    """Adds a timed call (`out`, `wall` seconds) and times its batch's prefill call (the first batch's
-    after one untimed run: a program's first execution prepares its kernels lazily)."""
-    ones_B = np.ones(len(lengths_B), np.int32)
+  def batch(self, session, batch, key, out, wall: float) -> None:
+    """Adds a timed call of `session` (`specjax.session.Session`) on `batch` (`out`, `wall` seconds) and
+    times its batch's prefill call (the first batch's after one untimed run: a program's first
+    execution prepares its kernels lazily)."""
+    prefill = batch.with_budget(1)
     if not self.rows:
-      jax.block_until_ready(runner(padded_BxP, lengths_B, ones_B, key).tokens)
+      jax.block_until_ready(session(prefill, key).tokens)
     start = time.perf_counter()
-    jax.block_until_ready(runner(padded_BxP, lengths_B, ones_B, key).tokens)
+    jax.block_until_ready(session(prefill, key).tokens)
     self.prefill_s += time.perf_counter() - start
     self.calls_s += wall
     self.rounds += int(out.target_calls) - 1
-    if runner.drafter is not None:
+    if session.drafter is not None:
       self.draft_calls += int(out.draft_calls)
       self.rounds_per_candidate = self.rounds_per_candidate + np.asarray(out.rounds_per_length)
     self.generated += int(np.sum(np.asarray(out.counts)))
-    self.rows += len(lengths_B)
+    self.rows += len(batch.lengths_B)
 
-  def report(self, runner, width: int) -> dict[str, Any]:
-    """The profile (the module docstring), its passes timed alone now (`runner`: the run's; `width`: its
+  def report(self, session, width: int) -> dict[str, Any]:
+    """The profile (the module docstring), its passes timed alone now (`session`: the run's; `width`: its
     padded prompt width)."""
-    spec, target, drafter = runner.spec, runner.target, runner.drafter
+    spec, target, drafter = session.spec, session.target, session.drafter
     batch = spec.config.batch_size
-    offset = min(width + self.generated // max(self.rows, 1) // 2, runner.cache_len - spec.verify_width)
-    candidates = runner.candidates if drafter is not None else ()
+    offset = min(width + self.generated // max(self.rows, 1) // 2, session.cache_len - spec.verify_width)
+    candidates = session.candidates if drafter is not None else ()
     widths = sorted({1} | {c.nodes(drafter.tree) for c in candidates})
-    timers = costs.pass_timers(target.config, target.params, drafter, widths, batch, runner.cache_len, offset)
-    timers["target prefill"] = costs.forward_timer(target.config, target.params, width, batch, runner.cache_len, 0,
+    timers = costs.pass_timers(target.config, target.params, drafter, widths, batch, session.cache_len, offset)
+    timers["target prefill"] = costs.forward_timer(target.config, target.params, width, batch, session.cache_len, 0,
                                                    None)
     draft = drafter.draft_pass() if drafter is not None else None
     if draft is not None:
-      timers["draft prefill"] = costs.forward_timer(draft.config, draft.params, width, batch, runner.cache_len, 0,
+      timers["draft prefill"] = costs.forward_timer(draft.config, draft.params, width, batch, session.cache_len, 0,
                                                     draft.head, draft.layers)
     if drafter is not None:
       timers["acceptance"] = acceptance_timer(batch, spec.k, target.config.vocab_size, spec.sampling)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specjax import pipeline
-from specjax.runner import Runner
+from specjax.session import Session
 from specjax.speculative import k_policy
 from specjax.speculative.k_policy import Candidate, cost_store
 from tests.helpers.cli import cli_config
@@ -20,8 +20,8 @@ PROMPTS = ["def add(a, b):", "hello"]
 
 def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, monkeypatch):
   calibrations = []
-  calibrate = Runner.calibrate
-  monkeypatch.setattr(Runner, "calibrate",
+  calibrate = Session.calibrate
+  monkeypatch.setattr(Session, "calibrate",
                       lambda self, *args: calibrations.append(self.cache_len) or calibrate(self, *args))
 
   def run(**fields):

@@ -8,10 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import decode, decode_spec, generation, pipeline, prompts
+from specjax import decode, decode_spec, generation, pipeline, prompts, session
 from specjax.decode_config import default_config
 from specjax.errors import ConfigError
-from specjax.runner import Runner
 from specjax.speculative.k_policy import tuning
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers.cli import cli_config, decode_in_process, run_cli
@@ -78,31 +77,31 @@ def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, draf
 
 @pytest.mark.parametrize("mode, drafter", [("autoregressive", "model"), ("speculative", "model"),
                                             ("speculative", "ngram"), ("speculative", "layer_skip")])
-def test_runner_reuses_its_caches_across_batches(model_dirs, mode, drafter):
-  """Two batches through one runner give the tokens that fresh runners give, sampled at T = 0.8; the
+def test_a_session_reuses_its_caches_across_batches(model_dirs, mode, drafter):
+  """Two batches through one session give the tokens that fresh sessions give, sampled at T = 0.8; the
   second call gets the caches the first returned (donated: the first call's key/value buffers, of the
   target and of a draft model, are gone; the n-gram history is rewritten by `init`, never read)."""
   cfg = cli_config(model_dirs, mode=mode, drafter=drafter, temperature=0.8, max_new_tokens=10)
   spec = decode_spec.from_config(cfg)
   target, draft = pipeline.load_models(spec, log=lambda m: None)
-  drafter_ = pipeline.build_drafter(spec, target, draft, log=lambda m: None).drafter if mode == "speculative" else None
+  built = session.build_drafter(spec, target, draft, log=lambda m: None) if mode == "speculative" else None
   ids = prompts.encode(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
-  batches = [generation.pad_prompts(ids[:2], width=max(map(len, ids))),
-             generation.pad_prompts(ids[2:], width=max(map(len, ids)))]
   budget, keys = np.array([10, 7], np.int32), [jax.random.key(1), jax.random.key(2)]
-  runner = Runner(spec, target, drafter_, 64)
+  batches = [session.Batch(*generation.pad_prompts(rows, width=max(map(len, ids))), budget, real=2)
+             for rows in (ids[:2], ids[2:])]
+  one = session.Session(spec, target, built, 64)
   reused, first_caches = [], None
-  for (padded, lengths), key in zip(batches, keys):
-    out = runner(padded, lengths, budget, key)
+  for batch, key in zip(batches, keys):
+    out = one(batch, key)
     reused.append((np.asarray(out.tokens), np.asarray(out.counts)))
-    first_caches = first_caches or [runner.target_cache] + (
-        [runner.draft_storage] if mode == "speculative" and drafter == "model" else [])
+    first_caches = first_caches or [one.target_cache] + (
+        [one.draft_storage] if mode == "speculative" and drafter == "model" else [])
     if mode == "speculative":
-      assert runner.draft_storage is runner.drafter.storage_of(out.draft_state)
+      assert one.draft_storage is one.drafter.storage_of(out.draft_state)
   for cache in first_caches:
     assert cache.k.is_deleted() and cache.v.is_deleted()
-  for (padded, lengths), key, (tokens, counts) in zip(batches, keys, reused):
-    fresh = Runner(spec, target, drafter_, 64)(padded, lengths, budget, key)
+  for batch, key, (tokens, counts) in zip(batches, keys, reused):
+    fresh = session.Session(spec, target, built, 64)(batch, key)
     np.testing.assert_array_equal(tokens, fresh.tokens)
     np.testing.assert_array_equal(counts, fresh.counts)
 

@@ -9,7 +9,7 @@ from specjax import decode_spec, pipeline
 from specjax.errors import ConfigError
 from specjax.models import matmul
 from specjax.models.config import BATCH_INVARIANT, FAST
-from specjax.models.execution import FIELDS, Execution
+from specjax.models.execution import FIELDS, Execution, resolve_dtype
 from tests.helpers.cli import cli_config, model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.engine import tiny_model
 
@@ -32,6 +32,28 @@ def test_explicit_settings_and_the_interpreted_kernel_on_cpu():
                               "matmul": "xla"}, "bfloat16", platform="cpu")
   assert (record.scan_layers, record.attention, record.narrow_passes, record.matmul) == (
       True, "kernel_interpret", False, "xla")
+
+
+@pytest.mark.parametrize("kernel_runs, matmul_setting, platform, dtype", [
+    (True, "auto", "cpu", "bfloat16"), (False, "auto", "cpu", "float32"), (True, "xla", "cpu", "float32"),
+    (False, "auto", "cuda", "bfloat16"), (False, "xla", "tpu", "bfloat16")])
+def test_dtype_auto_is_bfloat16_where_it_runs_fast_and_float32_elsewhere(monkeypatch, kernel_runs, matmul_setting,
+                                                                          platform, dtype):
+  """bfloat16 on accelerators and where the CPU kernel takes it; float32 on a CPU whose bfloat16 matmuls
+  would run through XLA (about 10x slower). A given dtype is kept as it is; the note says why."""
+  monkeypatch.setattr(matmul, "kernel_status", lambda d, w="float": (kernel_runs, "no AVX2 here"))
+  resolved, note = resolve_dtype("auto", matmul_setting, "float", platform)
+  assert resolved == dtype and note.startswith(f"dtype auto: {dtype}")
+  assert resolve_dtype("float32", matmul_setting, "float", platform) == ("float32", "")
+
+
+def test_a_spec_holds_the_dtype_auto_resolved_to(model_dirs, monkeypatch):
+  monkeypatch.setattr(matmul, "kernel_status", lambda d, w="float": (False, "no AVX2 here"))
+  spec = decode_spec.from_config(cli_config(model_dirs, dtype="auto"))
+  assert (spec.config.dtype, spec.dtype_note) == ("float32", "dtype auto: float32, no AVX2 here")
+  assert spec.execution.matmul == "xla"
+  with pytest.raises(ConfigError, match=r"config.dtype must be one of \('auto', 'float32', 'bfloat16'\)"):
+    decode_spec.from_config(cli_config(model_dirs, dtype="float16"))
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -29,7 +29,7 @@ import ml_collections
 from configs import distill_dflash_smollm2, qwen_coder
 from experiments import harness
 from experiments.distill_smollm2.report import heldout_evals, held_out_prompts, split, write_jsonl
-from specjax import costs, pipeline, records
+from specjax import costs, pipeline, records, session
 from specjax.decode_spec import from_config
 from specjax.distill import train
 from specjax.models.kv_cache import init_cache
@@ -91,8 +91,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
     spec = base.copy_and_resolve_references()
     spec.mode, spec.drafter, spec.draft = "speculative", drafter, head
     spec.dflash.vocab = vocab
-    built = pipeline.build_drafter(from_config(spec), target, None)
-    out = pipeline.run(spec, models=(target, None), drafter=built)
+    built = session.build_drafter(from_config(spec), target, None)
+    out = pipeline.run(spec, sessions=session.Sessions((target, None), built))
     stats = out["stats"]
     rounds = stats["target_calls"] - stats["num_prompts"]  # each prompt's prefill is one target call
     propose_s = proposal_seconds(built.drafter, target, target.tokenizer.encode(prompts[0]), cfg.k, cfg.cost_repeats)

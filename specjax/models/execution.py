@@ -49,6 +49,26 @@ def _attention(setting: str, platform: str) -> str:
   return setting
 
 
+def resolve_dtype(setting: str, matmul_setting: str, weights: str = "float", platform: str | None = None,
+                  ) -> tuple[str, str]:
+  """(the model dtype for the `dtype` setting, a phrase saying why when it was "auto"). "auto" is
+  bfloat16 where it runs fast: on GPU/TPU, and on a CPU where the weight matmuls (`matmul_setting`) take
+  the kernel for bfloat16; float32 elsewhere (XLA's bfloat16 matmuls on a CPU are about 10x slower)."""
+  if setting != "auto":
+    return setting, ""
+  platform = platform or jax.default_backend()
+  if platform != "cpu":
+    return "bfloat16", f"dtype auto: bfloat16 on {platform}"
+  try:
+    fast = matmul.backend_for(matmul_setting, "bfloat16", platform, weights) == "cpu_kernel"
+  except ValueError:  # matmul="cpu_kernel" that cannot run: Execution.resolve names it
+    fast = False
+  if fast:
+    return "bfloat16", "dtype auto: bfloat16, the CPU kernel runs it"
+  return "float32", (f"dtype auto: float32, {matmul.kernel_status('bfloat16', weights)[1]}"
+                     if matmul_setting != "xla" else "dtype auto: float32, matmul = 'xla' on a CPU")
+
+
 @dataclasses.dataclass(frozen=True)
 class Execution:
   """The resolved execution settings of one model's programs (`ModelConfig` fields of the same names)."""
