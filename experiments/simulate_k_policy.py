@@ -21,7 +21,6 @@ import ml_collections
 import numpy as np
 
 from experiments import harness
-from specjax.speculative import k_policy
 from specjax.speculative.k_policy import Adaptive, KPolicy, Tables
 
 

@@ -20,7 +20,7 @@ from specjax import generation, lowering
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import Params, forward, prefill
-from specjax.sampling import SamplingParams, next_tokens
+from specjax.sampling import next_tokens
 
 
 @flax.struct.dataclass

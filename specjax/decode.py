@@ -12,7 +12,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_flags
 
-from specjax import cli, decode_config, mesh, pipeline
+from specjax import cli, decode_config, mesh
 from specjax.api import Decoder
 from specjax.speculative import k_policy
 

@@ -16,9 +16,6 @@ process runs the same calls; only process 0 logs and writes results.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -164,7 +161,8 @@ class _Turns:
         batch = self.session.batch(rows[start:start + size], self.width)
         batch_key = jax.random.fold_in(key, sum(len(t.walls) for t in self.tallies))  # batches before it
         decoded = self.session.generate(batch, batch_key, profiler)
-        per_row = tally.add(spec.speculative, decoded.out, decoded.wall_s, np.array([len(t) for t in decoded.token_ids]))
+        counts = np.array([len(ids) for ids in decoded.token_ids])
+        per_row = tally.add(spec.speculative, decoded.out, decoded.wall_s, counts)
         self._check(decoded, batch, key, log)
         for row, i in enumerate(active[start:start + size]):
           ids = decoded.token_ids[row]

@@ -25,7 +25,6 @@ from experiments.distill_smollm2.report import heldout_evals, held_out_prompts, 
 from specjax import costs, pipeline, records
 from specjax.distill import pard, train
 from specjax.distill.export import export_hf
-from specjax.models.load import load_model
 from specjax.speculative.drafters.parallel import save_mask_token
 
 # (name, drafter, which run's draft)

@@ -54,7 +54,6 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 GROUPS = (32, 128)  # the smallest and largest int4 group width
 CPU_ROWS = 128  # output rows dequantized and multiplied per step on the CPU (see the module docstring)
