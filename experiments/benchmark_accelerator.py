@@ -561,9 +561,11 @@ def table(results: dict) -> str:
               "| kernels |", "|---|---|---|---|---|---|---|---|---|"]
     for row in compared:
       match = row.get("greedy_equals_autoregressive")
-      lines.append(f"| {row['attention']} | {row['mode']} | {_fmt(row['k'], 'd')} | {_fmt(row['compile_time_s'], '.1f')} "
+      lines.append(f"| {row['attention']} | {row['mode']} | {_fmt(row['k'], 'd')} "
+                   f"| {_fmt(row['compile_time_s'], '.1f')} "
                    f"| {_fmt(row.get('step_s', row.get('round_s')) * 1e3)} | {_fmt(row.get('round_in_target_steps'))} "
-                   f"| {'' if match is None else 'yes' if match else 'NO'} | {row['lowering']['while_loops_in_round']} | "
+                   f"| {'' if match is None else 'yes' if match else 'NO'} "
+                   f"| {row['lowering']['while_loops_in_round']} | "
                    f"{', '.join(f'{name} x{n}' for name, n in row['lowering']['custom_calls'].items())} |")
     lines += [f"| {s['attention']} | {s['mode']} | {_fmt(s['k'], 'd')} | skipped: {s['reason']} | | | | | |"
               for s in compared_skipped]

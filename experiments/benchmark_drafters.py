@@ -406,7 +406,8 @@ def _summary(row: dict) -> str:
   """One run's numbers for the log."""
   text = f"{row['tokens_per_second']:.2f} tok/s, compile {row['compile_time_s']:.1f} s"
   if row.get("profile"):
-    text += f", a round {1e3 * row['profile']['round_s']:.1f} ms = {row['profile']['round_over_passes']:.2f}x its passes"
+    text += (f", a round {1e3 * row['profile']['round_s']:.1f} ms = "
+             f"{row['profile']['round_over_passes']:.2f}x its passes")
   if row["system"] != AUTOREGRESSIVE:
     text += (f", alpha_hat {number(row['alpha_hat'], '.3f')}, speedup {number(row['speedup_vs_autoregressive'])} "
              f"(modelled {number(row['modelled_speedup'])})")

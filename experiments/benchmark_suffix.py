@@ -7,7 +7,8 @@ holds every earlier request of the workload. Every pool is emptied (`Decoder.res
 workload and system.
   repeated_task     one instruction (type hints and a docstring) applied to the functions of one stdlib
                     module, batch 1, greedy; tokens/s counted from request `from_request` on
-  mtbench_turn2     MT-Bench conversations (the first of each of `mtbench_categories`), both turns, batch 1, greedy; turn 2 reported
+  mtbench_turn2     MT-Bench conversations (the first of each of `mtbench_categories`), both turns, batch 1,
+                    greedy; turn 2 reported
   code_edit         configs/code_edit_prompts.py edits, batch 1, greedy
   self_consistency  `samples` copies of one prompt in one batch at `temperature`
 Systems (`systems`): specjax autoregressive first, again after every `ar_every` systems and last;
@@ -137,8 +138,9 @@ def _acceptance(rounds, proposed, accepted, rejections, reached_K, accepted_K) -
   """τ, α̂, the hit rate (rounds proposing >= 1 token: position 1 is reached whenever it is proposed) and
   the mean speculation length per round."""
   ratio = lambda a, b: float(a) / float(b) if b else None
-  return {"rounds": int(rounds), "tau": ratio(accepted + rounds, rounds), "alpha_hat": ratio(accepted, accepted + rejections),
-          "hit_rate": ratio(reached_K[0], rounds), "mean_proposed_per_round": ratio(proposed, rounds),
+  return {"rounds": int(rounds), "tau": ratio(accepted + rounds, rounds),
+          "alpha_hat": ratio(accepted, accepted + rejections), "hit_rate": ratio(reached_K[0], rounds),
+          "mean_proposed_per_round": ratio(proposed, rounds),
           "per_position_acceptance": [ratio(a, r) for a, r in zip(accepted_K, reached_K)]}
 
 

@@ -171,7 +171,8 @@ def derive(results: dict) -> None:
   baseline: dict[str, dict[str, float]] = {}
   for key in results["groups"]:
     runs = [r for r in results["runs"] if r["group"] == key and r["system"] == AUTOREGRESSIVE]
-    speeds = {c: [r["categories"][c]["tokens_per_second"] for r in runs] for c in (runs[0]["categories"] if runs else {})}
+    speeds = {c: [r["categories"][c]["tokens_per_second"] for r in runs]
+              for c in (runs[0]["categories"] if runs else {})}
     baseline[key] = {c: float(np.mean(s)) for c, s in speeds.items() if None not in s}
     results["groups"][key]["autoregressive_category_tokens_per_second"] = baseline[key]
   for row in results["runs"] + results["transformers"]:
@@ -269,7 +270,8 @@ def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, resul
     save()
     row = results["transformers"][-1]
     log(f"transformers {name} T={temperature:g}: {row['tokens_per_second']:.2f} tok/s, speedup "
-        f"{number(row.get('speedup_vs_autoregressive'))}, greedy = specjax AR {row.get('outputs_match_autoregressive')}")
+        f"{number(row.get('speedup_vs_autoregressive'))}, greedy = specjax AR "
+        f"{row.get('outputs_match_autoregressive')}")
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -351,7 +353,8 @@ def figure(results: dict, path: str) -> str:
       speed_ax.bar(x, speed, width, label=row["label"])
       tau_ax.bar(x, tau, width, label=row["label"])
     speed_ax.axhline(1.0, color="black", linewidth=0.8)
-    for ax, title in ((speed_ax, f"speedup vs specjax autoregressive, {key}"), (tau_ax, f"τ (tokens per target pass), {key}")):
+    for ax, title in ((speed_ax, f"speedup vs specjax autoregressive, {key}"),
+                      (tau_ax, f"τ (tokens per target pass), {key}")):
       ax.set_xticks(np.arange(len(categories)), categories, rotation=20)
       ax.set_title(title, fontsize=10)
     speed_ax.legend(fontsize=7)

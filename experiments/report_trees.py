@@ -172,8 +172,8 @@ def figure(rows: list[dict], batch: int, path: str) -> str:
       if r["tree"]:
         dynamic = r["tree"].startswith("dynamic")
         ax.plot(r["nodes"] + 1, r["accepted_per_round"], "*" if dynamic else "o", markersize=11 if dynamic else 7)
-        ax.annotate(r["label"].removeprefix("tree "), (r["nodes"] + 1, r["accepted_per_round"]), fontsize=7, xytext=(4, 3),
-                    textcoords="offset points")
+        ax.annotate(r["label"].removeprefix("tree "), (r["nodes"] + 1, r["accepted_per_round"]), fontsize=7,
+                    xytext=(4, 3), textcoords="offset points")
     ax.set(xlabel="tokens verified per round (N + 1)", ylabel="accepted draft tokens per round",
            title=f"temperature {temperature:g}, batch {batch}")
     ax.grid(alpha=0.3)

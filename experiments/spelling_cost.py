@@ -78,7 +78,8 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
       shared += int(vocab.target_to_draft_V[token] >= 0)
   results = {"command": records.command(), "source": cfg.source, "target": cfg.target, "draft": cfg.draft,
              "max_spelling": cfg.max_spelling, "positions": positions, "in_intersection": shared / positions,
-             "ways": {way: {"greedy_agreement": r["agree"] / positions, "mean_p_of_target_token": r["p_target"] / positions}
+             "ways": {way: {"greedy_agreement": r["agree"] / positions,
+                            "mean_p_of_target_token": r["p_target"] / positions}
                       for way, r in rows.items()}}
   for way, r in results["ways"].items():
     log(f"{way:10s} greedy agreement {r['greedy_agreement']:.3f}, mean draft p(target token) "

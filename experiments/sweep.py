@@ -50,8 +50,9 @@ MODEL_AXES = ("target", "drafter", "draft", "dtype", "mesh")  # which models are
 # drafter and mode decide whether a draft model loads.
 LOAD_FIELDS = decode_spec.LOAD_FIELDS + ("drafter", "mode")
 DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # sampling axes (mostly one program): innermost
+# decode fields copied into every row
 SETTINGS = ("target", "drafter", "draft", "mode", "k", "k_policy", "tree", "tree_children", "batch_size",
-            "temperature", "top_k", "top_p", "seed", "max_new_tokens", "chat", "dtype", "mesh")  # decode fields copied into every row
+            "temperature", "top_k", "top_p", "seed", "max_new_tokens", "chat", "dtype", "mesh")
 
 Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
 

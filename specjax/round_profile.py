@@ -136,7 +136,9 @@ def lines(profile: dict[str, Any]) -> list[str]:
   alone = ", ".join(f"{name}: {ms(s)}" for name, s in profile["passes_alone_s"].items())
   return [f"profile: {profile['rounds']} rounds in {profile['calls_s']:.2f} s of calls, {profile['prefill_s']:.2f} s "
           f"of them prefill",
-          f"  a round {ms(profile['round_s'])} = passes {ms(profile['passes_s'])} (verify {ms(profile['verify_pass_s'])}"
+          f"  a round {ms(profile['round_s'])} = passes {ms(profile['passes_s'])} "
+          f"(verify {ms(profile['verify_pass_s'])}"
           f" + {profile['draft_passes_per_round']:.2f} draft passes {ms(profile['draft_passes_s'])}) + acceptance "
-          f"{ms(profile['acceptance_s'])} + rest {ms(profile['rest_s'])}: {profile['round_over_passes']:.2f}x its passes",
+          f"{ms(profile['acceptance_s'])} + rest {ms(profile['rest_s'])}: "
+          f"{profile['round_over_passes']:.2f}x its passes",
           f"  passes alone at {profile['cache_offset']} cached positions: {alone}"]

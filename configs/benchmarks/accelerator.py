@@ -11,8 +11,8 @@ First cells: dense, blockwise and kernel attention side by side (autoregressive 
 prompts, batch 1), each with its program's lowering report (loops inside the round, kernels).
 Default grid: prompts of 128 and 2048 tokens x batch 1, 8, 32 x (autoregressive, K = 3, 5, 8, adaptive K <= 8),
 128 new tokens, then at 128 tokens the block drafters (`parallel`, `dflash`, K = 5) per batch size: 36 compiled
-programs, plus target forwards of 1-65 tokens at the 128-token prompts. Sized for under 8 minutes on one H200 (estimate in
-experiments/benchmark_accelerator.py); `deadline_s` skips what would start later, and smaller grids are
+programs, plus target forwards of 1-65 tokens at the 128-token prompts. Sized for under 8 minutes on one H200
+(estimate in experiments/benchmark_accelerator.py); `deadline_s` skips what would start later, and smaller grids are
 one override away (`--config.batch_sizes='(1,8)'`, `--config.ks='(5,)'`).
 
 `get_config("mtbench")`: the real pair (its weights must be on the machine), a 1 x 2 x (1 + 1) grid, then

@@ -92,7 +92,8 @@ def get_config(variant: str = ""):
   cfg.sets.raw = prompt_set(False, 2, greedy=("model",), sampled=("model_k8", "model_k8_t0.5"),
                              batched=())
   cfg.ar_every = 3  # rerun the autoregressive baseline after this many systems (and always first and last)
-  cfg.profile = False  # profile every run (decode's config.profile: a round's time beside its passes; docs/profiling.md)
+  # profile every run (decode's config.profile: a round's time beside its passes; docs/profiling.md)
+  cfg.profile = False
   cfg.repeats = 1  # run each group's systems and baselines this many times over (an A/B over the drift)
   cfg.cost_repeats = 5  # timed forwards per cost measurement (c, verify cost); the median is kept
   cfg.transformers = True  # also time transformers generate, plain and with prompt lookup (batch 1, greedy)

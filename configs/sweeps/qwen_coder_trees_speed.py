@@ -1,6 +1,6 @@
 """Trees against chains at batch 1 (the latency regime) on the real pair: tokens/s of the chains K = 4
-and 8, three 14-16-node static trees and a 16-node dynamic tree, greedy and at temperature 1, 2 chat coding prompts, 96 tokens,
-with the autoregressive baseline. About 20 minutes alone on 2 CPU cores. See `qwen_coder_trees.py`.
+and 8, three 14-16-node static trees and a 16-node dynamic tree, greedy and at temperature 1, 2 chat coding
+prompts, 96 tokens, with the autoregressive baseline. About 20 minutes alone on 2 CPU cores. See `qwen_coder_trees.py`.
 
   python -m experiments.sweep --config=configs/sweeps/qwen_coder_trees_speed.py
 """

@@ -8,7 +8,8 @@ on 4 held-out prompts. About 10 minutes alone on 2 CPU cores.
 Needs the distillation's work directory: the training run, then
 `python -m experiments.distill_smollm2.report --config=configs/reports/distill.py:distill_smollm2`, which
 writes both drafts (`drafts/step0`, `drafts/step<N>` for the latest checkpoint N), the held-out prompts
-and the training-file corpus there. For a run stopped early: `--config.axes.draft='("WORKDIR/drafts/step0", "WORKDIR/drafts/stepN")'`.
+and the training-file corpus there. For a run stopped early:
+`--config.axes.draft='("WORKDIR/drafts/step0", "WORKDIR/drafts/stepN")'`.
 
   python -m experiments.sweep --config=configs/sweeps/smollm2_distill.py
   python -m experiments.plots --config=configs/reports/plots.py:smollm2_distill   # drafts named, K = 1

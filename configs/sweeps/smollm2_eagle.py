@@ -1,10 +1,10 @@
 """The EAGLE head of configs/distill_eagle_smollm2.py decoding for SmolLM2-135M-Instruct: chains of
 K = 1-4, two static trees of depth 4 (children drawn without replacement at T = 1) and a dynamic one (the
-head's most likely children), greedy and temperature 1,
-batch 1, the head scoring through the target's output head restricted to the
-8,192 tokens it trained over (a head exported without a vocabulary: the 8,192 most frequent in the run's
-training files, as the distilled drafts of `smollm2_distill.py`, so that c compares), plus the target's autoregressive baseline, on the 4 held-out
-prompts that `smollm2_distill.py` decodes (the same corpus split). About 15 minutes alone on 2 CPU cores.
+head's most likely children), greedy and temperature 1, batch 1, the head scoring through the target's output
+head restricted to the 8,192 tokens it trained over (a head exported without a vocabulary: the 8,192 most
+frequent in the run's training files, as the distilled drafts of `smollm2_distill.py`, so that c compares), plus
+the target's autoregressive baseline, on the 4 held-out prompts that `smollm2_distill.py` decodes (the same
+corpus split). About 15 minutes alone on 2 CPU cores.
 
 Needs the run's work directory and `python -m experiments.distill_eagle_smollm2.report
 --config=configs/reports/distill.py:distill_eagle_smollm2`, which exports

@@ -69,7 +69,8 @@ def proposal_seconds(drafter, target, prompt_ids: list[int], k: int, repeats: in
 
 def main(cfg: ml_collections.ConfigDict) -> None:
   dflash_dir, facts = export_latest(cfg.workdir)
-  results = {"runs": [], "dflash_run": facts, "heads": {"eagle": cfg.eagle_head, "dflash": records.relative(dflash_dir)}}
+  results = {"runs": [], "dflash_run": facts,
+             "heads": {"eagle": cfg.eagle_head, "dflash": records.relative(dflash_dir)}}
   config = distill_dflash_smollm2.get_config()
   prompts_file = os.path.join(cfg.workdir, "heldout_prompts.jsonl")
   _, held = split(config)
@@ -103,7 +104,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
                             "speedup_vs_target": stats["tokens_per_second"] / baseline["stats"]["tokens_per_second"],
                             "proposal_seconds": propose_s, "proposal_over_target_step": propose_s / target_step,
                             **stats})
-    harness.log(f"{name}: {json.dumps({k: results['runs'][-1][k] for k in ('tau', 'tokens_per_second', 'proposal_seconds')})}")
+    harness.log(f"{name}: "
+                f"{json.dumps({k: results['runs'][-1][k] for k in ('tau', 'tokens_per_second', 'proposal_seconds')})}")
   results["environment"] = records.environment()
   harness.write_results(results, cfg.output)
   print(f"wrote {cfg.output}", flush=True)

@@ -66,7 +66,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   corpus_file = write_train_corpus(train_docs, os.path.join(cfg.workdir, "train_corpus.jsonl"))
   metrics_path = os.path.join(cfg.workdir, train.METRICS_FILE)
   evals = heldout_evals(cfg.workdir)
-  results = {"checkpoint_step": step, "head": records.relative(head_dir), "committed_head": records.relative(cfg.head), "prompts_file": records.relative(prompts_file),
+  results = {"checkpoint_step": step, "head": records.relative(head_dir), "committed_head": records.relative(cfg.head),
+             "prompts_file": records.relative(prompts_file),
              "vocab_corpus": records.relative(corpus_file), "heldout": {"before": evals[0], "latest": evals[-1]},
              "evals": evals, "environment": records.environment()}
   harness.write_results(results, cfg.output)

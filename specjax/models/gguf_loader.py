@@ -6,8 +6,8 @@ head is tied when the file has no `output.weight`. Every tensor is dequantized t
 at once, so peak memory is the final parameters plus one float32 tensor (the 1.5B Qwen2 target is
 7 GB in float32). Llama-architecture files store q/k rows permuted for llama.cpp's interleaved RoPE;
 we undo it to get the Hugging Face rotate-half layout the transformer uses. Qwen2, Qwen3 (QK-norm
-when the file has `attn_q_norm`) and Gemma 3 files are not permuted (llama.cpp's converter permutes for its llama architectures only). GGUF shapes read in
-reverse give the Hugging Face `[out, in]` layout.
+when the file has `attn_q_norm`) and Gemma 3 files are not permuted (llama.cpp's converter permutes for its
+llama architectures only). GGUF shapes read in reverse give the Hugging Face `[out, in]` layout.
 
 Gemma 3 (`gemma3`): llama.cpp's converter stores every RMSNorm weight as 1 + w (the scale it applies),
 where transformers and specjax store w; we subtract 1 again (as transformers' GGUF loader does). The

@@ -66,7 +66,8 @@ def rope_scaling_from_hf(params: dict[str, Any], hf: dict[str, Any]) -> RopeScal
   if rope_type == "linear":
     return RopeScaling("linear", factor=float(params["factor"]))
   max_positions = hf.get("max_position_embeddings")
-  original = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or max_positions
+  original = (hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+              or max_positions)
   if not original:
     raise ValueError(f"RoPE type {rope_type!r} needs max_position_embeddings or original_max_position_embeddings")
   if rope_type == "dynamic":
@@ -359,7 +360,8 @@ def _llama_model_type(config: ModelConfig) -> str:
   if config.rope_local_theta or config.attn_softcap or config.final_softcap or config.query_pre_attn_scalar:
     raise ValueError("local RoPE bases, soft-capping and query_pre_attn_scalar are Gemma settings: no "
                      "Llama-style Hugging Face model type expresses them")
-  model_type = "qwen2" if config.qkv_bias else "qwen3" if config.qk_norm else "mistral" if config.sliding_window else "llama"
+  model_type = ("qwen2" if config.qkv_bias else "qwen3" if config.qk_norm
+                else "mistral" if config.sliding_window else "llama")
   if config.layer_types and model_type not in ("qwen2", "qwen3"):
     raise ValueError(f"per-layer windows {config.layer_types} need q/k/v biases (qwen2) or QK-norm (qwen3) "
                      "to be exported: llama and mistral window all layers or none")

@@ -209,7 +209,8 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD, rotary, cache: KVCache, layer, tree=None):
     """`layer` (an int, or a traced index under `scan_layers`) selects this block's cache slice, window
-    and RoPE; `tree` (static) masks a tree chunk (see `attention`). Gemma also normalises each sublayer's output before adding it to the residual stream."""
+    and RoPE; `tree` (static) masks a tree chunk (see `attention`). Gemma also normalises each sublayer's output
+    before adding it to the residual stream."""
     cfg = self.config
     post_norm = (lambda name, h: Norm(cfg, name=name)(h)) if cfg.arch == "gemma" else (lambda name, h: h)
     attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer,
@@ -318,8 +319,8 @@ def forward(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: K
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
-  """Random parameters (normal, std 0.02; norms 1 (gemma: 0, i.e. a scale of 1), biases 0) in the tree the loaders produce, in the
-  layout of `config.scan_layers`; for tests and fresh drafts."""
+  """Random parameters (normal, std 0.02; norms 1 (gemma: 0, i.e. a scale of 1), biases 0) in the tree the loaders
+  produce, in the layout of `config.scan_layers`; for tests and fresh drafts."""
   embed_key, pos_key, head_key, *layer_keys = jax.random.split(key, config.n_layers + 3)
   table = lambda key, rows: _init(key, (rows, config.d_model), config.jnp_dtype)
   x_1x1xD = jnp.zeros((1, 1, config.d_model), config.jnp_dtype)

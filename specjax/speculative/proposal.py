@@ -48,8 +48,8 @@ class Proposal:
 
   def along(self, path_BxDt1: jax.Array) -> "Proposal":
     """The chain of a tree proposal's tokens along each row's accepted path (root excluded): Dt tokens,
-    as many proposed as the tree's longest proposed branch (`lengths`, at most Dt), `path` kept for drafters that compact their own cache (point masses: the chain is
-    only read for its tokens)."""
+    as many proposed as the tree's longest proposed branch (`lengths`, at most Dt), `path` kept for drafters that
+    compact their own cache (point masses: the chain is only read for its tokens)."""
     tokens_BxN1 = jnp.pad(self.tokens, ((0, 0), (1, 0)))
     tokens_BxDt = jnp.take_along_axis(tokens_BxN1, path_BxDt1[:, 1:], axis=1)
     return Proposal(tokens=tokens_BxDt, lengths=jnp.minimum(self.lengths, tokens_BxDt.shape[1]),

@@ -93,7 +93,8 @@ def spelling(vocab: vocab_map.VocabMap, limit: int = MAX_SPELLING) -> tuple[Spel
   """The device table of a host `VocabMap`, each spelling cut to `limit` ids, and how many target ids
   were cut."""
   counts_V = np.minimum(vocab.feed_counts_V, limit)
-  return (Spelling(ids_VxM=jnp.asarray(vocab.feed_VxM[:, :limit], jnp.int32), counts_V=jnp.asarray(counts_V, jnp.int32)),
+  return (Spelling(ids_VxM=jnp.asarray(vocab.feed_VxM[:, :limit], jnp.int32),
+                   counts_V=jnp.asarray(counts_V, jnp.int32)),
           int((vocab.feed_counts_V > limit).sum()))
 
 

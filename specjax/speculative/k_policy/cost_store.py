@@ -11,8 +11,8 @@ costs speed, and `adaptive.reuse_costs = False` measures again and replaces it.
 
 Beside the table: the acceptance calibration observed (its forced rounds: those that reached and
 accepted each draft position, per acceptance estimate of `k_policy`), which a later run learns as its
-prior (`k_policy.Memory.learn`), as the run that measured it did. Without it a run with a stored table starts from the configured prior, and a
-policy that then chooses plain rounds never observes the pair's acceptance.
+prior (`k_policy.Memory.learn`), as the run that measured it did. Without it a run with a stored table starts
+from the configured prior, and a policy that then chooses plain rounds never observes the pair's acceptance.
 """
 
 from __future__ import annotations
