@@ -188,14 +188,13 @@ class SpeculativeLoop:
     return target_cache, (num_accepted_B, next_B, features_BxDt1xF, path_BxDt1)
 
 
-@functools.partial(jax.jit, static_argnames=("loop",), donate_argnames=("target_cache", "draft_storage"))
-def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, request: generation.Request,
-              target_cache: KVCache, draft_storage: Any, tables: Tables) -> SpeculativeOutput:
-  config, k, policy, sampling = loop.target_config, loop.k, loop.policy, request.sampling
+def _prefill(config: ModelConfig, target_params: Params, drafter: Drafter, request: generation.Request,
+             target_cache: KVCache, draft_storage: Any) -> tuple[jax.Array, KVCache, Any]:
+  """Prefills the target with the prompts (whatever its cache held before) and starts the drafter's state:
+  from the target's features of the prompts when the drafter reads them, else from the prompts and the
+  target's cache. Returns the target's logits after each prompt [B, V], its cache and the draft state."""
   prompts_BxP, prompt_lengths_B = request.prompts_BxP, request.prompt_lengths_B
-  budget_B, eos_ids_E = request.max_new_tokens, request.eos_ids
-  batch = prompts_BxP.shape[0]
-  target_cache = target_cache.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
+  target_cache = target_cache.replace(lengths=jnp.zeros((prompts_BxP.shape[0],), jnp.int32))
   if drafter.reads_prompt_features:  # a drafter reading the target's features of the prompts
     logits_BxV, features_BxPxF, target_cache = prefill_features(config, target_params, prompts_BxP,
                                                                 prompt_lengths_B, target_cache,
@@ -204,87 +203,163 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
   else:
     logits_BxV, target_cache = prefill(config, target_params, prompts_BxP, prompt_lengths_B, target_cache)
     draft_state = drafter.init(draft_storage, prompts_BxP, prompt_lengths_B, target_cache)
-  key, first_key = jax.random.split(request.key)
-  first_B = next_tokens(first_key, logits_BxV, sampling)
-  # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
-  buffer, first_kept_B = generation.append(generation.empty_buffer(batch, loop.out_width + k + 1), first_B[:, None],
-                                           jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
-  widths = loop.widths(drafter) if config.narrow_passes else (k + 1,)
-  candidates = policy.candidates(k, drafter.tree)
-  lengths_C, spine_C = (jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
-  spines = any(c.spine for c in candidates)  # a branching static tree under the adaptive policy
+  return logits_BxV, target_cache, draft_state
 
-  def cond(state: _LoopState):
-    return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < request.round_limit)
 
-  def body(state: _LoopState):
+class _Drafted(NamedTuple):
+  """A round's draft as the loop verifies it, and what the policy chose."""
+
+  proposal: Proposal  # clipped to the plan, cut before the first token the constraint forbids
+  draft_state: Any
+  target_cache: KVCache  # as the drafter left it (a drafter may read and write the target's cache)
+  choice: jax.Array  # [] int32: the chosen index of `KPolicy.candidates`
+  own_B: jax.Array  # [B] int32: the drafter's own tokens in the proposal (what the policy observes)
+
+
+class _Verified(NamedTuple):
+  """A round's verify pass: what each row accepted and drew, and the target's features along it."""
+
+  target_cache: KVCache
+  num_accepted_B: jax.Array  # [B] int32
+  next_B: jax.Array  # [B] int32: the token drawn after the accepted ones
+  features_BxK1xF: jax.Array  # [B, K + 1, F]: the target's features (`forward_features`), zero- or edge-padded
+  proposal: Proposal  # the round's proposal; a tree's accepted path (`Proposal.along`)
+  path_BxDt1: jax.Array | None  # a tree's accepted path [B, Dt + 1] (node indices of the whole tree); None: a chain
+
+
+class _Rounds(NamedTuple):
+  """What every round of one program reads: the static settings, the target's weights, the drafter, the
+  request and the K policy's candidates ([C] lengths and spine flags). `cond` and `body` are the
+  `lax.while_loop`'s; a round drafts (`_draft`), verifies (`_verify`) and commits (`_advance`)."""
+
+  loop: SpeculativeLoop
+  target_params: Params
+  drafter: Drafter
+  request: generation.Request
+  candidates: tuple[Candidate, ...]
+  lengths_C: jax.Array
+  spine_C: jax.Array
+
+  @classmethod
+  def of(cls, loop: SpeculativeLoop, target_params: Params, drafter: Drafter, request: generation.Request):
+    candidates = loop.policy.candidates(loop.k, drafter.tree)
+    return cls(loop, target_params, drafter, request, candidates,
+               jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
+
+  def cond(self, state: _LoopState) -> jax.Array:
+    return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < self.request.round_limit)
+
+  def body(self, state: _LoopState) -> _LoopState:
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     live_B = ~state.buffer.done
-    drafting = sampling.replace(constraint=state.constraint)  # the draft masked like the target
+    drafting = self.request.sampling.replace(constraint=state.constraint)  # the draft masked like the target
+    drafted = self._draft(state, live_B, drafting, draft_key)
+    verified = self._verify(_Round(state.pending, drafted.proposal, drafting, accept_key), drafted, live_B)
+    return self._advance(state, key, live_B, drafted, verified)
+
+  def _draft(self, state: _LoopState, live_B: jax.Array, drafting: SamplingParams, draft_key: jax.Array
+             ) -> _Drafted:
+    """The policy's plan and the drafter's proposal (a lookup drafter's first: the policy prices what each
+    row offers), cut to what the round may verify."""
+    policy, drafter = self.loop.policy, self.drafter
     draft = functools.partial(drafter.propose, state.draft_state, state.target_cache, state.pending, drafting,
                               draft_key)
     if drafter.free_proposal:  # a lookup first: the policy prices what each row offers
-      proposal, draft_state, target_cache = draft(RoundPlan(k))
-      plan, choice = policy.choose(state.policy, live_B, candidates, proposal.lengths)
+      proposal, draft_state, target_cache = draft(RoundPlan(self.loop.k))
+      plan, choice = policy.choose(state.policy, live_B, self.candidates, proposal.lengths)
     else:
-      plan, choice = policy.choose(state.policy, live_B, candidates)
+      plan, choice = policy.choose(state.policy, live_B, self.candidates)
       proposal, draft_state, target_cache = draft(plan)
     # What a drafter proposes beyond the plan is never verified, nor a lookup past a disallowed token.
     clipped_B = plan.clip(proposal.lengths)
     proposal = state.constraint.cut(
         proposal.replace(lengths=plan.extend(clipped_B) if proposal.point_masses else clipped_B))
     own_B = jnp.minimum(clipped_B, proposal.lengths)  # the drafter's own tokens: what the policy observes
+    return _Drafted(proposal, draft_state, target_cache, choice, own_B)
+
+  def _verify(self, round_: _Round, drafted: _Drafted, live_B: jax.Array) -> _Verified:
+    """One target pass over the round's proposal: a tree's chosen candidate, or the narrowest chain width
+    that checks every live row's whole proposal."""
+    loop, features = self.loop, self.drafter.feature_layers
+    proposal = round_.proposal
     longest = jnp.max(jnp.where(live_B, proposal.lengths, 0))
-    round_ = _Round(state.pending, proposal, drafting, accept_key)
     if proposal.verified_tree is not None:  # K = the tree's depth; the accepted path becomes the proposal
       # The chosen candidate (one per round), cut at the longest live proposal, whatever narrow_passes
       # says: the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
-      fits_C = (lengths_C >= longest) & ((spine_C == spine_C[choice]) | (lengths_C == 0))
-      target_cache, (num_accepted_B, next_B, hidden_BxK1xD, path_BxDt1) = inplace.switch(
-          jnp.argmax(fits_C), [functools.partial(loop._verify_tree_pass, target_params, drafter.feature_layers,
-                                                 round_, c) for c in candidates], target_cache)
-      proposal = proposal.along(path_BxDt1)
-    else:  # the narrowest pass that checks every live row's whole proposal
-      passes = [functools.partial(loop._verify_pass, target_params, width, drafter.feature_layers, round_)
-                for width in widths]
-      index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
-      target_cache, (num_accepted_B, next_B, hidden_BxK1xD) = inplace.switch(index, passes, target_cache)
-    # What each acceptance estimate observed of the drafter's own tokens: the whole cut's (a chain's) from
-    # the round's outcome, unless the round verified a spine; the spine's from the accepted path's
-    # first-choice prefix.
-    own_accepted_B = jnp.minimum(num_accepted_B, own_B)
-    proposed_AxB, accepted_AxB = own_B[None], own_accepted_B[None]
-    if spines:
-      spine_depth = len(drafter.tree.spine()) - 1
-      whole_cut = ~spine_C[choice]
-      proposed_AxB = jnp.stack([jnp.where(whole_cut, own_B, 0), jnp.minimum(own_B, spine_depth)])
-      accepted_AxB = jnp.stack([jnp.where(whole_cut, own_accepted_B, 0),
-                                jnp.minimum(_spine_accepted(drafter.tree, path_BxDt1, num_accepted_B), own_B)])
+      fits_C = (self.lengths_C >= longest) & ((self.spine_C == self.spine_C[drafted.choice]) | (self.lengths_C == 0))
+      target_cache, (num_accepted_B, next_B, features_BxK1xF, path_BxDt1) = inplace.switch(
+          jnp.argmax(fits_C), [functools.partial(loop._verify_tree_pass, self.target_params, features, round_, c)
+                               for c in self.candidates], drafted.target_cache)
+      return _Verified(target_cache, num_accepted_B, next_B, features_BxK1xF, proposal.along(path_BxDt1),
+                       path_BxDt1)
+    widths = loop.widths(self.drafter) if loop.target_config.narrow_passes else (loop.k + 1,)
+    passes = [functools.partial(loop._verify_pass, self.target_params, width, features, round_) for width in widths]
+    index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
+    target_cache, (num_accepted_B, next_B, features_BxK1xF) = inplace.switch(index, passes, drafted.target_cache)
+    return _Verified(target_cache, num_accepted_B, next_B, features_BxK1xF, proposal, None)
+
+  def _observed(self, drafted: _Drafted, verified: _Verified) -> tuple[jax.Array, jax.Array]:
+    """What each acceptance estimate observed of the drafter's own tokens, proposed and accepted [A, B]:
+    the whole cut's (a chain's) from the round's outcome, unless the round verified a spine; the spine's
+    (a branching static tree under the adaptive policy) from the accepted path's first-choice prefix."""
+    own_B = drafted.own_B
+    own_accepted_B = jnp.minimum(verified.num_accepted_B, own_B)
+    if not any(c.spine for c in self.candidates):
+      return own_B[None], own_accepted_B[None]
+    tree = self.drafter.tree
+    whole_cut = ~self.spine_C[drafted.choice]
+    proposed_AxB = jnp.stack([jnp.where(whole_cut, own_B, 0), jnp.minimum(own_B, len(tree.spine()) - 1)])
+    return proposed_AxB, jnp.stack([jnp.where(whole_cut, own_accepted_B, 0), jnp.minimum(
+        _spine_accepted(tree, verified.path_BxDt1, verified.num_accepted_B), own_B)])
+
+  def _advance(self, state: _LoopState, key: jax.Array, live_B: jax.Array, drafted: _Drafted,
+               verified: _Verified) -> _LoopState:
+    """Emits each row's accepted tokens and its drawn one, commits them to both caches (rows that just
+    finished commit nothing) and updates the counters, the policy's estimates and the constraint."""
+    proposed_AxB, accepted_AxB = self._observed(drafted, verified)
+    proposal, num_accepted_B, next_B = verified.proposal, verified.num_accepted_B, verified.next_B
+    request, k = self.request, self.loop.k
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
     emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
                              jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])
-    buffer, kept_B = generation.append(state.buffer, emitted_BxK1, num_accepted_B + 1, eos_ids_E, budget_B)
+    buffer, kept_B = generation.append(state.buffer, emitted_BxK1, num_accepted_B + 1, request.eos_ids,
+                                       request.max_new_tokens)
     # Rows that just finished commit nothing either: their caches stay where the capacity check counts.
     num_committed_B = jnp.where(buffer.done, 0, num_accepted_B + 1)
-    return _LoopState(target_cache=target_cache.advance(num_committed_B),
-                      draft_state=drafter.commit(draft_state, proposal, num_committed_B, hidden_BxK1xD),
-                      buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
-                      counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B,
-                                            state.constraint.forced_count(emitted_BxK1, kept_B)),
-                      draft_calls=state.draft_calls + proposal.calls,
-                      policy=policy.update(state.policy, choice, proposed_AxB, accepted_AxB, live_B),
-                      constraint=state.constraint.after(emitted_BxK1, num_committed_B))
+    return _LoopState(
+        target_cache=verified.target_cache.advance(num_committed_B),
+        draft_state=self.drafter.commit(drafted.draft_state, proposal, num_committed_B, verified.features_BxK1xF),
+        buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
+        counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B,
+                              state.constraint.forced_count(emitted_BxK1, kept_B)),
+        draft_calls=state.draft_calls + proposal.calls,
+        policy=self.loop.policy.update(state.policy, drafted.choice, proposed_AxB, accepted_AxB, live_B),
+        constraint=state.constraint.after(emitted_BxK1, num_committed_B))
 
-  state = jax.lax.while_loop(cond, body, _LoopState(
+
+@functools.partial(jax.jit, static_argnames=("loop",), donate_argnames=("target_cache", "draft_storage"))
+def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, request: generation.Request,
+              target_cache: KVCache, draft_storage: Any, tables: Tables) -> SpeculativeOutput:
+  """The program: the prefill and the first token, then rounds (`_Rounds`) until every row is done."""
+  k, sampling, batch = loop.k, request.sampling, request.prompts_BxP.shape[0]
+  logits_BxV, target_cache, draft_state = _prefill(loop.target_config, target_params, drafter, request,
+                                                   target_cache, draft_storage)
+  key, first_key = jax.random.split(request.key)
+  first_B = next_tokens(first_key, logits_BxV, sampling)
+  # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
+  buffer, first_kept_B = generation.append(generation.empty_buffer(batch, loop.out_width + k + 1), first_B[:, None],
+                                           jnp.ones((batch,), jnp.int32), request.eos_ids, request.max_new_tokens)
+  rounds = _Rounds.of(loop, target_params, drafter, request)
+  state = jax.lax.while_loop(rounds.cond, rounds.body, _LoopState(
       target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
       counts=metrics.zero_counts(batch, k).replace(
           forced=sampling.constraint.forced_count(first_B[:, None], first_kept_B)),
-      draft_calls=jnp.int32(0), policy=policy.init(batch, candidates, tables),
+      draft_calls=jnp.int32(0), policy=loop.policy.init(batch, rounds.candidates, tables),
       constraint=sampling.constraint.after(first_B[:, None], 1)))
-  rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
+  num_rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
   return SpeculativeOutput(
       tokens=generation.finalize(state.buffer, loop.pad_id)[:, :loop.out_width], counts=state.buffer.counts,
-      target_calls=rounds + 1, draft_calls=state.draft_calls,
+      target_calls=num_rounds + 1, draft_calls=state.draft_calls,
       acceptance=state.counts, rounds_per_length=state.policy.chosen_C, policy_reached=state.policy.reached_AxK,
       policy_accepted=state.policy.accepted_AxK, target_cache=state.target_cache,
       draft_state=state.draft_state)
@@ -326,6 +401,18 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
   collectives on a mesh, its compile time); `lower="cuda"` (any of `lowering.PLATFORMS`) lowers it for
   that platform, with no such device (`lowering.report`).
   """
+  _check_drafter(loop, drafter)
+  tables = loop.policy.tables(loop.k, drafter.tree, tables)
+  budget_B, out_width = _check_fits(loop, drafter, request, target_cache, draft_storage)
+  request = request.ready(budget_B)
+  return lowering.call_or_lower(_generate, lower, dataclasses.replace(loop, out_width=out_width,
+                                                                    drafter_class=type(drafter)),
+                                target_params, drafter, request, target_cache, draft_storage, tables)
+
+
+def _check_drafter(loop: SpeculativeLoop, drafter: Drafter) -> None:
+  """Raises ValueError unless K is an integer >= 1, the drafter fits the target, a tree's depth is K and the
+  drafter's verify widths ascend to K + 1."""
   k = loop.k
   if int(k) != k or k < 1:
     raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k}")
@@ -336,8 +423,13 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
   widths = drafter.verify_widths(k)
   if list(widths) != sorted(set(widths)) or widths[0] < 1 or widths[-1] != k + 1:
     raise ValueError(f"the drafter's verify widths {widths} must ascend from >= 1 to K + 1 = {k + 1}")
-  tables = loop.policy.tables(k, drafter.tree, tables)
-  batch = request.prompts_BxP.shape[0]
+
+
+def _check_fits(loop: SpeculativeLoop, drafter: Drafter, request: generation.Request, target_cache: KVCache,
+                draft_storage: Any) -> tuple[jax.Array, int]:
+  """Raises ValueError unless the target cache has a row per prompt and both caches hold the longest prompt,
+  its budget and a round's look-ahead. Returns the budgets [B] and the output width."""
+  k, tree, batch = loop.k, drafter.tree, request.prompts_BxP.shape[0]
   if target_cache.batch_size != batch:
     raise ValueError(f"target cache has {target_cache.batch_size} rows for {batch} prompts")
   budget_B, out_width = generation.budgets(request.max_new_tokens, batch, loop.out_width)
@@ -347,7 +439,4 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
   generation.check_fits("speculative generate (target)", request.prompt_lengths_B, largest,
                         drafter.shape.cut_nodes(k) - 2, target_cache.max_len, loop.target_config.max_positions)
   drafter.check_fits(draft_storage, request.prompt_lengths_B, largest, k)
-  request = request.ready(budget_B)
-  return lowering.call_or_lower(_generate, lower, dataclasses.replace(loop, out_width=out_width,
-                                                                    drafter_class=type(drafter)),
-                                target_params, drafter, request, target_cache, draft_storage, tables)
+  return budget_B, out_width
