@@ -41,42 +41,56 @@ class ModelShapes:
     unconfident one (`stop_threshold`)."""
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
     hidden_BxD, state, cache, num_valid_B, catch_up_passes = self._catch_up(state, pending_B, plan.drafts)
-
-    def draw(hidden_BxD, step_key, sampling):
-      """(token [B], its distribution [B, V] or None when greedy (a point mass), confident [B]), under
-      `sampling`'s constraint (its state after the tokens before this one)."""
-      logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
-      token_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
-      # Confident: the top probability of the draft's own distribution, softmax(logits) before
-      # temperature, top-k and top-p, reaches the threshold (always, when it is 0: static, so no
-      # softmax is spent on it). The processed distribution would not do: greedy decoding makes it a
-      # point mass, always "confident".
-      if not self.stop_threshold:
-        return token_B, probs_BxV, jnp.ones(token_B.shape, bool)
-      top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
-      return token_B, probs_BxV, top_B >= self.stop_threshold
-
-    def no_draw(hidden_BxD, step_key, sampling):
-      return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),
-                          jax.eval_shape(draw, hidden_BxD, step_key, sampling))
-
-    k = plan.k
-    keys_K = jax.random.split(key, k)
+    keys_K = jax.random.split(key, plan.k)
     # No head for a plain round where branches are cheap (narrow passes: CPU); its d_1 is never verified.
-    token_B, probs_BxV, confident_B = (plan.unless_plain(draw, no_draw, hidden_BxD, keys_K[0], sampling)
-                                       if self.config.narrow_passes else draw(hidden_BxD, keys_K[0], sampling))
-    tokens_BxK = jnp.zeros((len(pending_B), k), jnp.int32).at[:, 0].set(token_B)
+    first = (plan.unless_plain(self._draw, self._no_draw, hidden_BxD, keys_K[0], sampling)
+             if self.config.narrow_passes else self._draw(hidden_BxD, keys_K[0], sampling))
+    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = self._draw_rest(cache, num_valid_B, first, keys_K,
+                                                                         sampling, plan)
+    # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
+    lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
+    # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
+    # when deferred).
+    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
+                        calls=fed + catch_up_passes)
+    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed)
+
+  def _draw(self, hidden_BxD: jax.Array, step_key: jax.Array, sampling: SamplingParams
+            ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    """A chain's next draft token after the draft's hidden state `hidden_BxD`: (token [B], its distribution
+    [B, V] or None when greedy (a point mass), confident [B]), under `sampling`'s constraint (its state after
+    the tokens before this one)."""
+    logits_BxV = draft_logits(self.config, self.params, self.head, hidden_BxD)
+    token_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
+    # Confident: the top probability of the draft's own distribution, softmax(logits) before
+    # temperature, top-k and top-p, reaches the threshold (always, when it is 0: static, so no
+    # softmax is spent on it). The processed distribution would not do: greedy decoding makes it a
+    # point mass, always "confident".
+    if not self.stop_threshold:
+      return token_B, probs_BxV, jnp.ones(token_B.shape, bool)
+    top_B = jnp.exp(jnp.max(logits_BxV, axis=-1) - jax.nn.logsumexp(logits_BxV, axis=-1))
+    return token_B, probs_BxV, top_B >= self.stop_threshold
+
+  def _no_draw(self, hidden_BxD: jax.Array, step_key: jax.Array, sampling: SamplingParams):
+    """`_draw`'s zeros, without running the head (a plain round's d_1)."""
+    return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),
+                        jax.eval_shape(self._draw, hidden_BxD, step_key, sampling))
+
+  def _draw_rest(self, cache: KVCache, num_valid_B: jax.Array, first: tuple, keys_K: jax.Array,
+                 sampling: SamplingParams, plan: RoundPlan):
+    """Feeds d_i (i = 1 .. K-1) to draw d_{i+1} while some row is still drafting: a row stops at its first
+    draft token whose distribution's top probability is below `stop_threshold` (that token is not
+    proposed); `first` is d_1's `_draw`. Returns (fed: the draft tokens fed, the same for every row, the
+    cache, tokens [B, K], distributions [B, K, V] or None, confident [B, K]: d_1 .. d_i confident, False
+    past the drawn tokens)."""
+    k, (token_B, probs_BxV, confident_B) = plan.k, first
+    tokens_BxK = jnp.zeros((len(token_B), k), jnp.int32).at[:, 0].set(token_B)
     # Greedy proposals are point masses: no [B, K, V] buffer.
     probs_BxKxV = None if probs_BxV is None else jnp.zeros(
-        (len(pending_B), k, self.vocab_size), jnp.float32).at[:, 0].set(probs_BxV)
+        (len(token_B), k, self.vocab_size), jnp.float32).at[:, 0].set(probs_BxV)
 
-    # Then d_i is fed (i = 1 .. K-1) to draw d_{i+1}, while some row is still drafting: a row stops at
-    # its first draft token whose distribution's top probability is below `stop_threshold` (that token
-    # is not proposed). `fed` counts the draft tokens fed, the same for every row.
-    # `confident_BxK` [B, K]: d_1 .. d_i confident (False past the drawn tokens); row b is still drafting
-    # while its last drawn token is.
-    # The catch-up pass runs unless the round is plain and deferred (it feeds the lag and the pending
-    # token); the next pass only while some row wants and may still draw a token.
+    # Row b is still drafting while its last drawn token is confident; the next pass runs only while some
+    # row wants and may still draw a token.
     def more(carry):
       fed, _, _, _, confident_BxK = carry
       return (fed + 1 < plan.depth) & jnp.any(confident_BxK[:, fed])
@@ -85,21 +99,15 @@ class ModelShapes:
       fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params,
                                            draft_inputs(self.config, self.head, tokens_BxK[:, fed, None]), cache)
-      next_B, probs_BxV, confident_B = draw(hidden_Bx1xD[:, 0], keys_K[fed + 1], sampling.after(tokens_BxK, fed + 1))
+      next_B, probs_BxV, confident_B = self._draw(hidden_Bx1xD[:, 0], keys_K[fed + 1],
+                                                  sampling.after(tokens_BxK, fed + 1))
       return (fed + 1, cache.advance(jnp.ones_like(next_B)), tokens_BxK.at[:, fed + 1].set(next_B),
               None if probs_BxV is None else probs_BxKxV.at[:, fed + 1].set(probs_BxV),
               confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))
 
-    confident_BxK = jnp.zeros((len(pending_B), k), bool).at[:, 0].set(confident_B)
-    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = jax.lax.while_loop(
+    confident_BxK = jnp.zeros((len(token_B), k), bool).at[:, 0].set(confident_B)
+    return jax.lax.while_loop(
         more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
-    # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
-    lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
-    # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
-    # when deferred).
-    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
-                        calls=fed + catch_up_passes)
-    return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed)
 
   def commit_chain(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
                    target_hidden_BxK1xD: jax.Array) -> Any:

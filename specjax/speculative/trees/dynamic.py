@@ -172,6 +172,96 @@ def _best(scores_BxC: jax.Array, count: int) -> jax.Array:
   return jnp.argsort(-scores_BxC, axis=-1, stable=True)[:, :count].astype(jnp.int32)
 
 
+@dataclasses.dataclass
+class _Growth:
+  """The candidates grown so far, in creation order, as one block per depth ([B, b] at depth 1, [B, b^2]
+  deeper; a candidate's parent is a node index: 0 the root, c + 1 candidate c), and the next frontier."""
+
+  spec: DynamicSpec
+  sampling: SamplingParams  # its constraint's state is the root's
+  tokens: list[jax.Array]
+  scores: list[jax.Array]  # cumulative draft log-probabilities
+  parents: list[jax.Array]
+  depths: list[jax.Array]
+  slots: list[jax.Array]  # each candidate's fed slot, -1 until fed
+  fed_mask: jax.Array  # [B, C_d, Fr]: each candidate of the newest depth's fed ancestors
+  frontier_Bxb: jax.Array  # candidate indices of the next frontier
+
+  @classmethod
+  def start(cls, spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: SamplingParams) -> _Growth:
+    """The root's b most likely children: the depth-1 candidates, all of them the first frontier."""
+    b, batch = spec.expand, root_logits_BxW.shape[0]
+    root = sampling.constraint.along(jnp.zeros((batch, 0), jnp.int32))
+    tokens_Bxb, scores_Bxb = (x[:, 0] for x in _children(root_logits_BxW[:, None],
+                                                         sampling.replace(constraint=root), b))
+    return cls(spec, sampling, [tokens_Bxb], [scores_Bxb], [jnp.zeros((batch, b), jnp.int32)],
+               [jnp.ones((batch, b), jnp.int32)], [jnp.full((batch, b), -1, jnp.int32)],
+               jnp.zeros((batch, b, (spec.depth - 1) * b), bool),
+               jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (batch, b)))
+
+  @property
+  def created(self) -> int:
+    return sum(block.shape[1] for block in self.tokens)
+
+  def _gather(self, blocks: list[jax.Array], index_BxI: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(jnp.concatenate(blocks, 1), index_BxI, axis=1)
+
+  def feed(self, d: int, score_frontier: Callable, carry: Any) -> tuple[jax.Array, jax.Array, Any]:
+    """Feeds the frontier (of depth d) as one chunk at slots (d - 1) b .. d b - 1 and records those slots.
+    Returns its logits [B, b, W], its nodes' fed-ancestor masks [B, b, Fr] and the new carry."""
+    b, Dt, batch = self.spec.expand, self.spec.depth, self.frontier_Bxb.shape[0]
+    first = (d - 1) * b
+    local_Bxb = self.frontier_Bxb - (self.created - self.tokens[-1].shape[1])  # within the newest depth
+    own_BxbxFr = jax.nn.one_hot(first + jnp.arange(b), (Dt - 1) * b, dtype=bool)[None]
+    mask_BxbxFr = jnp.take_along_axis(self.fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxFr
+    chunk_Bxb = self._gather(self.tokens, self.frontier_Bxb)
+    parent_Bxb = self._gather(self.parents, self.frontier_Bxb)  # node index, 0 = root
+    parent_slots_Bxb = jnp.where(parent_Bxb > 0, jnp.take_along_axis(jnp.concatenate(self.slots, 1),
+                                                                      jnp.maximum(parent_Bxb - 1, 0), axis=1), -1)
+    logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxFr[:, :, :first + b]),
+                                         parent_slots_Bxb)
+    self.slots[-1] = self.slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(
+        first + jnp.arange(b, dtype=jnp.int32)[None])
+    return logits_BxbxW, mask_BxbxFr, carry
+
+  def expand(self, d: int, logits_BxbxW: jax.Array, mask_BxbxFr: jax.Array) -> None:
+    """Adds each frontier node's b most likely children (masked by the node's own constraint state) as the
+    depth d + 1 candidates, and picks the next frontier: the b of them with the highest scores."""
+    b, batch = self.spec.expand, self.frontier_Bxb.shape[0]
+    created = self.created
+    candidates = DynamicTree(parent=jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32)] + self.parents, 1),
+                             depth=jnp.concatenate([jnp.zeros((batch, 1), jnp.int32)] + self.depths, 1),
+                             max_depth=d, max_children=b)
+    constraint = self.sampling.constraint.along(jnp.concatenate(self.tokens, 1), candidates)
+    child_tokens_Bxbxb, child_logp_Bxbxb = _children(
+        logits_BxbxW, self.sampling.replace(constraint=constraint.at(self.frontier_Bxb + 1)), b)
+    frontier_scores_Bxb = self._gather(self.scores, self.frontier_Bxb)
+    self.tokens.append(child_tokens_Bxbxb.reshape(batch, b * b))
+    self.scores.append((frontier_scores_Bxb[:, :, None] + child_logp_Bxbxb).reshape(batch, b * b))
+    self.parents.append(jnp.repeat(self.frontier_Bxb + 1, b, axis=1))
+    self.depths.append(jnp.full((batch, b * b), d + 1, jnp.int32))
+    self.slots.append(jnp.full((batch, b * b), -1, jnp.int32))
+    self.fed_mask = jnp.repeat(mask_BxbxFr, b, axis=1)
+    self.frontier_Bxb = created + _best(self.scores[-1], b)
+
+  def chosen(self) -> tuple[jax.Array, DynamicTree, jax.Array]:
+    """The N best candidates, renumbered in creation order (node = rank among the chosen + 1): their tokens
+    [B, N], the trees and each node's fed slot [B, N + 1] (-1: the root and unfed nodes)."""
+    nodes, batch = self.spec.nodes, self.frontier_Bxb.shape[0]
+    chosen_BxN = jnp.sort(_best(jnp.concatenate(self.scores, 1), nodes), axis=-1)
+    node_of_BxC = jnp.zeros((batch, self.created), jnp.int32).at[jnp.arange(batch)[:, None], chosen_BxN].set(
+        jnp.arange(1, nodes + 1, dtype=jnp.int32)[None])
+    parent_candidate_BxN = self._gather(self.parents, chosen_BxN)
+    parent_BxN = jnp.where(parent_candidate_BxN > 0,
+                           jnp.take_along_axis(node_of_BxC, jnp.maximum(parent_candidate_BxN - 1, 0), axis=1), 0)
+    root = lambda value: jnp.full((batch, 1), value, jnp.int32)
+    tree = DynamicTree(parent=jnp.concatenate([root(-1), parent_BxN], 1),
+                       depth=jnp.concatenate([root(0), self._gather(self.depths, chosen_BxN)], 1),
+                       max_depth=self.spec.depth, max_children=self.spec.expand)
+    return (self._gather(self.tokens, chosen_BxN), tree,
+            jnp.concatenate([root(-1), self._gather(self.slots, chosen_BxN)], 1))
+
+
 def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: SamplingParams,
                       score_frontier: Callable, carry: Any) -> tuple[jax.Array, DynamicTree, jax.Array, Any]:
   """Grows each row's tree from its root's logits `root_logits_BxW` (see the module docstring), a
@@ -185,58 +275,11 @@ def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: S
   Returns the tokens [B, N] of nodes 1..N, the trees, each node's fed slot [B, N + 1] (-1 for nodes
   never fed: the root, which is history, and unexpanded ones) and the last carry.
   """
-  b, Dt = spec.expand, spec.depth
-  batch = root_logits_BxW.shape[0]
-  constraint = sampling.constraint  # at the root; a node's children are masked by its path's state
-  root = constraint.along(jnp.zeros((batch, 0), jnp.int32))
-  tokens_Bxb, scores_Bxb = (x[:, 0] for x in _children(root_logits_BxW[:, None],
-                                                       sampling.replace(constraint=root), b))
-  # Candidates, in creation order: [B, C] each (parent = node index: 0 the root, c + 1 candidate c).
-  tokens, scores = [tokens_Bxb], [scores_Bxb]
-  parents, depths = [jnp.zeros((batch, b), jnp.int32)], [jnp.ones((batch, b), jnp.int32)]
-  slots = [jnp.full((batch, b), -1, jnp.int32)]
-  fed_mask = jnp.zeros((batch, b, (Dt - 1) * b), bool)  # [B, C_d, Fr]: each new candidate's fed ancestors
-  frontier_Bxb = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (batch, b))  # candidate indices
-  created = b
-  for d in range(1, Dt):
-    first = (d - 1) * b
-    level_start = created - tokens[-1].shape[1]  # candidates of depth d: the last created block
-    local_Bxb = frontier_Bxb - level_start
-    own_BxbxFr = jax.nn.one_hot(first + jnp.arange(b), (Dt - 1) * b, dtype=bool)[None]
-    mask_BxbxFr = jnp.take_along_axis(fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxFr
-    chunk_Bxb = jnp.take_along_axis(jnp.concatenate(tokens, 1), frontier_Bxb, axis=1)
-    parent_Bxb = jnp.take_along_axis(jnp.concatenate(parents, 1), frontier_Bxb, axis=1)  # node index, 0 = root
-    parent_slots_Bxb = jnp.where(parent_Bxb > 0, jnp.take_along_axis(jnp.concatenate(slots, 1),
-                                                                      jnp.maximum(parent_Bxb - 1, 0), axis=1), -1)
-    logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxFr[:, :, :first + b]),
-                                         parent_slots_Bxb)
-    slots[-1] = slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(first + jnp.arange(b, dtype=jnp.int32)[None])
-    candidates = DynamicTree(parent=jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32)] + parents, 1),
-                             depth=jnp.concatenate([jnp.zeros((batch, 1), jnp.int32)] + depths, 1),
-                             max_depth=d, max_children=b)
-    frontier = constraint.along(jnp.concatenate(tokens, 1), candidates).at(frontier_Bxb + 1)
-    child_tokens_Bxbxb, child_logp_Bxbxb = _children(logits_BxbxW, sampling.replace(constraint=frontier), b)
-    frontier_scores_Bxb = jnp.take_along_axis(jnp.concatenate(scores, 1), frontier_Bxb, axis=1)
-    tokens.append(child_tokens_Bxbxb.reshape(batch, b * b))
-    scores.append((frontier_scores_Bxb[:, :, None] + child_logp_Bxbxb).reshape(batch, b * b))
-    parents.append(jnp.repeat(frontier_Bxb + 1, b, axis=1))
-    depths.append(jnp.full((batch, b * b), d + 1, jnp.int32))
-    slots.append(jnp.full((batch, b * b), -1, jnp.int32))
-    fed_mask = jnp.repeat(mask_BxbxFr, b, axis=1)
-    frontier_Bxb = created + _best(scores[-1], b)
-    created += b * b
-  # The N best candidates, renumbered in creation order (node = rank among the chosen + 1).
-  chosen_BxN = jnp.sort(_best(jnp.concatenate(scores, 1), spec.nodes), axis=-1)
-  node_of_BxC = jnp.zeros((batch, created), jnp.int32).at[jnp.arange(batch)[:, None], chosen_BxN].set(
-      jnp.arange(1, spec.nodes + 1, dtype=jnp.int32)[None])
-  pick = lambda blocks: jnp.take_along_axis(jnp.concatenate(blocks, 1), chosen_BxN, axis=1)
-  parent_candidate_BxN = pick(parents)
-  parent_BxN = jnp.where(parent_candidate_BxN > 0,
-                         jnp.take_along_axis(node_of_BxC, jnp.maximum(parent_candidate_BxN - 1, 0), axis=1), 0)
-  root = lambda value: jnp.full((batch, 1), value, jnp.int32)
-  tree = DynamicTree(parent=jnp.concatenate([root(-1), parent_BxN], 1),
-                     depth=jnp.concatenate([root(0), pick(depths)], 1), max_depth=Dt, max_children=b)
-  return pick(tokens), tree, jnp.concatenate([root(-1), pick(slots)], 1), carry
+  growth = _Growth.start(spec, root_logits_BxW, sampling)
+  for d in range(1, spec.depth):
+    logits_BxbxW, mask_BxbxFr, carry = growth.feed(d, score_frontier, carry)
+    growth.expand(d, logits_BxbxW, mask_BxbxFr)
+  return *growth.chosen(), carry
 
 
 def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | None, spec: DynamicSpec,
