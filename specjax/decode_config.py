@@ -13,7 +13,15 @@ from specjax.speculative.drafters import registry
 
 
 def default_config() -> ml_collections.ConfigDict:
+  """Every field with its default, section by section, in the order `to_json` lists them."""
   c = ml_collections.ConfigDict()
+  for section in (_model_and_drafter, _prompts, _k_policy, _sampling, _execution, _outputs, _drafter_groups):
+    section(c)
+  return c
+
+
+def _model_and_drafter(c: ml_collections.ConfigDict) -> None:
+  """What decodes: the target, the mode, the drafter and the draft shape (chain or tree)."""
   c.target = ""  # .gguf file, HF directory, registry name or hub name org/name[@revision] (required)
   c.mode = "speculative"  # "speculative" or "autoregressive" (the target alone: the baseline)
   c.drafter = "model"  # what proposes the draft tokens: "model" | "ngram" | "layer_skip" | "eagle" | "quantized"
@@ -27,10 +35,18 @@ def default_config() -> ml_collections.ConfigDict:
   #              "(b,1,...,1)"; "" = a chain of k tokens (with a tree, k is its depth)
   c.tree_children = "iid"  # a static tree's children at T > 0: "iid" draws, "without_replacement", or the
   #                          "top" tokens (point masses); greedy, and dynamic trees, always take the top tokens
+
+
+def _prompts(c: ml_collections.ConfigDict) -> None:
+  """What is decoded: the prompts and their budget."""
   c.prompts = ("Write a Python function that checks whether a string is a palindrome.",)  # a tuple
   c.prompts_file = ""  # one prompt per line, or .jsonl with a "prompt" field; overrides prompts
   c.chat = True  # wrap each prompt in the tokenizer's chat template
   c.max_new_tokens = 128  # budget per prompt (EOS may stop a row earlier)
+
+
+def _k_policy(c: ml_collections.ConfigDict) -> None:
+  """How many draft tokens a round proposes: k, the K policy and the adaptive policy's settings."""
   c.k = 5  # draft tokens proposed per round (the most a round can propose)
   c.k_policy = "auto"  # how many of the k tokens a round proposes: "fixed" (all k), "adaptive" (per round,
   #                      the length with the most expected tokens per second: 0 = a plain target step;
@@ -47,6 +63,10 @@ def default_config() -> ml_collections.ConfigDict:
   #                                     candidate when pricing the cost table (docs/k-policy.md, "The cost table")
   c.adaptive.reuse_costs = True  # reuse the cost table this machine measured for the same program (kept in
   #                                $SPECJAX_CACHE/cost_tables); False measures it again and replaces it
+
+
+def _sampling(c: ml_collections.ConfigDict) -> None:
+  """How tokens are drawn: a structured-output constraint and the sampling knobs."""
   c.constraint = ""  # structured output: "regex:PATTERN", or "json_schema:SCHEMA" (inline JSON or a .json file):
   #                    target and draft are masked to tokens that keep the output a prefix of a match, EOS only
   #                    once it matches (see docs/constraints.md); from Python also a dict ({"regex": ...},
@@ -56,6 +76,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.top_k = 0  # 0 disables top-k
   c.top_p = 1.0  # 1 disables top-p
   c.seed = 0  # PRNG seed for sampling
+
+
+def _execution(c: ml_collections.ConfigDict) -> None:
+  """How the program runs: batch, precision, weight format, layers, attention, matmuls, passes and
+  devices."""
   c.batch_size = 1  # prompts decoded together; each row accepts its own number of tokens
   c.dtype = "float32"  # "float32", "bfloat16" (half the bytes; on CPU through the matmul kernel, below) or
   #                     "auto": bfloat16 where it runs fast (GPU, TPU, a CPU the kernel runs it on), else float32
@@ -81,17 +106,23 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh_indivisible = "error"  # a weight axis (heads, MLP, vocabulary) that does not split over its mesh
   #                               axis: "error", or "replicate" it on every device
   c.draft_sharding = "same"  # the draft model's weights: "same" rules as the target, or "replicated"
+
+
+def _outputs(c: ml_collections.ConfigDict) -> None:
+  """What a run writes and reports besides decoding (or instead of it)."""
   c.output = ""  # path of a JSON results file; empty = print only
   c.profile = False  # also time each batch's prefill and, after the run, every pass alone: where a round's time
   #                    goes (stats["profile"], printed; `specjax.round_profile`, docs/profiling.md)
   c.lower_only = ""  # "cuda", "rocm", "tpu" or "cpu": lower the decode program for that platform and report
   #                    its loops, kernels and host transfers (`specjax.lowering`) instead of running; no such
   #                    device needed; "" = decode
-  # Each registered drafter's own settings, config.<drafter>.<field> (its class declares them:
-  # `Drafter.config_group`); a drafter given as package.module:Class brings its group along.
+
+
+def _drafter_groups(c: ml_collections.ConfigDict) -> None:
+  """Each registered drafter's own settings, config.<drafter>.<field> (its class declares them:
+  `Drafter.config_group`); a drafter given as package.module:Class brings its group along."""
   for name, drafter in registry.builtin().items():
     c[name] = drafter.config_group()
-  return c
 
 
 # Fields that moved into a drafter's group: an old name fails with one line naming the new one.

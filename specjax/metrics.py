@@ -124,8 +124,9 @@ def theoretical_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0
   with c the cost of one draft pass relative to one target pass.
 
   `verify_cost` generalizes the 1 in the denominator: the cost of the (K+1)-token verify pass in
-  target steps. The paper assumes 1 (true where a step is memory-bound at any small T, e.g. GPUs); on
-  a CPU it is measured (1.6-2.2 here), which makes the formula a cost model of the actual loop."""
+  target steps. The paper assumes 1 (true where a step is memory-bound at any small T, e.g. GPUs); where
+  a wider pass costs more (a CPU, past the rows its matmul tiles carry at once), pass the measured ratio
+  (verify pass time / one-token step time) to make the formula a cost model of the actual loop."""
   if c < 0:
     raise ValueError(f"cost ratio c must be >= 0, got {c}")
   if verify_cost <= 0:

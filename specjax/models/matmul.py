@@ -20,20 +20,12 @@
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
 for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA) and for quantized
 weights (either dtype) on one with AVX2+FMA, XLA everywhere else (GPUs and TPUs are untouched). XLA:CPU
-runs quantized weights by dequantizing tiles, 5-7x the kernel's int4 time on the AVX2 host below
-(docs/quantized-drafts.md has the table: there int8 costs 0.56-0.67x a bfloat16 matmul at T = 1 and
-0.78-0.80x at T = 6; int4, bound by its unpacking, 0.57-0.80x at T = 1 and 1.18-1.23x at T = 6).
+runs quantized weights by dequantizing tiles, several times the kernel's time (docs/quantized-drafts.md
+has the measurements).
 
-On this project's 2-core CPU with AVX-512 (AMD EPYC, no AMX) a whole Qwen2.5-1.5B step took 115 ms in
-bfloat16 through the kernel, where XLA's bfloat16 took 2 s and its float32 277 ms; in float32 the
-kernel's gain was mixed across runs (0.8-1.2x XLA's time at T = 1, slower at prefill widths). On a
-2-core AMD EPYC with AVX2+FMA and no AVX-512 (shared with other work: medians of interleaved calls,
-three runs), one [T x 1536] x [8960 x 1536]^T matmul took, in ms, at T = 1: XLA float32 2.8 in every
-run, the kernel's float32 3.2-7.9; at T = 6: XLA float32 6.0-11.8, the kernel's float32 5.7-12.0 (XLA
-bfloat16 40-92 ms at either T; the kernel's bfloat16 2.0-2.3 at T = 1, 3.1-3.4 at T = 6). The kernel's
-float32 is slower at T = 1 and not clearly faster at T = 6, so "auto" leaves float32 on XLA on both
-kinds of host (`cpu_kernel` asks for the kernel anyway) and sends bfloat16 through the kernel
-(docs/devices.md has the table and the whole-model passes).
+Measured on CPUs without AMX, the kernel's bfloat16 beat XLA's bfloat16 many times over and its float32 was
+not clearly faster than XLA's float32, so "auto" leaves float32 on XLA and sends bfloat16 through the kernel
+(`cpu_kernel` asks for the kernel anyway); docs/devices.md has the measurements, per path and whole-model.
 """
 
 from __future__ import annotations
