@@ -38,11 +38,10 @@ dtype (code * scale is exact in float32 with bfloat16 scales; a bfloat16 model r
 contracts, one dot per half of its groups (`_whole`). On GPU/TPU XLA fuses the conversion into the dot's
 operand (the lowering report counts these conversions, `lowering.report`). On the CPU
 (`lax.platform_dependent`) the weight is dequantized and multiplied CPU_ROWS output rows at a time in a
-loop: XLA:CPU materialises a dequantized matrix in a fresh buffer, and a whole 8960 x 1536 one cost ~100
-ms a call on this project's 2-core host (a 2.4-4 ms float32 matvec), 128-row tiles 4.5 ms for the whole
-matrix (int8 and int4; one run each, on a loaded host). It still reads the codes and writes and reads a
-float copy per tile: 1.3-2.1x slower than float32, which is why the CPU kernel unpacks in registers
-instead.
+loop: XLA:CPU materialises a dequantized matrix in a fresh buffer, and a whole large one costs many times
+a float matvec (its buffer leaves the caches), where tiles of CPU_ROWS rows stay in them. It still reads
+the codes and writes and reads a float copy per tile, slower than the float weights it replaces, which is
+why the CPU kernel unpacks in registers instead (docs/quantized-drafts.md has the measurements).
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ Plain rounds skip the draft (`max_lag` other than 1; `build` sets None, the whol
 adaptive K policy, chains and static trees): a round in which no row wants a draft token (the policy
 chose 0, a plain target step) runs no draft pass at all and the pending token joins the lag instead; the
 first round that drafts again, or the round whose pending ids would overflow a bounded lag, feeds the
-whole lag in catch-up passes of up to LAG_CHUNK ids (on this project's CPU a pass of 9 ids of the 0.5B
-Qwen draft took 2.4 single ones: a plain stretch pays a fraction of a draft pass per round, instead of
-a whole one). With the whole history as its lag the draft starts empty: the prompt is the first lag,
-fed by the first round that drafts, so a call whose rounds are all plain runs the draft not once.
+whole lag in catch-up passes of up to LAG_CHUNK ids (a pass of several ids costs far less than as many
+one-id passes: a plain stretch pays a fraction of a draft pass per round, instead of a whole one). With
+the whole history as its lag the draft starts empty: the prompt is the first lag, fed by the first round
+that drafts, so a call whose rounds are all plain runs the draft not once.
 
 Early stopping (`stop_threshold` > 0, HF's `assistant_confidence_threshold`): a row proposes its draft
 tokens only while the top probability of the draft's own distribution (softmax of its logits, before
