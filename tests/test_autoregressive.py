@@ -1,15 +1,14 @@
 """The autoregressive baseline: greedy output equals `transformers.generate`, rows are independent,
 EOS and budgets stop each row on its own, and bad inputs fail early."""
 
-import jax
 import pytest
 import torch
 
-from specjax.generation import as_token_lists, pad_prompts
+from specjax import autoregressive, testing
+from specjax.generation import as_token_lists
 from specjax.models.hf import load_hf_dir
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
-from tests.helpers.loop import autoregress
 from tests.helpers.tiny_hf import save_hf_model
 
 GREEDY = sampling_params(0.0)
@@ -24,9 +23,8 @@ def model(request, tmp_path_factory):
 
 
 def _generate(config, params, prompts, max_new, eos_ids=(), sampling=GREEDY, seed=0, cache_len=64):
-  padded, lengths = pad_prompts(prompts)
-  out = autoregress(config, params, padded, lengths, init_cache(config, len(prompts), cache_len),
-                    max_new, eos_ids, sampling, jax.random.key(seed))
+  request = testing.request(prompts, max_new, sampling, seed=seed, eos_ids=eos_ids)
+  out = autoregressive.generate(config, params, request, init_cache(config, len(prompts), cache_len))
   return as_token_lists(out.tokens, out.counts)
 
 

@@ -12,20 +12,19 @@ speculative loop of every drafter kind (chains, trees, the adaptive policy's wid
 
 import dataclasses
 
-import jax
 import pytest
 
-from specjax.generation import pad_prompts
+from specjax import autoregressive, testing
 from specjax.models.kv_cache import init_cache
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.k_policy import Adaptive, KPolicy
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.eagle import eagle_head
-from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
+from tests.helpers.engine import tiny_model
 from tests.helpers.hlo import whole_cache_moves
-from tests.helpers.loop import autoregress, speculate
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
@@ -49,9 +48,8 @@ def _cache_dims(config):
 @pytest.mark.parametrize("block", [0, 16])
 def test_autoregressive_program_moves_no_whole_cache(block):
   config, params = _with_block(TARGET, block)
-  padded, lengths = pad_prompts(PROMPTS)
-  lowered = autoregress(config, params, padded, lengths, init_cache(config, BATCH, CACHE_LEN), 4,
-                        NO_EOS, GREEDY, jax.random.key(0), lower=True)
+  lowered = autoregressive.generate(config, params, testing.request(PROMPTS, 4), init_cache(config, BATCH, CACHE_LEN),
+                                    lower=True)
   assert whole_cache_moves(lowered.compile().as_text(), _cache_dims(config)) == []
 
 
@@ -78,10 +76,8 @@ def test_speculative_program_moves_no_whole_cache(name):
   (a `lax.cond`/`lax.switch` whose branches write a cache copies it: `specjax.inplace`)."""
   (target_config, target_params), (draft_config, draft_params) = _with_block(TARGET, 16), _with_block(DRAFT, 16)
   drafter, k, policy = _drafters(target_config, target_params, draft_config, draft_params)[name]
-  padded, lengths = pad_prompts(PROMPTS)
-  lowered = speculate(target_config, target_params, drafter, padded, lengths,
-                      init_cache(target_config, BATCH, CACHE_LEN), drafter.storage(BATCH, CACHE_LEN), 6,
-                      NO_EOS, GREEDY, jax.random.key(0), k=k, policy=policy, lower=True)
+  lowered = testing.speculate(SpeculativeLoop(target_config, k, policy=policy), target_params, drafter,
+                              testing.request(PROMPTS, 6), cache_len=CACHE_LEN, lower=True)
   compiled = lowered.compile().as_text()
   for config in (target_config, draft_config, EAGLE_BLOCK):
     assert whole_cache_moves(compiled, _cache_dims(config)) == []

@@ -42,15 +42,13 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import sampling as sampling_module
-from specjax.generation import pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax import sampling as sampling_module, testing
 from specjax.sampling import probabilities, sample, sampling_params
 from specjax.speculative import ModelDrafter, residual, verify
 from specjax.speculative import loop as loop_module
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.drafters import model_shapes
 from tests.helpers.engine import exact_distribution, perturbed, tiny_model
-from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
@@ -59,7 +57,6 @@ PROMPT = [3, 1, 4]
 ROWS = SAMPLE_ROWS
 ALPHA = 1e-3  # level of every chi-square test of the correct engine
 REJECTED = 1e-6  # a mutated variant must give a p-value below this
-NO_EOS = [-1]  # an id no model emits
 SEED = 1
 
 # Every knob at a temperature other than 1. The knobs are runtime arrays: one compiled program per K.
@@ -77,12 +74,9 @@ def _engine(sampling, k, rule, seed=SEED, stop_threshold=0.0):
   counters, as numpy."""
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFT, stop_threshold=stop_threshold)
   steps = k + 2
-  padded, lengths = pad_prompts([PROMPT] * ROWS)
-  cache_len = len(PROMPT) + steps + k - 1
-  out = speculate(target_config, target_params, drafter, padded, lengths,
-                  init_cache(target_config, ROWS, cache_len),
-                  drafter.storage(ROWS, cache_len), steps, NO_EOS, sampling,
-                  jax.random.key(seed), k=k, rule=rule)
+  request = testing.request([PROMPT] * ROWS, steps, sampling, seed=seed)  # EOS off
+  out = testing.speculate(SpeculativeLoop(target_config, k, rule=rule), target_params, drafter, request,
+                          cache_len=len(PROMPT) + steps + k - 1)
   return np.asarray(out.tokens), jax.tree.map(np.asarray, out.acceptance)
 
 

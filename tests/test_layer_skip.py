@@ -3,30 +3,26 @@ an EOS inside a block, K = 1 and K = 8; with every layer selected it is the targ
 token is accepted; sampled output follows the target's exact distribution at T = 0.7 with top-k (and a
 broken rule fails the same test); it shares the target's cache (no storage); bad layer sets fail early."""
 
-import jax
 import pytest
 
-from specjax import metrics
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax import metrics, testing
+from specjax.generation import as_token_lists
 from specjax.sampling import sampling_params
 from specjax.speculative import verify
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter, parse_layers
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, accept_all, first_tokens_pvalue, tiny_model)
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
-from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS
 
 
 def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sampling=GREEDY, seed=0,
          rule=verify, out_width=OUT_WIDTH, cache_len=CACHE_LEN):
   config, params = target
-  drafter = LayerSkipDrafter(config, params, layers)
-  padded, lengths = pad_prompts(prompts)
-  return speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), cache_len),
-                   drafter.storage(len(prompts), cache_len), budgets, eos_ids, sampling,
-                   jax.random.key(seed), k=k, out_width=out_width, rule=rule)
+  return testing.speculate(SpeculativeLoop(config, k, out_width, rule=rule), params,
+                           LayerSkipDrafter(config, params, layers),
+                           testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids), cache_len=cache_len)
 
 
 @pytest.mark.parametrize("k", [1, 8])

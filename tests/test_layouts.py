@@ -7,15 +7,16 @@ import jax
 import numpy as np
 import pytest
 
-from specjax.generation import as_token_lists, pad_prompts
+from specjax import autoregressive, testing
+from specjax.generation import as_token_lists
 from specjax.models.kv_cache import init_cache
 from specjax.models.layout import stack_layers, to_layout, unstack_layers
 from specjax.models.transformer import forward, init_params
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.engine import tiny_model
-from tests.helpers.loop import autoregress, speculate
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8]]
 GREEDY = sampling_params(0.0)
@@ -46,17 +47,14 @@ def test_equal_logits():
 
 def _autoregressive(model):
   config, params = model
-  padded, lengths = pad_prompts(PROMPTS)
-  out = autoregress(config, params, padded, lengths, init_cache(config, 3, 40), 16, [-1],
-                    GREEDY, jax.random.key(0))
+  out = autoregressive.generate(config, params, testing.request(PROMPTS, 16, GREEDY), init_cache(config, 3, 40))
   return as_token_lists(out.tokens, out.counts)
 
 
 def _speculative(target, drafter):
   config, params = target
-  padded, lengths = pad_prompts(PROMPTS)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, 3, 40),
-                  drafter.storage(3, 40), 16, [-1], GREEDY, jax.random.key(0), k=3)
+  out = testing.speculate(SpeculativeLoop(config, 3), params, drafter, testing.request(PROMPTS, 16, GREEDY),
+                          cache_len=40)
   return as_token_lists(out.tokens, out.counts)
 
 

@@ -16,33 +16,31 @@ import json
 import jax
 import pytest
 
-from specjax import lowering
-from specjax.generation import pad_prompts
+from specjax import autoregressive, lowering, testing
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import init_params
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.cli import decode_in_process, model_dirs  # noqa: F401 (the fixture)
-from tests.helpers.engine import GREEDY, NO_EOS, tiny_model
-from tests.helpers.loop import autoregress, speculate
+from tests.helpers.engine import tiny_model
 
 LAYERS, DRAFT_LAYERS, CACHE_LEN = 3, 2, 40
 TARGET, DRAFT = tiny_model(0, n_layers=LAYERS), tiny_model(1, n_layers=DRAFT_LAYERS)
-PADDED, LENGTHS = pad_prompts([[5, 17, 3], [1, 2, 9, 4]])
+PROMPTS = [[5, 17, 3], [1, 2, 9, 4]]
 TRITON = "__gpu$xla.gpu.triton"  # the custom call of a Pallas GPU kernel
 
 
 def _autoregressive_report(config, params):
-  lowered = autoregress(config, params, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN), 4, NO_EOS,
-                        GREEDY, jax.random.key(0), lower="cuda")
+  lowered = autoregressive.generate(config, params, testing.request(PROMPTS, 4), init_cache(config, 2, CACHE_LEN),
+                                    lower="cuda")
   return lowering.report(lowered)
 
 
 def _speculative_report(block, target=TARGET, draft=DRAFT, **execution):
   config = dataclasses.replace(target[0], attention_block=block, **execution)
   drafter = ModelDrafter(dataclasses.replace(draft[0], attention_block=block, **execution), draft[1], None)
-  lowered = speculate(config, target[1], drafter, PADDED, LENGTHS, init_cache(config, 2, CACHE_LEN),
-                      drafter.storage(2, CACHE_LEN), 6, NO_EOS, GREEDY, jax.random.key(0), k=3,
-                      lower="cuda")
+  lowered = testing.speculate(SpeculativeLoop(config, 3), target[1], drafter, testing.request(PROMPTS, 6),
+                              cache_len=CACHE_LEN, lower="cuda")
   return lowering.report(lowered)
 
 

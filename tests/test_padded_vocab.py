@@ -35,16 +35,15 @@ import tokenizers
 from scipy import stats
 
 from configs import tiny
-from specjax import metrics, pipeline
+from specjax import metrics, pipeline, testing
 from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import ModelDrafter, proposal, residual, verify
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.plan import RoundPlan
 from tests.helpers import tiny_hf
 from tests.helpers.engine import (TARGET, VOCAB, exact_distribution, perturbed, run_speculative, target_greedy,
                                   tiny_model)
-from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 ALPHA = 1e-3  # level of every chi-square test of the correct rule
@@ -197,12 +196,9 @@ WRONG_EXTENSIONS = {"smaller": _target_cut_to_the_draft, "larger": _draft_renorm
 def _first_tokens(direction, sampling, rule):
   """[ROWS, STEPS] tokens of one seeded call, K = 1, caches sized exactly."""
   (target_config, target_params), draft, prompt = PAIRS[direction]
-  drafter = ModelDrafter(*draft)
-  padded, lengths = pad_prompts([prompt] * ROWS)
-  cache_len = len(prompt) + STEPS + K - 1
-  out = speculate(target_config, target_params, drafter, padded, lengths,
-                  init_cache(target_config, ROWS, cache_len), drafter.storage(ROWS, cache_len),
-                  STEPS, [-1], sampling, jax.random.key(SEED), k=K, rule=rule)
+  request = testing.request([prompt] * ROWS, STEPS, sampling, seed=SEED)
+  out = testing.speculate(SpeculativeLoop(target_config, K, rule=rule), target_params, ModelDrafter(*draft), request,
+                          cache_len=len(prompt) + STEPS + K - 1)
   return np.asarray(out.tokens)
 
 

@@ -10,13 +10,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specjax import metrics
-from specjax.generation import pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax import metrics, testing
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.engine import tiny_model
-from tests.helpers.loop import speculate
 
 PROMPTS = [[5, 17, 3, 44, 9], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8], [7, 7, 7], [33]]
 
@@ -31,11 +29,9 @@ def _bfloat16_model(d_model=64, n_layers=3):
 def test_identical_bfloat16_draft_is_always_accepted(temperature, top_k, top_p):
   config, params = _bfloat16_model()
   drafter = ModelDrafter(config, params)
-  padded, lengths = pad_prompts(PROMPTS)
   batch, k, budget = len(PROMPTS), 4, 40
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, batch, 64),
-                  drafter.storage(batch, 64), budget, [-1],
-                  sampling_params(temperature, top_k, top_p), jax.random.key(1), k=k)
+  request = testing.request(PROMPTS, budget, sampling_params(temperature, top_k, top_p), seed=1)
+  out = testing.speculate(SpeculativeLoop(config, k), params, drafter, request, cache_len=64)
   total = metrics.summarize(out.acceptance)["total"]
   assert total["proposed"] >= batch * (budget // (k + 1)) * k  # many rounds, all rows
   assert total["accepted"] == total["proposed"], total

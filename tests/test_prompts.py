@@ -7,17 +7,13 @@ import json
 import os
 import zipfile
 
-import jax
-import numpy as np
 import pytest
 
-from specjax import pipeline, prompts
+from specjax import autoregressive, pipeline, prompts, testing
 from specjax.data import mtbench, registry
 from specjax.models.kv_cache import init_cache
-from specjax.sampling import sampling_params
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import chat_model_dirs  # noqa: F401 (the fixture)
-from tests.helpers.loop import autoregress
 
 QUESTIONS = [{"question_id": 1, "category": "math", "turns": ["1+1?", "and 2+2?"]},
              {"question_id": 2, "category": "writing", "turns": ["a poem", "shorter"]},
@@ -124,9 +120,8 @@ def test_second_turns_continue_the_models_own_answers(chat_model_dirs, tmp_path)
                                     {"role": "user", "content": second["prompt"]}])
     ids = tok.encode(text, add_special_tokens=False)
     assert second["prompt_tokens"] == len(ids)
-    out = autoregress(target.config, target.params, np.asarray([ids], np.int32),
-                      np.asarray([len(ids)], np.int32), init_cache(target.config, 1, 128), 9,
-                      tok.eos_ids, sampling_params(0.0), jax.random.key(0))
+    out = autoregressive.generate(target.config, target.params, testing.request([ids], 9, eos_ids=tok.eos_ids),
+                                  init_cache(target.config, 1, 128))
     assert [int(t) for t in out.tokens[0, :int(out.counts[0])]] == second["token_ids"]
 
   turns = spec["stats"]["turns"]

@@ -9,21 +9,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import decode_spec, lowering, metrics, pipeline
+from specjax import decode_spec, lowering, metrics, pipeline, testing
 from specjax.api import Decoder
 from specjax.errors import ConfigError
-from specjax.generation import as_token_lists, pad_prompts
+from specjax.generation import as_token_lists
 from specjax.models import load, matmul, quantized
 from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
 from specjax.models.load import load_model
 from specjax.models.transformer import forward, output_head
 from specjax.speculative.drafters.quantized import QuantizedDrafter
+from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.cli import cli_config, decode_in_process, model_dirs  # noqa: F401 (the fixture)
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, TARGET, target_greedy,
-                                  tiny_model)
+from tests.helpers.engine import BUDGETS, CACHE_LEN, OUT_WIDTH, PROMPTS, TARGET, target_greedy, tiny_model
 from tests.helpers.gguf import write_gguf
-from tests.helpers.loop import speculate
 from tests.helpers.quantized import dequantized64, float64_scales, random_weights, unpacked_codes
 from tests.helpers.tiny_hf import make_hf_model
 from tests.helpers.tokenizers import add_tokenizer_metadata, train_tokenizer
@@ -115,10 +114,8 @@ def test_greedy_speculation_with_the_targets_quantized_copy_equals_target_greedy
   config, params = TARGET
   draft_config = config.replace(matmul="xla")
   drafter = QuantizedDrafter(draft_config, quantized.quantize_params(draft_config, params, quantized.parse(name)))
-  padded, lengths = pad_prompts(PROMPTS)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), CACHE_LEN),
-                  drafter.storage(len(PROMPTS), CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=3,
-                  out_width=OUT_WIDTH)
+  out = testing.speculate(SpeculativeLoop(config, 3, OUT_WIDTH), params, drafter, testing.request(PROMPTS, BUDGETS),
+                          cache_len=CACHE_LEN)
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   total = metrics.summarize(out.acceptance)["total"]
   assert 0 < total["accepted"] <= total["proposed"]

@@ -16,19 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import lowering, metrics
+from specjax import lowering, metrics, testing
 from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import KVCache, init_cache
+from specjax.models.kv_cache import KVCache
 from specjax.sampling import sampling_params
 from specjax.speculative import verify
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.drafters.model import ModelDrafter
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
                                   SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
                                   exact_distribution, forced_draft_rounds, FORCED_DRAFT_PROMPTS, run_speculative,
                                   target_greedy, tiny_model)
-from tests.helpers.loop import speculate
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 
@@ -106,10 +106,8 @@ def test_greedy_on_ids_equals_the_rule_on_one_hot_distributions(draft_name):
 def test_returned_caches_can_be_passed_again():
   first = run_speculative(DRAFTS["perturbed"], k=8)
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFTS["perturbed"])
-  padded, lengths = pad_prompts(PROMPTS)
-  again = speculate(target_config, target_params, drafter, padded, lengths,
-                    first.target_cache, first.draft_state.cache, BUDGETS, NO_EOS, GREEDY,
-                    jax.random.key(0), k=8, out_width=OUT_WIDTH)
+  again = speculative_generate(SpeculativeLoop(target_config, 8, OUT_WIDTH), target_params, drafter,
+                               testing.request(PROMPTS, BUDGETS), first.target_cache, first.draft_state.cache)
   np.testing.assert_array_equal(again.tokens, first.tokens)
 
 
@@ -158,12 +156,9 @@ ALPHA = 1e-3
 def _first_tokens(sampling, rule, draft_head=None):
   """Counts [V^3] of the first three tokens over N = SAMPLE_ROWS rows of one call, K = 2."""
   (target_config, target_params), drafter = SMALL_TARGET, ModelDrafter(*SMALL_DRAFT, draft_head)
-  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
-  cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2
-  out = speculate(target_config, target_params, drafter, padded, lengths,
-                  init_cache(target_config, SAMPLE_ROWS, cache_len),
-                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS,
-                  sampling, jax.random.key(1), k=2, rule=rule)
+  request = testing.request([SAMPLE_PROMPT] * SAMPLE_ROWS, SAMPLE_STEPS, sampling, seed=1)
+  out = testing.speculate(SpeculativeLoop(target_config, 2, rule=rule), target_params, drafter, request,
+                          cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
 
@@ -257,12 +252,11 @@ def test_a_drafter_subclass_with_the_same_fields_gets_a_program_of_its_own(monke
   mutant subclass once ran its parent's compiled program in a full run (its sampled counts equal, cell
   for cell, the correct drafter's). The static settings each call compiles for must differ."""
   config, params = SMALL_TARGET
-  padded, lengths = pad_prompts([SAMPLE_PROMPT])
   loops = []
   real = lowering.call_or_lower
   monkeypatch.setattr(lowering, "call_or_lower",
                       lambda f, lower, loop, *args: loops.append(loop) or real(f, lower, loop, *args))
   for drafter in (ModelDrafter(*SMALL_DRAFT), _SameFields(*SMALL_DRAFT)):
-    speculate(config, params, drafter, padded, lengths, init_cache(config, 1, CACHE_LEN), drafter.storage(1, CACHE_LEN),
-              4, NO_EOS, GREEDY, jax.random.key(0), k=2, lower=True)
+    testing.speculate(SpeculativeLoop(config, 2), params, drafter, testing.request([SAMPLE_PROMPT], 4),
+                      cache_len=CACHE_LEN, lower=True)
   assert len(loops) == 2 and loops[0] != loops[1] and hash(loops[0]) != hash(loops[1])

@@ -10,16 +10,15 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import metrics
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax import metrics, testing
+from specjax.generation import as_token_lists
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.model import ModelDrafter
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, NO_EOS, PROMPTS, TARGET, run_speculative,
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, PROMPTS, TARGET, run_speculative,
                                   target_greedy)
-from tests.helpers.loop import speculate
 from tests.helpers.trees import TREES, run_tree_speculative
 
 
@@ -78,9 +77,8 @@ def test_bad_tree_runs_fail_on_the_host():
     run_tree_speculative(DRAFTS["same"], tree, cache_len=36)
   config, params = DRAFTS["same"]
   drafter = ModelDrafter(config, params, tree=tree)
-  padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match="pass k = 3"):
-    speculate(*TARGET, drafter, padded, lengths, init_cache(TARGET[0], 3, CACHE_LEN),
-              drafter.storage(3, CACHE_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=2)
+    testing.speculate(SpeculativeLoop(TARGET[0], 2), TARGET[1], drafter, testing.request(PROMPTS, BUDGETS),
+                      cache_len=CACHE_LEN)
   with pytest.raises(ValueError, match="tree_children"):
     ModelDrafter(config, params, tree=tree, tree_children="sorted").check(TARGET[0])
