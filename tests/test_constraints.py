@@ -8,7 +8,6 @@ import json
 import random
 import tempfile
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,10 +15,11 @@ import jsonschema
 import regex
 
 import specjax
+from specjax import autoregressive, testing
 from specjax.constraints import compiler
 from specjax.constraints.mask import Constrained, Unconstrained
 from specjax.errors import ConfigError
-from specjax.generation import as_token_lists, pad_prompts
+from specjax.generation import as_token_lists
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import acceptance, loop as loop_module
@@ -28,6 +28,8 @@ from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.drafters.parallel import ParallelDrafter
+from specjax.speculative.k_policy import Tables
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.proposal import Proposal
 from tests.helpers import engine, layer_skip
 from tests.helpers.cli import cli_config, decode_in_process
@@ -36,7 +38,6 @@ from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_RE
                                        device_constraint, greedy_reference,
                                        oracle_mask, small_pvalue)
 from tests.helpers.k_policy import COSTS_K3, POLICY
-from tests.helpers.loop import autoregress, speculate
 
 PROMPTS, BUDGETS = engine.PROMPTS, engine.BUDGETS
 PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 under the second
@@ -91,13 +92,17 @@ def test_stacked_tables_keep_each_rows_constraint():
   np.testing.assert_array_equal(next_ZxV[starts[1]] >= 0, tables[1].next_ZxV[0] >= 0)
 
 
-def _greedy_speculative(drafter, storage_len=engine.CACHE_LEN, **kwargs):
-  config, params = engine.TARGET
-  padded, lengths = pad_prompts(PROMPTS)
+def _greedy_request():
+  """PROMPTS greedy under PATTERNS (row by row), EOS on."""
   sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN),
-                  drafter.storage(len(PROMPTS), storage_len), BUDGETS, [EOS], sampling, jax.random.key(0), k=3,
-                  out_width=engine.OUT_WIDTH, **kwargs)
+  return testing.request(PROMPTS, BUDGETS, sampling, eos_ids=[EOS])
+
+
+def _greedy_speculative(drafter, target=engine.TARGET, tables=Tables(), **settings):
+  """(token lists, the output) of `drafter` at K = 3 on `_greedy_request`; `settings` the loop's."""
+  config, params = target
+  out = testing.speculate(SpeculativeLoop(config, 3, engine.OUT_WIDTH, **settings), params, drafter, _greedy_request(),
+                          cache_len=engine.CACHE_LEN, tables=tables)
   return as_token_lists(out.tokens, out.counts), out
 
 
@@ -109,10 +114,8 @@ def greedy_expected():
 
 def test_greedy_autoregressive_equals_the_reference(greedy_expected):
   config, params = engine.TARGET
-  padded, lengths = pad_prompts(PROMPTS)
-  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
-  out = autoregress(config, params, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN), BUDGETS,
-                    [EOS], sampling, jax.random.key(0), out_width=engine.OUT_WIDTH)
+  out = autoregressive.generate(config, params, _greedy_request(), init_cache(config, len(PROMPTS), engine.CACHE_LEN),
+                                out_width=engine.OUT_WIDTH)
   assert as_token_lists(out.tokens, out.counts) == greedy_expected
   assert any(row[-1] == EOS for row in greedy_expected)  # some row finished its match
 
@@ -128,7 +131,7 @@ def test_greedy_model_drafter_under_the_adaptive_policy_equals_the_reference(gre
   """A draft whose argmax is never the target's, under the adaptive policy (costs that make plain rounds
   and every length worth choosing): every proposed token rejected, the output still the reference."""
   config, params = engine.DRAFTS["never"]
-  tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=POLICY, cost_C=COSTS_K3)
+  tokens, out = _greedy_speculative(ModelDrafter(config, params), policy=POLICY, tables=Tables(COSTS_K3))
   assert tokens == greedy_expected
   assert int(out.acceptance.proposed.sum()) > 0
 
@@ -136,14 +139,10 @@ def test_greedy_model_drafter_under_the_adaptive_policy_equals_the_reference(gre
 def test_greedy_layer_skip_drafter_equals_the_reference():
   """A drafter drawing through `draft_chain` (layer skip; EAGLE's chain draws the same way)."""
   config, params = layer_skip.TARGET
-  drafter = LayerSkipDrafter(config, params, layers=(0,))
-  padded, lengths = pad_prompts(PROMPTS)
-  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(PROMPTS)))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(PROMPTS), engine.CACHE_LEN),
-                  None, BUDGETS, [EOS], sampling, jax.random.key(0), k=3, out_width=engine.OUT_WIDTH)
+  tokens, _ = _greedy_speculative(LayerSkipDrafter(config, params, layers=(0,)), target=layer_skip.TARGET)
   expected = [greedy_reference(layer_skip.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
               for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
-  assert as_token_lists(out.tokens, out.counts) == expected
+  assert tokens == expected
 
 
 def test_greedy_parallel_drafter_equals_the_reference(greedy_expected):
@@ -155,7 +154,7 @@ def test_greedy_parallel_drafter_equals_the_reference(greedy_expected):
 
 
 def test_greedy_ngram_drafter_equals_the_reference(greedy_expected):
-  tokens, _ = _greedy_speculative(NgramDrafter(vocab_size=engine.VOCAB), storage_len=engine.CACHE_LEN)
+  tokens, _ = _greedy_speculative(NgramDrafter(vocab_size=engine.VOCAB))
   assert tokens == greedy_expected
 
 
@@ -179,11 +178,10 @@ def _sample(draft=engine.SMALL_DRAFT, rows=ROWS, k=3, rule=acceptance.verify):
   passes a fresh `rule` (`_fresh`): a new static setting, so the program is traced with the patch in place."""
   (config, params), (draft_config, draft_params) = engine.SMALL_TARGET, draft
   drafter = ModelDrafter(draft_config, draft_params)
-  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * rows)
   sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, rows))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, 16), drafter.storage(rows, 16),
-                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(1), k=k, out_width=engine.SAMPLE_STEPS,
-                  rule=rule)
+  request = testing.request([engine.SAMPLE_PROMPT] * rows, engine.SAMPLE_STEPS, sampling, seed=1, eos_ids=[EOS])
+  out = testing.speculate(SpeculativeLoop(config, k, engine.SAMPLE_STEPS, rule=rule), params, drafter, request,
+                          cache_len=16)
   return np.asarray(out.tokens), out
 
 
@@ -196,10 +194,10 @@ def test_sampled_model_drafter_follows_the_constrained_target():
 
 def test_sampled_autoregressive_follows_the_constrained_target():
   config, params = engine.SMALL_TARGET
-  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * ROWS)
   sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, ROWS))
-  out = autoregress(config, params, padded, lengths, init_cache(config, ROWS, 16), engine.SAMPLE_STEPS + 1, [EOS],
-                    sampling, jax.random.key(2), out_width=engine.SAMPLE_STEPS + 1)
+  request = testing.request([engine.SAMPLE_PROMPT] * ROWS, engine.SAMPLE_STEPS + 1, sampling, seed=2, eos_ids=[EOS])
+  out = autoregressive.generate(config, params, request, init_cache(config, ROWS, 16),
+                                out_width=engine.SAMPLE_STEPS + 1)
   assert small_pvalue(np.asarray(out.tokens)[:, :engine.SAMPLE_STEPS]) > ALPHA
 
 
@@ -279,8 +277,11 @@ def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(decoder, tmp_p
     if finished and constraint.startswith("json_schema"):
       jsonschema.validate(json.loads(text), json.loads(SCHEMA))
   assert baseline[0]["token_ids"][-1] in tok.eos_ids  # the schema's row finished: a whole match
-  assert dec.generate(("abc", "hello"), constraint=constraints, mode="autoregressive").token_ids == [
-      o["token_ids"] for o in baseline]  # one constraint per prompt through the Python API
+  out = dec.generate(("abc", "hello"), constraint=constraints, mode="autoregressive")
+  assert out.token_ids == [o["token_ids"] for o in baseline]  # one constraint per prompt through the Python API
+  # The texts drop special tokens (the EOS that ended the JSON row stays in its ids): the JSON reads as it is.
+  jsonschema.validate(json.loads(out.texts[0]), json.loads(SCHEMA))
+  assert out.texts == [tok.decode(ids, skip_special_tokens=True) for ids in out.token_ids]
   for fields, words in [({"constraint": "regex:(["}, "config.constraint"),
                         ({"constraint": "json_schema:{\"not\": {}}"}, "unsupported JSON schema keywords")]:
     with pytest.raises(ConfigError, match=words):

@@ -4,20 +4,18 @@ the stats count every generated token a constraint forced (`jump_forward`). Gree
 the oracle-masked reference, the count equals the oracle's on a constraint that forces a known number
 of tokens, and at T = 1 the first tokens still follow the masked, renormalised target."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import metrics
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax import metrics, testing
+from specjax.generation import as_token_lists
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.proposal import Proposal
 from tests.helpers import engine
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, STRINGS_8, STRINGS_61, device_constraint,
                                        exact_constrained_distribution, greedy_reference, oracle_mask)
-from tests.helpers.loop import speculate
 from tests.helpers.stats import chi_square_pvalue
 
 # "f", "j" and "5" each start no other token of STRINGS_61 that fits: forced; then a choice; then only EOS.
@@ -38,14 +36,13 @@ def test_greedy_lookup_with_jump_forward_equals_the_reference_and_counts_the_for
   """The n-gram drafter, whose lookups find nothing after "fj": its accepted tokens on the forcing rows
   are the forced proposals; the counts (the first token included) are the oracle's: 4 there."""
   config, params = engine.TARGET
-  padded, lengths = pad_prompts(engine.PROMPTS)
-  drafter = NgramDrafter(vocab_size=engine.VOCAB)
-  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(padded)))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(padded), engine.CACHE_LEN),
-                  drafter.storage(len(padded), engine.CACHE_LEN), engine.BUDGETS, [EOS], sampling, jax.random.key(0),
-                  k=3, out_width=engine.OUT_WIDTH)
+  rows = len(engine.PROMPTS)
+  sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, rows))
+  out = testing.speculate(SpeculativeLoop(config, 3, engine.OUT_WIDTH), params, NgramDrafter(vocab_size=engine.VOCAB),
+                          testing.request(engine.PROMPTS, engine.BUDGETS, sampling, eos_ids=[EOS]),
+                          cache_len=engine.CACHE_LEN)
   tokens = as_token_lists(out.tokens, out.counts)
-  patterns = [PATTERNS[i % 2] for i in range(len(padded))]
+  patterns = [PATTERNS[i % 2] for i in range(rows)]
   assert tokens == [greedy_reference(engine.TARGET, [p], [b], pattern, STRINGS_61)[0]
                     for p, b, pattern in zip(engine.PROMPTS, engine.BUDGETS, patterns)]
   rows = metrics.summarize(out.acceptance)["per_row"]
@@ -81,10 +78,9 @@ def test_sampled_lookup_with_jump_forward_follows_the_constrained_target():
   masked, renormalised target enumerated exactly (2,000 rows, level 1e-4); forced tokens were generated."""
   config, params = engine.SMALL_TARGET
   drafter = NgramDrafter(vocab_size=len(STRINGS_8))
-  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * ROWS)
   sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_FORCING], STRINGS_8, ROWS))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, ROWS, 16), drafter.storage(ROWS, 16),
-                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(4), k=2, out_width=engine.SAMPLE_STEPS)
+  request = testing.request([engine.SAMPLE_PROMPT] * ROWS, engine.SAMPLE_STEPS, sampling, seed=4, eos_ids=[EOS])
+  out = testing.speculate(SpeculativeLoop(config, 2, engine.SAMPLE_STEPS), params, drafter, request, cache_len=16)
   tokens = np.asarray(out.tokens)
   exact = exact_constrained_distribution(engine.SMALL_TARGET, engine.SAMPLE_PROMPT, SMALL_FORCING, STRINGS_8, 1.0,
                                          engine.SAMPLE_STEPS).ravel()

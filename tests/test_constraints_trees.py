@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import regex
 
-from specjax import decode_spec
+from specjax import decode_spec, testing
 from specjax.constraints.mask import DEAD, Constrained
 from specjax.decode_config import default_config
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
+from specjax.generation import as_token_lists
 from specjax.sampling import sampling_params
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.k_policy import Tables
+from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.proposal import Proposal
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees.dynamic import grow_dynamic_tree
@@ -27,19 +28,19 @@ from tests.helpers import engine
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
                                        device_constraint, greedy_reference, small_pvalue)
 from tests.helpers.k_policy import COSTS_K3, POLICY
-from tests.helpers.loop import speculate
 
 PATTERNS = [OBJECT_REGEX, DIGITS_REGEX]  # rows 0 and 2 under the first, row 1 under the second
 STATIC, DYNAMIC, SPINES = from_branching((2, 2, 1)), parse("dynamic(6, 3, 2)"), from_branching((2, 1, 1))
 
 
-def _greedy(drafter, k=3, **kwargs):
+def _greedy(drafter, k=3, tables=Tables(), **settings):
+  """(token lists, the output) of `drafter` on the engine's prompts greedy under PATTERNS; `settings` the
+  loop's."""
   config, params = engine.TARGET
-  padded, lengths = pad_prompts(engine.PROMPTS)
   sampling = sampling_params(0.0).replace(constraint=device_constraint(PATTERNS, STRINGS_61, len(engine.PROMPTS)))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(padded), engine.CACHE_LEN),
-                  drafter.storage(len(padded), engine.CACHE_LEN), engine.BUDGETS, [EOS], sampling, jax.random.key(0),
-                  k=k, out_width=engine.OUT_WIDTH, **kwargs)
+  out = testing.speculate(SpeculativeLoop(config, k, engine.OUT_WIDTH, **settings), params, drafter,
+                          testing.request(engine.PROMPTS, engine.BUDGETS, sampling, eos_ids=[EOS]),
+                          cache_len=engine.CACHE_LEN, tables=tables)
   return as_token_lists(out.tokens, out.counts), out
 
 
@@ -65,7 +66,7 @@ def test_greedy_tree_under_the_adaptive_policy_equals_the_reference(greedy_expec
   tree = from_branching((2, 1))
   candidates = POLICY.candidates(2, tree)
   tokens, out = _greedy(ModelDrafter(*engine.DRAFTS["perturbed"], tree=tree), k=2, policy=POLICY,
-                        cost_C=COSTS_K3[[c.length for c in candidates]])
+                        tables=Tables(COSTS_K3[[c.length for c in candidates]]))
   assert tokens == greedy_expected
   chosen = [c for c, n in zip(candidates, np.asarray(out.rounds_per_length)) if n and c.length]
   assert any(c.spine for c in chosen) and any(not c.spine for c in chosen)
@@ -104,11 +105,10 @@ SAMPLED_TREE = from_branching((2, 1))  # i.i.d. children: the second token comes
 def _sample(rows=ROWS, tree_rule=tree_acceptance.verify_tree):
   (config, params), (draft_config, draft_params) = engine.SMALL_TARGET, engine.SMALL_DRAFT
   drafter = ModelDrafter(draft_config, draft_params, tree=SAMPLED_TREE)
-  padded, lengths = pad_prompts([engine.SAMPLE_PROMPT] * rows)
   sampling = sampling_params(1.0).replace(constraint=device_constraint([SMALL_REGEX], STRINGS_8, rows))
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, 16), drafter.storage(rows, 16),
-                  engine.SAMPLE_STEPS, [EOS], sampling, jax.random.key(3), k=SAMPLED_TREE.max_depth,
-                  out_width=engine.SAMPLE_STEPS, tree_rule=tree_rule)
+  request = testing.request([engine.SAMPLE_PROMPT] * rows, engine.SAMPLE_STEPS, sampling, seed=3, eos_ids=[EOS])
+  loop = SpeculativeLoop(config, SAMPLED_TREE.max_depth, engine.SAMPLE_STEPS, tree_rule=tree_rule)
+  out = testing.speculate(loop, params, drafter, request, cache_len=16)
   return np.asarray(out.tokens)
 
 

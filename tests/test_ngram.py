@@ -22,15 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import testing
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
 from specjax.speculative import verify, verify_greedy
 from specjax.speculative.drafters.ngram import NgramDrafter
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 from specjax.speculative.plan import RoundPlan
 from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, TARGET, VOCAB,
                                   accept_all_proposed, exact_distribution)
-from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, SAMPLE_PROMPT, free_greedy
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
@@ -185,12 +186,10 @@ def _replay(prompt, free, budget, eos_ids, k):
 
 def _ngram_generate(model, k, eos_ids=NO_EOS):
   (config, params), batch = model, len(PROMPTS)
-  padded, lengths = pad_prompts(PROMPTS)
   _verify_widths.clear()
-  out = speculate(config, params, DRAFTER, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                  DRAFTER.storage(batch, HISTORY_LEN), BUDGETS, eos_ids, GREEDY,
-                  jax.random.key(0), k=k, out_width=OUT_WIDTH,
-                  greedy_rule=_recording_verify_greedy)
+  out = speculative_generate(SpeculativeLoop(config, k, OUT_WIDTH, greedy_rule=_recording_verify_greedy), params,
+                             DRAFTER, testing.request(PROMPTS, BUDGETS, eos_ids=eos_ids),
+                             init_cache(config, batch, CACHE_LEN), DRAFTER.storage(batch, HISTORY_LEN))
   jax.effects_barrier()
   return out
 
@@ -254,12 +253,9 @@ def _first_tokens(sampling, rule):
   """Counts [V^3] of the first three tokens over N = SAMPLE_ROWS rows of one call, K = 2, and the
   acceptance counters."""
   (config, params), drafter = SMALL_TARGET, NgramDrafter(SMALL_TARGET[0].vocab_size, 1, 3)
-  padded, lengths = pad_prompts([SAMPLE_PROMPT] * SAMPLE_ROWS)
-  cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1
-  out = speculate(config, params, drafter, padded, lengths,
-                  init_cache(config, SAMPLE_ROWS, cache_len),
-                  drafter.storage(SAMPLE_ROWS, cache_len), SAMPLE_STEPS, NO_EOS, sampling,
-                  jax.random.key(1), k=2, rule=rule)
+  request = testing.request([SAMPLE_PROMPT] * SAMPLE_ROWS, SAMPLE_STEPS, sampling, seed=1)
+  out = testing.speculate(SpeculativeLoop(config, 2, rule=rule), params, drafter, request,
+                          cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * SAMPLE_STEPS)
   return np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS), out.acceptance
 
@@ -292,12 +288,10 @@ def test_sampled_tokens_follow_the_exact_target_distribution(sampling):
 def test_bad_inputs_fail_before_compiling(change, message):
   args = dict(drafter=DRAFTER, history_len=HISTORY_LEN, history_rows=len(PROMPTS)) | change
   (config, params), drafter = TARGET, args["drafter"]
-  padded, lengths = pad_prompts(PROMPTS)
   with pytest.raises(ValueError, match=message):
-    speculate(config, params, drafter, padded, lengths,
-              init_cache(config, len(PROMPTS), CACHE_LEN),
-              drafter.storage(args["history_rows"], args["history_len"]), BUDGETS, NO_EOS,
-              GREEDY, jax.random.key(0), k=3, out_width=OUT_WIDTH)
+    speculative_generate(SpeculativeLoop(config, 3, OUT_WIDTH), params, drafter, testing.request(PROMPTS, BUDGETS),
+                         init_cache(config, len(PROMPTS), CACHE_LEN),
+                         drafter.storage(args["history_rows"], args["history_len"]))
 
 
 @pytest.mark.parametrize("ngram_min, ngram_max, message", [(0, 2, "ngram_min must be an integer >= 1"),

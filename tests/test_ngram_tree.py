@@ -2,19 +2,19 @@
 plain-Python replay of the loop (the deepest branch matching the target's greedy tokens wins) and the
 target's own greedy output, sampled exactness (chi-square, a broken tree rule failing), bad trees."""
 
-import jax
 import numpy as np
 import pytest
 
+from specjax import testing
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.sampling import sampling_params
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.ngram import NgramDrafter, longest_match, ranked_matches
 from tests.helpers import mutants
-from tests.helpers.engine import CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SMALL_TARGET, VOCAB, exact_distribution
-from tests.helpers.loop import speculate
+from tests.helpers.engine import CACHE_LEN, OUT_WIDTH, SMALL_TARGET, VOCAB, exact_distribution
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, free_greedy
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 from tests.helpers.trees import LONG_STEPS, all_positions_pvalue
@@ -76,10 +76,9 @@ def _replay(prompt, free, budget, k, branches):
 def test_greedy_spines_follow_the_replay_and_equal_target_greedy(model_name):
   (config, params), batch = MODELS[model_name], len(PROMPTS)
   drafter = NgramDrafter(VOCAB, 1, 3, tree=SPINES)
-  padded, lengths = pad_prompts(PROMPTS)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                  drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0),
-                  k=SPINES.max_depth, out_width=OUT_WIDTH)
+  out = speculative_generate(SpeculativeLoop(config, SPINES.max_depth, OUT_WIDTH), params, drafter,
+                             testing.request(PROMPTS, BUDGETS), init_cache(config, batch, CACHE_LEN),
+                             drafter.storage(batch, HISTORY_LEN))
   free = free_greedy(MODELS[model_name])
   replays = [_replay(p, f, b, SPINES.max_depth, 3) for p, f, b in zip(PROMPTS, free, BUDGETS)]
   assert as_token_lists(out.tokens, out.counts) == [f[:b] for f, b in zip(free, BUDGETS)]
@@ -114,12 +113,10 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
   heads = {x: [(SPINE_PROMPT + [x])[j + 1] for j in _reference_matches(SPINE_PROMPT + [x], 1, 3, 2)]
            for x in range(config.vocab_size)}
 
-  def counts(rows=rows, **kwargs):
+  def counts(rows=rows, **settings):
     cache_len = len(SPINE_PROMPT) + LONG_STEPS + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
-    padded, lengths = pad_prompts([SPINE_PROMPT] * rows)
-    out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
-                    drafter.storage(rows, cache_len), LONG_STEPS, NO_EOS, sampling, jax.random.key(1),
-                    k=2, **kwargs)
+    out = testing.speculate(SpeculativeLoop(config, 2, **settings), params, drafter,
+                            testing.request([SPINE_PROMPT] * rows, LONG_STEPS, sampling, seed=1), cache_len=cache_len)
     assert int(np.asarray(out.acceptance.accepted).sum()) > rows // 5
     assert (np.asarray(out.acceptance.rounds) >= 3).all()
     tokens_ZxT = np.asarray(out.tokens)

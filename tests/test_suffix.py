@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import specjax
+from specjax import testing
 from specjax.errors import ConfigError
 from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
@@ -31,13 +32,13 @@ from specjax.sampling import sampling_params
 from specjax.speculative import verify
 from specjax.speculative.drafters.suffix import SuffixDrafter, longest_occurrences, warm_pool
 from specjax.speculative.drafters.suffix_pool import SEPARATOR, Pool, appended, empty_pool
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees.tree import from_branching
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
-from tests.helpers.engine import (CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET,
+from tests.helpers.engine import (CACHE_LEN, GREEDY, OUT_WIDTH, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET,
                                   VOCAB, accept_all_proposed, first_tokens_pvalue)
-from tests.helpers.loop import speculate
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, free_greedy
 
 
@@ -194,10 +195,8 @@ def _propose(drafter, contexts, k):
 
 def _generate(model, drafter, k):
   (config, params), batch = model, len(PROMPTS)
-  padded, lengths = pad_prompts(PROMPTS)
-  return speculate(config, params, drafter, padded, lengths, init_cache(config, batch, CACHE_LEN),
-                   drafter.storage(batch, HISTORY_LEN), BUDGETS, NO_EOS, GREEDY, jax.random.key(0), k=k,
-                   out_width=OUT_WIDTH)
+  return speculative_generate(SpeculativeLoop(config, k, OUT_WIDTH), params, drafter, testing.request(PROMPTS, BUDGETS),
+                              init_cache(config, batch, CACHE_LEN), drafter.storage(batch, HISTORY_LEN))
 
 
 @pytest.mark.parametrize("spines", [False, True], ids=["chain", "spines"])
@@ -236,13 +235,11 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_a_pool_of_the_
   pool = appended(empty_pool(64), np.tile(np.asarray([SAMPLE_PROMPT], np.int32), (vocab, 1)),
                   np.full(vocab, len(SAMPLE_PROMPT), np.int32), continuations, np.full(vocab, 3, np.int32))
   drafter = SuffixDrafter(vocab_size=vocab, pool=Pool.of(pool, 12), across_rows=False, min_prob=0.0)
-  padded, lengths = pad_prompts([SAMPLE_PROMPT] * rows)
-  cache_len = len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1
+  request = testing.request([SAMPLE_PROMPT] * rows, SAMPLE_STEPS, sampling, seed=1)
 
   def first_tokens(rule):
-    out = speculate(config, params, drafter, padded, lengths, init_cache(config, rows, cache_len),
-                    drafter.storage(rows, cache_len), SAMPLE_STEPS, NO_EOS, sampling, jax.random.key(1), k=2,
-                    rule=rule)
+    out = testing.speculate(SpeculativeLoop(config, 2, rule=rule), params, drafter, request,
+                            cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1)
     return np.asarray(out.tokens), out.acceptance
 
   tokens, acceptance = first_tokens(verify)
