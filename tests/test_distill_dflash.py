@@ -18,13 +18,12 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import distill_tiny_dflash
+from specjax import testing
 from specjax.distill import dflash_steps, train
 from specjax.errors import ConfigError
-from specjax.generation import as_token_lists, pad_prompts
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
 from specjax.models.transformer import forward_features
-from specjax.sampling import sampling_params
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.dflash import DFlashDrafter
 from specjax.speculative.drafters.eagle_io import WEIGHTS_FILE
@@ -32,7 +31,6 @@ from tests.helpers.dflash import dflash_drafter
 from tests.helpers.distill import distill_config, killed_and_resumed, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 from tests.helpers.layer_skip import TARGET
-from tests.helpers.loop import autoregress, speculate
 
 SEQ_LEN, K = 10, 3
 ANCHORS = (1, 4, 7)
@@ -77,16 +75,6 @@ def test_training_blocks_see_what_the_drafting_block_sees(monkeypatch):
   assert _layout_error() > 1e-2
 
 
-def _greedy_decode(target_model, drafter, prompts, budget, k):
-  padded, lengths = pad_prompts(prompts)
-  config, params, greedy, key = target_model.config, target_model.params, sampling_params(0.0), jax.random.key(0)
-  plain = autoregress(config, params, padded, lengths, init_cache(config, len(prompts), 64), budget, [-1], greedy,
-                      key)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), 64),
-                  drafter.storage(len(prompts), 64), budget, [-1], greedy, key, k=k)
-  return as_token_lists(plain.tokens, plain.counts), as_token_lists(out.tokens, out.counts), out
-
-
 @pytest.mark.slow
 def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identical(target, tmp_path):
   summary = train.run(distill_config(target, tmp_path / "whole", distill_tiny_dflash, **SHORT))
@@ -100,8 +88,9 @@ def test_dflash_head_learns_later_slots_decodes_exactly_and_resumes_bit_identica
   drafter, facts = DFlashDrafter.build(settings, target_model, None)
   assert facts["eagle_feature_layers"] == [0, 1]
   prompts = [target_model.tokenizer.encode(text) for text in ("def main(args):\n    ", "import os\nimport ")]
-  plain, speculative, out = _greedy_decode(target_model, drafter, prompts, 24, K)
-  assert speculative == plain and int(out.draft_calls) == int(jnp.max(out.acceptance.rounds))
+  out = testing.check_greedy(drafter, (target_model.config, target_model.params), prompts, k=K, max_new_tokens=24,
+                             cache_len=64)
+  assert int(out.draft_calls) == int(jnp.max(out.acceptance.rounds))
 
   # Killed at step 15, after the checkpoint of step 10.
   resumed = killed_and_resumed(lambda: distill_config(target, tmp_path / "resumed", distill_tiny_dflash, **SHORT), 15)

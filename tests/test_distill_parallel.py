@@ -13,25 +13,21 @@ import dataclasses
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 from configs import distill_tiny_parallel
+from specjax import testing
 from specjax.distill import pard, train
 from specjax.errors import ConfigError
-from specjax.generation import as_token_lists, pad_prompts
-from specjax.models.kv_cache import init_cache
 from specjax.models.load import load_model
-from specjax.sampling import sampling_params
 from specjax.speculative.drafters.base import DrafterSettings
 from specjax.speculative.drafters.parallel import MASK_FILE, ParallelDrafter
 from tests.helpers.distill import distill_config, killed_and_resumed, read_records
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
 from tests.helpers.engine import tiny_model
-from tests.helpers.loop import autoregress, speculate
 
 SEQ_LEN, K = 12, 4
 SHORT = dict(num_steps=20, eval_every=20)  # the tiny config's first 20 steps (checkpoints every 10)
@@ -67,16 +63,6 @@ def test_layout_shows_each_mask_its_anchors_context_only():
   assert _layout_error(leaky) > 1e-2
 
 
-def _greedy_decode(target_model, drafter, prompts, budget):
-  padded, lengths = pad_prompts(prompts)
-  config, params, greedy, key = target_model.config, target_model.params, sampling_params(0.0), jax.random.key(0)
-  plain = autoregress(config, params, padded, lengths, init_cache(config, len(prompts), 64), budget, [-1], greedy,
-                      key)
-  out = speculate(config, params, drafter, padded, lengths, init_cache(config, len(prompts), 64),
-                  drafter.storage(len(prompts), 64), budget, [-1], greedy, key, k=drafter.k)
-  return as_token_lists(plain.tokens, plain.counts), as_token_lists(out.tokens, out.counts), out
-
-
 def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_identical(target, tmp_path):
   summary = train.run(distill_config(target, tmp_path / "whole", distill_tiny_parallel, **SHORT))
   before, after = summary["before"]["greedy_agreement_at"], summary["after"]["greedy_agreement_at"]
@@ -89,8 +75,9 @@ def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_i
   drafter, _ = ParallelDrafter.build(DrafterSettings("parallel", ParallelDrafter.config_group(),
                                                      draft=summary["export_dir"], k=3), target_model, draft)
   prompts = [target_model.tokenizer.encode(text) for text in ("def main(args):\n    ", "import os\nimport ")]
-  plain, speculative, out = _greedy_decode(target_model, drafter, prompts, 24)
-  assert speculative == plain and int(out.draft_calls) == int(out.target_calls) - 1
+  out = testing.check_greedy(drafter, (target_model.config, target_model.params), prompts, k=drafter.k,
+                             max_new_tokens=24, cache_len=64)
+  assert int(out.draft_calls) == int(out.target_calls) - 1
 
   # Killed at step 15, after the checkpoint of step 10.
   resumed = killed_and_resumed(lambda: distill_config(target, tmp_path / "resumed", distill_tiny_parallel, **SHORT), 15)

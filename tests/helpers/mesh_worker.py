@@ -25,13 +25,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specjax import mesh as meshes, partitioning  # noqa: E402
+from specjax import autoregressive, mesh as meshes, partitioning  # noqa: E402
+from specjax.generation import Request  # noqa: E402
 from specjax.models.config import ModelConfig  # noqa: E402
 from specjax.models.kv_cache import init_cache  # noqa: E402
 from specjax.models.transformer import init_params  # noqa: E402
 from specjax.sampling import sampling_params  # noqa: E402
 from specjax.speculative.drafters.model import ModelDrafter  # noqa: E402
-from tests.helpers.loop import autoregress, speculate  # noqa: E402
+from specjax.speculative.loop import SpeculativeLoop, speculative_generate  # noqa: E402
 
 STARTED = meshes.initialize_distributed()  # before anything touches a device; False unless launched so
 
@@ -75,12 +76,12 @@ def _run(spec: str, mode: str, sampling, seed: int = 3):
   context = jax.set_mesh(mesh) if mesh else contextlib.nullcontext()
   with context:
     cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_sharding(TARGET, part))
-    key = jax.random.key(seed)
+    request = Request(PROMPTS, LENGTHS, 20, [-1], sampling, jax.random.key(seed))
     if mode == "autoregressive":
-      out = autoregress(TARGET, target, PROMPTS, LENGTHS, cache, 20, [-1], sampling, key)
+      out = autoregressive.generate(TARGET, target, request, cache)
     else:
-      out = speculate(TARGET, target, drafter, PROMPTS, LENGTHS, cache,
-                      drafter.storage(len(PROMPTS), CACHE), 20, [-1], sampling, key, k=3)
+      out = speculative_generate(SpeculativeLoop(TARGET, 3), target, drafter, request, cache,
+                                 drafter.storage(len(PROMPTS), CACHE))
     return np.asarray(meshes.to_host(out.tokens)).tolist(), out
 
 
@@ -132,9 +133,9 @@ def hlo() -> dict:
   with jax.set_mesh(mesh):
     for name, sampling in (("greedy", sampling_params(0.0)), ("sampled", SAMPLED)):
       cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_sharding(TARGET, part))
-      lowered = speculate(
-          TARGET, target, drafter, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), cache,
-          drafter.storage(len(PROMPTS), CACHE), 20, [-1], sampling, jax.random.key(0), k=3, lower=True)
+      request = Request(jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), 20, [-1], sampling, jax.random.key(0))
+      lowered = speculative_generate(SpeculativeLoop(TARGET, 3), target, drafter, request, cache,
+                                     drafter.storage(len(PROMPTS), CACHE), lower=True)
       results[name] = collectives(lowered.compile().as_text())
     logits = jax.device_put(jnp.ones((16, TARGET.vocab_size)), part.sharding("data", "model"))
     results["control"] = collectives(jax.jit(lambda x: jax.lax.top_k(x, 8)).lower(logits).compile().as_text())

@@ -9,14 +9,12 @@ norm weights drawn around 0 (applied as 1 + w: read as w they would nearly zero 
 
 from __future__ import annotations
 
-import jax
 import torch
 import transformers
 
-from specjax.generation import as_token_lists, pad_prompts
+from specjax import autoregressive, testing
+from specjax.generation import as_token_lists
 from specjax.models.kv_cache import init_cache
-from specjax.sampling import sampling_params
-from tests.helpers.loop import autoregress
 
 # and "gemma3_llama_cpp": Gemma 3 at the defaults llama.cpp assumes for its GGUF files (tests/test_gguf.py)
 FAMILIES = ("llama", "qwen2", "qwen2_tied", "mistral", "gpt2", "llama3", "llama_linear", "llama_dynamic",
@@ -113,9 +111,8 @@ PARITY_PROMPTS = ([5, 17, 3, 44, 9, 8, 60, 2, 71], [1, 2, 3, 90, 33, 12, 7, 7, 8
 
 def assert_greedy_matches_generate(hf_model, config, params, new_tokens: int, prompts=PARITY_PROMPTS) -> None:
   """specjax's greedy decoding of `prompts` (one ragged batch) equals `transformers.generate`'s, row by row."""
-  padded, lengths = pad_prompts(list(prompts))
-  out = autoregress(config, params, padded, lengths, init_cache(config, len(prompts), 32), new_tokens,
-                    (), sampling_params(0.0), jax.random.key(0))
+  out = autoregressive.generate(config, params, testing.request(prompts, new_tokens, eos_ids=()),
+                                init_cache(config, len(prompts), 32))
   for prompt, row in zip(prompts, as_token_lists(out.tokens, out.counts)):
     with torch.no_grad():
       want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
