@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import decode_spec, lowering, metrics, pipeline, testing
+from specjax import decode_spec, lowering, metrics, pipeline, session, testing
 from specjax.api import Decoder
 from specjax.errors import ConfigError
 from specjax.generation import as_token_lists
@@ -157,7 +157,7 @@ def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_
   spec = decode_spec.from_config(cli_config([model_dirs[0], ""], drafter="quantized"))
   assert not spec.loads_draft_model
   target, draft = pipeline.load_models(spec, log=lambda m: None)
-  built = pipeline.build_drafter(spec, target, draft, log=lambda m: None)
+  built = session.build_drafter(spec, target, draft, log=lambda m: None)
   assert draft is None and isinstance(built.drafter, QuantizedDrafter) and built.info["draft_weights"] == "int4:32"
   assert built.drafter.config == target.config
   head = output_head(built.drafter.config, built.drafter.params)
@@ -165,7 +165,7 @@ def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_
   wide = cli_config([model_dirs[0], ""], drafter="quantized", quantized=dict(weights="int4:64"))
   with pytest.raises(ConfigError, match=r"^config.quantized.weights: int4:64: groups of 64 do not divide an input "
                                         r"width of 96 \(d_ff\)$"):
-    pipeline.build_drafter(decode_spec.from_config(wide), target, None, log=lambda m: None)
+    session.build_drafter(decode_spec.from_config(wide), target, None, log=lambda m: None)
   with pytest.raises(ConfigError, match=r"^config.model.weights: int4:64: groups of 64 .* \(d_ff\)$"):
     pipeline.load_models(decode_spec.from_config(cli_config(model_dirs, model=dict(weights="int4:64"))),
                          log=lambda m: None, target=target)
