@@ -14,6 +14,7 @@ from specjax.api import Decoder
 from specjax.errors import ConfigError
 from specjax.generation import as_token_lists
 from specjax.models import load, matmul, quantized
+from specjax.models.config import MATMUL_BACKENDS
 from specjax.models.kv_cache import init_cache
 from specjax.models.layout import to_layout
 from specjax.models.load import load_model
@@ -70,7 +71,7 @@ def test_quantized_dense_equals_a_float64_matmul_of_the_dequantized_weights(name
                          quantized.parse(name))
   x = np.random.default_rng(6).normal(size=(2, 3, 256)).astype(np.float32)
   expected = x.astype(np.float64) @ dequantized64(q).T
-  for got in [matmul.dense(jnp.asarray(x), q, backend) for backend in matmul.BACKENDS] + [
+  for got in [matmul.dense(jnp.asarray(x), q, backend) for backend in MATMUL_BACKENDS] + [
       q._whole(jnp.asarray(x), jnp.float32)]:
     np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
   assert matmul.dense(jnp.asarray(x), q, "xla", jnp.float32).dtype == jnp.float32

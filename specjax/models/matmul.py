@@ -40,9 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import quantized
+from specjax.models.config import MATMUL_BACKENDS
 
-BACKENDS = ("xla", "cpu_kernel")  # what `ModelConfig.matmul` holds
-SETTINGS = ("auto",) + BACKENDS  # what the `matmul` config field takes
+SETTINGS = ("auto",) + MATMUL_BACKENDS  # what the `matmul` config field takes
 KERNEL_DTYPES = ("float32", "bfloat16")  # model dtypes the kernel multiplies in (x's dtype on its path)
 AUTO_DTYPES = ("bfloat16",)  # float weights' dtypes "auto" runs through the kernel (see the module docstring)
 _LIBRARY = "_cpu_kernels"  # the extension setup.py builds beside this module
