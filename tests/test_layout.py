@@ -6,7 +6,9 @@
     (the models are the bottom layer: nothing of the decoding, drafting or distillation above them);
 (c) no function under `specjax/` takes more than MAX_PARAMETERS parameters (every parameter counts:
     positional, keyword-only, *args and **kwargs; a method's `self` / `cls` does not): a longer list is
-    a group of settings that wants a name (a frozen dataclass, as the loop's static settings).
+    a group of settings that wants a name (a frozen dataclass, as the loop's static settings);
+(d) no function under `specjax/` is longer than MAX_LINES lines, from `def` to its last line (a longer
+    one does several things that want names: read in one sitting, as gemma's sampler loop).
 
 What counts as an import of module M: `import M`, `from M import name` (an edge to `M.name` where that is
 a module of the package, else to M), and the relative forms, anywhere in the file (module level, inside
@@ -26,6 +28,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = "specjax"
 MAX_PARAMETERS = 8
+MAX_LINES = 60
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -249,6 +252,17 @@ def test_no_function_takes_more_than_eight_parameters():
   problems.sort(key=lambda p: (-p[0], p[1]))
   assert not problems, (f"{len(problems)} function(s) under specjax/ take more than {MAX_PARAMETERS} parameters "
                         "(self/cls excluded; group the settings):\n" + "\n".join(p for _, p in problems))
+
+
+def test_no_function_is_longer_than_sixty_lines():
+  problems = []
+  for path in MODULES.values():
+    for name, function, _ in _functions(ast.parse(path.read_text(), filename=str(path))):
+      lines = function.end_lineno - function.lineno + 1
+      if lines > MAX_LINES:
+        problems.append(f"  {path.relative_to(ROOT)}:{function.lineno} {name}: {lines} lines")
+  assert not problems, (f"{len(problems)} function(s) under specjax/ are longer than {MAX_LINES} lines:\n"
+                        + "\n".join(problems))
 
 
 def test_the_rules_see_what_they_check():
