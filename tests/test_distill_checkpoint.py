@@ -116,7 +116,7 @@ def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, 
   assert got.keys() == finished[2].keys()
   for name in got:
     np.testing.assert_array_equal(got[name], finished[2][name], err_msg=name)
-  assert train.latest_student(distill_config(target, workdir, **_SHORT))[2] == 4  # the new step 4 verifies
+  assert train.latest(distill_config(target, workdir, **_SHORT))[2] == 4  # the new step 4 verifies
   assert "warning: checkpoint" not in capsys.readouterr().err
 
 
@@ -136,7 +136,7 @@ def _drop_manifest(checkpoints, step):
 @pytest.mark.parametrize("manifest", [True, False])
 @pytest.mark.parametrize("damage", sorted(_DAMAGES))
 def test_damage_is_detected_and_skipped_read_only(damage, manifest, finished, target, tmp_path, capsys):
-  """`latest_student` (read-only) skips the damaged step 4 for step 2 and leaves it in place. With its
+  """`train.latest` (read-only) skips the damaged step 4 for step 2 and leaves it in place. With its
   file manifest the damage is found before orbax reads anything; without it, by orbax's error or the
   checksums of the restored leaves."""
   workdir, checkpoints = _copy(finished, tmp_path)
@@ -148,7 +148,7 @@ def test_damage_is_detected_and_skipped_read_only(damage, manifest, finished, ta
   if damage == "flipped":  # orbax alone restores the flipped data without complaint, but not as saved
     good = _raw_state(os.path.join(finished[0], train.CHECKPOINT_DIR), 4)
     assert any(not np.array_equal(a, b) for a, b in zip(_raw_state(checkpoints, 4), good))
-  _, _, step = train.latest_student(distill_config(target, workdir, **_SHORT))
+  _, _, step = train.latest(distill_config(target, workdir, **_SHORT))
   assert step == 2
   err = capsys.readouterr().err
   assert re.search(f"warning: checkpoint step 4 in {re.escape(os.path.join(checkpoints, '4'))} is damaged: "
@@ -173,7 +173,7 @@ def test_all_damaged_refuses_to_restart_from_scratch(finished, target, tmp_path,
   _flip(checkpoints, 2)
   with pytest.raises(CorruptCheckpointError, match=rf"every checkpoint in {re.escape(checkpoints)} is damaged "
                      r"\(steps 4, 2;"):
-    train.latest_student(distill_config(target, workdir, **_SHORT))
+    train.latest(distill_config(target, workdir, **_SHORT))
   err = capsys.readouterr().err
   assert "step 4" in err and "; trying step 2\n" in err and "no older checkpoint\n" in err
 
@@ -188,7 +188,7 @@ def test_unverified_old_checkpoint_restores_with_a_warning(finished, target, tmp
   del meta[checkpoint.STATE_SUMS], meta[checkpoint.JSON_SUM]
   with open(path, "w") as f:
     json.dump(meta, f)
-  assert train.latest_student(distill_config(target, workdir, **_SHORT))[2] == 4
+  assert train.latest(distill_config(target, workdir, **_SHORT))[2] == 4
   assert (f"warning: checkpoint step 4 in {os.path.join(checkpoints, '4')} has no checksums (saved by an older "
           "version): restored unverified") in capsys.readouterr().err
 

@@ -12,6 +12,7 @@ from safetensors.numpy import load_file
 from configs import distill_eagle_smollm2
 from specjax import draft_vocab
 from specjax.distill import student, train
+from specjax.distill.objectives.eagle import HEAD_VOCAB_FILE
 from specjax.errors import ConfigError
 from specjax.models.load import load_model
 from specjax.models.transformer import output_head
@@ -60,7 +61,7 @@ def test_interrupted_head_training_resumes_bit_identical(target, tmp_path):
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
   # The newest checkpoint, read back as the report does, is the exported head.
-  _, head_config, head_params, vocab, step = train.latest_head(distill_config(target, tmp_path / "whole", **EAGLE))
+  _, head_config, head_params, vocab, step = train.latest(distill_config(target, tmp_path / "whole", **EAGLE))
   save_head(str(tmp_path / "latest"), head_config, head_params, vocab)
   latest = load_file(str(tmp_path / "latest" / WEIGHTS_FILE))
   assert step == 20 and vocab is None and latest.keys() == want.keys()
@@ -70,7 +71,7 @@ def test_interrupted_head_training_resumes_bit_identical(target, tmp_path):
 
 def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_path):
   """student.draft_vocab: the Vd tokens most frequent in the training rows (EOS included), kept in the work
-  directory, exported with the head and read back by `latest_head`; a resume that would rank another
+  directory, exported with the head and read back by `train.latest`; a resume that would rank another
   vocabulary into the same work directory is refused."""
   config = distill_config(target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4,
                                                "student__draft_vocab": 24})
@@ -80,11 +81,12 @@ def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_pa
   want_Vd = draft_vocab.most_frequent(np.bincount(rows.tokens[rows.mask], minlength=teacher.config.vocab_size), 24,
                                       always=teacher.tokenizer.eos_ids)
   assert set(teacher.tokenizer.eos_ids) <= set(want_Vd.tolist())
-  np.testing.assert_array_equal(np.load(tmp_path / train.HEAD_VOCAB_FILE), want_Vd)
+  np.testing.assert_array_equal(np.load(tmp_path / HEAD_VOCAB_FILE), want_Vd)
   _, _, vocab = load_head(summary["export_dir"], teacher.config, teacher.params)
   np.testing.assert_array_equal(np.asarray(vocab.tokens_Vd), want_Vd)
-  np.testing.assert_array_equal(np.asarray(vocab.weight_VdxD), np.asarray(output_head(teacher.config, teacher.params))[want_Vd])
-  assert np.array_equal(np.asarray(train.latest_head(config)[3].tokens_Vd), want_Vd)
+  np.testing.assert_array_equal(np.asarray(vocab.weight_VdxD),
+                                np.asarray(output_head(teacher.config, teacher.params))[want_Vd])
+  assert np.array_equal(np.asarray(train.latest(config)[3].tokens_Vd), want_Vd)
   evals = [r for r in read_records(tmp_path) if r["split"] == "eval"]
   assert all(0.0 < r["acceptance"] < 1.0 and np.isfinite(r["loss"]) for r in evals)
   config.student.draft_vocab, config.num_steps = 25, 8

@@ -18,7 +18,7 @@ import pytest
 import transformers
 from safetensors.numpy import load_file
 
-from specjax.distill import checkpoint, train
+from specjax.distill import checkpoint, log, train
 from specjax.models.load import load_model
 from tests.helpers.distill import Crash, distill_config, read_records, tiny_tokenizer
 from tests.helpers.distill import target  # noqa: F401 (the fixture)
@@ -35,7 +35,7 @@ def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path):
   assert summary["after"]["loss"] < summary["before"]["loss"]
   with open(tmp_path / train.SUMMARY_FILE) as f:
     assert json.load(f)["acceptance_gain"] == pytest.approx(summary["acceptance_gain"])
-  with open(tmp_path / train.METRICS_FILE) as f:
+  with open(tmp_path / log.METRICS_FILE) as f:
     raw = [json.loads(line) for line in f]
   assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["learning_rate"] >= 0
              for r in raw if r["split"] == "train")
@@ -74,7 +74,7 @@ def _tensorboard_scalars(workdir, split):
 
 def _jsonl_scalars(workdir, split):
   """metrics.jsonl's numeric fields of `split` as float32, keyed like `_tensorboard_scalars`."""
-  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+  with open(os.path.join(workdir, log.METRICS_FILE)) as f:
     records = [r for line in f if (r := json.loads(line))["split"] == split]
   return {(k, r["step"]): float(np.float32(v)) for r in records for k, v in r.items()
           if k not in ("step", "split", "mode")}
@@ -108,7 +108,7 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path):
   assert want.keys() == got.keys()
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-  _, draft, step = train.latest_student(distill_config(target, tmp_path / "resumed", **changes))
+  _, draft, step = train.latest(distill_config(target, tmp_path / "resumed", **changes))
   assert step == 40
   for split, purge_from in (("train", 11), ("eval", 10)):  # metrics.jsonl's cut after resuming at step 10
     shown, purges = _tensorboard_scalars(tmp_path / "resumed", split)
@@ -149,7 +149,7 @@ def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(tar
     saved.close()
   assert {r["dtype"] for name, r in sums.items() if name.startswith((".params", ".opt_state"))
           and r["shape"]} == {"float32"}
-  _, draft, step = train.latest_student(distill_config(target, tmp_path / "resumed", **changes))
+  _, draft, step = train.latest(distill_config(target, tmp_path / "resumed", **changes))
   assert step == 6 and draft.config.dtype == "bfloat16"
   np.testing.assert_array_equal(np.asarray(draft.params["embed"]["embedding"], np.float32),
                                 want["model.embed_tokens.weight"])
@@ -173,7 +173,8 @@ def _other_vocab_draft(directory):
 
 _BAD_CONFIGS = {  # case -> (config changes given tmp_path, error, message)
     "divergence": (lambda tmp: {"loss__divergence": "hellinger"}, ValueError, "unknown divergence 'hellinger'"),
-    "vocabulary": (lambda tmp: {"student__init": "checkpoint", "student__checkpoint": _other_vocab_draft(str(tmp / "d"))},
+    "vocabulary": (lambda tmp: {"student__init": "checkpoint",
+                                "student__checkpoint": _other_vocab_draft(str(tmp / "d"))},
                    ValueError, r"vocabulary \(50 ids\) != teacher vocabulary \(97 ids\)"),
     "empty data": (lambda tmp: {"data__source": str(tmp)}, ValueError, "no non-empty documents"),
     "student init": (lambda tmp: {"student__init": "distil"}, ValueError, "unknown student.init 'distil'"),

@@ -42,7 +42,7 @@ def export_latest(workdir: str) -> tuple[str, dict]:
   """The run's latest checkpoint as a head directory; its facts."""
   config = distill_dflash_smollm2.get_config()
   config.workdir = workdir
-  _, head_config, params, vocab, step = train.latest_head(config)
+  _, head_config, params, vocab, step = train.latest(config)
   directory = os.path.join(workdir, "heads", f"step{step}")
   save_head(directory, head_config, params, vocab)
   evals = heldout_evals(workdir)

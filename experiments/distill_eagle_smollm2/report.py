@@ -28,7 +28,7 @@ from experiments import harness
 from experiments.distill_smollm2.report import (held_out_prompts, heldout_evals, loss_panel, split, write_jsonl,
                                                 write_train_corpus)
 from specjax import records
-from specjax.distill import train
+from specjax.distill import log, train
 from specjax.speculative.drafters.eagle_io import save_head
 
 
@@ -54,7 +54,7 @@ def plot(metrics_path: str, out: str, depth: int) -> None:
 def main(cfg: ml_collections.ConfigDict) -> None:
   config = distill_eagle_smollm2.get_config()
   config.workdir = cfg.workdir
-  teacher, head_config, head_params, vocab, step = train.latest_head(config)
+  teacher, head_config, head_params, vocab, step = train.latest(config)
   head_dir = os.path.join(cfg.workdir, "heads", f"step{step}")
   save_head(head_dir, head_config, head_params, vocab)
   if cfg.head:  # the committed copy: bfloat16, its vocabulary as token ids (rows come from the target)
@@ -64,7 +64,7 @@ def main(cfg: ml_collections.ConfigDict) -> None:
                                                                        cfg.prompt_tokens)),
                              os.path.join(cfg.workdir, "heldout_prompts.jsonl"))
   corpus_file = write_train_corpus(train_docs, os.path.join(cfg.workdir, "train_corpus.jsonl"))
-  metrics_path = os.path.join(cfg.workdir, train.METRICS_FILE)
+  metrics_path = os.path.join(cfg.workdir, log.METRICS_FILE)
   evals = heldout_evals(cfg.workdir)
   results = {"checkpoint_step": step, "head": records.relative(head_dir), "committed_head": records.relative(cfg.head),
              "prompts_file": records.relative(prompts_file),

@@ -36,7 +36,7 @@ def export_latest(variant: str, workdir: str) -> tuple[str, dict]:
   """The run's latest checkpoint as an HF directory (with its mask token for a parallel draft); its facts."""
   config = distill_smollm2_parallel.get_config(variant)
   config.workdir = workdir
-  teacher, draft, step = train.latest_student(config)
+  teacher, draft, step = train.latest(config)
   directory = export_hf(os.path.join(workdir, "drafts", f"step{step}"), draft.config, draft.params, teacher.tokenizer)
   if variant == "parallel":
     save_mask_token(directory, pard.mask_id(draft.config))

@@ -24,7 +24,7 @@ import ml_collections
 from configs import distill_smollm2
 from experiments import harness
 from specjax import corpus, records
-from specjax.distill import data, train
+from specjax.distill import data, log, train
 from specjax.distill.export import export_hf
 from specjax.models.load import LoadedModel
 
@@ -95,7 +95,7 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
   """Writes what the before/after sweep decodes with into `config.workdir`: drafts/step0 (the
   undistilled draft the run started from) and drafts/step<N> (its latest checkpoint) as HF directories,
   heldout_prompts.jsonl and train_corpus.jsonl. Returns the paths and N."""
-  teacher, distilled, step = train.latest_student(config)
+  teacher, distilled, step = train.latest(config)
   undistilled = LoadedModel(f"{teacher.name}-draft-step0", *train.init_student(config, teacher), teacher.tokenizer)
   train_docs, held = split(config)
   drafts = os.path.join(config.workdir, "drafts")
@@ -111,7 +111,7 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
 
 def heldout_evals(workdir: str) -> list[dict]:
   """The run's held-out evaluation records (metrics.jsonl), in step order."""
-  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+  with open(os.path.join(workdir, log.METRICS_FILE)) as f:
     return [r for line in f if (r := json.loads(line))["split"] == "eval"]
 
 
@@ -124,7 +124,7 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
   results["environment"] = records.environment()
   harness.write_results(results, cfg.output)
-  plot(os.path.join(cfg.workdir, train.METRICS_FILE), os.path.join(os.path.dirname(cfg.output), "curves.png"))
+  plot(os.path.join(cfg.workdir, log.METRICS_FILE), os.path.join(os.path.dirname(cfg.output), "curves.png"))
   print(f"wrote {cfg.output}; decode them with configs/sweeps/smollm2_distill.py", flush=True)
 
 

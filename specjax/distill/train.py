@@ -43,8 +43,7 @@ from specjax import corpus, mesh as meshes, partitioning
 from specjax.distill import data, objective, steps
 from specjax.distill.checkpoint import Checkpointer
 from specjax.distill.config import check_fields
-from specjax.distill.log import METRICS_FILE, Log, print_before_and_after  # noqa: F401 (train.METRICS_FILE)
-from specjax.distill.objectives.eagle import HEAD_VOCAB_FILE  # noqa: F401 (train.HEAD_VOCAB_FILE)
+from specjax.distill.log import Log, print_before_and_after
 from specjax.models.load import LoadedModel, load_model
 from specjax.models.transformer import Params
 from specjax.sampling import sampling_params
@@ -151,9 +150,6 @@ def latest(config: ml_collections.ConfigDict) -> tuple:
   that is still going or was stopped."""
   teacher, student, state, step, parts = _restore_newest(config)
   return student.objective.latest(teacher, student.config, state.params, step, parts[1])
-
-
-latest_student = latest_head = latest  # the names the experiments' reports call
 
 
 def _eval_batches(held: data.Packed, batch_size: int, num_batches: int) -> list[tuple[np.ndarray, np.ndarray]]:

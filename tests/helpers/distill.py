@@ -12,7 +12,7 @@ import pytest
 import tokenizers
 
 from configs import distill_tiny
-from specjax.distill import train
+from specjax.distill import log, train
 from tests.helpers.tiny_hf import VOCAB, save_hf_model
 
 EOS = "<|endoftext|>"
@@ -64,7 +64,7 @@ def distill_config(target, directory, module=distill_tiny, **changes):
 
 def read_records(workdir):
   """metrics.jsonl without its one nondeterministic field (throughput)."""
-  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+  with open(os.path.join(workdir, log.METRICS_FILE)) as f:
     return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in f]
 
 

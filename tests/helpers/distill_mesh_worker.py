@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from specjax import mesh as meshes, partitioning  # noqa: E402
-from specjax.distill import steps, student, train  # noqa: E402
+from specjax.distill import log, steps, student, train  # noqa: E402
 from specjax.distill.checkpoint import Checkpointer  # noqa: E402
 from specjax.distill.config import default_config  # noqa: E402
 from specjax.errors import ConfigError  # noqa: E402
@@ -236,7 +236,7 @@ def _export(summary) -> dict:
 
 
 def _records(workdir):
-  with open(os.path.join(workdir, train.METRICS_FILE)) as f:
+  with open(os.path.join(workdir, log.METRICS_FILE)) as f:
     return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in f]
 
 
@@ -265,8 +265,10 @@ def resume(directory: str) -> dict:
   moved = os.path.join(directory, "moved")
   shutil.copytree(killed, moved)
   resumed = train.run(_run_config(target, killed, mesh))
-  results = {"saved_before_kill": saved, "state_sums_equal": _state_sums(whole_dir := os.path.join(
-                 directory, "whole"), 4) == _state_sums(killed, 4) and _state_sums(whole_dir, 2) == _state_sums(killed, 2), "modes": sorted({r["mode"] for r in _records(killed) if "mode" in r}),
+  results = {"saved_before_kill": saved,
+             "state_sums_equal": _state_sums(whole_dir := os.path.join(directory, "whole"), 4) == _state_sums(killed, 4)
+                                 and _state_sums(whole_dir, 2) == _state_sums(killed, 2),
+             "modes": sorted({r["mode"] for r in _records(killed) if "mode" in r}),
              "records_equal": _records(killed) == _records(os.path.join(directory, "whole")),
              "export_bit_equal": _bit_equal(_export(whole), _export(resumed)),
              "export_keys": sorted(_export(whole)),
