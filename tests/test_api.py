@@ -1,6 +1,7 @@
-"""`specjax.Decoder` and the plug-in interface: the manual's own drafter (docs/writing-a-drafter.md), written outside specjax, decodes
-through the command line and the Python API with the target's greedy output; a Decoder loads once and
-generates with new sampling knobs without reloading or recompiling; bad fields fail with one line."""
+"""`specjax.Decoder` and the plug-in interface: the manual's own drafter (docs/writing-a-drafter.md),
+written outside specjax, decodes through the command line and the Python API with the target's greedy
+output; a Decoder loads once and generates with new sampling knobs without reloading or recompiling; bad
+fields fail with one line."""
 
 import json
 import sys

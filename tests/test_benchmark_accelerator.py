@@ -94,7 +94,8 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
                                                                     "speculative", cfg.comparison_k)
   assert spec["greedy_equals_autoregressive"] is True
   assert spec["round_in_target_steps"] == pytest.approx(spec["round_s"] / ar["step_s"])
-  assert {"while_loops_in_round", "custom_calls"} <= set(ar["lowering"]) and spec["lowering"]["while_loops_in_round"] >= 1
+  assert {"while_loops_in_round", "custom_calls"} <= set(ar["lowering"]) \
+      and spec["lowering"]["while_loops_in_round"] >= 1
   assert "| kernel_interpret | speculative | 2 |" in stdout
 
 

@@ -221,7 +221,8 @@ def test_plan_skips_layer_skip_without_layers():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("sets.chat.greedy", ("model_k8_t1.5",), r"config.sets.chat.greedy, system model_k8_t1.5: .*config.model.stop_threshold"),
+    ("sets.chat.greedy", ("model_k8_t1.5",),
+     r"config.sets.chat.greedy, system model_k8_t1.5: .*config.model.stop_threshold"),
     ("sets.raw.sampled", ("ngram_t0.5",), r"config.sets.raw.sampled: unknown system 'ngram_t0.5'"),
     ("prompt_sets", ("code_edit", "prose"), r"unknown set 'prose'"),
     ("sets.chat.num_prompts", 9, r"config.sets.chat.greedy: 9 prompts needed .* the set has 8"),

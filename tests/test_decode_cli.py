@@ -195,7 +195,8 @@ def _bad_inputs(tmp_path):
     (tmp_path / name).write_text(text)
   prompts = lambda name: f"--config.prompts_file={tmp_path / name}"
   return [
-      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: adaptive, attention, attention_block, "),
+      (["--config.kk=2"], 2, r"unknown config field 'kk' \(did you mean 'k'\?\); known fields: adaptive, attention, "
+       r"attention_block, "),
       (["--config.k=0"], 2, r"config.k \(draft tokens per round\) must be an integer >= 1, got 0"),
       (["--config.k=abc"], 2, r"flag --config.k=abc: invalid literal"),
       (["--config.temperature=-0.5"], 2, r"config.temperature must be >= 0"),
@@ -212,8 +213,8 @@ def _bad_inputs(tmp_path):
       ([prompts("missing.txt")], 1, r"prompts file .*missing.txt: No such file or directory"),
       ([prompts("empty.txt")], 1, r"prompts file .*empty.txt holds no prompt"),
       ([prompts("invalid.jsonl")], 1, r"invalid.jsonl:3: invalid JSON \(Expecting ',' delimiter"),
-      ([prompts("string.jsonl")], 1, r"string.jsonl:1: expected a JSON object with a 'prompt' string or a 'turns' list of strings, "
-       r"got a str"),
+      ([prompts("string.jsonl")], 1, r"string.jsonl:1: expected a JSON object with a 'prompt' string or a 'turns' "
+       r"list of strings, got a str"),
       ([prompts("number.jsonl")], 1, r"number.jsonl:2: .* got a 'prompt' of type int"),
       ([prompts("no_field.jsonl")], 1, r"no_field.jsonl:1: .* got neither a 'prompt' nor a 'turns' field"),
       ([prompts("turns.jsonl")], 1, r"turns.jsonl:1: .* got a 'turns' that is not a non-empty list of strings"),
@@ -353,7 +354,8 @@ def test_an_adaptive_tree_counts_the_nodes_of_the_cut_each_round_verified():
 @pytest.mark.parametrize("overrides, message", [
     (dict(tree="(2,"), "config.tree .* neither"), (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
     (dict(tree="()"), "config.tree: the branching tuple is empty"),
-    (dict(tree="(2,)", drafter="layer_skip", layer_skip=dict(layers="0")), "config.drafter 'layer_skip' drafts no trees"),
+    (dict(tree="(2,)", drafter="layer_skip", layer_skip=dict(layers="0")),
+     "config.drafter 'layer_skip' drafts no trees"),
     (dict(tree="(2, 2)", drafter="ngram"), r"spines, \(b, 1, ..., 1\)"),
     (dict(tree="dynamic(4, 2, 2)", drafter="ngram"), "spines"),
     (dict(tree="dynamic(4, 2)"), r"config.tree .*dynamic\(N, D, b\)"),

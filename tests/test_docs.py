@@ -87,7 +87,8 @@ def check_without_running(where: str, words: list[str]) -> None:
     assert _has_field(cfg, field), f"{where}: {flags['config']} has no field {field!r}"
   for field, value in flags.items():  # files the command reads (outputs and work directories are made)
     if field.split(".")[-1] in ("draft", "target", "prompts_file", "source", "report") and "/" in value \
-        and not value.startswith(("/", "DIR", "WORKDIR")) and "@" not in value and not re.match(r"^\w+/[\w.-]+$", value):
+        and not value.startswith(("/", "DIR", "WORKDIR")) and "@" not in value \
+        and not re.match(r"^\w+/[\w.-]+$", value):
       assert os.path.exists(os.path.join(readme.ROOT, value)), f"{where}: {value} does not exist"
 
 

@@ -26,12 +26,13 @@ the correct one except at the bonus of the rows that reach it (asserted), so onl
 can catch them.
 
 Level and sample sizes: every chi-square test of the correct engine is at level ALPHA = 0.001 on
-N = SAMPLE_ROWS = 5,000 rows of one call (fixed keys, so the outcome is deterministic; each passes); a mutated variant must give p < 1e-6. Cells expecting fewer than 5 draws
-are pooled (`chi_square_pvalue`). Power: at 10,000 rows the weakest injected fault (the bonus from the
-residual against p_K) scores a statistic of 275 on 55 degrees of freedom (p = 4e-31); drafts sampled at
-another temperature score 312 on 16 (top-p 0.8, p = 8e-57) and 469 on 33, the broken top-k sampler 631
-on 20, the bonus from q_K 13,072 on 33. (At 30,000 rows each statistic was about three times larger; at
-5,000 each excess over its degrees of freedom is about half, `tests/helpers/stats.py`.)
+N = SAMPLE_ROWS = 5,000 rows of one call (fixed keys, so the outcome is deterministic; each passes); a
+mutated variant must give p < 1e-6. Cells expecting fewer than 5 draws are pooled (`chi_square_pvalue`).
+Power: at 10,000 rows the weakest injected fault (the bonus from the residual against p_K) scores a
+statistic of 275 on 55 degrees of freedom (p = 4e-31); drafts sampled at another temperature score 312 on
+16 (top-p 0.8, p = 8e-57) and 469 on 33, the broken top-k sampler 631 on 20, the bonus from q_K 13,072 on
+33. (At 30,000 rows each statistic was about three times larger; at 5,000 each excess over its degrees of
+freedom is about half, `tests/helpers/stats.py`.)
 Run time: the compiles dominate (one per K and sampling's static flags for the correct engine, one per
 mutated run); each 10,000-row run took ~1.5 s on 2 CPU cores with the tests' XLA flags.
 """

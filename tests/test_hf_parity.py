@@ -143,7 +143,8 @@ def test_classic_rope_keys_read_like_rope_parameters(family, tmp_path):
                    rope_scaling={k: v for k, v in params["full_attention"].items() if k != "rope_theta"})
   else:
     classic.update(rope_theta=params["rope_theta"],
-                   rope_scaling={("type" if k == "rope_type" else k): v for k, v in params.items() if k != "rope_theta"})
+                   rope_scaling={("type" if k == "rope_type" else k): v
+                                 for k, v in params.items() if k != "rope_theta"})
   assert config_from_hf_dict(classic) == config_from_hf_dict(v5)
   assert config_from_hf_dict(v5).rope_scaling.type != "default"
 

@@ -297,9 +297,10 @@ TREE_CHI2_COSTS = np.array([1.0, 1.2, 1.3, 1.5, 1.6, 10.0, 10.0], np.float32)
 
 
 def _tree_tokens(rows=SAMPLE_ROWS):
-  """The first LONG_STEPS tokens of N = `rows` rows of the model drafter drafting the tree (2, 2, 1) with the policy on (9 nodes
-  of look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is fed by the first
-  round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the loop's output."""
+  """The first LONG_STEPS tokens of N = `rows` rows of the model drafter drafting the tree (2, 2, 1) with
+  the policy on (9 nodes of look-ahead), the draft lagging by its whole history (`lag_for`: the prompt is
+  fed by the first round): the counts [V^STEPS] of the first STEPS, the [N, LONG_STEPS] tokens and the
+  loop's output."""
   drafter = ModelDrafter(*SMALL_DRAFT, tree=TREES["branching"], max_lag=None)
   (config, params), cache_len = SMALL_TARGET, len(SAMPLE_PROMPT) + LONG_STEPS + 9
   out = testing.speculate(SpeculativeLoop(config, 3, policy=POLICY), params, drafter,

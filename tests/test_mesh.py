@@ -1,9 +1,10 @@
 """Decoding on a device mesh (8 simulated CPU devices, in a subprocess: `tests/helpers/mesh_worker.py`).
 
 Tokens on meshes (1,8), (2,4) and (8,1) equal the single-device tokens (greedy, speculative and
-autoregressive; sampled with a fixed seed on (2,4), and across two processes); every weight is split as the rules say and a device holds about
-1/model of the bytes; the compiled speculative program moves no weight, cache or full-vocabulary array
-between devices (the same inspection flags programs that do); bad meshes fail with a clear message.
+autoregressive; sampled with a fixed seed on (2,4), and across two processes); every weight is split as
+the rules say and a device holds about 1/model of the bytes; the compiled speculative program moves no
+weight, cache or full-vocabulary array between devices (the same inspection flags programs that do); bad
+meshes fail with a clear message.
 """
 
 from __future__ import annotations

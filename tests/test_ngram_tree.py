@@ -99,13 +99,13 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
   """N = SAMPLE_ROWS rows of LONG_STEPS = 8 tokens through spines (2, 1) at temperature 0.7 with top-k 3 (three
   rounds at least per row): chi-square of the first 3 tokens' joint, and every position against the
   target's exact conditional given the row's earlier tokens (`all_positions_pvalue`: PIT in 10 bins per
-  position, Bonferroni over the 8), each at level 0.001 / 2. SPINE_PROMPT gives every row two spines, and the first spine's head is
-  rejected (the second spine tried) in about 80% of the rows (asserted > 60%, read from the output: its
-  token 1 is not that head). A broken tree rule fails (p < 1e-6): the second spine's point mass not taken
-  out of q' after its rejection ("later_sibling_kept"; p = 0 by underflow at 30,000 rows, as for
-  "shared_sibling_uniform"; the correct engine p = 0.95 at 15,000 rows; run on 4,000 rows, p < 1e-30). The earlier prompt had two spines in no row:
-  the later-sibling mutant passed there. (q' never updated at all is caught for point-mass children by
-  test_tree_exactness.py's "top" case.)"""
+  position, Bonferroni over the 8), each at level 0.001 / 2. SPINE_PROMPT gives every row two spines, and
+  the first spine's head is rejected (the second spine tried) in about 80% of the rows (asserted > 60%,
+  read from the output: its token 1 is not that head). A broken tree rule fails (p < 1e-6): the second
+  spine's point mass not taken out of q' after its rejection ("later_sibling_kept"; p = 0 by underflow at
+  30,000 rows, as for "shared_sibling_uniform"; the correct engine p = 0.95 at 15,000 rows; run on 4,000
+  rows, p < 1e-30). The earlier prompt had two spines in no row: the later-sibling mutant passed there.
+  (q' never updated at all is caught for point-mass children by test_tree_exactness.py's "top" case.)"""
   sampling, rows, steps = sampling_params(0.7, top_k=3), SAMPLE_ROWS, 3  # `steps`: the joint's
   (config, params) = SMALL_TARGET
   drafter = NgramDrafter(config.vocab_size, 1, 3, tree=tree_lib.from_branching((2, 1)))

@@ -109,7 +109,8 @@ def test_second_turns_continue_the_models_own_answers(chat_model_dirs, tmp_path)
                                mode="autoregressive"), log=lambda m: None)
   outputs = ar["outputs"]
   assert [(o.get("conversation"), o.get("turn")) for o in outputs] == [(0, 1), (0, 2), (1, 1), (2, 1), (2, 2)]
-  assert outputs[3]["category"] == "c" and [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in outputs]
+  assert outputs[3]["category"] == "c" \
+      and [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in outputs]
 
   target, _ = pipeline.load_models(cfg, log=lambda m: None)
   tok = target.tokenizer

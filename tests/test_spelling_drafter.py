@@ -1,7 +1,7 @@
 """Drafting through the token-level intersection (a draft with another vocabulary): greedy output equals
 the target's own for chains, early stopping and both kinds of trees; the draft reads exactly the spelled
-history; the adaptive K policy works through it; sampled output follows the target's exact distribution, and a draft whose restricted
-distribution is not renormalised fails the same test."""
+history; the adaptive K policy works through it; sampled output follows the target's exact distribution,
+and a draft whose restricted distribution is not renormalised fails the same test."""
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,8 @@ from specjax.speculative.k_policy import Tables
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.plan import ChosenPlan, RoundPlan
 from specjax.speculative.trees.dynamic import DynamicSpec
-from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET, exact_distribution,
-                                  target_greedy)
+from tests.helpers.engine import (NO_EOS, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, TARGET,
+                                  exact_distribution, target_greedy)
 from tests.helpers.spelling import (FORCED_CACHE, FORCED_PROMPTS, bpe_pair_dirs, forced_rounds, run_drafter,
                                     spell_history, spelling_drafter)
 from tests.helpers.k_policy import COSTS_K3, POLICY, assert_rounds_draft

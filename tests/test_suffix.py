@@ -57,7 +57,8 @@ def test_appended_keeps_the_newest_tokens_of_every_call():
   rng = np.random.default_rng(0)
   pool, calls = empty_pool(23), []
   for _ in range(6):
-    rows = [(list(map(int, rng.integers(0, 9, rng.integers(0, 5)))), list(map(int, rng.integers(0, 9, rng.integers(0, 4)))))
+    rows = [(list(map(int, rng.integers(0, 9, rng.integers(0, 5)))),
+             list(map(int, rng.integers(0, 9, rng.integers(0, 4)))))
             for _ in range(3)]
     calls.append(rows)
     prompts, lengths = np.zeros((3, 4), np.int32), np.array([len(p) for p, _ in rows], np.int32)
@@ -152,7 +153,8 @@ def test_propose_matches_the_reference_on_random_pools_and_batches(name, branche
   assert {0, 1, 2} < lengths_seen  # misses, single tokens and longer paths
 
 
-@pytest.mark.parametrize("capacity, vocab, max_match, occurrences", [(3000, 3, 6, 8), (1000, 2, 12, 64), (700, 50, 3, 5)])
+@pytest.mark.parametrize("capacity, vocab, max_match, occurrences",
+                         [(3000, 3, 6, 8), (1000, 2, 12, 64), (700, 50, 3, 5)])
 def test_the_pool_index_finds_what_a_pass_over_the_pool_finds(capacity, vocab, max_match, occurrences):
   """Random pools (sequences of 1 to 40 tokens; few ids, so that matches are long and occur many times,
   and many ids, so that most are short or missing) searched by 64 random suffixes, some running past

@@ -108,7 +108,8 @@ def test_bos_added_when_the_file_says_so(tmp_path):
 
 
 def test_unsupported_gguf_tokenizers(tmp_path):
-  for key, value, message in [("model", "llama", "unsupported GGUF tokenizer model 'llama'"), ("pre", "mystery", "pre-tokenizer")]:
+  for key, value, message in [("model", "llama", "unsupported GGUF tokenizer model 'llama'"),
+                              ("pre", "mystery", "pre-tokenizer")]:
     path = str(tmp_path / f"{key}.gguf")
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_tokenizer_model(value if key == "model" else "gpt2")
@@ -126,7 +127,8 @@ def test_gemma_sentencepiece_gguf_matches_transformers(tmp_path):
   """A tiny Gemma 3 GGUF vocabulary (no merges, byte fallback, a control token, a user-defined run of
   spaces stored as spaces): specjax rebuilds the tokenizer transformers builds from the same file."""
   pieces = ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "bc", "\u2581abc", "ca", "  "]
-  tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>"] + [f"<0x{i:02X}>" for i in range(256)] + pieces
+  tokens = (["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>"] + [f"<0x{i:02X}>" for i in range(256)]
+            + pieces)
   types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * (len(pieces) - 1) + [4]
   path = str(tmp_path / "g.gguf")
   writer = gguf.GGUFWriter(path, "gemma3")

@@ -99,8 +99,9 @@ def test_parse_config_strings():
 
 
 @pytest.mark.parametrize("spec, printed", [
-    ("(2, 2, 1)", "(2, 2, 1)"), ("3", "(3,)"), ("(1,1,1,1)", "(1, 1, 1, 1)"), ("[[0], [1], [0, 0]]", "[[0], [1], [0, 0]]"),
-    ("[[0], [0, 0], [0, 1]]", "(1, 2)"), ("[[0], [1], [1, 0]]", "[[0], [1], [1, 0]]")])
+    ("(2, 2, 1)", "(2, 2, 1)"), ("3", "(3,)"), ("(1,1,1,1)", "(1, 1, 1, 1)"),
+    ("[[0], [1], [0, 0]]", "[[0], [1], [0, 0]]"), ("[[0], [0, 0], [0, 1]]", "(1, 2)"),
+    ("[[0], [1], [1, 0]]", "[[0], [1], [1, 0]]")])
 def test_a_tree_prints_as_a_config_string_that_names_it(spec, printed):
   """Messages name a tree as a user writes it (its branching tuple where it is a full tree), not its
   parent and depth tuples."""

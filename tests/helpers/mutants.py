@@ -252,7 +252,8 @@ def _tree_rule_mutant(name):
   return lambda monkeypatch: inject(monkeypatch, name, tree=True)
 
 
-PLUGIN_MUTANTS = {**LOOP_MUTANTS, **{name: _tree_rule_mutant(name) for name in TREE_ROW_MUTANTS + tuple(RESIDUAL_MUTANTS)},
+PLUGIN_MUTANTS = {**LOOP_MUTANTS,
+                  **{name: _tree_rule_mutant(name) for name in TREE_ROW_MUTANTS + tuple(RESIDUAL_MUTANTS)},
                   "no_grandparent_ancestor_mask":
                       lambda monkeypatch: monkeypatch.setattr(dynamic_tree.DynamicTree, "ancestor_mask",
                                                               no_grandparent_ancestor_mask)}
