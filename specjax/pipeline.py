@@ -96,6 +96,8 @@ def check_inputs(spec: DecodeSpec, requests: Sequence[prompts.Request] | None = 
   requests = list(requests) if requests is not None else prompts.requests(cfg.prompts, cfg.prompts_file)
   if not requests:
     raise ConfigError("no prompt to decode")
+  for request in requests:
+    request.check_budget(cfg.max_new_tokens)
   turns = max(len(r.turns) for r in requests)
   if turns > 1 and not cfg.chat:
     source = f"config.prompts_file {cfg.prompts_file}: " if cfg.prompts_file else ""
@@ -126,7 +128,7 @@ def _lowering_report(spec: DecodeSpec, session: Session, batch: Batch, key, mode
 def _row(spec: DecodeSpec, session: Session, request: prompts.Request, answers: Sequence[str]) -> Row:
   """The batch row of `request`'s turn after `answers` (the model's answers so far)."""
   return Row(prompts.turn_ids(session.target.tokenizer, request, answers, spec.config.chat),
-             constraint_of(spec, request))
+             constraint_of(spec, request), request.budget(spec.config.max_new_tokens))
 
 
 @dataclasses.dataclass

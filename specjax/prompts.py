@@ -7,7 +7,8 @@ source parses into requests (`config.prompts_file` overrides `config.prompts`):
   a text file            one prompt per non-empty line
   a .jsonl file          one object per non-empty line with a "prompt" string, or a "turns" list of
                          strings (a multi-turn conversation, as FastChat's MT-Bench question.jsonl), and
-                         optionally a "constraint" (a string or a dict, as `Request.constraint`)
+                         optionally a "constraint" (a string or a dict, as `Request.constraint`) and a
+                         "max_new_tokens" (`Request.max_new_tokens`)
   "mt-bench"             the MT-Bench questions (`python -m specjax.data fetch mt-bench`), all 80, or a
                          selection: "mt-bench?category=coding,math&per_category=2"
 Turn t is decoded from the chat template of the first t user messages with the model's own answers to
@@ -46,6 +47,9 @@ class Request:
   constraint: str = ""
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # copied into each output (e.g. category)
   source: str = dataclasses.field(default="", compare=False, repr=False)  # for errors: "request 2", "p.jsonl:3"
+  # Its own budget of new tokens per turn, at most the call's config.max_new_tokens (the width the program
+  # is compiled for: `check_budget`); None: the call's.
+  max_new_tokens: int | None = None
 
   def __post_init__(self):
     prompt = self.prompt
@@ -57,6 +61,20 @@ class Request:
     object.__setattr__(self, "prompt", prompt)
     object.__setattr__(self, "constraint", compiler.spec_of(self.constraint, self.field("constraint")))
     object.__setattr__(self, "meta", dict(self.meta))
+    budget = self.max_new_tokens
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+      raise ConfigError(f"{self.field('max_new_tokens')} must be an integer >= 1 (or None: the call's), "
+                        f"got {budget!r}")
+
+  def budget(self, call_budget: int) -> int:
+    """Its new tokens per turn in a call whose budget (config.max_new_tokens) is `call_budget`."""
+    return call_budget if self.max_new_tokens is None else self.max_new_tokens
+
+  def check_budget(self, call_budget: int) -> None:
+    """Its budget fits the call's (the program's output width and caches are compiled for that one)."""
+    if self.budget(call_budget) > call_budget:
+      raise ConfigError(f"{self.field('max_new_tokens')} {self.max_new_tokens} exceeds config.max_new_tokens "
+                        f"{call_budget}, the most a call's program decodes: raise that instead")
 
   @property
   def turns(self) -> tuple[str, ...]:
@@ -97,9 +115,10 @@ def _read_file(path: str) -> list[Request]:
       raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string or a 'turns' list of "
                        f"strings, got {got}")
     meta = {k: v for k, v in record.items()
-            if k not in ("prompt", "turns", "constraint") and isinstance(v, (str, int, float))}
+            if k not in ("prompt", "turns", "constraint", "max_new_tokens") and isinstance(v, (str, int, float))}
     prompt = record["prompt"] if isinstance(record.get("prompt"), str) else tuple(turns)
-    requests.append(Request(prompt, record.get("constraint"), meta, source=f"{path}:{number}"))
+    requests.append(Request(prompt, record.get("constraint"), meta, source=f"{path}:{number}",
+                            max_new_tokens=record.get("max_new_tokens")))
   return requests
 
 

@@ -71,10 +71,11 @@ def program_key(spec: DecodeSpec, cache_len: int, built: BuiltDrafter | None,
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  """One row of a batch: a request's input ids at one turn, and the constraint it decodes under."""
+  """One row of a batch: a request's input ids at one turn, the constraint it decodes under, its budget."""
 
   ids: Sequence[int]
   constraint: str = ""  # a constraint spec (`compiler.spec_of`); "" = none
+  budget: int | None = None  # new tokens, at most config.max_new_tokens; None: that
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +135,9 @@ class Session:
     size = self.spec.config.batch_size
     filled = list(rows) + [rows[0]] * (size - len(rows))
     prompts_BxP, lengths_B = generation.pad_prompts([list(r.ids) for r in filled], width=width)
-    budget_B = np.where(np.arange(size) < len(rows), self.spec.config.max_new_tokens, 1).astype(np.int32)
+    call_budget = self.spec.config.max_new_tokens
+    budget_B = np.array([call_budget if r.budget is None else r.budget for r in rows] + [1] * (size - len(rows)),
+                        np.int32)
     constraint = Unconstrained() if self.constraints is None else self.constraints.rows(
         [r.constraint for r in rows] + [""] * (size - len(rows)))
     return Batch(prompts_BxP, lengths_B, budget_B, constraint, len(rows))

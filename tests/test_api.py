@@ -77,6 +77,14 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   # ... which ran before: no warm-up call (a first sampled program had one)
   assert first.stats["compile_time_s"] > 0 and second.stats["compile_time_s"] == 0
   assert dec.generate(["def add(a, b):", "hello"], temperature=0.0).token_ids == greedy.token_ids
+  # A request's own budget (a runtime value: the same program) cuts its greedy output, the other row's whole.
+  short = dec.generate([specjax.Request("def add(a, b):", max_new_tokens=3), "hello"], temperature=0.0)
+  assert short.token_ids == [greedy.token_ids[0][:3], greedy.token_ids[1]]
+  assert loop._generate._cache_size() == compiled
+  with pytest.raises(ConfigError, match=r"max_new_tokens of request 1 1000 exceeds config.max_new_tokens"):
+    dec.generate([specjax.Request("abc", max_new_tokens=1000)])
+  with pytest.raises(ConfigError, match=r"max_new_tokens of request 2 must be an integer >= 1"):
+    dec.generate(["abc", specjax.Request("abc", max_new_tokens=0, source="request 2")])
   assert first.results["config"]["temperature"] == 0.7 and second.results["config"]["temperature"] == 1.0
 
   ngram = dec.generate(["abcabcabc"], drafter="ngram", ngram={"min": 1, "max": 2})  # another drafter, same target

@@ -11,6 +11,7 @@ import pytest
 
 from specjax import autoregressive, pipeline, prompts, testing
 from specjax.data import mtbench, registry
+from specjax.errors import ConfigError
 from specjax.models.kv_cache import init_cache
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import chat_model_dirs  # noqa: F401 (the fixture)
@@ -22,9 +23,14 @@ QUESTIONS = [{"question_id": 1, "category": "math", "turns": ["1+1?", "and 2+2?"
 
 def test_jsonl_prompts_and_conversations_keep_their_fields(tmp_path):
   path = tmp_path / "p.jsonl"
-  path.write_text('{"prompt": "one"}\n\n{"turns": ["a", "b"], "category": "x", "question_id": 7, "tags": [1]}\n')
+  path.write_text('{"prompt": "one", "max_new_tokens": 5}\n\n'
+                  '{"turns": ["a", "b"], "category": "x", "question_id": 7, "tags": [1]}\n')
   got = prompts.requests((), str(path))
-  assert got == [prompts.Request("one"), prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7})]
+  assert got == [prompts.Request("one", max_new_tokens=5),
+                 prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7})]
+  path.write_text('{"prompt": "one", "max_new_tokens": "5"}\n')
+  with pytest.raises(ConfigError, match=r"max_new_tokens of .*p.jsonl:1 must be an integer >= 1"):
+    prompts.requests((), str(path))
   assert prompts.requests(("p", "q"), "") == [prompts.Request("p"), prompts.Request("q")]
 
 
