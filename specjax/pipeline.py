@@ -28,7 +28,7 @@ from specjax.decode_spec import DecodeSpec, from_config
 from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
 from specjax.models.load import LoadedModel, load_model, with_execution
-from specjax.session import Batch, BuiltDrafter, Decoded, Models, Row, Session, Sessions, constraint_of
+from specjax.session import Batch, Decoded, Models, Row, Session, Sessions, constraint_of
 from specjax.speculative.k_policy import tuning
 
 
@@ -125,8 +125,9 @@ def _lowering_report(spec: DecodeSpec, session: Session, batch: Batch, key, mode
   return results
 
 
-def _row(spec: DecodeSpec, session: Session, request: prompts.Request, answers: Sequence[str]) -> Row:
+def _row(session: Session, request: prompts.Request, answers: Sequence[str]) -> Row:
   """The batch row of `request`'s turn after `answers` (the model's answers so far)."""
+  spec = session.spec
   return Row(prompts.turn_ids(session.target.tokenizer, request, answers, spec.config.chat),
              constraint_of(spec, request), request.budget(spec.config.max_new_tokens))
 
@@ -137,8 +138,7 @@ class _Turns:
   by conversation), a tally per turn, the policy's record (measured again once at most, after a call its
   cost table missed) and every call's cost check."""
 
-  spec: DecodeSpec
-  session: Session
+  session: Session  # its spec is the run's
   width: int
   policy: dict[str, Any]
   outputs: list[dict] = dataclasses.field(default_factory=list)
@@ -146,12 +146,13 @@ class _Turns:
   cost_checks: list[dict] = dataclasses.field(default_factory=list)
 
   def decode(self, requests: Sequence[prompts.Request], key, profiler, log: Callable[[str], None]) -> None:
-    spec, tok, size = self.spec, self.session.target.tokenizer, self.spec.config.batch_size
+    spec, tok = self.session.spec, self.session.target.tokenizer
+    size = spec.config.batch_size
     turns = max(len(r.turns) for r in requests)
     answers: list[list[str]] = [[] for _ in requests]
     for turn in range(turns):
       active = [i for i, r in enumerate(requests) if len(r.turns) > turn]
-      rows = [_row(spec, self.session, requests[i], answers[i]) for i in active]
+      rows = [_row(self.session, requests[i], answers[i]) for i in active]
       if max(len(r.ids) for r in rows) > self.width:
         raise RuntimeError(f"turn {turn + 1}: a prompt of {max(len(r.ids) for r in rows)} tokens exceeds the "
                            f"{self.width} the program was compiled for (an earlier answer re-encoded to more than "
@@ -189,9 +190,9 @@ class _Turns:
       log(f"the round costs predicted {check['predicted_s']:.2f} s for this batch; it took {decoded.wall_s:.2f} s")
       self.policy.update(self.session.tune(batch, key, log))
 
-  def stats(self, built: BuiltDrafter | None) -> dict[str, Any]:
+  def stats(self) -> dict[str, Any]:
     """The run's statistics over every turn (without its compile and load times)."""
-    spec = self.spec
+    spec, built = self.session.spec, self.session.built
     stats = {"mode": spec.config.mode, "num_prompts": len(self.outputs),
              **metrics.Tally.merged(self.tallies).stats(spec.speculative)}
     if spec.speculative:
@@ -227,14 +228,14 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
   load_time = time.perf_counter() - load_start
   session, width = sessions.open(spec, requests)
   key = jax.random.key(cfg.seed)
-  first = session.batch([_row(spec, session, r, ()) for r in requests[:cfg.batch_size]], width)
+  first = session.batch([_row(session, r, ()) for r in requests[:cfg.batch_size]], width)
   if cfg.lower_only:
     return _lowering_report(spec, session, first, key, sessions.models, log)
   compile_time = session.warm_up(first, key, log)
   profiler = round_profile.Profiler() if cfg.profile else None
-  turns = _Turns(spec, session, width, session.tune(first, key, log) if spec.speculative else {})
+  turns = _Turns(session, width, session.tune(first, key, log) if spec.speculative else {})
   turns.decode(requests, key, profiler, log)
-  stats = {**turns.stats(session.built), "compile_time_s": compile_time, "load_time_s": load_time}
+  stats = {**turns.stats(), "compile_time_s": compile_time, "load_time_s": load_time}
   if profiler is not None:
     stats["profile"] = profiler.report(session, width)
     for line in round_profile.lines(stats["profile"]):

@@ -74,8 +74,8 @@ class Row:
   """One row of a batch: a request's input ids at one turn, the constraint it decodes under, its budget."""
 
   ids: Sequence[int]
-  constraint: str = ""  # a constraint spec (`compiler.spec_of`); "" = none
-  budget: int | None = None  # new tokens, at most config.max_new_tokens; None: that
+  constraint: str  # a constraint spec (`compiler.spec_of`); "" = none
+  budget: int  # new tokens, at most config.max_new_tokens (`prompts.Request.budget`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +135,7 @@ class Session:
     size = self.spec.config.batch_size
     filled = list(rows) + [rows[0]] * (size - len(rows))
     prompts_BxP, lengths_B = generation.pad_prompts([list(r.ids) for r in filled], width=width)
-    call_budget = self.spec.config.max_new_tokens
-    budget_B = np.array([call_budget if r.budget is None else r.budget for r in rows] + [1] * (size - len(rows)),
-                        np.int32)
+    budget_B = np.array([r.budget for r in rows] + [1] * (size - len(rows)), np.int32)
     constraint = Unconstrained() if self.constraints is None else self.constraints.rows(
         [r.constraint for r in rows] + [""] * (size - len(rows)))
     return Batch(prompts_BxP, lengths_B, budget_B, constraint, len(rows))
