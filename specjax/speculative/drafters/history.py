@@ -55,6 +55,17 @@ def spines(tokens_BxRxK: jax.Array, lengths_BxR: jax.Array, vocab_size: int, tre
   return Proposal(tokens=tokens_BxN, lengths=jnp.max(lengths_BxR, axis=1).astype(jnp.int32), tree=tree)
 
 
+def appended(rows_BxS: jax.Array, lengths_B: jax.Array, block_BxW: jax.Array, counts_B: jax.Array) -> jax.Array:
+  """`rows_BxS` (any trailing dims) with row b's first `counts_B[b]` entries of `block_BxW` written from
+  column `lengths_B[b]` on. The other slots go to an out-of-range column and are dropped, as is any write
+  past the end (never clamped onto what the row holds)."""
+  batch, width = block_BxW.shape[:2]
+  slot_1xW = jnp.arange(width)[None, :]
+  columns_BxW = jnp.where(slot_1xW < counts_B[:, None], lengths_B[:, None] + slot_1xW, rows_BxS.shape[1])
+  rows_BxW = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, width))
+  return rows_BxS.at[rows_BxW, columns_BxW].set(block_BxW, mode="drop")
+
+
 class HistoryDrafter(Drafter):
   """Drafts from the committed token history alone: subclasses implement `propose_from_history`."""
 
@@ -147,12 +158,6 @@ class HistoryDrafter(Drafter):
 
   def commit(self, state: HistoryState, proposal: Proposal, num_committed_B: jax.Array,
              target_features_BxK1xF: jax.Array) -> HistoryState:
-    batch, max_len = state.history.shape
     block_BxK1 = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1).astype(jnp.int32)
-    slot_1xK1 = jnp.arange(block_BxK1.shape[1])[None, :]
-    # Uncommitted slots go to an out-of-range column and are dropped (never clamped onto the history).
-    columns_BxK1 = jnp.where(slot_1xK1 < num_committed_B[:, None], state.lengths[:, None] + slot_1xK1,
-                             max_len)
-    rows_BxK1 = jnp.broadcast_to(jnp.arange(batch)[:, None], block_BxK1.shape)
-    return state.replace(history=state.history.at[rows_BxK1, columns_BxK1].set(block_BxK1, mode="drop"),
+    return state.replace(history=appended(state.history, state.lengths, block_BxK1, num_committed_B),
                          lengths=state.lengths + num_committed_B.astype(jnp.int32))

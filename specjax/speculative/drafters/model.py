@@ -78,7 +78,8 @@ class ModelDraftState:
   # room for the pending token's M ids (`_catch_up` writes them there)
   lag_ids: jax.Array
   lag: jax.Array  # [B] int32 in [0, Λ]: how many (accepted but never fed: d_n, pending ids of plain rounds, the prompt)
-  fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped)
+  fed: jax.Array  # [] int32: draft tokens fed to the draft in the last proposal (K - 1 unless it stopped); [B]
+  #                 per row where rows feed different numbers (`levels`)
   pending_ids: jax.Array  # [B] int32: draft ids spelling the last proposal's pending token (1 but with a spelling)
   deferred: jax.Array  # [] bool: the last proposal fed nothing (a plain round): its pending ids join the lag
   spine: jax.Array  # [] bool: the last proposal drew only its tree's spine, as a chain (keys in consecutive slots)

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
   from specjax.models.load import LoadedModel
 
 
+def check_weights(settings: DrafterSettings) -> None:
+  """Raises `ConfigError` naming `config.<group>.weights` unless it is a weight format."""
+  try:
+    quantized.parse(settings.options.weights)
+  except quantized.FormatError as error:
+    raise ConfigError(f"{settings.field('weights')}: {error}") from None
+
+
 class QuantizedDrafter(ModelDrafter):
   """A model drafter whose draft is the target's own weights in `config.quantized.weights`."""
 
@@ -52,10 +60,7 @@ class QuantizedDrafter(ModelDrafter):
   @classmethod
   def check_config(cls, settings: DrafterSettings) -> None:
     options = settings.options
-    try:
-      quantized.parse(options.weights)
-    except quantized.FormatError as error:
-      raise ConfigError(f"{settings.field('weights')}: {error}") from None
+    check_weights(settings)
     check_vocab_options(options, settings.group)
     error = _settings_error(options.stop_threshold, settings.tree, settings.tree_children)
     if error:

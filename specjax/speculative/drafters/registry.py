@@ -1,5 +1,5 @@
 """Which class `config.drafter` names: a registered name ("model", "ngram", "suffix", "layer_skip", "eagle",
-"parallel", "dflash", "quantized", or any `Drafter` subclass with a class attribute `name`, registered when
+"parallel", "dflash", "quantized", "levels", or any `Drafter` subclass with a class attribute `name`, registered when
 its module is imported) or an import path "package.module:ClassName", so a drafter in a researcher's own file plugs into
 `python -m specjax.decode`, `specjax.Decoder`, the sweeps and the benchmarks without editing specjax.
 """
@@ -12,7 +12,7 @@ from specjax.errors import ConfigError
 from specjax.speculative.drafters.base import REGISTERED, Drafter
 
 # The modules of specjax.speculative.drafters that define the built-in drafters (imported on first use).
-BUILTIN_MODULES = ("model", "ngram", "suffix", "layer_skip", "eagle", "parallel", "dflash", "quantized")
+BUILTIN_MODULES = ("model", "ngram", "suffix", "layer_skip", "eagle", "parallel", "dflash", "quantized", "levels")
 
 
 def builtin() -> dict[str, type]:
