@@ -12,9 +12,9 @@ same one-line `ConfigError`s as the command line. `drafter` is a registered name
 that decide which models are loaded and how (`decode_spec.LOAD_FIELDS`): the models stay loaded, a
 drafter is built once per distinct setting, and what does not recompile on the command line does not
 recompile here (sampling knobs, budgets up to the compiled width, prompts of the same padded shape).
-`generate` takes strings or `specjax.Request`s (a prompt with its own constraint), held in memory:
-nothing is written to a file. `python -m specjax.decode` is a thin layer over `Decoder.from_config`
-and `Decoder.run`.
+`generate` takes strings or `specjax.Request`s (a prompt with its own constraint, budget and sampling
+knobs), held in memory: nothing is written to a file. `python -m specjax.decode` is a thin layer over
+`Decoder.from_config` and `Decoder.run`.
 """
 
 from __future__ import annotations
@@ -138,8 +138,10 @@ class Decoder:
   def generate(self, prompts: str | Request | Sequence[str | Request], **fields) -> Generation:
     """Decodes `prompts` (a string, a `specjax.Request`, or a sequence of them) with `fields` changed for
     this call only. `constraint` (docs/constraints.md) is a string or a dict for every prompt, or a list
-    of them, one per prompt (None: unconstrained); a request's own constraint is given in the request.
-    An error names the field and the request: `constraint of request 2 must ...`."""
+    of them, one per prompt (None: unconstrained); a request's own constraint is given in the request,
+    as are its own `max_new_tokens`, `temperature`, `top_k` and `top_p` (None: the call's; runtime values
+    of one program that serves every request: greedy only if all are, a filter on if any uses it). An
+    error names the field and the request: `constraint of request 2 must ...`."""
     items = (prompts,) if isinstance(prompts, (str, Request)) else tuple(prompts)
     constraint = fields.get("constraint")
     per_prompt = isinstance(constraint, (list, tuple))

@@ -72,7 +72,8 @@ def _sampling(c: ml_collections.ConfigDict) -> None:
   #                    once it matches (see docs/constraints.md); from Python also a dict ({"regex": ...},
   #                    {"json_schema": {...}}); a prompts_file .jsonl record's or a `specjax.Request`'s own
   #                    "constraint" overrides it for that prompt; "" = unconstrained. Chains and trees
-  c.temperature = 0.0  # 0 = greedy (output equals the target's own greedy output)
+  c.temperature = 0.0  # 0 = greedy (output equals the target's own greedy output); these three are every
+  #                      prompt's but one whose .jsonl record or `specjax.Request` gives its own
   c.top_k = 0  # 0 disables top-k
   c.top_p = 1.0  # 1 disables top-p
   c.seed = 0  # PRNG seed for sampling

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -17,7 +17,7 @@ from specjax.constraints import compiler
 from specjax.errors import ConfigError
 from specjax.models import matmul, quantized
 from specjax.models.execution import Execution, resolve_dtype
-from specjax.sampling import SamplingParams, sampling_params
+from specjax.sampling import Knobs, SamplingParams, sampling_params
 from specjax.speculative.drafters import registry
 from specjax.speculative import k_policy
 from specjax.speculative.drafters.base import Drafter, DrafterSettings
@@ -48,7 +48,7 @@ class DecodeSpec:
   config: ml_collections.FrozenConfigDict  # every field, as given (read-only; k_policy "auto" resolved)
   drafter: type[Drafter] | None  # the drafter's class; None in autoregressive mode
   drafter_settings: DrafterSettings | None  # what it is checked and built from; None in autoregressive mode
-  sampling: SamplingParams  # temperature, top-k, top-p
+  sampling: SamplingParams  # temperature, top-k, top-p: the config's; static flags serving a run's rows (`covering`)
   k: int  # draft tokens per round: config.k, or the tree's depth
   verify_width: int  # tokens one verify pass feeds: K + 1, or the tree's nodes and root
   policy: k_policy.KPolicy = k_policy.KPolicy()  # how many of the K tokens a round proposes
@@ -77,6 +77,17 @@ class DecodeSpec:
     when it has one and sets it, else the target's `config.weights`."""
     own = self.drafter_settings.options.get("weights", "") if self.drafter_settings else ""
     return own or self.config.weights
+
+  @property
+  def knobs(self) -> Knobs:
+    """The config's sampling knobs: those of a request that gives none of its own (`prompts.Request.knobs`)."""
+    cfg = self.config
+    return Knobs(cfg.temperature, cfg.top_k, cfg.top_p)
+
+  def covering(self, knobs: Sequence[Knobs]) -> DecodeSpec:
+    """This spec for a run whose rows sample with `knobs` (each request's own, else the config's):
+    sampling's static flags, and so the program, are the ones that serve every row (`SamplingParams.covering`)."""
+    return dataclasses.replace(self, sampling=self.sampling.covering(knobs))
 
   @property
   def drafter_key(self) -> tuple:

@@ -129,7 +129,7 @@ def _row(session: Session, request: prompts.Request, answers: Sequence[str]) -> 
   """The batch row of `request`'s turn after `answers` (the model's answers so far)."""
   spec = session.spec
   return Row(prompts.turn_ids(session.target.tokenizer, request, answers, spec.config.chat),
-             constraint_of(spec, request), request.budget(spec.config.max_new_tokens))
+             constraint_of(spec, request), request.budget(spec.config.max_new_tokens), request.knobs(spec.knobs))
 
 
 @dataclasses.dataclass

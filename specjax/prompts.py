@@ -7,8 +7,9 @@ source parses into requests (`config.prompts_file` overrides `config.prompts`):
   a text file            one prompt per non-empty line
   a .jsonl file          one object per non-empty line with a "prompt" string, or a "turns" list of
                          strings (a multi-turn conversation, as FastChat's MT-Bench question.jsonl), and
-                         optionally a "constraint" (a string or a dict, as `Request.constraint`) and a
-                         "max_new_tokens" (`Request.max_new_tokens`)
+                         optionally a "constraint" (a string or a dict, as `Request.constraint`), a
+                         "max_new_tokens" (`Request.max_new_tokens`) and sampling knobs "temperature",
+                         "top_k", "top_p" (as `Request`'s)
   "mt-bench"             the MT-Bench questions (`python -m specjax.data fetch mt-bench`), all 80, or a
                          selection: "mt-bench?category=coding,math&per_category=2"
 Turn t is decoded from the chat template of the first t user messages with the model's own answers to
@@ -27,8 +28,10 @@ from specjax.constraints import compiler
 from specjax.data import mtbench, registry
 from specjax.errors import ConfigError
 from specjax.models.tokenizer import Tokenizer
+from specjax.sampling import Knobs, knob_error
 
 MT_BENCH = "mt-bench"
+OWN_FIELDS = ("max_new_tokens", *Knobs._fields)  # a .jsonl record's fields that override the call's
 ANSWER_SLACK = 16  # tokens an answer may gain when its text is re-encoded for the next turn
 
 
@@ -50,6 +53,12 @@ class Request:
   # Its own budget of new tokens per turn, at most the call's config.max_new_tokens (the width the program
   # is compiled for: `check_budget`); None: the call's.
   max_new_tokens: int | None = None
+  # Its own sampling knobs (as config's: 0 = greedy, 0 = no top-k, 1 = no top-p); None: the call's. Runtime
+  # values: requests of any knobs share one program, which is greedy only when every row is and filters
+  # when any row does.
+  temperature: float | None = None
+  top_k: int | None = None
+  top_p: float | None = None
 
   def __post_init__(self):
     prompt = self.prompt
@@ -65,6 +74,18 @@ class Request:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
       raise ConfigError(f"{self.field('max_new_tokens')} must be an integer >= 1 (or None: the call's), "
                         f"got {budget!r}")
+    for name, value in zip(Knobs._fields, self._own_knobs()):
+      error = "" if value is None else knob_error(name, value)
+      if error:
+        raise ConfigError(f"{self.field(name)} {error} (or None: the call's)")
+
+  def _own_knobs(self) -> tuple:
+    """(temperature, top_k, top_p) as given: None where it leaves the call's."""
+    return self.temperature, self.top_k, self.top_p
+
+  def knobs(self, call: Knobs) -> Knobs:
+    """Its sampling knobs in a call whose own (the config's) are `call`."""
+    return Knobs(*(default if own is None else own for own, default in zip(self._own_knobs(), call)))
 
   def budget(self, call_budget: int) -> int:
     """Its new tokens per turn in a call whose budget (config.max_new_tokens) is `call_budget`."""
@@ -115,10 +136,10 @@ def _read_file(path: str) -> list[Request]:
       raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string or a 'turns' list of "
                        f"strings, got {got}")
     meta = {k: v for k, v in record.items()
-            if k not in ("prompt", "turns", "constraint", "max_new_tokens") and isinstance(v, (str, int, float))}
+            if k not in ("prompt", "turns", "constraint", *OWN_FIELDS) and isinstance(v, (str, int, float))}
     prompt = record["prompt"] if isinstance(record.get("prompt"), str) else tuple(turns)
     requests.append(Request(prompt, record.get("constraint"), meta, source=f"{path}:{number}",
-                            max_new_tokens=record.get("max_new_tokens")))
+                            **{name: record.get(name) for name in OWN_FIELDS}))
   return requests
 
 

@@ -30,6 +30,7 @@ from specjax.decode_spec import DecodeSpec
 from specjax.generation import Request
 from specjax.models.kv_cache import init_cache
 from specjax.models.load import LoadedModel
+from specjax.sampling import Knobs, SamplingParams
 from specjax.speculative.drafters.base import Drafter
 from specjax.speculative import k_policy
 from specjax.speculative.k_policy import Candidate, Tables, tuning
@@ -71,11 +72,13 @@ def program_key(spec: DecodeSpec, cache_len: int, built: BuiltDrafter | None,
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  """One row of a batch: a request's input ids at one turn, the constraint it decodes under, its budget."""
+  """One row of a batch: a request's input ids at one turn, the constraint it decodes under, its budget
+  and its sampling knobs."""
 
   ids: Sequence[int]
   constraint: str  # a constraint spec (`compiler.spec_of`); "" = none
   budget: int  # new tokens, at most config.max_new_tokens (`prompts.Request.budget`)
+  knobs: Knobs  # temperature, top-k, top-p (`prompts.Request.knobs`), within the session's program's mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Batch:
   budget_B: np.ndarray  # new tokens per row
   constraint: Any = Unconstrained()  # the rows' device constraint (`compiler.RunConstraints.rows`)
   real: int = 0
+  sampling: SamplingParams | None = None  # the program's, each row's knobs [B] (`for_rows`); None: the config's
 
   def with_budget(self, budget: int) -> Batch:
     return dataclasses.replace(self, budget_B=np.full_like(self.budget_B, budget))
@@ -138,7 +142,8 @@ class Session:
     budget_B = np.array([r.budget for r in rows] + [1] * (size - len(rows)), np.int32)
     constraint = Unconstrained() if self.constraints is None else self.constraints.rows(
         [r.constraint for r in rows] + [""] * (size - len(rows)))
-    return Batch(prompts_BxP, lengths_B, budget_B, constraint, len(rows))
+    return Batch(prompts_BxP, lengths_B, budget_B, constraint, len(rows),
+                 self.spec.sampling.for_rows([r.knobs for r in filled]))
 
   def __call__(self, batch: Batch, key, round_limit: int | None = None, cost_C: np.ndarray | None = None,
                lower: str = "", calibrating: bool = False):
@@ -146,8 +151,9 @@ class Session:
     `calibrating`: the policy's `Tables.full` (a lookup's proposals verified at the chosen length)."""
     part = self.target.part
     cost_C = self.memory.cost_C if cost_C is None and self.memory else cost_C
+    sampling = self.spec.sampling if batch.sampling is None else batch.sampling
     request = Request(batch.prompts_BxP, batch.lengths_B, batch.budget_B, self.target.tokenizer.eos_ids,
-                      self.spec.sampling.replace(constraint=batch.constraint), key, round_limit)
+                      sampling.replace(constraint=batch.constraint), key, round_limit)
     if part is None:
       out = self._generate(request, cost_C, lower, calibrating)
     else:
@@ -296,6 +302,7 @@ class Sessions:
   def open(self, spec: DecodeSpec, requests: Sequence[prompts.Request]) -> tuple[Session, int]:
     """The session that decodes `requests` under `spec`, and the prompt width of its batches: one
     width for every turn of every request, with room for the budget and a verify pass past it."""
+    spec = spec.covering([r.knobs(spec.knobs) for r in requests])  # one program for every row's knobs
     cfg, tokenizer = spec.config, self.target.tokenizer
     width = prompts.width_bound(tokenizer, requests, cfg.chat, cfg.max_new_tokens)
     cache_len = -(-(width + cfg.max_new_tokens + spec.verify_width) // 64) * 64

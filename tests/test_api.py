@@ -76,6 +76,13 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   assert loop._generate._cache_size() == compiled  # other knobs, other prompts: the same program
   # ... which ran before: no warm-up call (a first sampled program had one)
   assert first.stats["compile_time_s"] > 0 and second.stats["compile_time_s"] == 0
+  # Requests' own knobs are runtime values of that program too; its greedy row gives the greedy output.
+  mixed = dec.generate([specjax.Request("hello", temperature=0.0), specjax.Request("abc", temperature=1.3, top_k=0)],
+                       temperature=0.7)
+  assert loop._generate._cache_size() == compiled and mixed.stats["compile_time_s"] == 0
+  assert mixed.token_ids[0] == greedy.token_ids[1]  # "hello"
+  with pytest.raises(ConfigError, match=r"top_p of request 2 must be in \(0, 1\] \(1 disables it\), got 0"):
+    dec.generate(["abc", specjax.Request("abc", top_p=0, source="request 2")])
   assert dec.generate(["def add(a, b):", "hello"], temperature=0.0).token_ids == greedy.token_ids
   # A request's own budget (a runtime value: the same program) cuts its greedy output, the other row's whole.
   short = dec.generate([specjax.Request("def add(a, b):", max_new_tokens=3), "hello"], temperature=0.0)

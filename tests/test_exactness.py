@@ -25,6 +25,9 @@ instead of q_{K+1}, or from the residual of q_{K+1} against p_K: with the same k
 the correct one except at the bonus of the rows that reach it (asserted), so only the bonus position
 can catch them.
 
+Rows of their own knobs share one program (the engine always gets them per row, as a session passes
+them): a greedy row beside sampled ones gives the target's greedy tokens, the sampled ones their law.
+
 Level and sample sizes: every chi-square test of the correct engine is at level ALPHA = 0.001 on
 N = SAMPLE_ROWS = 5,000 rows of one call (fixed keys, so the outcome is deterministic; each passes); a
 mutated variant must give p < 1e-6. Cells expecting fewer than 5 draws are pooled (`chi_square_pvalue`).
@@ -40,11 +43,12 @@ mutated run); each 10,000-row run took ~1.5 s on 2 CPU cores with the tests' XLA
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specjax import sampling as sampling_module, testing
-from specjax.sampling import probabilities, sample, sampling_params
+from specjax.sampling import Knobs, probabilities, sample, sampling_params
 from specjax.speculative import ModelDrafter, residual, verify
 from specjax.speculative import loop as loop_module
 from specjax.speculative.loop import SpeculativeLoop
@@ -71,11 +75,13 @@ MIN_BONUS_SHARE = {1: 0.4, 2: 0.15}
 def _engine(sampling, k, rule, seed=SEED, stop_threshold=0.0):
   """The one call into the engine: ROWS copies of PROMPT, K + 2 new tokens each (the prefill's token,
   round one's K drafts, the token after them), with the target and draft caches sized exactly, the
-  draft stopping early at `stop_threshold`. Returns the [ROWS, K + 2] tokens and the acceptance
-  counters, as numpy."""
+  draft stopping early at `stop_threshold`, the sampling knobs one per row ([ROWS], as a session passes
+  them: rows of one knob and rows of mixed knobs share a program). Returns the [ROWS, K + 2] tokens and
+  the acceptance counters, as numpy."""
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFT, stop_threshold=stop_threshold)
   steps = k + 2
-  request = testing.request([PROMPT] * ROWS, steps, sampling, seed=seed)  # EOS off
+  per_row = sampling.replace(**{name: jnp.broadcast_to(getattr(sampling, name), (ROWS,)) for name in Knobs._fields})
+  request = testing.request([PROMPT] * ROWS, steps, per_row, seed=seed)  # EOS off
   out = testing.speculate(SpeculativeLoop(target_config, k, rule=rule), target_params, drafter, request,
                           cache_len=len(PROMPT) + steps + k - 1)
   return np.asarray(out.tokens), jax.tree.map(np.asarray, out.acceptance)
@@ -117,6 +123,23 @@ def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
   assert tokens_ZxT.shape == (ROWS, k + 2)
   assert _shows_bonus(acceptance, k).mean() > MIN_BONUS_SHARE[k]
   assert _pvalue(tokens_ZxT, name) > ALPHA
+
+
+def test_greedy_and_sampled_rows_of_one_batch_each_follow_their_own_law():
+  """Each row's own knobs in one sampled program (K = 2, the program of the t0.7_top_k3 runs above): rows
+  alternate greedy (temperature 0: one-hot distributions, drafted and verified by the sampled rule) and
+  T = 0.7 with top-k 3. Every greedy row gives the target's greedy tokens exactly (the argmax of the
+  reference's greedy law, a point mass); the sampled rows pass the chi-square test at level 0.001
+  (N = SAMPLE_ROWS / 2, first 4 tokens, the bonus included) against the target's exact law. Alternating
+  rows catch knobs read from the wrong row (verify logits [B, K + 1, V] mapped to rows by anything but
+  their first axis)."""
+  k, steps = 2, 4
+  tokens_ZxT, _ = _engine(sampling_params([0.0, 0.7] * (ROWS // 2), top_k=3), k, verify)
+  greedy_law = exact_distribution(*TARGET, PROMPT, sampling_params(0.0), steps)
+  greedy_T = np.unravel_index(np.argmax(greedy_law), greedy_law.shape)
+  assert greedy_law[greedy_T] == 1.0
+  np.testing.assert_array_equal(tokens_ZxT[0::2], np.broadcast_to(greedy_T, (ROWS // 2, steps)))
+  assert _pvalue(tokens_ZxT[1::2], "t0.7_top_k3") > ALPHA
 
 
 def _fresh_verify():

@@ -12,6 +12,7 @@ import pytest
 from specjax import autoregressive, pipeline, prompts, testing
 from specjax.data import mtbench, registry
 from specjax.errors import ConfigError
+from specjax.sampling import Knobs
 from specjax.models.kv_cache import init_cache
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import chat_model_dirs  # noqa: F401 (the fixture)
@@ -23,14 +24,19 @@ QUESTIONS = [{"question_id": 1, "category": "math", "turns": ["1+1?", "and 2+2?"
 
 def test_jsonl_prompts_and_conversations_keep_their_fields(tmp_path):
   path = tmp_path / "p.jsonl"
-  path.write_text('{"prompt": "one", "max_new_tokens": 5}\n\n'
-                  '{"turns": ["a", "b"], "category": "x", "question_id": 7, "tags": [1]}\n')
+  path.write_text('{"prompt": "one", "max_new_tokens": 5, "temperature": 0, "top_p": 0.9}\n\n'
+                  '{"turns": ["a", "b"], "category": "x", "question_id": 7, "tags": [1], "top_k": 3}\n')
   got = prompts.requests((), str(path))
-  assert got == [prompts.Request("one", max_new_tokens=5),
-                 prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7})]
-  path.write_text('{"prompt": "one", "max_new_tokens": "5"}\n')
-  with pytest.raises(ConfigError, match=r"max_new_tokens of .*p.jsonl:1 must be an integer >= 1"):
-    prompts.requests((), str(path))
+  assert got == [prompts.Request("one", max_new_tokens=5, temperature=0, top_p=0.9),
+                 prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7}, top_k=3)]
+  # What a record leaves out is the call's.
+  assert [r.knobs(Knobs(0.7, 50, 1.0)) for r in got] == [Knobs(0, 50, 0.9), Knobs(0.7, 3, 1.0)]
+  for record, message in (('"max_new_tokens": "5"', r"max_new_tokens of .*p.jsonl:1 must be an integer >= 1"),
+                          ('"top_k": 2.5', r"top_k of .*p.jsonl:1 must be an integer >= 0 \(0 disables it\), got 2.5"),
+                          ('"temperature": "hot"', r"temperature of .*p.jsonl:1 must be >= 0 .*, got 'hot'")):
+    path.write_text(f'{{"prompt": "one", {record}}}\n')
+    with pytest.raises(ConfigError, match=message):
+      prompts.requests((), str(path))
   assert prompts.requests(("p", "q"), "") == [prompts.Request("p"), prompts.Request("q")]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specjax import sampling
-from specjax.sampling import greedy_tokens, next_tokens, sample, sampling_params
+from specjax.sampling import Knobs, greedy_tokens, next_tokens, sample, sampling_params
 from specjax.testing import reference
 from tests.helpers.stats import chi_square_pvalue
 
@@ -80,6 +80,25 @@ def test_nucleus_outside_the_candidates_falls_back_to_a_search_of_the_whole_voca
       jnp.asarray(flat_V[None]), sampling_params(1.0, top_p=0.9, candidates=16))) > 0).sum() > 400
 
 
+def test_each_rows_knobs_give_that_rows_own_distribution():
+  """Knobs of shape [B] (each request's own), logits [B, T, V]: each of row b's T positions gets exactly
+  (bit for bit) what a call with row b's knobs for every row gives, in one program that filters: a greedy
+  row (the one-hot argmax), a row with both filters off and one with top-k 0 (both unfiltered), one with
+  both filters. V = 600 > candidates = 16, and the top-p rows are flat (T = 2.5: the nucleus fallback).
+  The scalar calls reuse the bounded test's programs (same [24, V] shape and modes)."""
+  rows = [Knobs(0.0, 12, 0.8), Knobs(0.7, 0, 1.0), Knobs(2.5, 0, 0.95), Knobs(3.0, 12, 0.9)]
+  logits_BxTxV = np.random.default_rng(3).normal(0.0, 3.0, size=(4, 6, 600)).astype(np.float32)
+  params = sampling_params(*zip(*rows), candidates=16)
+  assert (params.greedy, params.use_top_k, params.use_top_p, params.temperature.shape) == (False, True, True, (4,))
+  got_BxTxV = np.asarray(probabilities(jnp.asarray(logits_BxTxV), params))
+  logits_ZxV = jnp.asarray(logits_BxTxV.reshape(24, 600))
+  np.testing.assert_array_equal(got_BxTxV[0], np.eye(600, dtype=np.float32)[np.argmax(logits_BxTxV[0], -1)])
+  for row, knobs in enumerate(rows[1:], 1):
+    want_ZxV = np.asarray(probabilities(logits_ZxV, sampling_params(*knobs, candidates=16)))
+    np.testing.assert_array_equal(got_BxTxV[row], want_ZxV.reshape(4, 6, 600)[row], err_msg=str(knobs))
+  assert ((got_BxTxV[2] > 0).sum(-1) > 16).all()  # flat rows: the nucleus lies beyond the candidates
+
+
 def test_knob_values_share_one_program_and_modes_are_static():
   """Changing temperature, top_k or top_p within a mode reuses the compiled program; greedy <-> sampled
   and top-k / top-p on <-> off are static flags (a new program); top_k above the default bound raises
@@ -106,6 +125,17 @@ def test_knob_values_share_one_program_and_modes_are_static():
   assert len({jax.tree.structure(p) for p in modes}) == 4
   assert sampling_params(1.0, top_k=40).candidates == sampling.CANDIDATES
   assert sampling_params(1.0, top_k=1000).candidates == 1000
+  # Per-row knobs: greedy only when every row is, a filter on when any row uses it, the bound the largest k.
+  mixed = sampling_params([0.0, 0.7], [0, 1000], [1.0, 0.9])
+  assert (mixed.greedy, mixed.use_top_k, mixed.use_top_p, mixed.candidates) == (False, True, True, 1000)
+  assert sampling_params([0.0, 0.0]).greedy and not sampling_params([0.7, 1.0], top_p=[1.0, 1.0]).use_top_p
+  # A program serves rows within its mode; a row needing another one is refused.
+  served = modes[2].for_rows([Knobs(0.0), Knobs(0.5, 3)])
+  assert jax.tree.structure(served) == jax.tree.structure(modes[2]) and served.top_k.tolist() == [0, 3]
+  with pytest.raises(ValueError, match="need another program"):
+    modes[0].for_rows([Knobs(0.0), Knobs(0.5)])
+  with pytest.raises(ValueError, match=r"temperature\[1\] must be >= 0"):
+    sampling_params([0.5, -1.0])
 
 
 def test_shape_is_kept_for_any_leading_axes():
