@@ -21,6 +21,14 @@ from tests.helpers.tiny_hf import FAMILIES, VOCAB, assert_greedy_matches_generat
 forward = jax.jit(transformer.forward, static_argnums=0)
 
 
+# The cache tests run on the families whose attention or positions differ in a way a cache could get wrong:
+# sliding windows and per-layer RoPE bases (gemma2/3), learned positions (gpt2), per-call dynamic RoPE, q/k
+# norms (qwen3), and plain llama. The others differ from llama in functions of the absolute position (the
+# other RoPE scalings) or of the weights alone (biases, tied embeddings, mistral without a window): the full
+# forward and transformers' generate cover them.
+CACHE_FAMILIES = ("llama", "gpt2", "llama_dynamic", "qwen3", "gemma2", "gemma3")
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def loaded(request, tmp_path_factory):
   directory = str(tmp_path_factory.mktemp(request.param))
@@ -70,6 +78,7 @@ def test_greedy_matches_transformers_generate(loaded):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("loaded", CACHE_FAMILIES, indirect=True)
 def test_incremental_decoding_equals_full_forward(loaded):
   """Prefill 9 tokens, then feed 3, 1, 1 ... through the cache: same logits as one full pass."""
   _, config, params = loaded
@@ -85,6 +94,7 @@ def test_incremental_decoding_equals_full_forward(loaded):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("loaded", CACHE_FAMILIES, indirect=True)
 def test_ragged_rows_equal_rows_alone(loaded):
   """Rows at different cache offsets in one call give what each row gives alone."""
   _, config, params = loaded
