@@ -211,8 +211,9 @@ class Session:
   def calibrate(self, batch: Batch, key, rounds: int) -> k_policy.Prices:
     """The K policy's prices on this device and batch shape (`k_policy.Prices`): each candidate's passes
     timed alone at the batch's mid-generation cache offset (`costs.candidate_passes`), plus what a
-    plain round of the compiled program costs beyond its 1-token pass (`k_policy.forced_round_seconds`,
-    `rounds` timed), and the seconds of a call that runs no round (its prefill)."""
+    round of the compiled program costs beyond its passes (`k_policy.Prices.measured`: plain rounds and the
+    longest candidate's, `rounds` each, `k_policy.forced_round_seconds`), and the seconds of a call that
+    runs no round (its prefill)."""
     candidates = self.candidates
 
     def run(cost_C: np.ndarray, round_limit: int) -> int:
@@ -237,7 +238,7 @@ class Session:
       passes_C = costs.candidate_passes(self.target.config, self.target.params, self.drafter, candidates,
                                         len(batch.lengths_B), self.cache_len,
                                         min(offset, self.cache_len - self.spec.verify_width))
-    return k_policy.Prices(passes_C, max(plain_s - float(passes_C[0]), 0.0), float(np.median(prefill_s)), longest_s)
+    return k_policy.Prices.measured(passes_C, plain_s, longest_s, float(np.median(prefill_s)))
 
   def _allocate(self, batch: int) -> None:
     """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""

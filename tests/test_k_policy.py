@@ -402,6 +402,17 @@ def test_a_round_is_priced_from_its_passes_and_one_overhead(monkeypatch):
   np.testing.assert_allclose(k_policy.monotone(candidates, prices.cost_C), [0.12, 0.20, 0.20, 0.32], rtol=1e-6)
 
 
+def test_the_round_overhead_is_the_smaller_of_the_plain_and_the_longest_rounds_excess():
+  """`Prices.measured`: passes 0.1 (plain) .. 0.3 (longest). Plain rounds timed at 0.12 and the longest at
+  0.35 give 0.02 (the plain excess); a plain time inflated to 0.17 (a fresh process's first program) gives
+  the longest's 0.05 instead; a longest round timed under its passes gives 0, never a negative price."""
+  passes_C = np.array([0.1, 0.2, 0.3])
+  for plain_s, longest_s, overhead_s in [(0.12, 0.35, 0.02), (0.17, 0.35, 0.05), (0.17, 0.28, 0.0)]:
+    prices = k_policy.Prices.measured(passes_C, plain_s, longest_s, prefill_s=1.0)
+    assert prices.overhead_s == pytest.approx(overhead_s) and prices.forced_longest_s == longest_s
+    np.testing.assert_allclose(prices.cost_C, passes_C + overhead_s, rtol=1e-6)
+
+
 def test_the_cost_check_flags_a_table_that_misses_a_call_by_more_than_the_limit():
   """`Memory.check`: predicted = prefill + the rounds at their candidates' costs (here 0.5 + 10 x 0.1 +
   5 x 0.3 = 3.0 s); a call 20% off keeps the table, 30% off (either way) marks it stale, and calls

@@ -185,6 +185,16 @@ class Prices:
   prefill_s: float  # seconds of a call that only prefills and draws its first token (`Memory.check`)
   forced_longest_s: float | None = None  # the longest candidate's rounds timed whole (`forced_round_seconds`): a check
 
+  @classmethod
+  def measured(cls, passes_C: np.ndarray, plain_s: float, longest_s: float, prefill_s: float) -> Prices:
+    """Prices from the passes and two timings of whole rounds, plain and at the longest candidate: each,
+    less its passes, measures what a round costs beyond them, and the overhead is the smaller (>= 0). A
+    longer round does at least a plain round's bookkeeping, so a plain excess above the longest's is not
+    the program's: the plain rounds are timed first, and in a fresh process the first program's ran
+    42-68 ms over their pass (an int4 draft, a 2-core Xeon) while its K = 5 rounds stayed near theirs."""
+    excess_s = min(plain_s - float(passes_C[0]), longest_s - float(passes_C[-1]))
+    return cls(passes_C, max(excess_s, 0.0), prefill_s, longest_s)
+
   @property
   def longest_miss(self) -> float | None:
     """How far the priced longest candidate lies from its rounds timed whole (their ratio less 1)."""
