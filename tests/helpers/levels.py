@@ -17,11 +17,12 @@ _forward = jax.jit(forward, static_argnums=0)
 WIDTH = 40  # the longest sequence `middle_distributions` scores
 
 
-def levels_drafter(model, inner_k: int, weights: str = "int4") -> LevelsDrafter:
-  """A levels drafter whose middle level is `model` in `weights` (XLA's matmul; "float": `model` itself)
-  and inner level prompt lookup."""
+def levels_drafter(model, inner_k: int, weights: str = "int4", narrow_passes: bool = True) -> LevelsDrafter:
+  """A levels drafter whose middle level is `model` in `weights` (XLA's matmul; "float": `model` itself;
+  `narrow_passes` False: every inner pass has inner_k + 1 positions, one compiled pass) and inner level
+  prompt lookup."""
   config, params = model
-  config = config.replace(matmul="xla")
+  config = config.replace(matmul="xla", narrow_passes=narrow_passes)
   middle = QuantizedDrafter(config, quantized.quantize_params(config, params, quantized.parse(weights)))
   return LevelsDrafter(middle, NgramDrafter(vocab_size=config.vocab_size), inner_k=inner_k)
 

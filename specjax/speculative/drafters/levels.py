@@ -19,10 +19,11 @@ distribution for any drafter that reports, for each token, the distribution it w
 tokens before it; so the output follows the target's at any temperature. Greedy: the proposal is the
 middle's greedy chain (point masses), and the output is the target's greedy output, token for token.
 
-The middle's cache, catch-up and commit are the model drafter's (`ModelDrafter` with `max_lag` 1): a
-1-token pass, run only when some row lags, feeds each row's lag (its last accepted token, never fed)
-before the first inner round. Its state's `fed` is per row here ([B]: rows draw their tokens in different
-inner rounds): d_1 .. d_fed are in its cache after the pending token, every drawn token but the last.
+The middle's cache and commit are the model drafter's (`ModelDrafter` with `max_lag` 1). A row's lag (its
+last accepted token, never fed: the last token an inner round drew) leads the row's block in the first
+inner pass, [lag, pending, e_1 .. e_{m-1}] (its proposal one token shorter), so catching up costs no pass
+of its own. The state's `fed` is per row here ([B]: rows draw their tokens in different inner rounds):
+d_1 .. d_fed are in the middle's cache after the pending token, every drawn token but the last.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class _Context(NamedTuple):
   history_BxS: jax.Array  # [B, S] int32: the inner drafter's context, the history then the pending token
   lengths_B: jax.Array  # [B] int32: its length
   pending_B: jax.Array  # [B] int32
+  lag_B: jax.Array  # [B] int32 in {0, 1}: the middle's lag, fed ahead of the first inner round's block
+  lag_id_B: jax.Array  # [B] int32: the lagging id
   sampling: SamplingParams  # its constraint: the state after the pending token
   key: jax.Array
   goal_B: jax.Array  # [B] int32 >= 1: the tokens each row draws
@@ -171,56 +174,63 @@ class LevelsDrafter(Drafter):
     """Inner rounds until each row has drawn the plan's tokens (at least one: the pending token is always
     fed, as the middle's commit expects); the proposal is each row's first K."""
     middle, k, batch = state.middle, plan.k, pending_B.shape[0]
-    _, cache, lag_passes = self.middle._feed(middle.cache, middle.lag_ids[:, :1], middle.lag, (0,))
-    context = _Context(*self.inner.context(state.inner, pending_B), pending_B, sampling, key,
-                       jnp.maximum(plan.clip(jnp.full((batch,), k, jnp.int32)), 1))
+    context = _Context(*self.inner.context(state.inner, pending_B), pending_B, middle.lag, middle.lag_ids[:, 0],
+                       sampling, key, jnp.maximum(plan.clip(jnp.full((batch,), k, jnp.int32)), 1))
     width = k + self.inner_k
     drawn = jax.lax.while_loop(
         lambda drawn: jnp.any(drawn.counts < context.goal_B), functools.partial(self._inner_round, context),
-        _Drawn(cache.advance(middle.lag), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, width), jnp.int32),
+        _Drawn(middle.cache, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, width), jnp.int32),
                None if sampling.greedy else jnp.zeros((batch, width, self.vocab_size), jnp.float32), jnp.int32(0)))
     proposal = Proposal(tokens=drawn.tokens[:, :k], lengths=jnp.minimum(drawn.counts, k),
-                        probs=None if drawn.probs is None else drawn.probs[:, :k], calls=lag_passes + drawn.rounds)
+                        probs=None if drawn.probs is None else drawn.probs[:, :k], calls=drawn.rounds)
     middle = middle.replace(cache=drawn.cache.replace(lengths=middle.cache.lengths),
                             fed=jnp.minimum(drawn.counts - 1, k))
     return proposal, LevelsState(middle, state.inner.replace(pending=pending_B.astype(jnp.int32))), target_cache
 
   def _inner_round(self, context: _Context, drawn: _Drawn) -> _Drawn:
     """The inner drafter proposes after the tokens drawn so far, the middle checks [x, e_1 .. e_m] in one
-    pass and the rule draws e_1 .. e_n and one token of the middle's; rows that have drawn their goal
-    keep what they hold (their pass writes beyond their cache's length)."""
+    pass (the first round: after the row's lag, if it has one) and the rule draws e_1 .. e_n and one token
+    of the middle's; rows that have drawn their goal keep what they hold (their pass writes beyond their
+    cache's length)."""
     m = self.inner_k
     active_B = drawn.counts < context.goal_B
+    lead_B = jnp.where(drawn.rounds == 0, context.lag_B, 0)
     newest_B = jnp.take_along_axis(drawn.tokens, jnp.maximum(drawn.counts - 1, 0)[:, None], axis=1)[:, 0]
     x_B = jnp.where(drawn.counts > 0, newest_B, context.pending_B)
     offered = self.inner.propose_from_context(appended(context.history_BxS, context.lengths_B, drawn.tokens,
                                                        drawn.counts), context.lengths_B + drawn.counts, m)
-    offered = offered.replace(lengths=jnp.where(active_B, offered.lengths, 0))
+    offered = offered.replace(lengths=jnp.where(active_B, jnp.minimum(offered.lengths, m - lead_B), 0))
+    block_BxM1 = jnp.concatenate([x_B[:, None], offered.tokens], axis=1)  # [x, e_1 .. e_m], or [lag, x, ..]
+    block_BxM1 = jnp.where(lead_B[:, None] > 0, jnp.concatenate([context.lag_id_B[:, None], block_BxM1[:, :m]],
+                                                                axis=1), block_BxM1)
     widths = short_proposal_widths(m) if self.middle.config.narrow_passes else (m + 1,)
-    scoring = functools.partial(self._score, x_B, offered, context.sampling.after(drawn.tokens, drawn.counts),
-                                jax.random.fold_in(context.key, drawn.rounds))
+    scoring = functools.partial(self._score, block_BxM1, lead_B, offered, context.sampling.after(drawn.tokens,
+                                drawn.counts), jax.random.fold_in(context.key, drawn.rounds))
     cache, (accepted_B, next_B, probs_BxM1xW) = inplace.switch(
-        jnp.searchsorted(jnp.asarray(widths), jnp.max(offered.lengths) + 1),
+        jnp.searchsorted(jnp.asarray(widths), jnp.max(lead_B + offered.lengths) + 1),
         [functools.partial(scoring, width) for width in widths], drawn.cache)
     emitted_BxM1 = jnp.where(jnp.arange(m + 1)[None, :] < accepted_B[:, None],
                              jnp.pad(offered.tokens, ((0, 0), (0, 1))), next_B[:, None])
-    count_B = jnp.where(active_B, accepted_B + 1, 0)  # x and e_1 .. e_n were fed: the cache keeps them
-    return drawn.replace(cache=cache.advance(count_B), counts=drawn.counts + count_B,
+    count_B = jnp.where(active_B, accepted_B + 1, 0)  # the lag, x and e_1 .. e_n were fed: the cache keeps them
+    return drawn.replace(cache=cache.advance(jnp.where(active_B, lead_B, 0) + count_B), counts=drawn.counts + count_B,
                          tokens=appended(drawn.tokens, drawn.counts, emitted_BxM1, count_B),
                          probs=None if drawn.probs is None else appended(drawn.probs, drawn.counts, probs_BxM1xW,
                                                                          count_B),
                          rounds=drawn.rounds + 1)
 
-  def _score(self, x_B: jax.Array, offered: Proposal, sampling: SamplingParams, key: jax.Array, width: int,
-             cache: KVCache):
-    """The middle's pass over [x, e_1 .. e_{width-1}] and the rule on it, `sampling`'s constraint at the
-    state after x. Returns (the cache written, not advanced, (accepted [B], the drawn token [B], the
-    middle's distributions [B, m + 1, W] zero-padded, None when greedy)): `inplace.switch`'s form."""
+  def _score(self, block_BxM1: jax.Array, lead_B: jax.Array, offered: Proposal, sampling: SamplingParams,
+             key: jax.Array, width: int, cache: KVCache):
+    """The middle's pass over each row's first `width` ids of its block, [x, e_1 ..] after `lead_B` ids
+    (its lag), and the rule on what follows x in it (`sampling`'s constraint: the state after x).
+    Returns (the cache written, not advanced, (accepted [B], the drawn token [B], the middle's
+    distributions after x, e_1 .. [B, m + 1, W] zero-padded, None when greedy)): `inplace.switch`'s form."""
     config, params, head = self.middle.config, self.middle.params, self.middle.head
     checked = offered.truncated(width - 1)
-    block_BxW = jnp.concatenate([x_B[:, None], checked.tokens], axis=1)
-    hidden_BxWxD, cache = forward_hidden(config, params, draft_inputs(config, head, block_BxW), cache)
-    logits_BxWxV = draft_logits(config, params, head, hidden_BxWxD)
+    checked = checked.replace(lengths=jnp.minimum(checked.lengths, width - 1 - lead_B))
+    hidden_BxWxD, cache = forward_hidden(config, params, draft_inputs(config, head, block_BxM1[:, :width]), cache)
+    # The positions from x's on (a leading row's last one repeats: it lies past what the row checks).
+    at_BxW = jnp.minimum(lead_B[:, None] + jnp.arange(width)[None, :], width - 1)
+    logits_BxWxV = draft_logits(config, params, head, jnp.take_along_axis(hidden_BxWxD, at_BxW[:, :, None], axis=1))
     # Position i's distribution is masked by the constraint's state after [x, e_1 .. e_i].
     scoring = sampling.replace(constraint=sampling.constraint.along(checked.tokens))
     if sampling.greedy:
