@@ -82,7 +82,8 @@ class _Context(NamedTuple):
 class _Drawn:
   """The inner rounds' carry: what the middle has drawn so far, row by row."""
 
-  cache: KVCache  # [L, B, S, G, Dh] the middle's cache; lengths: the history, the lag, pending, d_1 .. d_{n-1}
+  cache: KVCache  # [L, B, S, G, Dh] the middle's cache; lengths: the history (but its lag before the first
+  #                inner round), pending, d_1 .. d_{n-1}
   counts: jax.Array  # [B] int32: n, tokens drawn (d_1 .. d_n)
   tokens: jax.Array  # [B, K + m] int32: d_1 .. d_n, then room for a round's overshoot
   probs: jax.Array | None  # [B, K + m, W] float32: the middle's distribution each d_i was drawn from; None: greedy
@@ -144,6 +145,8 @@ class LevelsDrafter(Drafter):
       raise ValueError(error)
     if self.middle.max_lag != 1 or self.middle.tree is not None or self.middle.spelling is not None:
       raise ValueError("the middle level must be a chain model drafter with max_lag 1 and the target's tokenizer")
+    if self.inner.tree is not None:
+      raise ValueError(f"the inner level proposes chains to the middle, not the tree {self.inner.tree}")
     self.middle.check(target_config)
     self.inner.check(target_config)
 
