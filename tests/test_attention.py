@@ -2,8 +2,9 @@
 
 `blockwise` must equal `dense` for ragged lengths, sliding windows, one query or a K + 1 block, caches
 whose size is not a multiple of the block (the overhanging last block) and blocks larger than the
-cache; and it must not read past the live blocks (NaNs there would poison a dense pass). Chunked
-prefill must give the one-shot prefill's logits and cache, whatever the chunk size.
+cache; and it must not read past the live blocks (NaNs there would poison a dense pass). Per query, a
+chain of T queries must compute each query bit for bit as one query does. Chunked prefill must give the
+one-shot prefill's logits and cache, whatever the chunk size.
 """
 
 import itertools
@@ -86,6 +87,39 @@ def test_blockwise_reads_only_the_live_blocks(window):
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   # The same poison reaches a dense pass: the test would see a blockwise pass that reads everything.
   assert np.isnan(attention.dense(q, poison(k), poison(v), 1, Mask(lengths_B, window))).any()
+
+
+# (B, G, Hg, Dh, S, block): a block that overhangs S, and a block larger than S.
+@pytest.mark.parametrize("shape, Ts, dtype, softcap", [((2, 4, 1, 8, 60, 16), (2, 6), jnp.float32, 0.0),
+                                                       ((3, 2, 3, 16, 50, 64), (6,), jnp.float32, 1.5),
+                                                       ((2, 4, 1, 8, 60, 16), (5,), jnp.bfloat16, 0.0)])
+def test_per_query_equals_one_query_bitwise(shape, Ts, dtype, softcap):
+  """`per_query` (the batch-invariant mode's chains, `attend`): query t of a T-query pass is bit for bit
+  the pass of that one query at length lengths + t, blockwise and dense, for ragged rows, with and
+  without a (traced) window, and equals the dense reference to rounding. XLA's dots and sums over these
+  shapes round differently for T rows than for one: the blocks' score product, value product or sum
+  done for all T queries at once (each tried alone) fails this test."""
+  B, G, Hg, Dh, S, block = shape
+  rng = np.random.default_rng(S)
+  k, v = (jnp.asarray(rng.normal(size=(2, B, S, G, Dh)), dtype) for _ in range(2))
+  config = tiny_model(0)[0].replace(head_dim=Dh, attn_softcap=softcap)
+
+  @jax.jit
+  def both(q, lengths_B, window):  # blockwise and dense
+    return tuple(attention.attend(q, k, v, 1, Mask(lengths_B, window), config.replace(attention_block=size),
+                                  per_query=True)[0] for size in (block, 0))
+
+  for T in Ts:
+    q = jnp.asarray(rng.normal(size=(B, T, G, Hg, Dh)), dtype)
+    lengths_B = jnp.asarray(rng.integers(0, S - T + 1, size=B), jnp.int32)
+    for window in (0, 5):
+      chain = both(q, lengths_B, window)
+      steps = [both(q[:, t:t + 1], lengths_B + t, window) for t in range(T)]
+      for got, one_query in zip(chain, zip(*steps)):
+        np.testing.assert_array_equal(np.asarray(got), np.concatenate(one_query, axis=1), f"T {T}, window {window}")
+      as32 = lambda x: x.astype(jnp.float32)
+      expected = attention.dense(as32(q), as32(k), as32(v), 1, Mask(lengths_B, window), None, softcap)
+      np.testing.assert_allclose(as32(chain[0]), expected, rtol=1e-5, atol=1e-5 if dtype == jnp.float32 else 3e-2)
 
 
 PROMPTS = [[5, 17, 3, 44, 9, 8, 1], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]

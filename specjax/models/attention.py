@@ -50,21 +50,44 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
   return jnp.einsum("bkgts,bskd->btkgd", weights, v_BxSxGxDh)
 
 
+def _pairwise_sum(x_xN: jax.Array) -> jax.Array:
+  """The sum over the last axis by halving it (zero-padded to a power of two) with elementwise adds: each
+  element's order is fixed by N alone, where XLA's reductions sum in an order that depends on how many
+  rows they reduce."""
+  width = 1 << (x_xN.shape[-1] - 1).bit_length()
+  x_xN = jnp.pad(x_xN, [(0, 0)] * (x_xN.ndim - 1) + [(0, width - x_xN.shape[-1])])
+  while width > 1:
+    width //= 2
+    x_xN = x_xN[..., :width] + x_xN[..., width:]
+  return x_xN[..., 0]
+
+
 def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh: jax.Array,
-                  visible_BxTxSb: jax.Array, carry: tuple, scale: float, softcap: float) -> tuple:
-  """One key block's online-softmax update of the queries' (max, sum, accumulator) [B, G, Hg, T(, Dh)]."""
+                  visible_BxTxSb: jax.Array, carry: tuple, scale: float, softcap: float, per_query: bool) -> tuple:
+  """One key block's online-softmax update of the queries' (max, sum, accumulator) [B, G, Hg, T(, Dh)].
+
+  `per_query`: query t's arithmetic does not depend on T. XLA's dot kernels sum in an order that depends
+  on how many rows they multiply, so the two products run on each query's slice (the shapes of T = 1);
+  the block's sum is pairwise (`_pairwise_sum`); the rest is elementwise or a max, exact in any order."""
   max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh = carry
+  T = q_BxTxGxHgxDh.shape[1]
+  # `product` of x ([B, T, ...] at `axis` = 1 or [B, G, Hg, T, ...] at 3), query by query where per_query.
+  each = lambda product, x, axis: (jnp.concatenate([product(jax.lax.slice_in_dim(x, t, t + 1, axis=axis))
+                                                    for t in range(T)], axis=3) if per_query else product(x))
   visible_Bx1x1xTxSb = visible_BxTxSb[:, None, None]
-  scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, scores(q_BxTxGxHgxDh, k_BxSbxGxDh, scale, softcap), -jnp.inf)
+  scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, each(lambda q: scores(q, k_BxSbxGxDh, scale, softcap),
+                                                          q_BxTxGxHgxDh, 1), -jnp.inf)
   new_max_BxGxHgxT = jnp.maximum(max_BxGxHgxT, scores_BxGxHgxTxSb.max(axis=-1))
   # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
   shift_BxGxHgxT = jnp.where(jnp.isfinite(new_max_BxGxHgxT), new_max_BxGxHgxT, 0.0)
   rescale_BxGxHgxT = jnp.exp(max_BxGxHgxT - shift_BxGxHgxT)
   weights_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, jnp.exp(scores_BxGxHgxTxSb - shift_BxGxHgxT[..., None]), 0.0)
-  sum_BxGxHgxT = sum_BxGxHgxT * rescale_BxGxHgxT + weights_BxGxHgxTxSb.sum(axis=-1)
-  acc_BxGxHgxTxDh = acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None] + jnp.einsum(
-      "bkgtn,bnkd->bkgtd", weights_BxGxHgxTxSb.astype(v_BxSbxGxDh.dtype), v_BxSbxGxDh,
-      preferred_element_type=jnp.float32)
+  block_sum_BxGxHgxT = _pairwise_sum(weights_BxGxHgxTxSb) if per_query else weights_BxGxHgxTxSb.sum(axis=-1)
+  sum_BxGxHgxT = sum_BxGxHgxT * rescale_BxGxHgxT + block_sum_BxGxHgxT
+  value = lambda w_BxGxHgxTxSb: jnp.einsum("bkgtn,bnkd->bkgtd", w_BxGxHgxTxSb, v_BxSbxGxDh,
+                                           preferred_element_type=jnp.float32)
+  acc_BxGxHgxTxDh = (acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None]
+                     + each(value, weights_BxGxHgxTxSb.astype(v_BxSbxGxDh.dtype), 3))
   return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh
 
 
@@ -74,11 +97,11 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   the cache's keys and values as they leave the loop (unchanged: write the next layer into these).
   `scoring` = (scale, soft-cap): scores are q.k times scale (None: Dh^-1/2), soft-capped (0: none).
 
-  `per_query` (a chain): each block's update runs on each query's [B, 1, ...] slice in turn, inside the
-  one loop over the blocks, so that query t computes bit for bit what a one-token step at length
-  `lengths + t` computes (`transformer.per_position`: the CPU kernel's batch-invariant mode): its
-  blocks are those, and the blocks beyond them that the later queries need leave its state exactly as
-  it was (a block it sees nothing of rescales by exp(0) = 1 and adds zeros)."""
+  `per_query` (a chain): query t computes bit for bit what the same call with one query at length
+  `lengths + t` computes (`transformer.per_position`: the CPU kernel's batch-invariant mode, whose
+  one-token steps run per_query too): all T queries go through each block together, their arithmetic
+  is a one-query update's (`_block_update`), and the blocks beyond a query's own leave its state
+  exactly as it was (a block it sees nothing of rescales by exp(0) = 1 and adds zeros)."""
   lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
@@ -102,12 +125,8 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
     v_BxSbxGxDh = jax.lax.dynamic_slice(v_LxBxSxGxDh, start, size)[0]
     visible_BxTxSb = (visible(query_pos_BxT, key_pos_Sb[None, :], window, lengths_B, tree)
                       & (key_pos_Sb >= i * block)[None, None, :])
-    if not per_query:
-      state = _block_update(q_BxTxGxHgxDh, k_BxSbxGxDh, v_BxSbxGxDh, visible_BxTxSb, tuple(state), scale, softcap)
-    else:
-      slices = [_block_update(q_BxTxGxHgxDh[:, t:t + 1], k_BxSbxGxDh, v_BxSbxGxDh, visible_BxTxSb[:, t:t + 1],
-                              tuple(x[:, :, :, t:t + 1] for x in state), scale, softcap) for t in range(T)]
-      state = tuple(jnp.concatenate(parts, axis=3) for parts in zip(*slices))
+    state = _block_update(q_BxTxGxHgxDh, k_BxSbxGxDh, v_BxSbxGxDh, visible_BxTxSb, tuple(state), scale, softcap,
+                          per_query)
     return (*state, k_LxBxSxGxDh, v_LxBxSxGxDh)
 
   # The cache rides in the carry and comes back out: the next write then updates the loop's own buffer
@@ -131,7 +150,7 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   another width run blockwise. Scores are scaled by `config.attention_scale()` and soft-capped by
   `config.attn_softcap`. Returns the output [B, T, G, Hg, Dh] and the cache's keys and values to write
   the next layer into (see `blockwise`). `per_query` (a chain, blockwise or dense): each query computes
-  what a one-token step at its position computes, bit for bit (`blockwise`)."""
+  bit for bit what the same call with that one query at its position computes (`blockwise`)."""
   implementation, block = config.attention, config.attention_block
   scale, softcap = config.attention_scale(), config.attn_softcap
   head_width = q_BxTxGxHgxDh.shape[-1]

@@ -149,9 +149,9 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
   q_BxTxGxHgxDh = q_BxTxHxDh.reshape(B, T, G, H // G, Dh)
   window = per_layer(cfg.layer_windows(), layer)
   mask = attention_mask.Mask(cache.lengths, window, tree)
-  # A chain reduced position by position (`per_position`): query t as a one-token step at length
-  # lengths + t would see it, in one loop over the key blocks.
-  per_query = tree is None and by_position(cfg, T)
+  # A chain in the batch-invariant mode, one-token steps included: query t computes what a one-token step
+  # at length lengths + t computes (`per_position`), all T queries in one loop over the key blocks.
+  per_query = tree is None and cfg.numerics == BATCH_INVARIANT and T <= INVARIANT_WIDTH
   out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh, cache.k, cache.v, layer, mask, cfg, per_query)
   return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
