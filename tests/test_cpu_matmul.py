@@ -178,6 +178,16 @@ def test_quantized_weights_batch_invariant(name, quantized_path):
     np.testing.assert_array_equal(np.asarray(part), alone[start:start + rows], err_msg=f"rows {start}..{start + rows}")
 
 
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_quantized_weights_batch_invariant_past_a_row_block(name, quantized_path):
+  """A product of 100 rows, more than one of the kernel's 96-row blocks, equals bit for bit its rows
+  multiplied alone (on each side of the block's end)."""
+  x, q = _quantized_operands(name, 100, 13, jnp.bfloat16, seed=9)
+  full = np.asarray(dense(x, q, KERNEL, jnp.float32))
+  for m in (0, 95, 96, 99):
+    np.testing.assert_array_equal(np.asarray(dense(x[m:m + 1], q, KERNEL, jnp.float32))[0], full[m], err_msg=f"row {m}")
+
+
 def test_quantized_gradients_are_the_xla_paths():
   """The kernel's backward for a quantized W is the XLA path's: dx, and its scales' gradient."""
   x, q = _quantized_operands("int4", 3, 10, jnp.float32, seed=9)

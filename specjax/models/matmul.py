@@ -13,9 +13,10 @@
   is, though two paths may differ in the last bits). Quantized
   weights (`quantized.QuantizedWeight`: int8, int4:G) have handlers of their own that read the codes
   and unpack them in registers: AVX-512 (int8 widened to float32, FMA with x in float32; int4 at G =
-  32, 64, 128 with bfloat16 x turned into bfloat16 integers for AVX512_BF16 dot products per group),
-  else AVX2+FMA (codes and x widened to float32), else the portable loop. A `custom_vjp` makes it
-  differentiable (the backward runs XLA's matmuls; for quantized weights, the XLA path's gradients).
+  32, 64, 128 with bfloat16 x turned into float32 integers by a table, FMA sums per group in the order of
+  AVX512_BF16's dot products), else AVX2+FMA (codes and x widened to float32), else the portable loop. A
+  `custom_vjp` makes it differentiable (the backward runs XLA's matmuls; for quantized weights, the XLA
+  path's gradients).
 
 `ModelConfig.matmul` holds the resolved backend; `backend_for` resolves the setting "auto": the kernel
 for bfloat16 weights on a CPU where it runs vectorised (AVX512_BF16, or AVX2+FMA) and for quantized
@@ -62,7 +63,7 @@ _PATHS = {  # what each path number means, per kind; 0 is the portable loop
     "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16",
                  3: "AMX tiles (AVX512_BF16 where K is not a multiple of 32)"},
     "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers",
-                  2: "AVX-512: int8 codes unpacked to float32, int4 to bfloat16 for AVX512_BF16 dot products"},
+                  2: "AVX-512: int8 and int4 codes unpacked to float32, FMA in float32"},
 }
 _NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16",
           "quantized": "AVX2+FMA or AVX512_BF16"}

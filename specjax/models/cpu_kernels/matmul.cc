@@ -33,8 +33,8 @@
 // Codes are read as 1 or 1/2 byte a weight and widened in registers to float32 (no dequantized copy);
 // x is widened to float32 once per call. llama.cpp's CPU kernels instead quantize x to 8-bit blocks and
 // take integer dot products: faster per byte, but a model that computes on rounded activations; these
-// multiply float x, so a quantized model computes what its dequantized float model computes. No AVX-512
-// path for these: the AVX2 host they were written on could not test one.
+// multiply float x, so a quantized model computes what its dequantized float model computes (AVX2 and
+// AVX-512 paths: the sections below).
 //
 // Handlers (XLA FFI, CPU): specjax_matmul_f32(x [M, K] f32, w [N, K] f32) -> y [M, N] f32,
 // specjax_matmul_bf16(x [M, K] bf16, w [N, K] bf16) -> y [M, N] f32 and the quantized ones,
@@ -556,15 +556,19 @@ struct Avx2Int4Tiles : Avx2QuantTiles {
 // sign-extended to int32 and converted to float32 in registers, FMA'd into 16-lane accumulators; the
 // lane sum (_mm512_reduce_add_ps) times the row's scale. Tiles of up to 6 rows of x by 2 rows of W (4 for
 // tiles of up to 4 rows: 6 x 4 made a 6-row product slower than AVX2's 6 x 2).
-// int4:G, G = 32, 64 or 128, bfloat16 x (AVX512_BF16): x is read as it is. A group's codes unpack in
-// registers into bfloat16 integers code - 8 (exact) through a 16-entry table (VPERMW), in x's own
-// order: the low nibbles of its bytes are the group's first half, the high ones its second. VDPBF16PS
-// sums x * (code - 8) over the group in float32 (each product exact: 8 by 4 significant bits), and one
-// FMA adds that sum times the group's scale to the row's accumulator. Per group, 32 weights cost one
-// table lookup instead of AVX2's two widenings and a multiply per 8, which made a one-token int4 pass
-// bound by its unpacking there. The sum is the same products' as AVX2's, rounded in another order (per
-// group, then scaled), so the two paths may differ in the last bits; each is batch-invariant: nothing
-// depends on MR, NR or M.
+// int4:G, G = 32, 64 or 128, bfloat16 x (hosts with AVX512_BF16): x is widened to float32 once per call,
+// in the order the codes unpack in. A block of 32 code bytes unpacks in registers into float32 integers
+// code - 8 (exact) through a 16-entry table (VPERMPS, 16 weights per lookup); per lane, 4 FMAs from zero
+// sum x * (code - 8) over 2 bytes of one group (each product exact: 8 by 4 significant bits, each addition
+// rounded), in the order two VDPBF16PS would (the kernel's first int4 path, bit for bit; a subnormal x
+// counts as 0, as there, though a subnormal partial sum is kept where VDPBF16PS flushed it), and one FMA
+// adds the lanes times their groups' scales to the row's accumulator. On this project's AMX host one
+// VDPBF16PS held both 512-bit ports about 2 cycles: two of them (64 products) took 8 port-cycles, their 4
+// FMAs take 2; one thread, cache-resident, a one-row call ran 11-15% faster than with VDPBF16PS, 6 rows
+// 5-15%. Unpacking is then about 60% of a one-row tile's vector instructions, a fifth of a 6-row tile's:
+// a panel of W unpacked once per 96 rows of x into a scratch made many rows no faster. The sum is the
+// same products' as AVX2's, rounded in another order (per group, then scaled), so the two paths may
+// differ in the last bits; each is batch-invariant: nothing depends on MR, NR or M.
 
 #define SPECJAX_AVX512Q __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -598,34 +602,69 @@ SPECJAX_AVX512Q void Avx512TileInt8(const float* xf, int64_t XS, const int8_t* w
     for (int j = 0; j < NR; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]) * scale[j];
 }
 
-// bfloat16 bits of code - 8 for code = 0 .. 15 (twice: VPERMW indexes 32 lanes; codes use the first 16).
-alignas(64) constexpr uint16_t kInt4Bf16[32] = {
-    0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0,
-    0x40C0, 0x40E0, 0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040,
-    0x4080, 0x40A0, 0x40C0, 0x40E0};
+// code - 8 for code = 0 .. 15 (VPERMPS reads the low 4 bits of each 32-bit index).
+alignas(64) constexpr float kInt4Codes[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
-// bfloat16 x [M, K] in the order int4 codes unpack in (rows of XQ = 64 per block): per block of 32 code
-// bytes of a W row, the 32 elements of their low nibbles, then the 32 of their high ones (zeros for
-// bytes past a row's K / 2). Byte p of a row holds elements g G + e (low) and g G + G / 2 + e (high),
-// g = p / (G / 2), e = p % (G / 2). Exact (a copy).
-void Int4BlockRows(const uint16_t* x, uint16_t* xq, int64_t M, int64_t K, int64_t half, int64_t XQ) {
+// bfloat16 x [M, K] as float32 in the order int4 codes unpack in (rows of XF = 64 per block of 32 code
+// bytes): per block, 16 runs of 4 (lane l: bytes 2l and 2l + 1 of the block) laid out as 4 vectors of 16,
+// x of byte 2l + 1's low nibble, of byte 2l's low nibble, of 2l + 1's high nibble, of 2l's high nibble
+// (zeros for bytes past a row's K / 2). Byte p of a row holds elements g G + e (low) and g G + G / 2 + e
+// (high), g = p / (G / 2), e = p % (G / 2). Exact; subnormal x becomes 0, as VDPBF16PS reads it.
+void Int4BlockRows(const uint16_t* x, float* xf, int64_t M, int64_t K, int64_t half, int64_t XF) {
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t p = 0; p < XQ / 2; ++p) {
-      uint16_t* out = xq + m * XQ + p / 32 * 64 + p % 32;
+    for (int64_t p = 0; p < XF / 2; ++p) {
+      float* out = xf + m * XF + p / 32 * 64 + (p % 2 ? 0 : 16) + p % 32 / 2;
       const int64_t first = p / half * 2 * half + p % half;
-      out[0] = p < K / 2 ? x[m * K + first] : 0;
-      out[32] = p < K / 2 ? x[m * K + first + half] : 0;
+      for (int nibble = 0; nibble < 2; ++nibble) {
+        const uint16_t bits = p < K / 2 ? x[m * K + first + nibble * half] : 0;
+        out[32 * nibble] = (bits & 0x7F80) ? Bf16ToFloat(bits) : 0.0f;
+      }
+    }
+  }
+}
+
+// One block of 32 code bytes from byte p of NR rows of W (RB bytes apart; `mask`: its 16-bit pairs present)
+// against MR rows of x: the block unpacks into 4 vectors of float32 code - 8 per row of W (in
+// Int4BlockRows' order) and its lanes' scales, then every (i, j) takes the same 5 FMAs.
+template <int MR, int NR, int HALF>
+SPECJAX_AVX512Q inline void Avx512StepInt4(const float* xf, int64_t XF, const uint8_t* w, int64_t RB,
+                                           const float* scales, int64_t groups, int64_t p, __mmask16 mask,
+                                           __m512 (&acc)[MR][NR]) {
+  const __m512 table = _mm512_load_ps(kInt4Codes);
+  __m512 wv[NR][4], sv[NR];
+  for (int j = 0; j < NR; ++j) {
+    const __m512i pairs = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, w + j * RB + p));
+    wv[j][0] = _mm512_permutexvar_ps(_mm512_srli_epi32(pairs, 8), table);
+    wv[j][1] = _mm512_permutexvar_ps(pairs, table);
+    wv[j][2] = _mm512_permutexvar_ps(_mm512_srli_epi32(pairs, 12), table);
+    wv[j][3] = _mm512_permutexvar_ps(_mm512_srli_epi32(pairs, 4), table);
+    const float* sj = scales + j * groups + p / HALF;
+    sv[j] = _mm512_set1_ps(sj[0]);
+    if (HALF == 16 && p / HALF + 1 < groups) sv[j] = _mm512_mask_blend_ps(0xFF00, sv[j], _mm512_set1_ps(sj[1]));
+  }
+  for (int i = 0; i < MR; ++i) {
+    const float* xb = xf + i * XF + 2 * p;
+    __m512 xv[4];
+    for (int r = 0; r < 4; ++r) {
+      xv[r] = _mm512_loadu_ps(xb + 16 * r);
+      SPECJAX_IN_REGISTER(xv[r]);
+    }
+    for (int j = 0; j < NR; ++j) {
+      __m512 sum = _mm512_fmadd_ps(xv[0], wv[j][0], _mm512_setzero_ps());
+      for (int r = 1; r < 4; ++r) sum = _mm512_fmadd_ps(xv[r], wv[j][r], sum);
+      acc[i][j] = _mm512_fmadd_ps(sum, sv[j], acc[i][j]);
     }
   }
 }
 
 // x (blocked: Int4BlockRows) times NR rows of W of RB = K / 2 bytes in groups of HALF = G / 2 bytes (16, 32
-// or 64), a block of 32 bytes at a time: the block's 64 codes unpack into two vectors of 32 bfloat16
-// integers (low nibbles, high nibbles) and two VDPBF16PS take x's block against them into 16 float32
-// lanes, lane l holding the products of bytes 2l and 2l + 1 (G = 32: lanes 0-7 are the block's first
-// group, 8-15 its second); one FMA adds the lanes times their groups' scales to the row's accumulator.
+// or 64), a block of 32 bytes at a time: the block's 16 byte pairs widen into 16 32-bit lanes, which
+// shifts and table lookups (VPERMPS reads 4 bits) turn into four vectors of float32 code - 8; lane l of a
+// row's sum takes the 4 products of bytes 2l, 2l + 1 by 4 FMAs from zero, in VDPBF16PS's order (odd element
+// first, low nibbles first), and one FMA adds the lanes times their groups' scales to the row's accumulator
+// (G = 32: lanes 0-7 are the block's first group, 8-15 its second).
 template <int MR, int NR, int HALF>
-SPECJAX_AVX512Q void Avx512TileInt4(const uint16_t* xq, int64_t XQ, const uint8_t* w, int64_t RB,
+SPECJAX_AVX512Q void Avx512TileInt4(const float* xf, int64_t XF, const uint8_t* w, int64_t RB,
                                     const uint16_t* scale, int64_t groups, float* y, int64_t N) {
   thread_local std::vector<float> buffer;  // this tile's scales in float32, [NR, groups]
   buffer.resize(size_t(NR * groups));
@@ -637,34 +676,18 @@ SPECJAX_AVX512Q void Avx512TileInt4(const uint16_t* xq, int64_t XQ, const uint8_
       _mm512_mask_storeu_ps(scales + j * groups + g, mask, _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)));
     }
   }
-  const __m512i table = _mm512_load_si512(kInt4Bf16);
-  const __m512i low = _mm512_set1_epi16(15);
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < RB; p += 32) {
-    if (p % 64 == 0) {  // a new 64-byte line of each W row: prefetch the next tile's
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * RB + p), _MM_HINT_T0);
-    }
-    const __mmask32 mask = RB - p >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1ull << (RB - p)) - 1);
-    __m512bh lo[NR], hi[NR];
-    __m512 sv[NR];
-    for (int j = 0; j < NR; ++j) {
-      const __m512i codes = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, w + j * RB + p));
-      lo[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(codes, low), table);
-      hi[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
-      const float* sj = scales + j * groups + p / HALF;
-      sv[j] = _mm512_set1_ps(sj[0]);
-      if (HALF == 16 && p / HALF + 1 < groups) sv[j] = _mm512_mask_blend_ps(0xFF00, sv[j], _mm512_set1_ps(sj[1]));
-    }
-    for (int i = 0; i < MR; ++i) {
-      const __m512bh xlo = (__m512bh)_mm512_loadu_si512(xq + i * XQ + 2 * p);
-      const __m512bh xhi = (__m512bh)_mm512_loadu_si512(xq + i * XQ + 2 * p + 32);
-      for (int j = 0; j < NR; ++j) {
-        const __m512 sum = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), xlo, lo[j]), xhi, hi[j]);
-        acc[i][j] = _mm512_fmadd_ps(sum, sv[j], acc[i][j]);
-      }
-    }
+  int64_t p = 0;
+  for (; p + 64 <= RB; p += 64) {  // a 64-byte line of each W row: prefetch the next tile's
+    for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NR) * RB + p), _MM_HINT_T0);
+    Avx512StepInt4<MR, NR, HALF>(xf, XF, w, RB, scales, groups, p, __mmask16(0xFFFF), acc);
+    Avx512StepInt4<MR, NR, HALF>(xf, XF, w, RB, scales, groups, p + 32, __mmask16(0xFFFF), acc);
+  }
+  for (; p < RB; p += 32) {
+    const __mmask16 mask = RB - p >= 32 ? __mmask16(0xFFFF) : __mmask16((1u << ((RB - p) / 2)) - 1);
+    Avx512StepInt4<MR, NR, HALF>(xf, XF, w, RB, scales, groups, p, mask, acc);
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
@@ -681,10 +704,10 @@ struct Avx512Int8Tiles : Avx2QuantTiles {
   }
 };
 
-// int4 for Grid: bfloat16 x blocked (`xq`, rows of XQ: Int4BlockRows), G / 2 one of 16, 32, 64
+// int4 for Grid: bfloat16 x blocked as float32 (`xq`, rows of XQ: Int4BlockRows), G / 2 one of 16, 32, 64
 // (`Avx512Int4Fits`).
 struct Avx512Int4Tiles : Avx2QuantTiles {
-  const uint16_t* xq;
+  const float* xq;
   int64_t XQ;
   static constexpr int64_t kRows = 6;
   static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
@@ -1007,7 +1030,7 @@ struct QuantizedOperands {
   int64_t M, N, K, groups;
   const float* xf = nullptr;  // AVX2, AVX-512 int8: x widened into runs (WidenRuns), rows of XS floats
   int64_t XS = 0;
-  const uint16_t* xq = nullptr;  // AVX-512 int4: x blocked (Int4BlockRows), rows of XQ
+  const float* xq = nullptr;  // AVX-512 int4: x blocked (Int4BlockRows), rows of XQ
   int64_t XQ = 0;
 
   void Rows(int64_t n0, int64_t n1) const {
@@ -1065,12 +1088,12 @@ ffi::Error QuantizedMatmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<
     WidenRuns(o.x, widened.get(), M, K, run);
     o.xf = widened.get();
   }
-  std::unique_ptr<uint16_t[]> blocked;  // likewise
+  std::unique_ptr<float[]> blocked;  // likewise
 #ifdef SPECJAX_X86
   if constexpr (Bits == 4 && std::is_same_v<X, uint16_t>) {
     if (o.path == kAvx512) {
       o.XQ = (K / 2 + 31) / 32 * 64;
-      blocked.reset(new uint16_t[size_t(M * o.XQ)]);
+      blocked.reset(new float[size_t(M * o.XQ)]);
       Int4BlockRows(o.x, blocked.get(), M, K, K / groups / 2, o.XQ);
       o.xq = blocked.get();
     }
