@@ -374,12 +374,13 @@ void GridRows(const Tiles& tiles, int64_t m, int64_t n, int64_t mr, int64_t nr) 
 }
 
 // Rows [n0, n1) of W against the M rows of x in register tiles of up to `Tiles::kRows` rows of x by
-// `Tiles::Width(rows)` rows of W, row block by row block (every kind of weight: `Tiles` computes one).
+// `Tiles::Width(rows)` rows of W, row block by row block of `block` rows (every kind of weight: `Tiles`
+// computes one).
 template <typename Tiles>
-void Grid(const Tiles& tiles, int64_t M, int64_t n0, int64_t n1) {
+void Grid(const Tiles& tiles, int64_t M, int64_t n0, int64_t n1, int64_t block = kRowBlock) {
   constexpr int64_t kRows = Tiles::kRows;
-  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
-    const int64_t m1 = std::min(M, m0 + kRowBlock);
+  for (int64_t m0 = 0; m0 < M; m0 += block) {
+    const int64_t m1 = std::min(M, m0 + block);
     const int64_t tile_n = Tiles::Width(std::min(kRows, m1 - m0));
     for (int64_t n = n0; n < n1; n += tile_n) {
       const int64_t nr = std::min(tile_n, n1 - n);
@@ -556,19 +557,20 @@ struct Avx2Int4Tiles : Avx2QuantTiles {
 // sign-extended to int32 and converted to float32 in registers, FMA'd into 16-lane accumulators; the
 // lane sum (_mm512_reduce_add_ps) times the row's scale. Tiles of up to 6 rows of x by 2 rows of W (4 for
 // tiles of up to 4 rows: 6 x 4 made a 6-row product slower than AVX2's 6 x 2).
-// int4:G, G = 32, 64 or 128, bfloat16 x (hosts with AVX512_BF16): x is widened to float32 once per call,
-// in the order the codes unpack in. A block of 32 code bytes unpacks in registers into float32 integers
+// int4:G, G = 32, 64 or 128, bfloat16 x (hosts with AVX512_BF16): x is widened to float32 once per call, in
+// the order the codes unpack in. A block of 32 code bytes unpacks in registers into float32 integers
 // code - 8 (exact) through a 16-entry table (VPERMPS, 16 weights per lookup); per lane, 4 FMAs from zero
 // sum x * (code - 8) over 2 bytes of one group (each product exact: 8 by 4 significant bits, each addition
 // rounded), in the order two VDPBF16PS would (the kernel's first int4 path, bit for bit; a subnormal x
 // counts as 0, as there, though a subnormal partial sum is kept where VDPBF16PS flushed it), and one FMA
 // adds the lanes times their groups' scales to the row's accumulator. On this project's AMX host one
 // VDPBF16PS held both 512-bit ports about 2 cycles: two of them (64 products) took 8 port-cycles, their 4
-// FMAs take 2; one thread, cache-resident, a one-row call ran 11-15% faster than with VDPBF16PS, 6 rows
-// 5-15%. Unpacking is then about 60% of a one-row tile's vector instructions, a fifth of a 6-row tile's:
-// a panel of W unpacked once per 96 rows of x into a scratch made many rows no faster. The sum is the
-// same products' as AVX2's, rounded in another order (per group, then scaled), so the two paths may
-// differ in the last bits; each is batch-invariant: nothing depends on MR, NR or M.
+// FMAs take 2. One thread, the draft's and target's MLP shapes, against VDPBF16PS: a one-row call 12%
+// faster cache-resident, 2-8% streaming its weights; 6 rows 6-31%; 128 rows 3-12%. Unpacking is then about
+// 60% of a one-row tile's vector instructions, a fifth of a 6-row tile's: a panel of W unpacked once per 96
+// rows of x into a scratch made many rows no faster. Rows of x per row block: RowBlock. The sum is the same
+// products' as AVX2's, rounded in another order (per group, then scaled), so the two paths may differ in
+// the last bits; each is batch-invariant: nothing depends on MR, NR or M.
 
 #define SPECJAX_AVX512Q __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -711,6 +713,11 @@ struct Avx512Int4Tiles : Avx2QuantTiles {
   int64_t XQ;
   static constexpr int64_t kRows = 6;
   static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
+  // Rows of x per row block: at most 1 MiB of x as float32, which every tile of W passes over (with 96
+  // rows of K = 8960, 3.4 MiB, past the L2, a 128-row product took twice as long).
+  static constexpr int64_t RowBlock(int64_t XQ) {
+    return std::max<int64_t>(kRows, std::min<int64_t>(kRowBlock, (int64_t{1} << 18) / XQ / kRows * kRows));
+  }
   template <int MR, int NR>
   void Tile(int64_t m, int64_t n) const {
     Int4Tile(*this, n, [&](auto half, const uint8_t* w, const uint16_t* scale) {
@@ -1047,7 +1054,7 @@ struct QuantizedOperands {
       if constexpr (Bits == 8) {
         return Grid(Avx512Int8Tiles{tiles}, M, n0, n1);
       } else if constexpr (std::is_same_v<X, uint16_t>) {
-        return Grid(Avx512Int4Tiles{tiles, xq, XQ}, M, n0, n1);
+        return Grid(Avx512Int4Tiles{tiles, xq, XQ}, M, n0, n1, Avx512Int4Tiles::RowBlock(XQ));
       }
     }
 #endif
