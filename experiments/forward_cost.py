@@ -29,8 +29,8 @@ VARIANTS = {  # name: (ModelConfig.matmul, dtype)
 }
 
 
-def measure(variant: str, layers: int, repeats: int, cache_len: int) -> dict[int, float]:
-  """Median seconds of one jitted forward of T tokens at a cache offset of 100, for every T."""
+def measure(variant: str, layers: int, repeats: int, cache_len: int, offset: int) -> dict[int, float]:
+  """Median seconds of one jitted forward of T tokens at `offset` cached positions, for every T."""
   import numpy as np
 
   from specjax import costs
@@ -44,18 +44,18 @@ def measure(variant: str, layers: int, repeats: int, cache_len: int) -> dict[int
   rng = np.random.default_rng(0)
   params = assemble_params(config, {path: rng.standard_normal(shape, dtype=np.float32) * 0.02
                                     for path, shape in expected_shapes(config).items()}, "random")
-  return costs.forward_seconds(config, params, TOKENS, repeats, cache_len=cache_len)
+  return costs.forward_seconds(config, params, TOKENS, repeats, cache_len=cache_len, offset=offset)
 
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   """Measures every variant of `cfg` in its own subprocess; returns the results, also written to
   `cfg.output` unless it is empty."""
   results = {"command": records.command(), "environment": records.environment(), "layers": cfg.layers,
-             "cache_len": cfg.cache_len, "variants": {}}
+             "cache_len": cfg.cache_len, "offset": cfg.offset, "variants": {}}
   for name in cfg.variants:
     measured, stderr = harness.run_child("experiments.forward_cost", CONFIG_FILE,
                                          {"child": name, "layers": cfg.layers, "repeats": cfg.repeats,
-                                          "cache_len": cfg.cache_len})
+                                          "cache_len": cfg.cache_len, "offset": cfg.offset})
     backend, dtype = VARIANTS[name]
     if measured is None:
       results["variants"][name] = {"matmul": backend, "dtype": dtype, "error": stderr[-2000:]}
@@ -75,7 +75,7 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   if unknown or (cfg.child and cfg.child not in VARIANTS):
     raise ConfigError(f"config.variants: unknown {unknown or [cfg.child]}; known: {', '.join(VARIANTS)}")
   if cfg.child:  # a subprocess of `run`, measuring one variant
-    print(json.dumps(measure(cfg.child, cfg.layers, cfg.repeats, cfg.cache_len)))
+    print(json.dumps(measure(cfg.child, cfg.layers, cfg.repeats, cfg.cache_len, cfg.offset)))
     return
   run(cfg, log=harness.log)
 
