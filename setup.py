@@ -18,7 +18,6 @@ def _ffi_include_dir() -> str:
 class _BuildKernel(build_ext):
   """Plain C++ flags: the handlers pick AVX-512 or AVX2 paths at run time (function target attributes), so
   the library runs on any x86-64 or other CPU."""
-
   def build_extension(self, ext):
     if self.compiler.compiler_type == "unix":
       ext.extra_compile_args = ["-std=c++17", "-O3"]
@@ -26,7 +25,9 @@ class _BuildKernel(build_ext):
 
 
 setup(
-    ext_modules=[Extension("specjax.models._cpu_kernels", ["specjax/models/cpu_kernels/matmul.cc"],
-                           include_dirs=[_ffi_include_dir()], language="c++", optional=True)],
+    ext_modules=[
+        Extension("specjax.models._cpu_kernels", ["specjax/models/cpu_kernels/matmul.cc"],
+                  include_dirs=[_ffi_include_dir()], language="c++", optional=True)
+    ],
     cmdclass={"build_ext": _BuildKernel},
 )

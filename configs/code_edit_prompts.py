@@ -67,9 +67,16 @@ CODE_EDITS = (
 
 # Long functions whose first lines are continued as plain text.
 CONTINUATIONS = (
-    "textwrap:dedent", "shutil:copyfile", "heapq:nlargest", "difflib:get_close_matches", "copy:deepcopy",
-    "urllib.parse:urljoin", "tempfile:_get_default_tempdir", "csv:Sniffer.has_header",
-    "fractions:Fraction.limit_denominator", "shutil:get_terminal_size",
+    "textwrap:dedent",
+    "shutil:copyfile",
+    "heapq:nlargest",
+    "difflib:get_close_matches",
+    "copy:deepcopy",
+    "urllib.parse:urljoin",
+    "tempfile:_get_default_tempdir",
+    "csv:Sniffer.has_header",
+    "fractions:Fraction.limit_denominator",
+    "shutil:get_terminal_size",
 )
 
 EDIT_SUFFIX = "Return the complete updated function in one Python code block."

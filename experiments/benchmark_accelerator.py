@@ -123,11 +123,15 @@ _TINY = dict(arch="llama", vocab_size=97, n_heads=4, n_kv_heads=2, head_dim=16, 
 SHAPES: dict[str, tuple[ModelConfig, ModelConfig]] = {
     "qwen2.5-coder": (ModelConfig(**_QWEN, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128,
                                   d_ff=8960),
-                      ModelConfig(**_QWEN, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64,
-                                  d_ff=4864)),
-    "tiny": (ModelConfig(**_TINY, d_model=64, n_layers=2, d_ff=128),  # for tests on CPU
-             ModelConfig(**_TINY, d_model=64, n_layers=1, d_ff=96)),
+                      ModelConfig(**_QWEN, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64, d_ff=4864)),
+    "tiny": (
+        ModelConfig(**_TINY, d_model=64, n_layers=2, d_ff=128),  # for tests on CPU
+        ModelConfig(**_TINY, d_model=64, n_layers=1, d_ff=96)),
 }
+
+# The model config fields each results file records.
+MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "dtype",
+                "scan_layers")
 
 
 def check(cfg: ml_collections.ConfigDict) -> None:
@@ -145,21 +149,26 @@ def check(cfg: ml_collections.ConfigDict) -> None:
       execution(cfg, setting)
   except ValueError as error:
     raise ConfigError(f"config.{error} (scan_layers / attention / attention_comparison / narrow_passes)") from None
-  require(int(cfg.comparison_k) == cfg.comparison_k and cfg.comparison_k >= 1,
-          f"config.comparison_k must be an integer >= 1, got {cfg.comparison_k}")
+  require(
+      int(cfg.comparison_k) == cfg.comparison_k and cfg.comparison_k >= 1,
+      f"config.comparison_k must be an integer >= 1, got {cfg.comparison_k}")
   for field in ("prompt_lengths", "batch_sizes", "ks"):
     values = cfg[field]
-    require(len(values) > 0 and all(int(v) == v and v >= 1 for v in values),
-            f"config.{field} must be a non-empty tuple of integers >= 1, got {values}")
-  require(set(cfg.block_drafters) <= set(BLOCK_DRAFTERS),
-          f"config.block_drafters must be a tuple of {BLOCK_DRAFTERS}, got {cfg.block_drafters}")
-  require(int(cfg.block_k) == cfg.block_k and cfg.block_k >= 2, f"config.block_k must be an integer >= 2, "
-          f"got {cfg.block_k}")
+    require(
+        len(values) > 0 and all(int(v) == v and v >= 1 for v in values),
+        f"config.{field} must be a non-empty tuple of integers >= 1, got {values}")
+  require(
+      set(cfg.block_drafters) <= set(BLOCK_DRAFTERS),
+      f"config.block_drafters must be a tuple of {BLOCK_DRAFTERS}, got {cfg.block_drafters}")
+  require(
+      int(cfg.block_k) == cfg.block_k and cfg.block_k >= 2, f"config.block_k must be an integer >= 2, "
+      f"got {cfg.block_k}")
   require(all(int(v) == v and v >= 1 for v in cfg.adaptive_ks),
           f"config.adaptive_ks must be a tuple of integers >= 1, got {cfg.adaptive_ks}")
   for field in ("max_new_tokens", "repeats", "cost_repeats"):
-    require(int(cfg[field]) == cfg[field] and cfg[field] >= 1, f"config.{field} must be an integer >= 1, "
-            f"got {cfg[field]}")
+    require(
+        int(cfg[field]) == cfg[field] and cfg[field] >= 1, f"config.{field} must be an integer >= 1, "
+        f"got {cfg[field]}")
   require(cfg.max_new_tokens >= 2, f"config.max_new_tokens must be >= 2 (one token comes from the prefill), "
           f"got {cfg.max_new_tokens}")
   widths = cfg.verify_widths
@@ -200,8 +209,8 @@ def load_pair(cfg: ml_collections.ConfigDict, log: Log):
   else:
     log(f"random parameters of the {cfg.shapes} pair ({cfg.dtype}) ...")
     target_config, draft_config = (c.replace(dtype=cfg.dtype, **record.fields()) for c in SHAPES[cfg.shapes])
-    pair = (target_config, _random_model(target_config, cfg.seed), draft_config,
-            _random_model(draft_config, cfg.seed + 1), None)
+    pair = (target_config, _random_model(target_config,
+                                         cfg.seed), draft_config, _random_model(draft_config, cfg.seed + 1), None)
   jax.block_until_ready((pair[1], pair[3]))
   log(f"models ready in {time.perf_counter() - start:.1f} s")
   return pair
@@ -230,8 +239,10 @@ def _memory() -> list[dict]:
   rows = []
   for device in jax.local_devices():
     stats = device.memory_stats() or {}
-    rows.append({"device": str(device), **{field: stats.get(field) for field in
-                                           ("peak_bytes_in_use", "bytes_in_use", "bytes_limit")}})
+    rows.append({
+        "device": str(device),
+        **{field: stats.get(field) for field in ("peak_bytes_in_use", "bytes_in_use", "bytes_limit")}
+    })
   return rows
 
 
@@ -244,8 +255,10 @@ def _cache_bytes(config: ModelConfig, batch_size: int, cache_len: int) -> int:
 def modelled(alpha: float, k: int, c: float, step_s: float, round_s: float) -> dict:
   """The speedup of K-token speculation at acceptance rate `alpha`, modelled two ways (module docstring):
   Leviathan et al.'s formula (verify costing one target step) and the measured round time."""
-  return {"alpha": alpha, "leviathan": metrics.theoretical_speedup(alpha, k, c),
-          "round_time": metrics.expected_accepted_length(alpha, k) * step_s / round_s}
+  return {
+      "alpha": alpha, "leviathan": metrics.theoretical_speedup(alpha, k, c),
+      "round_time": metrics.expected_accepted_length(alpha, k) * step_s / round_s
+  }
 
 
 def make_drafter(cfg, pair, mode: str, k: int, policy: KPolicy):
@@ -265,8 +278,8 @@ features (every block's of a target under 4 layers) (module docstring)."""
   return ModelDrafter(draft_config, draft_params, max_lag=lag_for(policy.plain_rounds, draft_config))
 
 
-def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: int,
-             log: Log, report: bool = False) -> tuple[dict, np.ndarray]:
+def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: int, log: Log,
+             report: bool = False) -> tuple[dict, np.ndarray]:
   """One program, compiled, warmed up and timed (module docstring); returns its row (with `report`, the
   program's `lowering.report` too) and its greedy tokens [B, max_new_tokens]."""
   target_config, target_params, draft_config, draft_params, _ = pair
@@ -302,6 +315,7 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   compile_s = call(1)[0]
   calibration_s = 0.0
   if policy.tuned:  # the cost table, measured here with this program (`k_policy.calibrate`)
+
     def forced(cost_C: np.ndarray, round_limit: int) -> int:
       memory.cost_C = cost_C
       return int(call(cfg.max_new_tokens, round_limit)[1].target_calls) - 1
@@ -316,21 +330,24 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
   _, out, tokens_BxO, counts_B = runs[-1]
   decode_s = wall_s - prefill_s
   calls = int(out.target_calls) - 1  # target passes after the prefill: steps, or rounds
-  row = {"prompt_tokens": length, "batch_size": batch, "mode": mode, "k": k if drafter else None,
-         "cache_len": cache_len, "compile_time_s": compile_s, "warmup_s": warmup_s, "prefill_s": prefill_s,
-         "wall_s": wall_s, "wall_s_runs": [seconds for seconds, *_ in runs], "generated_tokens": int(counts_B.sum()),
-         "decode_s": decode_s, "target_calls_after_prefill": calls,
-         "kv_cache_bytes": _cache_bytes(target_config, batch, cache_len) +
-                           (_cache_bytes(drafter.cache_config, batch, cache_len) if drafter else 0)}
+  row = {
+      "prompt_tokens": length, "batch_size": batch, "mode": mode, "k": k if drafter else None, "cache_len": cache_len,
+      "compile_time_s": compile_s, "warmup_s": warmup_s, "prefill_s": prefill_s, "wall_s": wall_s,
+      "wall_s_runs": [seconds for seconds, *_ in runs], "generated_tokens": int(counts_B.sum()), "decode_s": decode_s,
+      "target_calls_after_prefill": calls,
+      "kv_cache_bytes": _cache_bytes(target_config, batch, cache_len) +
+                        (_cache_bytes(drafter.cache_config, batch, cache_len) if drafter else 0)
+  }
   if drafter:
     totals = metrics.summarize(jax.device_get(out.acceptance))["total"]
     row.update(round_s=decode_s / calls, draft_calls=int(out.draft_calls), alpha_hat=totals["alpha_hat"],
                acceptance_rate=totals["acceptance_rate"], mean_accepted_length=totals["mean_accepted_length"])
   if policy.tuned:
-    row["k_policy"] = {"lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in memory.cost_C],
-                       "calibration_time_s": calibration_s,
-                       "acceptance_learned": [float(a) for a in memory.prior_AxK[0]],
-                       "rounds_per_length": [int(n) for n in jax.device_get(out.rounds_per_length)]}
+    row["k_policy"] = {
+        "lengths": list(policy.lengths(k)), "cost_table_s": [float(c) for c in memory.cost_C],
+        "calibration_time_s": calibration_s, "acceptance_learned": [float(a) for a in memory.prior_AxK[0]],
+        "rounds_per_length": [int(n) for n in jax.device_get(out.rounds_per_length)]
+    }
   else:
     row["step_s"] = decode_s / calls
   row.update(tokens_per_second=row["generated_tokens"] / wall_s,
@@ -339,22 +356,22 @@ def run_cell(cfg, pair, mode: str, k: int, prompts_BxP: np.ndarray, cache_len: i
     row["lowering"] = lowering.report(call(cfg.max_new_tokens, lower=True))
   log(f"P={length} B={batch} {mode}{f' K={k}' if drafter else ''}: compile {compile_s:.1f} s, prefill "
       f"{prefill_s * 1e3:.1f} ms, " + (f"round {row['round_s'] * 1e3:.2f} ms" if drafter else
-                                        f"step {row['step_s'] * 1e3:.2f} ms, {row['tokens_per_second']:.1f} tok/s"))
+                                       f"step {row['step_s'] * 1e3:.2f} ms, {row['tokens_per_second']:.1f} tok/s"))
   return row, tokens_BxO
 
 
-def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxO: np.ndarray, tokens_BxO: np.ndarray,
-           c: float) -> None:
+def derive(cfg, row: dict, baseline: dict, baseline_tokens_BxO: np.ndarray, tokens_BxO: np.ndarray, c: float) -> None:
   """Adds to a speculative row what compares it with its autoregressive baseline: c, the round's cost in
   target steps, the greedy comparison, the modelled speedups and (real weights) the measured ones."""
   equal_B = (tokens_BxO == baseline_tokens_BxO).all(axis=1)
   k, step_s, round_s = row["k"], baseline["step_s"], row["round_s"]
   # The models assume K tokens every round: adaptive cells vary the length and get none.
   fixed = row["mode"] == SPECULATIVE
-  row.update(cost_ratio_c=c, round_in_target_steps=round_s / step_s,
-             greedy_equals_autoregressive=bool(equal_B.all()), rows_equal_autoregressive=int(equal_B.sum()),
-             modelled_speedup={name: modelled(alpha, k, c, step_s, round_s)
-                               for name, alpha in cfg.modelled_alphas.items() if fixed})
+  row.update(
+      cost_ratio_c=c, round_in_target_steps=round_s / step_s, greedy_equals_autoregressive=bool(equal_B.all()),
+      rows_equal_autoregressive=int(equal_B.sum()), modelled_speedup={
+          name: modelled(alpha, k, c, step_s, round_s) for name, alpha in cfg.modelled_alphas.items() if fixed
+      })
   if cfg.weights == "real":
     alpha = row["alpha_hat"]
     row.update(speedup=row["tokens_per_second"] / baseline["tokens_per_second"],
@@ -371,10 +388,12 @@ def verify_costs(cfg, target_config: ModelConfig, target_params, batch: int, len
   """Median seconds of a T-token target forward for each T of `verify_widths`, `length` tokens cached, and
   each as a multiple of the 1-token step: what a chain of T - 1 or a tree of T - 1 nodes costs to verify."""
   cache_len = -(-(length + max(cfg.verify_widths)) // 64) * 64
-  seconds = costs.forward_seconds(target_config, target_params, sorted(cfg.verify_widths), cfg.cost_repeats,
-                                  batch, cache_len=cache_len, offset=length)
-  return {"prompt_tokens": length, "batch_size": batch, "seconds": seconds,
-          "in_target_steps": {t: s / seconds[1] for t, s in seconds.items()}}
+  seconds = costs.forward_seconds(target_config, target_params, sorted(cfg.verify_widths), cfg.cost_repeats, batch,
+                                  cache_len=cache_len, offset=length)
+  return {
+      "prompt_tokens": length, "batch_size": batch, "seconds": seconds,
+      "in_target_steps": {t: s / seconds[1] for t, s in seconds.items()}
+  }
 
 
 # ------------------------------------------------------------------------------------------------- run
@@ -389,24 +408,30 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   config = cfg.to_dict()
   config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
   environment = {**records.environment(), "device_kind": jax.devices()[0].device_kind}
-  results = {"command": records.command(), "environment": environment, "config": config, "costs": [],
-             "verify_costs": [], "attention_comparison": [], "cells": [], "skipped": [], "finished": False}
+  results = {
+      "command": records.command(), "environment": environment, "config": config, "costs": [], "verify_costs": [],
+      "attention_comparison": [], "cells": [], "skipped": [], "finished": False
+  }
   save = lambda: harness.write_results(results, cfg.output)
   save()
   pair = load_pair(cfg, log)
   target_config, target_params, draft_config, draft_params, tokenizer = pair
-  results["models"] = {name: {"num_params": config.num_params(), **{
-      field: getattr(config, field) for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
-                                                  "head_dim", "d_ff", "dtype", "scan_layers")}}
-                       for name, config in (("target", target_config), ("draft", draft_config))}
+  results["models"] = {
+      name: {"num_params": config.num_params(), **{field: getattr(config, field) for field in MODEL_FIELDS}}
+      for name, config in (("target", target_config), ("draft", draft_config))
+  }
   results["prompt_source"] = "random token ids" if tokenizer is None else "standard-library sources"
-  cells = [(length, batch, mode, k) for length in cfg.prompt_lengths for batch in cfg.batch_sizes
-           for mode, k in [(AUTOREGRESSIVE, None), *((SPECULATIVE, k) for k in cfg.ks),
-                           *((ADAPTIVE, k) for k in cfg.adaptive_ks),
-                           *((name, cfg.block_k) for name in cfg.block_drafters if length == cfg.prompt_lengths[0])]]
+  cells = [(length, batch, mode, k)
+           for length in cfg.prompt_lengths
+           for batch in cfg.batch_sizes
+           for mode, k in [(AUTOREGRESSIVE,
+                            None), *((SPECULATIVE, k) for k in cfg.ks), *((ADAPTIVE, k) for k in cfg.adaptive_ks), *(
+                                (name, cfg.block_k) for name in cfg.block_drafters if length == cfg.prompt_lengths[0])]]
   # Every batch size takes the first rows of the same prompts.
-  prompts = {length: prompt_ids(tokenizer, target_config.vocab_size, max(cfg.batch_sizes), length, cfg.seed)
-             for length in cfg.prompt_lengths}
+  prompts = {
+      length: prompt_ids(tokenizer, target_config.vocab_size, max(cfg.batch_sizes), length, cfg.seed)
+      for length in cfg.prompt_lengths
+  }
   for setting in cfg.attention_comparison:
     compare_attention(cfg, pair, setting, prompts[cfg.prompt_lengths[0]][:1], results, start, log)
     save()
@@ -415,23 +440,24 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   for number, (length, batch, mode, k) in enumerate(cells):
     elapsed = time.perf_counter() - start
     if elapsed > cfg.deadline_s:
-      results["skipped"] += [{"prompt_tokens": p, "batch_size": b, "mode": m, "k": kk,
-                              "reason": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"}
-                             for p, b, m, kk in cells[number:]]
+      results["skipped"] += [{
+          "prompt_tokens": p, "batch_size": b, "mode": m, "k": kk,
+          "reason": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"
+      } for p, b, m, kk in cells[number:]]
       log(f"deadline passed at {elapsed:.0f} s: {len(cells) - number} cells skipped")
       break
     cache_len = _cache_len(cfg, length)
     if mode == AUTOREGRESSIVE:
       jax.clear_caches()  # the previous (P, B)'s programs are done with
       prompts_BxP = prompts[length][:batch]
-      c = costs.cost_ratio(target_config, target_params, DraftPass(draft_config, draft_params), batch,
-                           cfg.cost_repeats, cache_len=cache_len, offset=length)
+      c = costs.cost_ratio(target_config, target_params, DraftPass(draft_config, draft_params), batch, cfg.cost_repeats,
+                           cache_len=cache_len, offset=length)
       results["costs"].append({"prompt_tokens": length, "batch_size": batch, "cost_ratio_c": c})
       log(f"P={length} B={batch}: c = {c:.3f}")
       if cfg.verify_widths and length == cfg.prompt_lengths[0]:
         results["verify_costs"].append(verify_costs(cfg, target_config, target_params, batch, length))
-        log(f"P={length} B={batch}: T-token verify / step " + ", ".join(
-            f"{t}: {v:.2f}" for t, v in results["verify_costs"][-1]["in_target_steps"].items()))
+        log(f"P={length} B={batch}: T-token verify / step " +
+            ", ".join(f"{t}: {v:.2f}" for t, v in results["verify_costs"][-1]["in_target_steps"].items()))
     row, tokens_BxO = run_cell(cfg, pair, mode, k, prompts_BxP, cache_len, log)
     if mode == AUTOREGRESSIVE:
       baseline = (row, tokens_BxO)
@@ -456,28 +482,28 @@ def _cache_len(cfg, length: int) -> int:
   return -(-(length + cfg.max_new_tokens + longest + 1) // 64) * 64  # a parallel pass writes 2K
 
 
-def compare_attention(cfg, pair, setting: str, prompts_BxP: np.ndarray, results: dict, start: float,
-                      log: Log) -> None:
+def compare_attention(cfg, pair, setting: str, prompts_BxP: np.ndarray, results: dict, start: float, log: Log) -> None:
   """The autoregressive and K = `comparison_k` cells with attention `setting` (resolved on this
   backend), timed and with their lowering reports, appended to `results["attention_comparison"]`; or
   skipped past the deadline."""
   elapsed = time.perf_counter() - start
   modes = [(AUTOREGRESSIVE, None), (SPECULATIVE, cfg.comparison_k)]
   if elapsed > cfg.deadline_s:
-    results["skipped"] += [{"prompt_tokens": prompts_BxP.shape[1], "batch_size": 1, "mode": mode, "k": k,
-                            "attention": setting, "reason": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"}
-                           for mode, k in modes]
+    results["skipped"] += [{
+        "prompt_tokens": prompts_BxP.shape[1], "batch_size": 1, "mode": mode, "k": k, "attention": setting,
+        "reason": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"
+    } for mode, k in modes]
     return
   jax.clear_caches()
   attention = execution(cfg, setting).attention
   target_config, target_params, draft_config, draft_params, tokenizer = pair
   compared = (target_config.replace(attention=attention), target_params, draft_config.replace(attention=attention),
               draft_params, tokenizer)
-  (ar_row, ar_tokens), (row, tokens) = (
-      run_cell(cfg, compared, mode, k, prompts_BxP, _cache_len(cfg, prompts_BxP.shape[1]), log, report=True)
-      for mode, k in modes)
-  row.update(round_in_target_steps=row["round_s"] / ar_row["step_s"],
-             greedy_equals_autoregressive=bool((tokens == ar_tokens).all()))
+  (ar_row, ar_tokens), (row, tokens) = (run_cell(cfg, compared, mode, k, prompts_BxP,
+                                                 _cache_len(cfg, prompts_BxP.shape[1]), log, report=True)
+                                        for mode, k in modes)
+  row.update(round_in_target_steps=row["round_s"] / ar_row["step_s"], greedy_equals_autoregressive=bool(
+      (tokens == ar_tokens).all()))
   rows = [ar_row, row]
   for row in rows:
     row["attention"] = attention
@@ -509,10 +535,14 @@ def run_mtbench(cfg: ml_collections.ConfigDict, elapsed: float, log: Log) -> dic
     return {"skipped": f"deadline_s {cfg.deadline_s:g} passed ({elapsed:.0f} s)"}
   jax.clear_caches()
   results = mtbench.run(mtbench_config(cfg), log)
-  summary = {key: {r["system"]: {"speedup_vs_autoregressive": r.get("speedup_vs_autoregressive"),
-                                 "tau": r["mean_accepted_length"], "tokens_per_second": r["tokens_per_second"]}
-                   for r in results["runs"] if r["group"] == key}
-             for key in results["groups"]}
+  summary = {
+      key: {
+          r["system"]: {
+              "speedup_vs_autoregressive": r.get("speedup_vs_autoregressive"), "tau": r["mean_accepted_length"],
+              "tokens_per_second": r["tokens_per_second"]
+          } for r in results["runs"] if r["group"] == key
+      } for key in results["groups"]
+  }
   return {"output": records.relative(results["config"]["output"]), "groups": summary}
 
 
@@ -523,29 +553,37 @@ def table(results: dict) -> str:
   """The cells as markdown, one row each; speedups labelled measured (real weights) or modelled."""
   env, cfg = results["environment"], results["config"]
   alphas = cfg["modelled_alphas"]
-  lines = [f"Command: `{results['command']}`  ",
-           f"Device: {env.get('device_kind')} ({env['backend']}); jax {env['jax']}, flax {env['flax']}; "
-           f"weights {cfg['weights']}, {cfg['dtype']}, {cfg['max_new_tokens']} new tokens; prompts: "
-           f"{results.get('prompt_source', '')}.", "",
-           "| prompt | batch | mode | K | compile s | prefill ms | step / round ms | round / step | c | tokens/s "
-           "| decode tokens/s | α̂ | measured speedup | " +
-           " | ".join(f"modelled at α {a:g} ({name}): Leviathan / round time" for name, a in alphas.items()) +
-           " | greedy = AR | peak GiB |",
-           "|" + "---|" * (15 + len(alphas))]
+  lines = [
+      f"Command: `{results['command']}`  ",
+      f"Device: {env.get('device_kind')} ({env['backend']}); jax {env['jax']}, flax {env['flax']}; "
+      f"weights {cfg['weights']}, {cfg['dtype']}, {cfg['max_new_tokens']} new tokens; prompts: "
+      f"{results.get('prompt_source', '')}.", "",
+      "| prompt | batch | mode | K | compile s | prefill ms | step / round ms | round / step | c | tokens/s "
+      "| decode tokens/s | α̂ | measured speedup | " +
+      " | ".join(f"modelled at α {a:g} ({name}): Leviathan / round time" for name, a in alphas.items()) +
+      " | greedy = AR | peak GiB |", "|" + "---|" * (15 + len(alphas))
+  ]
   for row in results["cells"]:
     peaks = [m["peak_bytes_in_use"] for m in row["memory"] if m["peak_bytes_in_use"] is not None]
     model = row.get("modelled_speedup", {})
     match = row.get("greedy_equals_autoregressive")
-    cells = [row["prompt_tokens"], row["batch_size"], row["mode"], _fmt(row["k"], "d"),
-             _fmt(row["compile_time_s"], ".1f"), _fmt(row["prefill_s"] * 1e3, ".1f"),
-             _fmt(row.get("step_s", row.get("round_s")) * 1e3), _fmt(row.get("round_in_target_steps")),
-             _fmt(row.get("cost_ratio_c"), ".3f"), _fmt(row.get("tokens_per_second"), ".1f"),
-             _fmt(row.get("decode_tokens_per_second"), ".1f"), _fmt(row.get("alpha_hat"), ".3f"),
-             _fmt(row.get("decode_speedup")),
-             *(f"{model[name]['leviathan']:.2f} / {model[name]['round_time']:.2f}" if name in model else ""
-               for name in alphas),
-             "" if match is None else "yes" if match else f"NO ({row['rows_equal_autoregressive']} rows equal)",
-             _fmt(max(peaks) / 2**30 if peaks else None)]
+    cells = [
+        row["prompt_tokens"], row["batch_size"], row["mode"],
+        _fmt(row["k"], "d"),
+        _fmt(row["compile_time_s"], ".1f"),
+        _fmt(row["prefill_s"] * 1e3, ".1f"),
+        _fmt(row.get("step_s", row.get("round_s")) * 1e3),
+        _fmt(row.get("round_in_target_steps")),
+        _fmt(row.get("cost_ratio_c"), ".3f"),
+        _fmt(row.get("tokens_per_second"), ".1f"),
+        _fmt(row.get("decode_tokens_per_second"), ".1f"),
+        _fmt(row.get("alpha_hat"), ".3f"),
+        _fmt(row.get("decode_speedup")),
+        *(f"{model[name]['leviathan']:.2f} / {model[name]['round_time']:.2f}" if name in model else ""
+          for name in alphas),
+        "" if match is None else "yes" if match else f"NO ({row['rows_equal_autoregressive']} rows equal)",
+        _fmt(max(peaks) / 2**30 if peaks else None)
+    ]
     lines.append("| " + " | ".join(str(x) for x in cells) + " |")
   for skipped in results["skipped"]:
     if "attention" in skipped:
@@ -555,10 +593,12 @@ def table(results: dict) -> str:
   compared = results.get("attention_comparison", [])
   compared_skipped = [s for s in results["skipped"] if "attention" in s]
   if compared or compared_skipped:
-    lines += ["", "Attention compared (the first prompt length, batch 1; loops: data-dependent while loops inside "
-              "the round, each a host read of its predicate per iteration on GPU):", "",
-              "| attention | mode | K | compile s | step / round ms | round / step | greedy = AR | loops in round "
-              "| kernels |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "", "Attention compared (the first prompt length, batch 1; loops: data-dependent while loops inside "
+        "the round, each a host read of its predicate per iteration on GPU):", "",
+        "| attention | mode | K | compile s | step / round ms | round / step | greedy = AR | loops in round "
+        "| kernels |", "|---|---|---|---|---|---|---|---|---|"
+    ]
     for row in compared:
       match = row.get("greedy_equals_autoregressive")
       lines.append(f"| {row['attention']} | {row['mode']} | {_fmt(row['k'], 'd')} "
@@ -567,33 +607,45 @@ def table(results: dict) -> str:
                    f"| {'' if match is None else 'yes' if match else 'NO'} "
                    f"| {row['lowering']['while_loops_in_round']} | "
                    f"{', '.join(f'{name} x{n}' for name, n in row['lowering']['custom_calls'].items())} |")
-    lines += [f"| {s['attention']} | {s['mode']} | {_fmt(s['k'], 'd')} | skipped: {s['reason']} | | | | | |"
-              for s in compared_skipped]
+    lines += [
+        f"| {s['attention']} | {s['mode']} | {_fmt(s['k'], 'd')} | skipped: {s['reason']} | | | | | |"
+        for s in compared_skipped
+    ]
   mt = results.get("mtbench")
   if mt:
-    lines += ["", f"MT-Bench cell: skipped ({mt['skipped']})." if "skipped" in mt else
-              f"MT-Bench cell (`{mt['output']}`; its tables: `python -m experiments.mtbench "
-              f"--config=configs/benchmarks/mtbench.py:accelerator --config.report={mt['output']}`): " + "; ".join(
-                  f"{key}: " + ", ".join(f"{system} {_fmt(v['speedup_vs_autoregressive'])}x (τ {_fmt(v['tau'])})"
-                                         for system, v in systems.items() if system != "autoregressive")
-                  for key, systems in mt["groups"].items()) + "."]
-  lines += ["", "Measured speedup: decode tokens/s over the autoregressive cell's (real weights only). Modelled: "
-            "Leviathan et al. at the measured c; round time = expected tokens per round x step / round. "
-            "Peak memory: JAX's peak since the process started."]
+    lines += [
+        "", f"MT-Bench cell: skipped ({mt['skipped']})."
+        if "skipped" in mt else f"MT-Bench cell (`{mt['output']}`; its tables: `python -m experiments.mtbench "
+        f"--config=configs/benchmarks/mtbench.py:accelerator --config.report={mt['output']}`): " +
+        "; ".join(f"{key}: " + ", ".join(f"{system} {_fmt(v['speedup_vs_autoregressive'])}x (τ {_fmt(v['tau'])})"
+                                         for system, v in systems.items()
+                                         if system != "autoregressive")
+                  for key, systems in mt["groups"].items()) + "."
+    ]
+  lines += [
+      "", "Measured speedup: decode tokens/s over the autoregressive cell's (real weights only). Modelled: "
+      "Leviathan et al. at the measured c; round time = expected tokens per round x step / round. "
+      "Peak memory: JAX's peak since the process started."
+  ]
   for row in results["cells"]:
     if "k_policy" in row:
       policy = row["k_policy"]
       lines.append(f"Adaptive, prompt {row['prompt_tokens']}, batch {row['batch_size']}, K <= {row['k']}: rounds per "
-                   "length " + ", ".join(f"{n}: {r}" for n, r in zip(policy["lengths"], policy["rounds_per_length"]))
-                   + "; round cost measured on the device " + ", ".join(
-                       f"{n}: {1e3 * c:.2f} ms" for n, c in zip(policy["lengths"], policy["cost_table_s"])) + ".")
+                   "length " + ", ".join(f"{n}: {r}" for n, r in zip(policy["lengths"], policy["rounds_per_length"])) +
+                   "; round cost measured on the device " +
+                   ", ".join(f"{n}: {1e3 * c:.2f} ms" for n, c in zip(policy["lengths"], policy["cost_table_s"])) + ".")
   verify = results.get("verify_costs", [])
   if verify:
     widths = list(verify[0]["in_target_steps"])
-    lines += ["", "Target forward of T tokens / 1-token step (the verify of T - 1 draft tokens or tree nodes):", "",
-              "| prompt | batch | " + " | ".join(f"T = {t}" for t in widths) + " |", "|" + "---|" * (2 + len(widths))]
-    lines += [f"| {v['prompt_tokens']} | {v['batch_size']} | " +
-              " | ".join(f"{v['in_target_steps'][t]:.2f}" for t in widths) + " |" for v in verify]
+    lines += [
+        "", "Target forward of T tokens / 1-token step (the verify of T - 1 draft tokens or tree nodes):", "",
+        "| prompt | batch | " + " | ".join(f"T = {t}" for t in widths) + " |", "|" + "---|" * (2 + len(widths))
+    ]
+    lines += [
+        f"| {v['prompt_tokens']} | {v['batch_size']} | " + " | ".join(f"{v['in_target_steps'][t]:.2f}"
+                                                                      for t in widths) + " |"
+        for v in verify
+    ]
   return "\n".join(lines)
 
 

@@ -39,39 +39,52 @@ from specjax.constraints import compiler
 from specjax.constraints.mask import forced_tokens
 from specjax.decode_config import default_config
 
-_PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                            "city": {"type": "string"}}, "required": ["name", "age", "city"]}
-_WEATHER_CALL = {"type": "object", "properties": {
-    "name": {"const": "get_weather"},
-    "arguments": {"type": "object", "properties": {"city": {"type": "string"},
-                                                   "unit": {"enum": ["celsius", "fahrenheit"]}},
-                  "required": ["city", "unit"]}}, "required": ["name", "arguments"]}
+_PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "city": {"type": "string"}}, "required": ["name", "age", "city"]
+}
+_WEATHER_CALL = {
+    "type": "object", "properties": {
+        "name": {"const": "get_weather"}, "arguments": {
+            "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"]
+        }
+    }, "required": ["name", "arguments"]
+}
 REQUESTS = [  # (prompt, schema)
     ("Extract the person as JSON with name, age and city: Maria Silva is 34 and lives in Lisbon.", _PERSON),
     ("Extract the person as JSON with name, age and city: Kenji, aged 51, moved to Osaka last year.", _PERSON),
-    ("Extract the product as JSON: The ACME X200 drill costs 89.90 dollars and is in stock.",
-     {"type": "object", "properties": {"product": {"type": "string"}, "price": {"type": "number"},
-                                       "in_stock": {"type": "boolean"}}, "required": ["product", "price", "in_stock"]}),
+    ("Extract the product as JSON: The ACME X200 drill costs 89.90 dollars and is in stock.", {
+        "type": "object",
+        "properties": {"product": {"type": "string"}, "price": {"type": "number"},
+                       "in_stock": {"type": "boolean"}}, "required": ["product", "price", "in_stock"]
+    }),
     ("Call the weather tool for Paris in celsius. Answer with the tool call as JSON.", _WEATHER_CALL),
-    ("List the three primary colours as JSON.",
-     {"type": "object", "properties": {"colours": {"type": "array", "items": {"type": "string"}}},
-      "required": ["colours"]}),
-    ("Extract the meeting as JSON: Team sync on 2024-05-02 at 10:30 with Ana and Bo.",
-     {"type": "object", "properties": {"title": {"type": "string"}, "date": {"type": "string"},
-                                       "time": {"type": "string"},
-                                       "people": {"type": "array", "items": {"type": "string"}}},
-      "required": ["title", "date", "time", "people"]}),
+    ("List the three primary colours as JSON.", {
+        "type": "object", "properties": {"colours": {"type": "array", "items": {"type": "string"}}},
+        "required": ["colours"]
+    }),
+    ("Extract the meeting as JSON: Team sync on 2024-05-02 at 10:30 with Ana and Bo.", {
+        "type": "object", "properties": {
+            "title": {"type": "string"}, "date": {"type": "string"}, "time": {"type": "string"},
+            "people": {"type": "array", "items": {"type": "string"}}
+        }, "required": ["title", "date", "time", "people"]
+    }),
     ("Call the weather tool for Toronto in fahrenheit. Answer with the tool call as JSON.", _WEATHER_CALL),
-    ("Extract the book as JSON: 'Dune' by Frank Herbert, published 1965, 412 pages.",
-     {"type": "object", "properties": {"title": {"type": "string"}, "author": {"type": "string"},
-                                       "year": {"type": "integer"}, "pages": {"type": "integer"}},
-      "required": ["title", "author", "year", "pages"]}),
+    ("Extract the book as JSON: 'Dune' by Frank Herbert, published 1965, 412 pages.", {
+        "type": "object", "properties": {
+            "title": {"type": "string"}, "author": {"type": "string"}, "year": {"type": "integer"},
+            "pages": {"type": "integer"}
+        }, "required": ["title", "author", "year", "pages"]
+    }),
 ]
 
-
 # Tree systems: (drafter, config.tree); K is the tree's depth, the policy fixed (a dynamic tree needs it).
-TREES = {"model_tree": ("model", "(2, 1, 1, 1, 1)"), "model_dynamic": ("model", "dynamic(8, 5, 2)"),
-         "ngram_tree": ("ngram", "(2, 1, 1, 1, 1)")}
+TREES = {
+    "model_tree": ("model", "(2, 1, 1, 1, 1)"), "model_dynamic": ("model", "dynamic(8, 5, 2)"),
+    "ngram_tree": ("ngram", "(2, 1, 1, 1, 1)")
+}
 
 
 def _system_fields(system: str) -> dict:
@@ -140,11 +153,14 @@ def run(cfg: ml_collections.ConfigDict, log=harness.log) -> dict:
   for constrained in (False, True):
     files[constrained] = os.path.join(directory, f"requests_{constrained}.jsonl")
     with open(files[constrained], "w") as f:
-      f.writelines(json.dumps({"prompt": p, **({"constraint": s} if constrained else {})}) + "\n"
-                   for (p, _), s in zip(requests, specs))
+      f.writelines(
+          json.dumps({"prompt": p, **({"constraint": s} if constrained else {})}) + "\n"
+          for (p, _), s in zip(requests, specs))
   table = compiler.for_run(specs, compiler.token_strings(tok, dec.target.config.vocab_size), tok.eos_ids)
-  results = {"config": cfg.to_dict(), "requests": [{"prompt": p, "schema": s} for p, s in requests],
-             "table_states": int(table.next_ZxV.shape[0]), "runs": []}
+  results = {
+      "config": cfg.to_dict(), "requests": [{"prompt": p, "schema": s} for p, s in requests],
+      "table_states": int(table.next_ZxV.shape[0]), "runs": []
+  }
   reference = {}
   for constrained in cfg.constrained:
     for system in cfg.systems:
@@ -154,15 +170,17 @@ def run(cfg: ml_collections.ConfigDict, log=harness.log) -> dict:
       texts = [tok.decode([i for i in row if i not in tok.eos_ids]) for row in ids]
       finished = [bool(row) and row[-1] in tok.eos_ids for row in ids]
       stats = out["stats"]
-      row = {"system": system, "constrained": constrained, "tokens_per_second": stats["tokens_per_second"],
-             "generated_tokens": stats["generated_tokens"], "wall_time_s": stats["wall_time_s"],
-             "target_calls": stats["target_calls"], "compile_time_s": stats["compile_time_s"],
-             "alpha_hat": stats.get("alpha_hat"), "tau": stats.get("mean_accepted_length"),
-             "finished_rate": float(np.mean(finished)),
-             "valid_rate": float(np.mean([f and _valid(t, s) for f, t, (_, s) in zip(finished, texts, requests)])),
-             "forced_share": _forced_share(table, specs, ids) if constrained else None,
-             "jump_forward_share": stats.get("jump_forward_share") if constrained else None,
-             "texts": texts, "token_ids": ids}
+      row = {
+          "system": system, "constrained": constrained, "tokens_per_second": stats["tokens_per_second"],
+          "generated_tokens": stats["generated_tokens"], "wall_time_s": stats["wall_time_s"],
+          "target_calls": stats["target_calls"], "compile_time_s": stats["compile_time_s"],
+          "alpha_hat": stats.get("alpha_hat"), "tau": stats.get("mean_accepted_length"),
+          "finished_rate": float(np.mean(finished)),
+          "valid_rate": float(np.mean([f and _valid(t, s) for f, t, (_, s) in zip(finished, texts, requests)])
+                             ), "forced_share": _forced_share(table, specs, ids) if constrained else None,
+          "jump_forward_share": stats.get("jump_forward_share") if constrained else None, "texts": texts,
+          "token_ids": ids
+      }
       if system == "autoregressive":
         reference[constrained] = ids
       elif constrained in reference:
@@ -171,18 +189,20 @@ def run(cfg: ml_collections.ConfigDict, log=harness.log) -> dict:
       log(f"  {number(row['tokens_per_second'])} tokens/s, valid {row['valid_rate']:.2f}, tau {number(row['tau'])}")
       harness.write_results(results, cfg.output)
   target, k = dec.target, 5
-  results["mask_cost"] = [
-      {"batch": b, "k": k, "mask_s": _mask_seconds(table, specs[0], b, k, target.config.vocab_size),
-       "verify_s": costs.forward_seconds(target.config, target.params, [k + 1], repeats=5, batch_size=b)[k + 1]}
-      for b in cfg.mask_batches]
+  results["mask_cost"] = [{
+      "batch": b, "k": k, "mask_s": _mask_seconds(table, specs[0], b, k, target.config.vocab_size),
+      "verify_s": costs.forward_seconds(target.config, target.params, [k + 1], repeats=5, batch_size=b)[k + 1]
+  } for b in cfg.mask_batches]
   harness.write_results(results, cfg.output)
   return results
 
 
 def tables(results: dict) -> str:
-  lines = [*harness.provenance(results), "",
-           "| system | constrained | tokens/s | valid | finished | alpha_hat | tau | forced share "
-           "| jump-forward (loop) | = AR |", "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+      *harness.provenance(results), "",
+      "| system | constrained | tokens/s | valid | finished | alpha_hat | tau | forced share "
+      "| jump-forward (loop) | = AR |", "|---|---|---|---|---|---|---|---|---|---|"
+  ]
   for r in results["runs"]:
     lines.append(f"| {r['system']} | {r['constrained']} | {number(r['tokens_per_second'])} | {r['valid_rate']:.2f} | "
                  f"{r['finished_rate']:.2f} | {number(r['alpha_hat'])} | {number(r['tau'])} | "

@@ -54,18 +54,18 @@ SYSTEMS = ("specjax", "transformers")
 
 
 def decode_config(cfg, mode: str, k: int, batch_size: int, draft_vocab: int = 0) -> ml_collections.ConfigDict:
-  return apply_fields(default_config(), dict(
-      target=cfg.target, draft=cfg.draft, mode=mode, prompts=tuple(PROMPTS[:cfg.num_prompts]), chat=True,
-      max_new_tokens=cfg.max_new_tokens, k=k, k_policy="fixed",
-      model=dict(vocab=draft_vocab, vocab_corpus=VOCAB_CORPUS), temperature=0.0, batch_size=batch_size,
-      dtype=cfg.dtype))
+  return apply_fields(
+      default_config(),
+      dict(target=cfg.target, draft=cfg.draft, mode=mode, prompts=tuple(PROMPTS[:cfg.num_prompts]), chat=True,
+           max_new_tokens=cfg.max_new_tokens, k=k, k_policy="fixed", model=dict(vocab=draft_vocab,
+                                                                                vocab_corpus=VOCAB_CORPUS),
+           temperature=0.0, batch_size=batch_size, dtype=cfg.dtype))
 
 
 def run_specjax(cfg, log) -> dict:
   base = decode_config(cfg, "speculative", 1, 1)
   target, draft = pipeline.load_models(base, log)
-  result = {"target_forward_s": costs.forward_seconds(target.config, target.params, range(1, 10),
-                                                      cfg.repeats)}
+  result = {"target_forward_s": costs.forward_seconds(target.config, target.params, range(1, 10), cfg.repeats)}
   result["draft_forward_s"] = costs.forward_seconds(draft.config, draft.params, range(1, 3), cfg.repeats)
   t1 = result["target_forward_s"][1]
   result["target_forward_ratio"] = {T: s / t1 for T, s in result["target_forward_s"].items()}
@@ -77,8 +77,8 @@ def run_specjax(cfg, log) -> dict:
   result["cost_ratio_c"] = c_by_vocab.get(0, result["draft_forward_s"][1] / t1)
   result["cost_ratio_c_by_draft_vocab"] = c_by_vocab
   log(f"target T=1 {t1 * 1e3:.0f} ms; ratios " +
-      " ".join(f"{T}:{r:.2f}" for T, r in result["target_forward_ratio"].items()) +
-      "; c " + " ".join(f"(vocab {v or 'all'}) {c:.3f}" for v, c in c_by_vocab.items()))
+      " ".join(f"{T}:{r:.2f}" for T, r in result["target_forward_ratio"].items()) + "; c " +
+      " ".join(f"(vocab {v or 'all'}) {c:.3f}" for v, c in c_by_vocab.items()))
   runs = []
   for batch_size in cfg.batch_sizes:
     # The baseline runs first, after every `ar_every` speculative configs and last: speedups divide by
@@ -102,24 +102,26 @@ def run_specjax(cfg, log) -> dict:
       stats = spec["stats"]
       alpha, c = stats["alpha_hat"], c_by_vocab[vocab]
       spec_runs.append({
-          "system": "specjax_speculative", "batch_size": batch_size, "k": k, "draft_vocab": vocab, **stats,
-          "cost_ratio_c": c,
+          "system": "specjax_speculative", "batch_size": batch_size, "k": k, "draft_vocab": vocab,
+          **stats, "cost_ratio_c": c,
           "theoretical_speedup": None if alpha is None else metrics.theoretical_speedup(alpha, k, c),
-          "outputs_match_autoregressive": [o["token_ids"] for o in spec["outputs"]] == ar_ids})
+          "outputs_match_autoregressive": [o["token_ids"] for o in spec["outputs"]] == ar_ids
+      })
       log(f"specjax spec b{batch_size} K={k} vocab {vocab or 'all'}: {stats['tokens_per_second']:.2f} tok/s, "
           f"alpha_hat {alpha}, theory {spec_runs[-1]['theoretical_speedup']}, "
           f"match {spec_runs[-1]['outputs_match_autoregressive']}")
     autoregressive()
     ar_mean = float(np.mean(ar_speeds))
-    runs.append({"system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"],
-                 "tokens_per_second": ar_mean, "tokens_per_second_runs": ar_speeds, "token_ids": ar_ids})
+    runs.append({
+        "system": "specjax_autoregressive", "batch_size": batch_size, **ar["stats"], "tokens_per_second": ar_mean,
+        "tokens_per_second_runs": ar_speeds, "token_ids": ar_ids
+    })
     for run in spec_runs:
       run["speedup_vs_specjax_autoregressive"] = run["tokens_per_second"] / ar_mean
     runs += spec_runs
     log(f"specjax AR b{batch_size}: mean {ar_mean:.2f} tok/s over {len(ar_speeds)} runs "
-        f"({min(ar_speeds):.2f}-{max(ar_speeds):.2f}); speedups " +
-        " ".join(f"K={r['k']}/{r['draft_vocab'] or 'all'}:{r['speedup_vs_specjax_autoregressive']:.2f}"
-                 for r in spec_runs))
+        f"({min(ar_speeds):.2f}-{max(ar_speeds):.2f}); speedups " + " ".join(
+            f"K={r['k']}/{r['draft_vocab'] or 'all'}:{r['speedup_vs_specjax_autoregressive']:.2f}" for r in spec_runs))
   result["runs"] = runs
   result["prompt_ids"] = prompts.encode(target.tokenizer, PROMPTS[:cfg.num_prompts], chat=True)
   result["eos_ids"] = list(target.tokenizer.eos_ids)
@@ -133,8 +135,7 @@ def run_transformers(cfg, prompt_ids, eos_ids, reference_ids, log) -> list[dict]
   log(f"transformers loaded the target in {time.perf_counter() - start:.0f} s")
   runs = []
 
-  timed = lambda batch_ids, **kwargs: hf_reference.generate(target, batch_ids, eos_ids, cfg.max_new_tokens,
-                                                            **kwargs)
+  timed = lambda batch_ids, **kwargs: hf_reference.generate(target, batch_ids, eos_ids, cfg.max_new_tokens, **kwargs)
 
   def system(name, batch_size, **kwargs):
     timed([prompt_ids[0]], **kwargs)  # warm-up
@@ -144,10 +145,11 @@ def run_transformers(cfg, prompt_ids, eos_ids, reference_ids, log) -> list[dict]
       ids += rows
       seconds += elapsed
     tokens = sum(len(r) for r in ids)
-    runs.append({"system": name, "batch_size": batch_size, "generated_tokens": tokens,
-                 "wall_time_s": seconds, "tokens_per_second": tokens / seconds,
-                 "outputs_match_specjax_autoregressive": ids == reference_ids,
-                 "token_ids": ids, **{k: v for k, v in kwargs.items() if k != "assistant_model"}})
+    runs.append({
+        "system": name, "batch_size": batch_size, "generated_tokens": tokens, "wall_time_s": seconds,
+        "tokens_per_second": tokens / seconds, "outputs_match_specjax_autoregressive": ids == reference_ids,
+        "token_ids": ids, **{k: v for k, v in kwargs.items() if k != "assistant_model"}
+    })
     log(f"{name} b{batch_size}: {tokens / seconds:.2f} tok/s, match {ids == reference_ids}")
 
   for batch_size in cfg.hf_batch_sizes:
@@ -175,9 +177,11 @@ def check(cfg: ml_collections.ConfigDict) -> None:
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   """Runs the systems of `cfg`; returns the results, also written to `cfg.output`."""
   check(cfg)
-  results = {"command": records.command(),
-             "args": {k: records.relative(v) if isinstance(v, str) else v for k, v in cfg.to_dict().items()},
-             "environment": records.environment(), "prompts": PROMPTS[:cfg.num_prompts]}
+  results = {
+      "command": records.command(),
+      "args": {k: records.relative(v) if isinstance(v, str) else v for k, v in cfg.to_dict().items()},
+      "environment": records.environment(), "prompts": PROMPTS[:cfg.num_prompts]
+  }
   if "specjax" in cfg.systems:
     results["specjax"] = run_specjax(cfg, log)
     harness.write_results(results, cfg.output)
@@ -213,41 +217,50 @@ def _with_verify_cost(run: dict, ratios: dict) -> float | None:
 def tables(result: dict) -> str:
   """The results as markdown: the forward costs, one row per specjax run, then the transformers runs."""
   env = result["environment"]
-  lines = [f"Command: `{result['command']}`  ",
-           f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; jax {env['jax']}, "
-           f"flax {env['flax']}, transformers {env['transformers']}.", ""]
+  lines = [
+      f"Command: `{result['command']}`  ",
+      f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; jax {env['jax']}, "
+      f"flax {env['flax']}, transformers {env['transformers']}.", ""
+  ]
   sj = result.get("specjax")
   if sj:
     ratios = sj["target_forward_ratio"]
-    lines += ["Target forward cost of T tokens relative to one token (batch 1): " +
-              ", ".join(f"T={t}: {_cell(r)}" for t, r in ratios.items()) +
-              f"; one token = {sj['target_forward_s']['1'] * 1e3:.0f} ms. "
-              "Draft/target cost ratio c: " + ", ".join(
-                  f"{_cell(c, 3)} (draft head {'full vocabulary' if v in ('0', 0) else f'{v} tokens'})"
+    lines += [
+        "Target forward cost of T tokens relative to one token (batch 1): " +
+        ", ".join(f"T={t}: {_cell(r)}" for t, r in ratios.items()) +
+        f"; one token = {sj['target_forward_s']['1'] * 1e3:.0f} ms. "
+        "Draft/target cost ratio c: " +
+        ", ".join(f"{_cell(c, 3)} (draft head {'full vocabulary' if v in ('0', 0) else f'{v} tokens'})"
                   for v, c in sj.get("cost_ratio_c_by_draft_vocab", {0: sj["cost_ratio_c"]}).items()) + ".", "",
-              "| system | batch | K | draft head | tokens/s | speedup vs specjax AR | theory | "
-              "theory with measured verify cost | α̂ | acceptance rate | mean accepted length | compile s | "
-              "greedy output = AR |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| system | batch | K | draft head | tokens/s | speedup vs specjax AR | theory | "
+        "theory with measured verify cost | α̂ | acceptance rate | mean accepted length | compile s | "
+        "greedy output = AR |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    ]
     for run in sj["runs"]:
       lines.append("| " + " | ".join([
-          run["system"], str(run["batch_size"]), str(run.get("k", "")),
-          {None: "", 0: "all"}.get(run.get("draft_vocab"), str(run.get("draft_vocab"))),
-          _cell(run["tokens_per_second"]) + (
-              f" (mean of {len(run['tokens_per_second_runs'])}: " +
-              ", ".join(_cell(v) for v in run["tokens_per_second_runs"]) + ")"
-              if "tokens_per_second_runs" in run else ""),
-          _cell(run.get("speedup_vs_specjax_autoregressive")), _cell(run.get("theoretical_speedup")),
+          run["system"],
+          str(run["batch_size"]),
+          str(run.get("k", "")), {None: "", 0: "all"}.get(run.get("draft_vocab"), str(run.get("draft_vocab"))),
+          _cell(run["tokens_per_second"]) +
+          (f" (mean of {len(run['tokens_per_second_runs'])}: " +
+           ", ".join(_cell(v) for v in run["tokens_per_second_runs"]) + ")" if "tokens_per_second_runs" in run else ""),
+          _cell(run.get("speedup_vs_specjax_autoregressive")),
+          _cell(run.get("theoretical_speedup")),
           _cell(_with_verify_cost(run, ratios)),
-          _cell(run.get("alpha_hat"), 3), _cell(run.get("acceptance_rate"), 3),
-          _cell(run.get("mean_accepted_length")), _cell(run["compile_time_s"], 1),
-          _cell(run.get("outputs_match_autoregressive", ""))]) + " |")
+          _cell(run.get("alpha_hat"), 3),
+          _cell(run.get("acceptance_rate"), 3),
+          _cell(run.get("mean_accepted_length")),
+          _cell(run["compile_time_s"], 1),
+          _cell(run.get("outputs_match_autoregressive", ""))
+      ]) + " |")
   hf = result.get("transformers")
   if hf:
-    best = max((r for r in (sj or {}).get("runs", []) if r["system"] == "specjax_speculative"
-                and r["batch_size"] == 1), key=lambda r: r["tokens_per_second"], default=None)
-    lines += ["", "| transformers system | batch | tokens/s | greedy output = specjax AR | fastest specjax "
-              "speculative (batch 1) / this |", "|---|---|---|---|---|"]
+    best = max((r for r in (sj or {}).get("runs", []) if r["system"] == "specjax_speculative" and r["batch_size"] == 1),
+               key=lambda r: r["tokens_per_second"], default=None)
+    lines += [
+        "", "| transformers system | batch | tokens/s | greedy output = specjax AR | fastest specjax "
+        "speculative (batch 1) / this |", "|---|---|---|---|---|"
+    ]
     for run in hf:
       ratio = best["tokens_per_second"] / run["tokens_per_second"] if best and run["batch_size"] == 1 else None
       lines.append(f"| {run['system']} | {run['batch_size']} | {_cell(run['tokens_per_second'])} | "

@@ -109,8 +109,8 @@ class System:
     "model@qwen05b_k3"..."""
     if not self.speculative:
       return AUTOREGRESSIVE
-    return (self.source + (f"+{self.tree}" if self.tree else f"_k{self.k}")
-            + (f"_t{self.threshold:g}" if self.threshold else "") + ("_adaptive" if self.policy == "adaptive" else ""))
+    return (self.source + (f"+{self.tree}" if self.tree else f"_k{self.k}") +
+            (f"_t{self.threshold:g}" if self.threshold else "") + ("_adaptive" if self.policy == "adaptive" else ""))
 
   def verified(self, cfg: ml_collections.ConfigDict) -> int:
     """Draft tokens a round verifies at most: K, or the tree's nodes."""
@@ -204,12 +204,13 @@ def decode_config(cfg: ml_collections.ConfigDict, system: System, **fields) -> m
     groups["model"] = {**groups.get("model", {}), "stop_threshold": system.threshold}
     if system.draft in (cfg.get("draft_weights") or {}):
       groups["model"]["weights"] = cfg.draft_weights[system.draft]
-  return apply_fields(default_config(), dict(
-      target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,
-      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, profile=cfg.profile,
-      mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k, k_policy=system.policy,
-      tree=cfg.trees[system.tree] if system.tree else "",
-      **({"drafter": system.drafter} if system.speculative else {}), **groups, **fields))
+  return apply_fields(
+      default_config(),
+      dict(target=cfg.target, draft=cfg.other_drafts[system.draft] if system.draft else cfg.draft, dtype=cfg.dtype,
+           max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, profile=cfg.profile,
+           mode="speculative" if system.speculative else AUTOREGRESSIVE, k=system.k, k_policy=system.policy,
+           tree=cfg.trees[system.tree] if system.tree else "",
+           **({"drafter": system.drafter} if system.speculative else {}), **groups, **fields))
 
 
 def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
@@ -222,11 +223,13 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
   require(bool(cfg.prompt_sets), "config.prompt_sets is empty")
   for name in cfg.prompt_sets:
     require(name in SETS, f"config.prompt_sets: unknown set {name!r}; known: {', '.join(SETS)}")
-  require(int(cfg.ar_every) == cfg.ar_every and cfg.ar_every >= 1,
-          f"config.ar_every must be an integer >= 1, got {cfg.ar_every}")
+  require(
+      int(cfg.ar_every) == cfg.ar_every and cfg.ar_every >= 1,
+      f"config.ar_every must be an integer >= 1, got {cfg.ar_every}")
   require(cfg.cost_repeats >= 1, f"config.cost_repeats must be >= 1, got {cfg.cost_repeats}")
-  require(int(cfg.repeats) == cfg.repeats and cfg.repeats >= 1, f"config.repeats must be an integer >= 1, "
-          f"got {cfg.repeats}")
+  require(
+      int(cfg.repeats) == cfg.repeats and cfg.repeats >= 1, f"config.repeats must be an integer >= 1, "
+      f"got {cfg.repeats}")
   require(cfg.batched_size >= 1, f"config.batched_size must be >= 1, got {cfg.batched_size}")
   require(cfg.large_batch_size >= 1, f"config.large_batch_size must be >= 1, got {cfg.large_batch_size}")
   require(cfg.continuation_lines >= 1, f"config.continuation_lines must be >= 1, got {cfg.continuation_lines}")
@@ -247,8 +250,9 @@ def plan(cfg: ml_collections.ConfigDict, log: Log) -> list[Group]:
         continue
       require(settings.num_prompts >= 1, f"config.sets.{name}.num_prompts must be >= 1")
       count = -(-max(settings.num_prompts, batch_size) // batch_size) * batch_size  # whole batches
-      require(count <= len(texts), f"{where}: {count} prompts needed (num_prompts "
-              f"{settings.num_prompts}, batch {batch_size}), the set has {len(texts)}")
+      require(
+          count <= len(texts), f"{where}: {count} prompts needed (num_prompts "
+          f"{settings.num_prompts}, batch {batch_size}), the set has {len(texts)}")
       group = Group(name, regime, batch_size, temperature, bool(settings.chat), tuple(texts[:count]), systems)
       for system in [System(AUTOREGRESSIVE), *systems]:
         try:
@@ -299,7 +303,7 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
     for group, system in systems:
       if system.source not in c[str(batch_size)]:
         drafter = session.build_drafter(decode_spec.from_config(group.decode_config(cfg, system)), target,
-                                         drafts[system.draft], log).drafter
+                                        drafts[system.draft], log).drafter
         c[str(batch_size)][system.source] = costs.drafter_cost_ratio(drafter, target, batch_size, cfg.cost_repeats)
     log(f"batch {batch_size}: target T=1 {seconds[1] * 1e3:.0f} ms; verify cost " +
         " ".join(f"K={k}:{r:.2f}" for k, r in verify_cost[str(batch_size)].items()) + "; c " +
@@ -309,10 +313,8 @@ def measure_costs(cfg: ml_collections.ConfigDict, groups: list[Group], target: L
 
 # ------------------------------------------------------------------------------------------------ runs
 
-
-_STATS = ("tokens_per_second", "wall_time_s", "compile_time_s", "generated_tokens", "num_prompts",
-          "target_calls", "draft_calls", "acceptance_rate", "alpha_hat", "mean_accepted_length",
-          "per_position_acceptance", "profile")
+_STATS = ("tokens_per_second", "wall_time_s", "compile_time_s", "generated_tokens", "num_prompts", "target_calls",
+          "draft_calls", "acceptance_rate", "alpha_hat", "mean_accepted_length", "per_position_acceptance", "profile")
 
 
 def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, result: dict, cost: dict) -> dict:
@@ -321,13 +323,15 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, system: System, resul
   stats = result["stats"]
   system_config = group.decode_config(cfg, system)
   loads_draft = decode_spec.from_config(system_config).loads_draft_model
-  row = {"group": group.key, "prompt_set": group.prompt_set, "regime": group.regime,
-         "batch_size": group.batch_size, "temperature": group.temperature, "system": system.name,
-         "label": system.label(cfg), "drafter": system.drafter if system.speculative else None,
-         "draft_model": records.relative(system_config.draft) if loads_draft else None,
-         "k": system.k if system.speculative else None, "tree": cfg.trees[system.tree] if system.tree else None,
-         "draft_stop_threshold": system.threshold if system.speculative else None,
-         "k_policy": stats.get("k_policy"), **{field: stats.get(field) for field in _STATS}}
+  row = {
+      "group": group.key, "prompt_set": group.prompt_set, "regime": group.regime, "batch_size": group.batch_size,
+      "temperature": group.temperature, "system": system.name, "label": system.label(cfg),
+      "drafter": system.drafter if system.speculative else None,
+      "draft_model": records.relative(system_config.draft) if loads_draft else None,
+      "k": system.k if system.speculative else None, "tree": cfg.trees[system.tree] if system.tree else None,
+      "draft_stop_threshold": system.threshold if system.speculative else None, "k_policy": stats.get("k_policy"),
+      **{field: stats.get(field) for field in _STATS}
+  }
   row["prompt_tokens"] = [o["prompt_tokens"] for o in result["outputs"]]
   row["token_ids"] = [o["token_ids"] for o in result["outputs"]]
   if system.speculative:
@@ -364,7 +368,8 @@ def derive(results: dict) -> None:
         "autoregressive_tokens_per_second": mean, "autoregressive_runs": speeds,
         "autoregressive_spread": (max(speeds) - min(speeds)) / mean if speeds else None,
         "autoregressive_outputs_agree": all(r["token_ids"] == reference for r in baseline) if baseline else None,
-        "autoregressive_compile_time_s": baseline[0]["compile_time_s"] if baseline else None}
+        "autoregressive_compile_time_s": baseline[0]["compile_time_s"] if baseline else None
+    }
     for index, row in enumerate(rows):
       if row["system"] == AUTOREGRESSIVE:
         continue
@@ -372,8 +377,8 @@ def derive(results: dict) -> None:
       after = next((r for r in rows[index + 1:] if r["system"] == AUTOREGRESSIVE), None)
       adjacent = [r["tokens_per_second"] for r in (before, after) if r is not None]
       row["speedup_vs_autoregressive"] = row["tokens_per_second"] / mean if mean else None
-      row["speedup_vs_adjacent_autoregressive"] = (row["tokens_per_second"] / float(np.mean(adjacent))
-                                                   if adjacent else None)
+      row["speedup_vs_adjacent_autoregressive"] = (row["tokens_per_second"] /
+                                                   float(np.mean(adjacent)) if adjacent else None)
       row["outputs_match_autoregressive"] = (row["token_ids"] == reference
                                              if row["temperature"] == 0 and reference is not None else None)
     results["groups"][key]["repeated"] = _repeated(rows)
@@ -391,9 +396,12 @@ def _repeated(rows: list[dict]) -> dict[str, dict]:
   for row in rows:
     if row["system"] != AUTOREGRESSIVE and row.get("speedup_vs_adjacent_autoregressive") is not None:
       ratios.setdefault(row["system"], []).append(row["speedup_vs_adjacent_autoregressive"])
-  return {system: {"runs": len(r), "speedup_vs_adjacent_mean": float(np.mean(r)),
-                   "speedup_vs_adjacent_min": min(r), "speedup_vs_adjacent_max": max(r)}
-          for system, r in ratios.items() if len(r) > 1}
+  return {
+      system: {
+          "runs": len(r), "speedup_vs_adjacent_mean": float(np.mean(r)), "speedup_vs_adjacent_min": min(r),
+          "speedup_vs_adjacent_max": max(r)
+      } for system, r in ratios.items() if len(r) > 1
+  }
 
 
 def write_json(results: dict, path: str) -> None:
@@ -428,8 +436,10 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
         loading.setdefault(system.draft, (group, system))
   group, system = loading.pop("", (groups[0], System(AUTOREGRESSIVE)))
   target, draft = pipeline.load_models(group.decode_config(cfg, system), log)
-  drafts = {"": draft} | {alias: pipeline.load_models(group.decode_config(cfg, system), log, target=target)[1]
-                          for alias, (group, system) in loading.items()}
+  drafts = {"": draft} | {
+      alias: pipeline.load_models(group.decode_config(cfg, system), log, target=target)[1]
+      for alias, (group, system) in loading.items()
+  }
   results["costs"] = measure_costs(cfg, groups, target, drafts, log)
   save()
   total = sum(len(run_order(g, cfg.ar_every, cfg.repeats)) for g in groups)
@@ -449,16 +459,16 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
       save()
       log(f"[{number}/{total}] {group.key} {system.name}: {_summary(row)}")
   reference = next((g for g in groups if g.prompt_set == cfg.transformers_set), groups[0])
-  prompt_ids = prompts.encode(target.tokenizer,
-                                       reference.prompts[:cfg.sets[reference.prompt_set].num_prompts], reference.chat)
+  prompt_ids = prompts.encode(target.tokenizer, reference.prompts[:cfg.sets[reference.prompt_set].num_prompts],
+                              reference.chat)
   return prompt_ids, list(target.tokenizer.eos_ids)
 
 
 # -------------------------------------------------------------------------------------------- transformers
 
 
-def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]], eos_ids: list[int],
-                     results: dict, save: Callable[[], None], log: Log) -> None:
+def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]], eos_ids: list[int], results: dict,
+                     save: Callable[[], None], log: Log) -> None:
   """Plain `generate`, prompt lookup and (with a draft) assisted generation, K = default_k drafted
   tokens a round, on the transformers set's greedy prompts in `cfg.dtype`, batch 1 (transformers'
   prompt lookup and assisted generation take one row), each after a 2-token warm-up call."""
@@ -470,8 +480,10 @@ def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]]
              ("transformers_prompt_lookup", f"transformers prompt lookup K={cfg.ngram_k} (n<={cfg.drafters.ngram.max})",
               lookup)]
   if cfg.draft:
-    assisted = {"assistant_model": hf_reference.hf_model(cfg.draft, cfg.dtype),
-                "num_assistant_tokens": int(cfg.default_k), "num_assistant_tokens_schedule": "constant"}
+    assisted = {
+        "assistant_model": hf_reference.hf_model(cfg.draft, cfg.dtype), "num_assistant_tokens": int(cfg.default_k),
+        "num_assistant_tokens_schedule": "constant"
+    }
     systems.append(("transformers_assisted", f"transformers assisted generation K={cfg.default_k}", assisted))
   for system, label, kwargs in systems:
     hf_reference.generate(model, [prompt_ids[0]], eos_ids, 2, **kwargs)  # warm-up
@@ -479,11 +491,10 @@ def run_transformers(cfg: ml_collections.ConfigDict, prompt_ids: list[list[int]]
     tokens, seconds = sum(len(rows[0]) for rows, _ in outputs), sum(s for _, s in outputs)
     results["transformers"].append({
         "group": f"{cfg.transformers_set}/greedy", "prompt_set": cfg.transformers_set, "regime": "greedy",
-        "batch_size": 1,
-        "temperature": 0.0, "system": system, "label": label, "dtype": cfg.dtype,
-        "generate_kwargs": {k: v for k, v in kwargs.items() if k != "assistant_model"},
-        "generated_tokens": tokens, "wall_time_s": seconds, "tokens_per_second": tokens / seconds,
-        "token_ids": [rows[0] for rows, _ in outputs]})
+        "batch_size": 1, "temperature": 0.0, "system": system, "label": label, "dtype": cfg.dtype,
+        "generate_kwargs": {k: v for k, v in kwargs.items() if k != "assistant_model"}, "generated_tokens": tokens,
+        "wall_time_s": seconds, "tokens_per_second": tokens / seconds, "token_ids": [rows[0] for rows, _ in outputs]
+    })
     save()
     row = results["transformers"][-1]
     log(f"{label}: {row['tokens_per_second']:.2f} tok/s, greedy = specjax AR {row['outputs_match_autoregressive']}")
@@ -511,11 +522,13 @@ def tables(results: dict) -> str:
     group = results["groups"].get(key, {})
     first = rows[0]
     prompt_tokens = next((r["prompt_tokens"] for r in rows if "prompt_tokens" in r), [])
-    lines += ["", f"#### {first['prompt_set']}, {first['regime']}: batch "
-              f"{first['batch_size']}, temperature {first['temperature']:g}, {len(prompt_tokens)} "
-              f"prompt{'' if len(prompt_tokens) == 1 else 's'} of "
-              f"{number(np.mean(prompt_tokens) if prompt_tokens else None, '.0f')} tokens on average", "",
-              header, "|" + "---|" * 9]
+    lines += [
+        "", f"#### {first['prompt_set']}, {first['regime']}: batch "
+        f"{first['batch_size']}, temperature {first['temperature']:g}, {len(prompt_tokens)} "
+        f"prompt{'' if len(prompt_tokens) == 1 else 's'} of "
+        f"{number(np.mean(prompt_tokens) if prompt_tokens else None, '.0f')} tokens on average", "", header,
+        "|" + "---|" * 9
+    ]
     speeds = group.get("autoregressive_runs") or []
     if speeds:
       lines.append(f"| specjax autoregressive | {group['autoregressive_tokens_per_second']:.2f} (mean of "
@@ -525,35 +538,47 @@ def tables(results: dict) -> str:
       if row["system"] == AUTOREGRESSIVE:
         continue
       match = row.get("outputs_match_autoregressive")
-      cells = [row["label"], f"{row['tokens_per_second']:.2f}", number(row.get("speedup_vs_autoregressive")),
-               number(row.get("alpha_hat"), ".3f"), number(row.get("mean_accepted_length")),
-               number(row.get("cost_ratio_c"), ".3f"), number(row.get("modelled_speedup")),
-               number(row.get("compile_time_s"), ".1f"), "" if match is None else "yes" if match else "NO"]
+      cells = [
+          row["label"], f"{row['tokens_per_second']:.2f}",
+          number(row.get("speedup_vs_autoregressive")),
+          number(row.get("alpha_hat"), ".3f"),
+          number(row.get("mean_accepted_length")),
+          number(row.get("cost_ratio_c"), ".3f"),
+          number(row.get("modelled_speedup")),
+          number(row.get("compile_time_s"), ".1f"), "" if match is None else "yes" if match else "NO"
+      ]
       lines.append("| " + " | ".join(cells) + " |")
     for row in rows:
       policy = row.get("k_policy") or {}
       if policy.get("kind") == "adaptive":
-        lines += ["", f"{row['label']}: rounds per proposal length " + ", ".join(
-            f"{n}: {r}" for n, r in zip(k_policy.labels(policy), policy["rounds_per_length"])) +
-            "; measured round cost " + ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in
-                                                 zip(k_policy.labels(policy), policy["cost_table_s"])) +
-            f" ({k_policy.tuning.cost_table_source(policy)})" +
-            f"; policy step {1e6 * row['policy_step_s']:.1f} µs "
-            f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."]
+        lines += [
+            "", f"{row['label']}: rounds per proposal length " +
+            ", ".join(f"{n}: {r}" for n, r in zip(k_policy.labels(policy), policy["rounds_per_length"])) +
+            "; measured round cost " +
+            ", ".join(f"{n}: {1e3 * c:.0f} ms" for n, c in zip(k_policy.labels(policy), policy["cost_table_s"])) +
+            f" ({k_policy.tuning.cost_table_source(policy)})" + f"; policy step {1e6 * row['policy_step_s']:.1f} µs "
+            f"= {100 * row['policy_share_of_cheapest_round']:.2g}% of the cheapest round."
+        ]
     for system, summary in group.get("repeated", {}).items():
-      lines += ["", f"{system}, {summary['runs']} runs: speedup over the adjacent autoregressive runs "
-                f"{summary['speedup_vs_adjacent_mean']:.3f} on average ({summary['speedup_vs_adjacent_min']:.3f}"
-                f"-{summary['speedup_vs_adjacent_max']:.3f})."]
+      lines += [
+          "", f"{system}, {summary['runs']} runs: speedup over the adjacent autoregressive runs "
+          f"{summary['speedup_vs_adjacent_mean']:.3f} on average ({summary['speedup_vs_adjacent_min']:.3f}"
+          f"-{summary['speedup_vs_adjacent_max']:.3f})."
+      ]
     by_system = {r["system"]: r for r in rows}
     lookup, plain = by_system.get("transformers_prompt_lookup"), by_system.get("transformers_generate")
     ngram = [r for r in rows if r.get("drafter") == "ngram"]
     if lookup and plain:
-      lines += ["", f"transformers prompt lookup / transformers generate: "
-                f"{lookup['tokens_per_second'] / plain['tokens_per_second']:.2f}x" +
-                "".join(f"; specjax {r['label']} / transformers prompt lookup: "
-                        f"{r['tokens_per_second'] / lookup['tokens_per_second']:.2f}x" for r in ngram) + "."]
-  mismatches = [f"{r['group']} {r['system']}" for r in results["runs"] + results.get("transformers", [])
-                if r.get("outputs_match_autoregressive") is False]
+      lines += [
+          "", f"transformers prompt lookup / transformers generate: "
+          f"{lookup['tokens_per_second'] / plain['tokens_per_second']:.2f}x" +
+          "".join(f"; specjax {r['label']} / transformers prompt lookup: "
+                  f"{r['tokens_per_second'] / lookup['tokens_per_second']:.2f}x" for r in ngram) + "."
+      ]
+  mismatches = [
+      f"{r['group']} {r['system']}" for r in results["runs"] + results.get("transformers", [])
+      if r.get("outputs_match_autoregressive") is False
+  ]
   lines += ["", "Greedy outputs that differ from specjax autoregressive: " + (", ".join(mismatches) or "none") + "."]
   return "\n".join(lines)
 
@@ -568,8 +593,10 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   config = cfg.to_dict()
   config.update({field: records.relative(cfg[field]) for field in ("target", "draft", "output")})
   config["other_drafts"] = {alias: records.relative(name) for alias, name in cfg.other_drafts.items()}
-  results = {"command": records.command(), "environment": records.environment(), "config": config,
-             "prompts": {g.key: list(g.prompts) for g in groups}, "runs": [], "transformers": []}
+  results = {
+      "command": records.command(), "environment": records.environment(), "config": config,
+      "prompts": {g.key: list(g.prompts) for g in groups}, "runs": [], "transformers": []
+  }
   save = lambda: write_json(results, cfg.output)
   save()
   runs = sum(len(run_order(g, cfg.ar_every, cfg.repeats)) for g in groups)

@@ -57,8 +57,10 @@ def case(cfg: ml_collections.ConfigDict, mesh_spec: str, indivisible: str, draft
   target = with_execution(load_model(cfg.target, "float32", target_part), execution, target_part)
   draft = with_execution(load_model(cfg.draft, "float32", draft_part), execution, draft_part)
   load_s = time.perf_counter() - start
-  result = {"mesh": mesh_spec, "mesh_indivisible": indivisible, "draft_sharding": draft_sharding,
-            "devices": jax.device_count(), "load_s": load_s}
+  result = {
+      "mesh": mesh_spec, "mesh_indivisible": indivisible, "draft_sharding": draft_sharding,
+      "devices": jax.device_count(), "load_s": load_s
+  }
   for role, model in (("target", target), ("draft", draft)):
     per_device = partitioning.bytes_per_device(model.params)
     result[f"{role}_param_bytes"] = sum(leaf.nbytes for leaf in jax.tree.leaves(model.params))
@@ -103,8 +105,7 @@ def run(cfg: ml_collections.ConfigDict, log=print) -> dict:
   if not cfg.output:
     raise ValueError("config.output is empty: name the results file (or config.report to print one)")
   results = {"config": cfg.to_dict(), "cases": []}
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.devices}",
-         "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.devices}", "JAX_PLATFORMS": "cpu"}
   for spec in cfg.cases:
     mesh_spec, indivisible, draft_sharding = spec.split("|")
     log(f"case mesh={mesh_spec!r} mesh_indivisible={indivisible} draft_sharding={draft_sharding} ...")
@@ -112,8 +113,10 @@ def run(cfg: ml_collections.ConfigDict, log=print) -> dict:
     measured, stderr = harness.run_child("experiments.benchmark_mesh", "configs/benchmarks/mesh.py",
                                          {**{field: cfg[field] for field in fields}, "case": spec}, env)
     if measured is None:
-      results["cases"].append({"mesh": mesh_spec, "mesh_indivisible": indivisible,
-                               "draft_sharding": draft_sharding, "error": stderr.strip().splitlines()[-1]})
+      results["cases"].append({
+          "mesh": mesh_spec, "mesh_indivisible": indivisible, "draft_sharding": draft_sharding,
+          "error": stderr.strip().splitlines()[-1]
+      })
     else:
       results["cases"].append(measured)
     harness.write_results(results, cfg.output)
@@ -124,22 +127,23 @@ def table(results: dict) -> str:
   mib = lambda b: f"{b / 2**20:,.0f}"
   cases = results["cases"]
   baseline = next((c for c in cases if not c["mesh"] and "tokens" in c), None)
-  lines = ["| mesh | indivisible | draft | target params MiB/device (total) | draft params MiB/device (total) | "
-           "target cache MiB/device (total) | draft cache MiB/device (total) | compile s | tokens = 1 device |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+      "| mesh | indivisible | draft | target params MiB/device (total) | draft params MiB/device (total) | "
+      "target cache MiB/device (total) | draft cache MiB/device (total) | compile s | tokens = 1 device |",
+      "|---|---|---|---|---|---|---|---|---|"
+  ]
   for c in cases:
     if "error" in c:
       lines.append(f"| {c['mesh'] or 'one device'} | {c['mesh_indivisible']} | {c['draft_sharding']} | "
                    f"error: {c['error']} | | | | | |")
       continue
     same = "n/a" if baseline is None or "tokens" not in c else ("yes" if c["tokens"] == baseline["tokens"] else "NO")
-    lines.append(
-        f"| {c['mesh'] or 'one device'} | {c['mesh_indivisible']} | {c['draft_sharding']} | "
-        f"{mib(c['target_param_bytes_per_device'])} ({mib(c['target_param_bytes'])}) | "
-        f"{mib(c['draft_param_bytes_per_device'])} ({mib(c['draft_param_bytes'])}) | "
-        f"{mib(c['target_cache_bytes_per_device'])} ({mib(c['target_cache_bytes'])}) | "
-        f"{mib(c['draft_cache_bytes_per_device'])} ({mib(c['draft_cache_bytes'])}) | "
-        f"{c['compile_s'] - c['call_s']:.1f} | {same} |")
+    lines.append(f"| {c['mesh'] or 'one device'} | {c['mesh_indivisible']} | {c['draft_sharding']} | "
+                 f"{mib(c['target_param_bytes_per_device'])} ({mib(c['target_param_bytes'])}) | "
+                 f"{mib(c['draft_param_bytes_per_device'])} ({mib(c['draft_param_bytes'])}) | "
+                 f"{mib(c['target_cache_bytes_per_device'])} ({mib(c['target_cache_bytes'])}) | "
+                 f"{mib(c['draft_cache_bytes_per_device'])} ({mib(c['draft_cache_bytes'])}) | "
+                 f"{c['compile_s'] - c['call_s']:.1f} | {same} |")
   return "\n".join(lines)
 
 

@@ -32,8 +32,8 @@ from experiments import harness
 from specjax import records
 
 CONFIG_FILE = "configs/benchmarks/scaling.py"  # the config of the subprocesses (they read only `child`)
-QWEN_1_5B = dict(arch="llama", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
-                 head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6, tie_embeddings=True)
+QWEN_1_5B = dict(arch="llama", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128,
+                 d_ff=8960, qkv_bias=True, rope_theta=1e6, tie_embeddings=True)
 TINY = dict(arch="llama", vocab_size=512, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)
 
 
@@ -52,17 +52,20 @@ def decode(repeats: int) -> dict:
 
   config, params, weights = _qwen_target()
   cases = {f"S{s}_block{b}": (s, b) for s in (1024, 32768) for b in (256, 0)}
-  timers = {case: costs.forward_timer(config.replace(attention_block=b), params, 1, 1, s, 512, None)
-            for case, (s, b) in cases.items()}
+  timers = {
+      case: costs.forward_timer(config.replace(attention_block=b), params, 1, 1, s, 512, None)
+      for case, (s, b) in cases.items()
+  }
   samples = {case: [] for case in cases}
   for _ in range(repeats):
     for case, timed in timers.items():
       samples[case].append(timed())
   base = samples["S1024_block256"]
-  return {"weights": weights, "live_tokens": 512, "repeats": repeats,
-          "seconds": {case: float(np.median(s)) for case, s in samples.items()},
-          "ratio_to_S1024_block256": {case: float(np.median(np.array(s) / np.array(base)))
-                                      for case, s in samples.items()}}
+  return {
+      "weights": weights, "live_tokens": 512, "repeats": repeats,
+      "seconds": {case: float(np.median(s)) for case, s in samples.items()},
+      "ratio_to_S1024_block256": {case: float(np.median(np.array(s) / np.array(base))) for case, s in samples.items()}
+  }
 
 
 def _qwen_target():
@@ -103,8 +106,10 @@ def decode_loop(s_max: int, batch: int, repeats: int) -> dict:
     out.tokens.block_until_ready()
     cache = out.cache
     seconds[new_tokens].append(time.perf_counter() - start)
-  return {"weights": weights, "s_max": s_max, "batch": batch, "prompt_tokens": 300, "repeats": repeats,
-          "seconds_per_step": (min(seconds[72]) - min(seconds[8][1:])) / 64}
+  return {
+      "weights": weights, "s_max": s_max, "batch": batch, "prompt_tokens": 300, "repeats": repeats,
+      "seconds_per_step": (min(seconds[72]) - min(seconds[8][1:])) / 64
+  }
 
 
 def prefill(prompt_len: int, chunk: int, block: int) -> dict:
@@ -131,11 +136,13 @@ def prefill(prompt_len: int, chunk: int, block: int) -> dict:
   start = time.perf_counter()
   logits, cache = step(config, params, prompt_1xP, lengths, cache)
   logits.block_until_ready()
-  return {"prompt_tokens": prompt_len, "prefill_chunk": chunk, "attention_block": block,
-          "seconds": time.perf_counter() - start, "first_call_seconds": first,
-          "cache_bytes": int(cache.k.nbytes + cache.v.nbytes),
-          "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "rss_before_first_call_mib": baseline_kib / 1024}
+  return {
+      "prompt_tokens": prompt_len, "prefill_chunk": chunk, "attention_block": block,
+      "seconds": time.perf_counter() - start, "first_call_seconds": first,
+      "cache_bytes": int(cache.k.nbytes + cache.v.nbytes),
+      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      "rss_before_first_call_mib": baseline_kib / 1024
+  }
 
 
 def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
@@ -164,9 +171,10 @@ def compile_time(target_layers: int, draft_layers: int, scan: bool) -> dict:
   traced = time.perf_counter() - start
   compiled = lowered.compile()
   total = time.perf_counter() - start
-  return {"target_layers": target_layers, "draft_layers": draft_layers, "scan_layers": scan,
-          "trace_seconds": traced, "compile_seconds": total,
-          "hlo_bytes": len(compiled.as_text() or "")}
+  return {
+      "target_layers": target_layers, "draft_layers": draft_layers, "scan_layers": scan, "trace_seconds": traced,
+      "compile_seconds": total, "hlo_bytes": len(compiled.as_text() or "")
+  }
 
 
 def _child(call: str) -> dict:

@@ -95,14 +95,20 @@ def workload_call(cfg: ml_collections.ConfigDict, workload: str) -> tuple[dict[s
     return {"prompts": tuple(texts), "chat": cfg.chat, "batch_size": 1, "temperature": 0.0}, \
         list(range(cfg.repeated_task.from_request - 1, len(texts)))
   if workload == "mtbench_turn2":
-    return {"prompts": (), "prompts_file": prompt_sets.MT_BENCH + f"?category={cfg.mtbench_categories}&per_category=1",
-            "chat": cfg.chat, "batch_size": 1, "temperature": 0.0}, None
+    return {
+        "prompts": (), "prompts_file": prompt_sets.MT_BENCH + f"?category={cfg.mtbench_categories}&per_category=1",
+        "chat": cfg.chat, "batch_size": 1, "temperature": 0.0
+    }, None
   if workload == "code_edit":
-    return {"prompts": tuple(code_edit_prompts.code_edit_prompts()[:cfg.code_edit_requests]), "chat": cfg.chat,
-            "batch_size": 1, "temperature": 0.0}, None
+    return {
+        "prompts": tuple(code_edit_prompts.code_edit_prompts()[:cfg.code_edit_requests]), "chat": cfg.chat,
+        "batch_size": 1, "temperature": 0.0
+    }, None
   if workload == "self_consistency":
-    return {"prompts": (cfg.self_consistency.prompt,) * cfg.self_consistency.samples, "chat": cfg.chat,
-            "batch_size": cfg.self_consistency.samples, "temperature": cfg.self_consistency.temperature}, None
+    return {
+        "prompts": (cfg.self_consistency.prompt,) * cfg.self_consistency.samples, "chat": cfg.chat,
+        "batch_size": cfg.self_consistency.samples, "temperature": cfg.self_consistency.temperature
+    }, None
   raise ConfigError(f"config.workloads: unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
 
 
@@ -115,22 +121,24 @@ def measured(result: dict, counted: list[int] | None, workload: str) -> dict[str
   if counted is not None:
     chosen = [outputs[i] for i in counted]
     tokens, wall = sum(o["num_tokens"] for o in chosen), sum(o["batch_wall_time_s"] for o in chosen)
-    row = {"tokens_per_second": tokens / wall, "generated_tokens": tokens, "wall_time_s": wall,
-           "counted_requests": [i + 1 for i in counted]}
+    row = {
+        "tokens_per_second": tokens / wall, "generated_tokens": tokens, "wall_time_s": wall,
+        "counted_requests": [i + 1 for i in counted]
+    }
     per_row = [o.get("stats") for o in chosen]
     if per_row[0] is not None:
       total = {key: sum(s[key] for s in per_row) for key in ("rounds", "proposed", "accepted", "rejections")}
       reached = np.sum([s["reached_at_position"] for s in per_row], axis=0)
       accepted_at = np.sum([s["accepted_at_position"] for s in per_row], axis=0)
-      row.update(_acceptance(total["rounds"], total["proposed"], total["accepted"], total["rejections"], reached,
-                             accepted_at))
+      row.update(
+          _acceptance(total["rounds"], total["proposed"], total["accepted"], total["rejections"], reached, accepted_at))
     return row
   row = {key: stats.get(key) for key in ("tokens_per_second", "generated_tokens", "wall_time_s")}
   acceptance = stats.get("acceptance")
   if acceptance:
-    row.update(_acceptance(acceptance["rounds"], acceptance["proposed"], acceptance["accepted"],
-                           acceptance["rejections"], np.asarray(acceptance["reached_at_position"]),
-                           np.asarray(acceptance["accepted_at_position"])))
+    row.update(
+        _acceptance(acceptance["rounds"], acceptance["proposed"], acceptance["accepted"], acceptance["rejections"],
+                    np.asarray(acceptance["reached_at_position"]), np.asarray(acceptance["accepted_at_position"])))
   return row
 
 
@@ -138,10 +146,12 @@ def _acceptance(rounds, proposed, accepted, rejections, reached_K, accepted_K) -
   """τ, α̂, the hit rate (rounds proposing >= 1 token: position 1 is reached whenever it is proposed) and
   the mean speculation length per round."""
   ratio = lambda a, b: float(a) / float(b) if b else None
-  return {"rounds": int(rounds), "tau": ratio(accepted + rounds, rounds),
-          "alpha_hat": ratio(accepted, accepted + rejections), "hit_rate": ratio(reached_K[0], rounds),
-          "mean_proposed_per_round": ratio(proposed, rounds),
-          "per_position_acceptance": [ratio(a, r) for a, r in zip(accepted_K, reached_K)]}
+  return {
+      "rounds": int(rounds), "tau": ratio(accepted + rounds,
+                                          rounds), "alpha_hat": ratio(accepted, accepted + rejections),
+      "hit_rate": ratio(reached_K[0], rounds), "mean_proposed_per_round": ratio(proposed, rounds),
+      "per_position_acceptance": [ratio(a, r) for a, r in zip(accepted_K, reached_K)]
+  }
 
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
@@ -150,8 +160,10 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   calls = {w: workload_call(cfg, w) for w in cfg.workloads}
   for system in cfg.systems:
     system_fields(cfg, system)  # an unknown system fails before the model loads
-  results = {"command": records.command(), "environment": records.environment(), "config": cfg.to_dict(),
-             "runs": [], "transformers": []}
+  results = {
+      "command": records.command(), "environment": records.environment(), "config": cfg.to_dict(), "runs": [],
+      "transformers": []
+  }
   save = lambda: cfg.output and harness.write_results(results, cfg.output)
   start = time.perf_counter()
   dec = Decoder(target=cfg.target, drafter="ngram", dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
@@ -168,11 +180,13 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
     for system in order:
       dec.reset_pool()
       result = dec.run(**fields, **system_fields(cfg, system))
-      row = {"workload": workload, "system": system, "batch_size": fields["batch_size"],
-             "temperature": fields["temperature"], **measured(result, counted, workload),
-             "compile_time_s": result["stats"]["compile_time_s"],
-             "rounds_per_length": result["stats"].get("k_policy", {}).get("rounds_per_length"),
-             "token_ids": [o["token_ids"] for o in result["outputs"]]}
+      row = {
+          "workload": workload, "system": system, "batch_size": fields["batch_size"],
+          "temperature": fields["temperature"],
+          **measured(result, counted, workload), "compile_time_s": result["stats"]["compile_time_s"],
+          "rounds_per_length": result["stats"].get("k_policy", {}).get("rounds_per_length"),
+          "token_ids": [o["token_ids"] for o in result["outputs"]]
+      }
       results["runs"].append(row)
       derive(results)
       save()
@@ -229,11 +243,13 @@ def drafter_cost(cfg: ml_collections.ConfigDict, dec: Decoder, results: dict, lo
         jax.block_until_ready(propose(*args)[0].tokens)
         seconds.append(time.perf_counter() - begin)
       round_s = float(np.mean(rounds[batch])) if rounds.get(batch) else None
-      out.append({"batch_size": batch, "pool_tokens": size, "history_tokens": cfg.cost_history,
-                  "propose_s": float(np.median(seconds)), "index_s": index_s, "round_s": round_s,
-                  "share_of_round": float(np.median(seconds)) / round_s if round_s else None})
-      log(f"suffix propose, batch {batch}, pool {size}: {np.median(seconds) * 1e3:.2f} ms, index {index_s:.2f} s"
-          + (f" ({out[-1]['share_of_round']:.1%} of a round)" if round_s else ""))
+      out.append({
+          "batch_size": batch, "pool_tokens": size, "history_tokens": cfg.cost_history,
+          "propose_s": float(np.median(seconds)), "index_s": index_s, "round_s": round_s,
+          "share_of_round": float(np.median(seconds)) / round_s if round_s else None
+      })
+      log(f"suffix propose, batch {batch}, pool {size}: {np.median(seconds) * 1e3:.2f} ms, index {index_s:.2f} s" +
+          (f" ({out[-1]['share_of_round']:.1%} of a round)" if round_s else ""))
   return out
 
 
@@ -249,12 +265,14 @@ def run_transformers(cfg, calls, tokenizer, results, save, log) -> None:
     counted = counted if counted is not None else list(range(len(ids)))
     for system, kwargs in (("transformers_generate", {}), ("transformers_prompt_lookup", lookup)):
       hf_reference.generate(model, [ids[0]], tokenizer.eos_ids, 2, **kwargs)  # warm-up
-      outputs = [hf_reference.generate(model, [ids[i]], tokenizer.eos_ids, cfg.max_new_tokens, **kwargs)
-                 for i in counted]
+      outputs = [
+          hf_reference.generate(model, [ids[i]], tokenizer.eos_ids, cfg.max_new_tokens, **kwargs) for i in counted
+      ]
       tokens, seconds = sum(len(rows[0]) for rows, _ in outputs), sum(s for _, s in outputs)
-      results["transformers"].append({"workload": workload, "system": system, "generated_tokens": tokens,
-                                      "wall_time_s": seconds, "tokens_per_second": tokens / seconds,
-                                      "token_ids": [rows[0] for rows, _ in outputs]})
+      results["transformers"].append({
+          "workload": workload, "system": system, "generated_tokens": tokens, "wall_time_s": seconds,
+          "tokens_per_second": tokens / seconds, "token_ids": [rows[0] for rows, _ in outputs]
+      })
       derive(results)
       save()
       log(f"{workload} {system}: {tokens / seconds:.2f} tok/s")

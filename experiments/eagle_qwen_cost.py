@@ -39,8 +39,8 @@ SEQ_LEN, TTT_STEPS = 256, 4  # the SmolLM2 run's rows and unroll
 RUN_STEPS, RUN_ROWS = 1200, 4  # the SmolLM2 run's recipe, for the projection
 
 
-def train_step_flops(target_params: int, block_params: int, fc_params: int, vocab: int, d_model: int,
-                     tokens: int, ttt_steps: int) -> float:
+def train_step_flops(target_params: int, block_params: int, fc_params: int, vocab: int, d_model: int, tokens: int,
+                     ttt_steps: int) -> float:
   """Floating-point operations of one step: the target forward (2 per parameter and token), and per TTT
   step the head block's forward and backward (6 per parameter and token) and the shared output head's
   forward and input gradient (4 per vocabulary row x width and token); the fc once (6 per parameter)."""
@@ -68,8 +68,10 @@ def time_train_step(target, head, batch: int, repeats: int) -> dict:
     state, metrics = step(state, target.params, tokens, mask)
     jax.block_until_ready(metrics)
     seconds.append(time.perf_counter() - start)
-  return {"rows": batch, "seq_len": SEQ_LEN, "ttt_steps": TTT_STEPS, "first_call_s": compile_s,
-          "step_s": float(np.median(seconds)), "step_s_runs": seconds}
+  return {
+      "rows": batch, "seq_len": SEQ_LEN, "ttt_steps": TTT_STEPS, "first_call_s": compile_s,
+      "step_s": float(np.median(seconds)), "step_s_runs": seconds
+  }
 
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
@@ -88,37 +90,41 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
                                        cfg.repeats),
         "head_full_vocab": costs.cost_ratio(target.config, target.params,
                                             DraftPass(target.config, target.params, layers=(0,)), batch, cfg.repeats),
-        f"head_{cfg.draft_vocab}_vocab": costs.cost_ratio(
-            target.config, target.params, DraftPass(target.config, target.params, restricted, (0,)), batch,
-            cfg.repeats)}
+        f"head_{cfg.draft_vocab}_vocab": costs.cost_ratio(target.config, target.params,
+                                                          DraftPass(target.config, target.params, restricted, (0,)),
+                                                          batch, cfg.repeats)
+    }
     log(f"batch {batch}: c = " + ", ".join(f"{k} {v:.3f}" for k, v in ratios[batch].items()))
   count = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
   head_params, fc_params = count(params), count(params.get("fc", {}))
   training = time_train_step(target, (config, params), cfg.batch, repeats=2)
   log(f"training step, {cfg.batch} x {SEQ_LEN} tokens: {training['step_s']:.1f} s")
-  flops = train_step_flops(target.config.num_params(), head_params - fc_params, fc_params,
-                           target.config.vocab_size, target.config.d_model, cfg.batch * SEQ_LEN, TTT_STEPS)
+  flops = train_step_flops(target.config.num_params(), head_params - fc_params, fc_params, target.config.vocab_size,
+                           target.config.d_model, cfg.batch * SEQ_LEN, TTT_STEPS)
   run_flops = flops / (cfg.batch * SEQ_LEN) * RUN_ROWS * SEQ_LEN * RUN_STEPS
   result = {
-      "command": records.command(), "environment": records.environment(), "target": TARGET, "draft": DRAFT,
-      "head": {"feature_layers": list(layers), "trained_params": head_params,
-               "shared_output_head_rows": target.config.vocab_size},
-      "draft_vocab": {"size": cfg.draft_vocab, "stdlib_token_coverage": coverage},
-      "cost_ratio_c": ratios, "training_step": training,
+      "command": records.command(), "environment": records.environment(), "target": TARGET, "draft": DRAFT, "head": {
+          "feature_layers": list(layers), "trained_params": head_params,
+          "shared_output_head_rows": target.config.vocab_size
+      }, "draft_vocab": {"size": cfg.draft_vocab,
+                         "stdlib_token_coverage": coverage}, "cost_ratio_c": ratios, "training_step": training,
       "training_step_tflop": flops / 1e12, "measured_tflops": flops / 1e12 / training["step_s"],
       "run_recipe": {"steps": RUN_STEPS, "rows": RUN_ROWS, "seq_len": SEQ_LEN, "ttt_steps": TTT_STEPS},
-      "run_hours_here": training["step_s"] * RUN_ROWS / cfg.batch * RUN_STEPS / 3600,
-      "run_tflop": run_flops / 1e12,
-      "gpu_estimate": {"assumed_tflops": cfg.gpu_tflops, "minutes": run_flops / 1e12 / cfg.gpu_tflops / 60,
-                       "note": "an estimate from operation counts, not a measurement"}}
+      "run_hours_here": training["step_s"] * RUN_ROWS / cfg.batch * RUN_STEPS / 3600, "run_tflop": run_flops / 1e12,
+      "gpu_estimate": {
+          "assumed_tflops": cfg.gpu_tflops, "minutes": run_flops / 1e12 / cfg.gpu_tflops / 60,
+          "note": "an estimate from operation counts, not a measurement"
+      }
+  }
   harness.write_results(result, cfg.output)
   return result
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:
   result = run(cfg, log=harness.log)
-  print(json.dumps({k: result[k] for k in ("cost_ratio_c", "run_hours_here", "measured_tflops", "gpu_estimate")},
-                   indent=1))
+  print(
+      json.dumps({k: result[k] for k in ("cost_ratio_c", "run_hours_here", "measured_tflops", "gpu_estimate")},
+                 indent=1))
 
 
 if __name__ == "__main__":

@@ -38,24 +38,26 @@ def measure(variant: str, layers: int, repeats: int, cache_len: int, offset: int
   from specjax.models.param_tree import assemble_params, expected_shapes
 
   backend, dtype = VARIANTS[variant]
-  config = ModelConfig(arch="llama", vocab_size=151936, d_model=1536, n_layers=layers, n_heads=12,
-                       n_kv_heads=2, head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6, dtype=dtype,
-                       matmul=backend)
+  config = ModelConfig(arch="llama", vocab_size=151936, d_model=1536, n_layers=layers, n_heads=12, n_kv_heads=2,
+                       head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6, dtype=dtype, matmul=backend)
   rng = np.random.default_rng(0)
-  params = assemble_params(config, {path: rng.standard_normal(shape, dtype=np.float32) * 0.02
-                                    for path, shape in expected_shapes(config).items()}, "random")
+  params = assemble_params(config, {
+      path: rng.standard_normal(shape, dtype=np.float32) * 0.02 for path, shape in expected_shapes(config).items()
+  }, "random")
   return costs.forward_seconds(config, params, TOKENS, repeats, cache_len=cache_len, offset=offset)
 
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   """Measures every variant of `cfg` in its own subprocess; returns the results, also written to
   `cfg.output` unless it is empty."""
-  results = {"command": records.command(), "environment": records.environment(), "layers": cfg.layers,
-             "cache_len": cfg.cache_len, "offset": cfg.offset, "variants": {}}
+  results = {
+      "command": records.command(), "environment": records.environment(), "layers": cfg.layers,
+      "cache_len": cfg.cache_len, "offset": cfg.offset, "variants": {}
+  }
   for name in cfg.variants:
-    measured, stderr = harness.run_child("experiments.forward_cost", CONFIG_FILE,
-                                         {"child": name, "layers": cfg.layers, "repeats": cfg.repeats,
-                                          "cache_len": cfg.cache_len, "offset": cfg.offset})
+    measured, stderr = harness.run_child("experiments.forward_cost", CONFIG_FILE, {
+        "child": name, "layers": cfg.layers, "repeats": cfg.repeats, "cache_len": cfg.cache_len, "offset": cfg.offset
+    })
     backend, dtype = VARIANTS[name]
     if measured is None:
       results["variants"][name] = {"matmul": backend, "dtype": dtype, "error": stderr[-2000:]}

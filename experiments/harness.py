@@ -58,8 +58,10 @@ def provenance(results: dict) -> list[str]:
   env = results["environment"]
   versions = f"jax {env['jax']}, flax {env['flax']}, transformers {env['transformers']}"
   versions += f", torch {env['torch']}" if "torch" in env else ""
-  return [f"Command: `{results['command']}`  ",
-          f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; {versions}."]
+  return [
+      f"Command: `{results['command']}`  ",
+      f"Machine: {env['processor']}, {env['platform']}, backend {env['backend']}; {versions}."
+  ]
 
 
 def read_results(path: str, field: str = "report") -> dict:
@@ -87,8 +89,10 @@ def run_child(module: str, config_file: str, overrides: dict[str, Any],
   process from the repository root (a measurement that needs its own memory, compile caches, devices or
   XLA flags); returns (the JSON object the last line of its output holds, or None if it failed; its
   stderr)."""
-  command = [sys.executable, "-m", module, f"--config={os.path.join(ROOT, config_file)}",
-             *(f"--config.{field}={value}" for field, value in overrides.items())]
+  command = [
+      sys.executable, "-m", module, f"--config={os.path.join(ROOT, config_file)}",
+      *(f"--config.{field}={value}" for field, value in overrides.items())
+  ]
   done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
   if done.returncode:
     return None, done.stderr

@@ -17,8 +17,8 @@ def hf_model(name: str, dtype: str = "float32"):
   if os.path.isdir(name):
     return transformers.AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
   path = registry.model_path(registry.get_spec(name)) if name in registry.MODELS else name
-  return transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype).eval()
+  return transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                           dtype=dtype).eval()
 
 
 def generate(model, batch_ids: Sequence[Sequence[int]], eos_ids: Sequence[int], max_new_tokens: int,
@@ -41,6 +41,5 @@ def generate(model, batch_ids: Sequence[Sequence[int]], eos_ids: Sequence[int], 
     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                          eos_token_id=list(eos_ids), pad_token_id=0, **kwargs)
   seconds = time.perf_counter() - start
-  rows = [row[:next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))]
-          for row in out[:, width:].tolist()]
+  rows = [row[:next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))] for row in out[:, width:].tolist()]
   return rows, seconds

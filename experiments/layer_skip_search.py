@@ -62,21 +62,21 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
   target = load_model(base.target, dtype=base.dtype)
   n_layers = target.config.n_layers
   k = base.k
-  t1, tk = (costs.forward_seconds(target.config, target.params, [1, k + 1], search.cost_repeats)[T]
-            for T in (1, k + 1))
+  t1, tk = (costs.forward_seconds(target.config, target.params, [1, k + 1], search.cost_repeats)[T] for T in (1, k + 1))
   verify_cost = tk / t1
-  cost_of = lambda layers: costs.cost_ratio(target.config, target.params,
-                                            DraftPass(target.config, target.params, layers=layers), 1,
-                                            search.cost_repeats)
+  cost_of = lambda layers: costs.cost_ratio(
+      target.config, target.params, DraftPass(target.config, target.params, layers=layers), 1, search.cost_repeats)
   c_one, c_all = cost_of((0,)), cost_of(tuple(range(n_layers)))
   per_layer = (c_all - c_one) / (n_layers - 1)
   modelled_c = lambda layers: c_one + per_layer * (len(layers) - 1)
   log(f"{base.target}: {n_layers} layers; verify cost v = {verify_cost:.2f} steps at K = {k}; c = "
       f"{c_one:.3f} (1 layer) .. {c_all:.3f} (all)")
-  results = {"command": records.command(), "environment": records.environment(), "target": base.target,
-             "n_layers": n_layers, "k": k, "verify_cost": verify_cost, "c_one_layer": c_one, "c_all_layers": c_all,
-             "calibration": {"prompts": list(base.prompts), "max_new_tokens": base.max_new_tokens,
-                             "batch_size": base.batch_size}, "evaluations": []}
+  results = {
+      "command": records.command(), "environment": records.environment(), "target": base.target, "n_layers": n_layers,
+      "k": k, "verify_cost": verify_cost, "c_one_layer": c_one, "c_all_layers": c_all, "calibration": {
+          "prompts": list(base.prompts), "max_new_tokens": base.max_new_tokens, "batch_size": base.batch_size
+      }, "evaluations": []
+  }
   evaluated = {}
 
   def evaluate(layers: tuple[int, ...]) -> float:
@@ -89,10 +89,10 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
     m, c = stats["mean_accepted_length"], modelled_c(layers)
     speedup = m / (k * c + verify_cost)
     evaluated[layers] = speedup
-    results["evaluations"].append({"draft_layers": cfg.layer_skip.layers, "kept": len(layers),
-                                   "alpha_hat": stats["alpha_hat"], "mean_accepted_length": m,
-                                   "modelled_c": c, "modelled_speedup": speedup,
-                                   "seconds": time.perf_counter() - start})
+    results["evaluations"].append({
+        "draft_layers": cfg.layer_skip.layers, "kept": len(layers), "alpha_hat": stats["alpha_hat"],
+        "mean_accepted_length": m, "modelled_c": c, "modelled_speedup": speedup, "seconds": time.perf_counter() - start
+    })
     harness.write_results(results, search.output)
     log(f"[{len(evaluated)}/{search.max_evaluations}] {cfg.layer_skip.layers:>24} ({len(layers)}/{n_layers} layers): "
         f"alpha_hat {stats['alpha_hat']:.3f}, tokens/round {m:.2f}, c {c:.3f}, modelled speedup {speedup:.3f}")
@@ -117,8 +117,10 @@ def run(search: ml_collections.ConfigDict, log: Callable[[str], None] = print) -
       break
   measured_c = cost_of(best)
   m = next(e for e in results["evaluations"] if e["draft_layers"] == layer_spec(best))["mean_accepted_length"]
-  results["best"] = {"draft_layers": layer_spec(best), "kept": len(best), "measured_c": measured_c,
-                     "mean_accepted_length": m, "modelled_speedup_measured_c": m / (k * measured_c + verify_cost)}
+  results["best"] = {
+      "draft_layers": layer_spec(best), "kept": len(best), "measured_c": measured_c, "mean_accepted_length": m,
+      "modelled_speedup_measured_c": m / (k * measured_c + verify_cost)
+  }
   harness.write_results(results, search.output)
   log(f"best: draft_layers={layer_spec(best)} ({len(best)}/{n_layers} layers), measured c {measured_c:.3f}, "
       f"modelled speedup {results['best']['modelled_speedup_measured_c']:.3f}; wrote {search.output}")

@@ -22,8 +22,10 @@ from specjax import records
 from specjax.models import matmul
 
 TOKENS = tuple(range(1, 10)) + (12, 16)
-VARIANTS = {"xla_float32": ("xla", "float32"), "kernel_float32": ("cpu_kernel", "float32"),
-            "xla_bfloat16": ("xla", "bfloat16"), "kernel_bfloat16": ("cpu_kernel", "bfloat16")}
+VARIANTS = {
+    "xla_float32": ("xla", "float32"), "kernel_float32": ("cpu_kernel", "float32"), "xla_bfloat16": ("xla", "bfloat16"),
+    "kernel_bfloat16": ("cpu_kernel", "bfloat16")
+}
 
 
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:

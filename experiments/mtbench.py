@@ -55,6 +55,10 @@ from specjax.models.tokenizer import Tokenizer
 Log = Callable[[str], None]
 TRANSFORMERS = ("generate", "assisted", "prompt_lookup")
 
+# The stats of a whole call each row records.
+CALL_STATS = ("tokens_per_second", "wall_time_s", "compile_time_s", "generated_tokens", "target_calls", "alpha_hat",
+              "mean_accepted_length")
+
 
 def source(cfg: ml_collections.ConfigDict) -> str:
   """The `config.prompts_file` of the benchmark's questions: the MT-Bench selection, or a file's."""
@@ -91,20 +95,25 @@ def plan(cfg: ml_collections.ConfigDict) -> list[Group]:
           f"{cfg.questions_per_category}")
   error = mtbench.selection_error(tuple(cfg.categories), cfg.questions_per_category)
   require(error is None, f"config.categories: {error}")
-  require(bool(cfg.batch_sizes) and all(int(b) == b and b >= 1 for b in cfg.batch_sizes),
-          f"config.batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
-  require(bool(cfg.temperatures) and all(t >= 0 for t in cfg.temperatures),
-          f"config.temperatures must be >= 0, got {cfg.temperatures}")
-  require(int(cfg.ar_every) == cfg.ar_every and cfg.ar_every >= 1, f"config.ar_every must be an integer >= 1, "
-          f"got {cfg.ar_every}")
+  require(
+      bool(cfg.batch_sizes) and all(int(b) == b and b >= 1 for b in cfg.batch_sizes),
+      f"config.batch_sizes must be integers >= 1, got {cfg.batch_sizes}")
+  require(
+      bool(cfg.temperatures) and all(t >= 0 for t in cfg.temperatures),
+      f"config.temperatures must be >= 0, got {cfg.temperatures}")
+  require(
+      int(cfg.ar_every) == cfg.ar_every and cfg.ar_every >= 1, f"config.ar_every must be an integer >= 1, "
+      f"got {cfg.ar_every}")
   unknown = [t for t in cfg.transformers if t not in TRANSFORMERS]
-  require(not unknown, f"config.transformers: unknown system {unknown[0] if unknown else ''!r}; known: "
-          f"{', '.join(TRANSFORMERS)}")
+  require(
+      not unknown, f"config.transformers: unknown system {unknown[0] if unknown else ''!r}; known: "
+      f"{', '.join(TRANSFORMERS)}")
   require(not ("assisted" in cfg.transformers and not cfg.draft), "config.transformers has 'assisted' but "
           "config.draft is empty (the assistant model)")
-  require(all(t in cfg.temperatures for t in cfg.transformers_temperatures) or not cfg.transformers,
-          f"config.transformers_temperatures {cfg.transformers_temperatures} must be among config.temperatures "
-          f"(their speedups divide by the batch-1 autoregressive runs)")
+  require(
+      all(t in cfg.temperatures for t in cfg.transformers_temperatures) or not cfg.transformers,
+      f"config.transformers_temperatures {cfg.transformers_temperatures} must be among config.temperatures "
+      f"(their speedups divide by the batch-1 autoregressive runs)")
   require(not cfg.transformers or 1 in cfg.batch_sizes, "config.transformers runs at batch 1: add 1 to "
           "config.batch_sizes")
   groups = []
@@ -130,8 +139,8 @@ def by_category(outputs: list[dict], per_question_time: bool) -> dict[str, dict]
   question (`per_question_time`: batch 1; larger batches mix categories)."""
   categories: dict[str, dict] = {}
   for o in outputs:
-    c = categories.setdefault(o["category"], {"generated_tokens": 0, "wall_time_s": 0.0, "rounds": 0,
-                                              "accepted": 0, "rejections": 0})
+    c = categories.setdefault(o["category"],
+                              {"generated_tokens": 0, "wall_time_s": 0.0, "rounds": 0, "accepted": 0, "rejections": 0})
     c["generated_tokens"] += o["num_tokens"]
     c["wall_time_s"] += o["batch_wall_time_s"]
     if "stats" in o:
@@ -149,16 +158,17 @@ def make_row(cfg: ml_collections.ConfigDict, group: Group, index: int, system: S
   """One run's record: its group, place in the run order, system, statistics overall, per turn and per
   category, and its outputs' token ids (texts too for the baseline)."""
   stats, outputs = result["stats"], result["outputs"]
-  row = {"group": group.key, "index": index, "batch_size": group.batch_size, "temperature": group.temperature,
-         "system": system.name, "label": system.label(cfg), "drafter": system.drafter if system.speculative else None,
-         "k": system.k if system.speculative else None, "k_policy": stats.get("k_policy"),
-         **{f: stats.get(f) for f in ("tokens_per_second", "wall_time_s", "compile_time_s", "generated_tokens",
-                                      "target_calls", "alpha_hat", "mean_accepted_length")},
-         "turns": [{f: t.get(f) for f in ("turn", "tokens_per_second", "generated_tokens", "alpha_hat",
-                                          "mean_accepted_length")} for t in stats["turns"]],
-         "categories": by_category(outputs, group.batch_size == 1),
-         "question_ids": [o["question_id"] for o in outputs], "turn_of_output": [o["turn"] for o in outputs],
-         "token_ids": [o["token_ids"] for o in outputs]}
+  row = {
+      "group": group.key, "index": index, "batch_size": group.batch_size, "temperature": group.temperature,
+      "system": system.name, "label": system.label(cfg), "drafter": system.drafter if system.speculative else None,
+      "k": system.k if system.speculative else None, "k_policy": stats.get("k_policy"),
+      **{f: stats.get(f) for f in CALL_STATS}, "turns": [
+          {f: t.get(f)
+           for f in ("turn", "tokens_per_second", "generated_tokens", "alpha_hat", "mean_accepted_length")}
+          for t in stats["turns"]
+      ], "categories": by_category(outputs, group.batch_size == 1), "question_ids": [o["question_id"] for o in outputs],
+      "turn_of_output": [o["turn"] for o in outputs], "token_ids": [o["token_ids"] for o in outputs]
+  }
   if not system.speculative:
     row["texts"] = [o["text"] for o in outputs]
   return row
@@ -171,15 +181,16 @@ def derive(results: dict) -> None:
   baseline: dict[str, dict[str, float]] = {}
   for key in results["groups"]:
     runs = [r for r in results["runs"] if r["group"] == key and r["system"] == AUTOREGRESSIVE]
-    speeds = {c: [r["categories"][c]["tokens_per_second"] for r in runs]
-              for c in (runs[0]["categories"] if runs else {})}
+    speeds = {
+        c: [r["categories"][c]["tokens_per_second"] for r in runs] for c in (runs[0]["categories"] if runs else {})
+    }
     baseline[key] = {c: float(np.mean(s)) for c, s in speeds.items() if None not in s}
     results["groups"][key]["autoregressive_category_tokens_per_second"] = baseline[key]
   for row in results["runs"] + results["transformers"]:
     for category, c in row["categories"].items():
       reference = baseline.get(row["group"], {}).get(category)
-      c["speedup_vs_autoregressive"] = (c["tokens_per_second"] / reference
-                                        if reference and c["tokens_per_second"] is not None else None)
+      c["speedup_vs_autoregressive"] = (c["tokens_per_second"] /
+                                        reference if reference and c["tokens_per_second"] is not None else None)
 
 
 def write_json(results: dict, path: str) -> None:
@@ -203,9 +214,13 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
   models are released when this returns)."""
   done = {(r["group"], r["index"]) for r in results["runs"]}
   todo = [(g, i, s) for g, i, s in planned_runs(groups, cfg.ar_every) if (g.key, i) not in done]
-  group, system = next(((g, s) for g in groups for s in g.systems  # one that loads a draft model, if any
-                        if decode_spec.from_config(g.decode_config(cfg, s)).loads_draft_model),
-                       (groups[0], System(AUTOREGRESSIVE)))
+  group, system = next(
+      (
+          (g, s)
+          for g in groups
+          for s in g.systems  # one that loads a draft model, if any
+          if decode_spec.from_config(g.decode_config(cfg, s)).loads_draft_model),
+      (groups[0], System(AUTOREGRESSIVE)))
   target, draft = pipeline.load_models(group.decode_config(cfg, system), log)
   log(f"{len(todo)} specjax runs to make ({len(done)} already in {cfg.output})")
   current, sessions = None, None
@@ -227,8 +242,8 @@ def run_specjax(cfg: ml_collections.ConfigDict, groups: list[Group], results: di
   return target.tokenizer
 
 
-def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, results: dict,
-                     save: Callable[[], None], log: Log) -> None:
+def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, results: dict, save: Callable[[], None],
+                     log: Log) -> None:
   """The transformers systems the results lack, batch 1, each conversation's turns from its own answers."""
   done = {(r["system"], r["temperature"]) for r in results["transformers"]}
   todo = [(t, name) for t, name in transformers_runs(cfg) if (f"transformers_{name}", t) not in done]
@@ -238,9 +253,11 @@ def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, resul
   assistant = hf_reference.hf_model(cfg.draft) if any(name == "assisted" for _, name in todo) else None
   conversations = prompts.requests((), source(cfg))
   eos = list(tokenizer.eos_ids)
-  options = {"generate": {}, "assisted": {"assistant_model": assistant},
-             "prompt_lookup": {"prompt_lookup_num_tokens": int(cfg.ngram_k),
-                               "max_matching_ngram_size": int(cfg.drafters.ngram.max)}}
+  options = {
+      "generate": {}, "assisted": {"assistant_model": assistant}, "prompt_lookup": {
+          "prompt_lookup_num_tokens": int(cfg.ngram_k), "max_matching_ngram_size": int(cfg.drafters.ngram.max)
+      }
+  }
   for temperature, name in todo:
     kwargs = options[name]
     first = prompts.turn_ids(tokenizer, conversations[0], (), True)
@@ -253,20 +270,22 @@ def run_transformers(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, resul
         rows, seconds = hf_reference.generate(model, [ids], eos, cfg.max_new_tokens, temperature, cfg.seed + i,
                                               **kwargs)
         answers.append(prompts.answer_text(tokenizer, rows[0]))
-        outputs.append({"category": conversation.meta["category"], "question_id": conversation.meta["question_id"],
-                        "turn": turn + 1, "token_ids": rows[0], "num_tokens": len(rows[0]),
-                        "batch_wall_time_s": seconds})
+        outputs.append({
+            "category": conversation.meta["category"], "question_id": conversation.meta["question_id"],
+            "turn": turn + 1, "token_ids": rows[0], "num_tokens": len(rows[0]), "batch_wall_time_s": seconds
+        })
     tokens, seconds = sum(o["num_tokens"] for o in outputs), sum(o["batch_wall_time_s"] for o in outputs)
     turns = [[o for o in outputs if o["turn"] == t] for t in (1, 2)]
     results["transformers"].append({
         "group": Group(1, float(temperature), ()).key, "batch_size": 1, "temperature": float(temperature),
-        "system": f"transformers_{name}", "label": f"transformers {name.replace('_', ' ')}",
-        "generated_tokens": tokens, "wall_time_s": seconds, "tokens_per_second": tokens / seconds,
-        "turns": [{"turn": t + 1, "generated_tokens": sum(o["num_tokens"] for o in rows),
-                   "tokens_per_second": sum(o["num_tokens"] for o in rows) / sum(o["batch_wall_time_s"] for o in rows)}
-                  for t, rows in enumerate(turns) if rows],
-        "categories": by_category(outputs, True), "question_ids": [o["question_id"] for o in outputs],
-        "turn_of_output": [o["turn"] for o in outputs], "token_ids": [o["token_ids"] for o in outputs]})
+        "system": f"transformers_{name}", "label": f"transformers {name.replace('_', ' ')}", "generated_tokens": tokens,
+        "wall_time_s": seconds, "tokens_per_second": tokens / seconds, "turns": [{
+            "turn": t + 1, "generated_tokens": sum(o["num_tokens"] for o in rows),
+            "tokens_per_second": sum(o["num_tokens"] for o in rows) / sum(o["batch_wall_time_s"] for o in rows)
+        } for t, rows in enumerate(turns) if rows], "categories": by_category(outputs, True),
+        "question_ids": [o["question_id"] for o in outputs], "turn_of_output": [o["turn"] for o in outputs],
+        "token_ids": [o["token_ids"] for o in outputs]
+    })
     save()
     row = results["transformers"][-1]
     log(f"transformers {name} T={temperature:g}: {row['tokens_per_second']:.2f} tok/s, speedup "
@@ -290,37 +309,48 @@ def tables(results: dict) -> str:
   for key, group in results["groups"].items():
     rows = _rows(results, key)
     speeds = group["autoregressive_runs"]
-    lines += ["", f"#### {key.replace('/', ', ').replace('batch', 'batch ').replace('T', 'temperature ')}", "",
-              "| system | tokens/s | speedup vs AR | turn 1 | turn 2 | τ | α̂ | compile s | greedy = AR |",
-              "|" + "---|" * 9]
+    lines += [
+        "", f"#### {key.replace('/', ', ').replace('batch', 'batch ').replace('T', 'temperature ')}", "",
+        "| system | tokens/s | speedup vs AR | turn 1 | turn 2 | τ | α̂ | compile s | greedy = AR |", "|" + "---|" * 9
+    ]
     if speeds:
       lines.append(f"| specjax autoregressive | {group['autoregressive_tokens_per_second']:.2f} (mean of "
                    f"{len(speeds)}: {', '.join(f'{s:.2f}' for s in speeds)}) | 1.00 | | | | | "
                    f"{number(group['autoregressive_compile_time_s'], '.1f')} | |")
     ar_turns = _ar_turn_speeds(results, key)
     for row in rows:
-      turn_speedups = [number(t["tokens_per_second"] / ar_turns[t["turn"]] if ar_turns.get(t["turn"]) else None)
-                       for t in row["turns"]]
+      turn_speedups = [
+          number(t["tokens_per_second"] / ar_turns[t["turn"]] if ar_turns.get(t["turn"]) else None)
+          for t in row["turns"]
+      ]
       match = row.get("outputs_match_autoregressive")
       lines.append("| " + " | ".join([
-          row["label"], f"{row['tokens_per_second']:.2f}", number(row.get("speedup_vs_autoregressive")),
-          *(turn_speedups + ["n/a"] * (2 - len(turn_speedups))), number(row.get("mean_accepted_length")),
-          number(row.get("alpha_hat"), ".3f"), number(row.get("compile_time_s"), ".1f"),
-          "" if match is None else "yes" if match else "NO"]) + " |")
+          row["label"], f"{row['tokens_per_second']:.2f}",
+          number(row.get("speedup_vs_autoregressive")), *(turn_speedups + ["n/a"] * (2 - len(turn_speedups))),
+          number(row.get("mean_accepted_length")),
+          number(row.get("alpha_hat"), ".3f"),
+          number(row.get("compile_time_s"), ".1f"), "" if match is None else "yes" if match else "NO"
+      ]) + " |")
     baseline = group.get("autoregressive_category_tokens_per_second") or {}
     if baseline and rows:
-      lines += ["", f"Per category ({key}): speedup vs AR (τ); AR tokens/s in the second column.", "",
-                "| category | AR tokens/s | " + " | ".join(r["label"] for r in rows) + " | best |",
-                "|" + "---|" * (len(rows) + 3)]
+      lines += [
+          "", f"Per category ({key}): speedup vs AR (τ); AR tokens/s in the second column.", "",
+          "| category | AR tokens/s | " + " | ".join(r["label"] for r in rows) + " | best |",
+          "|" + "---|" * (len(rows) + 3)
+      ]
       for category in baseline:
-        cells = [(r["categories"].get(category, {}).get("speedup_vs_autoregressive"),
-                  r["categories"].get(category, {}).get("tau")) for r in rows]
+        cells = [(r["categories"].get(category,
+                                      {}).get("speedup_vs_autoregressive"), r["categories"].get(category,
+                                                                                                {}).get("tau"))
+                 for r in rows]
         best = max(range(len(rows)), key=lambda i: cells[i][0] or 0.0)
-        lines.append(f"| {category} | {baseline[category]:.2f} | " + " | ".join(
-            f"{number(s)} ({number(t)})" if t is not None else number(s) for s, t in cells) +
-            f" | {rows[best]['label']} ({number(cells[best][0])}x) |")
-  mismatches = [f"{r['group']} {r['system']}" for r in results["runs"] + results["transformers"]
-                if r.get("outputs_match_autoregressive") is False]
+        lines.append(f"| {category} | {baseline[category]:.2f} | " +
+                     " | ".join(f"{number(s)} ({number(t)})" if t is not None else number(s) for s, t in cells) +
+                     f" | {rows[best]['label']} ({number(cells[best][0])}x) |")
+  mismatches = [
+      f"{r['group']} {r['system']}" for r in results["runs"] + results["transformers"]
+      if r.get("outputs_match_autoregressive") is False
+  ]
   lines += ["", "Greedy outputs that differ from specjax autoregressive: " + (", ".join(mismatches) or "none") + "."]
   return "\n".join(lines)
 
@@ -328,8 +358,10 @@ def tables(results: dict) -> str:
 def _ar_turn_speeds(results: dict, key: str) -> dict[int, float]:
   """turn -> mean tokens/s of the group's autoregressive runs in that turn."""
   runs = [r for r in results["runs"] if r["group"] == key and r["system"] == AUTOREGRESSIVE]
-  return {t["turn"]: float(np.mean([r["turns"][i]["tokens_per_second"] for r in runs]))
-          for i, t in enumerate(runs[0]["turns"])} if runs else {}
+  return {
+      t["turn"]: float(np.mean([r["turns"][i]["tokens_per_second"] for r in runs]))
+      for i, t in enumerate(runs[0]["turns"])
+  } if runs else {}
 
 
 def figure(results: dict, path: str) -> str:
@@ -353,8 +385,8 @@ def figure(results: dict, path: str) -> str:
       speed_ax.bar(x, speed, width, label=row["label"])
       tau_ax.bar(x, tau, width, label=row["label"])
     speed_ax.axhline(1.0, color="black", linewidth=0.8)
-    for ax, title in ((speed_ax, f"speedup vs specjax autoregressive, {key}"),
-                      (tau_ax, f"τ (tokens per target pass), {key}")):
+    for ax, title in ((speed_ax, f"speedup vs specjax autoregressive, {key}"), (tau_ax,
+                                                                                f"τ (tokens per target pass), {key}")):
       ax.set_xticks(np.arange(len(categories)), categories, rotation=20)
       ax.set_title(title, fontsize=10)
     speed_ax.legend(fontsize=7)
@@ -392,8 +424,10 @@ def reusable(earlier: dict, config: dict, groups: list[Group], cfg: ml_collectio
     return None
   order = {(g.key, i): s.name for g, i, s in planned_runs(groups, cfg.ar_every)}
   wanted = {(f"transformers_{name}", t) for t, name in transformers_runs(cfg)}
-  return {"runs": [r for r in earlier["runs"] if order.get((r["group"], r["index"])) == r["system"]],
-          "transformers": [r for r in earlier["transformers"] if (r["system"], r["temperature"]) in wanted]}
+  return {
+      "runs": [r for r in earlier["runs"] if order.get((r["group"], r["index"])) == r["system"]],
+      "transformers": [r for r in earlier["transformers"] if (r["system"], r["temperature"]) in wanted]
+  }
 
 
 def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
@@ -402,8 +436,10 @@ def run(cfg: ml_collections.ConfigDict, log: Log = print) -> dict:
   records.check_output(cfg.output)
   prompts.requests((), source(cfg))  # the questions are there (fetched) before any model loads
   config = _config_record(cfg)
-  results = {"command": records.command(), "environment": records.environment(), "config": config,
-             "source": source(cfg), "runs": [], "transformers": []}
+  results = {
+      "command": records.command(), "environment": records.environment(), "config": config, "source": source(cfg),
+      "runs": [], "transformers": []
+  }
   if os.path.exists(cfg.output):
     kept = reusable(harness.read_results(cfg.output, "output"), config, groups, cfg)
     if kept is None:

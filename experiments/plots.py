@@ -40,7 +40,6 @@ class Skip(Exception):
 
 class Table:
   """The speculative rows of a sweep table and how to label them."""
-
   def __init__(self, rows: list[dict], labels: dict[str, str], k: int | None):
     self.rows = [r for r in rows if r["mode"] == "speculative"]
     self.labels = labels
@@ -148,8 +147,8 @@ def per_position_acceptance(table: Table, out_dir: str) -> str:
     rates_K = rows[0]["per_position_acceptance"]  # one row per group: every other axis is fixed
     positions = [i + 1 for i, rate in enumerate(rates_K) if rate is not None]
     ax.plot(positions, [rate for rate in rates_K if rate is not None], "-o", color=f"C{index}", label=name)
-  ax.set(xlabel="draft position", ylabel="acceptance rate given the position was reached",
-         title=f"K = {table.k}", ylim=(0, 1.05), xticks=range(1, table.k + 1))
+  ax.set(xlabel="draft position", ylabel="acceptance rate given the position was reached", title=f"K = {table.k}",
+         ylim=(0, 1.05), xticks=range(1, table.k + 1))
   ax.legend(fontsize=8)
   return save_figure(fig, out_dir, "per_position_acceptance.png")
 
@@ -160,8 +159,8 @@ def distillation(table: Table, out_dir: str) -> str:
   groups = table.groups(rows, "draft", "k")
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   width = 0.8 / len(groups)
-  for ax, field, ylabel in ((axes[0], "acceptance_rate", "acceptance rate"),
-                            (axes[1], "mean_accepted_length", "mean accepted length")):
+  for ax, field, ylabel in ((axes[0], "acceptance_rate", "acceptance rate"), (axes[1], "mean_accepted_length",
+                                                                              "mean accepted length")):
     for index, (name, group) in enumerate(groups.items()):
       by_draft = {r["draft"]: r[field] for r in group}
       values = [float("nan") if by_draft.get(d) is None else by_draft[d] for d in drafts]  # nan: no bar
@@ -173,8 +172,8 @@ def distillation(table: Table, out_dir: str) -> str:
   return save_figure(fig, out_dir, "distillation.png")
 
 
-FIGURES: tuple[Callable[[Table, str], str], ...] = (
-    acceptance_vs_k, speedup_vs_k, per_position_acceptance, speedup_vs_batch, distillation)
+FIGURES: tuple[Callable[[Table, str], str],
+               ...] = (acceptance_vs_k, speedup_vs_k, per_position_acceptance, speedup_vs_batch, distillation)
 
 
 def plot_all(rows: list[dict], out_dir: str, k: int | None = None, labels: dict[str, str] | None = None,

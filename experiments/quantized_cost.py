@@ -39,7 +39,7 @@ _dense = jax.jit(matmul.dense, static_argnums=(2, 3))
 def _matmul_timer(weights: list, x_TxK: jax.Array, backend: str) -> Callable[[], float]:
   """Seconds of one x W^T per call, W the next of `weights` in turn (compiled and run once here)."""
   jax.block_until_ready(_dense(x_TxK, weights[0], backend, None))
-  turn = iter(range(10 ** 9))
+  turn = iter(range(10**9))
 
   def timed() -> float:
     weight = weights[next(turn) % len(weights)]
@@ -60,8 +60,8 @@ def matmuls(cfg: ml_collections.ConfigDict, log: harness.Log) -> dict:
       w_NxK = jax.random.normal(jax.random.key(c), (n, k), jnp.float32) * 0.02
       for name in cfg.formats:
         fmt = quantized.parse(name)
-        weights[name].append(w_NxK.astype(jnp.bfloat16) if fmt is None else quantized.quantize(w_NxK, fmt,
-                                                                                               jnp.bfloat16))
+        weights[name].append(
+            w_NxK.astype(jnp.bfloat16) if fmt is None else quantized.quantize(w_NxK, fmt, jnp.bfloat16))
     results[shape] = {}
     for T in cfg.tokens:
       x_TxK = jnp.asarray(np.random.default_rng(T).standard_normal((T, k)), jnp.bfloat16)
@@ -82,8 +82,10 @@ def passes(cfg: ml_collections.ConfigDict, log: harness.Log) -> dict:
   params = {name: quantized.quantize_params(config, model.params, quantized.parse(name)) for name in cfg.formats}
   results = {}
   for T in cfg.tokens:
-    timers = {name: costs.forward_timer(config, params[name], T, 1, cfg.offset + 16 + T, cfg.offset, None)
-              for name in cfg.formats}
+    timers = {
+        name: costs.forward_timer(config, params[name], T, 1, cfg.offset + 16 + T, cfg.offset, None)
+        for name in cfg.formats
+    }
     results[T] = {name: 1e3 * s for name, s in costs.interleaved_medians(timers, cfg.pass_repeats).items()}
     log(f"{cfg.model} T={T}, ms: " + ", ".join(f"{name} {ms:.1f}" for name, ms in results[T].items()))
   return results
@@ -92,8 +94,10 @@ def passes(cfg: ml_collections.ConfigDict, log: harness.Log) -> dict:
 def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   """The matmuls, then the passes (either skipped when its repeats are 0); returns the results, also
   written to `cfg.output` unless it is empty."""
-  results = {"command": records.command(), "environment": records.environment(),
-             "kernel": matmul.kernel_status("bfloat16", "int4")[1], "formats": list(cfg.formats)}
+  results = {
+      "command": records.command(), "environment": records.environment(),
+      "kernel": matmul.kernel_status("bfloat16", "int4")[1], "formats": list(cfg.formats)
+  }
   if cfg.matmul_repeats:
     results["matmul_ms"] = matmuls(cfg, log)
   if cfg.pass_repeats:

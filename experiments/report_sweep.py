@@ -14,11 +14,11 @@ from specjax.errors import ConfigError
 
 COLUMNS = (  # (header, row field, digits)
     ("mode", "mode", None), ("batch", "batch_size", None), ("K", "k", None), ("drafter", "drafter", None),
-    ("draft", "draft", None),
-    ("draft head", "draft_vocab", None), ("temperature", "temperature", 1), ("tokens/s", "tokens_per_second", 2),
-    ("speedup", "speedup_vs_autoregressive", 2), ("theory", "theoretical_speedup", 2), ("c", "cost_ratio_c", 3),
-    ("α̂", "alpha_hat", 3), ("acceptance rate", "acceptance_rate", 3),
-    ("mean accepted length", "mean_accepted_length", 2), ("compile s", "compile_time_s", 1))
+    ("draft", "draft", None), ("draft head", "draft_vocab", None), ("temperature", "temperature", 1),
+    ("tokens/s", "tokens_per_second", 2), ("speedup", "speedup_vs_autoregressive", 2), ("theory", "theoretical_speedup",
+                                                                                        2), ("c", "cost_ratio_c", 3),
+    ("α̂", "alpha_hat", 3), ("acceptance rate", "acceptance_rate", 3), ("mean accepted length", "mean_accepted_length",
+                                                                        2), ("compile s", "compile_time_s", 1))
 
 
 def _cell(row: dict, field: str, digits: int | None) -> str:
@@ -36,11 +36,12 @@ def _cell(row: dict, field: str, digits: int | None) -> str:
 def markdown(rows: list[dict]) -> str:
   """The table's rows, one line each, in the order they were run."""
   env = rows[0]["environment"] if rows else {}
-  lines = [f"Command: `{rows[0]['command']}`  " if rows else "",
-           f"Machine: {env.get('processor')}, {env.get('platform')}, backend {env.get('backend')}; "
-           f"jax {env.get('jax')}, flax {env.get('flax')}.", "",
-           "| " + " | ".join(header for header, _, _ in COLUMNS) + " |",
-           "|" + "---|" * len(COLUMNS)]
+  lines = [
+      f"Command: `{rows[0]['command']}`  " if rows else "",
+      f"Machine: {env.get('processor')}, {env.get('platform')}, backend {env.get('backend')}; "
+      f"jax {env.get('jax')}, flax {env.get('flax')}.", "",
+      "| " + " | ".join(header for header, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)
+  ]
   for row in rows:
     lines.append("| " + " | ".join(_cell(row, field, digits) for _, field, digits in COLUMNS) + " |")
   return "\n".join(lines)

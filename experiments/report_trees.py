@@ -72,16 +72,16 @@ def label(row: dict) -> str:
 def summarize_row(row: dict) -> dict:
   tree = shape(row)
   rounds = max(1, row["target_calls"] - 1)
-  return {"label": label(row), "drafter": row.get("drafter") or "model", "tree": row.get("tree") or "",
-          "k": row["k"], "nodes": tree.nodes_with_root - 1,
-          "depth": tree.max_depth, "temperature": row["temperature"], "batch_size": row["batch_size"],
-          "tokens_per_round": row["mean_accepted_length"],
-          "accepted_per_round": row["mean_accepted_length"] - 1.0,
-          "per_depth_acceptance": row["per_position_acceptance"],
-          "draft_passes_per_round": row["draft_calls"] / rounds, "draft_widths": draft_widths(row),
-          "tokens_per_second": row["tokens_per_second"],
-          "autoregressive_tokens_per_second": row["autoregressive_tokens_per_second"],
-          "speedup": row["speedup_vs_autoregressive"], "cost_ratio_c": row["cost_ratio_c"]}
+  return {
+      "label": label(row), "drafter": row.get("drafter") or "model", "tree": row.get("tree") or "", "k": row["k"],
+      "nodes": tree.nodes_with_root - 1, "depth": tree.max_depth, "temperature": row["temperature"],
+      "batch_size": row["batch_size"], "tokens_per_round": row["mean_accepted_length"],
+      "accepted_per_round": row["mean_accepted_length"] - 1.0, "per_depth_acceptance": row["per_position_acceptance"],
+      "draft_passes_per_round": row["draft_calls"] / rounds, "draft_widths": draft_widths(row),
+      "tokens_per_second": row["tokens_per_second"],
+      "autoregressive_tokens_per_second": row["autoregressive_tokens_per_second"],
+      "speedup": row["speedup_vs_autoregressive"], "cost_ratio_c": row["cost_ratio_c"]
+  }
 
 
 def measure_costs(rows: list[dict], config: dict, repeats: int) -> dict:
@@ -93,9 +93,11 @@ def measure_costs(rows: list[dict], config: dict, repeats: int) -> dict:
     at = [r for r in rows if r["batch_size"] == batch]
     verify = sorted({1} | {r["nodes"] + 1 for r in at})
     drafted = sorted({1} | {w for r in at for w in r["draft_widths"]})
-    out[batch] = {"target": costs.forward_seconds(target.config, target.params, verify, repeats, batch),
-                  "draft": {} if draft is None else  # a lookup (the n-gram drafter) runs no draft model
-                  costs.forward_seconds(draft.config, draft.params, drafted, repeats, batch)}
+    out[batch] = {
+        "target": costs.forward_seconds(target.config, target.params, verify, repeats, batch),
+        "draft": {} if draft is None else  # a lookup (the n-gram drafter) runs no draft model
+                 costs.forward_seconds(draft.config, draft.params, drafted, repeats, batch)
+    }
   return out
 
 
@@ -118,8 +120,8 @@ def accelerator_costs(results: dict) -> dict:
   out = {}
   for v in results.get("verify_costs", []):
     widths = sorted(int(t) for t in v["in_target_steps"])
-    out[v["batch_size"]] = (widths, [v["in_target_steps"][str(t)] for t in widths],
-                            cs[(v["prompt_tokens"], v["batch_size"])])
+    out[v["batch_size"]] = (widths, [v["in_target_steps"][str(t)] for t in widths], cs[(v["prompt_tokens"],
+                                                                                        v["batch_size"])])
   if not out:
     raise ValueError("the accelerator results hold no verify_costs (a kit run with config.verify_widths)")
   return out
@@ -148,12 +150,13 @@ def comparison(rows: list[dict], temperature: float, batch: int) -> dict | None:
     return None
   best = max(trees, key=lambda r: r["accepted_per_round"])
   same = [c for c in chains if c["nodes"] == best["nodes"]] or [max(chains, key=lambda c: c["nodes"])]
-  return {"temperature": temperature, "batch_size": batch, "tree": best["label"], "chain": same[0]["label"],
-          "same_verified_tokens": same[0]["nodes"] == best["nodes"],
-          "tree_accepted_per_round": best["accepted_per_round"],
-          "chain_accepted_per_round": same[0]["accepted_per_round"],
-          "ratio": best["accepted_per_round"] / same[0]["accepted_per_round"],
-          "best_chain_of_any_k": max(chains, key=lambda c: c["accepted_per_round"])["label"]}
+  return {
+      "temperature": temperature, "batch_size": batch, "tree": best["label"], "chain": same[0]["label"],
+      "same_verified_tokens": same[0]["nodes"] == best["nodes"], "tree_accepted_per_round": best["accepted_per_round"],
+      "chain_accepted_per_round": same[0]["accepted_per_round"],
+      "ratio": best["accepted_per_round"] / same[0]["accepted_per_round"],
+      "best_chain_of_any_k": max(chains, key=lambda c: c["accepted_per_round"])["label"]
+  }
 
 
 def figure(rows: list[dict], batch: int, path: str) -> str:
@@ -184,9 +187,11 @@ def figure(rows: list[dict], batch: int, path: str) -> str:
 def markdown(rows: list[dict]) -> str:
   fmt = lambda x, spec=".2f": harness.number(x, spec, missing="")
   measured = any("predicted_measured_accelerator" in r for r in rows)
-  lines = ["| batch | T | drafter | N | D | accepted / round | draft passes | tok/s | speedup | predicted CPU "
-           "| predicted accelerator |" + (" measured accelerator costs |" if measured else ""),
-           "|" + "---|" * (11 + measured)]
+  lines = [
+      "| batch | T | drafter | N | D | accepted / round | draft passes | tok/s | speedup | predicted CPU "
+      "| predicted accelerator |" + (" measured accelerator costs |" if measured else ""),
+      "|" + "---|" * (11 + measured)
+  ]
   for r in rows:
     lines.append(f"| {r['batch_size']} | {r['temperature']:g} | {r['label']} | {r['nodes']} | {r['depth']} | "
                  f"{r['accepted_per_round']:.2f} | {r['draft_passes_per_round']:.1f} | "
@@ -204,8 +209,10 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
     raise ValueError(f"no speculative rows in {list(cfg.tables)}")
   rows = sorted((summarize_row(r) for r in raw), key=lambda r: (r["batch_size"], r["temperature"], r["nodes"]))
   if cfg.reuse_costs:  # re-render a result: the forward costs it measured
-    seconds = {int(b): {m: {int(t): v for t, v in at.items()} for m, at in by_model.items()}
-               for b, by_model in harness.read_results(cfg.output, "output")["forward_seconds"].items()}
+    seconds = {
+        int(b): {m: {int(t): v for t, v in at.items()} for m, at in by_model.items()}
+        for b, by_model in harness.read_results(cfg.output, "output")["forward_seconds"].items()
+    }
   else:
     seconds = measure_costs(rows, raw[0]["config"], cfg.repeats)
   measured = accelerator_costs(harness.read_results(cfg.accelerator, "accelerator")) if cfg.accelerator else None
@@ -213,11 +220,12 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
     predict(row, seconds[row["batch_size"]])
     if measured:
       predict_measured_accelerator(row, measured)
-  result = {"rows": rows, "forward_seconds": seconds,
-            "comparisons": [c for c in (comparison(rows, t, b) for t in (0.0, 1.0)
-                                        for b in sorted({r["batch_size"] for r in rows})) if c],
-            "tables": list(cfg.tables), "accelerator": cfg.accelerator, "environment": records.environment(),
-            "command": records.command()}
+  result = {
+      "rows": rows, "forward_seconds": seconds, "comparisons": [
+          c for c in (comparison(rows, t, b) for t in (0.0, 1.0) for b in sorted({r["batch_size"] for r in rows})) if c
+      ], "tables": list(cfg.tables), "accelerator": cfg.accelerator, "environment": records.environment(),
+      "command": records.command()
+  }
   harness.write_results(result, cfg.output)
   log(markdown(rows))
   if any(r["batch_size"] == 4 for r in rows):

@@ -39,16 +39,20 @@ def simulate(policy: KPolicy, k: int, cost_C: np.ndarray, alpha: float, rounds: 
     return state, (num_accepted + 1, state.cost_C[index])
 
   state = policy.init(1, candidates, Tables(cost_C, np.full((1, k), policy.prior, np.float32)))
-  state, (tokens_R, seconds_R) = jax.jit(lambda s: jax.lax.scan(round_, s, jax.random.split(
-      jax.random.key(seed), rounds)))(state)
+  state, (tokens_R,
+          seconds_R) = jax.jit(lambda s: jax.lax.scan(round_, s, jax.random.split(jax.random.key(seed), rounds)))(state)
   chosen = np.asarray(state.chosen_C) / rounds
-  return {"tokens_per_second": float(jnp.sum(tokens_R) / jnp.sum(seconds_R)),
-          "share_per_length": dict(zip(map(str, np.asarray(lengths_C).tolist()), chosen.round(4).tolist()))}
+  return {
+      "tokens_per_second": float(jnp.sum(tokens_R) / jnp.sum(seconds_R)),
+      "share_per_length": dict(zip(map(str,
+                                       np.asarray(lengths_C).tolist()),
+                                   chosen.round(4).tolist()))
+  }
 
 
 def best_fixed(policy: KPolicy, k: int, cost_C: np.ndarray, alpha: float) -> tuple[int, float]:
   """The length with the most expected tokens per second under the table, and that rate."""
-  rates = [(1 + sum(alpha ** j for j in range(1, n + 1))) / c for n, c in zip(policy.lengths(k), cost_C)]
+  rates = [(1 + sum(alpha**j for j in range(1, n + 1))) / c for n, c in zip(policy.lengths(k), cost_C)]
   return policy.lengths(k)[int(np.argmax(rates))], float(max(rates))
 
 
@@ -62,10 +66,11 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = harness.log) -> dict:
     policy = Adaptive(prior=cfg.prior, decay=decay, recovery=recovery)
     length, rate = best_fixed(policy, cfg.k, cost_C, alpha)
     got = simulate(policy, cfg.k, cost_C, alpha, cfg.rounds, cfg.seed)
-    rows.append({"alpha": alpha, "decay": decay, "recovery": recovery, "best_fixed_length": length,
-                 "best_fixed_vs_plain": rate * cfg.plain_step_s,
-                 "adaptive_vs_plain": got["tokens_per_second"] * cfg.plain_step_s,
-                 "share_per_length": got["share_per_length"]})
+    rows.append({
+        "alpha": alpha, "decay": decay, "recovery": recovery, "best_fixed_length": length,
+        "best_fixed_vs_plain": rate * cfg.plain_step_s,
+        "adaptive_vs_plain": got["tokens_per_second"] * cfg.plain_step_s, "share_per_length": got["share_per_length"]
+    })
     log(f"alpha {alpha} decay {decay} recovery {recovery}: adaptive {rows[-1]['adaptive_vs_plain']:.3f}x plain, "
         f"best fixed (L={length}) {rows[-1]['best_fixed_vs_plain']:.3f}x")
   results = {"config": cfg.to_dict(), "rows": rows}
@@ -74,8 +79,10 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = harness.log) -> dict:
 
 
 def table(results: dict) -> str:
-  lines = [f"Command: `{results['command']}`", "", "| α | decay | recovery | adaptive / plain | best fixed L | "
-           "best fixed / plain | adaptive / best fixed | share of L = 0 |", "|" + "---|" * 8]
+  lines = [
+      f"Command: `{results['command']}`", "", "| α | decay | recovery | adaptive / plain | best fixed L | "
+      "best fixed / plain | adaptive / best fixed | share of L = 0 |", "|" + "---|" * 8
+  ]
   for r in results["rows"]:
     lines.append(f"| {r['alpha']:g} | {r['decay']:g} | {r['recovery']:g} | {r['adaptive_vs_plain']:.3f} | "
                  f"{r['best_fixed_length']} | {r['best_fixed_vs_plain']:.3f} | "

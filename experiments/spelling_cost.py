@@ -49,8 +49,8 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
   ids_VxM, counts_V = np.asarray(table.ids_VxM), np.asarray(table.counts_V)
   draft_I, target_of_I = vocab.draft_ids_I, vocab.target_ids_I
   width = cfg.width
-  logits_fn = jax.jit(lambda params, ids_1xT: forward(draft.config, params, ids_1xT,
-                                                      init_cache(draft.config, 1, width))[0][0])
+  logits_fn = jax.jit(
+      lambda params, ids_1xT: forward(draft.config, params, ids_1xT, init_cache(draft.config, 1, width))[0][0])
 
   def logits_after(ids: list[int]) -> np.ndarray:
     if len(ids) > width:
@@ -67,8 +67,10 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
     ends = np.cumsum([counts_V[t] for t in prompt + generated])
     for j, token in enumerate(generated):
       canonical = draft.tokenizer.encode(target_tokenizer.decode(prompt + generated[:j]), add_special_tokens=False)
-      histories = {"spelled": spelled_logits_TxW[ends[len(prompt) + j - 1] - 1],
-                   "canonical": logits_after(canonical)[len(canonical) - 1]}
+      histories = {
+          "spelled": spelled_logits_TxW[ends[len(prompt) + j - 1] - 1], "canonical": logits_after(canonical)
+                                                                                     [len(canonical) - 1]
+      }
       for way, logits_W in histories.items():
         log_p_I = _restricted_log_probs(logits_W[None], draft_I)[0]
         rows[way]["agree"] += int(target_of_I[np.argmax(log_p_I)] == token)
@@ -76,11 +78,13 @@ def run(cfg: ml_collections.ConfigDict, log: harness.Log = print) -> dict:
         rows[way]["p_target"] += float(np.exp(log_p_I[hit[0]])) if hit.size else 0.0
       positions += 1
       shared += int(vocab.target_to_draft_V[token] >= 0)
-  results = {"command": records.command(), "source": cfg.source, "target": cfg.target, "draft": cfg.draft,
-             "max_spelling": cfg.max_spelling, "positions": positions, "in_intersection": shared / positions,
-             "ways": {way: {"greedy_agreement": r["agree"] / positions,
-                            "mean_p_of_target_token": r["p_target"] / positions}
-                      for way, r in rows.items()}}
+  results = {
+      "command": records.command(), "source": cfg.source, "target": cfg.target, "draft": cfg.draft,
+      "max_spelling": cfg.max_spelling, "positions": positions, "in_intersection": shared / positions, "ways": {
+          way: {"greedy_agreement": r["agree"] / positions, "mean_p_of_target_token": r["p_target"] / positions}
+          for way, r in rows.items()
+      }
+  }
   for way, r in results["ways"].items():
     log(f"{way:10s} greedy agreement {r['greedy_agreement']:.3f}, mean draft p(target token) "
         f"{r['mean_p_of_target_token']:.3f} over {positions} positions ({shared / positions:.1%} in the intersection)")

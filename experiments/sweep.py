@@ -51,8 +51,8 @@ MODEL_AXES = ("target", "drafter", "draft", "dtype", "mesh")  # which models are
 LOAD_FIELDS = decode_spec.LOAD_FIELDS + ("drafter", "mode")
 DYNAMIC_AXES = ("temperature", "top_k", "top_p", "seed")  # sampling axes (mostly one program): innermost
 # decode fields copied into every row
-SETTINGS = ("target", "drafter", "draft", "mode", "k", "k_policy", "tree", "tree_children", "batch_size",
-            "temperature", "top_k", "top_p", "seed", "max_new_tokens", "chat", "dtype", "mesh")
+SETTINGS = ("target", "drafter", "draft", "mode", "k", "k_policy", "tree", "tree_children", "batch_size", "temperature",
+            "top_k", "top_p", "seed", "max_new_tokens", "chat", "dtype", "mesh")
 
 Point = dict[str, Any]  # axis name -> value (null for the speculative-only axes of an autoregressive point)
 
@@ -110,8 +110,7 @@ def grid(sweep: ml_collections.ConfigDict) -> list[tuple[Point, ml_collections.C
       try:
         decode_spec.set_field(cfg, name, value)
       except TypeError as error:
-        raise ValueError(f"sweep axis {name!r}: value {value!r} does not fit the decode field: {error}"
-                         ) from None
+        raise ValueError(f"sweep axis {name!r}: value {value!r} does not fit the decode field: {error}") from None
     cfg.output = ""  # the table is the sweep's output
     point = {name: decode_spec.get_field(cfg, name) for name in names}
     try:
@@ -161,14 +160,14 @@ def make_row(sweep: ml_collections.ConfigDict, point: Point, cfg: ml_collections
     row.update({field: None for field in decode_spec.speculative_fields(sweep.base) if field in row})
   alpha = stats.get("alpha_hat")
   row["cost_ratio_c"] = c
-  row["theoretical_speedup"] = (metrics.theoretical_speedup(alpha, cfg.k, c)  # a chain's theory, not a tree's
-                                if c is not None and alpha is not None and not cfg.tree.strip() else None)
+  row["theoretical_speedup"] = (
+      metrics.theoretical_speedup(alpha, cfg.k, c)  # a chain's theory, not a tree's
+      if c is not None and alpha is not None and not cfg.tree.strip() else None)
   baseline = baseline_point(sweep, point) if speculative else None
   by_key = {point_key(r["point"]): r for r in table}
   ar_row = by_key.get(point_key(baseline)) if baseline else None
   row["autoregressive_tokens_per_second"] = ar_row["tokens_per_second"] if ar_row else None
-  row["speedup_vs_autoregressive"] = (stats["tokens_per_second"] / ar_row["tokens_per_second"]
-                                      if ar_row else None)
+  row["speedup_vs_autoregressive"] = (stats["tokens_per_second"] / ar_row["tokens_per_second"] if ar_row else None)
   row["config"] = cfg.to_dict()  # the full decode config of the point
   row["environment"] = records.environment()
   row["command"] = records.command()
@@ -221,8 +220,10 @@ def run(sweep: ml_collections.ConfigDict, log: Callable[[str], None] = print) ->
     """The drafter's c at the point's batch size, measured once per drafter setting (its group)."""
     spec = decode_spec.from_config(cfg)
     settings = spec.drafter_settings
-    described = {"target": cfg.target, "drafter": cfg.drafter, "draft": cfg.draft, "dtype": cfg.dtype,
-                 "batch_size": cfg.batch_size, settings.group: settings.options.to_json()}
+    described = {
+        "target": cfg.target, "drafter": cfg.drafter, "draft": cfg.draft, "dtype": cfg.dtype,
+        "batch_size": cfg.batch_size, settings.group: settings.options.to_json()
+    }
     key = point_key(described)
     if key not in costs_measured:
       drafter = session.build_drafter(spec, *pair, log).drafter

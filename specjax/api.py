@@ -75,10 +75,8 @@ def apply_fields(cfg: ml_collections.ConfigDict, fields: dict[str, Any]) -> ml_c
 
 class Decoder:
   """A target (and a draft model when the drafter needs one) loaded once, generating many times."""
-
-  def __init__(self, target: str | None = None, drafter: str | Drafter | None = None, draft: str | None = None,
-               *, config: ml_collections.ConfigDict | None = None, log: Callable[[str], None] | None = None,
-               **fields):
+  def __init__(self, target: str | None = None, drafter: str | Drafter | None = None, draft: str | None = None, *,
+               config: ml_collections.ConfigDict | None = None, log: Callable[[str], None] | None = None, **fields):
     """`config` (default: `decode_config.default_config()`) with `target`, `drafter`, `draft` and
     `fields` set; loads the models at once."""
     silent = lambda message: None
@@ -89,8 +87,7 @@ class Decoder:
       given["drafter"] = drafter
     elif self._drafter_instance is not None:
       given["drafter"] = type(drafter).registered_as()
-    self._config = apply_fields(config if config is not None else decode_config.default_config(),
-                                {**given, **fields})
+    self._config = apply_fields(config if config is not None else decode_config.default_config(), {**given, **fields})
     spec = self._spec(self._config)
     pipeline.check_inputs(spec)  # a bad prompts file or output location fails before the models load
     self.target, self.draft = pipeline.load_models(spec, self._log)
@@ -158,8 +155,7 @@ class Decoder:
         continue
       if own is not None and item.constraint:
         raise ConfigError(f"constraint of {source} is given twice: in the request and in the constraint list")
-      requests.append(dataclasses.replace(item, constraint=item.constraint or own,
-                                          source=item.source or source))
+      requests.append(dataclasses.replace(item, constraint=item.constraint or own, source=item.source or source))
     results = self._run({**fields, "prompts": tuple(r.turns[0] for r in requests), "prompts_file": ""}, requests)
     outputs = results["outputs"]
     return Generation(texts=[o["text"] for o in outputs], token_ids=[o["token_ids"] for o in outputs],

@@ -62,17 +62,16 @@ def _generate(config: ModelConfig, params: Params, request: generation.Request, 
     cache = cache.advance(jnp.where(state.buffer.done, 0, 1))
     key, step_key = jax.random.split(state.key)
     next_B = next_tokens(step_key, logits_Bx1xV[:, 0], sampling.replace(constraint=state.constraint))
-    buffer, _ = generation.append(state.buffer, next_B[:, None], jnp.ones((batch,), jnp.int32),
-                                  eos_ids_E, budget_B)
+    buffer, _ = generation.append(state.buffer, next_B[:, None], jnp.ones((batch,), jnp.int32), eos_ids_E, budget_B)
     return _LoopState(cache=cache, buffer=buffer, last_token=next_B, key=key, steps=state.steps + 1,
                       constraint=state.constraint.after(next_B[:, None], 1))
 
-  state = jax.lax.while_loop(cond, body, _LoopState(cache=cache, buffer=buffer, last_token=first_B, key=key,
-                                                    steps=jnp.int32(0),
-                                                    constraint=sampling.constraint.after(first_B[:, None], 1)))
+  state = jax.lax.while_loop(
+      cond, body,
+      _LoopState(cache=cache, buffer=buffer, last_token=first_B, key=key, steps=jnp.int32(0),
+                 constraint=sampling.constraint.after(first_B[:, None], 1)))
   return AutoregressiveOutput(tokens=generation.finalize(state.buffer, pad_id)[:, :out_width - 1],
-                              counts=state.buffer.counts, target_calls=state.steps + 1,
-                              cache=state.cache)
+                              counts=state.buffer.counts, target_calls=state.steps + 1, cache=state.cache)
 
 
 def generate(config: ModelConfig, params: Params, request: generation.Request, cache: KVCache, *,

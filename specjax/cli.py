@@ -43,7 +43,6 @@ def run(main: Callable[[ml_collections.ConfigDict], None], config: flags.FlagHol
   """`absl.app.run` for a program whose only input is `--config` (a file) and its `--config.FIELD`
   overrides; `main(config)` does the work. Exits 0, or 1/2 with one `error:` line. `moved(path)` is
   the error for a field that moved elsewhere (None for other names), so an old name says where it went."""
-
   def parse(argv: list[str]) -> list[str]:
     try:
       return flags.FLAGS(argv)
@@ -76,8 +75,8 @@ def _one_line(error: BaseException) -> str:
   return " ".join(message.split())
 
 
-def _parse_error_message(argv: Sequence[str], error: Exception, flag_name: str,
-                         moved: Callable[[str], str | None]) -> str:
+def _parse_error_message(argv: Sequence[str], error: Exception, flag_name: str, moved: Callable[[str],
+                                                                                                str | None]) -> str:
   """The message for a command line absl or ml_collections refused: the unknown field when there is
   one (with the closest known names), else the parser's own message."""
   if isinstance(error, flags.Error):

@@ -53,8 +53,10 @@ def read_documents(source: str, pattern: str = "**/*.py", jsonl_field: str = "te
     return _nonempty(docs, source)
   else:
     files = glob.glob(source, recursive=True)
-  docs = [Document(f, text) for f in sorted(files) if os.path.isfile(f)
-          if (text := _read_text(f)) is not None and text.strip()]
+  docs = [
+      Document(f, text) for f in sorted(files) if os.path.isfile(f)
+      if (text := _read_text(f)) is not None and text.strip()
+  ]
   return _nonempty(docs, f"{source} (pattern {pattern!r})" if os.path.isdir(source) else source)
 
 

@@ -34,7 +34,7 @@ def _step(config: ModelConfig, layers: tuple[int, ...] | None, params, head, tok
 
 
 def forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_len: int, offset: int,
-                   head: DraftHead | None, layers: tuple[int, ...] | None = None) -> Callable[[], float]:
+                  head: DraftHead | None, layers: tuple[int, ...] | None = None) -> Callable[[], float]:
   """Compiles (once per model and shape) and runs once a jitted forward of [batch_size, T] tokens with
   `offset` positions cached, through the restricted output `head` when one is given and the blocks
   `layers` only when given; each call of the result times one more."""
@@ -54,9 +54,8 @@ def forward_timer(config: ModelConfig, params, T: int, batch_size: int, cache_le
   return timed
 
 
-def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats: int,
-                    batch_size: int = 1, cache_len: int = 256, offset: int = 100,
-                    head: DraftHead | None = None) -> dict[int, float]:
+def forward_seconds(config: ModelConfig, params, tokens: Iterable[int], repeats: int, batch_size: int = 1,
+                    cache_len: int = 256, offset: int = 100, head: DraftHead | None = None) -> dict[int, float]:
   """Median seconds of one jitted forward of [batch_size, T] tokens, for each T in `tokens`, with
   `offset` positions already cached (each T and batch size compiles once, before the timed calls);
   through the restricted output `head` when one is given (a `draft_vocab` draft)."""
@@ -90,16 +89,16 @@ def pass_timers(target_config: ModelConfig, target_params, drafter, widths: Iter
   return timers
 
 
-def candidate_passes(target_config: ModelConfig, target_params, drafter, candidates: tuple[Any, ...],
-                     batch_size: int, cache_len: int, offset: int, repeats: int = 5) -> np.ndarray:
+def candidate_passes(target_config: ModelConfig, target_params, drafter, candidates: tuple[Any, ...], batch_size: int,
+                     cache_len: int, offset: int, repeats: int = 5) -> np.ndarray:
   """The passes a round of each candidate (`k_policy.Candidate`) runs, each timed alone at `offset`
   cached positions: the target's verify pass over the candidate's nodes (`Candidate.nodes`) plus
   `drafter.passes(length)` draft passes (`Drafter.draft_pass`, 1 token): [C] seconds. A tree's levels
   and a parallel draft's block are priced at one 1-token draft pass each (a wider pass costs a little
   more on a CPU)."""
   widths = sorted({c.nodes(drafter.tree) for c in candidates})
-  seconds = interleaved_medians(pass_timers(target_config, target_params, drafter, widths, batch_size, cache_len,
-                                            offset), repeats)
+  seconds = interleaved_medians(
+      pass_timers(target_config, target_params, drafter, widths, batch_size, cache_len, offset), repeats)
   draft_s = seconds.pop("draft", 0.0)
   return np.asarray([seconds[c.nodes(drafter.tree)] + drafter.passes(c.length) * draft_s for c in candidates])
 
@@ -142,10 +141,11 @@ def policy_step_seconds(policy: KPolicy, batch_size: int, k: int, tree: Any = No
       accepted_AxB = (jnp.arange(rows)[:, None] + jnp.arange(batch_size) * 7 + i) % (k + 1)
       return policy.update(state, index, jnp.broadcast_to(wanted_B, (rows, batch_size)),
                            jnp.minimum(accepted_AxB, wanted_B), live_B)
+
     return jax.lax.fori_loop(0, steps, one, state)
 
-  state = policy.init(batch_size, candidates, k_policy.Tables(np.linspace(1.0, 2.0, len(candidates)),
-                                                               np.full((rows, k), policy.prior)))
+  state = policy.init(batch_size, candidates,
+                      k_policy.Tables(np.linspace(1.0, 2.0, len(candidates)), np.full((rows, k), policy.prior)))
   jax.block_until_ready(rounds(state))
   start = time.perf_counter()
   jax.block_until_ready(rounds(state))

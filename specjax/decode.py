@@ -16,20 +16,17 @@ from specjax import cli, decode_config, mesh
 from specjax.api import Decoder
 from specjax.speculative import k_policy
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config file (see configs/).", lock_config=True)
 
 
 def _print_stats(stats: dict) -> None:
-  rows = [("mode", stats["mode"]), ("prompts", stats["num_prompts"]),
-          ("generated tokens", stats["generated_tokens"]),
+  rows = [("mode", stats["mode"]), ("prompts", stats["num_prompts"]), ("generated tokens", stats["generated_tokens"]),
           ("tokens / s", f"{stats['tokens_per_second']:.2f}"), ("wall time (s)", f"{stats['wall_time_s']:.2f}"),
           ("compile time (s)", f"{stats['compile_time_s']:.2f}"), ("target calls", stats["target_calls"])]
   if stats["mode"] == "speculative":
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
     rows += [("draft calls", stats["draft_calls"]), ("acceptance rate", fmt(stats["acceptance_rate"])),
-             ("alpha_hat", fmt(stats["alpha_hat"])),
-             ("mean accepted length", fmt(stats["mean_accepted_length"])),
+             ("alpha_hat", fmt(stats["alpha_hat"])), ("mean accepted length", fmt(stats["mean_accepted_length"])),
              ("per-position acceptance", " ".join(fmt(x) for x in stats["per_position_acceptance"]))]
     if "nodes_verified_per_round" in stats:  # a tree: the positions above are its depths
       rows += [("nodes verified / round", fmt(stats["nodes_verified_per_round"])),
@@ -48,8 +45,8 @@ def _policy_rows(policy: dict) -> list[tuple[str, str]]:
     return [("k policy", f"fixed, K = {lengths[0]}")]
   return [("k policy", f"adaptive, K <= {lengths[-1]}"),
           ("rounds per length", "  ".join(f"{n}: {r}" for n, r in zip(labels, policy["rounds_per_length"]))),
-          ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(labels, policy["cost_table_s"]))
-           + f"  ({k_policy.tuning.cost_table_source(policy)})")]
+          ("round cost (ms)", "  ".join(f"{n}: {1e3 * c:.1f}" for n, c in zip(labels, policy["cost_table_s"])) +
+           f"  ({k_policy.tuning.cost_table_source(policy)})")]
 
 
 def main(cfg: ml_collections.ConfigDict) -> None:
@@ -63,8 +60,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
     print()
     _print_stats(results["stats"])
   if cfg.output and results["written_to"] != cfg.output:
-    where = (f"they were written to {results['written_to']} instead" if results["written_to"] else
-             "nor could the fallback file be written; the texts are above")
+    where = (f"they were written to {results['written_to']} instead"
+             if results["written_to"] else "nor could the fallback file be written; the texts are above")
     cli.fail(f"could not write the results to config.output {cfg.output}; {where}", cli.DATA)
 
 

@@ -127,9 +127,11 @@ def _drafter_groups(c: ml_collections.ConfigDict) -> None:
 
 
 # Fields that moved into a drafter's group: an old name fails with one line naming the new one.
-RENAMED = {"ngram_min": "ngram.min", "ngram_max": "ngram.max", "draft_layers": "layer_skip.layers",
-           "draft_stop_threshold": "model.stop_threshold", "draft_vocab": "model.vocab (or eagle.vocab)",
-           "draft_vocab_corpus": "model.vocab_corpus (or eagle.vocab_corpus)"}
+RENAMED = {
+    "ngram_min": "ngram.min", "ngram_max": "ngram.max", "draft_layers": "layer_skip.layers",
+    "draft_stop_threshold": "model.stop_threshold", "draft_vocab": "model.vocab (or eagle.vocab)",
+    "draft_vocab_corpus": "model.vocab_corpus (or eagle.vocab_corpus)"
+}
 
 
 def moved(path: str) -> str | None:

@@ -30,9 +30,8 @@ DTYPES = ("auto", "float32", "bfloat16")
 DRAFT_SHARDINGS = ("same", "replicated")
 # Fields that change which models are loaded or how (a Decoder loads them once; sweep points reload);
 # "model.weights" is the draft model's weight format (a dotted path: ConfigDict reads it as one key).
-LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers",
-               "attention", "attention_block", "narrow_passes", "prefill_chunk", "matmul", "weights",
-               "model.weights")
+LOAD_FIELDS = ("target", "draft", "dtype", "mesh", "mesh_indivisible", "draft_sharding", "scan_layers", "attention",
+               "attention_block", "narrow_passes", "prefill_chunk", "matmul", "weights", "model.weights")
 # Top-level fields that only speculative runs read; every drafter group is speculative-only too.
 SPECULATIVE_FIELDS = ("k", "k_policy", "drafter", "draft", "tree", "tree_children")
 # Config fields that reach a compiled program only as runtime values (or not at all): a run changing
@@ -108,15 +107,17 @@ class DecodeSpec:
     resolves by what was built and what the CPU has)."""
     fields, sampling = self._compiled()
     cfg = self.config
-    return {"config": {name: value for name, value in fields.items() if name != "adaptive"},
-            "cache_len": cache_len, "sampling": sampling,
-            "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}",
-            "matmul": matmul.describe(self.execution.matmul, cfg.dtype, cfg.weights)}
+    return {
+        "config": {name: value for name, value in fields.items() if name != "adaptive"}, "cache_len": cache_len,
+        "sampling": sampling, "drafter": f"{self.drafter.__module__}.{self.drafter.__qualname__}",
+        "matmul": matmul.describe(self.execution.matmul, cfg.dtype, cfg.weights)
+    }
 
   def _compiled(self) -> tuple[dict[str, Any], list]:
     sampling = self.sampling
-    fields = {name: value for name, value in self.config.as_configdict().to_dict().items()
-              if name not in RUNTIME_FIELDS}
+    fields = {
+        name: value for name, value in self.config.as_configdict().to_dict().items() if name not in RUNTIME_FIELDS
+    }
     return fields, [sampling.greedy, sampling.use_top_k, sampling.use_top_p, sampling.candidates]
 
 
@@ -166,8 +167,8 @@ def check_fields(cfg: ml_collections.ConfigDict) -> None:
   for name in cfg.keys():
     if name in known or isinstance(cfg[name], ml_collections.ConfigDict):
       continue
-    raise ConfigError(decode_config.moved(name)
-                      or f"unknown config field {name!r}; known fields: {', '.join(sorted(known))}")
+    raise ConfigError(
+        decode_config.moved(name) or f"unknown config field {name!r}; known fields: {', '.join(sorted(known))}")
 
 
 def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
@@ -183,16 +184,20 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
     weights = quantized.parse(cfg.weights)
   except quantized.FormatError as error:
     raise ConfigError(f"config.weights: {error}") from None
-  require(weights is None or not cfg.mesh.strip(), f"config.weights {cfg.weights!r}: quantized weights on a "
-          f"mesh (config.mesh {cfg.mesh!r}) are not supported yet")
-  require(bool(cfg.target), "config.target is empty: give a .gguf file, an HF directory, a registry name or a "
-          "hub name org/name[@revision]")
-  require(int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
-          f"got {cfg.k}")
+  require(
+      weights is None or not cfg.mesh.strip(), f"config.weights {cfg.weights!r}: quantized weights on a "
+      f"mesh (config.mesh {cfg.mesh!r}) are not supported yet")
+  require(
+      bool(cfg.target), "config.target is empty: give a .gguf file, an HF directory, a registry name or a "
+      "hub name org/name[@revision]")
+  require(
+      int(cfg.k) == cfg.k and cfg.k >= 1, f"config.k (draft tokens per round) must be an integer >= 1, "
+      f"got {cfg.k}")
   require(cfg.max_new_tokens >= 1, f"config.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
   require(cfg.batch_size >= 1, f"config.batch_size must be >= 1, got {cfg.batch_size}")
-  require(bool(cfg.prompts) or bool(cfg.prompts_file),
-          "no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
+  require(
+      bool(cfg.prompts) or bool(cfg.prompts_file),
+      "no prompts: set config.prompts (a tuple of strings) or config.prompts_file")
   for i, prompt in enumerate(() if cfg.prompts_file else cfg.prompts):
     require(isinstance(prompt, str), f"config.prompts[{i}] must be a string, got {type(prompt).__name__} "
             f"{prompt!r}")
@@ -207,8 +212,9 @@ def _check_top_level(cfg: ml_collections.ConfigDict) -> SamplingParams:
     raise ConfigError(f"config.{e}") from None
   if cfg.constraint:
     compiler.parse(cfg.constraint)  # a ConfigError naming config.constraint
-  require(cfg.batch_size % data == 0, f"config.batch_size {cfg.batch_size} does not split over the mesh's "
-          f"data axis of size {data}: use a multiple of {data}")
+  require(
+      cfg.batch_size % data == 0, f"config.batch_size {cfg.batch_size} does not split over the mesh's "
+      f"data axis of size {data}: use a multiple of {data}")
   return sampling
 
 
@@ -230,8 +236,8 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
   cfg.dtype, dtype_note = resolve_dtype(cfg.dtype, cfg.matmul, cfg.weights, cfg.lower_only or None)  # what runs
   execution = _execution(cfg, cfg.weights)
   if cfg.mode != "speculative":
-    return DecodeSpec(ml_collections.FrozenConfigDict(cfg), None, None, sampling, cfg.k, cfg.k + 1,
-                      execution=execution, dtype_note=dtype_note)
+    return DecodeSpec(ml_collections.FrozenConfigDict(cfg), None, None, sampling, cfg.k, cfg.k + 1, execution=execution,
+                      dtype_note=dtype_note)
   cls = type(drafter) if drafter is not None else registry.resolve(cfg.drafter)
   try:
     tree = parse(cfg.tree)
@@ -247,9 +253,9 @@ def from_config(cfg: ml_collections.ConfigDict, drafter: Drafter | None = None) 
   cfg.k_policy = policy.kind  # "auto" resolved: the spec holds what runs
   key = cls.config_key()
   options = cfg[key] if key in cfg else cls.config_group()
-  settings = DrafterSettings(group=key, options=ml_collections.FrozenConfigDict(options), draft=cfg.draft,
-                             tree=tree, tree_children=cfg.tree_children,
-                             k=cfg.k if tree is None else tree.max_depth, plain_rounds=policy.plain_rounds)
+  settings = DrafterSettings(group=key, options=ml_collections.FrozenConfigDict(options), draft=cfg.draft, tree=tree,
+                             tree_children=cfg.tree_children, k=cfg.k if tree is None else tree.max_depth,
+                             plain_rounds=policy.plain_rounds)
   cls.check_config(settings)
   width = cfg.k + 1 if tree is None else tree.nodes_with_root
   spec = DecodeSpec(ml_collections.FrozenConfigDict(cfg), cls, settings, sampling, settings.k, width, policy, tuning,

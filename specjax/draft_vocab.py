@@ -48,8 +48,7 @@ def corpus_token_counts(tokenizer: Tokenizer, source: str, vocab_size: int, cach
   if os.path.exists(path):
     return np.load(path)
   docs = corpus.read_documents(source)
-  counts_V = token_counts(lambda t: tokenizer.encode(t, add_special_tokens=False), (d.text for d in docs),
-                          vocab_size)
+  counts_V = token_counts(lambda t: tokenizer.encode(t, add_special_tokens=False), (d.text for d in docs), vocab_size)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   temporary = f"{path}.{os.getpid()}.tmp.npy"
   np.save(temporary, counts_V)

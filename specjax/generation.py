@@ -45,8 +45,7 @@ class Request:
                         eos_ids=jnp.asarray(self.eos_ids, jnp.int32).reshape(-1), round_limit=jnp.int32(limit))
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
-                width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """Right-padded `[B, P]` int32 prompts and their `[B]` lengths; empty prompts are an error.
 
   P = `width` when given (>= the longest prompt), else the longest prompt. The prompt array's shape is
@@ -64,8 +63,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
   return padded, lengths
 
 
-def check_fits(name: str, prompt_lengths: np.ndarray, max_new_tokens: int, slack: int,
-               cache_len: int, limit: int = 0) -> None:
+def check_fits(name: str, prompt_lengths: np.ndarray, max_new_tokens: int, slack: int, cache_len: int,
+               limit: int = 0) -> None:
   """Raises unless the longest prompt + budget + the loop's look-ahead `slack` fits `cache_len`
   (and a learned position table of `limit` rows, when given). Checked on the host, before jit."""
   if max_new_tokens < 1:
@@ -93,8 +92,7 @@ def budgets(max_new_tokens, batch_size: int, out_width: int | None) -> tuple[jax
 
 
 def empty_buffer(batch_size: int, width: int) -> OutputBuffer:
-  return OutputBuffer(tokens=jnp.zeros((batch_size, width), jnp.int32),
-                      counts=jnp.zeros((batch_size,), jnp.int32),
+  return OutputBuffer(tokens=jnp.zeros((batch_size, width), jnp.int32), counts=jnp.zeros((batch_size,), jnp.int32),
                       done=jnp.zeros((batch_size,), bool))
 
 
@@ -114,8 +112,7 @@ def append(buffer: OutputBuffer, chunk_BxT: jax.Array, num_new_B: jax.Array, eos
   kept_B = jnp.minimum(jnp.minimum(num_new_B, first_eos_B + 1), budget_B - buffer.counts)
   kept_B = jnp.where(buffer.done, 0, kept_B).astype(jnp.int32)
   write = lambda row_O, chunk_T, offset: jax.lax.dynamic_update_slice(row_O, chunk_T, (offset,))
-  tokens_BxO = jnp.where(buffer.done[:, None], buffer.tokens,
-                         jax.vmap(write)(buffer.tokens, chunk_BxT, buffer.counts))
+  tokens_BxO = jnp.where(buffer.done[:, None], buffer.tokens, jax.vmap(write)(buffer.tokens, chunk_BxT, buffer.counts))
   counts_B = buffer.counts + kept_B
   hit_eos_B = (first_eos_B < kept_B) & ~buffer.done
   done_B = buffer.done | hit_eos_B | (counts_B >= budget_B)

@@ -20,11 +20,9 @@ def _zero_extras(branch: Callable[[Any], tuple[Any, Any]], operand: Any) -> Any:
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(branch, operand)[1])
 
 
-def _trip(predicate: jax.Array, branch: Callable[[Any], tuple[Any, Any]], operand: Any, extras: Any
-          ) -> tuple[Any, Any]:
+def _trip(predicate: jax.Array, branch: Callable[[Any], tuple[Any, Any]], operand: Any, extras: Any) -> tuple[Any, Any]:
   """`branch(operand)` when `predicate` holds, else (`operand`, `extras`): a loop of zero or one trip."""
-  _, operand, extras = jax.lax.while_loop(lambda carry: carry[0],
-                                          lambda carry: (jnp.bool_(False), *branch(carry[1])),
+  _, operand, extras = jax.lax.while_loop(lambda carry: carry[0], lambda carry: (jnp.bool_(False), *branch(carry[1])),
                                           (jnp.asarray(predicate), operand, extras))
   return operand, extras
 

@@ -90,10 +90,8 @@ class _Walk:
   data-dependent loop outside every other loop is a candidate for the round loop: its size and the
   data-dependent loops inside it are kept (`outermost`); the round loop is the largest (the generation
   loop: the prefill's loops are smaller and come before it)."""
-
   def __init__(self, module):
-    self.functions = {op.attributes["sym_name"].value: op for op in module.body.operations
-                      if _name(op) == "func.func"}
+    self.functions = {op.attributes["sym_name"].value: op for op in module.body.operations if _name(op) == "func.func"}
     self.outermost: list[list[int]] = []  # [size, data-dependent loops inside] per candidate, in order
     self.while_loops = self.data_dependent = self.max_nesting = self.host_transfers = self.dequantizations = 0
     self.custom_calls: collections.Counter = collections.Counter()
@@ -131,7 +129,9 @@ def report(lowered: jax.stages.Lowered) -> dict[str, Any]:
   """The counts the module docstring lists, for one lowered program."""
   walk = _Walk(lowered.compiler_ir("stablehlo"))
   in_round = max(walk.outermost, key=lambda candidate: candidate[0])[1] if walk.outermost else 0
-  return {"while_loops": walk.while_loops, "data_dependent_while_loops": walk.data_dependent,
-          "while_loops_in_round": in_round, "max_nesting": walk.max_nesting,
-          "custom_calls": dict(sorted(walk.custom_calls.items())), "host_transfers": walk.host_transfers,
-          "weight_dequantizations": walk.dequantizations}
+  return {
+      "while_loops": walk.while_loops, "data_dependent_while_loops": walk.data_dependent,
+      "while_loops_in_round": in_round, "max_nesting": walk.max_nesting,
+      "custom_calls": dict(sorted(walk.custom_calls.items())), "host_transfers": walk.host_transfers,
+      "weight_dequantizations": walk.dequantizations
+  }

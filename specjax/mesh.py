@@ -82,8 +82,10 @@ def make_mesh(spec: str, devices: Sequence[jax.Device] | None = None) -> Mesh | 
 def describe(mesh: Mesh | None) -> dict:
   """What a results file records about the devices: mesh shape, device kind and count, processes."""
   devices = jax.devices()
-  return {"mesh": dict(mesh.shape) if mesh is not None else {}, "device_kind": devices[0].device_kind,
-          "device_count": len(devices), "process_count": jax.process_count()}
+  return {
+      "mesh": dict(mesh.shape) if mesh is not None else {}, "device_kind": devices[0].device_kind,
+      "device_count": len(devices), "process_count": jax.process_count()
+  }
 
 
 def _multi_process_environment() -> str:
@@ -113,8 +115,9 @@ def initialize_distributed() -> bool:
     if missing:
       raise ValueError(f"JAX_COORDINATOR_ADDRESS is set but {', '.join(missing)} is not: a multi-process "
                        "run needs all three")
-    jax.distributed.initialize(env.get("JAX_COORDINATOR_ADDRESS") or env["COORDINATOR_ADDRESS"],
-                               int(env["JAX_NUM_PROCESSES"]), int(env["JAX_PROCESS_ID"]))
+    jax.distributed.initialize(
+        env.get("JAX_COORDINATOR_ADDRESS") or env["COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
+        int(env["JAX_PROCESS_ID"]))
   else:
     jax.distributed.initialize()
   return True

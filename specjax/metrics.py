@@ -47,22 +47,19 @@ def reached_and_accepted(num_accepted_B: jax.Array, num_proposed_B: jax.Array, l
   is reached when proposed and positions 1 .. i were accepted (jittable)."""
   position_1xK = jnp.arange(k)[None, :]
   accepted_BxK = live_B[:, None] & (position_1xK < num_accepted_B[:, None])
-  reached_BxK = (live_B[:, None] & (position_1xK <= num_accepted_B[:, None])
-                 & (position_1xK < num_proposed_B[:, None]))
+  reached_BxK = (live_B[:, None] & (position_1xK <= num_accepted_B[:, None]) & (position_1xK < num_proposed_B[:, None]))
   return reached_BxK, accepted_BxK
 
 
-def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, num_proposed_B: jax.Array,
-           live_B: jax.Array, forced_B: jax.Array) -> AcceptanceCounts:
+def record(counts: AcceptanceCounts, num_accepted_B: jax.Array, num_proposed_B: jax.Array, live_B: jax.Array,
+           forced_B: jax.Array) -> AcceptanceCounts:
   """Adds one round in which each live row proposed `num_proposed_B[b]` draft tokens, accepted the
   first `num_accepted_B[b]` of them and generated `forced_B[b]` forced tokens (jittable)."""
-  reached_BxK, accepted_BxK = reached_and_accepted(num_accepted_B, num_proposed_B, live_B,
-                                                   counts.accepted_at.shape[1])
+  reached_BxK, accepted_BxK = reached_and_accepted(num_accepted_B, num_proposed_B, live_B, counts.accepted_at.shape[1])
   return AcceptanceCounts(rounds=counts.rounds + live_B,
                           proposed=counts.proposed + jnp.where(live_B, num_proposed_B, 0),
                           accepted=counts.accepted + jnp.where(live_B, num_accepted_B, 0),
-                          reached_at=counts.reached_at + reached_BxK,
-                          accepted_at=counts.accepted_at + accepted_BxK,
+                          reached_at=counts.reached_at + reached_BxK, accepted_at=counts.accepted_at + accepted_BxK,
                           forced=counts.forced + jnp.where(live_B, forced_B, 0))
 
 
@@ -99,10 +96,11 @@ def summarize(counts: AcceptanceCounts) -> dict:
   per draft position how often it was accepted and reached, and the tokens a constraint forced
   (`jump_forward`). Ratios with a zero denominator are None.
   """
-  arrays = [np.asarray(a) for a in (counts.rounds, counts.proposed, counts.accepted, counts.reached_at,
-                                      counts.accepted_at, counts.forced)]
-  return {"total": _summary(*(a.sum(axis=0) for a in arrays)),
-          "per_row": [_summary(*row) for row in zip(*arrays)]}
+  arrays = [
+      np.asarray(a)
+      for a in (counts.rounds, counts.proposed, counts.accepted, counts.reached_at, counts.accepted_at, counts.forced)
+  ]
+  return {"total": _summary(*(a.sum(axis=0) for a in arrays)), "per_row": [_summary(*row) for row in zip(*arrays)]}
 
 
 def _check_theory_args(alpha: float, k: int) -> None:
@@ -116,7 +114,7 @@ def expected_accepted_length(alpha: float, k: int) -> float:
   """Expected tokens per verify round, (1 - alpha^(K+1)) / (1 - alpha) = sum_{i=0..K} alpha^i
   (the sum form is exact at alpha = 1, where it is K + 1)."""
   _check_theory_args(alpha, k)
-  return float(sum(alpha ** i for i in range(int(k) + 1)))
+  return float(sum(alpha**i for i in range(int(k) + 1)))
 
 
 def theoretical_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
@@ -162,13 +160,15 @@ class Tally:
   @staticmethod
   def merged(tallies: Sequence["Tally"]) -> Tally:
     return Tally(sum(t.tokens for t in tallies), [w for t in tallies for w in t.walls],
-                  sum(t.target_calls for t in tallies), sum(t.draft_calls for t in tallies),
-                  [a for t in tallies for a in t.acceptance], sum(t.rounds_per_length for t in tallies))
+                 sum(t.target_calls for t in tallies), sum(t.draft_calls for t in tallies),
+                 [a for t in tallies for a in t.acceptance], sum(t.rounds_per_length for t in tallies))
 
   def stats(self, speculative: bool) -> dict[str, Any]:
     wall = sum(self.walls)
-    stats = {"generated_tokens": self.tokens, "wall_time_s": wall, "tokens_per_second": self.tokens / wall,
-             "target_calls": self.target_calls}
+    stats = {
+        "generated_tokens": self.tokens, "wall_time_s": wall, "tokens_per_second": self.tokens / wall,
+        "target_calls": self.target_calls
+    }
     if speculative:
       totals = summarize(jax.tree.map(lambda *a: np.concatenate(a), *self.acceptance))["total"]
       stats.update(draft_calls=self.draft_calls, acceptance_rate=totals["acceptance_rate"],

@@ -52,22 +52,24 @@ PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(.*/)?\w*norm/(scale|bias)", (None,)),  # every norm, incl. per-head q/k norms: whole
 )
 
-DECODE_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", "data"), ("vocab", "model"), ("heads", "model"), ("kv_heads", "model"), ("mlp", "model"),
-    ("embed", None))
+DECODE_RULES: tuple[tuple[str, str | None], ...] = (("batch", "data"), ("vocab", "model"), ("heads", "model"),
+                                                    ("kv_heads", "model"), ("mlp", "model"), ("embed", None))
 FSDP_RULES: tuple[tuple[str, str | None], ...] = tuple(
     (logical, "data" if logical == "embed" else mesh_axis) for logical, mesh_axis in DECODE_RULES)
 INDIVISIBLE = ("error", "replicate")
 
-
-_UNIT_NAMES = {"vocab": "vocabulary rows", "heads": "query heads", "kv_heads": "key/value heads",
-               "mlp": "MLP hidden units", "embed": "residual-width units"}
+_UNIT_NAMES = {
+    "vocab": "vocabulary rows", "heads": "query heads", "kv_heads": "key/value heads", "mlp": "MLP hidden units",
+    "embed": "residual-width units"
+}
 
 
 def _units(config: ModelConfig) -> dict[str, int]:
   """How many whole units each logical parameter axis splits into."""
-  return {"vocab": config.vocab_size, "heads": config.n_heads, "kv_heads": config.n_kv_heads,
-          "mlp": config.d_ff, "embed": config.d_model}
+  return {
+      "vocab": config.vocab_size, "heads": config.n_heads, "kv_heads": config.n_kv_heads, "mlp": config.d_ff,
+      "embed": config.d_model
+  }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +150,7 @@ def param_spec(config: ModelConfig, part: Partitioning, path: str, ndim: int) ->
 def param_shardings(config: ModelConfig, params: Any, part: Partitioning) -> Any:
   """A tree of `NamedSharding`s matching `params` (arrays or shape structs, either layout)."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: NamedSharding(part.mesh, param_spec(config, part, _path_string(path), leaf.ndim)),
-      params)
+      lambda path, leaf: NamedSharding(part.mesh, param_spec(config, part, _path_string(path), leaf.ndim)), params)
 
 
 def shard_params(config: ModelConfig, params: Any, part: Partitioning | None) -> Any:
@@ -170,8 +171,8 @@ def placer(config: ModelConfig, part: Partitioning | None) -> Callable[[str, Any
   def place(path: str, array: Any) -> jax.Array:
     array = np.asarray(array)  # a lazy array reads (dequantizes) its tensor once, here
     sharding = part.sharding(*param_spec(config, part, path, array.ndim))
-    return jax.make_array_from_callback(array.shape, sharding,
-                                        lambda index: np.asarray(array[index], dtype))
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: np.asarray(array[index], dtype))
+
   return place
 
 
@@ -222,4 +223,3 @@ def bytes_per_device(tree: Any) -> dict[str, int]:
       key = str(shard.device.id)
       total[key] = total.get(key, 0) + shard.data.nbytes
   return total
-

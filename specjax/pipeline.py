@@ -49,16 +49,16 @@ def load_models(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str
       log(f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices")
     log(f"loading target {cfg.target} ({cfg.dtype}{_weights_note(cfg.weights)}"
         f"{f'; {spec.dtype_note}' if spec.dtype_note else ''}) ...")
-    target = with_execution(_load(cfg.target, cfg.dtype, target_part, cfg.weights, "config.weights"),
-                            spec.execution, target_part)
+    target = with_execution(_load(cfg.target, cfg.dtype, target_part, cfg.weights, "config.weights"), spec.execution,
+                            target_part)
   draft = None
   if spec.loads_draft_model:
     draft_part = None if target.part is None else dataclasses.replace(target.part, name="draft")
     draft_part = draft_part.replicated() if draft_part and cfg.draft_sharding == "replicated" else draft_part
     field = spec.drafter_settings.field("weights")
     log(f"loading draft {cfg.draft} ({cfg.dtype}{_weights_note(spec.draft_weights)}) ...")
-    draft = with_execution(_load(cfg.draft, cfg.dtype, draft_part, spec.draft_weights, field),
-                           spec.draft_execution, draft_part)
+    draft = with_execution(_load(cfg.draft, cfg.dtype, draft_part, spec.draft_weights, field), spec.draft_execution,
+                           draft_part)
   log(f"loaded in {time.perf_counter() - start:.1f} s; weight matmuls: "
       f"{matmul.describe(target.config.matmul, target.config.dtype, quantized.describe(target.params))}")
   return target, draft
@@ -113,13 +113,17 @@ def _lowering_report(spec: DecodeSpec, session: Session, batch: Batch, key, mode
   written like decode results under "programs"; nothing runs."""
   cfg = spec.config
   lowered = session(batch.with_budget(cfg.max_new_tokens), key, lower=cfg.lower_only)
-  program = {"name": cfg.mode, "platform": cfg.lower_only, "batch_size": cfg.batch_size,
-             "cache_len": session.cache_len, **lowering.report(lowered)}
+  program = {
+      "name": cfg.mode, "platform": cfg.lower_only, "batch_size": cfg.batch_size, "cache_len": session.cache_len,
+      **lowering.report(lowered)
+  }
   log(f"{cfg.mode} program lowered for {cfg.lower_only}: {program['while_loops_in_round']} data-dependent while "
       f"loop(s) in the round, {program['data_dependent_while_loops']} in all, custom calls "
       f"{program['custom_calls'] or 'none'}, {program['host_transfers']} host transfer(s)")
-  results = {"config": cfg.as_configdict().to_dict(), "programs": [program],
-             "environment": {**records.environment(), **devices_record(*models)}}
+  results = {
+      "config": cfg.as_configdict().to_dict(), "programs": [program],
+      "environment": {**records.environment(), **devices_record(*models)}
+  }
   if cfg.output and meshes.is_main_process():
     results["written_to"] = records.write_results(results, cfg.output, log)
   return results
@@ -176,7 +180,8 @@ class _Turns:
               "text": tok.decode(ids, skip_special_tokens=True), "token_ids": ids, "num_tokens": len(ids),
               "batch_wall_time_s": decoded.wall_s, **({"conversation": i, "turn": turn + 1} if turns > 1 else {}),
               **requests[i].meta, **({"constraint": own} if own else {}),
-              **({"stats": per_row[row]} if spec.speculative else {})})
+              **({"stats": per_row[row]} if spec.speculative else {})
+          })
     self.outputs.sort(key=lambda o: o.get("conversation", 0))  # conversation by conversation, turns in order
 
   def _check(self, decoded: Decoded, batch: Batch, key, log: Callable[[str], None]) -> None:
@@ -193,8 +198,10 @@ class _Turns:
   def stats(self) -> dict[str, Any]:
     """The run's statistics over every turn (without its compile and load times)."""
     spec, built = self.session.spec, self.session.built
-    stats = {"mode": spec.config.mode, "num_prompts": len(self.outputs),
-             **metrics.Tally.merged(self.tallies).stats(spec.speculative)}
+    stats = {
+        "mode": spec.config.mode, "num_prompts": len(self.outputs),
+        **metrics.Tally.merged(self.tallies).stats(spec.speculative)
+    }
     if spec.speculative:
       checks = {"cost_checks": self.cost_checks} if spec.policy.tuned else {}
       stats.update(k_policy={**self.policy, **stats.pop("k_policy"), **checks}, **built.info)
@@ -208,9 +215,8 @@ class _Turns:
     return stats
 
 
-def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print,
-        models: Models | None = None, sessions: Sessions | None = None,
-        requests: Sequence[prompts.Request] | None = None) -> dict[str, Any]:
+def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None] = print, models: Models | None = None,
+        sessions: Sessions | None = None, requests: Sequence[prompts.Request] | None = None) -> dict[str, Any]:
   """Decodes `requests`, else every prompt of `spec` (or of a config, checked into one); returns the
   JSON-ready results, also written to `config.output` (or, when that fails at the end, to the fallback
   file named by `results["written_to"]`).
@@ -240,8 +246,10 @@ def run(spec: DecodeSpec | ml_collections.ConfigDict, log: Callable[[str], None]
     stats["profile"] = profiler.report(session, width)
     for line in round_profile.lines(stats["profile"]):
       log(line)
-  results = {"config": cfg.as_configdict().to_dict(), "stats": stats, "outputs": turns.outputs,
-             "environment": {**records.environment(), **devices_record(*sessions.models)}}
+  results = {
+      "config": cfg.as_configdict().to_dict(), "stats": stats, "outputs": turns.outputs,
+      "environment": {**records.environment(), **devices_record(*sessions.models)}
+  }
   if cfg.output and meshes.is_main_process():
     results["written_to"] = records.write_results(results, cfg.output, log)
   return results

@@ -129,17 +129,21 @@ def _read_file(path: str) -> list[Request]:
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
       turns = [record["prompt"]]
     if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-      got = (f"a {type(record).__name__}" if not isinstance(record, dict) else
-             f"a 'prompt' of type {type(record['prompt']).__name__}" if "prompt" in record else
-             "a 'turns' that is not a non-empty list of strings" if "turns" in record else
-             "neither a 'prompt' nor a 'turns' field")
+      got = (f"a {type(record).__name__}"
+             if not isinstance(record, dict) else f"a 'prompt' of type {type(record['prompt']).__name__}"
+             if "prompt" in record else "a 'turns' that is not a non-empty list of strings"
+             if "turns" in record else "neither a 'prompt' nor a 'turns' field")
       raise ValueError(f"{path}:{number}: expected a JSON object with a 'prompt' string or a 'turns' list of "
                        f"strings, got {got}")
-    meta = {k: v for k, v in record.items()
-            if k not in ("prompt", "turns", "constraint", *OWN_FIELDS) and isinstance(v, (str, int, float))}
+    meta = {
+        k: v
+        for k, v in record.items()
+        if k not in ("prompt", "turns", "constraint", *OWN_FIELDS) and isinstance(v, (str, int, float))
+    }
     prompt = record["prompt"] if isinstance(record.get("prompt"), str) else tuple(turns)
-    requests.append(Request(prompt, record.get("constraint"), meta, source=f"{path}:{number}",
-                            **{name: record.get(name) for name in OWN_FIELDS}))
+    requests.append(
+        Request(prompt, record.get("constraint"), meta, source=f"{path}:{number}",
+                **{name: record.get(name) for name in OWN_FIELDS}))
   return requests
 
 
@@ -154,8 +158,8 @@ def _read_mt_bench(source: str) -> list[Request]:
   categories = [c for value in options.get("category", []) for c in value.split(",") if c]
   raw = options.get("per_category", ["0"])[-1]
   per_category = int(raw) if raw.strip().lstrip("-").isdigit() else None
-  error = (mtbench.selection_error(categories, per_category) if per_category is not None else
-           f"per_category must be an integer >= 0, got {raw!r}")
+  error = (mtbench.selection_error(categories, per_category)
+           if per_category is not None else f"per_category must be an integer >= 0, got {raw!r}")
   if error:
     raise ValueError(f"config.prompts_file {source!r}: {error}")
   questions = mtbench.select(mtbench.read_questions(registry.installed_path(MT_BENCH)), categories, per_category)
@@ -176,8 +180,10 @@ def requests(prompts: Sequence[str], prompts_file: str) -> list[Request]:
 def messages(conversation: Request, answers: Sequence[str]) -> list[dict[str, str]]:
   """The chat messages of the turn after `answers`: each user message answered, then the next one."""
   turn = len(answers)
-  history = [m for user, answer in zip(conversation.turns, answers)
-             for m in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})]
+  history = [
+      m for user, answer in zip(conversation.turns, answers)
+      for m in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})
+  ]
   return history + [{"role": "user", "content": conversation.turns[turn]}]
 
 
@@ -201,6 +207,7 @@ def width_bound(tokenizer: Tokenizer, conversations_: Sequence[Request], chat: b
       return len(turn_ids(tokenizer, conversation, (), chat))
     empty = turn_ids(tokenizer, conversation, [""] * earlier, chat)
     return len(empty) + earlier * (max_new_tokens + ANSWER_SLACK)
+
   return max(bound(c) for c in conversations_)
 
 

@@ -19,10 +19,11 @@ def environment() -> dict[str, Any]:
   import flax
   import transformers
 
-  return {"jax": jax.__version__, "flax": flax.__version__, "transformers": transformers.__version__,
-          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-          "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-          "python": platform.python_version()}
+  return {
+      "jax": jax.__version__, "flax": flax.__version__, "transformers": transformers.__version__,
+      "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()], "platform": platform.platform(),
+      "processor": platform.processor() or platform.machine(), "python": platform.python_version()
+  }
 
 
 def relative(path: str) -> str:
@@ -66,8 +67,9 @@ def check_output(path: str) -> None:
 def write_results(results: dict, path: str, log: Callable[[str], None]) -> str:
   """Writes `results` as JSON to `path`; if that fails, to a fallback file in the temporary directory
   (the generation is never lost). Returns the path written ("" if even the fallback failed)."""
-  for target in (path, os.path.join(tempfile.gettempdir(), f"specjax-results-{time.strftime('%Y%m%d-%H%M%S')}"
-                                    f"-{os.getpid()}.json")):
+  for target in (path,
+                 os.path.join(tempfile.gettempdir(), f"specjax-results-{time.strftime('%Y%m%d-%H%M%S')}"
+                              f"-{os.getpid()}.json")):
     try:
       with open(target, "w") as f:
         json.dump(results, f, indent=1)

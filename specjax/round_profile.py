@@ -46,8 +46,8 @@ def acceptance_timer(batch: int, k: int, vocab: int, sampling) -> Callable[[], f
   keys = jax.random.split(jax.random.key(0), 3)
   logits_BxK1xV = jax.random.normal(keys[0], (batch, k + 1, vocab), jnp.float32)
   draft_probs_BxKxV = jax.nn.softmax(jax.random.normal(keys[1], (batch, k, vocab), jnp.float32), axis=-1)
-  proposal = Proposal(tokens=jnp.argmax(draft_probs_BxKxV, -1).astype(jnp.int32),
-                      lengths=jnp.full((batch,), k, jnp.int32), probs=None if sampling.greedy else draft_probs_BxKxV)
+  proposal = Proposal(tokens=jnp.argmax(draft_probs_BxKxV, -1).astype(jnp.int32), lengths=jnp.full(
+      (batch,), k, jnp.int32), probs=None if sampling.greedy else draft_probs_BxKxV)
 
   @jax.jit
   def rule(key, proposal, logits_BxK1xV):
@@ -123,22 +123,25 @@ class Profiler:
       acceptance_s = seconds["acceptance"]
     round_s = (self.calls_s - self.prefill_s) / rounds
     passes_s = verify_s + draft_s
-    return {"calls_s": self.calls_s, "prefill_s": self.prefill_s, "rounds": self.rounds,
-            "round_s": round_s, "passes_s": passes_s, "verify_pass_s": verify_s, "draft_passes_s": draft_s,
-            "draft_passes_per_round": self.draft_calls / rounds, "acceptance_s": acceptance_s,
-            "rest_s": round_s - passes_s - acceptance_s, "round_over_passes": round_s / passes_s,
-            "passes_alone_s": {str(name): s for name, s in seconds.items()}, "cache_offset": offset}
+    return {
+        "calls_s": self.calls_s, "prefill_s": self.prefill_s, "rounds": self.rounds, "round_s": round_s,
+        "passes_s": passes_s, "verify_pass_s": verify_s, "draft_passes_s": draft_s,
+        "draft_passes_per_round": self.draft_calls / rounds, "acceptance_s": acceptance_s,
+        "rest_s": round_s - passes_s - acceptance_s, "round_over_passes": round_s / passes_s,
+        "passes_alone_s": {str(name): s for name, s in seconds.items()}, "cache_offset": offset
+    }
 
 
 def lines(profile: dict[str, Any]) -> list[str]:
   """The profile as printed lines: the sum of the passes beside the measured round."""
   ms = lambda s: f"{1e3 * s:.1f} ms"  # noqa: E731
   alone = ", ".join(f"{name}: {ms(s)}" for name, s in profile["passes_alone_s"].items())
-  return [f"profile: {profile['rounds']} rounds in {profile['calls_s']:.2f} s of calls, {profile['prefill_s']:.2f} s "
-          f"of them prefill",
-          f"  a round {ms(profile['round_s'])} = passes {ms(profile['passes_s'])} "
-          f"(verify {ms(profile['verify_pass_s'])}"
-          f" + {profile['draft_passes_per_round']:.2f} draft passes {ms(profile['draft_passes_s'])}) + acceptance "
-          f"{ms(profile['acceptance_s'])} + rest {ms(profile['rest_s'])}: "
-          f"{profile['round_over_passes']:.2f}x its passes",
-          f"  passes alone at {profile['cache_offset']} cached positions: {alone}"]
+  return [
+      f"profile: {profile['rounds']} rounds in {profile['calls_s']:.2f} s of calls, {profile['prefill_s']:.2f} s "
+      f"of them prefill", f"  a round {ms(profile['round_s'])} = passes {ms(profile['passes_s'])} "
+      f"(verify {ms(profile['verify_pass_s'])}"
+      f" + {profile['draft_passes_per_round']:.2f} draft passes {ms(profile['draft_passes_s'])}) + acceptance "
+      f"{ms(profile['acceptance_s'])} + rest {ms(profile['rest_s'])}: "
+      f"{profile['round_over_passes']:.2f}x its passes",
+      f"  passes alone at {profile['cache_offset']} cached positions: {alone}"
+  ]

@@ -47,9 +47,11 @@ class Knobs(NamedTuple):
 
 
 # What each knob must be: (the test, the rule an error states).
-_RULES = {"temperature": (lambda t: t >= 0.0, ">= 0 (0 = greedy)"),
-          "top_k": (lambda k: int(k) == k and k >= 0, "an integer >= 0 (0 disables it)"),
-          "top_p": (lambda p: 0.0 < p <= 1.0, "in (0, 1] (1 disables it)")}
+_RULES = {
+    "temperature": (lambda t: t >= 0.0, ">= 0 (0 = greedy)"),
+    "top_k": (lambda k: int(k) == k and k >= 0, "an integer >= 0 (0 disables it)"),
+    "top_p": (lambda p: 0.0 < p <= 1.0, "in (0, 1] (1 disables it)")
+}
 
 
 def knob_error(name: str, value: Any) -> str:
@@ -92,8 +94,8 @@ class SamplingParams:
     """This program (these static flags) with row b sampling with `knobs_B[b]` (runtime arrays [B]); a
     row this program cannot serve (one made by `covering` them all can) is a ValueError."""
     rows = sampling_params(*zip(*knobs_B), candidates=self.candidates)
-    if ((self.greedy and not rows.greedy) or rows.use_top_k > self.use_top_k or rows.use_top_p > self.use_top_p
-        or rows.candidates > self.candidates):
+    if ((self.greedy and not rows.greedy) or rows.use_top_k > self.use_top_k or rows.use_top_p > self.use_top_p or
+        rows.candidates > self.candidates):
       raise ValueError(f"rows sampling with {list(knobs_B)} need another program than this one")
     return self.replace(temperature=rows.temperature, top_k=rows.top_k, top_p=rows.top_p)
 
@@ -114,8 +116,9 @@ def sampling_params(temperature: float | Sequence[float] = 0.0, top_k: int | Seq
         raise ValueError(f"{name}{f'[{row}]' if per_row else ''} {error}")
   if int(candidates) != candidates or candidates < 1:
     raise ValueError(f"candidates must be an integer >= 1, got {candidates}")
-  temperature, top_k, top_p = (np.asarray(values[name], dtype) for name, dtype in
-                               (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32)))
+  temperature, top_k, top_p = (np.asarray(values[name], dtype)
+                               for name, dtype in (("temperature", np.float32), ("top_k", np.int32), ("top_p",
+                                                                                                      np.float32)))
   return SamplingParams(temperature=jnp.asarray(temperature), top_k=jnp.asarray(top_k), top_p=jnp.asarray(top_p),
                         greedy=bool(np.all(temperature <= 0.0)), use_top_k=bool(np.any(top_k > 0)),
                         use_top_p=bool(np.any(top_p < 1.0)), candidates=max(int(candidates), int(np.max(top_k))))
@@ -146,8 +149,7 @@ def _nucleus_threshold(sorted_ZxC: jax.Array, p_Zx1: jax.Array) -> tuple[jax.Arr
   mass is >= p: no later token can be kept)."""
   mass_ZxC = jnp.cumsum(sorted_ZxC, axis=-1)
   kept_ZxC = mass_ZxC - sorted_ZxC < p_Zx1
-  return (jnp.min(jnp.where(kept_ZxC, sorted_ZxC, jnp.inf), axis=-1, keepdims=True),
-          mass_ZxC[:, -1:] >= p_Zx1)
+  return (jnp.min(jnp.where(kept_ZxC, sorted_ZxC, jnp.inf), axis=-1, keepdims=True), mass_ZxC[:, -1:] >= p_Zx1)
 
 
 def _nucleus_threshold_by_search(probs_ZxV: jax.Array, p_Zx1: jax.Array) -> jax.Array:

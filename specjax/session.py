@@ -110,7 +110,6 @@ class Decoded:
 
 class Session:
   """One decode program of the loaded models and the state it carries between calls (module docstring)."""
-
   def __init__(self, spec: DecodeSpec, target: LoadedModel, built: BuiltDrafter | None, cache_len: int):
     self.spec, self.target, self.built, self.cache_len = spec, target, built, cache_len
     self.constraints: compiler.RunConstraints | None = None
@@ -140,8 +139,8 @@ class Session:
     filled = list(rows) + [rows[0]] * (size - len(rows))
     prompts_BxP, lengths_B = generation.pad_prompts([list(r.ids) for r in filled], width=width)
     budget_B = np.array([r.budget for r in rows] + [1] * (size - len(rows)), np.int32)
-    constraint = Unconstrained() if self.constraints is None else self.constraints.rows(
-        [r.constraint for r in rows] + [""] * (size - len(rows)))
+    constraint = Unconstrained() if self.constraints is None else self.constraints.rows([r.constraint for r in rows] +
+                                                                                        [""] * (size - len(rows)))
     return Batch(prompts_BxP, lengths_B, budget_B, constraint, len(rows),
                  self.spec.sampling.for_rows([r.knobs for r in filled]))
 
@@ -188,8 +187,10 @@ class Session:
     if self.memory is None:
       self.memory = k_policy.Memory(policy.prior, self.spec.k, policy.rows(self.spec.k, self.drafter.tree))
     measure = functools.partial(self.calibrate, batch.with_budget(self.spec.config.max_new_tokens), key)
-    return {**record, **tuning.tune(self.memory, self.spec.tuning, self.spec.description(self.cache_len), candidates,
-                                    measure, log)}
+    return {
+        **record,
+        **tuning.tune(self.memory, self.spec.tuning, self.spec.description(self.cache_len), candidates, measure, log)
+    }
 
   def generate(self, batch: Batch, key, profiler=None) -> Decoded:
     """Decodes `batch` (`profiler`: a `round_profile.Profiler` that times it too); the policy's cost
@@ -203,8 +204,8 @@ class Session:
     check = None if self.memory is None else self.memory.check(meshes.to_host(out.rounds_per_length), wall)
     if self.built is not None:  # the real rows' sequences, for the next batch, turn and run
       real_B = np.arange(len(batch.lengths_B)) < batch.real
-      self.built.drafter = self.drafter.remember(batch.prompts_BxP, np.where(real_B, batch.lengths_B, 0),
-                                                 out.tokens, np.where(real_B, counts_B, 0))
+      self.built.drafter = self.drafter.remember(batch.prompts_BxP, np.where(real_B, batch.lengths_B, 0), out.tokens,
+                                                 np.where(real_B, counts_B, 0))
     token_ids = [[int(t) for t in tokens_BxW[row, :counts_B[row]]] for row in range(batch.real)]
     return Decoded(token_ids, out, wall, check)
 
@@ -252,8 +253,8 @@ class Session:
       if part is not None:  # caches are born sharded; rows of any other storage go to `data`
         self.draft_storage = jax.tree.map(
             lambda leaf: leaf if leaf.sharding.num_devices > 1 else jax.device_put(
-                leaf, partitioning.rows_sharding(part) if leaf.ndim else part.sharding()),
-            self.draft_storage)
+                leaf,
+                partitioning.rows_sharding(part) if leaf.ndim else part.sharding()), self.draft_storage)
 
   def _generate(self, request: Request, cost_C: np.ndarray | None, lower: str, calibrating: bool = False):
     spec, target = self.spec, self.target
@@ -277,7 +278,6 @@ class Session:
 class Sessions:
   """The sessions of one pair of loaded models, one per program identity, and the built drafters they
   share, one per drafter setting (`DecodeSpec.drafter_key`): what `specjax.Decoder` keeps between calls."""
-
   def __init__(self, models: Models, drafter: BuiltDrafter | None = None, log: Callable[[str], None] = print):
     """`drafter`: one built drafter, used for every speculative spec (a Decoder given a Drafter instance)."""
     self.target, self.draft = models

@@ -37,8 +37,7 @@ def _pairs():
   pairs["disjoint"] = (disjoint_p, disjoint_q)
   pairs["point_draft"] = (np.eye(V)[3], _dirichlet(rng))
   pairs["point_target"] = (_dirichlet(rng), np.eye(V)[7])
-  return {name: (p.astype(np.float32), (q / q.sum()).astype(np.float32))
-          for name, (p, q) in pairs.items()}
+  return {name: (p.astype(np.float32), (q / q.sum()).astype(np.float32)) for name, (p, q) in pairs.items()}
 
 
 PAIRS = _pairs()
@@ -74,20 +73,20 @@ def test_verify_matches_q_at_every_position_by_monte_carlo(name):
   n_rows, k = 200_000, 2
   draft_probs_KxV = np.stack([p for p, _ in probs])
   target_probs_K1xV = np.concatenate([np.stack([q for _, q in probs]), bonus_q[None]])
-  draft_BxK = np.stack([rng.choice(V, n_rows, p=np.float64(p) / np.float64(p).sum())
-                        for p, _ in probs], axis=1)
-  num_accepted, next_token = jax.jit(acceptance.verify)(
-      jax.random.key(2), proposal.full(jnp.asarray(draft_BxK, jnp.int32),
-                                       jnp.broadcast_to(draft_probs_KxV, (n_rows, k, V))),
-      jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
+  draft_BxK = np.stack([rng.choice(V, n_rows, p=np.float64(p) / np.float64(p).sum()) for p, _ in probs], axis=1)
+  num_accepted, next_token = jax.jit(acceptance.verify)(jax.random.key(2),
+                                                        proposal.full(jnp.asarray(draft_BxK, jnp.int32),
+                                                                      jnp.broadcast_to(draft_probs_KxV,
+                                                                                       (n_rows, k, V))),
+                                                        jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   for i, (p, q) in enumerate(probs):
     reached, accepted = (num_accepted >= i).sum(), (num_accepted > i).sum()
     assert reached or i > 0
     if reached:  # position 2 is never reached with disjoint supports (position 1 accepts with rate 0)
       assert stats.binomtest(accepted, reached, np.minimum(p, q).sum().clip(max=1.0)).pvalue > ALPHA
-  emitted_BxK1 = np.where(np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))),
-                          next_token[:, None])
+  emitted_BxK1 = np.where(
+      np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))), next_token[:, None])
   for i in range(k + 1):
     rows = num_accepted >= i
     if rows.any():
@@ -121,15 +120,16 @@ def test_point_masses_and_short_proposals_emit_q_at_every_position():
   target_probs_K1xV = np.stack([_dirichlet(rng) for _ in range(k + 1)]).astype(np.float32)
   draft_BxK = rng.integers(0, V, (n_rows, k)).astype(np.int32)  # any deterministic rule would do
   lengths_B = rng.integers(0, k + 1, n_rows).astype(np.int32)
-  num_accepted, next_token = jax.jit(acceptance.verify)(
-      jax.random.key(4), proposal.Proposal(tokens=jnp.asarray(draft_BxK), lengths=jnp.asarray(lengths_B)),
-      jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
+  num_accepted, next_token = jax.jit(acceptance.verify)(jax.random.key(4),
+                                                        proposal.Proposal(tokens=jnp.asarray(draft_BxK),
+                                                                          lengths=jnp.asarray(lengths_B)),
+                                                        jnp.broadcast_to(target_probs_K1xV, (n_rows, k + 1, V)))
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   assert (num_accepted <= lengths_B).all()
   rejected = num_accepted < lengths_B
   assert not (next_token[rejected] == draft_BxK[rejected, num_accepted[rejected]]).any()
-  emitted_BxK1 = np.where(np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))),
-                          next_token[:, None])
+  emitted_BxK1 = np.where(
+      np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))), next_token[:, None])
   for i in range(k + 1):
     rows = num_accepted >= i
     observed = np.bincount(emitted_BxK1[rows, i], minlength=V)
@@ -137,8 +137,7 @@ def test_point_masses_and_short_proposals_emit_q_at_every_position():
   # The bonus after a full acceptance of a 1-token proposal comes from q_2, not q_3 or the residual.
   bonus_rows = (lengths_B == 1) & (num_accepted == 1)
   assert bonus_rows.sum() > 1000
-  assert chi_square_pvalue(np.bincount(next_token[bonus_rows], minlength=V),
-                           np.float64(target_probs_K1xV[1])) > ALPHA
+  assert chi_square_pvalue(np.bincount(next_token[bonus_rows], minlength=V), np.float64(target_probs_K1xV[1])) > ALPHA
 
 
 @pytest.mark.parametrize("k", [1, 4])
@@ -202,8 +201,7 @@ def _row_key_case():
   tokens_BxK = jnp.concatenate([random_proposal.tokens, jnp.full((same, k), token, jnp.int32)])
   lengths_B = jnp.concatenate([random_proposal.lengths, jnp.ones((same,), jnp.int32)])
   probs_BxKxV = jnp.concatenate([random_proposal.probs, jnp.broadcast_to(p, (same, k, V))])
-  target_BxK1xV = jnp.concatenate([random_target_BxK1xV,
-                                   jnp.broadcast_to(np.stack([q, q[::-1], q]), (same, k + 1, V))])
+  target_BxK1xV = jnp.concatenate([random_target_BxK1xV, jnp.broadcast_to(np.stack([q, q[::-1], q]), (same, k + 1, V))])
   key = jax.random.key(7)
   keys_B = jax.vmap(lambda b: _FOLD_IN(key, b))(jnp.arange(rows))
   want = jax.jit(jax.vmap(acceptance._verify_row))(keys_B, tokens_BxK, lengths_B, probs_BxKxV, target_BxK1xV)
@@ -225,7 +223,7 @@ def _row_key_statistics(verify):
   next_Z = got[1][random_rows:]
   pooled = chi_square_pvalue(np.bincount(next_Z, minlength=V), marginal)
   agree = int(np.sum(next_Z[0::2] == next_Z[1::2]))
-  pairs = stats.binomtest(agree, len(next_Z) // 2, float(np.sum(marginal ** 2))).pvalue
+  pairs = stats.binomtest(agree, len(next_Z) // 2, float(np.sum(marginal**2))).pvalue
   return differ_B[:random_rows].mean(), pooled, pairs
 
 
@@ -255,18 +253,18 @@ def _joint_pvalue(rule, rows=100_000, seed=6):
   k = 2
   draft_probs_KxV = np.stack([_dirichlet(rng) for _ in range(k)]).astype(np.float32)
   target_probs_K1xV = np.stack([_dirichlet(rng) for _ in range(k + 1)]).astype(np.float32)
-  draft_BxK = np.stack([rng.choice(V, rows, p=np.float64(p) / np.float64(p).sum()) for p in draft_probs_KxV],
-                       axis=1)
-  num_accepted, next_token = rule(jax.random.key(seed), proposal.full(
-      jnp.asarray(draft_BxK, jnp.int32), jnp.broadcast_to(draft_probs_KxV, (rows, k, V))),
+  draft_BxK = np.stack([rng.choice(V, rows, p=np.float64(p) / np.float64(p).sum()) for p in draft_probs_KxV], axis=1)
+  num_accepted, next_token = rule(
+      jax.random.key(seed),
+      proposal.full(jnp.asarray(draft_BxK, jnp.int32), jnp.broadcast_to(draft_probs_KxV, (rows, k, V))),
       jnp.broadcast_to(target_probs_K1xV, (rows, k + 1, V)))
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   q_K1xV = np.float64(target_probs_K1xV) / np.float64(target_probs_K1xV).sum(-1, keepdims=True)
   continued_BxK1 = np.stack([rng.choice(V, rows, p=q) for q in q_K1xV], axis=1)
-  emitted_BxK1 = np.where(np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))),
-                          np.where(np.arange(k + 1) == num_accepted[:, None], next_token[:, None],
-                                   continued_BxK1))
-  counts = np.bincount(np.ravel_multi_index(emitted_BxK1.T, [V] * (k + 1)), minlength=V ** (k + 1))
+  emitted_BxK1 = np.where(
+      np.arange(k + 1) < num_accepted[:, None], np.pad(draft_BxK, ((0, 0), (0, 1))),
+      np.where(np.arange(k + 1) == num_accepted[:, None], next_token[:, None], continued_BxK1))
+  counts = np.bincount(np.ravel_multi_index(emitted_BxK1.T, [V] * (k + 1)), minlength=V**(k + 1))
   expected = q_K1xV[0][:, None, None] * q_K1xV[1][None, :, None] * q_K1xV[2][None, None, :]
   return chi_square_pvalue(counts, expected.ravel())
 

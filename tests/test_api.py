@@ -53,9 +53,10 @@ def test_the_readme_drafter_keeps_the_targets_greedy_output_through_the_cli_and_
   assert by_instance.draft is None and by_instance.generate(PROMPTS).token_ids == baseline.token_ids
 
   output = tmp_path / "out.json"
-  status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
-                                      f"--config.drafter={readme_drafter}", f"--config.output={output}",
-                                      f"--config.prompts={PROMPTS!r}"])
+  status, stderr = decode_in_process([
+      "--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.drafter={readme_drafter}",
+      f"--config.output={output}", f"--config.prompts={PROMPTS!r}"
+  ])
   assert status == 0, stderr
   assert [o["token_ids"] for o in json.load(open(output))["outputs"]] == baseline.token_ids
 
@@ -77,8 +78,8 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   # ... which ran before: no warm-up call (a first sampled program had one)
   assert first.stats["compile_time_s"] > 0 and second.stats["compile_time_s"] == 0
   # Requests' own knobs are runtime values of that program too; its greedy row gives the greedy output.
-  mixed = dec.generate([specjax.Request("hello", temperature=0.0), specjax.Request("abc", temperature=1.3, top_k=0)],
-                       temperature=0.7)
+  mixed = dec.generate([specjax.Request("hello", temperature=0.0),
+                        specjax.Request("abc", temperature=1.3, top_k=0)], temperature=0.7)
   assert loop._generate._cache_size() == compiled and mixed.stats["compile_time_s"] == 0
   assert mixed.token_ids[0] == greedy.token_ids[1]  # "hello"
   with pytest.raises(ConfigError, match=r"top_p of request 2 must be in \(0, 1\] \(1 disables it\), got 0"):
@@ -110,8 +111,9 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
   again = dec.generate(["abc", "x = 1"], k_policy="adaptive")
   assert again.stats["k_policy"]["calibration_time_s"] == 0
   assert again.stats["k_policy"]["cost_table_s"] == policy["cost_table_s"]
-  assert greedy.stats["k_policy"] == {"kind": "fixed", "lengths": [3],
-                                      "rounds_per_length": [greedy.stats["target_calls"] - 1]}
+  assert greedy.stats["k_policy"] == {
+      "kind": "fixed", "lengths": [3], "rounds_per_length": [greedy.stats["target_calls"] - 1]
+  }
   assert len(loads) == 1  # every call above reused the models loaded once
 
 
@@ -120,8 +122,8 @@ def test_a_draft_accepted_at_every_position_keeps_bfloat16_greedy_output_through
   1), so every position of every verify pass is held against the one-token steps that drafted it and
   against the autoregressive program's tokens. A pair that accepts nothing checks only each pass's first
   position, and would miss a kernel whose sums depend on the number of rows multiplied."""
-  dec = specjax.Decoder(config=cli_config(model_dirs, draft=model_dirs[0], dtype="bfloat16", matmul="cpu_kernel",
-                                          max_new_tokens=20))
+  dec = specjax.Decoder(
+      config=cli_config(model_dirs, draft=model_dirs[0], dtype="bfloat16", matmul="cpu_kernel", max_new_tokens=20))
   spec = dec.generate(list(PROMPTS))
   assert spec.stats["alpha_hat"] == 1.0 and spec.stats["per_position_acceptance"] == [1.0, 1.0, 1.0]  # K = 3
   assert spec.token_ids == dec.generate(list(PROMPTS), mode="autoregressive").token_ids
@@ -131,13 +133,13 @@ def test_a_draft_accepted_at_every_position_keeps_bfloat16_greedy_output_through
     (dict(dtype="bfloat16"), "config.dtype changes the loaded models"),
     (dict(ngram_mni=2), "unknown config field 'ngram_mni'"),
     (dict(ngram_min=2), "config.ngram_min is now config.ngram.min"),
-    ({"ngram.mn": 2}, r"unknown config field 'ngram.mn' \(did you mean 'ngram.min'\?\)"),
-    (dict(k="five"), "config.k"),
+    ({"ngram.mn": 2}, r"unknown config field 'ngram.mn' \(did you mean 'ngram.min'\?\)"), (dict(k="five"), "config.k"),
     (dict(drafter="ngram", ngram={"min": 0}), "config.ngram.min must be an integer >= 1"),
     (dict(k_policy="sometimes"), "config.k_policy must be one of"),
     ({"adaptive.prior": 1.5}, r"config.adaptive.prior must be in \(0, 1\)"),
     ({"adaptive.calibration_rounds": 0}, "config.adaptive.calibration_rounds must be an integer >= 1"),
-    (dict(k_policy="adaptive", tree="dynamic(6,3,2)"), "config.k_policy 'adaptive' chooses chain lengths and static")])
+    (dict(k_policy="adaptive", tree="dynamic(6,3,2)"), "config.k_policy 'adaptive' chooses chain lengths and static")
+])
 def test_bad_fields_fail_with_one_line_naming_them(model_dirs, fields, message):
   dec = specjax.Decoder(config=cli_config(model_dirs, drafter="ngram", draft=""))
   with pytest.raises(ConfigError, match=message):

@@ -28,12 +28,12 @@ def _inputs(seed, T, S, lengths):
   rng = np.random.default_rng(seed)
   normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
   # A 3-layer cache; the tests attend to layer 1.
-  return (normal(B, T, H_KV, GROUPS, D), normal(3, B, S, H_KV, D), normal(3, B, S, H_KV, D),
-          jnp.asarray(lengths, jnp.int32))
+  return (normal(B, T, H_KV, GROUPS, D), normal(3, B, S, H_KV, D), normal(3, B, S, H_KV,
+                                                                          D), jnp.asarray(lengths, jnp.int32))
 
 
-@pytest.mark.parametrize("T, S, block, window", [(1, 37, 8, 0), (6, 37, 8, 0), (6, 64, 16, 5),
-                                                  (1, 64, 16, 5), (6, 37, 64, 0), (4, 40, 8, 3)])
+@pytest.mark.parametrize("T, S, block, window", [(1, 37, 8, 0), (6, 37, 8, 0), (6, 64, 16, 5), (1, 64, 16, 5),
+                                                 (6, 37, 64, 0), (4, 40, 8, 3)])
 def test_blockwise_equals_dense(T, S, block, window):
   for seed in range(4):
     lengths = np.random.default_rng(100 + seed).integers(0, S - T + 1, size=B)
@@ -106,8 +106,9 @@ def test_per_query_equals_one_query_bitwise(shape, Ts, dtype, softcap):
 
   @jax.jit
   def both(q, lengths_B, window):  # blockwise and dense
-    return tuple(attention.attend(q, k, v, 1, Mask(lengths_B, window), config.replace(attention_block=size),
-                                  per_query=True)[0] for size in (block, 0))
+    return tuple(
+        attention.attend(q, k, v, 1, Mask(lengths_B, window), config.replace(attention_block=size), per_query=True)[0]
+        for size in (block, 0))
 
   for T in Ts:
     q = jnp.asarray(rng.normal(size=(B, T, G, Hg, Dh)), dtype)
@@ -129,8 +130,7 @@ PROMPTS = [[5, 17, 3, 44, 9, 8, 1], [1, 2], [60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 def test_chunked_prefill_equals_one_shot(chunk, block):
   config, params = tiny_model(0, n_layers=2)
   padded, lengths = pad_prompts(PROMPTS)
-  run = lambda cfg: jax.jit(prefill, static_argnums=0)(cfg, params, padded, lengths,
-                                                       init_cache(cfg, len(PROMPTS), 24))
+  run = lambda cfg: jax.jit(prefill, static_argnums=0)(cfg, params, padded, lengths, init_cache(cfg, len(PROMPTS), 24))
   one_shot_logits, one_shot_cache = run(config.replace(prefill_chunk=padded.shape[1], attention_block=0))
   logits, cache = run(config.replace(prefill_chunk=chunk, attention_block=block))
   np.testing.assert_allclose(logits, one_shot_logits, rtol=1e-5, atol=1e-5)

@@ -34,8 +34,8 @@ def test_greedy_matches_transformers_generate(model):
   got = _generate(config, params, prompts, 32)
   for prompt, row in zip(prompts, got):
     with torch.no_grad():
-      want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                               min_new_tokens=32, pad_token_id=0)[0, len(prompt):].tolist()
+      want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
+                               pad_token_id=0)[0, len(prompt):].tolist()
     assert row == want
 
 
@@ -70,9 +70,8 @@ def test_prompt_longer_than_cache_is_a_clear_error(model):
     _generate(config, params, [[]], 3)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(top_k=-2), "top_k")])
+@pytest.mark.parametrize("kwargs, message", [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
+                                             (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k")])
 def test_bad_sampling_values(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sampling_params(**kwargs)

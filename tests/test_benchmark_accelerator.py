@@ -23,19 +23,21 @@ RESULTS = os.path.join(ROOT, "experiments", "results")
 
 # The tiny variant's cells: per prompt length autoregressive, K = 2, adaptive K <= 3; the block drafters at the first.
 GRID = [(p, mode, k) for p in (8, 20) for mode, k in (("autoregressive", None), ("speculative", 2), ("adaptive", 3),
-                                                       *((("parallel", 2), ("dflash", 2)) if p == 8 else ()))]
+                                                      *((("parallel", 2), ("dflash", 2)) if p == 8 else ()))]
 
 
 def leviathan(alpha: float, k: int, c: float) -> float:
-  return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+  return (1 - alpha**(k + 1)) / ((1 - alpha) * (k * c + 1))
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
   """One CLI run of the tiny config: (results, stdout)."""
   output = str(tmp_path_factory.mktemp("results") / "accelerator.json")
-  command = [sys.executable, "-m", "experiments.benchmark_accelerator",
-             "--config=configs/benchmarks/accelerator.py:tiny", f"--config.output={output}"]
+  command = [
+      sys.executable, "-m", "experiments.benchmark_accelerator", "--config=configs/benchmarks/accelerator.py:tiny",
+      f"--config.output={output}"
+  ]
   # It inherits the test run's XLA_FLAGS (unoptimised code compiles faster): this test checks records and
   # exactness, not speed.
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -90,8 +92,8 @@ def test_dry_run_records_every_cell_with_timings_and_models(dry_run):
   assert kit.table(results) in stdout
   # First, the attention comparison: the kernel (interpret mode on CPU), both modes, with their reports.
   ar, spec = results["attention_comparison"]
-  assert (ar["attention"], ar["mode"], spec["mode"], spec["k"]) == ("kernel_interpret", "autoregressive",
-                                                                    "speculative", cfg.comparison_k)
+  assert (ar["attention"], ar["mode"], spec["mode"], spec["k"]) == ("kernel_interpret", "autoregressive", "speculative",
+                                                                    cfg.comparison_k)
   assert spec["greedy_equals_autoregressive"] is True
   assert spec["round_in_target_steps"] == pytest.approx(spec["round_s"] / ar["step_s"])
   assert {"while_loops_in_round", "custom_calls"} <= set(ar["lowering"]) \
@@ -129,7 +131,7 @@ def test_speculative_cells_are_exact_and_model_speedups_by_the_formula(dry_run):
       model, k = row["modelled_speedup"][name], row["k"]
       assert model["alpha"] == alpha
       assert model["leviathan"] == pytest.approx(leviathan(alpha, k, c))
-      tokens_per_round = (1 - alpha ** (k + 1)) / (1 - alpha)
+      tokens_per_round = (1 - alpha**(k + 1)) / (1 - alpha)
       assert model["round_time"] == pytest.approx(tokens_per_round * baseline["step_s"] / row["round_s"])
 
 
@@ -163,8 +165,8 @@ def test_cells_past_the_deadline_are_skipped_and_reported(tmp_path, capsys):
   cfg.update(deadline_s=0.0, output=str(tmp_path / "late.json"))
   results = kit.run(cfg, log=lambda message: None)
   assert results["cells"] == [] and not results["finished"]
-  assert [(s["prompt_tokens"], s["mode"], s["k"]) for s in results["skipped"]] == [
-      (8, "autoregressive", None), (8, "speculative", 2)] + GRID  # the attention comparison, then the grid
+  assert [(s["prompt_tokens"], s["mode"], s["k"]) for s in results["skipped"]
+         ] == [(8, "autoregressive", None), (8, "speculative", 2)] + GRID  # the attention comparison, then the grid
   assert all(s["reason"].startswith("deadline_s 0 passed") for s in results["skipped"])
   report = accelerator.get_config("tiny")
   report.report = cfg.output
@@ -188,13 +190,17 @@ def test_the_mtbench_cell_runs_the_kits_pair_or_says_why_not(tmp_path, capsys):
   assert "MT-Bench cell: skipped (weights=random" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("weights", "fake", "config.weights"), ("shapes", "gpt-5", "config.shapes"), ("ks", (), "config.ks"),
-    ("adaptive_ks", (0,), "config.adaptive_ks"),
-    ("batch_sizes", (0,), "config.batch_sizes"), ("max_new_tokens", 1, "config.max_new_tokens"),
-    ("scan_layers", "yes", "config.scan_layers"), ("verify_widths", (5, 9), "config.verify_widths"),
-    ("verify_widths", (1, 0), "config.verify_widths"), ("attention_comparison", ("flash",), "config.attention"),
-    ("narrow_passes", "maybe", "config.narrow_passes"), ("comparison_k", 0, "config.comparison_k")])
+@pytest.mark.parametrize("field, value, message", [("weights", "fake", "config.weights"),
+                                                   ("shapes", "gpt-5", "config.shapes"), ("ks", (), "config.ks"),
+                                                   ("adaptive_ks", (0,), "config.adaptive_ks"),
+                                                   ("batch_sizes", (0,), "config.batch_sizes"),
+                                                   ("max_new_tokens", 1, "config.max_new_tokens"),
+                                                   ("scan_layers", "yes", "config.scan_layers"),
+                                                   ("verify_widths", (5, 9), "config.verify_widths"),
+                                                   ("verify_widths", (1, 0), "config.verify_widths"),
+                                                   ("attention_comparison", ("flash",), "config.attention"),
+                                                   ("narrow_passes", "maybe", "config.narrow_passes"),
+                                                   ("comparison_k", 0, "config.comparison_k")])
 def test_bad_config_values_fail_naming_the_field(field, value, message):
   cfg = accelerator.get_config("tiny")
   cfg[field] = value
@@ -206,8 +212,10 @@ def test_modelled_alphas_are_the_committed_cpu_measurements():
   alphas = accelerator.get_config().modelled_alphas
   with open(os.path.join(RESULTS, "decode_cpu_float32.json")) as f:
     runs = json.load(f)["specjax"]["runs"]
-  chat = next(r["alpha_hat"] for r in runs if r["system"] == "specjax_speculative" and r["batch_size"] == 1
-              and r["k"] == 5 and r["draft_vocab"] == 0)
+  chat = next(
+      r["alpha_hat"]
+      for r in runs
+      if r["system"] == "specjax_speculative" and r["batch_size"] == 1 and r["k"] == 5 and r["draft_vocab"] == 0)
   with open(os.path.join(RESULTS, "drafters_cpu_float32_part2.json")) as f:
     rows = json.load(f)["runs"]
   raw = next(r["alpha_hat"] for r in rows if r["group"] == "raw/greedy" and r["system"] == "model_k5")
@@ -227,5 +235,5 @@ def test_random_shapes_equal_the_converted_qwen_models(index, name):
   shapes = kit.SHAPES["qwen2.5-coder"][index]
   # As the cache stores them: nested dataclasses (rope_scaling) as dicts, tuples as lists.
   as_json = lambda v: json.loads(json.dumps(dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v))
-  assert {field: as_json(getattr(shapes, field)) for field in stored if field != "dtype"} == {
-      field: value for field, value in stored.items() if field != "dtype"}
+  assert {field: as_json(getattr(shapes, field)) for field in stored if field != "dtype"
+         } == {field: value for field, value in stored.items() if field != "dtype"}

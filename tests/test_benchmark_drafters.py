@@ -36,11 +36,13 @@ def benchmark(tmp_path_factory):
   _save_tiny(draft, seed=1)  # another model: drafts are rejected too
   _save_tiny(second, seed=2)  # the draft of raw/sampled (other_drafts.second)
   output = str(tmp_path_factory.mktemp("results") / "drafters.json")
-  command = [sys.executable, "-m", "experiments.benchmark_drafters", "--config=configs/benchmarks/drafters.py:tiny",
-             f"--config.target={target}", f"--config.draft={draft}", f"--config.other_drafts.second={second}",
-             f"--config.output={output}"]
-  done = subprocess.run(command, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
-                        text=True, timeout=600)
+  command = [
+      sys.executable, "-m", "experiments.benchmark_drafters", "--config=configs/benchmarks/drafters.py:tiny",
+      f"--config.target={target}", f"--config.draft={draft}", f"--config.other_drafts.second={second}",
+      f"--config.output={output}"
+  ]
+  done = subprocess.run(command, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                        timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   with open(output) as f:
     return json.load(f), done.stdout, output
@@ -57,10 +59,11 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
     systems.setdefault(row["group"], []).append(row["system"])
   # The baseline first, after every ar_every = 2 systems, and last; "model" = K 2 (no threshold runs).
   assert systems == {
-      "code_edit/greedy": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
-      "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
-      "raw/greedy": [AUTOREGRESSIVE, "model_k2_t0.06_adaptive", "model+pair_adaptive", AUTOREGRESSIVE],
-      "raw/sampled": [AUTOREGRESSIVE, "model@second_k2", AUTOREGRESSIVE]}
+      "code_edit/greedy": [AUTOREGRESSIVE, "ngram_k3",
+                           AUTOREGRESSIVE], "code_edit/batched": [AUTOREGRESSIVE, "ngram_k3", AUTOREGRESSIVE],
+      "raw/greedy": [AUTOREGRESSIVE, "model_k2_t0.06_adaptive", "model+pair_adaptive",
+                     AUTOREGRESSIVE], "raw/sampled": [AUTOREGRESSIVE, "model@second_k2", AUTOREGRESSIVE]
+  }
   assert results["prompts"]["code_edit/greedy"] == code_edit_prompts.code_edit_prompts()[:2]
   assert len(results["prompts"]["code_edit/batched"]) == 2 and len(results["prompts"]["raw/greedy"]) == 2
 
@@ -88,8 +91,8 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
     if row["system"] == AUTOREGRESSIVE:
       continue
     group = results["groups"][row["group"]]
-    assert row["speedup_vs_autoregressive"] == pytest.approx(
-        row["tokens_per_second"] / group["autoregressive_tokens_per_second"])
+    assert row["speedup_vs_autoregressive"] == pytest.approx(row["tokens_per_second"] /
+                                                             group["autoregressive_tokens_per_second"])
     source = re.split(r"_k|\+", row["system"])[0]  # the drafter, with "@" and its draft's alias if it names one
     assert row["cost_ratio_c"] == cost["cost_ratio_c"][str(row["batch_size"])][source]
     verified = 4 if row["tree"] else row["k"]
@@ -97,8 +100,8 @@ def test_one_run_records_every_group_system_and_cost(benchmark):
     if row["k_policy"]["kind"] == "adaptive":  # it may propose nothing (tiny random models agree rarely)
       continue
     assert row["alpha_hat"] is not None and 0 < row["mean_accepted_length"] <= row["k"] + 1
-    assert row["modelled_speedup"] == pytest.approx(row["theoretical_speedup"] * (row["k"] * row["cost_ratio_c"] + 1)
-                                                    / (row["k"] * row["cost_ratio_c"] + row["verify_cost"]))
+    assert row["modelled_speedup"] == pytest.approx(row["theoretical_speedup"] * (row["k"] * row["cost_ratio_c"] + 1) /
+                                                    (row["k"] * row["cost_ratio_c"] + row["verify_cost"]))
 
 
 @pytest.mark.slow
@@ -111,8 +114,8 @@ def test_greedy_outputs_equal_autoregressive_and_transformers(benchmark):
     if row["system"] != AUTOREGRESSIVE:
       assert row["outputs_match_autoregressive"] is (True if row["temperature"] == 0 else None), row["system"]
   plain, lookup, assisted = results["transformers"]
-  assert ((plain["system"], lookup["system"], assisted["system"])
-          == ("transformers_generate", "transformers_prompt_lookup", "transformers_assisted"))
+  assert ((plain["system"], lookup["system"],
+           assisted["system"]) == ("transformers_generate", "transformers_prompt_lookup", "transformers_assisted"))
   assert lookup["generate_kwargs"] == {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2}
   assert assisted["generate_kwargs"] == {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant"}
   for row in (plain, lookup, assisted):
@@ -131,22 +134,32 @@ def test_tables_are_printed_and_reprinted_from_the_file(benchmark):
   assert "| ngram K=3 (n=1..2) |" in printed and "| model K<=2 adaptive, stop below 0.06 |" in printed
   assert "transformers prompt lookup / transformers generate:" in printed
   assert "differ from specjax autoregressive: none." in printed
-  report = subprocess.run([sys.executable, "-m", "experiments.benchmark_drafters",
-                           "--config=configs/benchmarks/drafters.py:tiny", f"--config.report={output}"],
-                          cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+  report = subprocess.run([
+      sys.executable, "-m", "experiments.benchmark_drafters", "--config=configs/benchmarks/drafters.py:tiny",
+      f"--config.report={output}"
+  ], cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
   assert report.returncode == 0 and report.stdout.strip() == printed.strip(), report.stderr[-2000:]
 
 
 def test_systems_expand_and_baselines_interleave():
   cfg = drafters.get_config()
-  assert benchmark_drafters.parse_systems(("model", "ngram", "layer_skip_k6", "model_k5", "mine.mod:Lookup_k3",
-                                          "mine.mod:Lookup", "model_k8_adaptive", "ngram_adaptive"), cfg, "x") == [
-      System("model", 5), System("model", 8), System("model", 8, 0.3), System("model", 8, 0.5),
-      System("model", 8, 0.7), System("ngram", 8), System("layer_skip", 6), System("mine.mod:Lookup", 3),
-      System("mine.mod:Lookup", cfg.default_k),  # model_k5 once; a drafter of one's own by import path
-      System("model", 8, 0.0, "adaptive"), System("ngram", 8, 0.0, "adaptive")]
-  assert [s.name for s in benchmark_drafters.parse_systems(("model_k8_adaptive", "ngram_adaptive"), cfg, "x")] == [
-      "model_k8_adaptive", "ngram_k8_adaptive"]
+  assert benchmark_drafters.parse_systems(
+      ("model", "ngram", "layer_skip_k6", "model_k5", "mine.mod:Lookup_k3", "mine.mod:Lookup", "model_k8_adaptive",
+       "ngram_adaptive"), cfg, "x") == [
+           System("model", 5),
+           System("model", 8),
+           System("model", 8, 0.3),
+           System("model", 8, 0.5),
+           System("model", 8, 0.7),
+           System("ngram", 8),
+           System("layer_skip", 6),
+           System("mine.mod:Lookup", 3),
+           System("mine.mod:Lookup", cfg.default_k),  # model_k5 once; a drafter of one's own by import path
+           System("model", 8, 0.0, "adaptive"),
+           System("ngram", 8, 0.0, "adaptive")
+       ]
+  assert [s.name for s in benchmark_drafters.parse_systems(("model_k8_adaptive", "ngram_adaptive"), cfg, "x")
+         ] == ["model_k8_adaptive", "ngram_k8_adaptive"]
   cfg.other_drafts.small = "smollm2-135m-instruct"
   other = benchmark_drafters.parse_systems(("model@small_k3", "model@small_k8_t0.5_adaptive"), cfg, "x")
   assert other == [System("model", 3, draft="small"), System("model", 8, 0.5, "adaptive", "small")]
@@ -170,36 +183,42 @@ def test_systems_expand_and_baselines_interleave():
   assert benchmark_drafters.decode_config(cfg, System("model", 3)).tree == ""
   with pytest.raises(ConfigError, match="names 'other', which config.trees lacks"):
     benchmark_drafters.parse_systems(("model+other",), cfg, "x")
-  group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",),
-                                   [System("model", k) for k in (1, 2, 3, 4)])
-  assert [s.name for s in benchmark_drafters.run_order(group, 3)] == [
-      AUTOREGRESSIVE, "model_k1", "model_k2", "model_k3", AUTOREGRESSIVE, "model_k4", AUTOREGRESSIVE]
+  group = benchmark_drafters.Group("raw", "greedy", 1, 0.0, False, ("p",), [System("model", k) for k in (1, 2, 3, 4)])
+  assert [s.name for s in benchmark_drafters.run_order(group, 3)
+         ] == [AUTOREGRESSIVE, "model_k1", "model_k2", "model_k3", AUTOREGRESSIVE, "model_k4", AUTOREGRESSIVE]
   group.systems = group.systems[:2]
   assert [s.name for s in benchmark_drafters.run_order(group, 1, repeats=2)] == [
-      AUTOREGRESSIVE, "model_k1", AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE,
-      "model_k1", AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE]
+      AUTOREGRESSIVE, "model_k1", AUTOREGRESSIVE, "model_k2", AUTOREGRESSIVE, "model_k1", AUTOREGRESSIVE, "model_k2",
+      AUTOREGRESSIVE
+  ]
 
 
 def test_a_repeated_system_is_summarised_over_its_adjacent_baselines():
   """repeats = 2 of one system: each run's speedup over the baseline runs before and after it, and their
   mean, min and max (9 / 10 and 10.5 / 10.5 here: 0.95, 0.9, 1.0); a system run once has no summary."""
   speeds = [(AUTOREGRESSIVE, 10.0), ("a", 9.0), (AUTOREGRESSIVE, 10.0), ("a", 10.5), ("b", 7.0), (AUTOREGRESSIVE, 11.0)]
-  runs = [{"group": "raw/greedy", "prompt_set": "raw", "regime": "greedy", "batch_size": 1, "temperature": 0.0,
-           "system": name, "label": name, "tokens_per_second": speed, "token_ids": [[1]], "prompt_tokens": [3],
-           "compile_time_s": 1.0} for name, speed in speeds]
+  runs = [{
+      "group": "raw/greedy", "prompt_set": "raw", "regime": "greedy", "batch_size": 1, "temperature": 0.0,
+      "system": name, "label": name, "tokens_per_second": speed, "token_ids": [[1]], "prompt_tokens": [3],
+      "compile_time_s": 1.0
+  } for name, speed in speeds]
   environment = {"jax": "", "flax": "", "transformers": "", "processor": "", "platform": "", "backend": "cpu"}
   results = {"command": "python -m experiments.benchmark_drafters", "environment": environment, "runs": runs}
   printed = benchmark_drafters.tables(results)
-  assert results["groups"]["raw/greedy"]["repeated"] == {"a": {
-      "runs": 2, "speedup_vs_adjacent_mean": pytest.approx(0.95), "speedup_vs_adjacent_min": pytest.approx(0.9),
-      "speedup_vs_adjacent_max": pytest.approx(1.0)}}
+  assert results["groups"]["raw/greedy"]["repeated"] == {
+      "a": {
+          "runs": 2, "speedup_vs_adjacent_mean": pytest.approx(0.95), "speedup_vs_adjacent_min": pytest.approx(0.9),
+          "speedup_vs_adjacent_max": pytest.approx(1.0)
+      }
+  }
   assert "a, 2 runs: speedup over the adjacent autoregressive runs 0.950 on average (0.900-1.000)." in printed
 
 
-@pytest.mark.parametrize("module, variant, groups", [
-    (adaptive, "", 9), (adaptive, "batch1", 4), (adaptive, "batched", 5), (adaptive, "plain_ab", 1),
-    (adaptive, "trees", 3), (adaptive, "tree_widths", 3), (adaptive, "sets", 3),
-    (other_tokenizer, "", 5), (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
+@pytest.mark.parametrize("module, variant, groups", [(adaptive, "", 9), (adaptive, "batch1", 4),
+                                                     (adaptive, "batched", 5), (adaptive, "plain_ab", 1),
+                                                     (adaptive, "trees", 3), (adaptive, "tree_widths", 3),
+                                                     (adaptive, "sets", 3), (other_tokenizer, "", 5),
+                                                     (other_tokenizer, "gemma", 5), (other_tokenizer, "compare", 6)])
 def test_benchmark_configs_plan_their_groups(module, variant, groups):
   """The committed benchmark configs built on this one plan before loading anything (a system name or
   set that no longer parses fails here, not an hour into a run)."""
@@ -210,8 +229,8 @@ def test_plan_skips_layer_skip_without_layers():
   cfg, messages = drafters.get_config(), []
   cfg.drafters.layer_skip.layers = ""
   groups = benchmark_drafters.plan(cfg, messages.append)
-  assert [g.key for g in groups] == ["code_edit/greedy", "code_edit/batched", "chat/greedy", "chat/sampled",
-                                     "raw/greedy", "raw/sampled"]
+  assert [g.key for g in groups
+         ] == ["code_edit/greedy", "code_edit/batched", "chat/greedy", "chat/sampled", "raw/greedy", "raw/sampled"]
   assert all(s.drafter != "layer_skip" for g in groups for s in g.systems)
   assert any("skipping layer_skip" in m for m in messages)
   batched = groups[1]
@@ -221,17 +240,17 @@ def test_plan_skips_layer_skip_without_layers():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("sets.chat.greedy", ("model_k8_t1.5",),
-     r"config.sets.chat.greedy, system model_k8_t1.5: .*config.model.stop_threshold"),
+    ("sets.chat.greedy",
+     ("model_k8_t1.5",), r"config.sets.chat.greedy, system model_k8_t1.5: .*config.model.stop_threshold"),
     ("sets.raw.sampled", ("ngram_t0.5",), r"config.sets.raw.sampled: unknown system 'ngram_t0.5'"),
     ("prompt_sets", ("code_edit", "prose"), r"unknown set 'prose'"),
     ("sets.chat.num_prompts", 9, r"config.sets.chat.greedy: 9 prompts needed .* the set has 8"),
     ("transformers_set", "chat", r"config.transformers_set 'chat' is not among"),
-    ("draft", "", r"config.draft is empty"),
-    ("repeats", 0, r"config.repeats must be an integer >= 1, got 0"),
+    ("draft", "", r"config.draft is empty"), ("repeats", 0, r"config.repeats must be an integer >= 1, got 0"),
     ("sets.raw.greedy", ("model@nowhere_k3",), r"config.sets.raw.greedy: system 'model@nowhere_k3' names "
-                                               r"'nowhere', which config.other_drafts lacks \(it has: none\)"),
-    ("other_drafts", {"small": "smollm2-135m-instruct"}, None)])
+     r"'nowhere', which config.other_drafts lacks \(it has: none\)"),
+    ("other_drafts", {"small": "smollm2-135m-instruct"}, None)
+])
 def test_bad_configs_fail_before_loading(field, value, message):
   cfg = drafters.get_config()
   if field == "transformers_set":

@@ -60,17 +60,17 @@ def _drafters(target_config, target_params, draft_config, draft_params):
   drafter between its catch-up passes at any policy, and a tree cut's compaction is the fixed tree's."""
   return {
       "model_adaptive": (ModelDrafter(draft_config, draft_params, None), 5, Adaptive()),
-      "model_tree_adaptive": (ModelDrafter(draft_config, draft_params, None, tree=TREES["branching"]),
-                              TREES["branching"].max_depth, Adaptive()),
+      "model_tree_adaptive": (ModelDrafter(draft_config, draft_params, None,
+                                           tree=TREES["branching"]), TREES["branching"].max_depth, Adaptive()),
       "model_dynamic_tree": (ModelDrafter(draft_config, draft_params, None, tree=DynamicSpec(6, 3, 2)), 3, KPolicy()),
       "layer_skip_adaptive": (LayerSkipDrafter(target_config, target_params, (0,)), 4, Adaptive()),
-      "eagle_adaptive": (EagleDrafter(*eagle_head(target_config, ()), target_config, target_params), 4,
-                         Adaptive()),
+      "eagle_adaptive": (EagleDrafter(*eagle_head(target_config, ()), target_config, target_params), 4, Adaptive()),
   }
 
 
-@pytest.mark.parametrize("name", ["model_adaptive", "model_tree_adaptive", "model_dynamic_tree", "layer_skip_adaptive",
-                                  "eagle_adaptive"])
+@pytest.mark.parametrize("name", [
+    "model_adaptive", "model_tree_adaptive", "model_dynamic_tree", "layer_skip_adaptive", "eagle_adaptive"
+])
 def test_speculative_program_moves_no_whole_cache(name):
   """Verify, draft, catch-up and compaction update both caches in place, whatever the round branches on
   (a `lax.cond`/`lax.switch` whose branches write a cache copies it: `specjax.inplace`)."""

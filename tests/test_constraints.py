@@ -35,8 +35,7 @@ from tests.helpers import engine, layer_skip
 from tests.helpers.cli import cli_config, decode_in_process
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.constraints import (DIGITS_REGEX, EOS, OBJECT_REGEX, SMALL_REGEX, STRINGS_8, STRINGS_61,
-                                       device_constraint, greedy_reference,
-                                       oracle_mask, small_pvalue)
+                                       device_constraint, greedy_reference, oracle_mask, small_pvalue)
 from tests.helpers.k_policy import COSTS_K3, POLICY
 
 PROMPTS, BUDGETS = engine.PROMPTS, engine.BUDGETS
@@ -73,10 +72,9 @@ def test_json_schema_spec_and_bad_input():
   schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
   assert regex.fullmatch(compiler.parse("json_schema:" + schema), '{"n": 12}')
   for spec, words in [("regex:(", r"config.constraint: invalid regular expression '\(': missing \), unterminated "
-                                  r"subpattern at position 0"),
+                       r"subpattern at position 0"),
                       ("regex:(?<=a)b", r"config.constraint: .* for '\(\?<=a\)b' \(outlines-core takes Rust's regex "
-                                        r"syntax: no lookaround"),
-                      ("regex:zz", "config.constraint"),
+                       r"syntax: no lookaround"), ("regex:zz", "config.constraint"),
                       ("grammar:x", "config.constraint must start with"),
                       ('json_schema:{"type": 3}', "invalid JSON schema"),
                       ('json_schema:{"type": "object", "patternProperties": {"a": {}}}', "unsupported JSON schema"),
@@ -108,8 +106,10 @@ def _greedy_speculative(drafter, target=engine.TARGET, tables=Tables(), **settin
 
 @pytest.fixture(scope="module")
 def greedy_expected():
-  return [greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
-          for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
+  return [
+      greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+      for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))
+  ]
 
 
 def test_greedy_autoregressive_equals_the_reference(greedy_expected):
@@ -140,8 +140,10 @@ def test_greedy_layer_skip_drafter_equals_the_reference():
   """A drafter drawing through `draft_chain` (layer skip; EAGLE's chain draws the same way)."""
   config, params = layer_skip.TARGET
   tokens, _ = _greedy_speculative(LayerSkipDrafter(config, params, layers=(0,)), target=layer_skip.TARGET)
-  expected = [greedy_reference(layer_skip.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
-              for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))]
+  expected = [
+      greedy_reference(layer_skip.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+      for i, (p, b) in enumerate(zip(PROMPTS, BUDGETS))
+  ]
   assert tokens == expected
 
 
@@ -246,7 +248,6 @@ def test_a_draft_equal_to_the_target_is_always_accepted(monkeypatch):
 # -- through specjax.Decoder: the tiny Qwen2 directories with the character tokenizer ------------------------
 SCHEMA = '{"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["id"]}'
 
-
 REGEX = "regex:[0-9]{3,8}"
 
 
@@ -264,8 +265,8 @@ def test_the_decoder_constrains_each_prompt_and_rejects_bad_input(decoder, tmp_p
   tok = dec.target.tokenizer
   constraints = ["json_schema:" + SCHEMA, REGEX]
   records = tmp_path / "prompts.jsonl"
-  records.write_text("\n".join(json.dumps({"prompt": p, "constraint": c})
-                               for p, c in zip(("abc", "hello"), constraints)))
+  records.write_text("\n".join(
+      json.dumps({"prompt": p, "constraint": c}) for p, c in zip(("abc", "hello"), constraints)))
   baseline = dec.run(prompts_file=str(records), mode="autoregressive")["outputs"]
   ngram = dec.run(prompts_file=str(records), drafter="ngram")["outputs"]
   assert [o["token_ids"] for o in ngram] == [o["token_ids"] for o in baseline]
@@ -292,6 +293,7 @@ def _no_temporary_files(monkeypatch):
   """Any temporary file or directory made from here on fails the test."""
   def refuse(*args, **kwargs):
     raise AssertionError("a temporary file was made")
+
   for name in ("mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory", "TemporaryFile"):
     monkeypatch.setattr(tempfile, name, refuse)
 
@@ -317,19 +319,24 @@ def test_a_constraint_as_a_dict_or_in_a_request_decodes_as_its_string_and_writes
                           mode="autoregressive").token_ids == strings
 
 
-@pytest.mark.parametrize("constraint, message", [
-    ([None, "json_schema"], "constraint of request 2 must start with one of regex:, json_schema:, got 'json_schema'"),
-    ([None, {"json_schema": "json_schema"}], "constraint of request 2: json_schema is neither inline JSON nor a file"),
-    ([{"type": "json_schema", "json_schema": {}}, None],
-     "constraint of request 1 must be a dict with one key, 'regex' or 'json_schema', got keys"),
-    ([None, {"regex": 3}], "constraint of request 2: regex must be a string, got 3"),
-    ([None, {"json_schema": {"type": "object", "not": {}}}],
-     r"constraint of request 2: unsupported JSON schema keywords \['not'\]"),
-    ([None, 7], "constraint of request 2 must be a string"),
-    ([None, "regex:(["], "constraint of request 2: "),  # refused by the regex compiler, when the table is built
-    ({"json_schema": {"type": "objekt"}}, "config.constraint: invalid JSON schema"),
-    ({"regex": ["[0-9]"]}, "config.constraint: regex must be a string"),
-    (["regex:a"], "constraint: 1 constraints for 2 prompts")])
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        ([None, "json_schema"
+         ], "constraint of request 2 must start with one of regex:, json_schema:, got 'json_schema'"),
+        ([None, {"json_schema": "json_schema"}
+         ], "constraint of request 2: json_schema is neither inline JSON nor a file"),
+        ([{"type": "json_schema", "json_schema": {}}, None
+         ], "constraint of request 1 must be a dict with one key, 'regex' or 'json_schema', got keys"),
+        ([None, {"regex": 3}], "constraint of request 2: regex must be a string, got 3"),
+        ([None, {"json_schema": {"type": "object", "not": {}}}
+         ], r"constraint of request 2: unsupported JSON schema keywords \['not'\]"),
+        ([None, 7], "constraint of request 2 must be a string"),
+        ([None, "regex:(["], "constraint of request 2: "),  # refused by the regex compiler, when the table is built
+        ({"json_schema": {"type": "objekt"}}, "config.constraint: invalid JSON schema"),
+        ({"regex": ["[0-9]"]}, "config.constraint: regex must be a string"),
+        (["regex:a"], "constraint: 1 constraints for 2 prompts")
+    ])
 def test_a_bad_constraint_fails_in_one_line_naming_its_field_and_no_file(decoder, monkeypatch, constraint, message):
   _no_temporary_files(monkeypatch)
   with pytest.raises(ConfigError, match=message) as error:
@@ -349,11 +356,14 @@ def test_a_prompts_files_records_carry_dict_constraints_through_the_cli(decoder,
   """The command line's .jsonl prompts file parses into the same requests: a record's constraint as a
   dict or a string decodes as `Decoder.generate` does; a bad one fails with one line naming its line."""
   records, output = tmp_path / "prompts.jsonl", tmp_path / "out.json"
-  records.write_text(json.dumps({"prompt": "abc", "constraint": {"json_schema": json.loads(SCHEMA)}}) + "\n" +
-                     json.dumps({"prompt": "hello", "constraint": REGEX}) + "\n")
-  arguments = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
-               "--config.max_new_tokens=24", "--config.batch_size=2", "--config.mode=autoregressive",
-               f"--config.prompts_file={records}", f"--config.output={output}"]
+  records.write_text(
+      json.dumps({"prompt": "abc", "constraint": {"json_schema": json.loads(SCHEMA)}}) + "\n" +
+      json.dumps({"prompt": "hello", "constraint": REGEX}) + "\n")
+  arguments = [
+      "--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+      "--config.max_new_tokens=24", "--config.batch_size=2", "--config.mode=autoregressive",
+      f"--config.prompts_file={records}", f"--config.output={output}"
+  ]
   status, stderr = decode_in_process(arguments)
   assert status == 0, stderr
   expected = decoder.generate(("abc", "hello"), constraint=["json_schema:" + SCHEMA, REGEX], mode="autoregressive")
@@ -387,9 +397,11 @@ def test_greedy_output_equals_transformers_with_a_regex_logits_processor(model_d
 
     def __call__(self, input_ids, scores):
       text = "".join(pieces[v] for v in input_ids[0, self.prompt_len:].tolist())
-      allowed = [regex.fullmatch(pattern, text) is not None if v in eos_ids else
-                 bool(pieces[v]) and regex.fullmatch(pattern, text + pieces[v], partial=True) is not None
-                 for v in range(scores.shape[1])]
+      allowed = [
+          regex.fullmatch(pattern, text) is not None
+          if v in eos_ids else bool(pieces[v]) and regex.fullmatch(pattern, text + pieces[v], partial=True) is not None
+          for v in range(scores.shape[1])
+      ]
       return scores.masked_fill(~torch.tensor(allowed)[None], -float("inf"))
 
   ids = dec.target.tokenizer.encode("abc")

@@ -43,8 +43,10 @@ def test_greedy_lookup_with_jump_forward_equals_the_reference_and_counts_the_for
                           cache_len=engine.CACHE_LEN)
   tokens = as_token_lists(out.tokens, out.counts)
   patterns = [PATTERNS[i % 2] for i in range(rows)]
-  assert tokens == [greedy_reference(engine.TARGET, [p], [b], pattern, STRINGS_61)[0]
-                    for p, b, pattern in zip(engine.PROMPTS, engine.BUDGETS, patterns)]
+  assert tokens == [
+      greedy_reference(engine.TARGET, [p], [b], pattern, STRINGS_61)[0]
+      for p, b, pattern in zip(engine.PROMPTS, engine.BUDGETS, patterns)
+  ]
   rows = metrics.summarize(out.acceptance)["per_row"]
   assert [row["jump_forward"] for row in rows] == [_oracle_forced(p, STRINGS_61, t) for p, t in zip(patterns, tokens)]
   assert rows[0]["jump_forward"] == rows[2]["jump_forward"] == 4 and tokens[0][-1] == EOS
@@ -86,5 +88,5 @@ def test_sampled_lookup_with_jump_forward_follows_the_constrained_target():
                                          engine.SAMPLE_STEPS).ravel()
   index = np.ravel_multi_index(tokens.T, [len(STRINGS_8)] * tokens.shape[1])
   assert chi_square_pvalue(np.bincount(index, minlength=exact.size), exact) > ALPHA
-  assert int(out.acceptance.forced.sum()) == sum(_oracle_forced(SMALL_FORCING, STRINGS_8, row[:count])
-                                                  for row, count in zip(tokens, np.asarray(out.counts))) > 0
+  assert int(out.acceptance.forced.sum()) == sum(
+      _oracle_forced(SMALL_FORCING, STRINGS_8, row[:count]) for row, count in zip(tokens, np.asarray(out.counts))) > 0

@@ -46,13 +46,19 @@ def _greedy(drafter, k=3, tables=Tables(), **settings):
 
 @pytest.fixture(scope="module")
 def greedy_expected():
-  return [greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
-          for i, (p, b) in enumerate(zip(engine.PROMPTS, engine.BUDGETS))]
+  return [
+      greedy_reference(engine.TARGET, [p], [b], PATTERNS[i % 2], STRINGS_61)[0]
+      for i, (p, b) in enumerate(zip(engine.PROMPTS, engine.BUDGETS))
+  ]
 
 
-@pytest.mark.parametrize("make", [  # a static tree: under the adaptive policy below, and drafted by the target
-    lambda: ModelDrafter(*engine.DRAFTS["perturbed"], tree=DYNAMIC),
-    lambda: NgramDrafter(vocab_size=engine.VOCAB, tree=SPINES)], ids=["dynamic", "ngram_spines"])
+@pytest.mark.parametrize(
+    "make",
+    [  # a static tree: under the adaptive policy below, and drafted by the target
+        lambda: ModelDrafter(*engine.DRAFTS["perturbed"], tree=DYNAMIC),
+        lambda: NgramDrafter(vocab_size=engine.VOCAB, tree=SPINES)
+    ],
+    ids=["dynamic", "ngram_spines"])
 def test_greedy_trees_equal_the_reference(make, greedy_expected):
   tokens, out = _greedy(make())
   assert tokens == greedy_expected
@@ -153,7 +159,7 @@ def test_dynamic_tree_nodes_are_drawn_under_their_own_paths_state():
 
   spec = parse("dynamic(6, 3, 2)")
   root_logits_BxW = 3.0 * jax.random.normal(next(keys), (rows, vocab)) + bias_1x1xW[0]
-  grow = jax.jit(lambda root_logits_BxW, sampling: grow_dynamic_tree(spec, root_logits_BxW, sampling, score_frontier,
-                                                                      None)[:2])
+  grow = jax.jit(
+      lambda root_logits_BxW, sampling: grow_dynamic_tree(spec, root_logits_BxW, sampling, score_frontier, None)[:2])
   tokens_BxN, tree = grow(root_logits_BxW, sampling_params(0.0).replace(constraint=constraint))
   assert bool(jnp.all(constraint.along(tokens_BxN, tree).state != DEAD))

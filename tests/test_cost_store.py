@@ -66,8 +66,8 @@ def test_a_measured_cost_table_is_stored_and_reused_by_a_later_run(model_dirs, m
     f.write('{"cost_table_s": [1.0')
   damaged, logs = run()
   assert len(calibrations) == 4 and damaged["calibration_time_s"] > 0
-  assert any(m.startswith(f"ignoring the stored cost table {os.path.join(cost_store.directory(), stored)}")
-             for m in logs)
+  assert any(
+      m.startswith(f"ignoring the stored cost table {os.path.join(cost_store.directory(), stored)}") for m in logs)
   assert run()[0]["cost_table_measured_at"] is not None and len(calibrations) == 4
 
 

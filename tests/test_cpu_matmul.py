@@ -115,7 +115,7 @@ def test_float32_equals_xla_and_float64(M, N, K, dtype, path):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
   scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
-  assert np.all(np.abs(got - exact) <= (K + 2) * 2.0 ** -24 * scale)
+  assert np.all(np.abs(got - exact) <= (K + 2) * 2.0**-24 * scale)
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES)
@@ -126,7 +126,7 @@ def test_bfloat16_equals_float64_products(M, N, K, path):
   got = np.asarray(dense(x, w, KERNEL, jnp.float32))
   want = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
   scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
-  assert np.all(np.abs(got - want) <= K * 2.0 ** -24 * scale + 1e-30)
+  assert np.all(np.abs(got - want) <= K * 2.0**-24 * scale + 1e-30)
   xla = np.asarray(dense(x, w, "xla", jnp.float32))
   np.testing.assert_allclose(got, xla, rtol=0, atol=1e-5 * np.abs(want).max())
 
@@ -153,7 +153,7 @@ def test_quantized_weights_equal_float64(name, dtype, quantized_path):
   w = dequantized64(q)
   want = np.asarray(x, np.float64) @ w.T
   scale = np.abs(np.asarray(x, np.float64)) @ np.abs(w).T
-  assert np.all(np.abs(got - want) <= (x.shape[1] + 2) * 2.0 ** -24 * scale + 1e-30)
+  assert np.all(np.abs(got - want) <= (x.shape[1] + 2) * 2.0**-24 * scale + 1e-30)
 
 
 SLICES = [(start, rows) for start in range(5) for rows in range(1, 13 - start)]  # of 12 rows
@@ -191,8 +191,8 @@ def test_quantized_weights_batch_invariant_past_a_row_block(name, quantized_path
 def test_quantized_gradients_are_the_xla_paths():
   """The kernel's backward for a quantized W is the XLA path's: dx, and its scales' gradient."""
   x, q = _quantized_operands("int4", 3, 10, jnp.float32, seed=9)
-  loss = lambda backend: lambda x, scales: jnp.sum(jnp.sin(matmul.dense(x, q.replace(scales=scales), backend,
-                                                                          jnp.float32)))
+  loss = lambda backend: lambda x, scales: jnp.sum(
+      jnp.sin(matmul.dense(x, q.replace(scales=scales), backend, jnp.float32)))
   got, want = (jax.jit(jax.grad(loss(backend), argnums=(0, 1)))(x, q.scales) for backend in (KERNEL, "xla"))
   for g, v in zip(got, want):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(v, np.float32), rtol=1e-2,
@@ -207,7 +207,7 @@ def test_leading_axes_and_output_dtype():
   got = dense(x, w, KERNEL, None)
   assert got.shape == (2, 3, 24) and got.dtype == jnp.bfloat16
   want = dense(x, w, "xla", jnp.float32)
-  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2 ** -7, atol=1e-2)
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2**-7, atol=1e-2)
   assert dense(x, w, KERNEL, jnp.float32).dtype == jnp.float32
 
 

@@ -23,13 +23,12 @@ def test_greedy_speculative_equals_autoregressive_through_the_pipeline(model_dir
   prompts_file.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "abc", "x = 1"]))
   output = str(tmp_path / "out.json")
   spec = pipeline.run(cli_config(model_dirs, prompts_file=str(prompts_file), output=output), log=lambda m: None)
-  ar = pipeline.run(cli_config(model_dirs, prompts_file=str(prompts_file), mode="autoregressive"),
-                    log=lambda m: None)
+  ar = pipeline.run(cli_config(model_dirs, prompts_file=str(prompts_file), mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert len(spec["outputs"]) == 3  # the padded row of the last batch is dropped
   written = json.load(open(output))
-  for field in ("tokens_per_second", "wall_time_s", "compile_time_s", "acceptance_rate",
-                "mean_accepted_length", "per_position_acceptance"):
+  for field in ("tokens_per_second", "wall_time_s", "compile_time_s", "acceptance_rate", "mean_accepted_length",
+                "per_position_acceptance"):
     assert field in written["stats"]
   assert len(written["stats"]["per_position_acceptance"]) == 3
   assert written["outputs"][0]["text"] == spec["outputs"][0]["text"]
@@ -48,19 +47,20 @@ def test_restricted_draft_vocabulary_keeps_greedy_output(model_dirs, tmp_path):
     pipeline.run(cli_config(model_dirs, model=dict(vocab=98, vocab_corpus=str(corpus))), log=lambda m: None)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(k=0), "config.k"), (dict(mode="beam"), "config.mode"), (dict(temperature=-0.5), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(prompts=(), prompts_file=""), "no prompts"), (dict(model=dict(vocab=-1)), "config.model.vocab")])
+@pytest.mark.parametrize("overrides, message", [(dict(k=0), "config.k"), (dict(mode="beam"), "config.mode"),
+                                                (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"),
+                                                (dict(max_new_tokens=0), "max_new_tokens"),
+                                                (dict(prompts=(), prompts_file=""), "no prompts"),
+                                                (dict(model=dict(vocab=-1)), "config.model.vocab")])
 def test_bad_config_values_fail_early(model_dirs, overrides, message):
   cfg = cli_config(model_dirs, **overrides)
   with pytest.raises(ValueError, match=message):
     pipeline.run(cfg, log=lambda m: None)
 
 
-@pytest.mark.parametrize("drafter, settings", [
-    ("ngram", dict(ngram=dict(min=1, max=2), k=4)), ("layer_skip", dict(layer_skip=dict(layers="0"))),
-    ("model", dict(model=dict(stop_threshold=0.3), k=4))])
+@pytest.mark.parametrize("drafter, settings", [("ngram", dict(ngram=dict(min=1, max=2), k=4)),
+                                               ("layer_skip", dict(layer_skip=dict(layers="0"))),
+                                               ("model", dict(model=dict(stop_threshold=0.3), k=4))])
 def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, drafter, settings):
   """Each drafter chosen by the config field `drafter` gives the target's greedy output; n-gram and
   layer-skip need no draft model (an empty `draft`)."""
@@ -68,15 +68,16 @@ def test_every_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, draf
   spec = pipeline.run(cli_config([model_dirs[0], draft], drafter=drafter, **settings), log=lambda m: None)
   ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
-  expected_calls = {"ngram": lambda calls: calls == 0, "layer_skip": lambda calls: calls > 0,
-                    "model": lambda calls: 0 < calls}[drafter]
+  expected_calls = {
+      "ngram": lambda calls: calls == 0, "layer_skip": lambda calls: calls > 0, "model": lambda calls: 0 < calls
+  }[drafter]
   assert expected_calls(spec["stats"]["draft_calls"]), spec["stats"]["draft_calls"]
   if drafter == "layer_skip":
     assert spec["stats"]["draft_layers"] == [0]
 
 
 @pytest.mark.parametrize("mode, drafter", [("autoregressive", "model"), ("speculative", "model"),
-                                            ("speculative", "ngram"), ("speculative", "layer_skip")])
+                                           ("speculative", "ngram"), ("speculative", "layer_skip")])
 def test_a_session_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   """Two batches through one session give the tokens that fresh sessions give, sampled at T = 0.8; the
   second call gets the caches the first returned (donated: the first call's key/value buffers, of the
@@ -87,15 +88,17 @@ def test_a_session_reuses_its_caches_across_batches(model_dirs, mode, drafter):
   built = session.build_drafter(spec, target, draft, log=lambda m: None) if mode == "speculative" else None
   ids = prompts.encode(target.tokenizer, ["def add(a, b):", "hello", "x = [1, 2", "ab"], chat=False)
   budget, keys = np.array([10, 7], np.int32), [jax.random.key(1), jax.random.key(2)]
-  batches = [session.Batch(*generation.pad_prompts(rows, width=max(map(len, ids))), budget, real=2)
-             for rows in (ids[:2], ids[2:])]
+  batches = [
+      session.Batch(*generation.pad_prompts(rows, width=max(map(len, ids))), budget, real=2)
+      for rows in (ids[:2], ids[2:])
+  ]
   one = session.Session(spec, target, built, 64)
   reused, first_caches = [], None
   for batch, key in zip(batches, keys):
     out = one(batch, key)
     reused.append((np.asarray(out.tokens), np.asarray(out.counts)))
-    first_caches = first_caches or [one.target_cache] + (
-        [one.draft_storage] if mode == "speculative" and drafter == "model" else [])
+    first_caches = first_caches or [one.target_cache
+                                   ] + ([one.draft_storage] if mode == "speculative" and drafter == "model" else [])
     if mode == "speculative":
       assert one.draft_storage is one.drafter.storage_of(out.draft_state)
   for cache in first_caches:
@@ -117,7 +120,8 @@ def test_a_session_reuses_its_caches_across_batches(model_dirs, mode, drafter):
     (dict(drafter="layer_skip", layer_skip=dict(layers="0-5")), r"config.layer_skip.layers '0-5' must lie in 0-1"),
     (dict(model=dict(stop_threshold=1.0)), r"config.model.stop_threshold must be in \[0, 1\)"),
     (dict(model=dict(stop_threshold=-0.1)), r"config.model.stop_threshold must be in \[0, 1\)"),
-    (dict(drafter="model", draft=""), "config.draft is empty but config.drafter is 'model'")])
+    (dict(drafter="model", draft=""), "config.draft is empty but config.drafter is 'model'")
+])
 def test_bad_drafter_settings_fail_before_the_models_load(model_dirs, tmp_path, overrides, message):
   """Every drafter setting is checked before a model loads (the target here does not exist), except the
   layer range, which needs the target's depth (checked right after it loads, before compiling)."""
@@ -152,8 +156,7 @@ def test_missing_model_and_a_draft_with_another_tokenizer(model_dirs, tmp_path):
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("a b ab ba xyz")
   logged = []
-  spec = pipeline.run(cli_config(model_dirs, draft=str(other), model=dict(vocab_corpus=str(corpus))),
-                      log=logged.append)
+  spec = pipeline.run(cli_config(model_dirs, draft=str(other), model=dict(vocab_corpus=str(corpus))), log=logged.append)
   ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
   assert spec["stats"]["vocab_intersection"] == 97 and spec["stats"]["spelled_ids"] == 1
@@ -163,8 +166,10 @@ def test_missing_model_and_a_draft_with_another_tokenizer(model_dirs, tmp_path):
 
 
 def test_cli_runs_without_log_noise(model_dirs):
-  ok = run_cli(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
-                "--config.max_new_tokens=5", "--config.k=2"])
+  ok = run_cli([
+      "--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+      "--config.max_new_tokens=5", "--config.k=2"
+  ])
   stdout, stderr = ok.communicate()
   assert ok.returncode == 0, stderr[-3000:]
   assert "acceptance rate" in stdout and "tokens / s" in stdout and re.search(r"\n  k policy +fixed, K = 2\n", stdout)
@@ -172,25 +177,27 @@ def test_cli_runs_without_log_noise(model_dirs):
 
 
 def test_the_printed_stats_say_what_the_adaptive_policy_chose_and_what_its_costs_are():
-  policy = {"kind": "adaptive", "lengths": [0, 1, 3], "rounds_per_length": [7, 0, 2],
-            "cost_table_s": [0.2, 0.85, 1.2501], "calibration_time_s": 54.14, "cost_table_measured_at": None}
-  assert decode._policy_rows(policy) == [
-      ("k policy", "adaptive, K <= 3"), ("rounds per length", "0: 7  1: 0  3: 2"),
-      ("round cost (ms)", "0: 200.0  1: 850.0  3: 1250.1  (measured in 54.1 s)")]
+  policy = {
+      "kind": "adaptive", "lengths": [0, 1, 3], "rounds_per_length": [7, 0, 2], "cost_table_s": [0.2, 0.85, 1.2501],
+      "calibration_time_s": 54.14, "cost_table_measured_at": None
+  }
+  assert decode._policy_rows(policy) == [("k policy", "adaptive, K <= 3"), ("rounds per length", "0: 7  1: 0  3: 2"),
+                                         ("round cost (ms)", "0: 200.0  1: 850.0  3: 1250.1  (measured in 54.1 s)")]
   stored = dict(policy, calibration_time_s=0.0, cost_table_measured_at="2026-12-04T14:11:18+00:00")
   assert decode._policy_rows(stored)[-1][1].endswith("(stored, measured at 2026-12-04T14:11:18+00:00)")
-  assert decode._policy_rows({"kind": "fixed", "lengths": [5], "rounds_per_length": [49]}) == [
-      ("k policy", "fixed, K = 5")]
+  assert decode._policy_rows({"kind": "fixed", "lengths": [5],
+                              "rounds_per_length": [49]}) == [("k policy", "fixed, K = 5")]
   tree = dict(policy, lengths=[0, 2, 2], spine=[False, True, False])  # a tree's spine and its whole cut
   assert decode._policy_rows(tree)[1] == ("rounds per length", "0: 7  2 spine: 0  2: 2")
 
 
 def _bad_inputs(tmp_path):
   """(command-line arguments after the tiny config and models, exit status, message regex) per bad input."""
-  files = {"invalid.jsonl": '{"prompt": "a"}\n\n{"prompt": "b"\n', "string.jsonl": '"just a string"\n',
-           "number.jsonl": '{"prompt": "a"}\n{"prompt": 3}\n', "no_field.jsonl": '{"text": "a"}\n',
-           "turns.jsonl": '{"turns": ["a", 3]}\n', "two_turns.jsonl": '{"turns": ["a", "b"]}\n',
-           "empty.txt": "\n\n"}
+  files = {
+      "invalid.jsonl": '{"prompt": "a"}\n\n{"prompt": "b"\n', "string.jsonl": '"just a string"\n',
+      "number.jsonl": '{"prompt": "a"}\n{"prompt": 3}\n', "no_field.jsonl": '{"text": "a"}\n',
+      "turns.jsonl": '{"turns": ["a", 3]}\n', "two_turns.jsonl": '{"turns": ["a", "b"]}\n', "empty.txt": "\n\n"
+  }
   for name, text in files.items():
     (tmp_path / name).write_text(text)
   prompts = lambda name: f"--config.prompts_file={tmp_path / name}"
@@ -293,16 +300,17 @@ def test_results_go_to_a_fallback_file_when_the_output_vanishes(model_dirs, tmp_
   out_dir.mkdir()
   original_run = pipeline.run
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(pipeline, "run", lambda c, log, **reuse: original_run(
-        c, log=lambda m: remove_output_dir(m) or log(m), **reuse))
+    patch.setattr(pipeline, "run",
+                  lambda c, log, **reuse: original_run(c, log=lambda m: remove_output_dir(m) or log(m), **reuse))
     with pytest.raises(SystemExit) as exit_info:
       decode.main(cfg)
   captured = capsys.readouterr()
   assert exit_info.value.code == 1
   assert all(o["text"] in captured.out for o in results["outputs"])  # the texts were printed
   error = captured.err.strip().splitlines()[-1]
-  assert re.fullmatch(r"error: could not write the results to config.output .*results.json; they were written "
-                      r"to (\S+) instead", error)
+  assert re.fullmatch(
+      r"error: could not write the results to config.output .*results.json; they were written "
+      r"to (\S+) instead", error)
   os.remove(error.split(" to ")[-1].removesuffix(" instead"))
 
 
@@ -334,8 +342,9 @@ def test_tree_drafter_keeps_greedy_output_through_the_pipeline(model_dirs, tree,
   spec = pipeline.run(cli_config(model_dirs, tree=tree, k=7, drafter=drafter), log=lambda m: None)
   ar = pipeline.run(cli_config(model_dirs, mode="autoregressive"), log=lambda m: None)
   assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
-  assert spec["stats"]["nodes_verified_per_round"] == {"(2,2)": 7, "[[0], [1], [0, 0]]": 4, "dynamic(4, 2, 2)": 5,
-                                                       "(2, 1)": 5}[tree]
+  assert spec["stats"]["nodes_verified_per_round"] == {
+      "(2,2)": 7, "[[0], [1], [0, 0]]": 4, "dynamic(4, 2, 2)": 5, "(2, 1)": 5
+  }[tree]
   assert len(spec["stats"]["per_position_acceptance"]) == 2
 
 
@@ -344,23 +353,25 @@ def test_an_adaptive_tree_counts_the_nodes_of_the_cut_each_round_verified():
   2 hold 2 and 3; three plain rounds, two of the spine of depth 2 and one of the cut of depth 2 verified
   (3 * 1 + 2 * 3 + 7) / 6 nodes a round; the fixed policy verifies all 7."""
   tree, dynamic = tree_lib.parse("(2, 2)"), tree_lib.parse("dynamic(4, 2, 2)")
-  adaptive = {"lengths": [0, 1, 1, 2, 2], "spine": [False, True, False, True, False],
-              "rounds_per_length": [3, 0, 0, 2, 1]}
+  adaptive = {
+      "lengths": [0, 1, 1, 2, 2], "spine": [False, True, False, True, False], "rounds_per_length": [3, 0, 0, 2, 1]
+  }
   assert tuning.nodes_verified_per_round(tree, 6, adaptive) == pytest.approx(16 / 6)
   assert tuning.nodes_verified_per_round(tree, 6, {"lengths": [2], "rounds_per_length": [9]}) == 7
   assert tuning.nodes_verified_per_round(dynamic, 4, {"lengths": [2], "rounds_per_length": [9]}) == 5
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(tree="(2,"), "config.tree .* neither"), (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
-    (dict(tree="()"), "config.tree: the branching tuple is empty"),
-    (dict(tree="(2,)", drafter="layer_skip", layer_skip=dict(layers="0")),
-     "config.drafter 'layer_skip' drafts no trees"),
-    (dict(tree="(2, 2)", drafter="ngram"), r"spines, \(b, 1, ..., 1\)"),
-    (dict(tree="dynamic(4, 2, 2)", drafter="ngram"), "spines"),
-    (dict(tree="dynamic(4, 2)"), r"config.tree .*dynamic\(N, D, b\)"),
-    (dict(tree="(2,)", model=dict(stop_threshold=0.3)), "exclude each other"),
-    (dict(tree_children="sorted"), "config.tree_children")])
+@pytest.mark.parametrize("overrides, message",
+                         [(dict(tree="(2,"), "config.tree .* neither"),
+                          (dict(tree="[[0], [0, 1]]"), "config.tree: path \\[0, 1\\]"),
+                          (dict(tree="()"), "config.tree: the branching tuple is empty"),
+                          (dict(tree="(2,)", drafter="layer_skip",
+                                layer_skip=dict(layers="0")), "config.drafter 'layer_skip' drafts no trees"),
+                          (dict(tree="(2, 2)", drafter="ngram"), r"spines, \(b, 1, ..., 1\)"),
+                          (dict(tree="dynamic(4, 2, 2)", drafter="ngram"), "spines"),
+                          (dict(tree="dynamic(4, 2)"), r"config.tree .*dynamic\(N, D, b\)"),
+                          (dict(tree="(2,)", model=dict(stop_threshold=0.3)), "exclude each other"),
+                          (dict(tree_children="sorted"), "config.tree_children")])
 def test_bad_tree_configs_fail_early(model_dirs, overrides, message):
   with pytest.raises(ConfigError, match=message):
     pipeline.run(cli_config(model_dirs, **overrides), log=lambda m: None)

@@ -38,7 +38,6 @@ from tests.helpers.stats import SAMPLE_ROWS
 ALPHA, REJECTED = 1e-3, 1e-6
 SAMPLE_K = 2  # the first K + 2 tokens: the prefill's, d_1, d_2, then the bonus or a correction
 
-
 PROMPTS = [[3, 1, 4], [1, 5, 2, 6, 5, 3], [7]]  # ragged, in the small target's vocabulary of 8
 BUDGETS = [9, 14, 11]  # not multiples of the blocks
 

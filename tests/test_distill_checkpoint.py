@@ -37,6 +37,7 @@ def _collect_abandoned_reads():
   yield
   gc.collect()
 
+
 _SHORT = {"num_steps": 4, "checkpoint_every": 2, "eval_every": 4}  # checkpoints 2 and 4, evals 0 and 4
 
 
@@ -57,8 +58,9 @@ def _copy(finished, tmp_path):
 
 def _largest_state_file(checkpoints, step):
   """The biggest file of checkpoint `step`'s state item: OCDBT data holding array chunks."""
-  files = [f for f in glob.glob(os.path.join(checkpoints, str(step), "state", "**"), recursive=True)
-           if os.path.isfile(f)]
+  files = [
+      f for f in glob.glob(os.path.join(checkpoints, str(step), "state", "**"), recursive=True) if os.path.isfile(f)
+  ]
   return max(files, key=os.path.getsize)
 
 
@@ -106,8 +108,9 @@ def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, 
   summary = train.run(distill_config(target, workdir, **_SHORT))
   out, err = capsys.readouterr()
   step4 = os.path.join(checkpoints, "4")
-  assert re.search(rf"warning: checkpoint step 4 in {re.escape(step4)} is damaged: file state/\S+ has \d+ bytes, "
-                   r"\d+ were saved; trying step 2\n", err)
+  assert re.search(
+      rf"warning: checkpoint step 4 in {re.escape(step4)} is damaged: file state/\S+ has \d+ bytes, "
+      r"\d+ were saved; trying step 2\n", err)
   assert f"warning: set the damaged checkpoint aside as {step4}.damaged;" in err
   assert f"resuming from step 2 ({os.path.join(checkpoints, '2')})" in out
   assert sorted(os.listdir(checkpoints)) == ["2", "4", "4.damaged"]
@@ -123,9 +126,9 @@ def test_truncated_latest_checkpoint_falls_back_bit_identical(finished, target, 
 _DAMAGES = {  # damage -> (harm, reason found by the file manifest, reason found by orbax and the leaf sums)
     "truncated": (_truncate, r"file state/\S+ has \d+ bytes, \d+ were saved", r"its state cannot be read \("),
     "flipped": (_flip, r"file state/\S+ does not match its checksum", "checksum mismatch in "),
-    "missing file": (_remove, r"file state/\S+ is missing", r"its state cannot be read \("),
-    "edited metadata": (_edit_metadata, "file meta/metadata does not match its checksum",
-                        "its metadata does not match its checksum")}
+    "missing file": (_remove, r"file state/\S+ is missing", r"its state cannot be read \("), "edited metadata":
+        (_edit_metadata, "file meta/metadata does not match its checksum", "its metadata does not match its checksum")
+}
 
 
 def _drop_manifest(checkpoints, step):
@@ -151,8 +154,9 @@ def test_damage_is_detected_and_skipped_read_only(damage, manifest, finished, ta
   _, _, step = train.latest(distill_config(target, workdir, **_SHORT))
   assert step == 2
   err = capsys.readouterr().err
-  assert re.search(f"warning: checkpoint step 4 in {re.escape(os.path.join(checkpoints, '4'))} is damaged: "
-                   f"{reason}", err), err
+  assert re.search(
+      f"warning: checkpoint step 4 in {re.escape(os.path.join(checkpoints, '4'))} is damaged: "
+      f"{reason}", err), err
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
 
 
@@ -160,8 +164,9 @@ def test_refuse_option_stops_on_a_damaged_checkpoint(finished, target, tmp_path)
   workdir, checkpoints = _copy(finished, tmp_path)
   _flip(checkpoints, 4)
   step4 = os.path.join(checkpoints, "4")
-  with pytest.raises(CorruptCheckpointError, match=rf"^checkpoint step 4 in {re.escape(step4)} is damaged: "
-                     r"file state/\S+ does not match its checksum; not falling back to an older checkpoint") as error:
+  with pytest.raises(
+      CorruptCheckpointError, match=rf"^checkpoint step 4 in {re.escape(step4)} is damaged: "
+      r"file state/\S+ does not match its checksum; not falling back to an older checkpoint") as error:
     train.run(distill_config(target, workdir, on_damaged_checkpoint="refuse", **_SHORT))
   assert (error.value.step, error.value.path) == (4, step4)
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
@@ -196,8 +201,9 @@ def test_unverified_old_checkpoint_restores_with_a_warning(finished, target, tmp
 def test_another_configs_checkpoint_is_not_called_damaged(finished, target, tmp_path):
   """A changed student is a config error: no fallback, nothing set aside."""
   workdir, checkpoints = _copy(finished, tmp_path)
-  with pytest.raises(ValueError, match=r"checkpoint step 4 in .* holds another train state than this config "
-                     r"builds \(differing: .*layers_1") as error:
+  with pytest.raises(
+      ValueError, match=r"checkpoint step 4 in .* holds another train state than this config "
+      r"builds \(differing: .*layers_1") as error:
     train.run(distill_config(target, workdir, student__num_layers=2, **_SHORT))
   assert not isinstance(error.value, CorruptCheckpointError)
   assert sorted(os.listdir(checkpoints)) == ["2", "4"]
@@ -207,11 +213,13 @@ def test_nan_message_names_the_step_and_the_restored_checkpoint(target, tmp_path
   config = distill_config(target, tmp_path, optim__learning_rate=1e30, optim__warmup_steps=0, checkpoint_every=1)
   checkpoints = os.path.join(tmp_path, train.CHECKPOINT_DIR)
   step1 = os.path.join(checkpoints, "1")
-  with pytest.raises(FloatingPointError, match=rf"at step 2; stopping \(this run started from scratch; the last "
-                     rf"good checkpoint is step 1 in {re.escape(step1)}\)"):
+  with pytest.raises(
+      FloatingPointError, match=rf"at step 2; stopping \(this run started from scratch; the last "
+      rf"good checkpoint is step 1 in {re.escape(step1)}\)"):
     train.run(config)
-  with pytest.raises(FloatingPointError, match=rf"at step 2; stopping \(this run resumed from verified checkpoint "
-                     rf"step 1 in {re.escape(step1)}; the last good checkpoint is step 1 in {re.escape(step1)}\)"):
+  with pytest.raises(
+      FloatingPointError, match=rf"at step 2; stopping \(this run resumed from verified checkpoint "
+      rf"step 1 in {re.escape(step1)}; the last good checkpoint is step 1 in {re.escape(step1)}\)"):
     train.run(config)
 
 
@@ -220,10 +228,11 @@ def test_cli_refusing_a_damaged_checkpoint_prints_one_error_line(finished, targe
   workdir, checkpoints = _copy(finished, tmp_path)
   _truncate(checkpoints, 4)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  done = subprocess.run([sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py",
-                         f"--config.workdir={workdir}", f"--config.target={target}", "--config.num_steps=4",
-                         "--config.checkpoint_every=2", "--config.on_damaged_checkpoint=refuse"],
-                        cwd=root, capture_output=True, text=True)
+  done = subprocess.run([
+      sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py", f"--config.workdir={workdir}",
+      f"--config.target={target}", "--config.num_steps=4", "--config.checkpoint_every=2",
+      "--config.on_damaged_checkpoint=refuse"
+  ], cwd=root, capture_output=True, text=True)
   errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
   assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
   step4 = os.path.join(checkpoints, "4")

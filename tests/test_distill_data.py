@@ -76,8 +76,8 @@ def test_stream_is_random_access_reshuffles_epochs_and_restores():
 
 
 def test_modes_mix_by_weight_and_generated_rows_continue_prompts():
-  config = ModelConfig(arch="llama", vocab_size=91, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                       head_dim=16, d_ff=48)
+  config = ModelConfig(arch="llama", vocab_size=91, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
+                       d_ff=48)
   params = init_params(config, jax.random.key(0))
   packed = data.pack([corpus.Document("a", "the quick brown fox jumps over the lazy dog " * 3)], encode, 16, 0)
   stream = data.BatchStream(packed, batch_size=2, seed=0)

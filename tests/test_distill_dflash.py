@@ -67,8 +67,8 @@ def test_training_blocks_see_what_the_drafting_block_sees(monkeypatch):
     layout = honest(anchors_BxM, seq_len, block)
     own_BxMK = jnp.repeat(anchors_BxM - 1, block, axis=1)
     context = seq_len - 1
-    ancestors = layout.ancestors_BxNxN.at[:, context:, :context].set(
-        layout.ancestors_BxNxN[:, context:, :context] | (jnp.arange(context)[None, None, :] == own_BxMK[:, :, None]))
+    ancestors = layout.ancestors_BxNxN.at[:, context:, :context].set(layout.ancestors_BxNxN[:, context:, :context] | (
+        jnp.arange(context)[None, None, :] == own_BxMK[:, :, None]))
     return layout.replace(ancestors_BxNxN=ancestors)
 
   monkeypatch.setattr(dflash_steps, "anchor_layout", leaky)

@@ -24,34 +24,41 @@ from tests.helpers.layer_skip import TARGET, target_greedy_3
 TOKENS_2x10 = jnp.asarray([[5, 17, 3, 44, 9, 1, 2, 60, 7, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
 NUM_STEPS = 3
 
-
 SLIDING_3 = ("sliding_attention",) * 3
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("feature_layers, block", [
-    ((0, 1, 2), {}), ((), {}),
-    ((0, 1, 2), {"qkv_bias": True}),  # Qwen2: biases of 1 on q, k and v
-    ((0, 1, 2), {"sliding_window": 2}),  # Mistral: a window shorter than the chains' reach
-    ((), {"arch": "gemma", "attn_softcap": 2.0, "query_pre_attn_scalar": 16, "sliding_window": 3,
-          "layer_types": SLIDING_3}),  # Gemma 2
-    ((0, 1, 2), {"arch": "gemma", "qk_norm": True, "rope_local_theta": 100.0, "sliding_window": 2,
-                 "layer_types": SLIDING_3}),  # Gemma 3
-])
+@pytest.mark.parametrize(
+    "feature_layers, block",
+    [
+        ((0, 1, 2), {}),
+        ((), {}),
+        ((0, 1, 2), {"qkv_bias": True}),  # Qwen2: biases of 1 on q, k and v
+        ((0, 1, 2), {"sliding_window": 2}),  # Mistral: a window shorter than the chains' reach
+        ((), {
+            "arch": "gemma", "attn_softcap": 2.0, "query_pre_attn_scalar": 16, "sliding_window": 3,
+            "layer_types": SLIDING_3
+        }),  # Gemma 2
+        ((0, 1, 2), {
+            "arch": "gemma", "qk_norm": True, "rope_local_theta": 100.0, "sliding_window": 2, "layer_types": SLIDING_3
+        }),  # Gemma 3
+    ])
 def test_training_time_test_equals_the_head_run_step_by_step(feature_layers, block):
   """`block`: the head block's family options (the target stays the plain llama one)."""
   target_config, target_params = TARGET
   config, params = eagle_head(target_config.replace(**block), feature_layers)
   assert ("bias" in params["layer"]["attn"]["q_proj"]) == block.get("qkv_bias", False)
-  features_BxTxF, _ = jax.jit(eagle_steps.target_features, static_argnums=(0, 2))(
-      target_config, target_params, feature_layers, TOKENS_2x10)
-  ttt = [logits for _, logits in jax.jit(eagle_steps.ttt_unroll, static_argnums=(0, 2, 6))(
-      config, params, target_config, target_params, TOKENS_2x10, features_BxTxF, NUM_STEPS)]
+  features_BxTxF, _ = jax.jit(eagle_steps.target_features, static_argnums=(0, 2))(target_config, target_params,
+                                                                                  feature_layers, TOKENS_2x10)
+  ttt = [
+      logits for _, logits in jax.jit(eagle_steps.ttt_unroll, static_argnums=(
+          0, 2, 6))(config, params, target_config, target_params, TOKENS_2x10, features_BxTxF, NUM_STEPS)
+  ]
   drafter = EagleDrafter(config, params, target_config, target_params)
   embedding_VxD = target_params["embed"]["embedding"]
   # Compiled once each (op by op, the six cases took ~3 minutes on 2 cores).
-  init = jax.jit(lambda prompts_BxP: drafter.init(drafter.storage(2, 16), prompts_BxP,
-                                                  jnp.full((2,), prompts_BxP.shape[1]), None))
+  init = jax.jit(
+      lambda prompts_BxP: drafter.init(drafter.storage(2, 16), prompts_BxP, jnp.full((2,), prompts_BxP.shape[1]), None))
   forward = jax.jit(head_forward, static_argnums=0)
   to_logits = jax.jit(lambda out_BxD: head_logits(config, params, target_config, target_params, None, out_BxD))
   for n in (1, 2, 4, 6):  # history x_0 .. x_{n-1}, pending x_n: the chain starting at position n - 1
@@ -72,10 +79,10 @@ def test_eagle1_feature_regression_adds_to_the_loss():
   loss = lambda weight: eagle_steps.ttt_loss(config, params, target_config, target_params, TOKENS_2x10, mask_BxT,
                                              eagle_steps.Objective(NUM_STEPS, weight))[0]
   features_BxTxD, _ = eagle_steps.target_features(target_config, target_params, (), TOKENS_2x10)
-  out_BxTxD = np.asarray(eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10,
-                                                features_BxTxD, 1)[0][0])
+  out_BxTxD = np.asarray(
+      eagle_steps.ttt_unroll(config, params, target_config, target_params, TOKENS_2x10, features_BxTxD, 1)[0][0])
   error = out_BxTxD[:, :-1] - np.asarray(features_BxTxD)[:, 1:]  # the output at t against the target's f_{t+1}
-  huber = np.where(np.abs(error) < 1, 0.5 * error ** 2, np.abs(error) - 0.5).mean()
+  huber = np.where(np.abs(error) < 1, 0.5 * error**2, np.abs(error) - 0.5).mean()
   np.testing.assert_allclose(loss(0.5), loss(0.0) + 0.5 * huber, rtol=1e-5)
   with pytest.raises(ValueError, match="final hidden state"):
     eagle_steps.ttt_loss(*eagle_head(TARGET[0], (0, 1, 2)), target_config, target_params, TOKENS_2x10, mask_BxT,
@@ -106,7 +113,7 @@ def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target(
     q_restricted = q_BxTxV[..., tokens_Vd] / q_BxTxV[..., tokens_Vd].sum(-1, keepdims=True)
     kl_BxT = np.sum(q_restricted * (np.log(q_restricted) - np.log(p_BxTxVd[:, :10 - 1 - j])), axis=-1)
     valid_BxT = np.asarray(mask_BxT)[:, 1 + j:]
-    want_loss += 0.8 ** j * np.sum(kl_BxT * valid_BxT) / valid_BxT.sum()
+    want_loss += 0.8**j * np.sum(kl_BxT * valid_BxT) / valid_BxT.sum()
     accept_BxT, accept_valid_BxT = (np.asarray(x) for x in extra["accepts"][j])
     want_accept_BxT = np.minimum(p_BxTxVd[:, :10 - 1 - j], q_BxTxV[..., tokens_Vd]).sum(-1)
     np.testing.assert_allclose(accept_BxT[:, :10 - 1 - j], want_accept_BxT, rtol=1e-5, atol=1e-6, err_msg=f"j={j}")
@@ -115,11 +122,12 @@ def test_a_restricted_vocabulary_trains_over_its_tokens_against_the_full_target(
 
 
 def _train_step(config, params, learning_rate, num_steps):
-  optim = ml_collections.ConfigDict(dict(learning_rate=learning_rate, warmup_steps=0, final_lr_fraction=1.0,
-                                         weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0))
+  optim = ml_collections.ConfigDict(
+      dict(learning_rate=learning_rate, warmup_steps=0, final_lr_fraction=1.0, weight_decay=0.0, b1=0.9, b2=0.95,
+           grad_clip=1.0))
   optimizer, schedule = steps.make_optimizer(optim, num_steps, jax.tree.map(lambda _: TRAIN, params))
-  return (eagle_steps.make_train_step(config, TARGET[0], optimizer, schedule, NUM_STEPS),
-          steps.init_state(params, optimizer, seed=0))
+  return (eagle_steps.make_train_step(config, TARGET[0], optimizer, schedule,
+                                      NUM_STEPS), steps.init_state(params, optimizer, seed=0))
 
 
 def test_training_lowers_the_loss_and_raises_the_acceptance_length():

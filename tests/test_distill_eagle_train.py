@@ -73,8 +73,8 @@ def test_a_head_trains_and_exports_over_its_restricted_vocabulary(target, tmp_pa
   """student.draft_vocab: the Vd tokens most frequent in the training rows (EOS included), kept in the work
   directory, exported with the head and read back by `train.latest`; a resume that would rank another
   vocabulary into the same work directory is refused."""
-  config = distill_config(target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4,
-                                               "student__draft_vocab": 24})
+  config = distill_config(
+      target, tmp_path, **{**EAGLE, "num_steps": 4, "eval_every": 4, "checkpoint_every": 4, "student__draft_vocab": 24})
   summary = train.run(config)
   teacher = load_model(target)
   rows = train.data.pack(*_training_documents(config, teacher))
@@ -103,8 +103,8 @@ def _training_documents(config, teacher):
 
 
 def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_path):
-  config = distill_config(target, tmp_path / "nan", **{**EAGLE, "optim__learning_rate": 1e30, "optim__warmup_steps": 0,
-                                                       "checkpoint_every": 1})
+  config = distill_config(target, tmp_path / "nan",
+                          **{**EAGLE, "optim__learning_rate": 1e30, "optim__warmup_steps": 0, "checkpoint_every": 1})
   with pytest.raises(FloatingPointError, match=r"non-finite .* at step 2"):
     train.run(config)
   with pytest.raises(ConfigError, match="'student' data mode"):
@@ -112,7 +112,7 @@ def test_head_training_stops_on_nan_and_refuses_what_it_cannot_do(target, tmp_pa
   with pytest.raises(ConfigError, match="feature_loss_weight"):
     train.run(distill_config(target, tmp_path / "regression", **{**EAGLE, "student__feature_loss_weight": 1.0}))
   with pytest.raises(ConfigError, match="config.student.draft_vocab"):
-    train.run(distill_config(target, tmp_path / "vocab", **{**EAGLE, "student__draft_vocab": 10 ** 6}))
+    train.run(distill_config(target, tmp_path / "vocab", **{**EAGLE, "student__draft_vocab": 10**6}))
   with pytest.raises(ConfigError, match="config.student.draft_vocab .* 'eagle_head' only"):
     train.run(distill_config(target, tmp_path / "vocab_draft", student__draft_vocab=16))
   with pytest.raises(ValueError, match=r"after target layers \[5\]"):

@@ -49,8 +49,8 @@ def test_export_round_trips_through_transformers(family, tmp_path):
 @pytest.mark.slow
 def test_export_of_a_windowed_qwen2_config(tmp_path):
   """Settings the families above do not cover: q/k/v biases with a sliding window shorter than the input."""
-  config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                       head_dim=8, d_ff=48, rope_theta=5e5, norm_eps=1e-5, qkv_bias=True, sliding_window=4)
+  config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                       d_ff=48, rope_theta=5e5, norm_eps=1e-5, qkv_bias=True, sliding_window=4)
   params = jax.tree.map(lambda p: p * 5, init_params(config, jax.random.key(0)))
   export_hf(str(tmp_path), config, params)
   _assert_transformers_logits_match(str(tmp_path), config, params)
@@ -65,15 +65,15 @@ def test_truncated_and_fresh_students_export(family, tmp_path):
   config, params = load_hf_dir(str(tmp_path / "src"))
   short_config, short_params = truncate(config, params, 2)
   assert short_config.layer_types == config.layer_types[:2]
-  spec = ml_collections.ConfigDict(dict(d_model=32, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=48,
-                                        tie_embeddings=True))
+  spec = ml_collections.ConfigDict(
+      dict(d_model=32, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=48, tie_embeddings=True))
   deep_config, deep_params = fresh(config, spec, jax.random.key(1))
-  assert deep_config.layer_types == tuple(config.layer_types[i % config.n_layers] for i in range(4)
-                                          if config.layer_types)
+  assert deep_config.layer_types == tuple(
+      config.layer_types[i % config.n_layers] for i in range(4) if config.layer_types)
   deep_params = jax.tree.map(lambda p: p + 0.1 * np.random.default_rng(2).normal(size=p.shape).astype(np.float32),
                              deep_params)
-  for name, (student_config, student_params) in {"short": (short_config, short_params),
-                                                 "deep": (deep_config, deep_params)}.items():
+  for name, (student_config,
+             student_params) in {"short": (short_config, short_params), "deep": (deep_config, deep_params)}.items():
     export_hf(str(tmp_path / name), student_config, student_params)
     _assert_transformers_logits_match(str(tmp_path / name), student_config, student_params)
     assert load_hf_dir(str(tmp_path / name))[0] == student_config
@@ -91,8 +91,8 @@ def test_export_writes_a_tokenizer_transformers_and_specjax_read(tmp_path):
 
 def test_stacked_params_export_one_tensor_per_layer(tmp_path):
   """Params in the scanned layout (`layers` with a leading [L] axis) write the same files as per layer."""
-  config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
-                       head_dim=8, d_ff=48)
+  config = ModelConfig(arch="llama", vocab_size=VOCAB, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+                       d_ff=48)
   params = init_params(config, jax.random.key(0))
   export_hf(str(tmp_path / "layers"), config, params)
   export_hf(str(tmp_path / "stacked"), config.replace(scan_layers=True), stack_layers(params, 3))

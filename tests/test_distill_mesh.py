@@ -96,21 +96,23 @@ def test_every_student_weight_and_adam_moment_is_split_as_the_fsdp_rules_say():
   split over model=4. Norm scales are whole. Adam's mu and nu are laid out like their parameters."""
   shards = _worker("steps")["shards"]
   assert shards["devices"] == list(range(8))
-  want = {"['embed']['embedding']": [128 // 4, 64 // 2], "['lm_head']['weight']": [128 // 4, 64 // 2],
-          "['layers_0']['attn']['q_proj']['weight']": [64 // 4, 64 // 2],
-          "['layers_0']['attn']['k_proj']['weight']": [32 // 4, 64 // 2],
-          "['layers_0']['attn']['v_proj']['weight']": [32 // 4, 64 // 2],
-          "['layers_0']['attn']['o_proj']['weight']": [64 // 2, 64 // 4],
-          "['layers_0']['mlp']['gate_proj']['weight']": [128 // 4, 64 // 2],
-          "['layers_0']['mlp']['up_proj']['weight']": [128 // 4, 64 // 2],
-          "['layers_0']['mlp']['down_proj']['weight']": [64 // 2, 128 // 4],
-          "['layers_0']['attn_norm']['scale']": [64], "['layers_0']['mlp_norm']['scale']": [64],
-          "['final_norm']['scale']": [64]}
+  want = {
+      "['embed']['embedding']": [128 // 4, 64 // 2], "['lm_head']['weight']": [128 // 4, 64 // 2],
+      "['layers_0']['attn']['q_proj']['weight']": [64 // 4, 64 // 2
+                                                  ], "['layers_0']['attn']['k_proj']['weight']": [32 // 4, 64 // 2],
+      "['layers_0']['attn']['v_proj']['weight']": [32 // 4, 64 // 2
+                                                  ], "['layers_0']['attn']['o_proj']['weight']": [64 // 2, 64 // 4],
+      "['layers_0']['mlp']['gate_proj']['weight']": [128 // 4, 64 // 2
+                                                    ], "['layers_0']['mlp']['up_proj']['weight']": [128 // 4, 64 // 2],
+      "['layers_0']['mlp']['down_proj']['weight']": [64 // 2, 128 // 4], "['layers_0']['attn_norm']['scale']": [64],
+      "['layers_0']['mlp_norm']['scale']": [64], "['final_norm']['scale']": [64]
+  }
   params = {name.removeprefix(".params"): shape for name, shape in shards["params"].items()}
   assert params == want
   for moment in ("mu", "nu"):
-    got = {name.split(f".{moment}", 1)[1]: shape for name, shape in shards["opt_state"].items()
-           if f".{moment}[" in name}
+    got = {
+        name.split(f".{moment}", 1)[1]: shape for name, shape in shards["opt_state"].items() if f".{moment}[" in name
+    }
     assert got == want, moment
 
 
@@ -126,8 +128,8 @@ def test_killed_run_on_a_mesh_resumes_bit_for_bit(resume):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh, embedding_shard, devices", [
-    ("data=2,model=4", [32, 32], [8]), ("model=8", [16, 64], [8]), ("", [128, 64], [1])])
+@pytest.mark.parametrize("mesh, embedding_shard, devices", [("data=2,model=4", [32, 32], [8]),
+                                                            ("model=8", [16, 64], [8]), ("", [128, 64], [1])])
 def test_a_checkpoint_restores_onto_another_mesh_shape_with_the_same_bits(resume, mesh, embedding_shard, devices):
   restored = resume["restored"][mesh]
   assert restored["verified"] and restored["bit_equal"] and restored["same_layout_as_template"]
@@ -150,11 +152,12 @@ def test_a_run_restored_onto_another_mesh_shape_trains_on(resume):
     ("accum", "config.accum_steps 3 does not divide config.data.batch_size 8"),
     ("accum_zero", "config.data.batch_size and config.accum_steps must be >= 1, got 8 and 0"),
     ("micro_batch", "config.data.batch_size 8 / accum_steps 2 = 4 rows per micro-batch do not split over the "
-                    "mesh's data axis of size 8: use a batch size that is a multiple of accum_steps x 8 = 16"),
+     "mesh's data axis of size 8: use a batch size that is a multiple of accum_steps x 8 = 16"),
     ("batch", "config.data.batch_size 4 / accum_steps 1 = 4 rows per micro-batch do not split over the mesh's "
-              "data axis of size 8"),
+     "data axis of size 8"),
     ("axis_name", "config.mesh 'data=2,tensor=4': 'tensor=4' is not AXIS=SIZE with AXIS one of ('data', 'model')"),
-    ("product", "config.mesh 'data=2,model=2' has 4 devices (2 x 2), but 8 are present")])
+    ("product", "config.mesh 'data=2,model=2' has 4 devices (2 x 2), but 8 are present")
+])
 def test_bad_settings_fail_with_one_line_before_anything_loads(case, message):
   """`train.run` on a target that does not exist: the config error comes first."""
   error = _worker("errors")[case]["error"]

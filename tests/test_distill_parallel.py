@@ -58,8 +58,8 @@ def test_layout_shows_each_mask_its_anchors_context_only():
   assert counts[0] == SEQ_LEN and counts[1] > counts[2] > counts[3] > 0  # COD: fewer masks deeper
   assert _layout_error(layout) < 1e-4
   # Mutant: each mask follows the real token before its position instead of the mask above it.
-  leaky = dataclasses.replace(layout, parent=tuple(p if s == 0 else src - 1 for p, s, src in
-                                                   zip(layout.parent, layout.step, layout.source)))
+  leaky = dataclasses.replace(
+      layout, parent=tuple(p if s == 0 else src - 1 for p, s, src in zip(layout.parent, layout.step, layout.source)))
   assert _layout_error(leaky) > 1e-2
 
 
@@ -72,8 +72,9 @@ def test_parallel_draft_learns_later_positions_decodes_exactly_and_resumes_bit_i
     assert json.load(f)["mask_token_id"] == 97
   target_model, draft = load_model(target), load_model(summary["export_dir"])
   assert draft.config.vocab_size == target_model.config.vocab_size + 1
-  drafter, _ = ParallelDrafter.build(DrafterSettings("parallel", ParallelDrafter.config_group(),
-                                                     draft=summary["export_dir"], k=3), target_model, draft)
+  drafter, _ = ParallelDrafter.build(
+      DrafterSettings("parallel", ParallelDrafter.config_group(), draft=summary["export_dir"], k=3), target_model,
+      draft)
   prompts = [target_model.tokenizer.encode(text) for text in ("def main(args):\n    ", "import os\nimport ")]
   out = testing.check_greedy(drafter, (target_model.config, target_model.params), prompts, k=drafter.k,
                              max_new_tokens=24, cache_len=64)

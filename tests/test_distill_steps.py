@@ -13,8 +13,8 @@ from specjax.models.config import ModelConfig
 from specjax.models.layout import stack_layers
 from specjax.models.transformer import init_params
 
-TEACHER = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8,
-                      d_ff=24, dtype="bfloat16")  # untied: embedding rows of absent tokens move by decay only
+TEACHER = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=24,
+                      dtype="bfloat16")  # untied: embedding rows of absent tokens move by decay only
 TOKENS_BxT = np.asarray(jax.random.randint(jax.random.key(2), (4, 16), 0, TEACHER.vocab_size), np.int32)
 MASK_BxT = np.ones(TOKENS_BxT.shape, bool)
 
@@ -36,8 +36,9 @@ def setup():
 
 def _changed(before, after, labels, label):
   """Elements of the `label` leaves that differ between the two trees: (changed, total)."""
-  pairs = [(np.asarray(b), np.asarray(a)) for b, a, l in
-           zip(jax.tree.leaves(before), jax.tree.leaves(after), jax.tree.leaves(labels)) if l == label]
+  pairs = [(np.asarray(b), np.asarray(a))
+           for b, a, l in zip(jax.tree.leaves(before), jax.tree.leaves(after), jax.tree.leaves(labels))
+           if l == label]
   return sum(int(np.sum(b != a)) for b, a in pairs), sum(b.size for b, _ in pairs)
 
 
@@ -51,8 +52,8 @@ def test_one_small_step_moves_every_trainable_float32_master_weight(setup):
   assert metrics["loss"].dtype == jnp.float32 and float(metrics["learning_rate"]) == pytest.approx(5e-5)
   changed, total = _changed(before, state.params, labels, student.TRAIN)
   assert changed == total > 0
-  assert _changed(before, state.params, labels, student.FROZEN) == (0, sum(p.size for p in jax.tree.leaves(
-      params["layers_1"])))
+  assert _changed(before, state.params, labels,
+                  student.FROZEN) == (0, sum(p.size for p in jax.tree.leaves(params["layers_1"])))
   assert {p.dtype for p in jax.tree.leaves(steps.model_params(TEACHER, state.params))} == {TEACHER.jnp_dtype}
 
 

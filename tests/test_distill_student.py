@@ -13,8 +13,8 @@ from specjax.models.config import ModelConfig
 from specjax.models.layout import stack_layers
 from specjax.models.transformer import init_params
 
-TARGET = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8,
-                     d_ff=24, tie_embeddings=True)
+TARGET = ModelConfig(arch="llama", vocab_size=61, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=24,
+                     tie_embeddings=True)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,8 @@ def test_a_stacked_target_truncates_to_the_same_per_layer_student(target_params)
 
 
 def test_fresh_student_has_the_targets_vocabulary_and_architecture():
-  spec = ml_collections.ConfigDict(dict(d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=4, d_ff=8,
-                                        tie_embeddings=False))
+  spec = ml_collections.ConfigDict(
+      dict(d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=4, d_ff=8, tie_embeddings=False))
   config, params = student.fresh(TARGET, spec, jax.random.key(1))
   assert (config.vocab_size, config.arch, config.n_layers, config.tie_embeddings) == (61, "llama", 1, False)
   assert params["lm_head"]["weight"].shape == (61, 8)
@@ -58,8 +58,7 @@ def test_fresh_student_has_the_targets_vocabulary_and_architecture():
 
 
 def test_frozen_parameters_get_zero_updates(target_params):
-  labels = student.frozen_labels(TARGET, target_params, freeze_embeddings=True, freeze_head=False,
-                                 freeze_layers=(1,))
+  labels = student.frozen_labels(TARGET, target_params, freeze_embeddings=True, freeze_head=False, freeze_layers=(1,))
   optimizer, _ = steps.make_optimizer(default_config().optim, 10, labels)
   grads = jax.tree.map(jnp.ones_like, target_params)
   state = optimizer.init(target_params)

@@ -37,8 +37,8 @@ def test_loss_falls_and_heldout_acceptance_rises(target, tmp_path):
     assert json.load(f)["acceptance_gain"] == pytest.approx(summary["acceptance_gain"])
   with open(tmp_path / log.METRICS_FILE) as f:
     raw = [json.loads(line) for line in f]
-  assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["learning_rate"] >= 0
-             for r in raw if r["split"] == "train")
+  assert all(
+      r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["learning_rate"] >= 0 for r in raw if r["split"] == "train")
   draft = load_model(summary["export_dir"])
   assert draft.config.n_layers == 1 and draft.config.vocab_size == load_model(target).config.vocab_size
 
@@ -76,8 +76,8 @@ def _jsonl_scalars(workdir, split):
   """metrics.jsonl's numeric fields of `split` as float32, keyed like `_tensorboard_scalars`."""
   with open(os.path.join(workdir, log.METRICS_FILE)) as f:
     records = [r for line in f if (r := json.loads(line))["split"] == split]
-  return {(k, r["step"]): float(np.float32(v)) for r in records for k, v in r.items()
-          if k not in ("step", "split", "mode")}
+  return {(k, r["step"]): float(np.float32(v))
+          for r in records for k, v in r.items() if k not in ("step", "split", "mode")}
 
 
 @pytest.mark.slow
@@ -114,8 +114,8 @@ def test_interrupted_run_resumes_bit_identical(target, tmp_path):
     shown, purges = _tensorboard_scalars(tmp_path / "resumed", split)
     assert purges == [purge_from]
     assert shown == _jsonl_scalars(tmp_path / "resumed", split)
-    assert {tag for tag, _ in shown} >= ({"loss", "grad_norm", "learning_rate"} if split == "train"
-                                          else {"loss", "acceptance", "greedy_agreement"})
+    assert {tag for tag, _ in shown} >= ({"loss", "grad_norm", "learning_rate"}
+                                         if split == "train" else {"loss", "acceptance", "greedy_agreement"})
   np.testing.assert_array_equal(draft.params["embed"]["embedding"], want["model.embed_tokens.weight"])
 
 
@@ -147,8 +147,8 @@ def test_bfloat16_run_checkpoints_a_float32_master_and_resumes_bit_identical(tar
     sums = saved.manager.restore(6, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta[checkpoint.STATE_SUMS]
   finally:
     saved.close()
-  assert {r["dtype"] for name, r in sums.items() if name.startswith((".params", ".opt_state"))
-          and r["shape"]} == {"float32"}
+  assert {r["dtype"] for name, r in sums.items() if name.startswith((".params", ".opt_state")) and r["shape"]
+         } == {"float32"}
   _, draft, step = train.latest(distill_config(target, tmp_path / "resumed", **changes))
   assert step == 6 and draft.config.dtype == "bfloat16"
   np.testing.assert_array_equal(np.asarray(draft.params["embed"]["embedding"], np.float32),
@@ -193,8 +193,10 @@ def test_bad_configs_give_clear_errors(case, target, tmp_path):
 
 @pytest.mark.slow
 def test_cli_runs_resumes_and_reports_errors(target, tmp_path):
-  command = [sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py",
-             f"--config.workdir={tmp_path}", f"--config.target={target}"]
+  command = [
+      sys.executable, "-m", "specjax.distill", "--config=configs/distill_tiny.py", f"--config.workdir={tmp_path}",
+      f"--config.target={target}"
+  ]
   env = dict(os.environ)  # with the test run's compilation cache (tests/conftest.py)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cli = lambda *extra: subprocess.run(command + list(extra), cwd=root, env=env, capture_output=True, text=True)

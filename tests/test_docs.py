@@ -26,10 +26,12 @@ from tests.helpers.tiny_pair import write_tiny_pair
 
 TINY = "/tmp/specjax-tiny"
 TINY_CONFIGS = ("configs/tiny.py", "configs/distill_tiny.py")
-DOC_COMMANDS = [(os.path.relpath(path, readme.ROOT), line, words)
-                for path in readme.DOCS for line, words in readme.commands(path)]
+DOC_COMMANDS = [
+    (os.path.relpath(path, readme.ROOT), line, words) for path in readme.DOCS for line, words in readme.commands(path)
+]
 EXPERIMENT_COMMANDS = [(os.path.relpath(path, readme.ROOT), line, words)
-                       for path in readme.EXPERIMENT_READMES for line, words in readme.commands(path)]
+                       for path in readme.EXPERIMENT_READMES
+                       for line, words in readme.commands(path)]
 
 
 def _module(words: list[str]) -> str | None:
@@ -92,16 +94,16 @@ def check_without_running(where: str, words: list[str]) -> None:
       assert os.path.exists(os.path.join(readme.ROOT, value)), f"{where}: {value} does not exist"
 
 
-@pytest.mark.parametrize("where, line, words", [c for c in DOC_COMMANDS if not _is_tiny(c[2])]
-                         + EXPERIMENT_COMMANDS, ids=lambda x: x if isinstance(x, str) and len(x) < 60 else None)
+@pytest.mark.parametrize("where, line, words", [c for c in DOC_COMMANDS if not _is_tiny(c[2])] + EXPERIMENT_COMMANDS,
+                         ids=lambda x: x if isinstance(x, str) and len(x) < 60 else None)
 def test_commands_that_need_real_weights_name_what_exists(where, line, words):
   check_without_running(f"{where}: {line}", words)
 
 
 def test_the_docs_tiny_commands_run(tmp_path):
   tiny_commands = [(where, line, words) for where, line, words in DOC_COMMANDS if _is_tiny(words)]
-  assert {where for where, _, _ in tiny_commands} >= {"docs/decoding.md", "docs/testing.md",
-                                                       "docs/distillation.md", "docs/writing-a-drafter.md"}
+  assert {where for where, _, _ in tiny_commands
+         } >= {"docs/decoding.md", "docs/testing.md", "docs/distillation.md", "docs/writing-a-drafter.md"}
   root = str(tmp_path / "specjax-tiny")
   ran = set()
   for where, line, words in tiny_commands:
@@ -117,8 +119,8 @@ def test_the_docs_tiny_commands_run(tmp_path):
       status, stderr = decode_in_process(arguments)
       assert status == 0, f"{where}: {line}\n{stderr}"
     elif module == "specjax.distill":
-      done = subprocess.run([sys.executable, "-m", module, *arguments], cwd=readme.ROOT, capture_output=True,
-                            text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      done = subprocess.run([sys.executable, "-m", module, *arguments], cwd=readme.ROOT, capture_output=True, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
       assert done.returncode == 0, f"{where}: {line}\n{done.stderr[-3000:]}"
       assert os.path.isfile(os.path.join(_flags(arguments)["config.workdir"], "export", "config.json"))
     else:

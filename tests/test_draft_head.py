@@ -19,18 +19,18 @@ from tests.helpers.tiny_hf import save_char_tokenizer
 
 
 @pytest.mark.parametrize("tied, arch, final_softcap", [(False, "llama", 0.0), (True, "llama", 0.0),
-                                                     (True, "gemma", 0.05)])  # Gemma 2: capped logits
+                                                       (True, "gemma", 0.05)])  # Gemma 2: capped logits
 def test_restricted_logits_equal_the_full_head_on_the_subset(tied, arch, final_softcap):
-  config = ModelConfig(arch=arch, vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                       head_dim=8, d_ff=32, tie_embeddings=tied, final_softcap=final_softcap)
+  config = ModelConfig(arch=arch, vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
+                       tie_embeddings=tied, final_softcap=final_softcap)
   params = init_params(config, jax.random.key(0))
   tokens_1x4 = jnp.asarray([[3, 9, 27, 1]], jnp.int32)
   full_1x4xV, _ = forward(config, params, tokens_1x4, init_cache(config, 1, 8))
   hidden_1x4xD, _ = forward_hidden(config, params, tokens_1x4, init_cache(config, 1, 8))
   subset = [0, 7, 7, 49, 12]  # duplicates are dropped
   restricted_1x4xV = restrict_head(config, params, subset).logits(hidden_1x4xD)
-  np.testing.assert_allclose(restricted_1x4xV[..., [0, 7, 12, 49]], full_1x4xV[..., [0, 7, 12, 49]],
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(restricted_1x4xV[..., [0, 7, 12, 49]], full_1x4xV[..., [0, 7, 12, 49]], rtol=1e-6,
+                             atol=1e-6)
   outside = np.setdiff1d(np.arange(50), subset)
   assert np.all(np.isneginf(restricted_1x4xV[..., outside]))
   for sampling in (sampling_params(0.0), sampling_params(0.7, top_k=3), sampling_params(1.0, top_p=0.8)):
@@ -40,8 +40,7 @@ def test_restricted_logits_equal_the_full_head_on_the_subset(tied, arch, final_s
 
 
 def test_restrict_head_rejects_bad_ids():
-  config = ModelConfig(arch="llama", vocab_size=10, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1,
-                       head_dim=4, d_ff=16)
+  config = ModelConfig(arch="llama", vocab_size=10, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, d_ff=16)
   params = init_params(config, jax.random.key(0))
   with pytest.raises(ValueError, match=r"must be in \[0, 10\)"):
     restrict_head(config, params, [3, 10])

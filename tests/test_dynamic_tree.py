@@ -91,6 +91,7 @@ def _drafted_with_logits(config, params, spec, cache, logits_BxV):
       logits_BxbxV, carry = score_frontier(carry, *args)
       chunks.append(logits_BxbxV)
       return logits_BxbxV, carry
+
     return grow(spec, root_logits_BxW, sampling, score, carry)
 
   with mock.patch.object(dynamic_tree, "grow_dynamic_tree", recording_grow):
@@ -165,12 +166,10 @@ def test_one_child_dynamic_tree_is_the_plain_chain():
 @functools.cache
 def _first_tokens(tree_rule=None):
   kwargs = {} if tree_rule is None else {"tree_rule": tree_rule}
-  out = run_tree_speculative(SMALL_DRAFT, DynamicSpec(3, 2, 2), target=SMALL_TARGET,
-                             prompts=[SAMPLE_PROMPT] * ROWS, budgets=LONG_STEPS, sampling=SAMPLED, cache_len=16,
-                             out_width=LONG_STEPS, **kwargs)
+  out = run_tree_speculative(SMALL_DRAFT, DynamicSpec(3, 2, 2), target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS,
+                             budgets=LONG_STEPS, sampling=SAMPLED, cache_len=16, out_width=LONG_STEPS, **kwargs)
   vocab, tokens_ZxT = SMALL_TARGET[0].vocab_size, np.asarray(out.tokens)
-  return np.bincount(np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [vocab] * STEPS),
-                     minlength=vocab ** STEPS), out
+  return np.bincount(np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [vocab] * STEPS), minlength=vocab**STEPS), out
 
 
 @pytest.mark.slow

@@ -50,8 +50,8 @@ def test_features_are_the_residual_streams_after_the_named_blocks():
   last_1x5xD = Norm(config).apply({"params": params["final_norm"]}, features_1x5x3D[..., 2 * D:])
   np.testing.assert_allclose(last_1x5xD, hidden_1x5xD, atol=1e-6)
   first_1x5xD, _ = forward_hidden(config, params, tokens_1x5, init_cache(config, 1, 8), (0,))
-  np.testing.assert_allclose(Norm(config).apply({"params": params["final_norm"]}, features_1x5x3D[..., :D]),
-                             first_1x5xD, atol=1e-6)
+  np.testing.assert_allclose(
+      Norm(config).apply({"params": params["final_norm"]}, features_1x5x3D[..., :D]), first_1x5xD, atol=1e-6)
   assert not np.allclose(features_1x5x3D[..., :D], features_1x5x3D[..., D:2 * D])
   # Scanned layers run in segments ending at the feature layers: the same features.
   scanned = config.replace(scan_layers=True)
@@ -62,8 +62,8 @@ def test_features_are_the_residual_streams_after_the_named_blocks():
     np.testing.assert_allclose(got_1x5xF, want_1x5xF, rtol=1e-5, atol=1e-4)
   # Chunked prefill (2 positions per pass) gives each prompt position's features.
   chunked = config.replace(prefill_chunk=2)
-  _, prefilled_1x5x3D, cache = prefill_features(chunked, params, tokens_1x5, jnp.asarray([5]),
-                                                init_cache(config, 1, 8), (0, 1, 2))
+  _, prefilled_1x5x3D, cache = prefill_features(chunked, params, tokens_1x5, jnp.asarray([5]), init_cache(config, 1, 8),
+                                                (0, 1, 2))
   np.testing.assert_allclose(prefilled_1x5x3D, features_1x5x3D, rtol=1e-5, atol=1e-5)
   assert int(cache.lengths[0]) == 5
 
@@ -192,11 +192,15 @@ def _eagle_reference_tree(drafter, state, pending_B, spec):
   batch = len(pending_B)
 
   def children(level):  # level: per row, b (path, score) -> per row, the b best children of each
-    per_frontier = [_head_chain(drafter, state, pending_B, [level[row][f][0] for row in range(batch)])[1]
-                    for f in range(len(level[0]))]
+    per_frontier = [
+        _head_chain(drafter, state, pending_B, [level[row][f][0]
+                                                for row in range(batch)])[1]
+        for f in range(len(level[0]))
+    ]
     return [[(path + (int(t),), score + float(logp[row, t]))
              for (path, score), logp in zip(level[row], per_frontier)
-             for t in np.argsort(-logp[row], kind="stable")[:spec.expand]] for row in range(batch)]
+             for t in np.argsort(-logp[row], kind="stable")[:spec.expand]]
+            for row in range(batch)]
 
   level = children([[((), 0.0)]] * batch)
   candidates = [list(row) for row in level]
@@ -245,8 +249,8 @@ def test_sampled_tree_drafting_follows_the_exact_target_distribution(monkeypatch
   tree = tree_lib.from_branching((2, 1))
   drafter = _drafter(SMALL_TARGET, (0, 1, 2), seed=4, final_scale=0.3, tree=tree, children="without_replacement")
   run = lambda **kwargs: run_eagle(SMALL_TARGET, drafter, 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS,
-                                   sampling=sampling, seed=1, out_width=SAMPLE_STEPS,
-                                   cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 4, **kwargs)
+                                   sampling=sampling, seed=1, out_width=SAMPLE_STEPS, cache_len=len(
+                                       SAMPLE_PROMPT) + SAMPLE_STEPS + 4, **kwargs)
   out = run()
   total = metrics.summarize(out.acceptance)["total"]
   assert total["accepted_at_position"][0] > rows // 2 and total["accepted_at_position"][1] > rows // 20

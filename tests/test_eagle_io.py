@@ -96,20 +96,25 @@ EAGLE3_TARGET = TARGET[0].replace(n_layers=9)
 
 
 def _write_eagle3(directory, rng):
-  config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": D,
-            "intermediate_size": FF, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
-            "head_dim": HEAD_DIM, "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-            "vocab_size": EAGLE3_TARGET.vocab_size, "draft_vocab_size": N_DRAFT, "hidden_act": "silu"}
+  config = {
+      "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": D, "intermediate_size": FF,
+      "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "num_hidden_layers": 1,
+      "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": EAGLE3_TARGET.vocab_size, "draft_vocab_size": N_DRAFT,
+      "hidden_act": "silu"
+  }
   normal = lambda *shape: rng.normal(0.0, 0.3, shape).astype(np.float32)
   tensors = {
-      "fc.weight": normal(D, 3 * D), "norm.weight": 1 + normal(D),
-      "midlayer.input_layernorm.weight": 1 + normal(D), "midlayer.hidden_norm.weight": 1 + normal(D),
+      "fc.weight": normal(D, 3 * D),
+      "norm.weight": 1 + normal(D),
+      "midlayer.input_layernorm.weight": 1 + normal(D),
+      "midlayer.hidden_norm.weight": 1 + normal(D),
       "midlayer.post_attention_layernorm.weight": 1 + normal(D),
       "midlayer.self_attn.q_proj.weight": normal(HEADS * HEAD_DIM, 2 * D),
       "midlayer.self_attn.k_proj.weight": normal(KV_HEADS * HEAD_DIM, 2 * D),
       "midlayer.self_attn.v_proj.weight": normal(KV_HEADS * HEAD_DIM, 2 * D),
       "midlayer.self_attn.o_proj.weight": normal(D, HEADS * HEAD_DIM),
-      "midlayer.mlp.gate_proj.weight": normal(FF, D), "midlayer.mlp.up_proj.weight": normal(FF, D),
+      "midlayer.mlp.gate_proj.weight": normal(FF, D),
+      "midlayer.mlp.up_proj.weight": normal(FF, D),
       "midlayer.mlp.down_proj.weight": normal(D, FF),
       "lm_head.weight": normal(N_DRAFT, D),
       "d2t": np.asarray([0, 2, 5, 5, 9, 40], np.int64),  # draft ids 0..5 -> target ids 0, 3, 7, 8, 13, 45
@@ -130,14 +135,15 @@ def _eagle3_first_step(t, embed_D, features_3D):
   o_proj(v_proj(x)) whatever q and k are. Returns the draft-vocabulary logits [Vd] and their target ids."""
   silu = lambda x: x / (1 + np.exp(-x))
   hidden = t["fc.weight"] @ features_3D
-  x_2D = np.concatenate([_rms(embed_D, t["midlayer.input_layernorm.weight"]),
-                         _rms(hidden, t["midlayer.hidden_norm.weight"])])
+  x_2D = np.concatenate(
+      [_rms(embed_D, t["midlayer.input_layernorm.weight"]),
+       _rms(hidden, t["midlayer.hidden_norm.weight"])])
   values = (t["midlayer.self_attn.v_proj.weight"] @ x_2D).reshape(KV_HEADS, HEAD_DIM)
   attn = t["midlayer.self_attn.o_proj.weight"] @ np.repeat(values, HEADS // KV_HEADS, axis=0).ravel()
   h = hidden + attn
   y = _rms(h, t["midlayer.post_attention_layernorm.weight"])
-  h = h + t["midlayer.mlp.down_proj.weight"] @ (silu(t["midlayer.mlp.gate_proj.weight"] @ y)
-                                                * (t["midlayer.mlp.up_proj.weight"] @ y))
+  h = h + t["midlayer.mlp.down_proj.weight"] @ (silu(t["midlayer.mlp.gate_proj.weight"] @ y) *
+                                                (t["midlayer.mlp.up_proj.weight"] @ y))
   return t["lm_head.weight"] @ _rms(h, t["norm.weight"]), np.arange(N_DRAFT) + t["d2t"]
 
 
@@ -146,8 +152,8 @@ def test_an_eagle3_head_in_its_released_layout_loads(tmp_path):
   tensors = _write_eagle3(str(tmp_path), rng)
   config, params, vocab = load_head(str(tmp_path), EAGLE3_TARGET, TARGET[1])
   assert config.feature_layers == (1, 3, 5)
-  assert (config.block.n_heads, config.block.n_kv_heads, config.block.d_ff, config.block.norm_eps) == (
-      HEADS, KV_HEADS, FF, 1e-5)
+  assert (config.block.n_heads, config.block.n_kv_heads, config.block.d_ff, config.block.norm_eps) == (HEADS, KV_HEADS,
+                                                                                                       FF, 1e-5)
   embedding_VxD = jnp.asarray(rng.normal(0.0, 1.0, (EAGLE3_TARGET.vocab_size, D)), jnp.float32)
   features_3D = rng.normal(0.0, 1.0, 3 * D).astype(np.float32)
   token = 17

@@ -65,9 +65,10 @@ REJECTED = 1e-6  # a mutated variant must give a p-value below this
 SEED = 1
 
 # Every knob at a temperature other than 1. The knobs are runtime arrays: one compiled program per K.
-SAMPLINGS = {"t0.7": sampling_params(0.7), "t0.7_top_k3": sampling_params(0.7, top_k=3),
-             "t1.5_top_p0.8": sampling_params(1.5, top_p=0.8),
-             "t1.5_top_k4_top_p0.9": sampling_params(1.5, top_k=4, top_p=0.9)}
+SAMPLINGS = {
+    "t0.7": sampling_params(0.7), "t0.7_top_k3": sampling_params(0.7, top_k=3),
+    "t1.5_top_p0.8": sampling_params(1.5, top_p=0.8), "t1.5_top_k4_top_p0.9": sampling_params(1.5, top_k=4, top_p=0.9)
+}
 # The smallest share of rows that must show their bonus token, per K (measured: 0.47-0.60, 0.22-0.36).
 MIN_BONUS_SHARE = {1: 0.4, 2: 0.15}
 
@@ -102,7 +103,7 @@ def _exact(name, steps):
 def _pvalue(tokens_ZxT, name):
   """Chi-square p-value of the rows' first S tokens against the exact joint distribution."""
   steps, vocab = tokens_ZxT.shape[1], TARGET[0].vocab_size
-  counts = np.bincount(np.ravel_multi_index(tokens_ZxT.T, [vocab] * steps), minlength=vocab ** steps)
+  counts = np.bincount(np.ravel_multi_index(tokens_ZxT.T, [vocab] * steps), minlength=vocab**steps)
   return chi_square_pvalue(counts, _exact(name, steps))
 
 
@@ -147,6 +148,7 @@ def _fresh_verify():
   compiled anew (seeing whatever is patched now) and no other run shares the program."""
   def rule(*args):
     return verify(*args)
+
   return rule
 
 
@@ -164,7 +166,7 @@ def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
   def draw_at_temperature_one(key, logits_xV, params):
     probs_xV = probabilities(logits_xV, params)
     traced.append(probs_xV.shape)
-    tempered_xV = probs_xV ** temperature
+    tempered_xV = probs_xV**temperature
     return sample(key, tempered_xV / tempered_xV.sum(axis=-1, keepdims=True)), probs_xV
 
   monkeypatch.setattr(drafter_module, "tokens_and_probabilities", draw_at_temperature_one)
@@ -186,6 +188,7 @@ def _bonus_from(wrong_bonus):
   def rule(key, proposal, target_probs_BxK1xV):
     bonus_BxV = wrong_bonus(proposal.probs, target_probs_BxK1xV)
     return verify(key, proposal, target_probs_BxK1xV.at[:, proposal.k].set(bonus_BxV))
+
   return rule
 
 
@@ -233,6 +236,7 @@ def _top_k_keeps_one_fewer(probabilities_fn):
   """A broken sampler: top-k keeps k - 1 tokens (the k-th largest is dropped)."""
   def broken(logits_xV, params):
     return probabilities_fn(logits_xV, params.replace(top_k=params.top_k - 1) if params.use_top_k else params)
+
   return broken
 
 
@@ -250,9 +254,11 @@ def test_a_broken_sampler_fails_against_the_independent_reference(monkeypatch, b
   name, make_bug = SAMPLER_BUGS[bug]
   broken = make_bug(sampling_module.probabilities)
   traced = []
+
   def traced_broken(logits_xV, params):
     traced.append(logits_xV.shape)
     return broken(logits_xV, params)
+
   monkeypatch.setattr(sampling_module, "probabilities", traced_broken)
   monkeypatch.setattr(loop_module, "probabilities", traced_broken)
   mutated_ZxT, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())

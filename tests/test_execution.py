@@ -13,12 +13,15 @@ from specjax.models.execution import FIELDS, Execution, resolve_dtype
 from tests.helpers.cli import cli_config, model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.engine import tiny_model
 
-AUTO = {"scan_layers": "auto", "attention": "auto", "attention_block": 16, "prefill_chunk": 8,
-        "narrow_passes": "auto", "matmul": "auto"}
+AUTO = {
+    "scan_layers": "auto", "attention": "auto", "attention_block": 16, "prefill_chunk": 8, "narrow_passes": "auto",
+    "matmul": "auto"
+}
 
 
-@pytest.mark.parametrize("platform, scan_layers, attention, narrow_passes", [
-    ("cpu", False, "blockwise", True), ("cuda", True, "kernel", False), ("tpu", True, "blockwise", True)])
+@pytest.mark.parametrize("platform, scan_layers, attention, narrow_passes", [("cpu", False, "blockwise", True),
+                                                                             ("cuda", True, "kernel", False),
+                                                                             ("tpu", True, "blockwise", True)])
 def test_auto_settings_resolve_for_the_platform_the_program_is_for(platform, scan_layers, attention, narrow_passes):
   record = Execution.resolve(AUTO, "float32", platform=platform)
   assert (record.scan_layers, record.attention, record.narrow_passes) == (scan_layers, attention, narrow_passes)
@@ -28,17 +31,20 @@ def test_auto_settings_resolve_for_the_platform_the_program_is_for(platform, sca
 
 
 def test_explicit_settings_and_the_interpreted_kernel_on_cpu():
-  record = Execution.resolve({**AUTO, "scan_layers": "on", "attention": "kernel", "narrow_passes": "off",
-                              "matmul": "xla"}, "bfloat16", platform="cpu")
-  assert (record.scan_layers, record.attention, record.narrow_passes, record.matmul) == (
-      True, "kernel_interpret", False, "xla")
+  record = Execution.resolve(
+      {**AUTO, "scan_layers": "on", "attention": "kernel", "narrow_passes": "off", "matmul": "xla"}, "bfloat16",
+      platform="cpu")
+  assert (record.scan_layers, record.attention, record.narrow_passes, record.matmul) == (True, "kernel_interpret",
+                                                                                         False, "xla")
 
 
-@pytest.mark.parametrize("kernel_runs, matmul_setting, platform, dtype", [
-    (True, "auto", "cpu", "bfloat16"), (False, "auto", "cpu", "float32"), (True, "xla", "cpu", "float32"),
-    (False, "auto", "cuda", "bfloat16"), (False, "xla", "tpu", "bfloat16")])
+@pytest.mark.parametrize("kernel_runs, matmul_setting, platform, dtype", [(True, "auto", "cpu", "bfloat16"),
+                                                                          (False, "auto", "cpu", "float32"),
+                                                                          (True, "xla", "cpu", "float32"),
+                                                                          (False, "auto", "cuda", "bfloat16"),
+                                                                          (False, "xla", "tpu", "bfloat16")])
 def test_dtype_auto_is_bfloat16_where_it_runs_fast_and_float32_elsewhere(monkeypatch, kernel_runs, matmul_setting,
-                                                                          platform, dtype):
+                                                                         platform, dtype):
   """bfloat16 on accelerators and where the CPU kernel takes it; float32 on a CPU whose bfloat16 matmuls
   would run through XLA (about 10x slower). A given dtype is kept as it is; the note says why."""
   monkeypatch.setattr(matmul, "kernel_status", lambda d, w="float": (kernel_runs, "no AVX2 here"))
@@ -56,13 +62,13 @@ def test_a_spec_holds_the_dtype_auto_resolved_to(model_dirs, monkeypatch):
     decode_spec.from_config(cli_config(model_dirs, dtype="float16"))
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("scan_layers", "maybe", r"^scan_layers must be one of \('auto', 'on', 'off'\)"),
-    ("attention", "flash", r"^attention must be one of"),
-    ("narrow_passes", "yes", r"^narrow_passes must be one of"),
-    ("attention_block", -1, r"^attention_block must be an integer >= 0 \(0 = dense\), got -1"),
-    ("prefill_chunk", 0, r"^prefill_chunk must be an integer >= 1, got 0"),
-    ("matmul", "blas", r"^matmul must be one of")])
+@pytest.mark.parametrize("field, value, message",
+                         [("scan_layers", "maybe", r"^scan_layers must be one of \('auto', 'on', 'off'\)"),
+                          ("attention", "flash", r"^attention must be one of"),
+                          ("narrow_passes", "yes", r"^narrow_passes must be one of"),
+                          ("attention_block", -1, r"^attention_block must be an integer >= 0 \(0 = dense\), got -1"),
+                          ("prefill_chunk", 0, r"^prefill_chunk must be an integer >= 1, got 0"),
+                          ("matmul", "blas", r"^matmul must be one of")])
 def test_a_setting_that_cannot_apply_is_refused_naming_its_field(field, value, message):
   with pytest.raises(ValueError, match=message):
     Execution.resolve({**AUTO, field: value}, "float32", platform="cpu")

@@ -69,8 +69,8 @@ def one_torch_thread():
   torch.set_num_threads(threads)
 
 
-CASES = [(f, "F32") for f in ARCH] + [("llama", "F16"), ("llama", "Q8_0"), ("qwen2", "Q8_0"),
-                                      ("gpt2", "Q8_0"), ("gemma3_llama_cpp", "Q8_0")]
+CASES = [(f, "F32") for f in ARCH] + [("llama", "F16"), ("llama", "Q8_0"), ("qwen2", "Q8_0"), ("gpt2", "Q8_0"),
+                                      ("gemma3_llama_cpp", "Q8_0")]
 
 
 @pytest.mark.parametrize("family,qtype", CASES)
@@ -84,8 +84,8 @@ def test_gguf_matches_transformers(tmp_path, family, qtype):
     assert config == config_from_hf_dict(model.config.to_dict())
   if qtype != "F32":  # the reference sees the same rounded weights
     # transformers reads neither GPT-2 (see below) nor this Gemma 3 (it assumes query_pre_attn_scalar 256)
-    model = (rounded_like_gguf(model, gguf.GGMLQuantizationType[qtype]) if family in ("gpt2", "gemma3_llama_cpp") else
-             transformers.AutoModelForCausalLM.from_pretrained(
+    model = (rounded_like_gguf(model, gguf.GGMLQuantizationType[qtype])
+             if family in ("gpt2", "gemma3_llama_cpp") else transformers.AutoModelForCausalLM.from_pretrained(
                  str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval())
   ours = lambda tokens: _logits(config, params, jnp.asarray(tokens, jnp.int32))
   tokens = np.random.default_rng(0).integers(0, VOCAB, size=(2, 7 + 32))  # one shape, one compile
@@ -129,15 +129,15 @@ def test_missing_tensor(tmp_path, llama_model):
 
 
 def test_extra_tensor(tmp_path, llama_model):
-  path = _broken(tmp_path, llama_model, lambda t: t.update({"blk.0.attn_q.bias": np.zeros(64, np.float32),
-                                                            "blk.0.mystery.weight": np.zeros(3, np.float32)}))
+  path = _broken(
+      tmp_path, llama_model, lambda t: t.update(
+          {"blk.0.attn_q.bias": np.zeros(64, np.float32), "blk.0.mystery.weight": np.zeros(3, np.float32)}))
   with pytest.raises(ValueError, match=r"unexpected extra tensor 'blk.0.mystery.weight'"):
     load_gguf(path)
 
 
 def test_shape_mismatch(tmp_path, llama_model):
-  path = _broken(tmp_path, llama_model,
-                 lambda t: t.update({"blk.0.ffn_gate.weight": np.zeros((95, 64), np.float32)}))
+  path = _broken(tmp_path, llama_model, lambda t: t.update({"blk.0.ffn_gate.weight": np.zeros((95, 64), np.float32)}))
   with pytest.raises(ValueError, match=r"shape mismatch for layers_0/mlp/gate_proj/weight.*\(95, 64\)"):
     load_gguf(path)
 

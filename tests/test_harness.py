@@ -67,15 +67,17 @@ def _config(**fields) -> ml_collections.ConfigDict:
 def _config_arguments() -> list[str]:
   """Every config file of configs/benchmarks/ and configs/reports/, with each named variant."""
   arguments = []
-  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "benchmarks", "[!_]*.py")) +
-                     glob.glob(os.path.join(ROOT, "configs", "reports", "[!_]*.py"))):
+  for path in sorted(
+      glob.glob(os.path.join(ROOT, "configs", "benchmarks", "[!_]*.py")) +
+      glob.glob(os.path.join(ROOT, "configs", "reports", "[!_]*.py"))):
     name = os.path.basename(path)
     if name != "distill.py":  # names its run always (below)
       arguments.append(path)
-    variants = {"plots.py": ("qwen_coder_k", "qwen_coder_batch", "smollm2_distill", "smollm2_eagle"),
-                "sweep.py": ("qwen_coder_k",), "trees.py": ("qwen", "ngram"),
-                "distill.py": ("distill_smollm2", "distill_eagle_smollm2"), "accelerator.py": ("tiny",),
-                "drafters.py": ("tiny",)}.get(name, ())
+    variants = {
+        "plots.py": ("qwen_coder_k", "qwen_coder_batch", "smollm2_distill", "smollm2_eagle"),
+        "sweep.py": ("qwen_coder_k",), "trees.py": ("qwen", "ngram"), "distill.py":
+            ("distill_smollm2", "distill_eagle_smollm2"), "accelerator.py": ("tiny",), "drafters.py": ("tiny",)
+    }.get(name, ())
     arguments += [f"{path}:{variant}" for variant in variants]
   return arguments
 

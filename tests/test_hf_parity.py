@@ -20,7 +20,6 @@ from tests.helpers.tiny_hf import FAMILIES, VOCAB, assert_greedy_matches_generat
 # One compiled forward per (config, shapes): op by op the file ran ~30% longer.
 forward = jax.jit(transformer.forward, static_argnums=0)
 
-
 # The cache tests run on the families whose attention or positions differ in a way a cache could get wrong:
 # sliding windows and per-layer RoPE bases (gemma2/3), learned positions (gpt2), per-call dynamic RoPE, q/k
 # norms (qwen3), and plain llama. The others differ from llama in functions of the absolute position (the
@@ -152,17 +151,18 @@ def test_classic_rope_keys_read_like_rope_parameters(family, tmp_path):
                    rope_local_base_freq=params["sliding_attention"]["rope_theta"],
                    rope_scaling={k: v for k, v in params["full_attention"].items() if k != "rope_theta"})
   else:
-    classic.update(rope_theta=params["rope_theta"],
-                   rope_scaling={("type" if k == "rope_type" else k): v
-                                 for k, v in params.items() if k != "rope_theta"})
+    classic.update(
+        rope_theta=params["rope_theta"],
+        rope_scaling={("type" if k == "rope_type" else k): v for k, v in params.items() if k != "rope_theta"})
   assert config_from_hf_dict(classic) == config_from_hf_dict(v5)
   assert config_from_hf_dict(v5).rope_scaling.type != "default"
 
 
 def test_unknown_rope_type_is_named():
-  hf = {"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "intermediate_size": 8, "max_position_embeddings": 16,
-        "rope_scaling": {"rope_type": "longrope", "factor": 2.0}}
+  hf = {
+      "model_type": "llama", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "intermediate_size": 8, "max_position_embeddings": 16, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}
+  }
   with pytest.raises(ValueError, match="unsupported RoPE type 'longrope'"):
     config_from_hf_dict(hf)
 

@@ -53,11 +53,13 @@ def _embedding(model):
   return np.asarray(model.params["embed"]["embedding"])
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("Qwen/Qwen3-8B", ("Qwen/Qwen3-8B", None)), ("org/tiny@v1", ("org/tiny", "v1")),
-    (f"org/tiny@{OTHER}", ("org/tiny", OTHER)), ("org/tiny@refs/pr/1", ("org/tiny", "refs/pr/1")),
-    ("qwen2.5-coder-1.5b-instruct", None), ("/abs/dir", None), ("./org/tiny", None), ("a/b/c", None),
-    ("model.gguf", None), ("org/", None)])
+@pytest.mark.parametrize("name, expected", [("Qwen/Qwen3-8B", ("Qwen/Qwen3-8B", None)),
+                                            ("org/tiny@v1", ("org/tiny", "v1")),
+                                            (f"org/tiny@{OTHER}", ("org/tiny", OTHER)),
+                                            ("org/tiny@refs/pr/1", ("org/tiny", "refs/pr/1")),
+                                            ("qwen2.5-coder-1.5b-instruct", None), ("/abs/dir", None),
+                                            ("./org/tiny", None), ("a/b/c", None), ("model.gguf", None),
+                                            ("org/", None)])
 def test_parse_recognises_hub_names_only(name, expected):
   assert hub.parse(name) == expected
 
@@ -84,10 +86,11 @@ def test_an_absent_hub_model_is_a_clear_error_offline(offline_cache, name):
     load_model(name)
   message = str(error.value)
   assert "\n" not in message and error.value.__cause__ is None and error.value.__suppress_context__
-  assert re.fullmatch(f"{re.escape(name)}: no such file or directory, not a registry model, and as a hub "
-                      f"model not in the Hugging Face cache {re.escape(str(offline_cache))} and HF_HUB_OFFLINE "
-                      r"is set: download it where the hub is reachable \(`hf download org/\w+`\) or unset "
-                      "HF_HUB_OFFLINE", message), message
+  assert re.fullmatch(
+      f"{re.escape(name)}: no such file or directory, not a registry model, and as a hub "
+      f"model not in the Hugging Face cache {re.escape(str(offline_cache))} and HF_HUB_OFFLINE "
+      r"is set: download it where the hub is reachable \(`hf download org/\w+`\) or unset "
+      "HF_HUB_OFFLINE", message), message
 
 
 def test_only_config_tokenizer_and_safetensors_files_are_wanted(offline_cache, tmp_path, monkeypatch):
@@ -102,8 +105,7 @@ def test_only_config_tokenizer_and_safetensors_files_are_wanted(offline_cache, t
   (repo / "refs").mkdir()
   (repo / "refs" / "main").write_text(MAIN)
   files = sorted(os.listdir(snapshot)) + ["pytorch_model.bin", "onnx/model.onnx", "model-q4.gguf"]
-  tree_cache.write_tree_cache(str(repo), MAIN, {f: tree_cache.TreeCacheEntry(size=1, blob_id="0" * 40)
-                                                 for f in files})
+  tree_cache.write_tree_cache(str(repo), MAIN, {f: tree_cache.TreeCacheEntry(size=1, blob_id="0" * 40) for f in files})
   monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
   assert hub.snapshot("org/listed") == str(snapshot)
   with pytest.raises(Exception, match="incomplete"):  # the same listing without the filter

@@ -14,8 +14,9 @@ SHAPE = (2, 3, 40, 2, 8)  # a cache-like operand: [L, B, S, G, Dh]
 
 def _branches():
   """Three branches that write different rows of the operand and return different extras."""
-  return [lambda x, n=n: (x.at[:, :, n].set(float(n + 1)), {"n": jnp.int32(n), "row": x[0, 0, n + 1]})
-          for n in range(3)]
+  return [
+      lambda x, n=n: (x.at[:, :, n].set(float(n + 1)), {"n": jnp.int32(n), "row": x[0, 0, n + 1]}) for n in range(3)
+  ]
 
 
 @pytest.mark.parametrize("index", [-1, 0, 1, 2, 5])
@@ -48,6 +49,7 @@ def test_switch_in_a_loop_copies_no_operand_and_lax_switch_does():
   def program(switch):
     return jax.jit(lambda x, steps: jax.lax.fori_loop(
         0, steps, lambda i, x: switch(i % 3, [lambda x, b=b: b(x)[0] for b in _branches()], x), x))
+
   ours = lambda i, branches, x: inplace.switch(i, [lambda x, b=b: (b(x), ()) for b in branches], x)[0]
   args = (jnp.zeros(SHAPE), jnp.int32(4))
   compiled = lambda switch: program(switch).lower(*args).compile().as_text()

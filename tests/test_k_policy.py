@@ -24,11 +24,10 @@ from specjax.speculative.plan import ChosenPlan
 from specjax.speculative.trees import tree as tree_lib
 from tests.helpers import ngram as ngram_setup
 from tests.helpers.eagle import eagle_head, run_eagle
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, TARGET, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                  SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative,
-                                  target_greedy, forced_draft_rounds, FORCED_DRAFT_PROMPTS)
-from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, assert_rounds_draft,
-                                    tree_costs)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, TARGET, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS,
+                                  SMALL_DRAFT, SMALL_TARGET, first_tokens_pvalue, run_speculative, target_greedy,
+                                  forced_draft_rounds, FORCED_DRAFT_PROMPTS)
+from tests.helpers.k_policy import (COSTS_K3, POLICY, PeekingDrafter, assert_rounds_draft, tree_costs)
 from tests.helpers.layer_skip import TARGET as TARGET_3, target_greedy_3
 from tests.helpers.stats import SAMPLE_ROWS
 from tests.helpers.trees import (LONG_STEPS, SAMPLED, STEPS, TREES, all_positions_pvalue, run_tree_speculative,
@@ -42,8 +41,10 @@ def _reference_choice(alpha_BxAxK, live_B, cost_C, candidates, offered_B=None):
   rates = []
   for candidate, cost in zip(candidates, cost_C):
     alpha_BxK = alpha_BxAxK[:, candidate.row]
-    reach_B = [candidate.length if offered_B is None else min(candidate.length, int(o))
-               for o in (offered_B if offered_B is not None else alpha_BxK)]
+    reach_B = [
+        candidate.length if offered_B is None else min(candidate.length, int(o))
+        for o in (offered_B if offered_B is not None else alpha_BxK)
+    ]
     committed_B = 1 + np.array([sum(np.prod(alpha[:j + 1]) for j in range(n)) for alpha, n in zip(alpha_BxK, reach_B)])
     rates.append(committed_B[live_B].sum() / cost)
   return int(np.argmax(rates))
@@ -51,10 +52,9 @@ def _reference_choice(alpha_BxAxK, live_B, cost_C, candidates, offered_B=None):
 
 def _state(alpha_BxAxK, prior_AxK, num_candidates):
   return k_policy.PolicyState(alpha_BxAxK=jnp.asarray(alpha_BxAxK, jnp.float32),
-                              prior_AxK=jnp.asarray(prior_AxK, jnp.float32),
-                              cost_C=jnp.ones(num_candidates), chosen_C=jnp.zeros(num_candidates, jnp.int32),
-                              reached_AxK=jnp.zeros(np.shape(prior_AxK)), accepted_AxK=jnp.zeros(np.shape(prior_AxK)),
-                              full=jnp.bool_(False))
+                              prior_AxK=jnp.asarray(prior_AxK, jnp.float32), cost_C=jnp.ones(num_candidates),
+                              chosen_C=jnp.zeros(num_candidates, jnp.int32), reached_AxK=jnp.zeros(np.shape(prior_AxK)),
+                              accepted_AxK=jnp.zeros(np.shape(prior_AxK)), full=jnp.bool_(False))
 
 
 def _wanted(choice):
@@ -77,7 +77,7 @@ def test_choose_maximises_expected_committed_tokens_per_second(tree, offered):
   choose = jax.jit(lambda state, live_B, offered_B: _wanted(policy.choose(state, live_B, candidates, offered_B)))
   seen = set()
   for trial in range(200):
-    alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k)) ** rng.uniform(0.1, 3.0)
+    alpha_BxAxK = rng.uniform(0.0, 1.0, (4, rows, k))**rng.uniform(0.1, 3.0)
     live_B = rng.uniform(size=4) < 0.7
     live_B[trial % 4] = True
     cost_C = np.sort(rng.uniform(0.5, 3.0, len(candidates))).astype(np.float32)
@@ -187,8 +187,10 @@ def test_calibration_verifies_a_lookups_forced_length_whole():
   free = ngram_setup.free_greedy(ngram_setup.MODELS["random"])
   settings = SpeculativeLoop(config, 3, OUT_WIDTH, policy=POLICY)
   request = testing.request(ngram_setup.PROMPTS, ngram_setup.BUDGETS)
-  outs = [testing.speculate(settings, params, drafter, request, cache_len=48,
-                            tables=Tables(k_policy.forcing(4, 3), full=full)) for full in (True, False)]
+  outs = [
+      testing.speculate(settings, params, drafter, request, cache_len=48,
+                        tables=Tables(k_policy.forcing(4, 3), full=full)) for full in (True, False)
+  ]
   for out in outs:
     assert as_token_lists(out.tokens, out.counts) == [row[:n] for row, n in zip(free, ngram_setup.BUDGETS)]
   full, short = outs
@@ -229,10 +231,11 @@ def test_eagle_and_ngram_trees_keep_greedy_output_while_the_depth_varies():
   assert len(_check_rounds(_ngram_greedy("cycling", spines), lambda depth: 0, spines)) >= 2
 
 
-@pytest.mark.parametrize("fields, kind", [
-    ({}, "adaptive"), ({"tree": "(2,1)"}, "adaptive"), ({"tree": "dynamic(6,3,2)"}, "fixed"),
-    ({"drafter": "ngram", "draft": ""}, "adaptive"), ({"k_policy": "fixed"}, "fixed"),
-    ({"k_policy": "adaptive"}, "adaptive"), ({"k_policy": "adaptive", "tree": "(2,1)"}, "adaptive")])
+@pytest.mark.parametrize("fields, kind", [({}, "adaptive"), ({"tree": "(2,1)"}, "adaptive"),
+                                          ({"tree": "dynamic(6,3,2)"}, "fixed"),
+                                          ({"drafter": "ngram", "draft": ""}, "adaptive"),
+                                          ({"k_policy": "fixed"}, "fixed"), ({"k_policy": "adaptive"}, "adaptive"),
+                                          ({"k_policy": "adaptive", "tree": "(2,1)"}, "adaptive")])
 def test_the_default_policy_adapts_a_chain_and_a_static_tree_and_keeps_a_dynamic_tree_fixed(fields, kind):
   """config.k_policy "auto" (the default) is adaptive for a chain and a static tree and fixed for a
   dynamic tree; the spec's config and the policy hold the kind that runs (the stats and stored cost
@@ -308,7 +311,7 @@ def _tree_tokens(rows=SAMPLE_ROWS):
                           tables=Tables(TREE_CHI2_COSTS))
   tokens_ZxT = np.asarray(out.tokens)
   index = np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [config.vocab_size] * STEPS)
-  return np.bincount(index, minlength=config.vocab_size ** STEPS), tokens_ZxT, out
+  return np.bincount(index, minlength=config.vocab_size**STEPS), tokens_ZxT, out
 
 
 @pytest.mark.slow

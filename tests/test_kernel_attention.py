@@ -11,7 +11,6 @@ soft-capped layers fall back to blockwise), and speculative decoding (chain, sta
 off) equals the target's own greedy decoding; chunked prefill through the kernel equals one dense pass.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,8 +75,8 @@ def test_kernel_equals_dense(case):
   width = T + (0 if tree is None else tree.first)
   q, k, v, poisoned_k, poisoned_v, lengths_B = _inputs(0, T, S, width, window, dtype)
   expected = attention.dense(q, k, v, 1, Mask(lengths_B, window, tree))
-  got = jax.jit(lambda q, k, v, lengths_B: kernel_attention.kernel(
-      q, k, v, 1, Mask(lengths_B, window, tree), interpret=True))(q, poisoned_k, poisoned_v, lengths_B)
+  got = jax.jit(lambda q, k, v, lengths_B: kernel_attention.kernel(q, k, v, 1, Mask(lengths_B, window, tree), interpret=
+                                                                   True))(q, poisoned_k, poisoned_v, lengths_B)
   tolerance = 1e-5 if dtype == "float32" else 2e-2
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32), rtol=tolerance,
                              atol=tolerance)

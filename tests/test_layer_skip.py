@@ -11,14 +11,14 @@ from specjax.sampling import sampling_params
 from specjax.speculative import verify
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter, parse_layers
 from specjax.speculative.loop import SpeculativeLoop
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                  SAMPLE_STEPS, accept_all, first_tokens_pvalue, tiny_model)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS,
+                                  accept_all, first_tokens_pvalue, tiny_model)
 from tests.helpers.layer_skip import SMALL_TARGET, TARGET, target_greedy_3
 from tests.helpers.stats import SAMPLE_ROWS
 
 
-def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sampling=GREEDY, seed=0,
-         rule=verify, out_width=OUT_WIDTH, cache_len=CACHE_LEN):
+def _run(target, layers, k, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sampling=GREEDY, seed=0, rule=verify,
+         out_width=OUT_WIDTH, cache_len=CACHE_LEN):
   config, params = target
   return testing.speculate(SpeculativeLoop(config, k, out_width, rule=rule), params,
                            LayerSkipDrafter(config, params, layers),
@@ -50,8 +50,8 @@ def test_sampled_tokens_follow_the_exact_target_distribution(rule, passes):
   """T = 0.7, top-k 5, K = 2, first 3 tokens of N = SAMPLE_ROWS rows; chi-square at level 0.001 (the broken
   rule must give p < 1e-12). The 1-layer draft is accepted in part: both branches of the rule matter."""
   sampling, rows = sampling_params(0.7, top_k=5), SAMPLE_ROWS
-  out = _run(SMALL_TARGET, (0,), 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling,
-             seed=1, rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
+  out = _run(SMALL_TARGET, (0,), 2, prompts=[SAMPLE_PROMPT] * rows, budgets=SAMPLE_STEPS, sampling=sampling, seed=1,
+             rule=rule, out_width=SAMPLE_STEPS, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
   pvalue = first_tokens_pvalue(SMALL_TARGET, SAMPLE_PROMPT, sampling, out.tokens)
   if passes:
     total = metrics.summarize(out.acceptance)["total"]

@@ -47,14 +47,13 @@ MODULES = _sources()
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-  return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-          or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+  return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or
+          (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
 class _Imports(ast.NodeVisitor):
   """Every import statement of one module (outside `if TYPE_CHECKING:`): (absolute dotted name, the
   names imported from it (empty for `import x`), line, the enclosing function or None)."""
-
   def __init__(self, module: str, is_package: bool):
     self.package = module if is_package else module.rpartition(".")[0]
     self.found: list[tuple[str, tuple[str, ...], int, str | None]] = []
@@ -207,8 +206,8 @@ def test_models_import_only_models_the_standard_library_and_third_party_packages
     for name, names, line, function in _imports(module):
       if name == PACKAGE and set(names) == {"models"}:
         continue
-      if (name == PACKAGE or name.startswith(PACKAGE + ".")) and not (
-          name == f"{PACKAGE}.models" or name.startswith(f"{PACKAGE}.models.")):
+      if (name == PACKAGE or name.startswith(PACKAGE + ".")) and not (name == f"{PACKAGE}.models" or
+                                                                      name.startswith(f"{PACKAGE}.models.")):
         what = f"{name} ({', '.join(names)})" if names else name
         problems.append(f"  {_where(module, line, function)} imports {what}")
   assert not problems, ("specjax/models/ may import only specjax.models.*, the standard library and "
@@ -238,6 +237,7 @@ def _functions(tree: ast.AST):
         yield from walk(child, f"{prefix}{child.name}.", True)
       else:
         yield from walk(child, prefix, in_class)
+
   yield from walk(tree, "", False)
 
 
@@ -248,7 +248,7 @@ def test_no_function_takes_more_than_eight_parameters():
       parameters = _parameters(function, in_class)
       if len(parameters) > MAX_PARAMETERS:
         problems.append((len(parameters), f"  {path.relative_to(ROOT)}:{function.lineno} {name}: "
-                                          f"{len(parameters)} parameters"))
+                         f"{len(parameters)} parameters"))
   problems.sort(key=lambda p: (-p[0], p[1]))
   assert not problems, (f"{len(problems)} function(s) under specjax/ take more than {MAX_PARAMETERS} parameters "
                         "(self/cls excluded; group the settings):\n" + "\n".join(p for _, p in problems))
@@ -261,8 +261,8 @@ def test_no_function_is_longer_than_sixty_lines():
       lines = function.end_lineno - function.lineno + 1
       if lines > MAX_LINES:
         problems.append(f"  {path.relative_to(ROOT)}:{function.lineno} {name}: {lines} lines")
-  assert not problems, (f"{len(problems)} function(s) under specjax/ are longer than {MAX_LINES} lines:\n"
-                        + "\n".join(problems))
+  assert not problems, (f"{len(problems)} function(s) under specjax/ are longer than {MAX_LINES} lines:\n" +
+                        "\n".join(problems))
 
 
 def test_the_rules_see_what_they_check():
@@ -272,8 +272,9 @@ def test_the_rules_see_what_they_check():
             "def f(a, b, *c, d, **e):\n  from specjax.speculative import loop\n  from . import sampling\n")
   visitor = _Imports("specjax.generation", is_package=False)
   visitor.visit(ast.parse(source))
-  assert [(n, names, f) for n, names, _, f in visitor.found] == [
-      ("typing", ("TYPE_CHECKING",), None), ("specjax.speculative", ("loop",), "f"), ("specjax", ("sampling",), "f")]
+  assert [(n, names, f) for n, names, _, f in visitor.found] == [("typing", ("TYPE_CHECKING",), None),
+                                                                 ("specjax.speculative", ("loop",), "f"),
+                                                                 ("specjax", ("sampling",), "f")]
   assert _package_targets("specjax.speculative", ("loop",)) == ["specjax.speculative.loop"]
   assert _package_targets("specjax.sampling", ("probabilities",)) == ["specjax.sampling"]
   [(_, function, _)] = list(_functions(ast.parse(source)))

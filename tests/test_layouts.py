@@ -64,6 +64,6 @@ def test_same_greedy_tokens(drafter_kind):
   expected = _autoregressive(TARGET)
   assert _autoregressive(_stacked(TARGET)) == expected
   for target, draft in ((TARGET, DRAFT), (_stacked(TARGET), _stacked(DRAFT)), (_stacked(TARGET), DRAFT)):
-    drafter = (ModelDrafter(*draft) if drafter_kind == "model" else
-               LayerSkipDrafter(target[0], target[1], layers=(0, 2)))
+    drafter = (ModelDrafter(
+        *draft) if drafter_kind == "model" else LayerSkipDrafter(target[0], target[1], layers=(0, 2)))
     assert _speculative(target, drafter) == expected

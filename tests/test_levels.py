@@ -80,8 +80,7 @@ def test_greedy_output_is_the_targets_and_proposals_the_middles_greedy_chain(mod
   """The middle is the target itself (float): its greedy chain is the target's, so every proposed token
   is accepted."""
   model = MODELS[model_name]
-  out = testing.check_greedy(levels_drafter(model, 3, "float"), model, PROMPTS, k=K, max_new_tokens=19,
-                             cache_len=40)
+  out = testing.check_greedy(levels_drafter(model, 3, "float"), model, PROMPTS, k=K, max_new_tokens=19, cache_len=40)
   total = metrics.summarize(out.acceptance)["total"]
   assert total["accepted"] == total["proposed"] > 0
   if model_name == "cycling":  # prompt lookup predicts its cycle: the middle checks several tokens a pass

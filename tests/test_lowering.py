@@ -87,9 +87,10 @@ def test_the_kernel_round_holds_only_the_draft_loop_whatever_the_depth(layers, d
 
 def test_cli_lower_only_writes_the_report_without_decoding(model_dirs, tmp_path):
   out = tmp_path / "report.json"
-  status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
-                                      f"--config.draft={model_dirs[1]}", "--config.lower_only=cuda",
-                                      f"--config.output={out}"])
+  status, stderr = decode_in_process([
+      "--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+      "--config.lower_only=cuda", f"--config.output={out}"
+  ])
   assert status == 0, stderr[-2000:]
   results = json.loads(out.read_text())
   assert "outputs" not in results and "stats" not in results

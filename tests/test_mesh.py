@@ -55,10 +55,11 @@ def test_two_processes_on_one_global_mesh_give_the_single_device_tokens():
   with socket.socket() as probe:
     probe.bind(("localhost", 0))
     port = probe.getsockname()[1]
-  env = dict(os.environ, SPECJAX_TEST_DEVICES="4", JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-             JAX_NUM_PROCESSES="2")
-  running = [subprocess.Popen([sys.executable, WORKER, "processes"], env={**env, "JAX_PROCESS_ID": str(i)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  env = dict(os.environ, SPECJAX_TEST_DEVICES="4", JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2")
+  running = [
+      subprocess.Popen([sys.executable, WORKER, "processes"], env={**env, "JAX_PROCESS_ID": str(i)},
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)
+  ]
   outputs = [process.communicate(timeout=600) for process in running]
   for process, (_, err) in zip(running, outputs):
     assert process.returncode == 0, err[-3000:]
@@ -116,8 +117,9 @@ def test_every_large_weight_is_split_and_a_device_holds_a_model_axis_share():
 def _large(found, smallest_weight, vocab):
   """The gathers / permutes (all-reduces of activations are the partitioned matmuls' own) that move a
   full-vocabulary axis or as many elements as the smallest split weight."""
-  return [(op, shape) for op, shape in found if op != "all-reduce"
-          and (vocab in shape or _elements(shape) >= smallest_weight)]
+  return [(op, shape)
+          for op, shape in found
+          if op != "all-reduce" and (vocab in shape or _elements(shape) >= smallest_weight)]
 
 
 def _elements(shape):
@@ -152,17 +154,17 @@ def test_bad_meshes_fail_with_a_message_naming_the_problem():
   assert "'heads': None" in results["heads_replicated"]["returned"]
 
 
-@pytest.mark.parametrize("spec, devices, want", [
-    ("data=2,model=4", 8, (2, 4)), ("model=-1", 8, (1, 8)), ("data=-1,model=2", 8, (4, 2)),
-    ("data=8", 8, (8, 1)), (" model = 2 , data = 1 ", 2, (1, 2))])
+@pytest.mark.parametrize("spec, devices, want", [("data=2,model=4", 8, (2, 4)), ("model=-1", 8, (1, 8)),
+                                                 ("data=-1,model=2", 8, (4, 2)), ("data=8", 8, (8, 1)),
+                                                 (" model = 2 , data = 1 ", 2, (1, 2))])
 def test_mesh_strings_resolve_to_axis_sizes(spec, devices, want):
   assert meshes.axis_sizes(spec, devices) == want
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("data=2,data=4", "given twice"), ("data=-1,model=-1", "only one axis may be -1"),
-    ("model=x", "is not an integer"), ("model=0", "sizes are >= 1"), ("data=3,model=-1", "do not split"),
-    ("model", "is not AXIS=SIZE")])
+@pytest.mark.parametrize("spec, message", [("data=2,data=4", "given twice"),
+                                           ("data=-1,model=-1", "only one axis may be -1"),
+                                           ("model=x", "is not an integer"), ("model=0", "sizes are >= 1"),
+                                           ("data=3,model=-1", "do not split"), ("model", "is not AXIS=SIZE")])
 def test_bad_mesh_strings_name_the_bad_part(spec, message):
   with pytest.raises(ValueError, match=message):
     meshes.axis_sizes(spec, 8)
@@ -176,8 +178,10 @@ def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_device
   A batch that does not split over the data axis is refused before any model loads (status 2)."""
   from specjax import pipeline
 
-  base = ["--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
-          "--config.mesh=data=2,model=4"]
+  base = [
+      "--config=configs/tiny.py", f"--config.target={model_dirs[0]}", f"--config.draft={model_dirs[1]}",
+      "--config.mesh=data=2,model=4"
+  ]
   devices = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
   output = str(tmp_path / "mesh.json")
   ok = run_cli(base + ["--config.mesh_indivisible=replicate", f"--config.output={output}"], env=devices)
@@ -186,14 +190,16 @@ def test_the_decode_cli_on_a_mesh_writes_the_single_device_tokens_and_the_device
   _, refused_err = refused.communicate(timeout=600)
   _, rows_err = rows.communicate(timeout=600)
   assert rows.returncode == 2 and rows_err.strip().splitlines() == [
-      "error: config.batch_size 2 does not split over the mesh's data axis of size 8: use a multiple of 8"]
+      "error: config.batch_size 2 does not split over the mesh's data axis of size 8: use a multiple of 8"
+  ]
   _, ok_err = ok.communicate(timeout=600)
   assert ok.returncode == 0, ok_err[-2000:]
   assert refused.returncode == 1
   assert refused_err.strip().splitlines() == [
       "error: target: its 97 vocabulary rows do not split over mesh axis 'model' of size 4 (axis sizes up to 8 "
       "that divide them: [1]); choose another mesh, or keep them whole on every device (config.mesh_indivisible="
-      "'replicate'; for a draft model also config.draft_sharding='replicated')"]
+      "'replicate'; for a draft model also config.draft_sharding='replicated')"
+  ]
   on_mesh = json.load(open(output))
   alone = pipeline.run(cli_config(model_dirs), log=lambda message: None)
   assert [o["token_ids"] for o in on_mesh["outputs"]] == [o["token_ids"] for o in alone["outputs"]]
@@ -208,7 +214,6 @@ def test_a_cache_laid_out_for_a_mesh_cannot_be_made_without_one():
   from specjax.models.config import ModelConfig
   from specjax.models.kv_cache import init_cache
   from specjax.partitioning import CacheSharding
-  config = ModelConfig(arch="llama", vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=4,
-                       d_ff=8)
+  config = ModelConfig(arch="llama", vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=4, d_ff=8)
   with pytest.raises(ValueError, match="lays the cache out on a mesh, but none is set"):
     init_cache(config, 2, 8, CacheSharding((None, "data", None, "model", None)))

@@ -17,7 +17,7 @@ def _recorded(num_accepted_RdxB, live_RdxB, k, num_proposed_RdxB=None, forced_Rd
   if forced_RdxB is None:
     forced_RdxB = np.zeros(num_accepted_RdxB.shape, np.int32)
   for num_accepted_B, num_proposed_B, live_B, forced_B in zip(num_accepted_RdxB, num_proposed_RdxB, live_RdxB,
-                                                               forced_RdxB):
+                                                              forced_RdxB):
     counts = record(counts, np.asarray(num_accepted_B, np.int32), np.asarray(num_proposed_B, np.int32),
                     np.asarray(live_B), np.asarray(forced_B, np.int32))
   return counts
@@ -33,9 +33,10 @@ def test_record_and_summarize_by_hand():
   np.testing.assert_array_equal(counts.accepted_at, [[2, 1, 1], [1, 1, 0]])
   summary = metrics.summarize(counts)
   assert summary["per_row"][0] == {
-      "rounds": 3, "proposed": 9, "accepted": 4, "rejections": 2, "acceptance_rate": 4 / 9,
-      "alpha_hat": 4 / 6, "mean_accepted_length": 7 / 3, "accepted_at_position": [2, 1, 1],
-      "reached_at_position": [3, 2, 1], "position_acceptance_rate": [2 / 3, 1 / 2, 1.0], "jump_forward": 3}
+      "rounds": 3, "proposed": 9, "accepted": 4, "rejections": 2, "acceptance_rate": 4 / 9, "alpha_hat": 4 / 6,
+      "mean_accepted_length": 7 / 3, "accepted_at_position": [2, 1, 1], "reached_at_position": [3, 2, 1],
+      "position_acceptance_rate": [2 / 3, 1 / 2, 1.0], "jump_forward": 3
+  }
   total = summary["total"]
   assert (total["rounds"], total["proposed"], total["accepted"], total["rejections"]) == (4, 12, 6, 3)
   assert total["alpha_hat"] == 6 / 9 and total["mean_accepted_length"] == 10 / 4
@@ -45,8 +46,10 @@ def test_record_and_summarize_by_hand():
 def test_rounds_that_propose_fewer_than_k_tokens():
   """Row 0 proposes 2 of K = 3 and accepts both (no rejection: the bonus follows), then proposes 0
   (nothing to check: no rejection either), then 3 and accepts 1; row 1 proposes 1 and rejects it."""
-  counts = _recorded(np.array([[2, 0], [0, 0], [1, 0]]), np.ones((3, 2), bool), k=3,
-                     num_proposed_RdxB=np.array([[2, 1], [0, 1], [3, 1]]))
+  counts = _recorded(np.array([[2, 0], [0, 0], [1, 0]]), np.ones((3, 2), bool), k=3, num_proposed_RdxB=np.array([[2, 1],
+                                                                                                                 [0, 1],
+                                                                                                                 [3,
+                                                                                                                  1]]))
   row0, row1 = metrics.summarize(counts)["per_row"]
   assert (row0["proposed"], row0["accepted"], row0["rejections"]) == (5, 3, 1)
   assert row0["reached_at_position"] == [2, 2, 0] and row0["accepted_at_position"] == [2, 1, 0]
@@ -67,12 +70,12 @@ def test_theory_formulas():
   assert metrics.expected_accepted_length(0.0, k) == 1.0
   assert metrics.expected_accepted_length(1.0, k) == k + 1
   alpha = 0.8
-  closed_form = (1 - alpha ** (k + 1)) / (1 - alpha)
+  closed_form = (1 - alpha**(k + 1)) / (1 - alpha)
   assert metrics.expected_accepted_length(alpha, k) == pytest.approx(closed_form, rel=1e-12)
   assert metrics.theoretical_speedup(alpha, k, c) == pytest.approx(closed_form / (k * c + 1), rel=1e-12)
   assert metrics.theoretical_speedup(1.0, k, c) == (k + 1) / (k * c + 1)
-  assert metrics.theoretical_speedup(alpha, k, c, verify_cost=1.8) == pytest.approx(
-      closed_form / (k * c + 1.8), rel=1e-12)
+  assert metrics.theoretical_speedup(alpha, k, c, verify_cost=1.8) == pytest.approx(closed_form / (k * c + 1.8),
+                                                                                    rel=1e-12)
   assert metrics.theoretical_speedup(1 - 1e-9, k, c) == pytest.approx((k + 1) / (k * c + 1), rel=1e-8)
   assert metrics.theoretical_speedup(0.0, k, c) == 1 / (k * c + 1)  # every round still emits a token
   for bad in [dict(alpha=1.5), dict(alpha=-0.1), dict(k=0), dict(k=2.5), dict(c=-1.0)]:

@@ -40,8 +40,8 @@ def test_every_group_and_system_runs_both_turns(benchmark):
   assert list(results["groups"]) == keys
   for key in keys:
     systems = [r["system"] for r in results["runs"] if r["group"] == key]
-    expected = (["autoregressive", "model_k2", "ngram_k2", "autoregressive"] if key.startswith("batch1")
-                else ["autoregressive", "ngram_k2", "autoregressive"])
+    expected = (["autoregressive", "model_k2", "ngram_k2", "autoregressive"]
+                if key.startswith("batch1") else ["autoregressive", "ngram_k2", "autoregressive"])
     assert systems == expected
   for row in results["runs"]:
     assert row["question_ids"] == [1, 1, 2, 2, 3, 3] and row["turn_of_output"] == [1, 2] * 3
@@ -64,12 +64,16 @@ def test_transformers_builds_its_own_turns_and_matches_greedy(benchmark):
 
 
 def test_categories_sum_their_outputs():
-  outputs = [{"category": "a", "num_tokens": 4, "batch_wall_time_s": 2.0, "stats": {"rounds": 2, "accepted": 2,
-                                                                                      "rejections": 1}},
-             {"category": "a", "num_tokens": 2, "batch_wall_time_s": 1.0, "stats": {"rounds": 1, "accepted": 1,
-                                                                                      "rejections": 1}},
-             {"category": "b", "num_tokens": 3, "batch_wall_time_s": 3.0, "stats": {"rounds": 3, "accepted": 0,
-                                                                                      "rejections": 3}}]
+  outputs = [{
+      "category": "a", "num_tokens": 4, "batch_wall_time_s": 2.0,
+      "stats": {"rounds": 2, "accepted": 2, "rejections": 1}
+  }, {
+      "category": "a", "num_tokens": 2, "batch_wall_time_s": 1.0,
+      "stats": {"rounds": 1, "accepted": 1, "rejections": 1}
+  }, {
+      "category": "b", "num_tokens": 3, "batch_wall_time_s": 3.0,
+      "stats": {"rounds": 3, "accepted": 0, "rejections": 3}
+  }]
   got = mtbench.by_category(outputs, per_question_time=True)
   assert got["a"]["tokens_per_second"] == 2.0 and got["a"]["tau"] == 2.0 and got["a"]["alpha_hat"] == 0.6
   assert got["b"]["tau"] == 1.0 and got["b"]["alpha_hat"] == 0.0

@@ -118,8 +118,8 @@ def test_commit_appends_pending_and_the_committed_drafts():
   history, rng = [list(p) for p in prompts], np.random.default_rng(0)
   for round_, committed in enumerate([[4, 1, 0], [2, 0, 4], [0, 4, 3], [1, 2, 4], [4, 4, 1]]):
     pending = [int(t) for t in rng.integers(1, 6, 3)]
-    proposal, state, _ = _propose(drafter, state, None, jnp.asarray(pending, jnp.int32), GREEDY,
-                                  jax.random.key(round_), RoundPlan(k))
+    proposal, state, _ = _propose(drafter, state, None, jnp.asarray(pending, jnp.int32), GREEDY, jax.random.key(round_),
+                                  RoundPlan(k))
     tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
     for b, row in enumerate(history):
       assert list(tokens[b, :lengths[b]]) == _reference_proposal(row + [pending[b]], 1, 2, k), (round_, b)
@@ -139,15 +139,14 @@ def test_commit_drops_writes_past_the_end():
   drafter, max_len = NgramDrafter(VOCAB, 1, 2), 8
   padded, lengths = pad_prompts([[1, 2, 3, 4, 5, 6], [7]])
   state = _init(drafter, drafter.storage(2, max_len), padded, lengths, None)
-  proposal, state, _ = _propose(drafter, state, None, jnp.asarray([10, 11], jnp.int32), GREEDY,
-                                jax.random.key(0), RoundPlan(3))
+  proposal, state, _ = _propose(drafter, state, None, jnp.asarray([10, 11], jnp.int32), GREEDY, jax.random.key(0),
+                                RoundPlan(3))
   proposal = proposal.replace(tokens=jnp.asarray([[20, 21, 22], [30, 31, 32]], jnp.int32))
   state = _commit(drafter, state, proposal, jnp.asarray([4, 4], jnp.int32), None)
   np.testing.assert_array_equal(state.history, [[1, 2, 3, 4, 5, 6, 10, 20], [7, 11, 30, 31, 32, 0, 0, 0]])
 
 
 # --- The engine, greedy ---------------------------------------------------------------------------
-
 
 DRAFTER = NgramDrafter(VOCAB, ngram_min=1, ngram_max=3)
 _verify_widths = []  # the width - 1 of every verify pass that ran, appended by `_recording_verify_greedy`
@@ -234,8 +233,8 @@ def test_eos_inside_an_accepted_block_stops_the_row_there():
   # Round r emits indices c_r .. c_r + n_r of the row's output, c_r .. c_r + n_r - 1 being accepted
   # drafts: the first of them that is a token's first occurrence.
   starts = np.cumsum([1] + [n + 1 for n in accepted])
-  index = next(i for r, n in enumerate(accepted) for i in range(starts[r], starts[r] + n)
-               if free[0].index(free[0][i]) == i)
+  index = next(
+      i for r, n in enumerate(accepted) for i in range(starts[r], starts[r] + n) if free[0].index(free[0][i]) == i)
   eos = [free[0][index]]
   replays = [_replay(p, f, b, eos, k) for p, f, b in zip(PROMPTS, free, BUDGETS)]
   assert replays[0][0] == free[0][:index + 1]
@@ -257,7 +256,7 @@ def _first_tokens(sampling, rule):
   out = testing.speculate(SpeculativeLoop(config, 2, rule=rule), params, drafter, request,
                           cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 1)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [config.vocab_size] * SAMPLE_STEPS)
-  return np.bincount(index, minlength=config.vocab_size ** SAMPLE_STEPS), out.acceptance
+  return np.bincount(index, minlength=config.vocab_size**SAMPLE_STEPS), out.acceptance
 
 
 @pytest.mark.slow
@@ -295,7 +294,7 @@ def test_bad_inputs_fail_before_compiling(change, message):
 
 
 @pytest.mark.parametrize("ngram_min, ngram_max, message", [(0, 2, "ngram_min must be an integer >= 1"),
-                                                            (3, 2, r"ngram_max must be an integer >= min \(3\)")])
+                                                           (3, 2, r"ngram_max must be an integer >= min \(3\)")])
 def test_ngram_sizes_are_checked(ngram_min, ngram_max, message):
   with pytest.raises(ValueError, match=message):
     NgramDrafter(VOCAB, ngram_min, ngram_max)

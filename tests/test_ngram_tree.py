@@ -110,8 +110,10 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
   (config, params) = SMALL_TARGET
   drafter = NgramDrafter(config.vocab_size, 1, 3, tree=tree_lib.from_branching((2, 1)))
   exact = exact_distribution(config, params, SPINE_PROMPT, sampling, steps).ravel()
-  heads = {x: [(SPINE_PROMPT + [x])[j + 1] for j in _reference_matches(SPINE_PROMPT + [x], 1, 3, 2)]
-           for x in range(config.vocab_size)}
+  heads = {
+      x: [(SPINE_PROMPT + [x])[j + 1] for j in _reference_matches(SPINE_PROMPT + [x], 1, 3, 2)]
+      for x in range(config.vocab_size)
+  }
 
   def counts(rows=rows, **settings):
     cache_len = len(SPINE_PROMPT) + LONG_STEPS + 3  # the tree (2, 1) verifies 5 tokens: 3 of slack
@@ -121,7 +123,7 @@ def test_sampled_spines_follow_the_exact_target_distribution(monkeypatch):
     assert (np.asarray(out.acceptance.rounds) >= 3).all()
     tokens_ZxT = np.asarray(out.tokens)
     index = np.ravel_multi_index(tokens_ZxT[:, :steps].T, [config.vocab_size] * steps)
-    return np.bincount(index, minlength=config.vocab_size ** steps), tokens_ZxT
+    return np.bincount(index, minlength=config.vocab_size**steps), tokens_ZxT
 
   observed, tokens_ZxT = counts()
   assert chi_square_pvalue(observed, exact) > 1e-3 / 2

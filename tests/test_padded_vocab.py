@@ -60,8 +60,7 @@ def _with_vocab(model, vocab, seed=0, scale=0.3):
     extra = vocab - table_VxD.shape[0]
     if extra <= 0:
       return table_VxD[:vocab]
-    return jnp.concatenate([table_VxD, jnp.asarray(rng.normal(0.0, scale, (extra, config.d_model)),
-                                                   jnp.float32)])
+    return jnp.concatenate([table_VxD, jnp.asarray(rng.normal(0.0, scale, (extra, config.d_model)), jnp.float32)])
 
   params = dict(params, embed={"embedding": resize(params["embed"]["embedding"])},
                 lm_head={"weight": resize(params["lm_head"]["weight"])})
@@ -69,6 +68,7 @@ def _with_vocab(model, vocab, seed=0, scale=0.3):
 
 
 # --- the rule alone ---------------------------------------------------------------------------------
+
 
 def _random_pair(rng, target_vocab, draft_vocab):
   return (rng.dirichlet(np.ones(draft_vocab)).astype(np.float32),
@@ -102,16 +102,15 @@ def test_verify_emits_q_for_another_draft_vocabulary(draft_vocab):
   p_W, q_V = _random_pair(rng, vocab, draft_vocab)
   bonus_V = rng.dirichlet(np.ones(vocab)).astype(np.float32)
   draft_B = rng.choice(draft_vocab, rows, p=np.float64(p_W) / np.float64(p_W).sum()).astype(np.int32)
-  num_accepted, next_token = jax.jit(verify)(
-      jax.random.key(6), proposal.full(jnp.asarray(draft_B[:, None]),
-                                       jnp.broadcast_to(jnp.asarray(p_W), (rows, 1, draft_vocab))),
-      jnp.broadcast_to(jnp.asarray(np.stack([q_V, bonus_V])), (rows, 2, vocab)))
+  num_accepted, next_token = jax.jit(verify)(jax.random.key(6),
+                                             proposal.full(jnp.asarray(draft_B[:, None]),
+                                                           jnp.broadcast_to(jnp.asarray(p_W), (rows, 1, draft_vocab))),
+                                             jnp.broadcast_to(jnp.asarray(np.stack([q_V, bonus_V])), (rows, 2, vocab)))
   num_accepted, next_token = np.asarray(num_accepted), np.asarray(next_token)
   assert not num_accepted[draft_B >= vocab].any()
   emitted_B = np.where(num_accepted == 1, draft_B, next_token)
   assert chi_square_pvalue(np.bincount(emitted_B, minlength=vocab), np.float64(q_V)) > ALPHA
-  assert stats.binomtest(int(num_accepted.sum()), rows, np.minimum(p_W[:vocab], q_V[:draft_vocab]).sum()
-                         ).pvalue > ALPHA
+  assert stats.binomtest(int(num_accepted.sum()), rows, np.minimum(p_W[:vocab], q_V[:draft_vocab]).sum()).pvalue > ALPHA
 
 
 # --- the engine, greedy -----------------------------------------------------------------------------
@@ -147,8 +146,8 @@ def test_a_smaller_draft_reads_ids_it_lacks_as_its_last_id():
   def probs(prompts, pending):
     padded, lengths = pad_prompts(prompts)
     state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(2, 16), padded, lengths, None)
-    proposal_, _, _ = propose(drafter, state, None, jnp.asarray(pending), sampling_params(1.0),
-                              jax.random.key(0), RoundPlan(2))
+    proposal_, _, _ = propose(drafter, state, None, jnp.asarray(pending), sampling_params(1.0), jax.random.key(0),
+                              RoundPlan(2))
     return np.asarray(proposal_.probs)
 
   got_BxKxW = probs(prompts, pending)
@@ -168,8 +167,10 @@ def _pairs():
   the draft lacks) and 8 / 10 (draft larger, its two extra rows random: ~20% of its mass)."""
   big = tiny_model(10, vocab=10, n_layers=2, scale=0.5)
   small = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
-  return {"smaller": (big, _with_vocab(perturbed(big, 0.05, seed=11), 8), [3, 9, 4]),
-          "larger": (small, _with_vocab(perturbed(small, 0.05, seed=11), 10, seed=2, scale=0.5), [3, 1, 4])}
+  return {
+      "smaller": (big, _with_vocab(perturbed(big, 0.05, seed=11), 8), [3, 9, 4]),
+      "larger": (small, _with_vocab(perturbed(small, 0.05, seed=11), 10, seed=2, scale=0.5), [3, 1, 4])
+  }
 
 
 PAIRS = _pairs()
@@ -208,7 +209,7 @@ def _pvalue(direction, name, tokens_ZxT):
   vocab = target_config.vocab_size
   assert tokens_ZxT.max() < vocab
   exact = exact_distribution(target_config, target_params, prompt, SAMPLINGS[name], STEPS).ravel()
-  counts = np.bincount(np.ravel_multi_index(tokens_ZxT.T, [vocab] * STEPS), minlength=vocab ** STEPS)
+  counts = np.bincount(np.ravel_multi_index(tokens_ZxT.T, [vocab] * STEPS), minlength=vocab**STEPS)
   return chi_square_pvalue(counts, exact)
 
 
@@ -258,10 +259,12 @@ def _hf_dir(root, name, seed, rows=tiny_hf.VOCAB, extra_tokens=(), swap=None):
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
   root = tmp_path_factory.mktemp("padded")
-  return {"plain": _hf_dir(root, "plain", seed=0),
-          # padded head, and a tokenizer that names two more tokens inside the padding rows
-          "padded": _hf_dir(root, "padded", seed=1, rows=PADDED_ROWS, extra_tokens=("<x0>", "<x1>")),
-          "swapped": _hf_dir(root, "swapped", seed=1, rows=PADDED_ROWS, swap=("a", "b"))}
+  return {
+      "plain": _hf_dir(root, "plain", seed=0),
+      # padded head, and a tokenizer that names two more tokens inside the padding rows
+      "padded": _hf_dir(root, "padded", seed=1, rows=PADDED_ROWS, extra_tokens=("<x0>", "<x1>")),
+      "swapped": _hf_dir(root, "swapped", seed=1, rows=PADDED_ROWS, swap=("a", "b"))
+  }
 
 
 def _run(target, draft, **overrides):
@@ -286,7 +289,8 @@ def test_pipeline_refuses_tokenizers_that_differ_on_the_shared_range_when_told(h
   the models, the range and the setting."""
   cfg = tiny.get_config()
   cfg.target, cfg.draft, cfg.model.other_tokenizer = hf_dirs["plain"], hf_dirs["swapped"], "refuse"
-  with pytest.raises(ValueError, match=r"^draft swapped and target plain have different tokenizers: some id "
-                                       r"below 97 \(the range both heads score\) maps to different tokens "
-                                       r"\(config.model.other_tokenizer is 'refuse'\)$"):
+  with pytest.raises(
+      ValueError, match=r"^draft swapped and target plain have different tokenizers: some id "
+      r"below 97 \(the range both heads score\) maps to different tokens "
+      r"\(config.model.other_tokenizer is 'refuse'\)$"):
     pipeline.run(cfg, log=lambda message: None)

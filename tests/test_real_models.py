@@ -24,9 +24,11 @@ from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import forward
 
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively."
-TEXTS = ["def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
-         "x  =  [ 1,  22,   333 ]  # naïve café 日本語 😀\r\n\tTrailing   ",
-         "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><|fim_prefix|><tool_call>"]
+TEXTS = [
+    "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "x  =  [ 1,  22,   333 ]  # naïve café 日本語 😀\r\n\tTrailing   ",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><|fim_prefix|><tool_call>"
+]
 NUM_NEW = 32
 
 
@@ -59,8 +61,8 @@ def specjax_greedy(config, params, prompt: list[int]) -> tuple[np.ndarray, list[
 
 def transformers_reference(path: str, prompt: list[int]) -> tuple[np.ndarray, list[int]]:
   """transformers' logits [T, V] and NUM_NEW greedy tokens for `prompt`, from the same GGUF file."""
-  reference = transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  reference = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                                dtype=torch.float32).eval()
   with torch.no_grad():
     want = reference(torch.tensor([prompt])).logits[0].numpy()
     generated = reference.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, min_new_tokens=NUM_NEW,
@@ -110,8 +112,8 @@ def test_tokenizer_matches_transformers(name):
     assert reference.chat_template is None
     return
   messages = [{"role": "system", "content": "You write code."}, {"role": "user", "content": CODE_PROMPT}]
-  assert ours.apply_chat_template(messages) == reference.apply_chat_template(
-      messages, tokenize=False, add_generation_prompt=True)
+  assert ours.apply_chat_template(messages) == reference.apply_chat_template(messages, tokenize=False,
+                                                                             add_generation_prompt=True)
 
 
 def test_qwen_pair_shares_one_tokenizer():

@@ -41,8 +41,8 @@ def tiny_gguf(tmp_path_factory) -> bytes:
 def register(data: bytes, name="tiny", sha256=None) -> registry.ModelSpec:
   """A registry entry whose file is `data` in two parts of packages fake-part1/2."""
   spec = registry.ModelSpec(name, ("fake-part1==0.1.0", "fake-part2==0.1.0"),
-                            ("fake_part1/data/part01.bin", "fake_part2/data/part02.bin"), len(data),
-                            sha256 or hashlib.sha256(data).hexdigest())
+                            ("fake_part1/data/part01.bin", "fake_part2/data/part02.bin"), len(data), sha256 or
+                            hashlib.sha256(data).hexdigest())
   registry.MODELS[name] = spec
   return spec
 
@@ -55,6 +55,7 @@ def fake_installer(data: bytes, calls: list):
       os.makedirs(os.path.join(target, f"fake_part{i}", "data"))
       with open(os.path.join(target, f"fake_part{i}", "data", f"part{i:02d}.bin"), "wb") as f:
         f.write(chunk)
+
   return install
 
 
@@ -94,12 +95,13 @@ def test_checksum_mismatch_installs_nothing(cache, tiny_gguf):
 def _wheel(directory, package: str, version: str, files: dict[str, bytes]) -> None:
   """A minimal pure-Python wheel holding `files` (path inside site-packages -> bytes)."""
   dist = f"{package.replace('-', '_')}-{version}"
-  meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
-          f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+  meta = {
+      f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+      f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+  }
   entries = {**files, **meta}
-  record = "".join(
-      f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
-      for p, d in entries.items()) + f"{dist}.dist-info/RECORD,,\n"
+  record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+                   for p, d in entries.items()) + f"{dist}.dist-info/RECORD,,\n"
   with zipfile.ZipFile(os.path.join(directory, f"{dist}-py3-none-any.whl"), "w") as z:
     for p, d in {**entries, f"{dist}.dist-info/RECORD": record.encode()}.items():
       z.writestr(p, d)
@@ -156,8 +158,8 @@ def test_load_gguf_file_and_hf_dir(tmp_path, tiny_gguf):
   from_dir = load_model(str(hf_dir))
   assert from_dir.name == "hf" and from_dir.config.replace(dtype="bfloat16") == from_file.config
   assert from_dir.tokenizer.fingerprint() == from_file.tokenizer.fingerprint()
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                                                       atol=1e-2), from_dir.params, from_file.params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-2),
+               from_dir.params, from_file.params)
 
 
 def test_a_tokenizer_loads_without_the_weights(cache, monkeypatch, tmp_path, tiny_gguf):
@@ -176,6 +178,7 @@ def test_a_tokenizer_loads_without_the_weights(cache, monkeypatch, tmp_path, tin
   def header_only(file):
     def weights():
       yield pytest.fail("read a converted weight")
+
     return read_safetensors(file)[0], weights()
 
   monkeypatch.setattr(load, "_read_safetensors", header_only)

@@ -16,22 +16,28 @@ LLAMA_3_2_1B = {
     "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
     "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    "rope_scaling": {
+        "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+        "rope_type": "llama3"
+    }
+}
 QWEN3_0_6B = {
     "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
     "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True}
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True
+}
 GEMMA_2_2B = {
     "model_type": "gemma2", "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
     "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
-    "attn_logit_softcapping": 50.0}
+    "attn_logit_softcapping": 50.0
+}
 GEMMA_3_270M = {
     "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 640, "intermediate_size": 2048,
     "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
     "query_pre_attn_scalar": 256, "sliding_window": 512, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-    "max_position_embeddings": 32768}
+    "max_position_embeddings": 32768
+}
 
 
 @pytest.mark.parametrize("hf", [LLAMA_3_2_1B, QWEN3_0_6B, GEMMA_2_2B, GEMMA_3_270M],
@@ -54,8 +60,10 @@ SCALINGS = [  # (rope_parameters, head_dim, max_position_embeddings)
     ({"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}, 256, 131072),
     ({**LLAMA_3_2_1B["rope_scaling"], "rope_theta": 500000.0}, 64, 131072),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}, 128, 131072),
-    ({"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "rope_theta": 1e4,
-      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}, 64, 163840),
+    ({
+        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "rope_theta": 1e4,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707
+    }, 64, 163840),
     ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}, 128, 4096),
 ]
 
@@ -63,9 +71,11 @@ SCALINGS = [  # (rope_parameters, head_dim, max_position_embeddings)
 @pytest.mark.parametrize("params, head_dim, max_positions", SCALINGS,
                          ids=["linear", "llama3", "yarn", "yarn-mscale", "dynamic"])
 def test_inverse_frequencies_equal_transformers(params, head_dim, max_positions):
-  hf = {"model_type": "llama", "vocab_size": 8, "hidden_size": head_dim * 4, "num_hidden_layers": 1,
-        "num_attention_heads": 4, "head_dim": head_dim, "intermediate_size": 8,
-        "max_position_embeddings": max_positions, "rope_parameters": params}
+  hf = {
+      "model_type": "llama", "vocab_size": 8, "hidden_size": head_dim * 4, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "head_dim": head_dim, "intermediate_size": 8, "max_position_embeddings": max_positions,
+      "rope_parameters": params
+  }
   config = config_from_hf_dict(hf)
   hf_config = transformers.LlamaConfig(**{k: v for k, v in hf.items() if k != "model_type"})
   for seq_len in (None, 3 * max_positions):  # dynamic: within, then past the original context

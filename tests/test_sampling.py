@@ -20,16 +20,20 @@ from tests.helpers.stats import chi_square_pvalue
 
 probabilities = jax.jit(sampling.probabilities)  # one compile per shape and mode
 
-
 # The float64 reference shared with the end-to-end exactness tests (`engine.exact_distribution`):
 # checked here against the library, ties included.
 _reference = reference.probabilities
 
-
-SETTINGS = [dict(temperature=1.0), dict(temperature=0.7), dict(temperature=2.5),
-            dict(temperature=1.0, top_k=1), dict(temperature=0.8, top_k=5),
-            dict(temperature=1.0, top_p=0.3), dict(temperature=1.3, top_p=0.9),
-            dict(temperature=0.9, top_k=8, top_p=0.75)]
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7),
+    dict(temperature=2.5),
+    dict(temperature=1.0, top_k=1),
+    dict(temperature=0.8, top_k=5),
+    dict(temperature=1.0, top_p=0.3),
+    dict(temperature=1.3, top_p=0.9),
+    dict(temperature=0.9, top_k=8, top_p=0.75)
+]
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=str)
@@ -41,9 +45,15 @@ def test_probabilities_match_float64_reference(setting):
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
-BOUNDED = [dict(temperature=1.0, top_k=3), dict(temperature=0.8, top_k=20), dict(temperature=1.0, top_k=700),
-           dict(temperature=1.0, top_p=0.5), dict(temperature=2.5, top_p=0.95),
-           dict(temperature=0.9, top_k=12, top_p=0.8), dict(temperature=3.0, top_k=600, top_p=0.9)]
+BOUNDED = [
+    dict(temperature=1.0, top_k=3),
+    dict(temperature=0.8, top_k=20),
+    dict(temperature=1.0, top_k=700),
+    dict(temperature=1.0, top_p=0.5),
+    dict(temperature=2.5, top_p=0.95),
+    dict(temperature=0.9, top_k=12, top_p=0.8),
+    dict(temperature=3.0, top_k=600, top_p=0.9)
+]
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["distinct", "ties"])
@@ -76,8 +86,8 @@ def test_nucleus_outside_the_candidates_falls_back_to_a_search_of_the_whole_voca
     got = np.asarray(probabilities(jnp.asarray(logits_ZxV), sampling_params(1.0, top_p=0.9, candidates=16)))
     want = np.stack([_reference(row, 1.0, top_p=0.9) for row in logits_ZxV])
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
-  assert (got[0] > 0).sum() == 1 and (np.asarray(probabilities(
-      jnp.asarray(flat_V[None]), sampling_params(1.0, top_p=0.9, candidates=16))) > 0).sum() > 400
+  assert (got[0] > 0).sum() == 1 and (np.asarray(
+      probabilities(jnp.asarray(flat_V[None]), sampling_params(1.0, top_p=0.9, candidates=16))) > 0).sum() > 400
 
 
 def test_each_rows_knobs_give_that_rows_own_distribution():
@@ -111,17 +121,19 @@ def test_knob_values_share_one_program_and_modes_are_static():
     return sampling.probabilities(logits_ZxV, params)
 
   logits_ZxV = jnp.asarray(np.random.default_rng(5).normal(size=(2, 300)), jnp.float32)
-  for settings in ([dict(temperature=1.0, top_k=40), dict(temperature=0.7, top_k=50)],
-                   [dict(temperature=1.0, top_p=0.9), dict(temperature=1.2, top_p=0.5)],
-                   [dict(temperature=1.0, top_k=40, top_p=0.9), dict(temperature=0.5, top_k=5, top_p=0.3)]):
+  for settings in ([dict(temperature=1.0, top_k=40),
+                    dict(temperature=0.7,
+                         top_k=50)], [dict(temperature=1.0, top_p=0.9),
+                                      dict(temperature=1.2, top_p=0.5)],
+                   [dict(temperature=1.0, top_k=40, top_p=0.9),
+                    dict(temperature=0.5, top_k=5, top_p=0.3)]):
     traces.clear()
     for setting in settings:
       traced(logits_ZxV, sampling_params(**setting))
     assert len(traces) == 1
-  modes = [sampling_params(0.0), sampling_params(1.0), sampling_params(1.0, top_k=40),
-           sampling_params(1.0, top_p=0.9)]
-  assert [(p.greedy, p.use_top_k, p.use_top_p) for p in modes] == [
-      (True, False, False), (False, False, False), (False, True, False), (False, False, True)]
+  modes = [sampling_params(0.0), sampling_params(1.0), sampling_params(1.0, top_k=40), sampling_params(1.0, top_p=0.9)]
+  assert [(p.greedy, p.use_top_k, p.use_top_p) for p in modes] == [(True, False, False), (False, False, False),
+                                                                   (False, True, False), (False, False, True)]
   assert len({jax.tree.structure(p) for p in modes}) == 4
   assert sampling_params(1.0, top_k=40).candidates == sampling.CANDIDATES
   assert sampling_params(1.0, top_k=1000).candidates == 1000
@@ -173,8 +185,8 @@ def test_greedy_is_the_argmax_whatever_top_k_and_top_p():
     got = np.asarray(probabilities(logits_ZxV, params))
     np.testing.assert_array_equal(got, np.eye(30, dtype=np.float32)[np.argmax(logits_ZxV, -1)])
     for seed in range(3):
-      np.testing.assert_array_equal(jax.jit(next_tokens)(jax.random.key(seed), logits_ZxV, params),
-                                    np.argmax(logits_ZxV, -1))
+      np.testing.assert_array_equal(
+          jax.jit(next_tokens)(jax.random.key(seed), logits_ZxV, params), np.argmax(logits_ZxV, -1))
   assert int(greedy_tokens(jnp.asarray(logits_ZxV))[0]) == 4
   logits_ZxV[1, [7, 3]] = np.nan  # like jnp.argmax: the first NaN
   np.testing.assert_array_equal(greedy_tokens(jnp.asarray(logits_ZxV)), jnp.argmax(logits_ZxV, -1))

@@ -25,10 +25,9 @@ from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.plan import RoundPlan
 from specjax.speculative.drafters.model import ModelDrafter
 from specjax.speculative.loop import SpeculativeLoop, speculative_generate
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                  SAMPLE_STEPS, SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all,
-                                  exact_distribution, forced_draft_rounds, FORCED_DRAFT_PROMPTS, run_speculative,
-                                  target_greedy, tiny_model)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT, SAMPLE_STEPS,
+                                  SMALL_DRAFT, SMALL_TARGET, TARGET, VOCAB, accept_all, exact_distribution,
+                                  forced_draft_rounds, FORCED_DRAFT_PROMPTS, run_speculative, target_greedy, tiny_model)
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 
 
@@ -118,10 +117,12 @@ def test_caches_of_the_checked_size_are_filled_exactly(monkeypatch, k, draft_nam
   drop an overflowing write)."""
   write_ends = []
   unchecked_write = KVCache.write
+
   def checked_write(cache, layer, k_BxTxGxDh, v_BxTxGxDh):
     end = jnp.max(cache.lengths) + k_BxTxGxDh.shape[1] - cache.max_len
     jax.debug.callback(lambda e: write_ends.append(int(e)), end)
     return unchecked_write(cache, layer, k_BxTxGxDh, v_BxTxGxDh)
+
   monkeypatch.setattr(KVCache, "write", checked_write)
   size = max(map(len, PROMPTS)) + max(BUDGETS) + k - 1
   for name in draft_names:
@@ -160,7 +161,7 @@ def _first_tokens(sampling, rule, draft_head=None):
   out = testing.speculate(SpeculativeLoop(target_config, 2, rule=rule), target_params, drafter, request,
                           cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2)
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [target_config.vocab_size] * SAMPLE_STEPS)
-  return np.bincount(index, minlength=target_config.vocab_size ** SAMPLE_STEPS)
+  return np.bincount(index, minlength=target_config.vocab_size**SAMPLE_STEPS)
 
 
 SAMPLINGS = {"plain": sampling_params(1.0)}
@@ -200,8 +201,8 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
   history, pending, short_proposals, passes = [list(p) for p in FORCED_DRAFT_PROMPTS], [1, 2, 3], 0, set()
   schedule = [[4, 1, 2], [4, 4, 0], [0, 2, 4], [3, 4, 1], [1, 4, 4], [4, 4, 4], [2, 3, 4]]
   for round_, wanted in enumerate(schedule):
-    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling,
-                                 jax.random.key(round_), RoundPlan(k))
+    proposal, state, _ = propose(drafter, state, None, jnp.asarray(pending), sampling, jax.random.key(round_),
+                                 RoundPlan(k))
     tokens_BxK, probs_BxKxV, lengths_B = proposal.tokens, proposal.probs, np.asarray(proposal.lengths)
     drawn = int(proposal.calls)  # draft passes = tokens drawn
     passes.add(drawn)
@@ -230,8 +231,8 @@ def test_draft_cache_tracks_the_committed_history(stop_threshold):
 
 @pytest.mark.parametrize("change, message", [
     (dict(k=0), r"k \(draft tokens per round\) must be an integer >= 1"),
-    (dict(k=8, budgets=[24, 6, 20], target_cache_len=39),
-     r"\(target\).*9 tokens.*\+ look-ahead \(7\) = 40 positions exceed the cache size 39"),
+    (dict(k=8, budgets=[24, 6, 20],
+          target_cache_len=39), r"\(target\).*9 tokens.*\+ look-ahead \(7\) = 40 positions exceed the cache size 39"),
     (dict(draft_cache_len=30), r"\(draft\).*= 31 positions exceed the cache size 30"),
     (dict(budgets=0), "max_new_tokens must be >= 1"),
     (dict(budgets=[25, 6, 20]), "exceeds out_width"),

@@ -30,10 +30,10 @@ from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue
 ADAPTIVE = dict(policy=POLICY, tables=Tables(COSTS_K3))
 # The adaptive policy with a deferred lag (5); the lag's other bounds (1, the whole history) are held against
 # the draft's full forward by test_the_draft_reads_the_spelled_history.
-SHAPES = {"chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}),
-          "adaptive_deferred": (dict(max_lag=5), ADAPTIVE),
-          "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}),
-          "dynamic_tree": (dict(tree=DynamicSpec(6, 3, 2)), {})}
+SHAPES = {
+    "chain": ({}, {}), "early_stop": (dict(stop_threshold=0.3), {}), "adaptive_deferred": (dict(max_lag=5), ADAPTIVE),
+    "tree": (dict(tree=tree_lib.from_branching((2, 2, 1))), {}), "dynamic_tree": (dict(tree=DynamicSpec(6, 3, 2)), {})
+}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -106,12 +106,13 @@ def test_a_restricted_head_keeps_the_most_frequent_shared_ids_and_the_stop_token
 
 # The K policy's wanted length per round (None: K) and what each row commits; with a lag of 5 ids, plain
 # rounds (0) skip the draft until pending's 1 to 3 ids would overflow some row's lag.
-FORCED_SCHEDULES = {1: [(None, [4, 1, 2]), (None, [4, 4, 0]), (None, [0, 2, 4]), (None, [3, 4, 1]),
-                        (None, [1, 4, 4]), (None, [4, 4, 4])],
-                    5: [(3, [4, 1, 2]), (0, [1, 1, 1]), (0, [1, 0, 1]), (0, [1, 1, 1]), (2, [3, 1, 2]),
-                        (0, [1, 1, 1]), (3, [4, 4, 0]), (3, [1, 4, 4])],
-                    None: [(0, [1, 1, 1]), (0, [1, 0, 1]), (3, [4, 1, 2]), (0, [1, 1, 1]), (2, [3, 1, 2]),
-                           (3, [1, 4, 4])]}  # the whole history: the spelled prompts wait for the first draft
+FORCED_SCHEDULES = {
+    1: [(None, [4, 1, 2]), (None, [4, 4, 0]), (None, [0, 2, 4]), (None, [3, 4, 1]), (None, [1, 4, 4]),
+        (None, [4, 4, 4])], 5: [(3, [4, 1, 2]), (0, [1, 1, 1]), (0, [1, 0, 1]), (0, [1, 1, 1]), (2, [3, 1, 2]),
+                                (0, [1, 1, 1]), (3, [4, 4, 0]), (3, [1, 4, 4])], None: [(0, [1, 1, 1]), (0, [1, 0, 1]),
+                                                                                        (3, [4, 1, 2]), (0, [1, 1, 1]),
+                                                                                        (2, [3, 1, 2]), (3, [1, 4, 4])]
+}  # the whole history: the spelled prompts wait for the first draft
 
 
 @pytest.mark.parametrize("max_lag", list(FORCED_SCHEDULES))
@@ -121,8 +122,8 @@ def test_the_draft_reads_the_spelled_history(max_lag):
   distributions equal the draft's full forward pass over the spelled [history, pending, d_1 .. d_{i-1}],
   restricted to the intersection and renormalised, laid out on the target's ids: a miscounted spelling,
   a lag fed twice, out of order or cut, or a cache off by one shifts them."""
-  drafter, (draft_I, target_I, ids_VxM, counts_V), state, propose, commit, score, outside = forced_rounds(
-      max_lag=max_lag)
+  drafter, (draft_I, target_I, ids_VxM,
+            counts_V), state, propose, commit, score, outside = forced_rounds(max_lag=max_lag)
   k, sampling, batch, cache = 3, sampling_params(1.0), len(FORCED_PROMPTS), FORCED_CACHE
   history, pending = [list(p) for p in FORCED_PROMPTS], [int(outside[0]), int(outside[1]), int(target_I[0])]
   longest_lag = 0
@@ -178,8 +179,9 @@ def test_a_static_trees_distributions_follow_the_spelled_history():
         sequence = spelled + [int(draft_I[target_I == tokens_BxN1[b, a]][0]) for a in ancestors]
         logits_TxW = np.asarray(score(jnp.asarray(np.pad([sequence], ((0, batch - 1), (0, cache - len(sequence)))))))
         want_I = np.asarray(probabilities(jnp.asarray(logits_TxW[0, len(sequence) - 1][draft_I]), sampling))
-        np.testing.assert_allclose(np.asarray(proposal.probs)[b, node - 1][target_I], want_I, atol=1e-5,
-                                   err_msg=f"round {round_} row {b} node {node}")
+        np.testing.assert_allclose(
+            np.asarray(proposal.probs)[b, node - 1][target_I], want_I, atol=1e-5,
+            err_msg=f"round {round_} row {b} node {node}")
     path_BxDt1 = np.stack([paths[leaf] if leaf else np.zeros(tree.max_depth + 1, int) for leaf in leaves])
     accepted = [tree.depth[leaf] for leaf in leaves]
     chain = proposal.along(jnp.asarray(path_BxDt1, jnp.int32))
@@ -196,7 +198,6 @@ ROWS, ALPHA = SAMPLE_ROWS, 1e-3
 class _NotRenormalised(ModelDrafter):
   """A broken mapping: the proposal's distributions lose 40% of their mass (as if the draft's distribution
   were restricted to the intersection without renormalising) while its tokens are drawn from the whole."""
-
   def propose(self, *args, **kwargs):
     proposal, state, cache = super().propose(*args, **kwargs)
     return proposal.replace(probs=proposal.probs * 0.6), state, cache
@@ -204,12 +205,12 @@ class _NotRenormalised(ModelDrafter):
 
 def _first_tokens(drafter):
   """Counts [V^3] of the first three tokens over N = SAMPLE_ROWS rows of one call, K = 2, temperature 1."""
-  out = run_drafter(drafter, target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS, budgets=SAMPLE_STEPS,
-                    eos_ids=NO_EOS, k=2, sampling=sampling_params(1.0), seed=1,
-                    cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2, out_width=SAMPLE_STEPS)
+  out = run_drafter(drafter, target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS, budgets=SAMPLE_STEPS, eos_ids=NO_EOS,
+                    k=2, sampling=sampling_params(1.0), seed=1, cache_len=len(SAMPLE_PROMPT) + SAMPLE_STEPS + 2,
+                    out_width=SAMPLE_STEPS)
   vocab = SMALL_TARGET[0].vocab_size
   index = np.ravel_multi_index(np.asarray(out.tokens).T, [vocab] * SAMPLE_STEPS)
-  return np.bincount(index, minlength=vocab ** SAMPLE_STEPS)
+  return np.bincount(index, minlength=vocab**SAMPLE_STEPS)
 
 
 @pytest.mark.slow

@@ -37,8 +37,8 @@ from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees.tree import from_branching
 from tests.helpers.cli import cli_config
 from tests.helpers.cli import model_dirs  # noqa: F401 (the fixture)
-from tests.helpers.engine import (CACHE_LEN, GREEDY, OUT_WIDTH, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET,
-                                  VOCAB, accept_all_proposed, first_tokens_pvalue)
+from tests.helpers.engine import (CACHE_LEN, GREEDY, OUT_WIDTH, SAMPLE_PROMPT, SAMPLE_STEPS, SMALL_TARGET, VOCAB,
+                                  accept_all_proposed, first_tokens_pvalue)
 from tests.helpers.ngram import BUDGETS, HISTORY_LEN, MODELS, PROMPTS, free_greedy
 
 
@@ -57,8 +57,8 @@ def test_appended_keeps_the_newest_tokens_of_every_call():
   rng = np.random.default_rng(0)
   pool, calls = empty_pool(23), []
   for _ in range(6):
-    rows = [(list(map(int, rng.integers(0, 9, rng.integers(0, 5)))),
-             list(map(int, rng.integers(0, 9, rng.integers(0, 4)))))
+    rows = [(list(map(int, rng.integers(0, 9,
+                                        rng.integers(0, 5)))), list(map(int, rng.integers(0, 9, rng.integers(0, 4)))))
             for _ in range(3)]
     calls.append(rows)
     prompts, lengths = np.zeros((3, 4), np.int32), np.array([len(p) for p, _ in rows], np.int32)
@@ -80,7 +80,10 @@ def _reference(pool, contexts, b, k, max_match, occurrences, factor, offset, min
   sequences = [p for p in pieces if p] + ([c for c in contexts] if across_rows else [contexts[b]])
   context, found, length = contexts[b], [], 0
   for n in range(1, min(max_match, len(context)) + 1):
-    here = [(s, j) for s, seq in enumerate(sequences) for j in range(n - 1, len(seq) - 1)
+    here = [(s, j)
+            for s, seq in enumerate(sequences)
+            for j in range(n - 1,
+                           len(seq) - 1)
             if seq[j - n + 1:j + 1] == context[-n:]]
     if here:
       found, length = here, n
@@ -153,8 +156,8 @@ def test_propose_matches_the_reference_on_random_pools_and_batches(name, branche
   assert {0, 1, 2} < lengths_seen  # misses, single tokens and longer paths
 
 
-@pytest.mark.parametrize("capacity, vocab, max_match, occurrences",
-                         [(3000, 3, 6, 8), (1000, 2, 12, 64), (700, 50, 3, 5)])
+@pytest.mark.parametrize("capacity, vocab, max_match, occurrences", [(3000, 3, 6, 8), (1000, 2, 12, 64),
+                                                                     (700, 50, 3, 5)])
 def test_the_pool_index_finds_what_a_pass_over_the_pool_finds(capacity, vocab, max_match, occurrences):
   """Random pools (sequences of 1 to 40 tokens; few ids, so that matches are long and occur many times,
   and many ids, so that most are short or missing) searched by 64 random suffixes, some running past
@@ -195,6 +198,7 @@ def _propose(drafter, contexts, k):
 
 # --- The engine, greedy ---------------------------------------------------------------------------
 
+
 def _generate(model, drafter, k):
   (config, params), batch = model, len(PROMPTS)
   return speculative_generate(SpeculativeLoop(config, k, OUT_WIDTH), params, drafter, testing.request(PROMPTS, BUDGETS),
@@ -226,6 +230,7 @@ def test_greedy_equals_target_greedy_with_and_without_a_pool(model_name, spines)
 
 # --- The engine, sampling -------------------------------------------------------------------------
 
+
 def test_sampled_tokens_follow_the_exact_target_distribution_with_a_pool_of_the_continuation():
   """T = 0.7, K = 2, N = 4,000 rows of one call, chi-square at level 0.001; the pool holds the prompt
   followed by every first token t and a continuation of it, so every row's first round proposes two
@@ -253,6 +258,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution_with_a_pool_of_the_
 
 # --- The Decoder's pool ---------------------------------------------------------------------------
 
+
 def test_a_decoder_drafts_from_its_earlier_calls_and_forgets_on_reset(model_dirs):
   """The first call (after the program's warm-up call) and the first after `reset_pool` draft alike:
   the warm-up call (budget 2, before the first) taught the pool nothing."""
@@ -277,12 +283,14 @@ def test_a_corpus_warms_the_pool_up_to_its_budget(tmp_path):
   assert list(map(int, pool)) == [SEPARATOR] * 7 + [2, SEPARATOR, 3, 4, SEPARATOR] and added == 3
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("max_match", 0, "config.suffix.max_match must be an integer >= 1"),
-    ("min_prob", 1.5, r"config.suffix.min_prob must be in \[0, 1\]"),
-    ("pool_tokens", -1, r"config.suffix.pool_tokens must be an integer in \[0, 16777216\]"),
-    ("pool_tokens", 10 ** 12, r"config.suffix.pool_tokens must be an integer in \[0, 16777216\]"),  # not 4 TB
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("max_match", 0, "config.suffix.max_match must be an integer >= 1"),
+        ("min_prob", 1.5, r"config.suffix.min_prob must be in \[0, 1\]"),
+        ("pool_tokens", -1, r"config.suffix.pool_tokens must be an integer in \[0, 16777216\]"),
+        ("pool_tokens", 10**12, r"config.suffix.pool_tokens must be an integer in \[0, 16777216\]"),  # not 4 TB
+    ])
 def test_bad_settings_fail_with_one_line_naming_the_field(model_dirs, field, value, message):
   with pytest.raises(ConfigError, match=message):
     specjax.Decoder(config=cli_config(model_dirs, drafter="suffix", suffix={field: value}))

@@ -48,7 +48,6 @@ def _lines(path) -> list[dict]:
 
 class _CountingRun:
   """Stands in for pipeline.run and counts its calls."""
-
   def __init__(self):
     self.calls, self._run = 0, pipeline.run
 
@@ -73,17 +72,17 @@ def test_two_point_sweep_writes_rows_consistent_with_pipeline_run(model_dirs, fi
   assert (ar["point"], spec["point"]) == (AR_POINT, SPEC_POINT)
   assert any(m.startswith("[2/2]") for m in messages)
   for column in ("tokens_per_second", "wall_time_s", "compile_time_s", "acceptance_rate", "alpha_hat",
-                 "mean_accepted_length", "per_position_acceptance", "target_calls", "draft_calls",
-                 "cost_ratio_c", "theoretical_speedup", "speedup_vs_autoregressive", "batch_size", "k",
-                 "temperature", "draft", "target", "config", "environment", "command"):
+                 "mean_accepted_length", "per_position_acceptance", "target_calls", "draft_calls", "cost_ratio_c",
+                 "theoretical_speedup", "speedup_vs_autoregressive", "batch_size", "k", "temperature", "draft",
+                 "target", "config", "environment", "command"):
     assert column in spec, column
   assert ar["k"] is None and ar["draft"] is None and ar["speedup_vs_autoregressive"] is None
 
   cfg = _sweep(model_dirs, path).base
   cfg.k = 2
   direct = pipeline.run(cfg, log=lambda m: None)["stats"]  # the same point, outside the sweep
-  for field in ("generated_tokens", "acceptance_rate", "alpha_hat", "mean_accepted_length",
-                "per_position_acceptance", "target_calls", "draft_calls", "acceptance"):
+  for field in ("generated_tokens", "acceptance_rate", "alpha_hat", "mean_accepted_length", "per_position_acceptance",
+                "target_calls", "draft_calls", "acceptance"):
     assert spec[field] == direct[field], field
   assert spec["acceptance_rate"] == 1.0 and len(spec["per_position_acceptance"]) == 2  # same weights
   assert spec["cost_ratio_c"] > 0
@@ -136,18 +135,19 @@ def test_tree_is_an_axis_whose_k_is_its_depth(model_dirs, tmp_path):
   seconds = {"target": {1: 1.0, 5: 2.0}, "draft": {1: 0.25, 2: 0.5}}
   report_trees.predict(summary, seconds)
   assert summary["predicted_cpu"] == pytest.approx(summary["tokens_per_round"] / 3.25)
-  assert summary["predicted_accelerator"] == pytest.approx(
-      summary["tokens_per_round"] / (1 + 0.25 * summary["draft_passes_per_round"]))
+  assert summary["predicted_accelerator"] == pytest.approx(summary["tokens_per_round"] /
+                                                           (1 + 0.25 * summary["draft_passes_per_round"]))
   # The kit's measured verify costs (a results file's shape): a 5-token verify at batch 2 interpolated
   # between 3 and 9 tokens, c from the kit; a row past the widths measured gets no prediction.
-  kit_results = {"costs": [{"prompt_tokens": 8, "batch_size": 2, "cost_ratio_c": 0.1}],
-                 "verify_costs": [{"prompt_tokens": 8, "batch_size": 2,
-                                   "in_target_steps": {"1": 1.0, "3": 1.2, "9": 2.4}}]}
+  kit_results = {
+      "costs": [{"prompt_tokens": 8, "batch_size": 2, "cost_ratio_c": 0.1}],
+      "verify_costs": [{"prompt_tokens": 8, "batch_size": 2, "in_target_steps": {"1": 1.0, "3": 1.2, "9": 2.4}}]
+  }
   measured = report_trees.accelerator_costs(kit_results)
   report_trees.predict_measured_accelerator(summary, measured)
   assert summary["batch_size"] <= 2
-  assert summary["predicted_measured_accelerator"] == pytest.approx(
-      summary["tokens_per_round"] / (1.6 + 0.1 * summary["draft_passes_per_round"]))
+  assert summary["predicted_measured_accelerator"] == pytest.approx(summary["tokens_per_round"] /
+                                                                    (1.6 + 0.1 * summary["draft_passes_per_round"]))
   for beyond in (dict(summary, nodes=9), dict(summary, batch_size=4)):  # 10 tokens; a batch the kit lacks
     report_trees.predict_measured_accelerator(beyond, measured)
     assert beyond["predicted_measured_accelerator"] is None
@@ -201,9 +201,10 @@ def test_partial_table_resumes_with_the_missing_point(model_dirs, finished_table
 def test_cli_skips_a_finished_table_and_rejects_unknown_fields(model_dirs, finished_table, tmp_path):
   table = str(tmp_path / "table.jsonl")
   shutil.copy(finished_table[0], table)
-  base = [sys.executable, "-m", "experiments.sweep", "--config=configs/sweeps/tiny.py",
-          f"--config.base.target={model_dirs[0]}", f"--config.base.draft={model_dirs[1]}",
-          f"--config.output={table}"]
+  base = [
+      sys.executable, "-m", "experiments.sweep", "--config=configs/sweeps/tiny.py",
+      f"--config.base.target={model_dirs[0]}", f"--config.base.draft={model_dirs[1]}", f"--config.output={table}"
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   ok = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True)
   assert ok.returncode == 0, ok.stderr[-3000:]
@@ -220,9 +221,11 @@ def test_rows_name_the_command_and_paths_from_the_repository_root(monkeypatch, m
   monkeypatch.chdir(ROOT)
   monkeypatch.setattr(sys.modules["__main__"], "__spec__", main_spec)
   outside = f"{ROOT}-elsewhere/prompts.jsonl"  # shares the root's prefix, not its directory
-  monkeypatch.setattr(sys, "argv", [os.path.join(ROOT, "experiments", "sweep.py"),
-                                    f"--config={ROOT}/configs/sweeps/tiny.py", f"--config.base.prompts_file={outside}",
-                                    "--config.output", os.path.join(ROOT, "experiments", "results", "t.jsonl")])
+  monkeypatch.setattr(sys, "argv", [
+      os.path.join(ROOT, "experiments", "sweep.py"), f"--config={ROOT}/configs/sweeps/tiny.py",
+      f"--config.base.prompts_file={outside}", "--config.output",
+      os.path.join(ROOT, "experiments", "results", "t.jsonl")
+  ])
   spec = _sweep(["target", "draft"], "t.jsonl")
   point, cfg = sweep.grid(spec)[0]
   row = sweep.make_row(spec, point, cfg, {"tokens_per_second": 1.0}, None, [])
@@ -253,9 +256,10 @@ def test_a_drafter_setting_is_an_axis_by_its_dotted_name(tmp_path):
   cfg.base.drafter = "ngram"
   cfg.axes.ngram = ml_collections.ConfigDict({"min": (1, 2)})
   points = sweep.grid(cfg)
-  assert sorted(json.dumps(p, sort_keys=True) for p, _ in points) == sorted(json.dumps(p, sort_keys=True) for p in (
-      {"k": None, "mode": "autoregressive", "ngram.min": None},
-      *({"k": k, "mode": "speculative", "ngram.min": n} for k in cfg.axes.k for n in (1, 2))))
+  assert sorted(json.dumps(p, sort_keys=True) for p, _ in points) == sorted(
+      json.dumps(p, sort_keys=True)
+      for p in ({"k": None, "mode": "autoregressive", "ngram.min": None},
+                *({"k": k, "mode": "speculative", "ngram.min": n} for k in cfg.axes.k for n in (1, 2))))
   for point, decode in points:
     assert decode.ngram.min == (point["ngram.min"] or cfg.base.ngram.min)
   cfg.axes.ngram.min = (0,)
@@ -269,9 +273,10 @@ def test_every_sweep_config_parses_into_a_valid_grid():
     name = os.path.basename(path).removesuffix(".py")
     cfg = importlib.import_module(f"configs.sweeps.{name}").get_config()
     sizes[name] = len(sweep.grid(cfg))  # validates axis names and every point's decode config
-  assert sizes == {"qwen_coder_batch": 8, "qwen_coder_k": 16, "qwen_coder_ngram_trees": 5, "qwen_coder_trees": 22,
-                   "qwen_coder_trees_speed": 14, "smollm2_distill": 14, "smollm2_eagle": 16,
-                   "tiny": 2}  # baselines counted once
+  assert sizes == {
+      "qwen_coder_batch": 8, "qwen_coder_k": 16, "qwen_coder_ngram_trees": 5, "qwen_coder_trees": 22,
+      "qwen_coder_trees_speed": 14, "smollm2_distill": 14, "smollm2_eagle": 16, "tiny": 2
+  }  # baselines counted once
 
 
 def _fixture_rows() -> list[dict]:
@@ -279,17 +284,21 @@ def _fixture_rows() -> list[dict]:
   rows = []
   for batch in (1, 2):
     for temperature in (0.0, 1.0):
-      rows.append({"point": {"batch_size": batch, "draft": None, "k": None, "mode": "autoregressive",
-                             "temperature": temperature}, "mode": "autoregressive", "k": None,
-                   "draft": None, "batch_size": batch, "temperature": temperature, "tokens_per_second": 5.0})
+      rows.append({
+          "point": {
+              "batch_size": batch, "draft": None, "k": None, "mode": "autoregressive", "temperature": temperature
+          }, "mode": "autoregressive", "k": None, "draft": None, "batch_size": batch, "temperature": temperature,
+          "tokens_per_second": 5.0
+      })
       for draft, alpha in (("drafts/plain", 0.6), ("drafts/distilled", 0.8)):
         for k in (1, 2, 3):
-          point = {"batch_size": batch, "draft": draft, "k": k, "mode": "speculative",
-                   "temperature": temperature}
-          rows.append({"point": point, **point, "acceptance_rate": alpha - 0.05 * k,
-                       "mean_accepted_length": metrics.expected_accepted_length(alpha, k),
-                       "per_position_acceptance": [alpha] * k, "speedup_vs_autoregressive": 1.0 + alpha / k,
-                       "theoretical_speedup": metrics.theoretical_speedup(alpha, k, 0.3)})
+          point = {"batch_size": batch, "draft": draft, "k": k, "mode": "speculative", "temperature": temperature}
+          rows.append({
+              "point": point, **point, "acceptance_rate": alpha - 0.05 * k,
+              "mean_accepted_length": metrics.expected_accepted_length(alpha, k),
+              "per_position_acceptance": [alpha] * k, "speedup_vs_autoregressive": 1.0 + alpha / k,
+              "theoretical_speedup": metrics.theoretical_speedup(alpha, k, 0.3)
+          })
   return rows
 
 
@@ -297,10 +306,10 @@ def test_plots_render_every_figure(tmp_path):
   table = tmp_path / "table.jsonl"
   table.write_text("".join(json.dumps(row) + "\n" for row in _fixture_rows()))
   out = tmp_path / "plots"
-  run = subprocess.run([sys.executable, "-m", "experiments.plots", "--config=configs/reports/plots.py",
-                        f"--config.table={table}", f"--config.output={out}", "--config.k=2",
-                        "--config.labels=('drafts/plain=before', 'drafts/distilled=after')"],
-                       cwd=ROOT, capture_output=True, text=True)
+  run = subprocess.run([
+      sys.executable, "-m", "experiments.plots", "--config=configs/reports/plots.py", f"--config.table={table}",
+      f"--config.output={out}", "--config.k=2", "--config.labels=('drafts/plain=before', 'drafts/distilled=after')"
+  ], cwd=ROOT, capture_output=True, text=True)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "skipped" not in run.stdout
   names = ("acceptance_vs_k", "speedup_vs_k", "per_position_acceptance", "speedup_vs_batch", "distillation")
@@ -310,8 +319,10 @@ def test_plots_render_every_figure(tmp_path):
 
 
 def test_plots_skip_figures_whose_axes_are_missing(tmp_path):
-  rows = [r for r in _fixture_rows() if r["mode"] == "speculative" and r["batch_size"] == 1
-          and r["temperature"] == 0.0 and r["draft"] == "drafts/plain"]
+  rows = [
+      r for r in _fixture_rows() if r["mode"] == "speculative" and r["batch_size"] == 1 and r["temperature"] == 0.0 and
+      r["draft"] == "drafts/plain"
+  ]
   for row in rows:  # a K-only sweep without baseline or cost ratio
     row["point"] = {"k": row["k"]}
     row["speedup_vs_autoregressive"] = row["theoretical_speedup"] = None

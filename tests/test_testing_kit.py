@@ -16,7 +16,6 @@ DRAFT = testing.perturbed(TARGET, 0.05, seed=11)
 class Misreporting(ModelDrafter):
   """Draws its tokens from the draft model but reports uniform distributions to the rule: the ratio
   test then accepts by the wrong odds (the output is no longer the target's law)."""
-
   def propose(self, state, target_cache, pending_B, sampling, key, plan):
     proposal, state, target_cache = super().propose(state, target_cache, pending_B, sampling, key, plan)
     return proposal.replace(probs=jnp.full_like(proposal.probs, 1.0 / proposal.probs.shape[-1])), state, target_cache

@@ -15,8 +15,7 @@ import tokenizers
 import transformers
 
 from specjax.models.tokenizer import Tokenizer
-from tests.helpers.tokenizers import (NUM_PADDING, STYLES, TEXTS, save_hf_dir, train_tokenizer,
-                                     write_gguf_tokenizer)
+from tests.helpers.tokenizers import (NUM_PADDING, STYLES, TEXTS, save_hf_dir, train_tokenizer, write_gguf_tokenizer)
 
 
 @pytest.fixture(scope="module", params=list(STYLES))
@@ -57,8 +56,8 @@ def test_matches_transformers_conversions(tiny):
       assert ours.decode(ids) == reference.decode(ids)
       assert ours.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list."}]
-    assert ours.apply_chat_template(messages) == reference.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(messages) == reference.apply_chat_template(messages, tokenize=False,
+                                                                               add_generation_prompt=True)
 
 
 def test_special_ids_and_chat_prompt(tiny):
@@ -84,8 +83,8 @@ def test_fingerprint_sees_a_changed_token(tmp_path):
   write_gguf_tokenizer(backend, str(tmp_path / "a.gguf"), "gpt2")
   backend.add_special_tokens([tokenizers.AddedToken("<|new|>", special=True)])
   save_hf_dir(backend, str(tmp_path))
-  assert Tokenizer.from_hf_dir(str(tmp_path)).fingerprint() != Tokenizer.from_gguf(
-      str(tmp_path / "a.gguf")).fingerprint()
+  assert Tokenizer.from_hf_dir(str(tmp_path)).fingerprint() != Tokenizer.from_gguf(str(tmp_path /
+                                                                                       "a.gguf")).fingerprint()
 
 
 def test_bos_added_when_the_file_says_so(tmp_path):
@@ -127,8 +126,8 @@ def test_gemma_sentencepiece_gguf_matches_transformers(tmp_path):
   """A tiny Gemma 3 GGUF vocabulary (no merges, byte fallback, a control token, a user-defined run of
   spaces stored as spaces): specjax rebuilds the tokenizer transformers builds from the same file."""
   pieces = ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "bc", "\u2581abc", "ca", "  "]
-  tokens = (["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>"] + [f"<0x{i:02X}>" for i in range(256)]
-            + pieces)
+  tokens = (["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>"] + [f"<0x{i:02X}>" for i in range(256)] +
+            pieces)
   types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * (len(pieces) - 1) + [4]
   path = str(tmp_path / "g.gguf")
   writer = gguf.GGUFWriter(path, "gemma3")

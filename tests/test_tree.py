@@ -68,9 +68,9 @@ def test_masks_and_tables():
   np.testing.assert_array_equal(tree.children_table()[2], [-1, -1])
 
 
-@pytest.mark.parametrize("paths, message", [
-    ([], "empty"), ([[0], []], "empty path"), ([[0], [1, 0]], "prefix"), ([[1]], "elder sibling"),
-    ([[0], [-1]], "integer >= 0"), ([[0], [0]], "twice")])
+@pytest.mark.parametrize("paths, message", [([], "empty"), ([[0], []], "empty path"), ([[0], [1, 0]], "prefix"),
+                                            ([[1]], "elder sibling"), ([[0], [-1]], "integer >= 0"),
+                                            ([[0], [0]], "twice")])
 def test_malformed_path_lists_fail(paths, message):
   with pytest.raises(ValueError, match=message):
     tree_lib.from_paths(paths)
@@ -98,10 +98,10 @@ def test_parse_config_strings():
       tree_lib.parse(bad)
 
 
-@pytest.mark.parametrize("spec, printed", [
-    ("(2, 2, 1)", "(2, 2, 1)"), ("3", "(3,)"), ("(1,1,1,1)", "(1, 1, 1, 1)"),
-    ("[[0], [1], [0, 0]]", "[[0], [1], [0, 0]]"), ("[[0], [0, 0], [0, 1]]", "(1, 2)"),
-    ("[[0], [1], [1, 0]]", "[[0], [1], [1, 0]]")])
+@pytest.mark.parametrize("spec, printed", [("(2, 2, 1)", "(2, 2, 1)"), ("3", "(3,)"), ("(1,1,1,1)", "(1, 1, 1, 1)"),
+                                           ("[[0], [1], [0, 0]]", "[[0], [1], [0, 0]]"),
+                                           ("[[0], [0, 0], [0, 1]]", "(1, 2)"),
+                                           ("[[0], [1], [1, 0]]", "[[0], [1], [1, 0]]")])
 def test_a_tree_prints_as_a_config_string_that_names_it(spec, printed):
   """Messages name a tree as a user writes it (its branching tuple where it is a full tree), not its
   parent and depth tuples."""

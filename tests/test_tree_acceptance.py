@@ -158,14 +158,13 @@ def _round_pvalues(seed=0):
   a full-depth path, and draws from the target continuing a shorter round) against the target's, over
   V^3 = 64 cells, and the share of rows whose path reached full depth."""
   tokens, probs, target = _drawn_all_modes()
-  path, accepted, next_token = _fresh_verify_tree()(
-      jax.random.key(seed), TREE, jnp.asarray(tokens, jnp.int32), jnp.asarray(probs, jnp.float32),
-      jnp.asarray(target, jnp.float32))
+  path, accepted, next_token = _fresh_verify_tree()(jax.random.key(seed), TREE, jnp.asarray(tokens, jnp.int32),
+                                                    jnp.asarray(probs, jnp.float32), jnp.asarray(target, jnp.float32))
   path, accepted, next_token = np.asarray(path), np.asarray(accepted), np.asarray(next_token)
   path_tokens_ZxDt = np.take_along_axis(tokens, np.maximum(path[:, 1:] - 1, 0), axis=1)
   position_T = np.arange(LENGTH)
-  emitted_ZxT = np.where(position_T < accepted[:, None], np.pad(path_tokens_ZxDt, ((0, 0), (0, 1))),
-                         next_token[:, None])
+  emitted_ZxT = np.where(position_T < accepted[:, None], np.pad(path_tokens_ZxDt, ((0, 0), (0, 1))), next_token[:,
+                                                                                                                None])
   rng = np.random.default_rng(seed + 1)
   for position in range(1, LENGTH):  # continued by the target after a short round
     short_Z = np.flatnonzero(accepted < position)
@@ -175,7 +174,7 @@ def _round_pvalues(seed=0):
   out = {}
   for index, mode in enumerate(MODES):
     rows = slice(index * MC_ROWS, (index + 1) * MC_ROWS)
-    counts = np.bincount(np.ravel_multi_index(emitted_ZxT[rows].T, [V] * LENGTH), minlength=V ** LENGTH)
+    counts = np.bincount(np.ravel_multi_index(emitted_ZxT[rows].T, [V] * LENGTH), minlength=V**LENGTH)
     out[mode] = chi_square_pvalue(counts, expected), np.mean(accepted[rows] == TREE.max_depth)
   return out
 
@@ -210,9 +209,11 @@ def test_greedy_takes_the_deepest_path_on_the_argmax_chain():
   tree = tree_lib.from_paths([[0], [1], [0, 0], [1, 0], [1, 0, 0]])  # 1, 2, 3 (0,0), 4 (1,0), 5
   target = np.full((3, tree.nodes_with_root), 9)
   target[:, 0], target[:, 2], target[:, 4] = 7, 8, 6  # the argmax chain 7, 8, 6 runs through 2, 4
-  tokens = np.array([[5, 7, 1, 8, 6],   # all the way down node 2 -> 4 -> 5: 3 accepted, then t_5
-                     [7, 5, 9, 8, 6],   # node 1 matches, its child 3 (9 = t_1) too: 2 accepted
-                     [5, 5, 5, 5, 5]])  # nothing
+  tokens = np.array([
+      [5, 7, 1, 8, 6],  # all the way down node 2 -> 4 -> 5: 3 accepted, then t_5
+      [7, 5, 9, 8, 6],  # node 1 matches, its child 3 (9 = t_1) too: 2 accepted
+      [5, 5, 5, 5, 5]
+  ])  # nothing
   path, accepted, next_token = tree_acceptance.verify_tree_greedy(tree, jnp.asarray(tokens), jnp.asarray(target))
   np.testing.assert_array_equal(accepted, [3, 2, 0])
   np.testing.assert_array_equal(path, [[0, 2, 4, 5], [0, 1, 3, 3], [0, 0, 0, 0]])
@@ -223,13 +224,14 @@ def test_greedy_equals_the_sampled_rule_on_one_hot_distributions():
   """Random trees with distinct siblings, under a target whose argmax depends on the path only (with
   duplicate siblings greedy may go deeper, through a later twin)."""
   rng = np.random.default_rng(3)
-  tokens = np.concatenate([rng.permuted(np.tile(np.arange(V), (64, 1)), axis=1)[:, :2]
-                           for _ in range(1 + 2)], axis=1)  # the root's, node 1's and node 2's children
+  tokens = np.concatenate([rng.permuted(np.tile(np.arange(V), (64, 1)), axis=1)[:, :2] for _ in range(1 + 2)],
+                          axis=1)  # the root's, node 1's and node 2's children
   paths = TREE.path_table()
-  target_tokens = np.array([[np.argmax(_dist("q", tuple(tokens[row, paths[n, 1:TREE.depth[n] + 1] - 1])))
-                             for n in range(TREE.nodes_with_root)] for row in range(64)])
-  greedy = jax.jit(tree_acceptance.verify_tree_greedy, static_argnums=0)(
-      TREE, jnp.asarray(tokens), jnp.asarray(target_tokens))
+  target_tokens = np.array([[
+      np.argmax(_dist("q", tuple(tokens[row, paths[n, 1:TREE.depth[n] + 1] - 1]))) for n in range(TREE.nodes_with_root)
+  ] for row in range(64)])
+  greedy = jax.jit(tree_acceptance.verify_tree_greedy, static_argnums=0)(TREE, jnp.asarray(tokens),
+                                                                         jnp.asarray(target_tokens))
   sampled = jax.jit(tree_acceptance.verify_tree, static_argnums=1)(  # op by op: ~10 s
       jax.random.key(0), TREE, jnp.asarray(tokens, jnp.int32), None, jax.nn.one_hot(target_tokens, V))
   for a, b in zip(greedy, sampled):
@@ -249,16 +251,15 @@ def _row_key_case():
   p, q = _dist("p", ()), _dist("q", ())
   tokens_BxN = rng.choice(V, (rows, 2), p=p)
   tokens_BxN[random_rows:] = [0, 1]
-  target_BxN1xV = np.stack([np.broadcast_to(q, (rows, V))] + [
-      np.stack([_dist("q", (int(t),)) for t in tokens_BxN[:, n]]) for n in range(2)], axis=1)
+  target_BxN1xV = np.stack([np.broadcast_to(q, (rows, V))] +
+                           [np.stack([_dist("q", (int(t),)) for t in tokens_BxN[:, n]]) for n in range(2)], axis=1)
   probs_BxNxV = np.broadcast_to(p, (rows, 2, V))
-  args = (jnp.asarray(tokens_BxN, jnp.int32), jnp.asarray(probs_BxNxV, jnp.float32),
-          jnp.asarray(target_BxN1xV, jnp.float32))
+  args = (jnp.asarray(tokens_BxN, jnp.int32), jnp.asarray(probs_BxNxV,
+                                                          jnp.float32), jnp.asarray(target_BxN1xV, jnp.float32))
   key = jax.random.key(8)
   keys_B = jax.vmap(lambda b: _FOLD_IN(key, b))(jnp.arange(rows))
   _, depth_BxN1, children_BxN1xC, path_BxN1xDt1, _ = tree_acceptance._tables(KEY_TREE, rows)
-  want = jax.jit(jax.vmap(tree_acceptance._verify_tree_row))(keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1,
-                                                              *args)
+  want = jax.jit(jax.vmap(tree_acceptance._verify_tree_row))(keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1, *args)
   return key, args, tuple(np.asarray(w) for w in want), random_rows
 
 
@@ -290,7 +291,7 @@ def _row_key_statistics(verify_tree):
   marginal = _identical_row_marginal()
   pooled = chi_square_pvalue(np.bincount(outcome_Z, minlength=3 * V), marginal)
   agree = int(np.sum(outcome_Z[0::2] == outcome_Z[1::2]))
-  pairs = stats.binomtest(agree, len(outcome_Z) // 2, float(np.sum(marginal ** 2))).pvalue
+  pairs = stats.binomtest(agree, len(outcome_Z) // 2, float(np.sum(marginal**2))).pvalue
   return differ_B[:random_rows].mean(), pooled, pairs
 
 

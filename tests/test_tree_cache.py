@@ -42,5 +42,6 @@ def test_compacted_tree_cache_equals_feeding_the_path():
       np.testing.assert_allclose(got[:, row, :length], want[:, row, :length], atol=1e-5, rtol=1e-5)
   # Without compaction the deep rows would hold siblings' keys where the path belongs.
   uncompacted = tree_cache.advance(jnp.asarray(depths_B + 1))
-  assert np.abs(np.asarray(uncompacted.k[:, 0, :int(chain_cache.lengths[0])]
-                           - chain_cache.k[:, 0, :int(chain_cache.lengths[0])])).max() > 1e-3
+  assert np.abs(
+      np.asarray(uncompacted.k[:, 0, :int(chain_cache.lengths[0])] -
+                 chain_cache.k[:, 0, :int(chain_cache.lengths[0])])).max() > 1e-3

@@ -58,7 +58,7 @@ def _pvalues(tokens_ZxT):
   for positions in MARGINALS:
     others = tuple(i for i in range(DEEP_STEPS) if i not in positions)
     counts = np.bincount(np.ravel_multi_index(tokens_ZxT[:, positions].T, [vocab] * len(positions)),
-                         minlength=vocab ** len(positions))
+                         minlength=vocab**len(positions))
     out.append(chi_square_pvalue(counts, _exact_joint().sum(axis=others).ravel()))
   return out + [all_positions_pvalue(tokens_ZxT)[0]]
 

@@ -20,15 +20,18 @@ from tests.helpers.engine import tiny_model
 BASE = tiny_model(5, vocab=31, n_layers=2)
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7]]
 CACHE_LEN = 24
-TREES = {"branching": tree_lib.from_branching((3, 2, 1)),
-         "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]]),
-         "chain": tree_lib.chain(3)}
-VARIANTS = {"dense": dict(attention_block=0), "blockwise": dict(attention_block=4),
-            "scan": dict(attention_block=4, scan_layers=True),
-            "windows_dense": dict(attention_block=0, sliding_window=3,
-                                  layer_types=("sliding_attention", "full_attention")),
-            "windows_blockwise": dict(attention_block=4, sliding_window=3,
-                                      layer_types=("sliding_attention", "full_attention"))}
+TREES = {
+    "branching": tree_lib.from_branching((3, 2, 1)), "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1],
+                                                                                   [1, 0], [0, 0, 0], [0, 1, 0]]),
+    "chain": tree_lib.chain(3)
+}
+VARIANTS = {
+    "dense": dict(attention_block=0), "blockwise": dict(attention_block=4),
+    "scan": dict(attention_block=4,
+                 scan_layers=True), "windows_dense": dict(attention_block=0, sliding_window=3,
+                                                          layer_types=("sliding_attention", "full_attention")),
+    "windows_blockwise": dict(attention_block=4, sliding_window=3, layer_types=("sliding_attention", "full_attention"))
+}
 
 
 def _variant(name):
@@ -96,8 +99,7 @@ def _levels_forward(config, params, prompts_BxP, lengths_B, tokens_BxN, tree):
   logits = []
   for depth in range(tree.max_depth + 1):
     level = tree.level(depth)
-    level_logits, cache = forward(config, params, tokens_BxN[:, level.first:level.first + level.count], cache,
-                                  level)
+    level_logits, cache = forward(config, params, tokens_BxN[:, level.first:level.first + level.count], cache, level)
     logits.append(level_logits)
   return jnp.concatenate(logits, axis=1), cache
 

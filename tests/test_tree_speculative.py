@@ -17,8 +17,7 @@ from specjax.speculative.plan import RoundPlan
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.draft_head import restrict_head
 from specjax.speculative.drafters.model import ModelDrafter
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, PROMPTS, TARGET, run_speculative,
-                                  target_greedy)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, DRAFTS, GREEDY, PROMPTS, TARGET, run_speculative, target_greedy)
 from tests.helpers.trees import TREES, run_tree_speculative
 
 
@@ -43,8 +42,8 @@ def test_a_restricted_draft_head_drafts_trees_inside_its_subset():
   assert as_token_lists(out.tokens, out.counts) == target_greedy()
   assert metrics.summarize(out.acceptance)["total"]["accepted"] > 0
   drafter = ModelDrafter(config, params, head, tree=TREES["branching"])
-  propose = jax.jit(lambda state, pending: drafter.propose(state, None, pending, GREEDY, jax.random.key(0),
-                                                                      RoundPlan(3)))
+  propose = jax.jit(
+      lambda state, pending: drafter.propose(state, None, pending, GREEDY, jax.random.key(0), RoundPlan(3)))
   proposal, _, _ = propose(out.draft_state, jax.numpy.asarray([4, 6, 8]))  # op by op: ~50 s
   assert np.all(np.asarray(proposal.tokens) % 2 == 0)
 
@@ -66,7 +65,6 @@ def test_chain_shaped_tree_equals_plain_k():
   np.testing.assert_array_equal(as_tree.tokens, plain.tokens)
   for name in ("rounds", "proposed", "accepted"):
     np.testing.assert_array_equal(getattr(as_tree.acceptance, name), getattr(plain.acceptance, name))
-
 
 
 def test_bad_tree_runs_fail_on_the_host():

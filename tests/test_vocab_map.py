@@ -33,15 +33,22 @@ def vocabularies(tmp_path_factory):
   """name -> (Tokenizer, its TokenBytes)."""
   path = str(tmp_path_factory.mktemp("vocab_map") / "qwen2.gguf")
   write_gguf_tokenizer(train_tokenizer("qwen2"), path, "qwen2")
-  backends = {"smollm": train_tokenizer("smollm"), "sp": train_sentencepiece(prefix_space=False),
-              "sp_prefix": train_sentencepiece(prefix_space=True)}
+  backends = {
+      "smollm": train_tokenizer("smollm"), "sp": train_sentencepiece(prefix_space=False),
+      "sp_prefix": train_sentencepiece(prefix_space=True)
+  }
   stop = {"smollm": SPECIALS[2], "sp": "<eos>", "sp_prefix": "<eos>"}
-  tokenizers_ = {name: Tokenizer(backend, [backend.token_to_id(stop[name])], None, {})
-                 for name, backend in backends.items()}
-  tokenizers_ |= {"qwen2": Tokenizer.from_gguf(path), "gpt2": Tokenizer(train_tokenizer("gpt2"), [], None, {}),
-                  "other": Tokenizer(train_tokenizer("gpt2", OTHER_SOURCES, 900), [], None, {})}
-  return {name: (t, vocab_map.token_bytes(t, t.vocab_size + HEAD_PADDING * (name == "other")))
-          for name, t in tokenizers_.items()}
+  tokenizers_ = {
+      name: Tokenizer(backend, [backend.token_to_id(stop[name])], None, {}) for name, backend in backends.items()
+  }
+  tokenizers_ |= {
+      "qwen2": Tokenizer.from_gguf(path), "gpt2": Tokenizer(train_tokenizer("gpt2"), [], None, {}),
+      "other": Tokenizer(train_tokenizer("gpt2", OTHER_SOURCES, 900), [], None, {})
+  }
+  return {
+      name: (t, vocab_map.token_bytes(t, t.vocab_size + HEAD_PADDING * (name == "other")))
+      for name, t in tokenizers_.items()
+  }
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +117,14 @@ def test_intersection_is_one_to_one_over_preferred_ids(vocabularies, maps):
       for i, (string, kind) in enumerate(zip(vocab.strings, vocab.kind_V)):
         if kind != UNDEFINED:
           groups[(kind == SPECIAL, string)].append(i)
-      preferred.append({key: min(ids, key=lambda i: (vocab.byte_fallback_V[i], vocab.kind_V[i] == ADDED, i))
-                        for key, ids in groups.items()})
+      preferred.append({
+          key: min(ids, key=lambda i: (vocab.byte_fallback_V[i], vocab.kind_V[i] == ADDED, i))
+          for key, ids in groups.items()
+      })
     want = sorted((d, preferred[1][key]) for key, d in preferred[0].items() if key in preferred[1])
     assert list(zip(m.draft_ids_I.tolist(), m.target_ids_I.tolist())) == want, (target, draft)
-    assert all(sides[0].strings[d] and sides[0].strings[d] == sides[1].strings[t]
-               and (sides[0].kind_V[d] == SPECIAL) == (sides[1].kind_V[t] == SPECIAL)
+    assert all(sides[0].strings[d] and sides[0].strings[d] == sides[1].strings[t] and
+               (sides[0].kind_V[d] == SPECIAL) == (sides[1].kind_V[t] == SPECIAL)
                for d, t in zip(m.draft_ids_I, m.target_ids_I))
     assert m.size > 200
 
@@ -183,7 +192,8 @@ def test_feed_prefers_the_draft_encoding(vocabularies, maps):
   unpaired = [t for t in range(len(target_vocab.strings)) if m.target_to_draft_V[t] < 0]
   texts = [target_vocab.strings[t].decode("utf-8", "ignore") for t in unpaired]
   fed = [(m.feed_VxM[t, :m.feed_counts_V[t]].tolist(), draft.encode(text, add_special_tokens=False))
-         for t, text in zip(unpaired, texts) if text.encode() == target_vocab.strings[t]]
+         for t, text in zip(unpaired, texts)
+         if text.encode() == target_vocab.strings[t]]
   assert len(fed) > 50 and all(row == ids for row, ids in fed)
 
 
@@ -214,8 +224,7 @@ def test_rows_the_draft_cannot_encode_are_longest_matches(vocabularies, maps):
   target_vocab, draft_vocab = vocabularies["gpt2"][1], vocabularies["sp_prefix"][1]
   m = maps[("gpt2", "sp_prefix")]
   pieces = {s for s, kind in zip(draft_vocab.strings, draft_vocab.kind_V) if kind == 0}
-  unpaired = [t for t in range(len(target_vocab.strings))
-              if m.target_to_draft_V[t] < 0 and target_vocab.kind_V[t] == 0]
+  unpaired = [t for t in range(len(target_vocab.strings)) if m.target_to_draft_V[t] < 0 and target_vocab.kind_V[t] == 0]
   assert len(unpaired) > 100 and m.max_feed > 1
   for t in unpaired:
     string, start = target_vocab.strings[t], 0
@@ -281,8 +290,10 @@ def test_real_pair_with_qwen_coder(draft_name, draft_size, unspelled_by_draft, u
     pytest.skip(f"needs both {paths}")
   qwen, other = (Tokenizer.from_gguf(p) for p in paths)
   assert other.vocab_size == draft_size
-  vocabs = {"qwen": (qwen, vocab_map.token_bytes(qwen, qwen.vocab_size)),
-            "other": (other, vocab_map.token_bytes(other, other.vocab_size))}
+  vocabs = {
+      "qwen": (qwen, vocab_map.token_bytes(qwen, qwen.vocab_size)),
+      "other": (other, vocab_map.token_bytes(other, other.vocab_size))
+  }
   directions = (("qwen", "other", unspelled_by_draft), ("other", "qwen", unspelled_by_qwen))
   for target, draft, unspelled_expected in directions:
     target_vocab, (draft_tokenizer, draft_vocab) = vocabs[target][1], vocabs[draft]

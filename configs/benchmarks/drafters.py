@@ -30,7 +30,7 @@ import ml_collections
 
 
 def prompt_set(chat: bool, num_prompts: int, greedy: tuple, sampled: tuple, batched: tuple,
-                batched_large: tuple = ()) -> ml_collections.ConfigDict:
+               batched_large: tuple = ()) -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.chat = chat  # apply the tokenizer's chat template (False for raw text, and for tiny test tokenizers)
   s.num_prompts = num_prompts  # prompts of the set run at batch 1 (batched runs: at least one full batch)
@@ -84,13 +84,12 @@ def get_config(variant: str = ""):
   cfg.sets = ml_collections.ConfigDict()
   # Input-grounded: edit a standard-library function and return it whole (configs/code_edit_prompts.py).
   cfg.sets.code_edit = prompt_set(True, 2, greedy=("ngram", "layer_skip"), sampled=(),
-                                   batched=("ngram", "model_k5", "layer_skip"))
+                                  batched=("ngram", "model_k5", "layer_skip"))
   # Open-ended coding requests (experiments/benchmark_decode.py PROMPTS).
   cfg.sets.chat = prompt_set(True, 2, greedy=("ngram", "model_k5", "model_k8", "model_k8_t0.5", "layer_skip"),
-                              sampled=("model_k8", "model_k8_t0.5"), batched=())
+                             sampled=("model_k8", "model_k8_t0.5"), batched=())
   # Raw continuation of standard-library function sources, no chat template.
-  cfg.sets.raw = prompt_set(False, 2, greedy=("model",), sampled=("model_k8", "model_k8_t0.5"),
-                             batched=())
+  cfg.sets.raw = prompt_set(False, 2, greedy=("model",), sampled=("model_k8", "model_k8_t0.5"), batched=())
   cfg.ar_every = 3  # rerun the autoregressive baseline after this many systems (and always first and last)
   # profile every run (decode's config.profile: a round's time beside its passes; docs/profiling.md)
   cfg.profile = False

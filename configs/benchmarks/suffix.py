@@ -25,14 +25,16 @@ def get_config(variant: str = ""):
   cfg.repeated_task = ml_collections.ConfigDict({
       "module": "shutil",  # the stdlib module whose functions the one instruction is applied to
       "requests": 5,  # its first functions of 6-40 lines, decoded one after another
-      "from_request": 3})  # tokens/s and acceptance counted from this request on (the pool holds the earlier ones)
+      "from_request": 3
+  })  # tokens/s and acceptance counted from this request on (the pool holds the earlier ones)
   # MT-Bench conversations (`python -m specjax.data fetch mt-bench`): the first of each of these categories
   cfg.mtbench_categories = "writing,roleplay,extraction,coding"
   cfg.code_edit_requests = 3  # the first code edits of configs/code_edit_prompts.py
   cfg.self_consistency = ml_collections.ConfigDict({
       "prompt": "Write a Python function that returns the n-th Fibonacci number, with a short explanation.",
       "samples": 8,  # copies of the prompt in one batch
-      "temperature": 0.7})
+      "temperature": 0.7
+  })
   cfg.pool_sizes = (16_384, 262_144, 1_048_576)  # pools timed for the drafter's own cost (() = none)
   cfg.cost_history = 512  # history tokens per row when timing the drafter
   cfg.cost_repeats = 20

@@ -10,8 +10,10 @@ import ml_collections
 
 def get_config():
   cfg = ml_collections.ConfigDict()
-  cfg.workdirs = ml_collections.ConfigDict({"parallel": "workdirs/smollm2_pard",  # the runs' work directories
-                                            "autoregressive": "workdirs/smollm2_ar"})
+  cfg.workdirs = ml_collections.ConfigDict({
+      "parallel": "workdirs/smollm2_pard",  # the runs' work directories
+      "autoregressive": "workdirs/smollm2_ar"
+  })
   cfg.k = 4  # draft tokens per round
   cfg.num_prompts = 4  # held-out prompts (the first `prompt_tokens` tokens of held-out stdlib files)
   cfg.prompt_tokens = 128

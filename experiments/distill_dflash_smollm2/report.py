@@ -52,11 +52,12 @@ def export_latest(workdir: str) -> tuple[str, dict]:
 def proposal_seconds(drafter, target, prompt_ids: list[int], k: int, repeats: int) -> float:
   """The median time of one jitted `propose` of `drafter` (a head) after `prompt_ids`, greedy."""
   batch_prompts = jnp.asarray([prompt_ids], jnp.int32)
-  state = drafter.init(drafter.storage(1, len(prompt_ids) + 2 * k + 2), batch_prompts,
+  state = drafter.init(drafter.storage(1,
+                                       len(prompt_ids) + 2 * k + 2), batch_prompts,
                        jnp.asarray([len(prompt_ids)], jnp.int32), None)
   # The drafter is an argument (its weights traced), not a closed-over constant XLA would fold.
-  propose = jax.jit(lambda drafter, state, pending_B, key: drafter.propose(
-      state, init_cache(target.config, 1, 1), pending_B, sampling_params(0.0), key, RoundPlan(k))[0].tokens)
+  propose = jax.jit(lambda drafter, state, pending_B, key: drafter.propose(state, init_cache(
+      target.config, 1, 1), pending_B, sampling_params(0.0), key, RoundPlan(k))[0].tokens)
   pending_B, key = jnp.asarray([prompt_ids[-1]], jnp.int32), jax.random.key(0)
   propose(drafter, state, pending_B, key).block_until_ready()  # compile
   seconds = []
@@ -69,8 +70,9 @@ def proposal_seconds(drafter, target, prompt_ids: list[int], k: int, repeats: in
 
 def main(cfg: ml_collections.ConfigDict) -> None:
   dflash_dir, facts = export_latest(cfg.workdir)
-  results = {"runs": [], "dflash_run": facts,
-             "heads": {"eagle": cfg.eagle_head, "dflash": records.relative(dflash_dir)}}
+  results = {
+      "runs": [], "dflash_run": facts, "heads": {"eagle": cfg.eagle_head, "dflash": records.relative(dflash_dir)}
+  }
   config = distill_dflash_smollm2.get_config()
   prompts_file = os.path.join(cfg.workdir, "heldout_prompts.jsonl")
   _, held = split(config)
@@ -97,13 +99,14 @@ def main(cfg: ml_collections.ConfigDict) -> None:
     stats = out["stats"]
     rounds = stats["target_calls"] - stats["num_prompts"]  # each prompt's prefill is one target call
     propose_s = proposal_seconds(built.drafter, target, target.tokenizer.encode(prompts[0]), cfg.k, cfg.cost_repeats)
-    results["runs"].append({"system": name, "drafter": drafter, "draft": records.relative(head), **built.info,
-                            "greedy_equals_target": [o["token_ids"] for o in out["outputs"]] == ar_ids,
-                            "tau": stats["generated_tokens"] / max(rounds, 1),
-                            "draft_passes_per_round": stats["draft_calls"] / max(rounds, 1),
-                            "speedup_vs_target": stats["tokens_per_second"] / baseline["stats"]["tokens_per_second"],
-                            "proposal_seconds": propose_s, "proposal_over_target_step": propose_s / target_step,
-                            **stats})
+    results["runs"].append({
+        "system": name, "drafter": drafter, "draft": records.relative(head),
+        **built.info, "greedy_equals_target": [o["token_ids"] for o in out["outputs"]] == ar_ids,
+        "tau": stats["generated_tokens"] / max(rounds, 1),
+        "draft_passes_per_round": stats["draft_calls"] / max(rounds, 1),
+        "speedup_vs_target": stats["tokens_per_second"] / baseline["stats"]["tokens_per_second"],
+        "proposal_seconds": propose_s, "proposal_over_target_step": propose_s / target_step, **stats
+    })
     harness.log(f"{name}: "
                 f"{json.dumps({k: results['runs'][-1][k] for k in ('tau', 'tokens_per_second', 'proposal_seconds')})}")
   results["environment"] = records.environment()

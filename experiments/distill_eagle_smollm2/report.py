@@ -60,16 +60,17 @@ def main(cfg: ml_collections.ConfigDict) -> None:
   if cfg.head:  # the committed copy: bfloat16, its vocabulary as token ids (rows come from the target)
     save_head(cfg.head, head_config, head_params, vocab, dtype="bfloat16")
   train_docs, held = split(config)
-  prompts_file = write_jsonl(({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, cfg.num_prompts,
-                                                                       cfg.prompt_tokens)),
-                             os.path.join(cfg.workdir, "heldout_prompts.jsonl"))
+  prompts_file = write_jsonl(
+      ({"prompt": p} for p in held_out_prompts(held, teacher.tokenizer, cfg.num_prompts, cfg.prompt_tokens)),
+      os.path.join(cfg.workdir, "heldout_prompts.jsonl"))
   corpus_file = write_train_corpus(train_docs, os.path.join(cfg.workdir, "train_corpus.jsonl"))
   metrics_path = os.path.join(cfg.workdir, log.METRICS_FILE)
   evals = heldout_evals(cfg.workdir)
-  results = {"checkpoint_step": step, "head": records.relative(head_dir), "committed_head": records.relative(cfg.head),
-             "prompts_file": records.relative(prompts_file),
-             "vocab_corpus": records.relative(corpus_file), "heldout": {"before": evals[0], "latest": evals[-1]},
-             "evals": evals, "environment": records.environment()}
+  results = {
+      "checkpoint_step": step, "head": records.relative(head_dir), "committed_head": records.relative(cfg.head),
+      "prompts_file": records.relative(prompts_file), "vocab_corpus": records.relative(corpus_file),
+      "heldout": {"before": evals[0], "latest": evals[-1]}, "evals": evals, "environment": records.environment()
+  }
   harness.write_results(results, cfg.output)
   plot(metrics_path, os.path.join(os.path.dirname(cfg.output), "curves.png"), config.student.ttt_steps)
   print(f"wrote {cfg.output}; head of step {step} in {head_dir}", flush=True)

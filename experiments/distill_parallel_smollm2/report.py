@@ -68,12 +68,13 @@ def main(cfg: ml_collections.ConfigDict) -> None:
     out = pipeline.run(spec, models=(target, draft))
     stats = out["stats"]
     rounds = stats["target_calls"] - stats["num_prompts"]  # each prompt's prefill is one target call
-    results["runs"].append({"system": name, "drafter": drafter, "draft": records.relative(drafts[variant]),
-                            "greedy_equals_target": [o["token_ids"] for o in out["outputs"]] == ar_ids,
-                            "tau": stats["generated_tokens"] / max(rounds, 1),
-                            "draft_passes_per_round": stats["draft_calls"] / max(rounds, 1),
-                            "speedup_vs_target": stats["tokens_per_second"] / baseline["stats"]["tokens_per_second"],
-                            **stats})
+    results["runs"].append({
+        "system": name, "drafter": drafter, "draft": records.relative(drafts[variant]),
+        "greedy_equals_target": [o["token_ids"] for o in out["outputs"]] == ar_ids,
+        "tau": stats["generated_tokens"] / max(rounds, 1),
+        "draft_passes_per_round": stats["draft_calls"] / max(rounds, 1),
+        "speedup_vs_target": stats["tokens_per_second"] / baseline["stats"]["tokens_per_second"], **stats
+    })
     if variant == "parallel" and drafter == "parallel":
       seconds = costs.forward_seconds(draft.config, draft.params, (1, 2, 2 * cfg.k), cfg.cost_repeats)
       target_step = costs.forward_seconds(target.config, target.params, (1,), cfg.cost_repeats)[1]
@@ -81,7 +82,8 @@ def main(cfg: ml_collections.ConfigDict) -> None:
       results["draft_cost_per_round"] = {
           "forward_seconds_by_width": {str(t): s for t, s in seconds.items()}, "target_step_seconds": target_step,
           "chain_seconds": chain, "parallel_seconds": parallel, "parallel_over_chain": parallel / chain,
-          "note": "chain: a 2-token catch-up pass and K - 1 single passes; parallel: one pass of 2K tokens"}
+          "note": "chain: a 2-token catch-up pass and K - 1 single passes; parallel: one pass of 2K tokens"
+      }
     harness.log(f"{name}: {json.dumps({k: results['runs'][-1][k] for k in ('tau', 'tokens_per_second')})}")
   results["environment"] = records.environment()
   harness.write_results(results, cfg.output)

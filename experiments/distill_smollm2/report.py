@@ -62,8 +62,9 @@ def held_out_prompts(held: list[corpus.Document], tokenizer, count: int, prompt_
 
 def loss_panel(ax, trains: list[dict], evals: list[dict], train_label: str, eval_label: str, window: int = 20) -> None:
   """The train loss (a `window`-record running mean) and the held-out loss against step, log scale."""
-  smooth = [sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window)
-            for i in range(len(trains))]
+  smooth = [
+      sum(r["loss"] for r in trains[max(0, i - window + 1):i + 1]) / min(i + 1, window) for i in range(len(trains))
+  ]
   ax.plot([r["step"] for r in trains], smooth, label=f"{train_label} ({window}-step mean)")
   ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o", label=eval_label)
   ax.set(xlabel="step", yscale="log")
@@ -99,11 +100,14 @@ def prepare(config: ml_collections.ConfigDict, num_prompts: int, prompt_tokens: 
   undistilled = LoadedModel(f"{teacher.name}-draft-step0", *train.init_student(config, teacher), teacher.tokenizer)
   train_docs, held = split(config)
   drafts = os.path.join(config.workdir, "drafts")
-  paths = {"checkpoint_step": step,
-           "prompts_file": os.path.join(config.workdir, "heldout_prompts.jsonl"),
-           "vocab_corpus": write_train_corpus(train_docs, os.path.join(config.workdir, "train_corpus.jsonl")),
-           **{name: export_hf(os.path.join(drafts, f"step{s}"), model.config, model.params, teacher.tokenizer)
-              for name, s, model in (("undistilled", 0, undistilled), ("distilled", step, distilled))}}
+  exported = {
+      name: export_hf(os.path.join(drafts, f"step{s}"), model.config, model.params, teacher.tokenizer)
+      for name, s, model in (("undistilled", 0, undistilled), ("distilled", step, distilled))
+  }
+  paths = {
+      "checkpoint_step": step, "prompts_file": os.path.join(config.workdir, "heldout_prompts.jsonl"),
+      "vocab_corpus": write_train_corpus(train_docs, os.path.join(config.workdir, "train_corpus.jsonl")), **exported
+  }
   prompts = held_out_prompts(held, teacher.tokenizer, num_prompts, prompt_tokens)
   write_jsonl(({"prompt": p} for p in prompts), paths["prompts_file"])
   return paths
@@ -118,8 +122,10 @@ def heldout_evals(workdir: str) -> list[dict]:
 def main(cfg: ml_collections.ConfigDict) -> None:
   config = distill_smollm2.get_config()
   config.workdir = cfg.workdir
-  results = {k: records.relative(v) if isinstance(v, str) else v  # paths from the repo root
-             for k, v in prepare(config, cfg.num_prompts, cfg.prompt_tokens).items()}
+  results = {
+      k: records.relative(v) if isinstance(v, str) else v  # paths from the repo root
+      for k, v in prepare(config, cfg.num_prompts, cfg.prompt_tokens).items()
+  }
   evals = heldout_evals(cfg.workdir)
   results["heldout"] = {"before": evals[0], "latest": evals[-1]}
   results["environment"] = records.environment()

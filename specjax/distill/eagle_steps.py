@@ -62,8 +62,8 @@ def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Ar
   group = H // block.n_kv_heads
   expand = lambda x_BxTxGxDh: jnp.repeat(x_BxTxGxDh, group, axis=2)
   score = lambda s: attention_mask.soft_cap(s * block.attention_scale(), block.attn_softcap)
-  causal_BxHxTxS = score(jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxGxDh),
-                                    preferred_element_type=jnp.float32))
+  causal_BxHxTxS = score(
+      jnp.einsum("bthd,bshd->bhts", q_BxTxHxDh, expand(keys0_BxTxGxDh), preferred_element_type=jnp.float32))
   chain_T = jnp.arange(T)
   visible_TxS = chain_T[None, :] <= chain_T[:, None]
   if window:  # the query at t + j, the step-0 key at its own position s
@@ -71,9 +71,10 @@ def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Ar
   causal_BxHxTxS = jnp.where(visible_TxS[None, None], causal_BxHxTxS, -jnp.inf)
   # Step i's key of the same chain sits at t + i: in the window iff j - i < window.
   diagonal = [pair for i, pair in enumerate(diagonal, 1) if not window or j - i < window]
-  diag_BxHxTxJ = jnp.stack([score(jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(keys_BxTxGxDh),
-                                             preferred_element_type=jnp.float32))
-                            for keys_BxTxGxDh, _ in diagonal], axis=-1) if diagonal else jnp.zeros((B, H, T, 0))
+  diag_BxHxTxJ = jnp.stack([
+      score(jnp.einsum("bthd,bthd->bht", q_BxTxHxDh, expand(keys_BxTxGxDh), preferred_element_type=jnp.float32))
+      for keys_BxTxGxDh, _ in diagonal
+  ], axis=-1) if diagonal else jnp.zeros((B, H, T, 0))
   weights_BxHxTxSJ = jax.nn.softmax(jnp.concatenate([causal_BxHxTxS, diag_BxHxTxJ], axis=-1), axis=-1)
   out_BxTxHxDh = jnp.einsum("bhts,bshd->bthd", weights_BxHxTxSJ[..., :T].astype(values0_BxTxGxDh.dtype),
                             expand(values0_BxTxGxDh))
@@ -84,8 +85,8 @@ def _ttt_attention(block: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Ar
 
 
 def ttt_unroll(config: EagleConfig, params: Params, target_config: ModelConfig, target_params: Params,
-               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int, vocab: DraftHead | None = None
-               ) -> list[tuple[jax.Array, jax.Array]]:
+               tokens_BxT: jax.Array, features_BxTxF: jax.Array, num_steps: int,
+               vocab: DraftHead | None = None) -> list[tuple[jax.Array, jax.Array]]:
   """The head's outputs [B, T, D] and float32 logits [B, T, V] (a restricted `vocab`: [B, T, Vd], its
   tokens' `head_scores`) of each TTT step j < `num_steps` for the chains starting at every position t
   (step j at t predicts x_{t+2+j}; fed tokens past the sequence are id 0, their outputs are masked by
@@ -132,8 +133,7 @@ def feature_regression(out_BxTxD: jax.Array, features_BxTxD: jax.Array, mask_BxT
   return losses.masked_mean(per_token_BxT, valid_BxT)
 
 
-def expected_acceptance(target_logits_xV: jax.Array, head_logits_xVd: jax.Array, vocab: DraftHead | None
-                        ) -> jax.Array:
+def expected_acceptance(target_logits_xV: jax.Array, head_logits_xVd: jax.Array, vocab: DraftHead | None) -> jax.Array:
   """sum_x min(p(x), q(x)) [...] at temperature 1 for a head's logits over its own vocabulary (all V
   tokens, or the Vd of `vocab`) against the target's over all V."""
   q_xV = jax.nn.softmax(target_logits_xV.astype(jnp.float32), axis=-1)
@@ -169,7 +169,7 @@ def ttt_loss(config: EagleConfig, params: Params, target_config: ModelConfig, ta
     teacher_BxTxV, valid_BxT = _step_targets(target_BxTxV, mask_BxT, j)
     teacher_own = teacher_BxTxV if vocab is None else jnp.take(teacher_BxTxV, vocab.tokens_Vd, axis=-1)
     kl_BxT = losses.token_divergence("forward_kl", teacher_own, logits_BxTxV)
-    total = total + STEP_WEIGHT ** j * losses.masked_mean(jnp.where(valid_BxT > 0, kl_BxT, 0.0), valid_BxT)
+    total = total + STEP_WEIGHT**j * losses.masked_mean(jnp.where(valid_BxT > 0, kl_BxT, 0.0), valid_BxT)
     accepts.append((expected_acceptance(teacher_BxTxV, logits_BxTxV, vocab), valid_BxT))
   return total, {"accepts": accepts}
 
@@ -179,8 +179,7 @@ def acceptance_length(accepts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.A
   chains are the positions where every step is valid; chain t accepts sum_j prod_{i <= j} a_i."""
   valid_BxT = jnp.prod(jnp.stack([valid for _, valid in accepts]), axis=0)
   prefix_JxBxT = jnp.cumprod(jnp.stack([a for a, _ in accepts]), axis=0)
-  return (jnp.sum(jnp.sum(prefix_JxBxT, axis=0) * valid_BxT), jnp.sum(accepts[0][0] * valid_BxT),
-          jnp.sum(valid_BxT))
+  return (jnp.sum(jnp.sum(prefix_JxBxT, axis=0) * valid_BxT), jnp.sum(accepts[0][0] * valid_BxT), jnp.sum(valid_BxT))
 
 
 def run_params(config: EagleConfig, master: Params) -> Params:
@@ -194,15 +193,16 @@ def make_head_train_step(config: EagleConfig, optimizer: optax.GradientTransform
   `state` donated, for any head objective `loss(params, target_params, tokens, mask, vocab, key) -> scalar`
   (`params` the master weights in the block's dtype, `key` = fold_in(the run's key, the step): a resumed
   run draws the same); `state.params` are the head's float32 master weights."""
-
   def train_step(state: TrainState, target_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array,
                  vocab: DraftHead | None = None):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
-    value, grads = jax.value_and_grad(lambda master: loss(run_params(config, master), target_params, tokens_BxT,
-                                                          mask_BxT, vocab, key))(state.params)
+    value, grads = jax.value_and_grad(
+        lambda master: loss(run_params(config, master), target_params, tokens_BxT, mask_BxT, vocab, key))(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    metrics = {"loss": value, "grad_norm": optax.tree.norm(grads),
-               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
+    metrics = {
+        "loss": value, "grad_norm": optax.tree.norm(grads),
+        "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)
+    }
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                          opt_state=opt_state), metrics
 
@@ -220,16 +220,15 @@ def make_train_step(config: EagleConfig, target_config: ModelConfig, optimizer: 
                     schedule: optax.Schedule, num_steps: int, feature_weight: float = 0.0) -> Callable:
   """The EAGLE head's `make_head_train_step`: `ttt_loss` (over the restricted `vocab`'s tokens when given)."""
   objective = Objective(num_steps, feature_weight)
-  return make_head_train_step(config, optimizer, schedule, lambda params, target_params, tokens_BxT, mask_BxT,
-                              vocab, key: ttt_loss(config, params, target_config, target_params, tokens_BxT,
-                                                   mask_BxT, objective, vocab)[0])
+  return make_head_train_step(
+      config, optimizer, schedule, lambda params, target_params, tokens_BxT, mask_BxT, vocab, key: ttt_loss(
+          config, params, target_config, target_params, tokens_BxT, mask_BxT, objective, vocab)[0])
 
 
 def make_eval_step(config: EagleConfig, target_config: ModelConfig, num_steps: int,
                    feature_weight: float = 0.0) -> Callable:
   """The EAGLE head's `make_head_eval_step`: the TTT loss times the valid chains, expected accepted length
   and first-step acceptance summed over chains, and the chains (`tokens`)."""
-
   def sums(params, target_params, tokens_BxT, mask_BxT, vocab):
     loss, extra = ttt_loss(config, params, target_config, target_params, tokens_BxT, mask_BxT,
                            Objective(num_steps, feature_weight), vocab)

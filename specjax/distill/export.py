@@ -40,8 +40,9 @@ def export_hf(directory: str, config: ModelConfig, params: Params, tokenizer: To
     hf_config.update(eos_token_id=eos[0] if len(eos) == 1 else eos or None, bos_token_id=tokenizer.bos_id)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2)
-  tensors = {name: np.ascontiguousarray(array, np.float32)
-             for name, array in hf.params_to_hf_tensors(config, params).items()}
+  tensors = {
+      name: np.ascontiguousarray(array, np.float32) for name, array in hf.params_to_hf_tensors(config, params).items()
+  }
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   return path
 

@@ -62,7 +62,6 @@ class Log:
 
   A train record's `tokens_per_s` is its valid tokens over the wall time since the previous record
   (evaluations excluded; the first one after a start includes compilation)."""
-
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, start: int, checkpoints: Checkpointer,
                on_step: Callable[[int, dict], None]):
     self.path = os.path.join(workdir, METRICS_FILE)
@@ -99,17 +98,19 @@ class Log:
     if self.main and (step % self.config.log_every == 0 or step == self.config.num_steps):
       rate = self.tokens_since / max(now - self.t_last, 1e-9)
       eta = (self.config.num_steps - step) * (now - self.t_start) / max(step - self.start, 1)
-      print(f"step {step:6d}/{self.config.num_steps}  loss {record['loss']:.4f}  grad norm "
-            f"{record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  {rate:,.0f} tok/s  "
-            f"eta {eta / 60:.1f} min", flush=True)
+      print(
+          f"step {step:6d}/{self.config.num_steps}  loss {record['loss']:.4f}  grad norm "
+          f"{record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  {rate:,.0f} tok/s  "
+          f"eta {eta / 60:.1f} min", flush=True)
       self.t_last, self.tokens_since = now, 0
 
   def eval(self, step: int, metrics: dict) -> None:
     self._write({"step": step, "split": "eval", **metrics})
     if self.main:
       third = _third(metrics)
-      print(f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
-            f"{third.replace('_', ' ')} {metrics[third]:.4f}", flush=True)
+      print(
+          f"step {step:6d} eval  loss {metrics['loss']:.4f}  acceptance {metrics['acceptance']:.4f}  "
+          f"{third.replace('_', ' ')} {metrics[third]:.4f}", flush=True)
     self.t_previous = time.time()
 
   def _write(self, record: dict) -> None:
@@ -139,9 +140,12 @@ def print_before_and_after(before: dict, after: dict, export_dir: str) -> None:
   """The summary's console lines: held-out acceptance (and per draft position, when reported) before
   and after training."""
   third = _third(after)
-  print(f"held-out acceptance {before['acceptance']:.4f} -> {after['acceptance']:.4f}; {third.replace('_', ' ')} "
-        f"{before[third]:.4f} -> {after[third]:.4f}; draft exported to {export_dir}", flush=True)
+  print(
+      f"held-out acceptance {before['acceptance']:.4f} -> {after['acceptance']:.4f}; {third.replace('_', ' ')} "
+      f"{before[third]:.4f} -> {after[third]:.4f}; draft exported to {export_dir}", flush=True)
   for name in ("acceptance_at", "greedy_agreement_at"):
     if name in after:
-      print(f"held-out {name.removesuffix('_at').replace('_', ' ')} per draft position: " + ", ".join(
-          f"{i + 1}: {b:.4f} -> {a:.4f}" for i, (b, a) in enumerate(zip(before[name], after[name]))), flush=True)
+      print(
+          f"held-out {name.removesuffix('_at').replace('_', ' ')} per draft position: " +
+          ", ".join(f"{i + 1}: {b:.4f} -> {a:.4f}" for i, (b, a) in enumerate(zip(before[name], after[name]))),
+          flush=True)

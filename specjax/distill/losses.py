@@ -44,8 +44,8 @@ def _kl(log_a_xV: jax.Array, log_b_xV: jax.Array) -> jax.Array:
   return jnp.sum(jnp.where(a_xV > 0, a_xV * (log_a_xV - log_b_xV), 0.0), axis=-1)
 
 
-def token_divergence(name: str, teacher_logits_xV: jax.Array, student_logits_xV: jax.Array,
-                     temperature: float = 1.0, beta: float = 0.5) -> jax.Array:
+def token_divergence(name: str, teacher_logits_xV: jax.Array, student_logits_xV: jax.Array, temperature: float = 1.0,
+                     beta: float = 0.5) -> jax.Array:
   """The divergence `name` between teacher and student at every position: float32 [...]."""
   check_divergence(name, beta)
   log_q_xV = log_probs(teacher_logits_xV, temperature)

@@ -124,7 +124,7 @@ def pard_layout(seq_len: int, k: int, keep: float, mask_id: int, seed: int = 0) 
   source, step, parent = list(range(seq_len)), [0] * seq_len, list(range(-1, seq_len - 1))
   above = {a: a for a in range(seq_len)}  # each anchor's deepest node so far
   for j in range(1, k):
-    kept = int(np.ceil(keep ** j * seq_len))
+    kept = int(np.ceil(keep**j * seq_len))
     for a in range(seq_len - j):
       if rank_T[a] < kept:
         source.append(a + j)

@@ -70,21 +70,20 @@ class Optimizer(NamedTuple):
 def make_optimizer(optim: ml_collections.ConfigDict, num_steps: int, labels: Any) -> Optimizer:
   """Clipping + AdamW on a warmup-cosine schedule for TRAIN leaves, zero updates for FROZEN ones.
   Weight decay skips vectors (norm scales, biases)."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=optim.learning_rate, warmup_steps=optim.warmup_steps,
-      decay_steps=max(num_steps, optim.warmup_steps + 1), end_value=optim.learning_rate * optim.final_lr_fraction)
+  schedule = optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=optim.learning_rate,
+                                                warmup_steps=optim.warmup_steps,
+                                                decay_steps=max(num_steps, optim.warmup_steps + 1),
+                                                end_value=optim.learning_rate * optim.final_lr_fraction)
   adamw = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
                       mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
   train = optax.chain(optax.clip_by_global_norm(optim.grad_clip), adamw) if optim.grad_clip else adamw
   return Optimizer(optax.multi_transform({TRAIN: train, FROZEN: optax.set_to_zero()}, labels), schedule)
 
 
-def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int,
-               shardings: Any = None) -> TrainState:
+def init_state(params: Params, optimizer: optax.GradientTransformation, seed: int, shardings: Any = None) -> TrainState:
   """Step 0 of a run from the student's initial per-layer `params` (any float dtype): a float32 master
   copy and float32 optimizer moments; laid out by `shardings` (a TrainState of `NamedSharding`s,
   `Placement.state`) when given, each device building only its shards."""
-
   def make(params):
     master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
     return TrainState(step=jnp.int32(0), params=master, opt_state=optimizer.init(master),
@@ -109,8 +108,10 @@ def state_shardings(config: ModelConfig, state: TrainState, part: partitioning.P
   optimizer leaf shaped like a parameter (Adam's moments) by `part`'s rules; scalars (step, Adam's
   count) and the RNG key replicated."""
   params = partitioning.param_shardings(config, state.params, part)
-  by_name = {_param_name(path): (sharding, leaf.shape) for (path, sharding), leaf in
-             zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(state.params))}
+  by_name = {
+      _param_name(path): (sharding, leaf.shape)
+      for (path, sharding), leaf in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(state.params))
+  }
 
   def sharding(path, leaf):
     found = by_name.get(_param_name(path))
@@ -141,8 +142,8 @@ def placement(student_config: ModelConfig, state: TrainState, teacher_params: Pa
   compute_shapes = jax.eval_shape(lambda p: model_params(student_config, p), state.params)
   return Placement(mesh=student_part.mesh, state=state_shardings(student_config, state, student_part),
                    teacher=jax.tree.map(lambda p: p.sharding, teacher_params),
-                   compute=partitioning.param_shardings(student_config, compute_shapes, compute_part),
-                   rows=partitioning.rows_sharding(student_part))
+                   compute=partitioning.param_shardings(student_config, compute_shapes,
+                                                        compute_part), rows=partitioning.rows_sharding(student_part))
 
 
 def put_rows(array: Any, placement: Placement | None) -> jax.Array:
@@ -179,8 +180,8 @@ def logits(config: ModelConfig, params: Params, tokens_BxT: jax.Array) -> jax.Ar
   return PlainLayout().student_logits(config, params, tokens_BxT)
 
 
-def paired_logits(teacher_config: ModelConfig, teacher_params: Params, student_config: ModelConfig,
-                  student: Params, tokens_BxT: jax.Array, layout: PlainLayout) -> tuple[jax.Array, jax.Array]:
+def paired_logits(teacher_config: ModelConfig, teacher_params: Params, student_config: ModelConfig, student: Params,
+                  tokens_BxT: jax.Array, layout: PlainLayout) -> tuple[jax.Array, jax.Array]:
   """(the target's logits each student node learns, under `stop_gradient`; the student's) [B, N, W]
   for the rows `tokens_BxT`, node by node as `layout` lays them out (the plain one: N = T)."""
   teacher_BxTxV = jax.lax.stop_gradient(logits(teacher_config, teacher_params, tokens_BxT))
@@ -196,16 +197,15 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig, op
   clipping) and the learning rate of this step. `accum_steps` micro-batches per step (B must be a
   multiple of it), `placement` on a mesh: see the module docstring; `student_config.remat` checkpoints
   each student block; `layout` (static) the nodes the student is trained at (`pard`: PARD's mask blocks)."""
-  constrain = ((lambda tree, shardings: jax.lax.with_sharding_constraint(tree, shardings))
-               if placement is not None else (lambda tree, shardings: tree))
+  constrain = ((lambda tree, shardings: jax.lax.with_sharding_constraint(tree, shardings)) if placement is not None else
+               (lambda tree, shardings: tree))
 
   def divergence_sum(master, teacher_params, tokens_BxT, mask_BxT):
     """The masked sum of the per-token divergence over these rows (float32)."""
     student = constrain(model_params(student_config, master), placement and placement.compute)
-    teacher_BxNxW, student_BxNxW = paired_logits(teacher_config, teacher_params, student_config, student,
-                                                 tokens_BxT, layout)
-    per_node_BxN = losses.token_divergence(loss.divergence, teacher_BxNxW, student_BxNxW, loss.temperature,
-                                           loss.beta)
+    teacher_BxNxW, student_BxNxW = paired_logits(teacher_config, teacher_params, student_config, student, tokens_BxT,
+                                                 layout)
+    per_node_BxN = losses.token_divergence(loss.divergence, teacher_BxNxW, student_BxNxW, loss.temperature, loss.beta)
     return jnp.sum(per_node_BxN * layout.weights(mask_BxT))
 
   def loss_and_grads(master, teacher_params, tokens_BxT, mask_BxT):
@@ -221,8 +221,8 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig, op
     def add(carry, batch):
       value, grads = jax.value_and_grad(mean)(master, *batch)
       total, summed = carry
-      return (total + value, constrain(jax.tree.map(jnp.add, summed, grads),
-                                       placement and placement.state.params)), None
+      return (total + value, constrain(jax.tree.map(jnp.add, summed, grads), placement and
+                                       placement.state.params)), None
 
     zeros = constrain(jax.tree.map(jnp.zeros_like, master), placement and placement.state.params)
     (value, grads), _ = jax.lax.scan(add, (jnp.float32(0.0), zeros), (micro(tokens_BxT), micro(mask_BxT)))
@@ -234,15 +234,18 @@ def make_train_step(teacher_config: ModelConfig, student_config: ModelConfig, op
     updates, opt_state = optimizer.transform.update(grads, state.opt_state, state.params)
     new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                               opt_state=opt_state)
-    metrics = {"loss": value, "grad_norm": optax.tree.norm(trainable),
-               "learning_rate": jnp.asarray(optimizer.schedule(state.step), jnp.float32)}
+    metrics = {
+        "loss": value, "grad_norm": optax.tree.norm(trainable),
+        "learning_rate": jnp.asarray(optimizer.schedule(state.step), jnp.float32)
+    }
     return new_state, metrics
 
   if placement is None:
     return jax.jit(train_step, donate_argnames=("state",))
-  return _on_mesh(jax.jit(train_step, donate_argnames=("state",),
-                          in_shardings=(placement.state, placement.teacher, placement.rows, placement.rows),
-                          out_shardings=(placement.state, placement.replicated)), placement.mesh)
+  return _on_mesh(
+      jax.jit(train_step, donate_argnames=("state",),
+              in_shardings=(placement.state, placement.teacher, placement.rows, placement.rows),
+              out_shardings=(placement.state, placement.replicated)), placement.mesh)
 
 
 def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, loss: ml_collections.ConfigDict,
@@ -254,30 +257,31 @@ def make_eval_step(teacher_config: ModelConfig, student_config: ModelConfig, los
   several draft positions (`pard`) adds the acceptance, the greedy agreement and the valid nodes per
   position [K] ("acceptance_at", "greedy_agreement_at", "tokens_at"). The student's float32 master runs
   in its dtype, as in training."""
-
   def eval_step(student_master: Params, teacher_params: Params, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     student = model_params(student_config, student_master)
     if placement is not None:
       student = jax.lax.with_sharding_constraint(student, placement.compute)
-    teacher_BxNxW, student_BxNxW = paired_logits(teacher_config, teacher_params, student_config, student,
-                                                 tokens_BxT, layout)
+    teacher_BxNxW, student_BxNxW = paired_logits(teacher_config, teacher_params, student_config, student, tokens_BxT,
+                                                 layout)
     weight_BxN = layout.weights(mask_BxT)
     acceptance_BxN = losses.expected_acceptance(teacher_BxNxW, student_BxNxW, acceptance_temperature)
     per_node = {
-        "loss": losses.token_divergence(loss.divergence, teacher_BxNxW, student_BxNxW, loss.temperature,
-                                        loss.beta),
+        "loss": losses.token_divergence(loss.divergence, teacher_BxNxW, student_BxNxW, loss.temperature, loss.beta),
         "acceptance": acceptance_BxN,
         "greedy_agreement": losses.greedy_agreement(teacher_BxNxW, student_BxNxW),
     }
     sums = {name: jnp.sum(value_BxN * weight_BxN) for name, value_BxN in per_node.items()}
     if layout.positions > 1:  # the acceptance metrics per draft position, and the valid nodes at each
       at_NxK = jax.nn.one_hot(layout.position_of(tokens_BxT.shape[1]), layout.positions, dtype=jnp.float32)
-      sums.update({f"{name}_at": jnp.sum(per_node[name] * weight_BxN, axis=0) @ at_NxK
-                   for name in ("acceptance", "greedy_agreement")}, tokens_at=jnp.sum(weight_BxN, axis=0) @ at_NxK)
+      sums.update(
+          {
+              f"{name}_at": jnp.sum(per_node[name] * weight_BxN, axis=0) @ at_NxK
+              for name in ("acceptance", "greedy_agreement")
+          }, tokens_at=jnp.sum(weight_BxN, axis=0) @ at_NxK)
     return {**sums, "tokens": jnp.sum(weight_BxN)}
 
   if placement is None:
     return jax.jit(eval_step)
-  return _on_mesh(jax.jit(eval_step, in_shardings=(placement.state.params, placement.teacher, placement.rows,
-                                                   placement.rows), out_shardings=placement.replicated),
-                  placement.mesh)
+  return _on_mesh(
+      jax.jit(eval_step, in_shardings=(placement.state.params, placement.teacher, placement.rows, placement.rows),
+              out_shardings=placement.replicated), placement.mesh)

@@ -50,8 +50,11 @@ def truncate(teacher_config: ModelConfig, teacher_params: Params, num_layers: in
   if not 1 <= num_layers <= teacher_config.n_layers:
     raise ValueError(f"student.num_layers must be in [1, {teacher_config.n_layers}] (the target's "
                      f"layers), got {num_layers}")
-  kept = {name: tree for name, tree in per_layer(teacher_params).items()
-          if not name.startswith("layers_") or int(name.removeprefix("layers_")) < num_layers}
+  kept = {
+      name: tree
+      for name, tree in per_layer(teacher_params).items()
+      if not name.startswith("layers_") or int(name.removeprefix("layers_")) < num_layers
+  }
   return teacher_config.with_depth(num_layers), jax.tree.map(jnp.copy, kept)
 
 
@@ -59,8 +62,8 @@ def fresh(teacher_config: ModelConfig, spec: ml_collections.ConfigDict, key: jax
   """A random model of the target's architecture, vocabulary and positional settings (its layer pattern
   continued over the student's depth), sized by `spec` (per layer)."""
   config = teacher_config.with_depth(spec.n_layers).replace(
-      d_model=spec.d_model, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim,
-      d_ff=spec.d_ff, tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
+      d_model=spec.d_model, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, d_ff=spec.d_ff,
+      tie_embeddings=spec.tie_embeddings or teacher_config.arch == "gpt2")
   return config, per_layer(init_params(config, key))
 
 
@@ -93,5 +96,4 @@ def frozen_labels(config: ModelConfig, params: Params, freeze_embeddings: bool, 
     frozen |= {"embed", "pos_embed"} if freeze_embeddings else {"embed"}
   if freeze_head:
     frozen.add("lm_head")
-  return {name: jax.tree.map(lambda _: FROZEN if name in frozen else TRAIN, tree)
-          for name, tree in params.items()}
+  return {name: jax.tree.map(lambda _: FROZEN if name in frozen else TRAIN, tree) for name, tree in params.items()}

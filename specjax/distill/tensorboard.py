@@ -28,7 +28,6 @@ def require():
 
 class TensorBoard:
   """Numeric fields of each metrics record become scalars `<field>` at the record's step."""
-
   def __init__(self, workdir: str, resume_step: int):
     SummaryWriter = require()
     root = os.path.join(workdir, TENSORBOARD_DIR)

@@ -90,8 +90,8 @@ def _parts(config: ml_collections.ConfigDict) -> tuple[partitioning.Partitioning
   return teacher, state, dataclasses.replace(teacher, name="student")
 
 
-def initial_state(config: ml_collections.ConfigDict, student_config: Any, student_params: Params,
-                  optimizer, teacher_params: Params, parts: tuple) -> tuple[steps.TrainState, Any]:
+def initial_state(config: ml_collections.ConfigDict, student_config: Any, student_params: Params, optimizer,
+                  teacher_params: Params, parts: tuple) -> tuple[steps.TrainState, Any]:
   """(step-0 train state, its `steps.Placement` or None): on a mesh, the state is built in its shards."""
   _, state_part, compute_part = parts
   if state_part is None:
@@ -131,8 +131,7 @@ def _restore_newest(config: ml_collections.ConfigDict) -> tuple[LoadedModel, _St
   parts = _parts(config)
   teacher = load_model(config.target, config.dtype, parts[0])
   student = _student(config, teacher, parts)
-  checkpoints = Checkpointer(os.path.join(config.workdir, CHECKPOINT_DIR), config.keep_checkpoints,
-                             read_only=True)
+  checkpoints = Checkpointer(os.path.join(config.workdir, CHECKPOINT_DIR), config.keep_checkpoints, read_only=True)
   try:
     restored = checkpoints.restore_newest(student.state, fallback=config.on_damaged_checkpoint == "fallback")
   finally:
@@ -164,8 +163,10 @@ def _eval_batches(held: data.Packed, batch_size: int, num_batches: int) -> list[
 def _evaluate(eval_step: Callable, student_params: Params, teacher_params: Params,
               batches: Sequence[tuple[np.ndarray, np.ndarray]], place: steps.Placement | None = None) -> dict:
   """The held-out means; per draft position too (lists, "acceptance_at", ...) when the eval step sums them."""
-  totals = [meshes.to_host(eval_step(student_params, teacher_params, steps.put_rows(t, place),
-                                     steps.put_rows(m, place))) for t, m in batches]
+  totals = [
+      meshes.to_host(eval_step(student_params, teacher_params, steps.put_rows(t, place), steps.put_rows(m, place)))
+      for t, m in batches
+  ]
   summed = {k: sum(np.asarray(t[k], np.float64) for t in totals) for k in totals[0]}
   count = max(float(summed.pop("tokens")), 1.0)
   means = {k: float(v) / count for k, v in summed.items() if np.ndim(v) == 0}
@@ -248,8 +249,8 @@ def _train(config: ml_collections.ConfigDict, setup: _Setup, state: steps.TrainS
            checkpoints: Checkpointer) -> steps.TrainState:
   """Steps `start` + 1 .. num_steps, with their checkpoints and evaluations; the final state."""
   teacher_params, student, place = setup.teacher.params, setup.student, setup.student.place
-  evaluate = lambda step: log.eval(step, _evaluate(setup.steps.eval, state.params, teacher_params,
-                                                   setup.held_batches, place))
+  evaluate = lambda step: log.eval(step,
+                                   _evaluate(setup.steps.eval, state.params, teacher_params, setup.held_batches, place))
   if start == 0 or start % config.eval_every == 0 or start == config.num_steps:
     evaluate(start)
   for step in range(start + 1, config.num_steps + 1):
@@ -267,8 +268,7 @@ def _train(config: ml_collections.ConfigDict, setup: _Setup, state: steps.TrainS
   return state
 
 
-def _export(config: ml_collections.ConfigDict, workdir: str, setup: _Setup, state: steps.TrainState,
-            log: Log) -> dict:
+def _export(config: ml_collections.ConfigDict, workdir: str, setup: _Setup, state: steps.TrainState, log: Log) -> dict:
   """Exports the draft as its objective does, then writes and prints the summary (process 0)."""
   student = setup.student
   export_dir = os.path.abspath(config.export_dir or os.path.join(workdir, "export"))
@@ -278,11 +278,18 @@ def _export(config: ml_collections.ConfigDict, workdir: str, setup: _Setup, stat
   student.objective.export(export_dir, student.config, draft_params, setup.teacher)
   before, after = log.first_and_last_eval()
   summary = {
-      "target": setup.teacher.name, "student": dataclasses.asdict(student.config), "init": config.student.init,
-      "divergence": config.loss.divergence, "num_steps": config.num_steps,
-      "train_tokens_available": setup.train_tokens, "devices": meshes.describe(student.place and student.place.mesh),
-      "heldout_tokens": after["tokens"], "before": before, "after": after,
-      "acceptance_gain": after["acceptance"] - before["acceptance"], "export_dir": export_dir,
+      "target": setup.teacher.name,
+      "student": dataclasses.asdict(student.config),
+      "init": config.student.init,
+      "divergence": config.loss.divergence,
+      "num_steps": config.num_steps,
+      "train_tokens_available": setup.train_tokens,
+      "devices": meshes.describe(student.place and student.place.mesh),
+      "heldout_tokens": after["tokens"],
+      "before": before,
+      "after": after,
+      "acceptance_gain": after["acceptance"] - before["acceptance"],
+      "export_dir": export_dir,
       "wall_s_this_run": time.time() - log.t_start,
   }
   with open(os.path.join(workdir, SUMMARY_FILE), "w") as f:

@@ -43,7 +43,7 @@ def dense(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.A
   T, S = q_BxTxGxHgxDh.shape[1], k_BxSxGxDh.shape[1]
   query_pos_BxT = query_positions(lengths_B, T, tree)
   visible_BxTxS = visible(query_pos_BxT, jnp.arange(S)[None, :], window, lengths_B, tree)
-  scale = q_BxTxGxHgxDh.shape[-1] ** -0.5 if scale is None else scale
+  scale = q_BxTxGxHgxDh.shape[-1]**-0.5 if scale is None else scale
   scores_BxGxHgxTxS = jnp.where(visible_BxTxS[:, None, None], scores(q_BxTxGxHgxDh, k_BxSxGxDh, scale, softcap),
                                 -jnp.inf)
   weights = jax.nn.softmax(scores_BxGxHgxTxS, axis=-1).astype(v_BxSxGxDh.dtype)
@@ -62,8 +62,8 @@ def _pairwise_sum(x_xN: jax.Array) -> jax.Array:
   return x_xN[..., 0]
 
 
-def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh: jax.Array,
-                  visible_BxTxSb: jax.Array, carry: tuple, scale: float, softcap: float, per_query: bool) -> tuple:
+def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh: jax.Array, visible_BxTxSb: jax.Array,
+                  carry: tuple, scale: float, softcap: float, per_query: bool) -> tuple:
   """One key block's online-softmax update of the queries' (max, sum, accumulator) [B, G, Hg, T(, Dh)].
 
   `per_query`: query t's arithmetic does not depend on T. XLA's dot kernels sum in an order that depends
@@ -72,11 +72,11 @@ def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh:
   max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh = carry
   T = q_BxTxGxHgxDh.shape[1]
   # `product` of x ([B, T, ...] at `axis` = 1 or [B, G, Hg, T, ...] at 3), query by query where per_query.
-  each = lambda product, x, axis: (jnp.concatenate([product(jax.lax.slice_in_dim(x, t, t + 1, axis=axis))
-                                                    for t in range(T)], axis=3) if per_query else product(x))
+  each = lambda product, x, axis: (jnp.concatenate(
+      [product(jax.lax.slice_in_dim(x, t, t + 1, axis=axis)) for t in range(T)], axis=3) if per_query else product(x))
   visible_Bx1x1xTxSb = visible_BxTxSb[:, None, None]
-  scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, each(lambda q: scores(q, k_BxSbxGxDh, scale, softcap),
-                                                          q_BxTxGxHgxDh, 1), -jnp.inf)
+  scores_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb,
+                                 each(lambda q: scores(q, k_BxSbxGxDh, scale, softcap), q_BxTxGxHgxDh, 1), -jnp.inf)
   new_max_BxGxHgxT = jnp.maximum(max_BxGxHgxT, scores_BxGxHgxTxSb.max(axis=-1))
   # A query that has seen no key yet keeps max = -inf: shift by 0 there so no inf - inf appears.
   shift_BxGxHgxT = jnp.where(jnp.isfinite(new_max_BxGxHgxT), new_max_BxGxHgxT, 0.0)
@@ -84,15 +84,15 @@ def _block_update(q_BxTxGxHgxDh: jax.Array, k_BxSbxGxDh: jax.Array, v_BxSbxGxDh:
   weights_BxGxHgxTxSb = jnp.where(visible_Bx1x1xTxSb, jnp.exp(scores_BxGxHgxTxSb - shift_BxGxHgxT[..., None]), 0.0)
   block_sum_BxGxHgxT = _pairwise_sum(weights_BxGxHgxTxSb) if per_query else weights_BxGxHgxTxSb.sum(axis=-1)
   sum_BxGxHgxT = sum_BxGxHgxT * rescale_BxGxHgxT + block_sum_BxGxHgxT
-  value = lambda w_BxGxHgxTxSb: jnp.einsum("bkgtn,bnkd->bkgtd", w_BxGxHgxTxSb, v_BxSbxGxDh,
-                                           preferred_element_type=jnp.float32)
-  acc_BxGxHgxTxDh = (acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None]
-                     + each(value, weights_BxGxHgxTxSb.astype(v_BxSbxGxDh.dtype), 3))
+  value = lambda w_BxGxHgxTxSb: jnp.einsum("bkgtn,bnkd->bkgtd", w_BxGxHgxTxSb, v_BxSbxGxDh, preferred_element_type=jnp.
+                                           float32)
+  acc_BxGxHgxTxDh = (acc_BxGxHgxTxDh * rescale_BxGxHgxT[..., None] +
+                     each(value, weights_BxGxHgxTxSb.astype(v_BxSbxGxDh.dtype), 3))
   return new_max_BxGxHgxT, sum_BxGxHgxT, acc_BxGxHgxTxDh
 
 
-def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask,
-              block: int, scoring: tuple[float | None, float] = (None, 0.0), per_query: bool = False) -> jax.Array:
+def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: Mask, block: int,
+              scoring: tuple[float | None, float] = (None, 0.0), per_query: bool = False) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] over the live key blocks of `layer` only (online softmax), and
   the cache's keys and values as they leave the loop (unchanged: write the next layer into these).
   `scoring` = (scale, soft-cap): scores are q.k times scale (None: Dh^-1/2), soft-capped (0: none).
@@ -107,7 +107,7 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   S = k_LxBxSxGxDh.shape[2]
   block = min(block, S)
   scale, softcap = scoring
-  scale = Dh ** -0.5 if scale is None else scale
+  scale = Dh**-0.5 if scale is None else scale
   query_pos_BxT = query_positions(lengths_B, T, tree)
   # One past the last key any query sees (a tree level also sees the `first` nodes before it).
   end = jnp.minimum(jnp.max(lengths_B) + T + (0 if tree is None else tree.first), S)
@@ -123,8 +123,8 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
     start, size = (layer, 0, begin, 0, 0), (1, B, block, G, Dh)
     k_BxSbxGxDh = jax.lax.dynamic_slice(k_LxBxSxGxDh, start, size)[0]
     v_BxSbxGxDh = jax.lax.dynamic_slice(v_LxBxSxGxDh, start, size)[0]
-    visible_BxTxSb = (visible(query_pos_BxT, key_pos_Sb[None, :], window, lengths_B, tree)
-                      & (key_pos_Sb >= i * block)[None, None, :])
+    visible_BxTxSb = (visible(query_pos_BxT, key_pos_Sb[None, :], window, lengths_B, tree) &
+                      (key_pos_Sb >= i * block)[None, None, :])
     state = _block_update(q_BxTxGxHgxDh, k_BxSbxGxDh, v_BxSbxGxDh, visible_BxTxSb, tuple(state), scale, softcap,
                           per_query)
     return (*state, k_LxBxSxGxDh, v_LxBxSxGxDh)
@@ -132,8 +132,8 @@ def blockwise(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: j
   # The cache rides in the carry and comes back out: the next write then updates the loop's own buffer
   # in place. Closed over instead, it is a loop invariant that XLA copies whole (every layer's
   # positions) before each layer's loop, since the write after the loop would clobber it.
-  init = (jnp.full((B, G, Hg, T), -jnp.inf, jnp.float32), jnp.zeros((B, G, Hg, T), jnp.float32),
-          jnp.zeros((B, G, Hg, T, Dh), jnp.float32), k_LxBxSxGxDh, v_LxBxSxGxDh)
+  init = (jnp.full((B, G, Hg, T), -jnp.inf, jnp.float32), jnp.zeros(
+      (B, G, Hg, T), jnp.float32), jnp.zeros((B, G, Hg, T, Dh), jnp.float32), k_LxBxSxGxDh, v_LxBxSxGxDh)
   _, sum_BxGxHgxT, acc_BxGxHgxTxDh, k_LxBxSxGxDh, v_LxBxSxGxDh = jax.lax.fori_loop(first_block, last_block, step, init)
   # Every query sees at least its own key, so the sum is > 0.
   out_BxGxHgxTxDh = acc_BxGxHgxTxDh / sum_BxGxHgxT[..., None]
@@ -158,14 +158,13 @@ def attend(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   if implementation.startswith("kernel") and kernel_fits:
     from specjax.models import kernel_attention  # imports Pallas: only where the kernel runs
     return (kernel_attention.kernel(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale,
-                                    interpret=implementation == "kernel_interpret"),
-            k_LxBxSxGxDh, v_LxBxSxGxDh)
+                                    interpret=implementation == "kernel_interpret"), k_LxBxSxGxDh, v_LxBxSxGxDh)
   if block and implementation != "dense":
     return blockwise(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, block, (scale, softcap), per_query)
   if per_query:  # dense: query t as a one-token step at length lengths + t
     lengths_B, window, _ = mask
-    return (jnp.concatenate([dense(q_BxTxGxHgxDh[:, t:t + 1], k_LxBxSxGxDh, v_LxBxSxGxDh, layer,
-                                   Mask(lengths_B + t, window, None), scale, softcap)
-                             for t in range(q_BxTxGxHgxDh.shape[1])], axis=1), k_LxBxSxGxDh, v_LxBxSxGxDh)
-  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale, softcap),
-          k_LxBxSxGxDh, v_LxBxSxGxDh)
+    return (jnp.concatenate([
+        dense(q_BxTxGxHgxDh[:, t:t + 1], k_LxBxSxGxDh, v_LxBxSxGxDh, layer, Mask(lengths_B + t, window, None), scale,
+              softcap) for t in range(q_BxTxGxHgxDh.shape[1])
+    ], axis=1), k_LxBxSxGxDh, v_LxBxSxGxDh)
+  return (dense(q_BxTxGxHgxDh, k_LxBxSxGxDh, v_LxBxSxGxDh, layer, mask, scale, softcap), k_LxBxSxGxDh, v_LxBxSxGxDh)

@@ -45,8 +45,7 @@ def _in_window(query_pos_BxT: jax.Array, key_pos_xS: jax.Array, window) -> jax.A
   return (key_pos_xS[:, None, :] > query_pos_BxT[:, :, None] - window) | (window <= 0)
 
 
-def visible(query_pos_BxT: jax.Array, key_slot_xS: jax.Array, window, lengths_B: jax.Array,
-            tree=None) -> jax.Array:
+def visible(query_pos_BxT: jax.Array, key_slot_xS: jax.Array, window, lengths_B: jax.Array, tree=None) -> jax.Array:
   """[B, T, S] True where query t may attend to the key in cache slot `key_slot_xS` ([1, S]: the same
   slots for every row, or [B, S]: each row its own).
 

@@ -130,7 +130,7 @@ class ModelConfig:
 
   def attention_scale(self) -> float:
     """The factor on q.k: query_pre_attn_scalar^(-1/2) (Gemma), else head_dim^(-1/2)."""
-    return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+    return (self.query_pre_attn_scalar or self.head_dim)**-0.5
 
   @property
   def jnp_dtype(self):

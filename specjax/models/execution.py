@@ -49,8 +49,12 @@ def _attention(setting: str, platform: str) -> str:
   return setting
 
 
-def resolve_dtype(setting: str, matmul_setting: str, weights: str = "float", platform: str | None = None,
-                  ) -> tuple[str, str]:
+def resolve_dtype(
+    setting: str,
+    matmul_setting: str,
+    weights: str = "float",
+    platform: str | None = None,
+) -> tuple[str, str]:
   """(the model dtype for the `dtype` setting, a phrase saying why when it was "auto"). "auto" is
   bfloat16 where it runs fast: on GPU/TPU, and on a CPU where the weight matmuls (`matmul_setting`) take
   the kernel for bfloat16; float32 elsewhere (XLA's bfloat16 matmuls on a CPU are about 10x slower)."""
@@ -90,8 +94,8 @@ class Execution:
     for name, least, note in (("attention_block", 0, " (0 = dense)"), ("prefill_chunk", 1, "")):
       if int(settings[name]) != settings[name] or settings[name] < least:
         raise ValueError(f"{name} must be an integer >= {least}{note}, got {settings[name]}")
-    return cls(scan_layers=_switch("scan_layers", settings["scan_layers"], platform != "cpu"),
-               attention=_attention(settings["attention"], platform),
+    return cls(scan_layers=_switch("scan_layers", settings["scan_layers"], platform
+                                   != "cpu"), attention=_attention(settings["attention"], platform),
                attention_block=int(settings["attention_block"]), prefill_chunk=int(settings["prefill_chunk"]),
                narrow_passes=_switch("narrow_passes", settings["narrow_passes"], platform not in _GPU_PLATFORMS),
                matmul=matmul.backend_for(settings["matmul"], dtype, platform, weights))

@@ -34,26 +34,42 @@ from specjax.models.rope import RopeScaling
 from specjax.models.transformer import Params
 
 # GGUF architecture -> (specjax arch, q/k rows permuted by llama.cpp's converter)
-_ARCHS = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("llama", False),
-          "qwen3": ("llama", False), "gemma3": ("gemma", False), "gpt2": ("gpt2", False)}
+_ARCHS = {
+    "llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("llama", False), "qwen3": ("llama", False),
+    "gemma3": ("gemma", False), "gpt2": ("gpt2", False)
+}
 _LLAMA_BLOCK = {
-    "attn_norm.weight": "attn_norm/scale", "ffn_norm.weight": "mlp_norm/scale",
-    "attn_q": "attn/q_proj", "attn_k": "attn/k_proj", "attn_v": "attn/v_proj",
-    "attn_output": "attn/o_proj", "ffn_gate": "mlp/gate_proj", "ffn_up": "mlp/up_proj",
-    "ffn_down": "mlp/down_proj", "attn_q_norm.weight": "attn/q_norm/scale", "attn_k_norm.weight": "attn/k_norm/scale",
+    "attn_norm.weight": "attn_norm/scale",
+    "ffn_norm.weight": "mlp_norm/scale",
+    "attn_q": "attn/q_proj",
+    "attn_k": "attn/k_proj",
+    "attn_v": "attn/v_proj",
+    "attn_output": "attn/o_proj",
+    "ffn_gate": "mlp/gate_proj",
+    "ffn_up": "mlp/up_proj",
+    "ffn_down": "mlp/down_proj",
+    "attn_q_norm.weight": "attn/q_norm/scale",
+    "attn_k_norm.weight": "attn/k_norm/scale",
 }
 _GEMMA_BLOCK = {
-    **_LLAMA_BLOCK, "post_attention_norm.weight": "post_attn_norm/scale", "post_ffw_norm.weight": "post_mlp_norm/scale",
+    **_LLAMA_BLOCK,
+    "post_attention_norm.weight": "post_attn_norm/scale",
+    "post_ffw_norm.weight": "post_mlp_norm/scale",
 }
 _GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10000.0  # llama.cpp's hard-coded Gemma 3 values
 _GPT2_BLOCK = {
-    "attn_norm.weight": "attn_norm/scale", "attn_norm.bias": "attn_norm/bias",
-    "ffn_norm.weight": "mlp_norm/scale", "ffn_norm.bias": "mlp_norm/bias",
-    "attn_output": "attn/o_proj", "ffn_up": "mlp/up_proj", "ffn_down": "mlp/down_proj",
+    "attn_norm.weight": "attn_norm/scale",
+    "attn_norm.bias": "attn_norm/bias",
+    "ffn_norm.weight": "mlp_norm/scale",
+    "ffn_norm.bias": "mlp_norm/bias",
+    "attn_output": "attn/o_proj",
+    "ffn_up": "mlp/up_proj",
+    "ffn_down": "mlp/down_proj",
 }
-_TOP = {"token_embd.weight": "embed/embedding", "position_embd.weight": "pos_embed/embedding",
-        "output_norm.weight": "final_norm/scale", "output_norm.bias": "final_norm/bias",
-        "output.weight": "lm_head/weight"}
+_TOP = {
+    "token_embd.weight": "embed/embedding", "position_embd.weight": "pos_embed/embedding",
+    "output_norm.weight": "final_norm/scale", "output_norm.bias": "final_norm/bias", "output.weight": "lm_head/weight"
+}
 
 
 def open_gguf(path: str) -> gguf.GGUFReader:
@@ -97,10 +113,9 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str, dtype: str = "float32
     return value
 
   d_model, n_heads = int(required("embedding_length")), int(required("attention.head_count"))
-  common = dict(vocab_size=shapes["token_embd.weight"][0], d_model=d_model,
-                n_layers=int(required("block_count")), n_heads=n_heads,
-                d_ff=int(required("feed_forward_length")), dtype=dtype,
-                tie_embeddings="output.weight" not in shapes)
+  common = dict(vocab_size=shapes["token_embd.weight"][0], d_model=d_model, n_layers=int(required("block_count")),
+                n_heads=n_heads, d_ff=int(required("feed_forward_length")), dtype=dtype, tie_embeddings="output.weight"
+                not in shapes)
   if arch == "gpt2":
     return ModelConfig(arch="gpt2", n_kv_heads=n_heads, head_dim=d_model // n_heads,
                        norm_eps=_float32_value(required("attention.layer_norm_epsilon")),
@@ -116,25 +131,23 @@ def config_from_gguf(reader: gguf.GGUFReader, source: str, dtype: str = "float32
   common.update(
       n_kv_heads=int(metadata(reader, f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
       norm_eps=_float32_value(required("attention.layer_norm_rms_epsilon")),
-      rope_theta=_float32_value(metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
-      rope_scaling=RopeScaling("linear", factor=float(required("rope.scaling.factor"))) if scaling == "linear"
-      else RopeScaling(), sliding_window=int(metadata(reader, f"{arch}.attention.sliding_window", 0)))
+      rope_theta=_float32_value(metadata(reader, f"{arch}.rope.freq_base", 10000.0)), rope_scaling=RopeScaling(
+          "linear", factor=float(required("rope.scaling.factor"))) if scaling == "linear" else RopeScaling(),
+      sliding_window=int(metadata(reader, f"{arch}.attention.sliding_window", 0)))
   if arch == "gemma3":
     return _gemma3_config(reader, common)
-  return ModelConfig(arch="llama", qkv_bias="blk.0.attn_q.bias" in shapes,
-                     qk_norm="blk.0.attn_q_norm.weight" in shapes, **common)
+  return ModelConfig(arch="llama", qkv_bias="blk.0.attn_q.bias" in shapes, qk_norm="blk.0.attn_q_norm.weight" in shapes,
+                     **common)
 
 
 def _gemma3_config(reader: gguf.GGUFReader, common: dict[str, Any]) -> ModelConfig:
   """Gemma 3 with what the file omits taken from llama.cpp (see the module docstring)."""
   pattern = int(metadata(reader, "gemma3.attention.sliding_window_pattern", _GEMMA3_PATTERN))
-  layer_types = tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
-                      for i in range(common["n_layers"]))
+  layer_types = tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(common["n_layers"]))
   query_scalar = common["d_model"] // common["n_heads"] if common["n_layers"] == 62 else common["head_dim"]
-  return ModelConfig(
-      arch="gemma", qk_norm=True, layer_types=layer_types, query_pre_attn_scalar=query_scalar,
-      rope_local_theta=_float32_value(metadata(reader, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_BASE)),
-      final_softcap=float(metadata(reader, "gemma3.final_logit_softcapping", 0.0)), **common)
+  return ModelConfig(arch="gemma", qk_norm=True, layer_types=layer_types, query_pre_attn_scalar=query_scalar,
+                     rope_local_theta=_float32_value(metadata(reader, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_BASE)),
+                     final_softcap=float(metadata(reader, "gemma3.final_logit_softcapping", 0.0)), **common)
 
 
 def unpermute_rows(w_DoutxDin: np.ndarray, num_heads: int) -> np.ndarray:
@@ -194,6 +207,6 @@ def load_gguf(path: str, dtype: str = "float32", reader: gguf.GGUFReader | None 
         arrays[target] = LazyTensor(shape, functools.partial(dequantized, name))
       else:  # fused q/k/v rows, equal thirds
         third = (shape[0] // 3, *shape[1:])
-        arrays[target] = LazyTensor(third, functools.partial(
-            lambda n, i: np.split(dequantized(n), 3, axis=0)[i], name, i))
+        arrays[target] = LazyTensor(third,
+                                    functools.partial(lambda n, i: np.split(dequantized(n), 3, axis=0)[i], name, i))
   return config, assemble_params(config, arrays, source=path, placement=placement)

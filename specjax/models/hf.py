@@ -28,10 +28,15 @@ from specjax.models.transformer import Params
 _LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 _GEMMA_FAMILY = ("gemma2", "gemma3_text", "gemma3")
 _LLAMA_LAYER = {
-    "self_attn.q_proj": "attn/q_proj", "self_attn.k_proj": "attn/k_proj",
-    "self_attn.v_proj": "attn/v_proj", "self_attn.o_proj": "attn/o_proj",
-    "self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm",
-    "mlp.gate_proj": "mlp/gate_proj", "mlp.up_proj": "mlp/up_proj", "mlp.down_proj": "mlp/down_proj",
+    "self_attn.q_proj": "attn/q_proj",
+    "self_attn.k_proj": "attn/k_proj",
+    "self_attn.v_proj": "attn/v_proj",
+    "self_attn.o_proj": "attn/o_proj",
+    "self_attn.q_norm": "attn/q_norm",
+    "self_attn.k_norm": "attn/k_norm",
+    "mlp.gate_proj": "mlp/gate_proj",
+    "mlp.up_proj": "mlp/up_proj",
+    "mlp.down_proj": "mlp/down_proj",
 }
 _NORMS = {  # Hugging Face layer norm -> specjax norm, per block style
     "llama": {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"},
@@ -47,6 +52,7 @@ def _yarn_attention_factor(factor: float, mscale: float | None, mscale_all_dim: 
   """transformers' default YaRN attention factor: 0.1 ln(factor) + 1, or the ratio of the two mscales."""
   def get_mscale(scale, m=1.0):
     return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
   if mscale and mscale_all_dim:
     return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
   return get_mscale(factor)
@@ -66,8 +72,8 @@ def rope_scaling_from_hf(params: dict[str, Any], hf: dict[str, Any]) -> RopeScal
   if rope_type == "linear":
     return RopeScaling("linear", factor=float(params["factor"]))
   max_positions = hf.get("max_position_embeddings")
-  original = (hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
-              or max_positions)
+  original = (hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or
+              max_positions)
   if not original:
     raise ValueError(f"RoPE type {rope_type!r} needs max_position_embeddings or original_max_position_embeddings")
   if rope_type == "dynamic":
@@ -119,18 +125,29 @@ def _llama_config(hf: dict[str, Any], dtype: str) -> ModelConfig:
   if model_type in ("qwen2", "qwen3"):  # windowed from layer max_window_layers on, if at all
     window = window if hf.get("use_sliding_window", False) else 0
     first = hf.get("max_window_layers", n_layers)
-    layer_types = tuple(hf.get("layer_types") or ("sliding_attention" if window and i >= first else "full_attention"
-                                                  for i in range(n_layers)))
+    layer_types = tuple(
+        hf.get("layer_types") or
+        ("sliding_attention" if window and i >= first else "full_attention" for i in range(n_layers)))
     window, layer_types = _uniform(window, layer_types)
   theta, scaling = _flat_rope(hf, 10000.0)
   return ModelConfig(
-      arch="llama", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
+      arch="llama",
+      vocab_size=hf["vocab_size"],
+      d_model=hf["hidden_size"],
+      n_layers=n_layers,
+      n_heads=n_heads,
       n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-      head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_ff=hf["intermediate_size"],
-      norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-      qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)), qk_norm=model_type == "qwen3",
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+      d_ff=hf["intermediate_size"],
+      norm_eps=hf.get("rms_norm_eps", 1e-6),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+      qk_norm=model_type == "qwen3",
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # transformers' default
-      sliding_window=window, layer_types=layer_types, dtype=dtype)
+      sliding_window=window,
+      layer_types=layer_types,
+      dtype=dtype)
 
 
 def _gemma_config(hf: dict[str, Any], dtype: str) -> ModelConfig:
@@ -144,27 +161,29 @@ def _gemma_config(hf: dict[str, Any], dtype: str) -> ModelConfig:
     raise ValueError("Gemma with use_bidirectional_attention is an encoder, not a causal language model")
   n_layers, n_heads = hf["num_hidden_layers"], hf.get("num_attention_heads", 8)
   pattern = hf.get("sliding_window_pattern", 6) if gemma3 else 2  # every pattern-th layer is global
-  layer_types = tuple(hf.get("layer_types") or ("sliding_attention" if (i + 1) % pattern else "full_attention"
-                                                for i in range(n_layers)))
+  layer_types = tuple(
+      hf.get("layer_types") or
+      ("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)))
   if gemma3:
     theta, scaling, local_theta = _gemma3_ropes(hf)
   else:
     (theta, scaling), local_theta = _flat_rope(hf, 10000.0), 0.0
-  return ModelConfig(
-      arch="gemma", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
-      n_kv_heads=hf.get("num_key_value_heads") or n_heads, head_dim=hf.get("head_dim") or 256,
-      d_ff=hf["intermediate_size"], norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
-      rope_scaling=scaling, rope_local_theta=local_theta, qk_norm=gemma3,
-      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), sliding_window=hf.get("sliding_window", 4096) or 0,
-      layer_types=layer_types, query_pre_attn_scalar=int(hf.get("query_pre_attn_scalar", 256)),
-      attn_softcap=0.0 if gemma3 else float(hf.get("attn_logit_softcapping", 50.0) or 0.0),
-      final_softcap=float(hf.get("final_logit_softcapping", None if gemma3 else 30.0) or 0.0), dtype=dtype)
+  return ModelConfig(arch="gemma", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=n_layers,
+                     n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+                     head_dim=hf.get("head_dim") or 256, d_ff=hf["intermediate_size"],
+                     norm_eps=hf.get("rms_norm_eps",
+                                     1e-6), rope_theta=theta, rope_scaling=scaling, rope_local_theta=local_theta,
+                     qk_norm=gemma3, tie_embeddings=bool(hf.get("tie_word_embeddings",
+                                                                True)), sliding_window=hf.get("sliding_window", 4096) or
+                     0, layer_types=layer_types, query_pre_attn_scalar=int(hf.get("query_pre_attn_scalar", 256)),
+                     attn_softcap=0.0 if gemma3 else float(hf.get("attn_logit_softcapping", 50.0) or 0.0),
+                     final_softcap=float(hf.get("final_logit_softcapping", None if gemma3 else 30.0) or
+                                         0.0), dtype=dtype)
 
 
 def _text_config(hf: dict[str, Any]) -> dict[str, Any]:
   """The language model's config of a multimodal Gemma 3 checkpoint (its vision tower is not loaded)."""
-  return {"tie_word_embeddings": hf.get("tie_word_embeddings", True), **hf["text_config"],
-          "model_type": "gemma3_text"}
+  return {"tie_word_embeddings": hf.get("tie_word_embeddings", True), **hf["text_config"], "model_type": "gemma3_text"}
 
 
 def config_from_hf_dict(hf: dict[str, Any], dtype: str = "float32") -> ModelConfig:
@@ -180,11 +199,10 @@ def config_from_hf_dict(hf: dict[str, Any], dtype: str = "float32") -> ModelConf
     if hf.get("activation_function", "gelu_new") != "gelu_new":
       raise ValueError(f"unsupported gpt2 activation {hf['activation_function']!r} (only gelu_new)")
     d_model, n_heads = hf["n_embd"], hf["n_head"]
-    return ModelConfig(
-        arch="gpt2", vocab_size=hf["vocab_size"], d_model=d_model, n_layers=hf["n_layer"],
-        n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_model // n_heads,
-        d_ff=hf.get("n_inner") or 4 * d_model, norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        max_positions=hf["n_positions"], tie_embeddings=True, dtype=dtype)
+    return ModelConfig(arch="gpt2", vocab_size=hf["vocab_size"], d_model=d_model, n_layers=hf["n_layer"],
+                       n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_model // n_heads, d_ff=hf.get("n_inner") or
+                       4 * d_model, norm_eps=hf.get("layer_norm_epsilon", 1e-5), max_positions=hf["n_positions"],
+                       tie_embeddings=True, dtype=dtype)
   raise ValueError(f"unsupported architecture model_type={model_type!r}; "
                    f"supported: {_LLAMA_FAMILY + _GEMMA_FAMILY + ('gpt2',)}")
 
@@ -257,8 +275,8 @@ def _llama_path(config: ModelConfig, name: str) -> str | None:
 
 def _language_model_name(name: str) -> str | None:
   """A multimodal Gemma 3 tensor name as the text model names it; None for the vision tower's."""
-  if name.startswith(("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
-                      "multi_modal_projector.")):
+  if name.startswith(
+      ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")):
     return None
   for prefix, text_prefix in (("model.language_model.", "model."), ("language_model.model.", "model."),
                               ("language_model.lm_head.", "lm_head.")):
@@ -271,8 +289,10 @@ def _gpt2_arrays(name: str, array: np.ndarray) -> dict[str, np.ndarray] | None:
   """GPT-2 tensors; its Conv1D weights are `[in, out]` and get transposed, c_attn gets split."""
   array = np.asarray(array)  # read now: transposed and split below
   name = name.removeprefix("transformer.")
-  simple = {"wte.weight": "embed/embedding", "wpe.weight": "pos_embed/embedding",
-            "ln_f.weight": "final_norm/scale", "ln_f.bias": "final_norm/bias"}
+  simple = {
+      "wte.weight": "embed/embedding", "wpe.weight": "pos_embed/embedding", "ln_f.weight": "final_norm/scale",
+      "ln_f.bias": "final_norm/bias"
+  }
   if name in simple:
     return {simple[name]: array}
   if name == "lm_head.weight":  # tied to wte in every GPT-2 checkpoint
@@ -334,8 +354,10 @@ def load_hf_dir(path: str, dtype: str = "float32", placement: Placement | None =
 
 # Writing: the inverse of the mapping above, for exporting specjax models as Hugging Face directories.
 
-_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+_CLASSES = {
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"
+}
 
 
 def rope_to_hf(theta: float, scaling: RopeScaling) -> dict[str, Any]:
@@ -360,8 +382,8 @@ def _llama_model_type(config: ModelConfig) -> str:
   if config.rope_local_theta or config.attn_softcap or config.final_softcap or config.query_pre_attn_scalar:
     raise ValueError("local RoPE bases, soft-capping and query_pre_attn_scalar are Gemma settings: no "
                      "Llama-style Hugging Face model type expresses them")
-  model_type = ("qwen2" if config.qkv_bias else "qwen3" if config.qk_norm
-                else "mistral" if config.sliding_window else "llama")
+  model_type = ("qwen2"
+                if config.qkv_bias else "qwen3" if config.qk_norm else "mistral" if config.sliding_window else "llama")
   if config.layer_types and model_type not in ("qwen2", "qwen3"):
     raise ValueError(f"per-layer windows {config.layer_types} need q/k/v biases (qwen2) or QK-norm (qwen3) "
                      "to be exported: llama and mistral window all layers or none")
@@ -386,28 +408,31 @@ def config_to_hf_dict(config: ModelConfig, max_positions: int = 4096) -> dict[st
   depend on it: there it is the scaling's original context.
   """
   if config.arch == "gpt2":
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
-            "n_embd": config.d_model, "n_layer": config.n_layers, "n_head": config.n_heads,
-            "n_inner": config.d_ff, "n_positions": config.max_positions, "activation_function": "gelu_new",
-            "layer_norm_epsilon": config.norm_eps, "tie_word_embeddings": True, "dtype": config.dtype}
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+        "n_embd": config.d_model, "n_layer": config.n_layers, "n_head": config.n_heads, "n_inner": config.d_ff,
+        "n_positions": config.max_positions, "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps,
+        "tie_word_embeddings": True, "dtype": config.dtype
+    }
   model_type = _gemma_model_type(config) if config.arch == "gemma" else _llama_model_type(config)
   rope_parameters = rope_to_hf(config.rope_theta, config.rope_scaling)
   if config.rope_scaling.type == "dynamic":
     max_positions = config.rope_scaling.original_max_positions
-  hf = {"architectures": [_CLASSES[model_type]], "model_type": model_type,
-        "vocab_size": config.vocab_size, "hidden_size": config.d_model, "intermediate_size": config.d_ff,
-        "num_hidden_layers": config.n_layers, "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads, "head_dim": config.head_dim, "rms_norm_eps": config.norm_eps,
-        "rope_parameters": rope_parameters, "max_position_embeddings": max_positions,
-        "tie_word_embeddings": config.tie_embeddings, "dtype": config.dtype}
+  hf = {
+      "architectures": [_CLASSES[model_type]], "model_type": model_type, "vocab_size": config.vocab_size,
+      "hidden_size": config.d_model, "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
+      "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads, "head_dim": config.head_dim,
+      "rms_norm_eps": config.norm_eps, "rope_parameters": rope_parameters, "max_position_embeddings": max_positions,
+      "tie_word_embeddings": config.tie_embeddings, "dtype": config.dtype
+  }
   if config.arch == "gemma":
     local_rope = rope_to_hf(config.rope_local_theta, RopeScaling()) if config.rope_local_theta else rope_parameters
-    hf.update(hidden_activation=_GEMMA_ACTIVATION, sliding_window=config.sliding_window,
-              layer_types=list(config.layer_types) or ["sliding_attention" if w else "full_attention"
-                                                       for w in config.layer_windows()],
-              query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
-              attn_logit_softcapping=config.attn_softcap or None,
-              final_logit_softcapping=config.final_softcap or None)
+    hf.update(
+        hidden_activation=_GEMMA_ACTIVATION, sliding_window=config.sliding_window,
+        layer_types=list(config.layer_types) or
+        ["sliding_attention" if w else "full_attention" for w in config.layer_windows()],
+        query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
+        attn_logit_softcapping=config.attn_softcap or None, final_logit_softcapping=config.final_softcap or None)
     if model_type == "gemma3_text":
       hf["rope_parameters"] = {"full_attention": rope_parameters, "sliding_attention": local_rope}
     return hf
@@ -424,14 +449,17 @@ def config_to_hf_dict(config: ModelConfig, max_positions: int = 4096) -> dict[st
 
 def params_to_hf_tensors(config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
   """Hugging Face tensor name -> numpy array for every parameter: what `load_hf_dir` reads back."""
-  flat = {"/".join(k.key for k in path): np.asarray(leaf)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  flat = {
+      "/".join(k.key for k in path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
   if config.arch == "gpt2":
     return _gpt2_tensors(config, flat)
   modules = {v: k for k, v in _LLAMA_LAYER.items()}
   modules.update({v: k for k, v in _NORMS[config.arch].items()})
-  top = {"embed/embedding": "model.embed_tokens.weight", "final_norm/scale": "model.norm.weight",
-         "lm_head/weight": "lm_head.weight"}
+  top = {
+      "embed/embedding": "model.embed_tokens.weight", "final_norm/scale": "model.norm.weight",
+      "lm_head/weight": "lm_head.weight"
+  }
   tensors = {}
   for path, array in flat.items():
     if path in top:
@@ -446,8 +474,10 @@ def _gpt2_tensors(config: ModelConfig, flat: dict[str, np.ndarray]) -> dict[str,
   """GPT-2's names: Conv1D weights transposed back to `[in, out]`, q/k/v joined into c_attn."""
   norms = {v: k for k, v in _GPT2_NORMS.items()}
   modules = {v: k for k, v in _GPT2_LAYER.items()}
-  tensors = {"transformer.wte.weight": flat["embed/embedding"], "transformer.wpe.weight": flat["pos_embed/embedding"],
-             "transformer.ln_f.weight": flat["final_norm/scale"], "transformer.ln_f.bias": flat["final_norm/bias"]}
+  tensors = {
+      "transformer.wte.weight": flat["embed/embedding"], "transformer.wpe.weight": flat["pos_embed/embedding"],
+      "transformer.ln_f.weight": flat["final_norm/scale"], "transformer.ln_f.bias": flat["final_norm/bias"]
+  }
   for i in range(config.n_layers):
     prefix, h = f"layers_{i}", f"transformer.h.{i}"
     for norm, hf_norm in norms.items():

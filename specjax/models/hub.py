@@ -18,8 +18,8 @@ import huggingface_hub
 from huggingface_hub import constants, errors
 
 # What `hf.load_hf_dir` and `Tokenizer.from_hf_dir` read.
-HUB_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-             "chat_template.jinja", "*.safetensors", "model.safetensors.index.json")
+HUB_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+             "*.safetensors", "model.safetensors.index.json")
 _HUB_NAME = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
 # Failures of a look-up: not cached (or cached incompletely) when offline or unreachable, an unknown
 # repository or revision, a gated one, an invalid repo id.

@@ -42,19 +42,19 @@ def tiling(S: int) -> tuple[int, int]:
   return splits, next(b for b in (128, 64, 32, 16) if (S // splits) % b == 0)
 
 
-def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer,
-           mask: attention_mask.Mask, scale: float | None = None, interpret: bool = False) -> jax.Array:
+def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.Array, layer, mask: attention_mask.Mask,
+           scale: float | None = None, interpret: bool = False) -> jax.Array:
   """Attention output [B, T, G, Hg, Dh] of `attention.dense` (no soft-cap) over cache layer `layer`;
   `interpret` runs the kernel in Pallas interpret mode (any backend)."""
   lengths_B, window, tree = mask
   B, T, G, Hg, Dh = q_BxTxGxHgxDh.shape
   S = k_LxBxSxGxDh.shape[2]
-  scale = Dh ** -0.5 if scale is None else scale
+  scale = Dh**-0.5 if scale is None else scale
   width = T + (0 if tree is None else tree.first)  # the chunk's slots, from lengths_B
   windowed = not (isinstance(window, int) and window == 0)
   window_scalar = jnp.asarray(window, jnp.int32)
-  start_B = (jnp.where(window_scalar > 0, jnp.clip(lengths_B + width - window_scalar, 0, lengths_B), 0) if windowed
-             else jnp.zeros_like(lengths_B))
+  start_B = (jnp.where(window_scalar > 0, jnp.clip(lengths_B + width - window_scalar, 0, lengths_B), 0)
+             if windowed else jnp.zeros_like(lengths_B))
   layer_k_BxSxGxDh = jax.lax.dynamic_index_in_dim(k_LxBxSxGxDh, layer, axis=0, keepdims=False)
   layer_v_BxSxGxDh = jax.lax.dynamic_index_in_dim(v_LxBxSxGxDh, layer, axis=0, keepdims=False)
 
@@ -67,8 +67,9 @@ def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
     parts.insert(0, (edge_start_B, start_B, width - 1))
   slots = [jnp.clip(lo_B, 0, S - n)[:, None] + jnp.arange(n)[None, :] for lo_B, _, n in parts]
   slot_BxSe = jnp.concatenate(slots, axis=1)
-  owned_BxSe = jnp.concatenate([(slot_BxN >= lo_B[:, None]) & (slot_BxN < hi_B[:, None])
-                                for slot_BxN, (lo_B, hi_B, _) in zip(slots, parts)], axis=1)
+  owned_BxSe = jnp.concatenate([
+      (slot_BxN >= lo_B[:, None]) & (slot_BxN < hi_B[:, None]) for slot_BxN, (lo_B, hi_B, _) in zip(slots, parts)
+  ], axis=1)
   k_BxSexGxDh = jnp.take_along_axis(layer_k_BxSxGxDh, slot_BxSe[:, :, None, None], axis=1)
   v_BxSexGxDh = jnp.take_along_axis(layer_v_BxSxGxDh, slot_BxSe[:, :, None, None], axis=1)
   query_pos_BxT = attention_mask.query_positions(lengths_B, T, tree)
@@ -78,16 +79,17 @@ def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   rest_max_BxGxHgxT = scores_BxGxHgxTxSe.max(axis=-1)  # finite: every query sees its own slot
   weights_BxGxHgxTxSe = jnp.exp(scores_BxGxHgxTxSe - rest_max_BxGxHgxT[..., None])
   rest_sum_BxGxHgxT = weights_BxGxHgxTxSe.sum(axis=-1)
-  rest_acc_BxGxHgxTxDh = jnp.einsum("bkgts,bskd->bkgtd", weights_BxGxHgxTxSe.astype(v_LxBxSxGxDh.dtype),
-                                    v_BxSexGxDh, preferred_element_type=jnp.float32)
+  rest_acc_BxGxHgxTxDh = jnp.einsum("bkgts,bskd->bkgtd", weights_BxGxHgxTxSe.astype(v_LxBxSxGxDh.dtype), v_BxSexGxDh,
+                                    preferred_element_type=jnp.float32)
 
   # The shared prefix through the kernel: queries [B, G * T * Hg, Dh], unnormalised output with its
   # running max and sum (a row whose range is empty gives sum 0, max = float32's lowest: weight 0 below).
   splits, block = tiling(S)
   q_BxQxDh = q_BxTxGxHgxDh.transpose(0, 2, 1, 3, 4).reshape(B, G * T * Hg, Dh)
-  acc_BxQxDh, (sum_BxQ, max_BxQ) = decode_attention.gqa(
-      q_BxQxDh, layer_k_BxSxGxDh, layer_v_BxSxGxDh, start_B, lengths_B, sm_scale=scale, k_splits=splits, block_k=block,
-      interpret=interpret, return_residuals=True, normalize_output=False)
+  acc_BxQxDh, (sum_BxQ, max_BxQ) = decode_attention.gqa(q_BxQxDh, layer_k_BxSxGxDh, layer_v_BxSxGxDh, start_B,
+                                                        lengths_B, sm_scale=scale, k_splits=splits, block_k=block,
+                                                        interpret=interpret, return_residuals=True,
+                                                        normalize_output=False)
   fold = lambda x: x.reshape(B, G, T, Hg, *x.shape[2:]).swapaxes(2, 3)  # -> [B, G, Hg, T, ...]
   prefix_acc_BxGxHgxTxDh, prefix_sum_BxGxHgxT, prefix_max_BxGxHgxT = fold(acc_BxQxDh), fold(sum_BxQ), fold(max_BxQ)
 
@@ -95,6 +97,6 @@ def kernel(q_BxTxGxHgxDh: jax.Array, k_LxBxSxGxDh: jax.Array, v_LxBxSxGxDh: jax.
   prefix_w_BxGxHgxT = jnp.exp(prefix_max_BxGxHgxT - max_BxGxHgxT)
   rest_w_BxGxHgxT = jnp.exp(rest_max_BxGxHgxT - max_BxGxHgxT)
   total_BxGxHgxT = prefix_sum_BxGxHgxT * prefix_w_BxGxHgxT + rest_sum_BxGxHgxT * rest_w_BxGxHgxT
-  out_BxGxHgxTxDh = (prefix_acc_BxGxHgxTxDh.astype(jnp.float32) * prefix_w_BxGxHgxT[..., None]
-                     + rest_acc_BxGxHgxTxDh * rest_w_BxGxHgxT[..., None]) / total_BxGxHgxT[..., None]
+  out_BxGxHgxTxDh = (prefix_acc_BxGxHgxTxDh.astype(jnp.float32) * prefix_w_BxGxHgxT[..., None] +
+                     rest_acc_BxGxHgxTxDh * rest_w_BxGxHgxT[..., None]) / total_BxGxHgxT[..., None]
   return out_BxGxHgxTxDh.transpose(0, 3, 1, 2, 4).astype(v_LxBxSxGxDh.dtype)

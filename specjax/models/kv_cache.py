@@ -24,7 +24,6 @@ class CacheSharding(Protocol):
   """Where a cache's arrays lie on the ambient mesh (`jax.set_mesh`). The caller makes it from the mesh
   and the model's partition rules, which this package does not know. A hashable value: the cache keeps
   it as a static field, so equal shardings share compiled programs."""
-
   def kv(self, x_LxBxSxGxDh: jax.Array) -> jax.Array:
     """`x` (keys or values of every layer) pinned where the cache's keys and values lie."""
 
@@ -88,8 +87,8 @@ class KVCache:
     def move(cache_LxBxSxGxDh):
       moved_BxMxLxGxDh = jax.lax.gather(cache_LxBxSxGxDh, sources_BxM[..., None], _ROW_GATHER, (L, 1, 1, G, Dh),
                                         mode=jax.lax.GatherScatterMode.CLIP)
-      return jax.lax.scatter(cache_LxBxSxGxDh, targets_BxM[..., None], moved_BxMxLxGxDh, _ROW_MOVE,
-                             unique_indices=True, mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+      return jax.lax.scatter(cache_LxBxSxGxDh, targets_BxM[..., None], moved_BxMxLxGxDh, _ROW_MOVE, unique_indices=True,
+                             mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
 
     return self._with_kv(move(self.k), move(self.v))
 
@@ -99,28 +98,25 @@ class KVCache:
 # row's update on its own device. (A vmap over the rows moved B in front: two transposes of the whole
 # stacked cache per layer and write at B > 1; indexing the rows explicitly gathered every update over the
 # data axis of a mesh.)
-_ROW_SCATTER = jax.lax.ScatterDimensionNumbers(
-    update_window_dims=(2, 3), inserted_window_dims=(0, 2), scatter_dims_to_operand_dims=(0, 2),
-    operand_batching_dims=(1,), scatter_indices_batching_dims=(0,))
+_ROW_SCATTER = jax.lax.ScatterDimensionNumbers(update_window_dims=(2, 3), inserted_window_dims=(0, 2),
+                                               scatter_dims_to_operand_dims=(0, 2), operand_batching_dims=(1,),
+                                               scatter_indices_batching_dims=(0,))
 # `compact`: every layer's slot `indices[b, m]` of row b, read as [B, M, L, G, Dh] and written back.
-_ROW_GATHER = jax.lax.GatherDimensionNumbers(
-    offset_dims=(2, 3, 4), collapsed_slice_dims=(2,), start_index_map=(2,), operand_batching_dims=(1,),
-    start_indices_batching_dims=(0,))
-_ROW_MOVE = jax.lax.ScatterDimensionNumbers(
-    update_window_dims=(2, 3, 4), inserted_window_dims=(2,), scatter_dims_to_operand_dims=(2,),
-    operand_batching_dims=(1,), scatter_indices_batching_dims=(0,))
+_ROW_GATHER = jax.lax.GatherDimensionNumbers(offset_dims=(2, 3, 4), collapsed_slice_dims=(2,), start_index_map=(2,),
+                                             operand_batching_dims=(1,), start_indices_batching_dims=(0,))
+_ROW_MOVE = jax.lax.ScatterDimensionNumbers(update_window_dims=(2, 3, 4), inserted_window_dims=(2,),
+                                            scatter_dims_to_operand_dims=(2,), operand_batching_dims=(1,),
+                                            scatter_indices_batching_dims=(0,))
 
 
 def _scatter_rows(cache_LxBxSxGxDh: jax.Array, indices_BxTx2: jax.Array, updates_BxTxGxDh: jax.Array) -> jax.Array:
   """`cache[indices[b, t, 0], b, indices[b, t, 1]] = updates[b, t]` for every row b and t; indices past
   the cache are dropped."""
-  return jax.lax.scatter(cache_LxBxSxGxDh, indices_BxTx2, updates_BxTxGxDh.astype(cache_LxBxSxGxDh.dtype),
-                         _ROW_SCATTER, indices_are_sorted=False, unique_indices=True,
-                         mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+  return jax.lax.scatter(cache_LxBxSxGxDh, indices_BxTx2, updates_BxTxGxDh.astype(cache_LxBxSxGxDh.dtype), _ROW_SCATTER,
+                         indices_are_sorted=False, unique_indices=True, mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
 
 
-def init_cache(config: ModelConfig, batch_size: int, max_len: int,
-               sharding: CacheSharding | None = None) -> KVCache:
+def init_cache(config: ModelConfig, batch_size: int, max_len: int, sharding: CacheSharding | None = None) -> KVCache:
   """An empty cache for `batch_size` rows of up to `max_len` positions (both static; rounded up to the
   kernel attention's tile when `config.attention` is a kernel), laid out by `sharding` on the mesh set
   by `jax.set_mesh` (which must be set): each device allocates only its own shard. None: no placement
@@ -134,8 +130,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int,
     lengths = jnp.zeros((batch_size,), jnp.int32)
     if sharding is None:
       return KVCache(k=zeros(), v=zeros(), lengths=lengths)
-    return KVCache(k=sharding.kv(zeros()), v=sharding.kv(zeros()), lengths=sharding.rows(lengths),
-                   sharding=sharding)
+    return KVCache(k=sharding.kv(zeros()), v=sharding.kv(zeros()), lengths=sharding.rows(lengths), sharding=sharding)
 
   if sharding is None:
     return empty()

@@ -49,7 +49,6 @@ _DTYPES = {"F32": np.float32, "I8": np.int8, "U8": np.uint8}  # what the cache f
 class ParamSharding(Protocol):
   """How a model's parameters lie on a device mesh, decided by the caller. Kept, opaque, in
   `LoadedModel.part` for the code that runs the model (its caches, its inputs)."""
-
   def placement(self, config: ModelConfig) -> Callable[[str, Any], jax.Array]:
     """`place(path, host_array)`: the parameter in `config.dtype`, each device receiving its own shard."""
 
@@ -76,8 +75,8 @@ def with_execution(model: LoadedModel, execution: Execution, part: ParamSharding
   return dataclasses.replace(model, config=config, params=params, part=part)
 
 
-def load_model(name_or_path: str, dtype: str = "float32",
-               part: ParamSharding | None = None, weights: str = "float") -> LoadedModel:
+def load_model(name_or_path: str, dtype: str = "float32", part: ParamSharding | None = None,
+               weights: str = "float") -> LoadedModel:
   """Loads a `.gguf` file or Hugging Face directory, a registry model (fetched beforehand) or a hub
   model `org/name[@revision]`, in that order of precedence (see the module docstring); with `part`,
   every weight straight into its shards on its mesh. `weights` (`quantized.parse`: "float", "int8",
@@ -150,10 +149,11 @@ def _read_quantized(file: str, config: ModelConfig, fmt: quantized.WeightFormat)
   for name, array in tensors:
     path, _, part = name.rpartition("/")
     parts.setdefault(path, {})[part] = array
-  return {path: quantized.QuantizedWeight(jax.device_put(part["codes"]),
-                                          jax.device_put(part["scales"].astype(fmt.scale_dtype)), fmt,
-                                          config.jnp_dtype)
-          for path, part in parts.items()}
+  return {
+      path: quantized.QuantizedWeight(jax.device_put(part["codes"]),
+                                      jax.device_put(part["scales"].astype(fmt.scale_dtype)), fmt,
+                                      config.jnp_dtype) for path, part in parts.items()
+  }
 
 
 def _check_format(config: ModelConfig, fmt: quantized.WeightFormat | None) -> None:
@@ -210,8 +210,8 @@ def _converted(path: str, key: str) -> tuple[str, str]:
   are missing or of another cache version."""
   directory = os.path.join(registry.cache_dir(), "converted", key[:32])
   params_file, tokenizer_file = (os.path.join(directory, f) for f in ("params.safetensors", "tokenizer.json"))
-  if not (os.path.isfile(params_file) and os.path.isfile(tokenizer_file)
-          and _read_safetensors(params_file)[0].get("version") == _CACHE_VERSION):
+  if not (os.path.isfile(params_file) and os.path.isfile(tokenizer_file) and
+          _read_safetensors(params_file)[0].get("version") == _CACHE_VERSION):
     _convert(path, directory, params_file, tokenizer_file)
   return params_file, tokenizer_file
 

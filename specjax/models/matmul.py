@@ -65,16 +65,20 @@ _PATHS = {  # what each path number means, per kind; 0 is the portable loop
     "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers",
                   2: "AVX-512: int8 and int4 codes unpacked to float32, FMA in float32"},
 }
-_NEEDS = {"float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16",
-          "quantized": "AVX2+FMA or AVX512_BF16"}
+_NEEDS = {
+    "float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16", "quantized": "AVX2+FMA or AVX512_BF16"
+}
 
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
   """The kernel library with its handlers registered for the CPU, or None and why it is unavailable."""
   here = pathlib.Path(__file__).parent
-  found = [here / (_LIBRARY + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES
-           if (here / (_LIBRARY + suffix)).exists()]
+  found = [
+      here / (_LIBRARY + suffix)
+      for suffix in importlib.machinery.EXTENSION_SUFFIXES
+      if (here / (_LIBRARY + suffix)).exists()
+  ]
   if not found:
     return None, ("the CPU matmul kernel was not built (it builds with `pip install -e .` where a C++17 "
                   "compiler and jaxlib's FFI headers are present)")
@@ -168,8 +172,7 @@ def dense(x_xK: jax.Array, weight_NxK: jax.Array | quantized.QuantizedWeight, ba
   if backend == "xla":
     if isinstance(weight_NxK, quantized.QuantizedWeight):
       return weight_NxK.dense(x_xK, out_dtype)
-    return jax.lax.dot_general(x_xK, weight_NxK, (((x_xK.ndim - 1,), (1,)), ((), ())),
-                               preferred_element_type=out_dtype)
+    return jax.lax.dot_general(x_xK, weight_NxK, (((x_xK.ndim - 1,), (1,)), ((), ())), preferred_element_type=out_dtype)
   out_dtype = out_dtype or jnp.promote_types(x_xK.dtype, weight_NxK.dtype)
   lead = x_xK.shape[:-1]
   y_MxN = _kernel_matmul(x_xK.reshape(-1, x_xK.shape[-1]).astype(weight_NxK.dtype), weight_NxK)

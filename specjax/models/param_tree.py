@@ -27,7 +27,6 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 class LazyTensor:
   """A checkpoint tensor read (dequantized, transformed) only when converted to an array."""
-
   def __init__(self, shape: tuple[int, ...], make: Callable[[], np.ndarray]):
     self.shape = shape
     self._make = make
@@ -74,4 +73,3 @@ def assemble_params(config: ModelConfig, arrays: Mapping[str, np.ndarray], sourc
       node = node.setdefault(name, {})
     node[leaf] = place(path, arrays[path])
   return params
-

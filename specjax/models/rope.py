@@ -86,7 +86,7 @@ def _yarn(theta: float, dim: int, s: RopeScaling) -> jax.Array:
   low, high = max(low, 0), min(high, dim - 1)
   if low == high:
     high += 0.001  # transformers' guard against a zero-width ramp
-  pos_freqs_Fq = theta ** _exponents(dim)
+  pos_freqs_Fq = theta**_exponents(dim)
   ramp_Fq = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
   extrapolation_Fq = 1 - ramp_Fq
   return (1.0 / (s.factor * pos_freqs_Fq)) * (1 - extrapolation_Fq) + (1.0 / pos_freqs_Fq) * extrapolation_Fq
@@ -102,12 +102,12 @@ def inverse_frequencies(scaling: RopeScaling, theta: float, dim: int,
   if scaling.type == "dynamic":
     seq_len_BxTx1 = jnp.maximum(positions_BxT + 1, scaling.original_max_positions)[..., None]
     stretch = scaling.factor * seq_len_BxTx1.astype(jnp.float32) / scaling.original_max_positions
-    base_BxTx1 = theta * (stretch - (scaling.factor - 1)) ** (dim / (dim - 2))
-    return 1.0 / (base_BxTx1 ** _exponents(dim).reshape(1, 1, -1)), 1.0
+    base_BxTx1 = theta * (stretch - (scaling.factor - 1))**(dim / (dim - 2))
+    return 1.0 / (base_BxTx1**_exponents(dim).reshape(1, 1, -1)), 1.0
   if scaling.type == "yarn":
     inv_freq_Fq = _yarn(theta, dim, scaling)
   else:
-    inv_freq_Fq = 1.0 / (theta ** _exponents(dim))
+    inv_freq_Fq = 1.0 / (theta**_exponents(dim))
     if scaling.type == "linear":
       inv_freq_Fq = inv_freq_Fq / scaling.factor
     elif scaling.type == "llama3":

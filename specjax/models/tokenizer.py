@@ -27,8 +27,8 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers,
 from specjax.models.gguf_loader import metadata, open_gguf
 
 # Tokens that end a turn or a document; stop on any of them (as llama.cpp's end-of-generation set).
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
-               "<|end_of_text|>", "<EOT>", "<end_of_utterance>")
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>",
+               "<EOT>", "<end_of_utterance>")
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -42,8 +42,10 @@ def _byte_level(split: str | None) -> pre_tokenizers.PreTokenizer:
   """A regex split (GPT-2's built-in one when None) followed by the byte-to-unicode mapping."""
   if split is None:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  return pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(split), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  ])
 
 
 # tokenizer.ggml.pre -> (normalizer, pre-tokenizer) of the model's original tokenizer.json
@@ -65,17 +67,15 @@ def _render_chat(template: str, messages: list[dict], special_tokens: dict[str, 
   def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
 
-  env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: (
-      json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys))
-  env.globals.update(raise_exception=raise_exception,
-                     strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
-  return env.from_string(template).render(messages=messages, tools=None, documents=None,
-                                          add_generation_prompt=True, **special_tokens)
+  env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: (json.dumps(
+      x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys))
+  env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+  return env.from_string(template).render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                                          **special_tokens)
 
 
 class Tokenizer:
   """A `tokenizers.Tokenizer` plus what generation needs: stop ids, BOS, the chat template."""
-
   def __init__(self, backend: tokenizers.Tokenizer, eos_ids: Sequence[int], chat_template: str | None,
                special_tokens: dict[str, str], unused_ids: Sequence[int] = ()):
     self.backend = backend
@@ -113,20 +113,21 @@ class Tokenizer:
     the table to ids < below: the range two models with differently padded heads share."""
     added = self.backend.get_added_tokens_decoder()
     unused = set(self.unused_ids)
-    table = sorted((i, token, "special" if i in added and added[i].special else "added" if i in added
-                    else "") for token, i in self.backend.get_vocab(with_added_tokens=True).items()
+    table = sorted((i, token, "special" if i in added and added[i].special else "added" if i in added else "")
+                   for token, i in self.backend.get_vocab(with_added_tokens=True).items()
                    if i not in unused and (below is None or i < below))
     return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode()).hexdigest()
 
   def to_dict(self) -> dict[str, Any]:
-    return {"backend": self.backend.to_str(), "eos_ids": list(self.eos_ids),
-            "chat_template": self.chat_template, "special_tokens": self.special_tokens,
-            "unused_ids": list(self.unused_ids)}
+    return {
+        "backend": self.backend.to_str(), "eos_ids": list(self.eos_ids), "chat_template": self.chat_template,
+        "special_tokens": self.special_tokens, "unused_ids": list(self.unused_ids)
+    }
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "Tokenizer":
-    return cls(tokenizers.Tokenizer.from_str(d["backend"]), d["eos_ids"], d["chat_template"],
-               d["special_tokens"], d["unused_ids"])
+    return cls(tokenizers.Tokenizer.from_str(d["backend"]), d["eos_ids"], d["chat_template"], d["special_tokens"],
+               d["unused_ids"])
 
   @classmethod
   def from_hf_dir(cls, path: str) -> "Tokenizer":
@@ -135,11 +136,16 @@ class Tokenizer:
     if not os.path.isfile(tokenizer_file):
       raise FileNotFoundError(f"{path}: no tokenizer.json")
     backend = tokenizers.Tokenizer.from_file(tokenizer_file)
-    configs = {name: _read_json(os.path.join(path, f"{name}.json"))
-               for name in ("tokenizer_config", "generation_config", "config")}
+    configs = {
+        name: _read_json(os.path.join(path, f"{name}.json"))
+        for name in ("tokenizer_config", "generation_config", "config")
+    }
     tokenizer_config = configs["tokenizer_config"]
-    special_tokens = {key: _content(tokenizer_config[key]) for key in
-                      ("bos_token", "eos_token", "unk_token", "pad_token") if tokenizer_config.get(key)}
+    special_tokens = {
+        key: _content(tokenizer_config[key])
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if tokenizer_config.get(key)
+    }
     eos_ids = []
     for config in (configs["generation_config"], configs["config"]):
       eos = config.get("eos_token_id")
@@ -169,20 +175,27 @@ class Tokenizer:
     tokens = metadata(reader, "tokenizer.ggml.tokens")
     backend = _gemma_sentencepiece(tokens) if sentencepiece else _byte_level_bpe(reader, tokens)
     types = metadata(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, k in zip(tokens, types) if k == _CONTROL])
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL])
     vocab = backend.get_vocab()  # Gemma's user-defined runs of spaces are respelled there: not added
-    backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab])
-    ids = {key: metadata(reader, f"tokenizer.ggml.{key}_token_id")
-           for key in ("bos", "eos", "eot", "eom", "unknown", "padding")}
+    backend.add_tokens([
+        AddedToken(t, special=False, normalized=False)
+        for t, k in zip(tokens, types)
+        if k == _USER_DEFINED and t in vocab
+    ])
+    ids = {
+        key: metadata(reader, f"tokenizer.ggml.{key}_token_id")
+        for key in ("bos", "eos", "eot", "eom", "unknown", "padding")
+    }
     if ids["bos"] is not None and metadata(reader, "tokenizer.ggml.add_bos_token", False):
       bos = tokens[ids["bos"]]
       backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                              special_tokens=[(bos, ids["bos"])])
-    special_tokens = {f"{name}_token": tokens[ids[key]] for name, key in
-                      (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
-                      if ids[key] is not None}
+    special_tokens = {
+        f"{name}_token": tokens[ids[key]]
+        for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+        if ids[key] is not None
+    }
     control = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == _CONTROL}
     eos_ids = [ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None]
     eos_ids += [control[t] for t in END_OF_TURN if t in control]
@@ -196,9 +209,9 @@ def _byte_level_bpe(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizers.To
   if pre not in _GGUF_PRE:
     raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted(_GGUF_PRE)}")
   merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges", [])]
-  backend = tokenizers.Tokenizer(tokenizers.models.BPE(
-      {t: i for i, t in enumerate(tokens)}, merges, dropout=None, continuing_subword_prefix="",
-      end_of_word_suffix="", fuse_unk=False))
+  backend = tokenizers.Tokenizer(
+      tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges, dropout=None, continuing_subword_prefix="",
+                            end_of_word_suffix="", fuse_unk=False))
   backend.normalizer, backend.pre_tokenizer = _GGUF_PRE[pre]()
   backend.decoder = decoders.ByteLevel()
   return backend
@@ -216,9 +229,9 @@ def _gemma_sentencepiece(tokens: list[str]) -> tokenizers.Tokenizer:
     splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
     merges += [(left, right, rank) for left, right in sorted(splits, key=lambda p: (vocab[p[0]], vocab[p[1]]))]
   merges.sort(key=lambda m: (m[2], -len(m[0]), -len(m[1])))
-  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [(left, right) for left, right, _ in merges],
-                                                       fuse_unk=True, unk_token="<unk>", dropout=None,
-                                                       byte_fallback=True))
+  backend = tokenizers.Tokenizer(
+      tokenizers.models.BPE(vocab, [(left, right) for left, right, _ in merges], fuse_unk=True, unk_token="<unk>",
+                            dropout=None, byte_fallback=True))
   backend.normalizer = normalizers.Replace(" ", "▁")
   backend.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
   backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])

@@ -84,8 +84,9 @@ class Linear(nn.Module):
     dtype = self.config.jnp_dtype
     stored = self.get_variable("params", "weight") if self.has_variable("params", "weight") else None
     # A quantized weight (`quantized`) is the params' own format; `param` would check its codes' shape.
-    weight_DoutxDin = stored if isinstance(stored, QuantizedWeight) else self.param(
-        "weight", _init, (self.features, x_BxTxDin.shape[-1]), dtype)
+    weight_DoutxDin = stored if isinstance(stored, QuantizedWeight) else self.param("weight", _init,
+                                                                                    (self.features,
+                                                                                     x_BxTxDin.shape[-1]), dtype)
     y_BxTxDout = matmul.dense(x_BxTxDin, weight_DoutxDin, self.config.matmul)
     if self.use_bias:
       bias_Dout = self.param("bias", nn.initializers.zeros, (self.features,), dtype)
@@ -144,8 +145,8 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
   `attention`). Returns [B, T, H, Dh] and the written cache."""
   B, T, H, Dh = q_BxTxHxDh.shape
   G = k_BxTxGxDh.shape[2]
-  cache = (cache.write(layer, k_BxTxGxDh, v_BxTxGxDh) if tree is None
-           else cache.write(layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
+  cache = (cache.write(layer, k_BxTxGxDh, v_BxTxGxDh) if tree is None else cache.write(
+      layer, k_BxTxGxDh, v_BxTxGxDh, tree.first))
   q_BxTxGxHgxDh = q_BxTxHxDh.reshape(B, T, G, H // G, Dh)
   window = per_layer(cfg.layer_windows(), layer)
   mask = attention_mask.Mask(cache.lengths, window, tree)
@@ -213,8 +214,7 @@ class Block(nn.Module):
     before adding it to the residual stream."""
     cfg = self.config
     post_norm = (lambda name, h: Norm(cfg, name=name)(h)) if cfg.arch == "gemma" else (lambda name, h: h)
-    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer,
-                                                tree)
+    attn_out, cache = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxTxD), rotary, cache, layer, tree)
     x_BxTxD = x_BxTxD + post_norm("post_attn_norm", attn_out)
     mlp_out = MLP(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxTxD))
     return x_BxTxD + post_norm("post_mlp_norm", mlp_out), cache
@@ -225,12 +225,12 @@ def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions
   if config.arch == "gpt2":
     x_BxTxD = x_BxTxD + jnp.take(params["pos_embed"]["embedding"], positions_BxT, axis=0)
   if config.arch == "gemma":  # sqrt(D) rounded to float32, then to the model dtype, as in transformers
-    x_BxTxD = x_BxTxD * jnp.asarray(config.d_model ** 0.5, jnp.float32).astype(x_BxTxD.dtype)
+    x_BxTxD = x_BxTxD * jnp.asarray(config.d_model**0.5, jnp.float32).astype(x_BxTxD.dtype)
   return x_BxTxD
 
 
-def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cache: KVCache,
-            layers: tuple[int, ...], tree=None) -> tuple[jax.Array, KVCache]:
+def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cache: KVCache, layers: tuple[int, ...],
+            tree=None) -> tuple[jax.Array, KVCache]:
   """Runs the blocks `layers` in order: a Python loop over `layers_{i}`, or a `lax.scan` over the
   stacked `layers` (indexing weights, cache, windows and RoPEs by the scanned layer index). With
   `config.remat` each block is a `jax.checkpoint`: differentiating keeps only its input, and recomputes
@@ -239,8 +239,8 @@ def _blocks(config: ModelConfig, params: Params, x_BxTxD: jax.Array, rotary, cac
   block = Block(config)
   if not config.scan_layers:
     for i in layers:
-      apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD, rotary,
-                                                                     cache, i, tree)
+      apply = lambda layer_params, x_BxTxD, cache, i=i: block.apply({"params": layer_params}, x_BxTxD, rotary, cache, i,
+                                                                    tree)
       x_BxTxD, cache = (jax.checkpoint(apply) if config.remat else apply)(params[f"layers_{i}"], x_BxTxD, cache)
     return x_BxTxD, cache
 
@@ -268,8 +268,8 @@ def forward_hidden(config: ModelConfig, params: Params, tokens_BxT: jax.Array, c
 
 
 def forward_features(config: ModelConfig, params: Params, tokens_BxT: jax.Array, cache: KVCache,
-                     feature_layers: tuple[int, ...], layers: tuple[int, ...] | None = None, tree=None
-                     ) -> tuple[jax.Array, jax.Array, KVCache]:
+                     feature_layers: tuple[int, ...], layers: tuple[int, ...] | None = None,
+                     tree=None) -> tuple[jax.Array, jax.Array, KVCache]:
   """`forward_hidden`, also returning features [B, T, F] for a drafter that reads the target's hidden
   states (EAGLE): the residual streams after the blocks `feature_layers` (static, ascending, among the
   blocks run), concatenated (F = len(feature_layers) * D); the final-norm hidden states themselves
@@ -389,28 +389,27 @@ def prefill_features(config: ModelConfig, params: Params, prompts_BxP: jax.Array
   return _prefill(config, params, prompts_BxP, prompt_lengths_B, cache, feature_layers)
 
 
-def _prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
-             cache: KVCache, feature_layers: tuple[int, ...] | None):
+def _prefill(config: ModelConfig, params: Params, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array, cache: KVCache,
+             feature_layers: tuple[int, ...] | None):
   """`prefill`, with the features of `feature_layers` (None: none kept) as a middle result."""
   B, P = prompts_BxP.shape
   chunk = min(config.prefill_chunk, P)
   num_chunks = -(-P // chunk)
-  chunks_PcxBxT = jnp.pad(prompts_BxP, ((0, 0), (0, num_chunks * chunk - P))).reshape(
-      B, num_chunks, chunk).transpose(1, 0, 2)
+  chunks_PcxBxT = jnp.pad(prompts_BxP, ((0, 0), (0, num_chunks * chunk - P))).reshape(B, num_chunks,
+                                                                                      chunk).transpose(1, 0, 2)
 
   def feed(carry, chunk_index_and_tokens):
     cache, last_BxD = carry
     index, tokens_BxT = chunk_index_and_tokens
-    hidden_BxTxD, features_BxTxF, cache = forward_features(config, params, tokens_BxT, cache,
-                                                           feature_layers or ())
+    hidden_BxTxD, features_BxTxF, cache = forward_features(config, params, tokens_BxT, cache, feature_layers or ())
     real_B = jnp.clip(prompt_lengths_B - index * chunk, 0, chunk)  # this chunk's prompt tokens per row
     # The last chunk holding prompt tokens of a row holds its last one.
-    return ((cache.advance(real_B), jnp.where((real_B > 0)[:, None], hidden_after(hidden_BxTxD, real_B), last_BxD)),
-            None if feature_layers is None else features_BxTxF)
+    return ((cache.advance(real_B), jnp.where((real_B > 0)[:, None], hidden_after(hidden_BxTxD, real_B),
+                                              last_BxD)), None if feature_layers is None else features_BxTxF)
 
   last_BxD = jnp.zeros((B, config.d_model), config.jnp_dtype)
   (cache, last_BxD), features_PcxBxTxF = jax.lax.scan(feed, (cache, last_BxD),
-                                                     (jnp.arange(num_chunks, dtype=jnp.int32), chunks_PcxBxT))
+                                                      (jnp.arange(num_chunks, dtype=jnp.int32), chunks_PcxBxT))
   features_BxPxF = None if feature_layers is None else features_PcxBxTxF.transpose(1, 0, 2, 3).reshape(
       B, num_chunks * chunk, -1)[:, :P]
   return hidden_to_logits(config, params, last_BxD), features_BxPxF, cache

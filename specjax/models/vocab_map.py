@@ -190,8 +190,8 @@ def build(target: TokenBytes, draft: TokenBytes, draft_tokenizer: Tokenizer) -> 
   target_size, draft_size = len(target.strings), len(draft.strings)
   draft_order = _by_preference(draft)
   target_chosen = _representatives(target, _by_preference(target))
-  pairs = sorted((d, target_chosen[key]) for key, d in _representatives(draft, draft_order).items()
-                 if key in target_chosen)
+  pairs = sorted(
+      (d, target_chosen[key]) for key, d in _representatives(draft, draft_order).items() if key in target_chosen)
   pairs_Ix2 = np.array(pairs, np.int32).reshape(-1, 2)
   draft_ids_I, target_ids_I = pairs_Ix2[:, 0].copy(), pairs_Ix2[:, 1].copy()
   target_to_draft_V = np.full(target_size, -1, np.int32)

@@ -11,6 +11,8 @@ from specjax.speculative.drafters.ngram import NgramDrafter
 from specjax.speculative.loop import SpeculativeLoop, SpeculativeOutput, speculative_generate
 from specjax.speculative.proposal import Proposal
 
-__all__ = ["DraftPass", "Drafter", "DrafterSettings", "EagleDrafter", "EagleState", "HistoryDrafter", "HistoryState",
-           "LayerSkipDrafter", "ModelBackedDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "Proposal",
-           "SpeculativeLoop", "SpeculativeOutput", "residual", "speculative_generate", "verify", "verify_greedy"]
+__all__ = [
+    "DraftPass", "Drafter", "DrafterSettings", "EagleDrafter", "EagleState", "HistoryDrafter", "HistoryState",
+    "LayerSkipDrafter", "ModelBackedDrafter", "ModelDraftState", "ModelDrafter", "NgramDrafter", "Proposal",
+    "SpeculativeLoop", "SpeculativeOutput", "residual", "speculative_generate", "verify", "verify_greedy"
+]

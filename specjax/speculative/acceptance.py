@@ -79,8 +79,7 @@ def _verify_row(key: jax.Array, tokens_K: jax.Array, length: jax.Array, draft_pr
   rejected = num_accepted < length
   at = jnp.minimum(num_accepted, K - 1)
   if draft_probs_KxW is None:  # one_hot of an id >= V is all zeros: the point mass lies outside q
-    draft_n_W = jnp.where(rejected, jax.nn.one_hot(tokens_K[at], target_probs_K1xV.shape[-1],
-                                                   dtype=jnp.float32), 0.0)
+    draft_n_W = jnp.where(rejected, jax.nn.one_hot(tokens_K[at], target_probs_K1xV.shape[-1], dtype=jnp.float32), 0.0)
   else:
     draft_n_W = jnp.where(rejected, draft_probs_KxW[at], 0.0)
   next_token = sample(residual_key, residual(target_probs_K1xV[num_accepted], draft_n_W))
@@ -108,8 +107,7 @@ def verify(key: jax.Array, proposal: Proposal, target_probs_BxK1xV: jax.Array) -
   if proposal.probs is None:
     return jax.vmap(lambda key, tokens, length, target: _verify_row(key, tokens, length, None, target))(
         row_keys_B, proposal.tokens, proposal.lengths, target_probs_BxK1xV)
-  return jax.vmap(_verify_row)(row_keys_B, proposal.tokens, proposal.lengths, proposal.probs,
-                               target_probs_BxK1xV)
+  return jax.vmap(_verify_row)(row_keys_B, proposal.tokens, proposal.lengths, proposal.probs, target_probs_BxK1xV)
 
 
 def verify_greedy(proposal: Proposal, target_tokens_BxK1: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -138,18 +138,17 @@ class SpeculativeLoop:
     # rows, which would stay in the cache beyond the committed length): its last id.
     fed_BxK = jnp.minimum(checked.tokens, config.vocab_size - 1)
     block_BxK1 = jnp.concatenate([round_.pending_B[:, None], fed_BxK], axis=1)
-    hidden_BxK1xD, features_BxK1xF, target_cache = forward_features(config, target_params, block_BxK1,
-                                                                    target_cache, features)
+    hidden_BxK1xD, features_BxK1xF, target_cache = forward_features(config, target_params, block_BxK1, target_cache,
+                                                                    features)
     logits_BxK1xV = hidden_to_logits(config, target_params, hidden_BxK1xD)
     if sampling.greedy:
       num_accepted_B, next_B = self.greedy_rule(checked, argmax_tokens(logits_BxK1xV, sampling))
     else:
       num_accepted_B, next_B = self.rule(round_.key, checked, probabilities(logits_BxK1xV, sampling))
-    return target_cache, (num_accepted_B, next_B,
-                          jnp.pad(features_BxK1xF, ((0, 0), (0, self.k + 1 - width), (0, 0))))
+    return target_cache, (num_accepted_B, next_B, jnp.pad(features_BxK1xF, ((0, 0), (0, self.k + 1 - width), (0, 0))))
 
-  def _verify_tree_pass(self, target_params: Params, features: tuple[int, ...], round_: _Round,
-                        candidate: Candidate, target_cache: KVCache):
+  def _verify_tree_pass(self, target_params: Params, features: tuple[int, ...], round_: _Round, candidate: Candidate,
+                        target_cache: KVCache):
     """Scores the tree [pending, nodes 1..N] (static: only what the round chose, `candidate`: its cut at
     a depth, `Tree.cut`, a prefix of the nodes, or that cut's spine, `Tree.spine`, a chain) in one
     tree-masked pass, applies the tree rule (greedy on the target's argmaxes) and compacts the accepted
@@ -168,14 +167,14 @@ class SpeculativeLoop:
       proposal = proposal.truncated(tree.nodes_with_root - 1)
     fed_BxN = jnp.minimum(proposal.tokens, config.vocab_size - 1)  # as in `_verify_pass`
     block_BxN1 = jnp.concatenate([round_.pending_B[:, None], fed_BxN], axis=1)
-    hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(config, target_params, block_BxN1,
-                                                                     target_cache, features, tree=tree)
+    hidden_BxN1xD, features_BxN1xF, target_cache = forward_features(config, target_params, block_BxN1, target_cache,
+                                                                    features, tree=tree)
     logits_BxN1xV = hidden_to_logits(config, target_params, hidden_BxN1xD)
     # Node i's distribution is masked by the constraint's state after its own root-to-node path.
     sampling = round_.sampling.replace(constraint=round_.sampling.constraint.along(proposal.tokens, tree))
     if sampling.greedy:
-      path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(
-          tree, proposal.tokens, argmax_tokens(logits_BxN1xV, sampling))
+      path_BxDt1, num_accepted_B, next_B = tree_acceptance.verify_tree_greedy(tree, proposal.tokens,
+                                                                              argmax_tokens(logits_BxN1xV, sampling))
     else:
       path_BxDt1, num_accepted_B, next_B = self.tree_rule(round_.key, tree, proposal.tokens, proposal.probs,
                                                           probabilities(logits_BxN1xV, sampling))
@@ -196,9 +195,8 @@ def _prefill(config: ModelConfig, target_params: Params, drafter: Drafter, reque
   prompts_BxP, prompt_lengths_B = request.prompts_BxP, request.prompt_lengths_B
   target_cache = target_cache.replace(lengths=jnp.zeros((prompts_BxP.shape[0],), jnp.int32))
   if drafter.reads_prompt_features:  # a drafter reading the target's features of the prompts
-    logits_BxV, features_BxPxF, target_cache = prefill_features(config, target_params, prompts_BxP,
-                                                                prompt_lengths_B, target_cache,
-                                                                drafter.feature_layers)
+    logits_BxV, features_BxPxF, target_cache = prefill_features(config, target_params, prompts_BxP, prompt_lengths_B,
+                                                                target_cache, drafter.feature_layers)
     draft_state = drafter.init_from_features(draft_storage, prompts_BxP, prompt_lengths_B, features_BxPxF)
   else:
     logits_BxV, target_cache = prefill(config, target_params, prompts_BxP, prompt_lengths_B, target_cache)
@@ -243,8 +241,8 @@ class _Rounds(NamedTuple):
   @classmethod
   def of(cls, loop: SpeculativeLoop, target_params: Params, drafter: Drafter, request: generation.Request):
     candidates = loop.policy.candidates(loop.k, drafter.tree)
-    return cls(loop, target_params, drafter, request, candidates,
-               jnp.asarray([c.length for c in candidates]), jnp.asarray([c.spine for c in candidates]))
+    return cls(loop, target_params, drafter, request, candidates, jnp.asarray([c.length for c in candidates]),
+               jnp.asarray([c.spine for c in candidates]))
 
   def cond(self, state: _LoopState) -> jax.Array:
     return ~jnp.all(state.buffer.done) & (jnp.max(state.counts.rounds) < self.request.round_limit)
@@ -257,8 +255,7 @@ class _Rounds(NamedTuple):
     verified = self._verify(_Round(state.pending, drafted.proposal, drafting, accept_key), drafted, live_B)
     return self._advance(state, key, live_B, drafted, verified)
 
-  def _draft(self, state: _LoopState, live_B: jax.Array, drafting: SamplingParams, draft_key: jax.Array
-             ) -> _Drafted:
+  def _draft(self, state: _LoopState, live_B: jax.Array, drafting: SamplingParams, draft_key: jax.Array) -> _Drafted:
     """The policy's plan and the drafter's proposal (a lookup drafter's first: the policy prices what each
     row offers), cut to what the round may verify."""
     policy, drafter = self.loop.policy, self.drafter
@@ -288,10 +285,10 @@ class _Rounds(NamedTuple):
       # says: the drafter drew nothing deeper, so the cut is what the round may verify, not a saving.
       fits_C = (self.lengths_C >= longest) & ((self.spine_C == self.spine_C[drafted.choice]) | (self.lengths_C == 0))
       target_cache, (num_accepted_B, next_B, features_BxK1xF, path_BxDt1) = inplace.switch(
-          jnp.argmax(fits_C), [functools.partial(loop._verify_tree_pass, self.target_params, features, round_, c)
-                               for c in self.candidates], drafted.target_cache)
-      return _Verified(target_cache, num_accepted_B, next_B, features_BxK1xF, proposal.along(path_BxDt1),
-                       path_BxDt1)
+          jnp.argmax(fits_C),
+          [functools.partial(loop._verify_tree_pass, self.target_params, features, round_, c) for c in self.candidates],
+          drafted.target_cache)
+      return _Verified(target_cache, num_accepted_B, next_B, features_BxK1xF, proposal.along(path_BxDt1), path_BxDt1)
     widths = loop.widths(self.drafter) if loop.target_config.narrow_passes else (loop.k + 1,)
     passes = [functools.partial(loop._verify_pass, self.target_params, width, features, round_) for width in widths]
     index = jnp.searchsorted(jnp.asarray(widths), longest + 1)
@@ -309,8 +306,10 @@ class _Rounds(NamedTuple):
     tree = self.drafter.tree
     whole_cut = ~self.spine_C[drafted.choice]
     proposed_AxB = jnp.stack([jnp.where(whole_cut, own_B, 0), jnp.minimum(own_B, len(tree.spine()) - 1)])
-    return proposed_AxB, jnp.stack([jnp.where(whole_cut, own_accepted_B, 0), jnp.minimum(
-        _spine_accepted(tree, verified.path_BxDt1, verified.num_accepted_B), own_B)])
+    return proposed_AxB, jnp.stack([
+        jnp.where(whole_cut, own_accepted_B, 0),
+        jnp.minimum(_spine_accepted(tree, verified.path_BxDt1, verified.num_accepted_B), own_B)
+    ])
 
   def _advance(self, state: _LoopState, key: jax.Array, live_B: jax.Array, drafted: _Drafted,
                verified: _Verified) -> _LoopState:
@@ -320,8 +319,9 @@ class _Rounds(NamedTuple):
     proposal, num_accepted_B, next_B = verified.proposal, verified.num_accepted_B, verified.next_B
     request, k = self.request, self.loop.k
     # Emitted this round: d_1 .. d_n, then the drawn token at index n.
-    emitted_BxK1 = jnp.where(jnp.arange(k + 1)[None, :] < num_accepted_B[:, None],
-                             jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:, None])
+    emitted_BxK1 = jnp.where(
+        jnp.arange(k + 1)[None, :] < num_accepted_B[:, None], jnp.pad(proposal.tokens, ((0, 0), (0, 1))), next_B[:,
+                                                                                                                 None])
     buffer, kept_B = generation.append(state.buffer, emitted_BxK1, num_accepted_B + 1, request.eos_ids,
                                        request.max_new_tokens)
     # Rows that just finished commit nothing either: their caches stay where the capacity check counts.
@@ -331,10 +331,10 @@ class _Rounds(NamedTuple):
         draft_state=self.drafter.commit(drafted.draft_state, proposal, num_committed_B, verified.features_BxK1xF),
         buffer=buffer, pending=jnp.where(buffer.done, state.pending, next_B), key=key,
         counts=metrics.record(state.counts, num_accepted_B, proposal.lengths, live_B,
-                              state.constraint.forced_count(emitted_BxK1, kept_B)),
-        draft_calls=state.draft_calls + proposal.calls,
-        policy=self.loop.policy.update(state.policy, drafted.choice, proposed_AxB, accepted_AxB, live_B),
-        constraint=state.constraint.after(emitted_BxK1, num_committed_B))
+                              state.constraint.forced_count(emitted_BxK1,
+                                                            kept_B)), draft_calls=state.draft_calls + proposal.calls,
+        policy=self.loop.policy.update(state.policy, drafted.choice, proposed_AxB, accepted_AxB,
+                                       live_B), constraint=state.constraint.after(emitted_BxK1, num_committed_B))
 
 
 @functools.partial(jax.jit, static_argnames=("loop",), donate_argnames=("target_cache", "draft_storage"))
@@ -342,33 +342,34 @@ def _generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, re
               target_cache: KVCache, draft_storage: Any, tables: Tables) -> SpeculativeOutput:
   """The program: the prefill and the first token, then rounds (`_Rounds`) until every row is done."""
   k, sampling, batch = loop.k, request.sampling, request.prompts_BxP.shape[0]
-  logits_BxV, target_cache, draft_state = _prefill(loop.target_config, target_params, drafter, request,
-                                                   target_cache, draft_storage)
+  logits_BxV, target_cache, draft_state = _prefill(loop.target_config, target_params, drafter, request, target_cache,
+                                                   draft_storage)
   key, first_key = jax.random.split(request.key)
   first_B = next_tokens(first_key, logits_BxV, sampling)
   # Room for a whole block of K + 1 tokens appended at a count of up to out_width - 1.
   buffer, first_kept_B = generation.append(generation.empty_buffer(batch, loop.out_width + k + 1), first_B[:, None],
                                            jnp.ones((batch,), jnp.int32), request.eos_ids, request.max_new_tokens)
   rounds = _Rounds.of(loop, target_params, drafter, request)
-  state = jax.lax.while_loop(rounds.cond, rounds.body, _LoopState(
-      target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
-      counts=metrics.zero_counts(batch, k).replace(
-          forced=sampling.constraint.forced_count(first_B[:, None], first_kept_B)),
-      draft_calls=jnp.int32(0), policy=loop.policy.init(batch, rounds.candidates, tables),
-      constraint=sampling.constraint.after(first_B[:, None], 1)))
+  state = jax.lax.while_loop(
+      rounds.cond, rounds.body,
+      _LoopState(
+          target_cache=target_cache, draft_state=draft_state, buffer=buffer, pending=first_B, key=key,
+          counts=metrics.zero_counts(batch,
+                                     k).replace(forced=sampling.constraint.forced_count(first_B[:,
+                                                                                                None], first_kept_B)),
+          draft_calls=jnp.int32(0), policy=loop.policy.init(batch, rounds.candidates, tables),
+          constraint=sampling.constraint.after(first_B[:, None], 1)))
   num_rounds = jnp.max(state.counts.rounds)  # a row is live in a prefix of the rounds; some row in each
-  return SpeculativeOutput(
-      tokens=generation.finalize(state.buffer, loop.pad_id)[:, :loop.out_width], counts=state.buffer.counts,
-      target_calls=num_rounds + 1, draft_calls=state.draft_calls,
-      acceptance=state.counts, rounds_per_length=state.policy.chosen_C, policy_reached=state.policy.reached_AxK,
-      policy_accepted=state.policy.accepted_AxK, target_cache=state.target_cache,
-      draft_state=state.draft_state)
+  return SpeculativeOutput(tokens=generation.finalize(state.buffer, loop.pad_id)[:, :loop.out_width],
+                           counts=state.buffer.counts, target_calls=num_rounds + 1, draft_calls=state.draft_calls,
+                           acceptance=state.counts, rounds_per_length=state.policy.chosen_C,
+                           policy_reached=state.policy.reached_AxK, policy_accepted=state.policy.accepted_AxK,
+                           target_cache=state.target_cache, draft_state=state.draft_state)
 
 
-def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter,
-                         request: generation.Request, target_cache: KVCache, draft_storage: Any,
-                         tables: Tables = Tables(), lower: bool | str = False
-                         ) -> SpeculativeOutput | jax.stages.Lowered:
+def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: Drafter, request: generation.Request,
+                         target_cache: KVCache, draft_storage: Any, tables: Tables = Tables(),
+                         lower: bool | str = False) -> SpeculativeOutput | jax.stages.Lowered:
   """Generates up to `request.max_new_tokens` (int, or one per row) after each prompt, with `drafter`
   proposing up to K tokens per round (`loop`: the static settings); the output is distributed exactly
   as the target's own sampling (equal to it token for token when greedy).
@@ -405,8 +406,8 @@ def speculative_generate(loop: SpeculativeLoop, target_params: Params, drafter: 
   tables = loop.policy.tables(loop.k, drafter.tree, tables)
   budget_B, out_width = _check_fits(loop, drafter, request, target_cache, draft_storage)
   request = request.ready(budget_B)
-  return lowering.call_or_lower(_generate, lower, dataclasses.replace(loop, out_width=out_width,
-                                                                    drafter_class=type(drafter)),
+  return lowering.call_or_lower(_generate, lower,
+                                dataclasses.replace(loop, out_width=out_width, drafter_class=type(drafter)),
                                 target_params, drafter, request, target_cache, draft_storage, tables)
 
 

@@ -52,8 +52,8 @@ class Proposal:
     compact their own cache (point masses: the chain is only read for its tokens)."""
     tokens_BxN1 = jnp.pad(self.tokens, ((0, 0), (1, 0)))
     tokens_BxDt = jnp.take_along_axis(tokens_BxN1, path_BxDt1[:, 1:], axis=1)
-    return Proposal(tokens=tokens_BxDt, lengths=jnp.minimum(self.lengths, tokens_BxDt.shape[1]),
-                    calls=self.calls, path=path_BxDt1)
+    return Proposal(tokens=tokens_BxDt, lengths=jnp.minimum(self.lengths, tokens_BxDt.shape[1]), calls=self.calls,
+                    path=path_BxDt1)
 
   def picked(self, nodes: Any) -> "Proposal":
     """The nodes `nodes` (static indices >= 1, in order) of a tree proposal as a proposal of their own,

@@ -58,8 +58,8 @@ def tiny_model(seed: int, vocab: int = 61, arch: str = "llama", d_model: int = 3
                        max_positions=64 if arch == "gpt2" else 0)
   rng = np.random.default_rng(seed)
   init = lambda path, leaf: jnp.asarray(
-      rng.normal(0.0, scale, leaf.shape) if leaf.ndim == 2 else
-      np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), jnp.float32)
+      rng.normal(0.0, scale, leaf.shape)
+      if leaf.ndim == 2 else np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), jnp.float32)
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   return config, jax.tree_util.tree_map_with_path(init, shapes)
 
@@ -72,8 +72,8 @@ def perturbed(model: Model, noise: float, seed: int) -> Model:
   return config, jax.tree.map(lambda w: w + jnp.asarray(rng.normal(0.0, noise, w.shape), jnp.float32), params)
 
 
-def request(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], sampling: SamplingParams = GREEDY,
-            *, seed: int = 0, eos_ids: Sequence[int] = NO_EOS, round_limit: int | None = None) -> Request:
+def request(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], sampling: SamplingParams = GREEDY, *,
+            seed: int = 0, eos_ids: Sequence[int] = NO_EOS, round_limit: int | None = None) -> Request:
   """`prompts` (lists of ids) as the `generation.Request` both loops take: right-padded (`pad_prompts`),
   `max_new_tokens` an int or one per row, the key `jax.random.key(seed)`, EOS off unless `eos_ids` says
   (rows stop on their budgets), `round_limit` rounds at most (None: no limit)."""
@@ -159,20 +159,19 @@ def chi_square_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
   return float(stats.chisquare(observed, expected).pvalue)
 
 
-def check_sampled(drafter: Drafter, target: Model, prompt: Sequence[int] = (3, 1, 4), *, k: int = 2,
-                  rows: int = 5_000, steps: int = 3, sampling: SamplingParams = T1,
-                  level: float = 1e-3) -> float:
+def check_sampled(drafter: Drafter, target: Model, prompt: Sequence[int] = (3, 1, 4), *, k: int = 2, rows: int = 5_000,
+                  steps: int = 3, sampling: SamplingParams = T1, level: float = 1e-3) -> float:
   """Asserts at level `level` (chi-square) that the first `steps` tokens of `rows` seeded rows decoded
   from `prompt` with `drafter` follow the target's exact joint law of them (`exact_distribution`): with
   K = `k` >= steps - 1 the first round's draft positions and its bonus are all tested. The rows' keys
   derive from one fixed seed. Returns the p-value. The target's vocabulary must be tiny (V^steps cells)."""
   config = target[0]
-  if config.vocab_size ** steps > 1_000_000:
+  if config.vocab_size**steps > 1_000_000:
     raise ValueError(f"check_sampled enumerates V^steps = {config.vocab_size}^{steps} sequences: use a "
                      f"vocabulary of a few ids (tiny_model(vocab=8)) or fewer steps")
   out = run(drafter, target, [list(prompt)] * rows, k=k, max_new_tokens=steps, sampling=sampling)
   index = np.ravel_multi_index(np.asarray(out.tokens)[:, :steps].T, [config.vocab_size] * steps)
-  observed = np.bincount(index, minlength=config.vocab_size ** steps)
+  observed = np.bincount(index, minlength=config.vocab_size**steps)
   pvalue = chi_square_pvalue(observed, exact_distribution(*target, prompt, sampling, steps).ravel())
   assert pvalue > level, f"the first {steps} tokens of {rows} rows do not follow the target (p = {pvalue:.3g})"
   return pvalue

@@ -44,6 +44,6 @@ def probabilities(logits_xV: np.ndarray, temperature: float, top_k: int = 0, top
 
 def params_probabilities(logits_xV: np.ndarray, params: SamplingParams) -> np.ndarray:
   """`probabilities` with the knobs of a `SamplingParams` (read as Python numbers)."""
-  return probabilities(logits_xV, float(params.temperature), int(params.top_k) if params.use_top_k else 0,
+  return probabilities(logits_xV, float(params.temperature),
+                       int(params.top_k) if params.use_top_k else 0,
                        float(params.top_p) if params.use_top_p else 1.0)
-

@@ -21,9 +21,11 @@ from tests.helpers.stats import chi_square_pvalue
 
 EOS = 0
 _SINGLES = b'abcdefghij0123456789{}":, -'
-_PAIRS = [b'{"', b'":', b'" ', b'ab', b'ba', b'cd', b'12', b'00', b'-1', b'}"', b', ', b'"a', b'hi', b'jj', b'a"',
-          b'99', b'{}', b'"}', b'ef', b'gh', b'abc', b'":"', b'de', b'  ', b'x', b'0a', b'a1', b'{"a', b'b"', b'10',
-          b':1', b'ca', b'::']
+_PAIRS = [
+    b'{"', b'":', b'" ', b'ab', b'ba', b'cd', b'12', b'00', b'-1', b'}"', b', ', b'"a', b'hi', b'jj', b'a"', b'99',
+    b'{}', b'"}', b'ef', b'gh', b'abc', b'":"', b'de', b'  ', b'x', b'0a', b'a1', b'{"a', b'b"', b'10', b':1', b'ca',
+    b'::'
+]
 STRINGS_61 = [b""] + [bytes([c]) for c in _SINGLES] + _PAIRS  # id 0 = EOS; 61 ids (engine.VOCAB)
 assert len(STRINGS_61) == 61
 # A JSON-ish object with one key and a number or a string value; and a plain list of digits.

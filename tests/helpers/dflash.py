@@ -39,8 +39,8 @@ def trained_dflash_drafter(target, steps=100, seed=0, rows=16, seq_len=12, block
   def step(params, opt_state, key):
     tokens_key, anchor_key = jax.random.split(key)
     tokens_BxT = jax.random.randint(tokens_key, (rows, seq_len), 0, target[0].vocab_size, jnp.int32)
-    loss = lambda p: dflash_steps.block_loss(config, p, target[0], target[1], tokens_BxT,
-                                             jnp.ones((rows, seq_len), bool), objective, anchor_key)[0]
+    loss = lambda p: dflash_steps.block_loss(config, p, target[0], target[1], tokens_BxT, jnp.ones(
+        (rows, seq_len), bool), objective, anchor_key)[0]
     grads = jax.grad(loss)(params)
     updates, opt_state = optimizer.update(grads, opt_state)
     return optax.apply_updates(params, updates), opt_state

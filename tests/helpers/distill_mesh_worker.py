@@ -45,9 +45,9 @@ def _teacher_params():
   rng = np.random.default_rng(0)
   shapes = jax.eval_shape(lambda: init_params(TEACHER, jax.random.key(0)))
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: np.asarray(rng.normal(0.0, 0.1, leaf.shape) if leaf.ndim == 2 else
-                                    np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), np.float32),
-      shapes)
+      lambda path, leaf: np.asarray(
+          rng.normal(0.0, 0.1, leaf.shape)
+          if leaf.ndim == 2 else np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), np.float32), shapes)
 
 
 def _batches():
@@ -71,8 +71,8 @@ def _optimizer(name: str, labels):
   divide each gradient element by its own magnitude, and elements whose gradient is near zero (below
   the rounding of the sums that make it) then move by an amount that rounding decides."""
   if name == "sgd":
-    return (optax.multi_transform({student.TRAIN: optax.sgd(SGD_LR), student.FROZEN: optax.set_to_zero()}, labels),
-            lambda step: jnp.float32(SGD_LR))
+    return (optax.multi_transform({student.TRAIN: optax.sgd(SGD_LR), student.FROZEN: optax.set_to_zero()},
+                                  labels), lambda step: jnp.float32(SGD_LR))
   optim = default_config().optim
   optim.learning_rate, optim.warmup_steps = 1e-2, 0  # every step moves the weights
   return steps.make_optimizer(optim, 10, labels)
@@ -111,8 +111,9 @@ def _train(spec: str, accum_steps: int = 1, remat: bool = False, keep_state: boo
 
 
 def _max_diff(a, b) -> float:
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(
+      float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def _bit_equal(a, b) -> bool:
@@ -121,8 +122,11 @@ def _bit_equal(a, b) -> bool:
 
 def _shards(tree) -> dict:
   """{key path: shape of the shard on the first device} of every array leaf."""
-  return {jax.tree_util.keystr(path): list(leaf.addressable_shards[0].data.shape)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if leaf.ndim}
+  return {
+      jax.tree_util.keystr(path): list(leaf.addressable_shards[0].data.shape)
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+      if leaf.ndim
+  }
 
 
 def steps_() -> dict:
@@ -130,32 +134,40 @@ def steps_() -> dict:
   base_params, base_losses, base_norms, _ = _train("")
   initial = _initial_params()
   results = {"base": {"losses": base_losses, "grad_norms": base_norms}, "sgd_lr": SGD_LR}
-  variants = {"data=2,model=4": ("data=2,model=4", 1, False), "model=8": ("model=8", 1, False),
-              "data=8": ("data=8", 1, False), "accum2": ("", 2, False), "accum4": ("", 4, False),
-              "data=2,model=4|accum2": ("data=2,model=4", 2, False), "remat": ("", 1, True),
-              "data=2,model=4|remat": ("data=2,model=4", 1, True)}
+  variants = {
+      "data=2,model=4": ("data=2,model=4", 1, False), "model=8": ("model=8", 1, False), "data=8": ("data=8", 1, False),
+      "accum2": ("", 2, False), "accum4": ("", 4, False), "data=2,model=4|accum2": ("data=2,model=4", 2, False),
+      "remat": ("", 1, True), "data=2,model=4|remat": ("data=2,model=4", 1, True)
+  }
   kept = {}
   for name, (spec, accum, remat) in variants.items():
     params, losses, norms, _ = _train(spec, accum, remat)
     kept[name] = params
-    results[name] = {"param_diff": _max_diff(params, base_params), "losses": losses, "grad_norms": norms,
-                     "moved": _max_diff(params, initial)}
+    results[name] = {
+        "param_diff": _max_diff(params, base_params), "losses": losses, "grad_norms": norms,
+        "moved": _max_diff(params, initial)
+    }
   # AdamW (the runs' optimizer): one device and data=2,model=4; the sharded state's shard shapes.
   adam_params, adam_losses, adam_norms, _ = _train("", optim="adamw")
   params, losses, norms, state = _train("data=2,model=4", keep_state=True, optim="adamw")
-  diffs = np.concatenate([np.abs(np.asarray(a) - np.asarray(b)).ravel()
-                          for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(adam_params))])
-  results["adamw"] = {"base_losses": adam_losses, "base_grad_norms": adam_norms, "losses": losses,
-                      "grad_norms": norms, "param_diff": float(diffs.max()),
-                      "elements_beyond_1e-6": int(np.sum(diffs > 1e-6)), "elements": int(diffs.size),
-                      "moved": _max_diff(params, initial)}
-  results["shards"] = {"params": _shards(state.params), "opt_state": _shards(state.opt_state),
-                       "devices": sorted({d.id for leaf in jax.tree.leaves(state.params)
-                                          for d in leaf.sharding.device_set})}
+  diffs = np.concatenate([
+      np.abs(np.asarray(a) - np.asarray(b)).ravel()
+      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(adam_params))
+  ])
+  results["adamw"] = {
+      "base_losses": adam_losses, "base_grad_norms": adam_norms, "losses": losses, "grad_norms": norms,
+      "param_diff": float(diffs.max()), "elements_beyond_1e-6": int(np.sum(diffs > 1e-6)), "elements": int(diffs.size),
+      "moved": _max_diff(params, initial)
+  }
+  results["shards"] = {
+      "params": _shards(state.params), "opt_state": _shards(state.opt_state),
+      "devices": sorted({d.id for leaf in jax.tree.leaves(state.params) for d in leaf.sharding.device_set})
+  }
   for name, (accum, remat) in {"plain": (1, False), "remat": (1, True), "accum2": (2, False)}.items():
     text = _train("", accum, remat, jaxpr=True)
-    results[f"jaxpr_{name}"] = {"checkpoints": text.count("remat2["), "scans": text.count("scan["),
-                                "length=2": text.count("length=2")}
+    results[f"jaxpr_{name}"] = {
+        "checkpoints": text.count("remat2["), "scans": text.count("scan["), "length=2": text.count("length=2")
+    }
   results["remat_bit_equal"] = _bit_equal(kept["remat"], base_params)
   results["mesh_remat_bit_equal"] = _bit_equal(kept["data=2,model=4|remat"], kept["data=2,model=4"])
   results["mesh_remat_diff"] = _max_diff(kept["data=2,model=4|remat"], kept["data=2,model=4"])
@@ -170,10 +182,12 @@ def _initial_params():
 def errors() -> dict:
   """The message of each bad config, raised by `train.run` before it reads data, loads or compiles
   anything (the target does not even exist)."""
-  cases = {"accum": dict(accum_steps=3), "micro_batch": dict(mesh="data=8", accum_steps=2),
-           "batch": dict(mesh="data=-1,model=1", batch_size=4), "axis_name": dict(mesh="data=2,tensor=4"),
-           "product": dict(mesh="data=2,model=2"), "accum_zero": dict(accum_steps=0),
-           "fits": dict(mesh="data=2,model=4", accum_steps=2)}
+  cases = {
+      "accum": dict(accum_steps=3), "micro_batch": dict(mesh="data=8", accum_steps=2),
+      "batch": dict(mesh="data=-1,model=1",
+                    batch_size=4), "axis_name": dict(mesh="data=2,tensor=4"), "product": dict(mesh="data=2,model=2"),
+      "accum_zero": dict(accum_steps=0), "fits": dict(mesh="data=2,model=4", accum_steps=2)
+  }
   results = {}
   for name, changes in cases.items():
     config = default_config()
@@ -265,14 +279,15 @@ def resume(directory: str) -> dict:
   moved = os.path.join(directory, "moved")
   shutil.copytree(killed, moved)
   resumed = train.run(_run_config(target, killed, mesh))
-  results = {"saved_before_kill": saved,
-             "state_sums_equal": _state_sums(whole_dir := os.path.join(directory, "whole"), 4) == _state_sums(killed, 4)
-                                 and _state_sums(whole_dir, 2) == _state_sums(killed, 2),
-             "modes": sorted({r["mode"] for r in _records(killed) if "mode" in r}),
-             "records_equal": _records(killed) == _records(os.path.join(directory, "whole")),
-             "export_bit_equal": _bit_equal(_export(whole), _export(resumed)),
-             "export_keys": sorted(_export(whole)),
-             "devices": whole["devices"]}
+  results = {
+      "saved_before_kill": saved,
+      "state_sums_equal": _state_sums(whole_dir := os.path.join(directory, "whole"), 4) == _state_sums(killed, 4)
+                          and _state_sums(whole_dir, 2) == _state_sums(killed, 2),
+      "modes": sorted({r["mode"] for r in _records(killed) if "mode" in r}
+                     ), "records_equal": _records(killed) == _records(os.path.join(directory, "whole")),
+      "export_bit_equal": _bit_equal(_export(whole), _export(resumed)), "export_keys": sorted(_export(whole)),
+      "devices": whole["devices"]
+  }
 
   # The killed run's step-2 checkpoint, restored with templates laid out for each mesh.
   restored = {}
@@ -292,23 +307,26 @@ def resume(directory: str) -> dict:
     restored[spec] = (state, verified, jax.tree.map(lambda leaf: leaf.sharding, template))
   reference = meshes.to_host(restored[mesh][0])
   results["restored"] = {
-      spec: {"verified": verified, "bit_equal": _bit_equal(meshes.to_host(state), reference),
-             "same_layout_as_template": all(
-                 a.sharding == b for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(shardings))),
-             "num_devices": sorted({len(leaf.sharding.device_set) for leaf in jax.tree.leaves(state)}),
-             "embedding_shard": list(state.params["embed"]["embedding"].addressable_shards[0].data.shape)}
-      for spec, (state, verified, shardings) in restored.items()}
+      spec: {
+          "verified": verified, "bit_equal": _bit_equal(meshes.to_host(state), reference),
+          "same_layout_as_template": all(a.sharding == b
+                                         for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(shardings))),
+          "num_devices": sorted({len(leaf.sharding.device_set)
+                                 for leaf in jax.tree.leaves(state)}),
+          "embedding_shard": list(state.params["embed"]["embedding"].addressable_shards[0].data.shape)
+      } for spec, (state, verified, shardings) in restored.items()
+  }
 
   # Continue the killed run on another mesh shape.
   continued = train.run(_run_config(target, moved, "model=8"))
   got, want = _export(continued), _export(whole)
   results["continued"] = {
       "train_steps_recorded": [r["step"] for r in _records(moved) if r["split"] == "train"],
-      "export_max_diff": max(float(np.max(np.abs(got[k] - want[k]))) for k in want),
-      "moved_since_restore": float(np.max(np.abs(
-          got["model.embed_tokens.weight"] - meshes.to_host(restored[mesh][0].params["embed"]["embedding"])))),
-      "after": continued["after"], "whole_after": whole["after"],
-      "devices": continued["devices"]}
+      "export_max_diff": max(float(np.max(np.abs(got[k] - want[k]))) for k in want), "moved_since_restore": float(
+          np.max(
+              np.abs(got["model.embed_tokens.weight"] - meshes.to_host(restored[mesh][0].params["embed"]["embedding"])))
+      ), "after": continued["after"], "whole_after": whole["after"], "devices": continued["devices"]
+  }
   return results
 
 

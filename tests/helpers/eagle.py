@@ -20,8 +20,9 @@ def eagle_head(target_config, feature_layers, seed=3, final_scale=1.0, mask=Fals
   config = head_config(target_config, feature_layers)
   rng = np.random.default_rng(seed)
   init = lambda path, leaf: jnp.asarray(
-      rng.normal(0.0, 0.3, leaf.shape) if leaf.ndim == 2 or path[0].key == MASK_PARAM else
-      np.full(leaf.shape, final_scale if path[0].key == "final_norm" else 1.0), jnp.float32)
+      rng.normal(0.0, 0.3, leaf.shape)
+      if leaf.ndim == 2 or path[0].key == MASK_PARAM else np.full(leaf.shape, final_scale
+                                                                  if path[0].key == "final_norm" else 1.0), jnp.float32)
   shapes = jax.eval_shape(lambda: init_head_params(config, jax.random.key(0), mask))
   return config, jax.tree_util.tree_map_with_path(init, shapes)
 

@@ -1,7 +1,6 @@
 """Tiny random models and drafts for the engine tests, the runners that decode with them (speculative
 and the target's own greedy), and the exact enumeration of a model's first generated tokens."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,17 +24,18 @@ BUDGETS = [13, 6, 20]  # 12, 5, 19 tokens after the prefill's: some fill their l
 OUT_WIDTH = 24
 CACHE_LEN = 40
 
-
 TARGET = tiny_model(0)
 
 
 def _drafts():
   config, params = TARGET
   rolled_head = dict(params, lm_head={"weight": jnp.roll(params["lm_head"]["weight"], 1, axis=0)})
-  return {"same": TARGET,
-          "never": (config, rolled_head),  # its argmax is the target's argmax + 1 (mod V)
-          "perturbed": perturbed(TARGET, 0.01, seed=7),
-          "independent": tiny_model(3)}  # same shapes as the target: all four share one compiled program
+  return {
+      "same": TARGET,
+      "never": (config, rolled_head),  # its argmax is the target's argmax + 1 (mod V)
+      "perturbed": perturbed(TARGET, 0.01, seed=7),
+      "independent": tiny_model(3)
+  }  # same shapes as the target: all four share one compiled program
 
 
 DRAFTS = _drafts()
@@ -49,8 +49,8 @@ def run_speculative(draft, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, draft_head, stop_threshold=stop_threshold, max_lag=max_lag)
   request = testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids, round_limit=round_limit)
-  return speculative_generate(SpeculativeLoop(target_config, k, OUT_WIDTH, **settings), target_params, drafter,
-                              request, init_cache(target_config, len(prompts), target_cache_len),
+  return speculative_generate(SpeculativeLoop(target_config, k, OUT_WIDTH, **settings), target_params, drafter, request,
+                              init_cache(target_config, len(prompts), target_cache_len),
                               drafter.storage(len(prompts), draft_cache_len), tables)
 
 
@@ -68,7 +68,7 @@ def first_tokens_pvalue(model, prompt, sampling, tokens_ZxT) -> float:
   config = model[0]
   steps = tokens_ZxT.shape[1]
   index = np.ravel_multi_index(np.asarray(tokens_ZxT).T, [config.vocab_size] * steps)
-  observed = np.bincount(index, minlength=config.vocab_size ** steps)
+  observed = np.bincount(index, minlength=config.vocab_size**steps)
   return chi_square_pvalue(observed, exact_distribution(*model, prompt, sampling, steps).ravel())
 
 
@@ -101,8 +101,8 @@ def target_conditionals(model, prompt, sampling, tokens_ZxT) -> np.ndarray:
 def accept_all(key, proposal, target_probs_BxK1xV):
   """A broken rule: keeps every draft token, so the output follows the draft, not the target."""
   k = proposal.k
-  return (jnp.full(proposal.tokens.shape[:1], k, jnp.int32),
-          jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
+  return (jnp.full(proposal.tokens.shape[:1], k,
+                   jnp.int32), jax.random.categorical(key, jnp.log(target_probs_BxK1xV[:, k])).astype(jnp.int32))
 
 
 def accept_all_proposed(key, proposal, target_probs_BxK1xV):
@@ -116,7 +116,6 @@ SMALL_TARGET = tiny_model(10, vocab=8, n_layers=2, scale=0.5)
 SMALL_DRAFT = perturbed(SMALL_TARGET, 0.05, seed=11)  # first-token acceptance about 0.7
 SAMPLE_PROMPT, SAMPLE_STEPS = [3, 1, 4], 3
 
-
 FORCED_DRAFT_PROMPTS = [[4, 8, 15], [16, 23], [42, 7, 9, 1]]
 
 
@@ -128,7 +127,6 @@ def forced_draft_rounds(cache_len: int, **fields):
   drafter, batch = ModelDrafter(config, params, **fields), len(FORCED_DRAFT_PROMPTS)
   padded, lengths = pad_prompts(FORCED_DRAFT_PROMPTS)
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, cache_len), padded, lengths, None)
-  score = jax.jit(lambda tokens_BxT: probabilities(forward(config, params, tokens_BxT,
-                                                           init_cache(config, batch, cache_len))[0],
-                                                   sampling_params(1.0)))
+  score = jax.jit(lambda tokens_BxT: probabilities(
+      forward(config, params, tokens_BxT, init_cache(config, batch, cache_len))[0], sampling_params(1.0)))
   return drafter, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit), score

@@ -6,26 +6,39 @@ from typing import Callable
 import gguf
 import numpy as np
 
-ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen2_tied": "qwen2", "gpt2": "gpt2", "qwen3": "qwen3",
-        "gemma3_llama_cpp": "gemma3"}
+ARCH = {
+    "llama": "llama", "qwen2": "qwen2", "qwen2_tied": "qwen2", "gpt2": "gpt2", "qwen3": "qwen3",
+    "gemma3_llama_cpp": "gemma3"
+}
 _LLAMA_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 _GEMMA_NAMES = {
-    **_LLAMA_NAMES, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+    **_LLAMA_NAMES,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
-_GPT2_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-               "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+_GPT2_NAMES = {
+    "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+    "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"
+}
 
 
 def llama_cpp_permute(w_DoutxDin: np.ndarray, num_heads: int) -> np.ndarray:
   """llama.cpp's convert_hf_to_gguf `LlamaModel.permute` (halves -> interleaved pairs per head)."""
-  return (w_DoutxDin.reshape(num_heads, 2, w_DoutxDin.shape[0] // num_heads // 2, *w_DoutxDin.shape[1:])
-          .swapaxes(1, 2).reshape(w_DoutxDin.shape))
+  return (w_DoutxDin.reshape(num_heads, 2, w_DoutxDin.shape[0] // num_heads // 2,
+                             *w_DoutxDin.shape[1:]).swapaxes(1, 2).reshape(w_DoutxDin.shape))
 
 
 def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
@@ -39,8 +52,10 @@ def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
       name = name.removeprefix("transformer.")
       if name == "lm_head.weight" or name.endswith(".attn.bias") or name.endswith("masked_bias"):
         continue
-      top = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
-             "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias"}
+      top = {
+          "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight", "ln_f.weight": "output_norm.weight",
+          "ln_f.bias": "output_norm.bias"
+      }
       if name in top:
         out[top[name]] = array
         continue
@@ -71,8 +86,8 @@ def gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
   return out
 
 
-def write_gguf(path: str, family: str, model, qtype=gguf.GGMLQuantizationType.F32,
-               arch: str | None = None, tensors: dict[str, np.ndarray] | None = None,
+def write_gguf(path: str, family: str, model, qtype=gguf.GGMLQuantizationType.F32, arch: str | None = None,
+               tensors: dict[str, np.ndarray] | None = None,
                add_metadata: Callable[[gguf.GGUFWriter], None] = lambda writer: None) -> None:
   """Writes `model` as a GGUF file: 2-D weights in `qtype`, norms and biases in F32 (as llama.cpp);
   `add_metadata` may add more keys (a tokenizer)."""

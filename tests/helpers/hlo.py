@@ -16,4 +16,3 @@ def whole_cache_moves(hlo_text: str, cache_dims: tuple[int, ...]) -> list[str]:
       if sorted(int(d) for d in match.group(2).split(",")) == sorted(cache_dims):
         moves.append(line.strip()[:160])
   return moves
-

@@ -24,8 +24,9 @@ COSTS_K3 = np.array([1.0, 1.5, 1.9, 2.2], np.float32)  # lengths (0, 1, 2, 3)
 def tree_costs(tree):
   """A cost table for `tree`'s candidates at K = 3: COSTS_K3 by depth, the whole cut 5% more per node
   beyond the spine's (so both widths get chosen as the estimates move)."""
-  return np.array([COSTS_K3[c.length] * (1 + 0.05 * (c.nodes(tree) - c.length - 1))
-                   for c in POLICY.candidates(3, tree)], np.float32)
+  return np.array([
+      COSTS_K3[c.length] * (1 + 0.05 * (c.nodes(tree) - c.length - 1)) for c in POLICY.candidates(3, tree)
+  ], np.float32)
 
 
 class PeekingDrafter(ModelDrafter):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
-                           + os.environ.get("SPECJAX_TEST_DEVICES", "8"))
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=" +
+                           os.environ.get("SPECJAX_TEST_DEVICES", "8"))
 # The repository root first on the path, and this directory off it: its gguf.py and tokenizers.py would
 # shadow those packages.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,9 +56,9 @@ def _params(config: ModelConfig, seed: int):
   rng = np.random.default_rng(seed)
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: np.asarray(rng.normal(0.0, 0.3, leaf.shape) if leaf.ndim == 2 else
-                                    np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), np.float32),
-      shapes)
+      lambda path, leaf: np.asarray(
+          rng.normal(0.0, 0.3, leaf.shape)
+          if leaf.ndim == 2 else np.full(leaf.shape, 1.0 if path[-1].key == "scale" else 0.0), np.float32), shapes)
 
 
 def _placed(spec: str, seed_target: int = 0, seed_draft: int = 1):
@@ -109,7 +109,8 @@ def params() -> dict:
     results[spec] = {
         "shards": {"/".join(k.key for k in path): list(leaf.addressable_shards[0].data.shape) for path, leaf in flat},
         "bytes_per_device": partitioning.bytes_per_device(target),
-        "total_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(target))}
+        "total_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(target))
+    }
   return results
 
 
@@ -118,8 +119,9 @@ def collectives(hlo_text: str) -> list[tuple[str, list[int]]]:
   a compiled program (a tuple-shaped one by its first element)."""
   found = []
   for line in hlo_text.splitlines():
-    match = re.search(r"= \(?[a-z0-9]+\[([0-9,]*)\][^=]*? (all-reduce|all-gather|all-to-all|"
-                      r"collective-permute)(-start)?\(", line)
+    match = re.search(
+        r"= \(?[a-z0-9]+\[([0-9,]*)\][^=]*? (all-reduce|all-gather|all-to-all|"
+        r"collective-permute)(-start)?\(", line)
     if match:
       found.append((match.group(2), [int(d) for d in match.group(1).split(",") if d]))
   return found
@@ -147,13 +149,13 @@ def hlo() -> dict:
 
 def errors() -> dict:
   """The message of each bad mesh input, raised before anything compiles."""
-  cases = {"product": lambda: meshes.make_mesh("data=2,model=2"),
-           "axis_name": lambda: meshes.make_mesh("data=2,tensor=4"),
-           "heads": lambda: partitioning.Partitioning(meshes.make_mesh("model=8"), name="target").resolve(
-               TARGET.replace(n_heads=12, n_kv_heads=4)),
-           "heads_replicated": lambda: partitioning.Partitioning(
-               meshes.make_mesh("model=8"), indivisible="replicate", name="target").resolve(
-                   TARGET.replace(n_heads=12, n_kv_heads=4))}
+  cases = {
+      "product": lambda: meshes.make_mesh("data=2,model=2"), "axis_name": lambda: meshes.make_mesh("data=2,tensor=4"),
+      "heads": lambda: partitioning.Partitioning(meshes.make_mesh("model=8"), name="target").resolve(
+          TARGET.replace(n_heads=12, n_kv_heads=4)),
+      "heads_replicated": lambda: partitioning.Partitioning(meshes.make_mesh("model=8"), indivisible="replicate", name=
+                                                            "target").resolve(TARGET.replace(n_heads=12, n_kv_heads=4))
+  }
   results = {}
   for name, case in cases.items():
     try:
@@ -166,9 +168,11 @@ def errors() -> dict:
 def processes() -> dict:
   """One of several processes (the environment names the coordinator, `mesh.initialize_distributed`):
   sampled speculative tokens on the global data=2,model=4 mesh, gathered to every process."""
-  return {"started": STARTED, "process": jax.process_index(), "processes": jax.process_count(),
-          "devices": jax.device_count(), "main": meshes.is_main_process(),
-          "sampled": _run("data=2,model=4", "speculative", SAMPLED)[0]}
+  return {
+      "started": STARTED, "process": jax.process_index(), "processes": jax.process_count(),
+      "devices": jax.device_count(), "main": meshes.is_main_process(),
+      "sampled": _run("data=2,model=4", "speculative", SAMPLED)[0]
+  }
 
 
 if __name__ == "__main__":

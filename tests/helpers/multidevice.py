@@ -17,7 +17,7 @@ def run_worker(script: str, *args: str, timeout: float = 900, fusion_emitters: b
   env = dict(os.environ)
   if fusion_emitters:
     env["XLA_FLAGS"] = with_fusion_emitters(env.get("XLA_FLAGS", ""))
-  done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), *args],
-                        capture_output=True, text=True, timeout=timeout, env=env)
+  done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script), *args], capture_output=True,
+                        text=True, timeout=timeout, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout.strip().splitlines()[-1])

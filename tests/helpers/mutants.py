@@ -84,16 +84,15 @@ def chain_row(mutant: str):
     K = tokens_K.shape[0]
     uniform_key, residual_key = jax.random.split(key)
     q_K = acceptance._probability_of(target_probs_K1xV[:K], tokens_K)
-    p_K = (jnp.ones((K,), jnp.float32) if draft_probs_KxW is None
-           else acceptance._probability_of(draft_probs_KxW, tokens_K))
+    p_K = (jnp.ones(
+        (K,), jnp.float32) if draft_probs_KxW is None else acceptance._probability_of(draft_probs_KxW, tokens_K))
     uniform_K = jax.random.uniform(uniform_key, (K,), jnp.float32)
     accepted_K = (uniform_K * q_K < p_K) & (jnp.arange(K) < length)  # the bug: min(1, p/q)
     num_accepted = jnp.sum(jnp.cumprod(accepted_K.astype(jnp.int32)))
     rejected = num_accepted < length
     at = jnp.minimum(num_accepted, K - 1)
     if draft_probs_KxW is None:
-      draft_n_W = jnp.where(rejected, jax.nn.one_hot(tokens_K[at], target_probs_K1xV.shape[-1],
-                                                     dtype=jnp.float32), 0.0)
+      draft_n_W = jnp.where(rejected, jax.nn.one_hot(tokens_K[at], target_probs_K1xV.shape[-1], dtype=jnp.float32), 0.0)
     else:
       draft_n_W = jnp.where(rejected, draft_probs_KxW[at], 0.0)
     next_token = sample(residual_key, acceptance.residual(target_probs_K1xV[num_accepted], draft_n_W))
@@ -114,8 +113,8 @@ def tree_row(mutant: str):
     if mutant != "inverse_ratio":
       return accepted, rejected_q_V
     token = tokens_N[child - 1]
-    p_x = (jnp.float32(1.0) if probs_NxW is None
-           else acceptance._probability_of(probs_NxW[child - 1][None], token[None])[0])
+    p_x = (jnp.float32(1.0) if probs_NxW is None else acceptance._probability_of(probs_NxW[child -
+                                                                                           1][None], token[None])[0])
     q_x = acceptance._probability_of(q_V[None], token[None])[0]
     return uniform * q_x < p_x, rejected_q_V  # the bug: min(1, p/q)
 
@@ -150,13 +149,14 @@ def _elders_not_removed(probs_BxCxW, order_BxCxRk, ranks, tokens_BxC):
 def _elders_removed_not_renormalised(probs_BxCxW, order_BxCxRk, ranks, tokens_BxC):
   width = probs_BxCxW.shape[-1]
   elder_CxRk = jnp.arange(order_BxCxRk.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
-  elders_BxCxW = jnp.any((order_BxCxRk[..., None] == jnp.arange(width)[None, None, None, :])
-                         & elder_CxRk[None, :, :, None], axis=2)
+  elders_BxCxW = jnp.any(
+      (order_BxCxRk[..., None] == jnp.arange(width)[None, None, None, :]) & elder_CxRk[None, :, :, None], axis=2)
   return jnp.where(elders_BxCxW, 0.0, probs_BxCxW)
 
 
-WITHOUT_REPLACEMENT_MUTANTS = {"elders_not_removed": _elders_not_removed,
-                               "elders_not_renormalised": _elders_removed_not_renormalised}
+WITHOUT_REPLACEMENT_MUTANTS = {
+    "elders_not_removed": _elders_not_removed, "elders_not_renormalised": _elders_removed_not_renormalised
+}
 
 
 def no_grandparent_ancestor_mask(tree):
@@ -171,7 +171,6 @@ def no_grandparent_ancestor_mask(tree):
 class NoGrandparentFrontier(dynamic_tree._Frontier):
   """A frontier chunk of depth d (slots (d - 1) b ..) whose nodes do not see the slots of depth d - 2,
   where their grandparent was fed (patch it over `dynamic_tree._Frontier`)."""
-
   def ancestor_mask(self):
     grandparents = self.first - 2 * self.count
     if grandparents < 0:
@@ -244,16 +243,19 @@ def unclipped_adaptive_lengths(monkeypatch) -> list:
   return skipped
 
 
-LOOP_MUTANTS = {"deeper_tree_cut": deeper_tree_cut, "shallow_tree_draft": shallow_tree_draft,
-                "unclipped_adaptive_lengths": unclipped_adaptive_lengths}
+LOOP_MUTANTS = {
+    "deeper_tree_cut": deeper_tree_cut, "shallow_tree_draft": shallow_tree_draft,
+    "unclipped_adaptive_lengths": unclipped_adaptive_lengths
+}
 
 
 def _tree_rule_mutant(name):
   return lambda monkeypatch: inject(monkeypatch, name, tree=True)
 
 
-PLUGIN_MUTANTS = {**LOOP_MUTANTS,
-                  **{name: _tree_rule_mutant(name) for name in TREE_ROW_MUTANTS + tuple(RESIDUAL_MUTANTS)},
-                  "no_grandparent_ancestor_mask":
-                      lambda monkeypatch: monkeypatch.setattr(dynamic_tree.DynamicTree, "ancestor_mask",
-                                                              no_grandparent_ancestor_mask)}
+PLUGIN_MUTANTS = {
+    **LOOP_MUTANTS, **{
+        name: _tree_rule_mutant(name) for name in TREE_ROW_MUTANTS + tuple(RESIDUAL_MUTANTS)
+    }, "no_grandparent_ancestor_mask": lambda monkeypatch: monkeypatch.setattr(
+        dynamic_tree.DynamicTree, "ancestor_mask", no_grandparent_ancestor_mask)
+}

@@ -68,6 +68,6 @@ def commands(path: str) -> list[tuple[str, list[str]]]:
   lines = []
   for block in blocks(path, "bash"):
     lines.extend(line for line in block.replace("\\\n", " ").splitlines() if line.strip())
-  lines.extend(span for span in re.findall(r"`(python -m [^`]+)`", _read(path).replace("\n", " "))
-               if "--config=" in span)
+  lines.extend(span for span in re.findall(r"`(python -m [^`]+)`",
+                                           _read(path).replace("\n", " ")) if "--config=" in span)
   return [(line, words) for line in lines for words in _split(line) if words]

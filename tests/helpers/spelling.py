@@ -42,8 +42,7 @@ def agreeing_draft(target, draft_vocab: int, draft_I: np.ndarray, target_I: np.n
   """A draft of `draft_vocab` ids whose embedding and output rows at `draft_I` are the target's at
   `target_I` (other rows random) and whose blocks are the target's."""
   config, params = target
-  draft_config, draft_params = tiny_model(seed, vocab=draft_vocab, d_model=config.d_model,
-                                          n_layers=config.n_layers)
+  draft_config, draft_params = tiny_model(seed, vocab=draft_vocab, d_model=config.d_model, n_layers=config.n_layers)
   rows = lambda own, theirs: jnp.asarray(own).at[draft_I].set(jnp.asarray(theirs)[target_I])
   params = dict(params, embed={"embedding": rows(draft_params["embed"]["embedding"], params["embed"]["embedding"])},
                 lm_head={"weight": rows(draft_params["lm_head"]["weight"], params["lm_head"]["weight"])})
@@ -62,14 +61,14 @@ def spelling_drafter(target, draft_vocab: int = 50, shared: int = 40, max_ids: i
   return ModelDrafter(config, params, head, spelling=spelling, **fields), tables
 
 
-def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY,
-                seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH, tables=Tables(), **settings):
+def run_drafter(drafter, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, k=3, sampling=GREEDY, seed=0,
+                cache_len=CACHE_LEN, out_width=OUT_WIDTH, tables=Tables(), **settings):
   """Speculative decoding of `prompts` by `target` with `drafter` (its storage sized by itself);
   `settings` are the loop's (`SpeculativeLoop`), `tables` the K policy's."""
   target_config, target_params = target
   return testing.speculate(SpeculativeLoop(target_config, k, out_width, **settings), target_params, drafter,
-                           testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids),
-                           cache_len=cache_len, tables=tables)
+                           testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids), cache_len=cache_len,
+                           tables=tables)
 
 
 def bpe_pair_dirs(tmp_path):
@@ -77,8 +76,9 @@ def bpe_pair_dirs(tmp_path):
   GPT-2-style BPE of 900 trained on other sources (a few hundred shared byte strings, ids unrelated), and
   a small text corpus file."""
   dirs = []
-  for name, tokenizer, seed in (("target", train_tokenizer("qwen2"), 0),
-                                ("draft", train_tokenizer("gpt2", OTHER_SOURCES, 900), 1)):
+  for name, tokenizer, seed in (("target", train_tokenizer("qwen2"), 0), ("draft",
+                                                                          train_tokenizer("gpt2", OTHER_SOURCES,
+                                                                                          900), 1)):
     directory = str(tmp_path / name)
     save_hf_model("qwen2", directory, seed=seed, vocab=tokenizer.get_vocab_size())
     save_hf_dir(tokenizer, directory)
@@ -106,5 +106,4 @@ def forced_rounds(**fields):
   state = jax.jit(ModelDrafter.init)(drafter, drafter.storage(batch, FORCED_CACHE // 3), padded, lengths, None)
   score = jax.jit(lambda tokens_BxT: forward(config, params, tokens_BxT, init_cache(config, batch, FORCED_CACHE))[0])
   outside = np.setdiff1d(np.arange(TARGET[0].vocab_size), tables[1])
-  return (drafter, tables, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit),
-          score, outside)
+  return (drafter, tables, state, jax.jit(ModelDrafter.propose), jax.jit(ModelDrafter.commit), score, outside)

@@ -14,7 +14,6 @@ from specjax.testing import chi_square_pvalue  # noqa: F401 (for the tests)
 # execution-bound tests (the dynamic tree's from 30 to 22 s on 2 cores).
 SAMPLE_ROWS = 5_000
 
-
 # Equiprobable bins of the probability integral transform per position (`pit_pvalues`): with 10,000+
 # rows, 10 bins expect 1,000+ draws each.
 PIT_BINS = 10
@@ -41,5 +40,5 @@ def pit_pvalues(tokens_ZxT, probs_ZxTxV, seed: int = 0) -> np.ndarray:
   if impossible:
     return np.zeros(u_ZxT.shape[1])
   bins_ZxT = np.minimum((u_ZxT * PIT_BINS).astype(np.int64), PIT_BINS - 1)
-  return np.array([stats.chisquare(np.bincount(bins_ZxT[:, t], minlength=PIT_BINS)).pvalue
-                   for t in range(u_ZxT.shape[1])])
+  return np.array(
+      [stats.chisquare(np.bincount(bins_ZxT[:, t], minlength=PIT_BINS)).pvalue for t in range(u_ZxT.shape[1])])

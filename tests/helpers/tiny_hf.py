@@ -17,8 +17,8 @@ from specjax.generation import as_token_lists
 from specjax.models.kv_cache import init_cache
 
 # and "gemma3_llama_cpp": Gemma 3 at the defaults llama.cpp assumes for its GGUF files (tests/test_gguf.py)
-FAMILIES = ("llama", "qwen2", "qwen2_tied", "mistral", "gpt2", "llama3", "llama_linear", "llama_dynamic",
-            "llama_yarn", "qwen3", "gemma2", "gemma3")
+FAMILIES = ("llama", "qwen2", "qwen2_tied", "mistral", "gpt2", "llama3", "llama_linear", "llama_dynamic", "llama_yarn",
+            "qwen3", "gemma2", "gemma3")
 ROPE_SCALINGS = {  # family -> classic `rope_scaling` of a Llama config with max_position_embeddings 16
     "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8},
@@ -33,9 +33,8 @@ VOCAB = 97
 def make_hf_model(family: str, seed: int = 0, vocab: int = VOCAB) -> transformers.PreTrainedModel:
   """A random float32 model of `family` scoring `vocab` ids, small enough for a unit test on 2 cores."""
   torch.manual_seed(seed)
-  common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                rms_norm_eps=1e-6)
+  common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
   if family == "llama":
     config = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
   elif family in ROPE_SCALINGS:
@@ -47,20 +46,21 @@ def make_hf_model(family: str, seed: int = 0, vocab: int = VOCAB) -> transformer
     config = transformers.Gemma2Config(**common, **GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
   elif family == "gemma3_llama_cpp":  # what a Gemma 3 GGUF implies: see specjax.models.gguf_loader
     config = transformers.Gemma3TextConfig(
-        **{**common, "num_hidden_layers": 7}, **{**GEMMA, "query_pre_attn_scalar": GEMMA["head_dim"]},
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}})
+        **{**common, "num_hidden_layers": 7}, **{**GEMMA, "query_pre_attn_scalar": GEMMA["head_dim"]}, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}
+        })
   elif family == "gemma3":
     config = transformers.Gemma3TextConfig(
         **{**common, "num_hidden_layers": 3}, **GEMMA,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}})
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+        })
   elif family in ("qwen2", "qwen2_tied"):
     config = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=family == "qwen2_tied")
   elif family == "mistral":
-    config = transformers.MistralConfig(**common, rope_theta=1e4, sliding_window=None,
-                                        tie_word_embeddings=False)
+    config = transformers.MistralConfig(**common, rope_theta=1e4, sliding_window=None, tie_word_embeddings=False)
   elif family == "gpt2":
     config = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256)
   else:
@@ -75,8 +75,8 @@ def make_hf_model(family: str, seed: int = 0, vocab: int = VOCAB) -> transformer
   return model.eval()
 
 
-def save_hf_model(family: str, directory: str, seed: int = 0, safe: bool = True, vocab: int = VOCAB
-                  ) -> transformers.PreTrainedModel:
+def save_hf_model(family: str, directory: str, seed: int = 0, safe: bool = True,
+                  vocab: int = VOCAB) -> transformers.PreTrainedModel:
   model = make_hf_model(family, seed, vocab)
   model.save_pretrained(directory, safe_serialization=safe)
   return model
@@ -101,8 +101,8 @@ def save_char_tokenizer(directory: str, chat_template: str | None = None) -> Non
   backend.decoder = tokenizers.decoders.Fuse()
   backend.save(os.path.join(directory, "tokenizer.json"))
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<eos>", "unk_token": "<unk>",
-               **({"chat_template": chat_template} if chat_template else {})}, f)
+    json.dump(
+        {"eos_token": "<eos>", "unk_token": "<unk>", **({"chat_template": chat_template} if chat_template else {})}, f)
 
 
 # Ragged prompts longer than the windows (6) and within the dynamic RoPE's original context (16).

@@ -36,7 +36,6 @@ STYLES = {  # GGUF pre name -> (normalizer, pre-tokenizer) of the model's tokeni
     "gpt2": (None, pre_tokenizers.ByteLevel(add_prefix_space=False)),
 }
 
-
 JSON_SOURCES = tuple(json.__file__.replace("__init__", name) for name in ("__init__", "decoder", "encoder"))
 OTHER_SOURCES = (difflib.__file__, textwrap.__file__)  # a different corpus: vocabularies that differ more
 SP_SPECIALS = ["<bos>", "<eos>", "<|im_end|>", "<tool_call>"]  # <tool_call> is USER_DEFINED (not special) above
@@ -52,8 +51,7 @@ def _read(paths: tuple[str, ...]) -> list[str]:
   return texts
 
 
-def train_tokenizer(style: str, sources: tuple[str, ...] = JSON_SOURCES, vocab_size: int = 600
-                    ) -> tokenizers.Tokenizer:
+def train_tokenizer(style: str, sources: tuple[str, ...] = JSON_SOURCES, vocab_size: int = 600) -> tokenizers.Tokenizer:
   """A `vocab_size`-token BPE trained on `sources` (files) and TEXTS in the pre-tokenizer `style`, with
   SPECIALS and USER_DEFINED added."""
   normalizer, pre_tokenizer = STYLES[style]
@@ -75,9 +73,11 @@ def save_hf_dir(backend: tokenizers.Tokenizer, directory: str) -> None:
   """`backend` as an HF tokenizer directory (tokenizer.json, tokenizer_config.json with the chat template)."""
   backend.save(os.path.join(directory, "tokenizer.json"))
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None,
-               "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
-               "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    json.dump(
+        {
+            "chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None, "pad_token": "<|endoftext|>",
+            "clean_up_tokenization_spaces": False, "tokenizer_class": "PreTrainedTokenizerFast"
+        }, f)
 
 
 def add_tokenizer_metadata(writer: gguf.GGUFWriter, backend: tokenizers.Tokenizer, pre: str) -> None:
@@ -115,8 +115,11 @@ def train_sentencepiece(prefix_space: bool) -> tokenizers.Tokenizer:
   if prefix_space:
     backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     backend.decoder = tokenizers.decoders.Sequence([
-        tokenizers.decoders.Replace("▁", " "), tokenizers.decoders.ByteFallback(), tokenizers.decoders.Fuse(),
-        tokenizers.decoders.Strip(" ", 1, 0)])
+        tokenizers.decoders.Replace("▁", " "),
+        tokenizers.decoders.ByteFallback(),
+        tokenizers.decoders.Fuse(),
+        tokenizers.decoders.Strip(" ", 1, 0)
+    ])
   backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in SP_SPECIALS])
   backend.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in SP_ADDED])
   return backend

@@ -14,24 +14,27 @@ from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.trees import acceptance as tree_acceptance
 from specjax.speculative.trees import tree as tree_lib
 from specjax.speculative.drafters.model import ModelDrafter
-from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT,
-                                  SMALL_TARGET, TARGET, exact_distribution, target_conditionals)
+from tests.helpers.engine import (BUDGETS, CACHE_LEN, GREEDY, NO_EOS, OUT_WIDTH, PROMPTS, SAMPLE_PROMPT, SMALL_TARGET,
+                                  TARGET, exact_distribution, target_conditionals)
 from tests.helpers.stats import SAMPLE_ROWS, chi_square_pvalue, pit_pvalues
 
-TREES = {"branching": tree_lib.from_branching((2, 2, 1)),
-         "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])}
+TREES = {
+    "branching": tree_lib.from_branching((2, 2, 1)), "paths": tree_lib.from_paths([[0], [1], [2], [0, 0], [0, 1],
+                                                                                   [1, 0], [0, 0, 0]])
+}
 
 
-def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS,
-                         sampling=GREEDY, children="iid", seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH,
-                         head=None, max_lag=1, tables=Tables(), **settings):
+def run_tree_speculative(draft, tree, target=TARGET, prompts=PROMPTS, budgets=BUDGETS, eos_ids=NO_EOS, sampling=GREEDY,
+                         children="iid", seed=0, cache_len=CACHE_LEN, out_width=OUT_WIDTH, head=None, max_lag=1,
+                         tables=Tables(), **settings):
   """Speculative decoding of `prompts` by `target` with the model drafter `draft` drafting `tree`;
   `settings` are the loop's (`SpeculativeLoop`), `tables` the K policy's."""
   (target_config, target_params), (draft_config, draft_params) = target, draft
   drafter = ModelDrafter(draft_config, draft_params, head, tree=tree, tree_children=children, max_lag=max_lag)
-  return testing.speculate(SpeculativeLoop(target_config, tree.max_depth, out_width, **settings), target_params,
-                           drafter, testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids),
-                           cache_len=cache_len, tables=tables)
+  return testing.speculate(SpeculativeLoop(target_config, tree.max_depth, out_width,
+                                           **settings), target_params, drafter,
+                           testing.request(prompts, budgets, sampling, seed=seed, eos_ids=eos_ids), cache_len=cache_len,
+                           tables=tables)
 
 
 ROWS, ALPHA, REJECTED = SAMPLE_ROWS, 1e-3, 1e-6

@@ -37,8 +37,8 @@ class DraftModel(Objective):
     return Steps(
         steps.make_train_step(context.teacher, context.student.replace(remat=config.remat), context.optimizer,
                               context.labels, config.loss, config.accum_steps, context.placement, train_layout),
-        steps.make_eval_step(context.teacher, context.student, config.loss, config.eval_temperature,
-                             context.placement, eval_layout))
+        steps.make_eval_step(context.teacher, context.student, config.loss, config.eval_temperature, context.placement,
+                             eval_layout))
 
   def run_params(self, student_config: ModelConfig, master: Params) -> Params:
     return steps.model_params(student_config, master)
@@ -49,8 +49,8 @@ class DraftModel(Objective):
   def latest(self, teacher: LoadedModel, student_config: ModelConfig, master: Params, step: int,
              part: partitioning.Partitioning | None) -> tuple[LoadedModel, LoadedModel, int]:
     """(teacher, the draft as a model, step)."""
-    draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config,
-                        self.run_params(student_config, master), teacher.tokenizer, part)
+    draft = LoadedModel(f"{teacher.name}-draft-step{step}", student_config, self.run_params(student_config, master),
+                        teacher.tokenizer, part)
     return teacher, draft, step
 
 

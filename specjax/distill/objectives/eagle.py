@@ -43,8 +43,9 @@ class EagleHead(Objective):
   @classmethod
   def check(cls, config) -> None:
     """A head trains on one device, whole (no accumulation or remat), and here its own fields."""
-    one_device = {"mesh": (config.mesh.strip(), ""), "accum_steps": (config.accum_steps, 1),
-                  "remat": (config.remat, False)}
+    one_device = {
+        "mesh": (config.mesh.strip(), ""), "accum_steps": (config.accum_steps, 1), "remat": (config.remat, False)
+    }
     for field, (value, alone) in one_device.items():
       if value != alone:
         raise ConfigError(f"config.{field} = {value!r}: student.init {cls.name!r} trains on one device, without "
@@ -58,8 +59,8 @@ class EagleHead(Objective):
 
   def init(self, teacher: LoadedModel, part=None) -> tuple[EagleConfig, Params]:
     """A random head (one block of the target's width), every leaf trained."""
-    config = head_config(teacher.config, student.feature_layers(self.config.student.feature_layers,
-                                                                teacher.config.n_layers))
+    config = head_config(teacher.config,
+                         student.feature_layers(self.config.student.feature_layers, teacher.config.n_layers))
     params = init_head_params(config, jax.random.key(self.config.seed + 1), mask=self.mask_embedding)
     check_head(config, params, teacher.config)
     return config, params
@@ -75,8 +76,9 @@ class EagleHead(Objective):
       tokens_Vd = np.asarray(draft_vocab.most_frequent(counts_V, size, always=teacher.tokenizer.eos_ids), np.int32)
     except ValueError as e:
       raise ConfigError(f"config.student.draft_vocab: {e}") from None
-    print(f"the head trains over {len(tokens_Vd)} of {teacher.config.vocab_size} tokens, "
-          f"{vocab_map.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
+    print(
+        f"the head trains over {len(tokens_Vd)} of {teacher.config.vocab_size} tokens, "
+        f"{vocab_map.coverage(counts_V, tokens_Vd):.2%} of the training tokens", flush=True)
     path = os.path.join(workdir, HEAD_VOCAB_FILE)
     if os.path.exists(path) and not np.array_equal(np.load(path), tokens_Vd):
       raise ConfigError(f"{path} holds another restricted vocabulary than config.student.draft_vocab "
@@ -99,8 +101,8 @@ class EagleHead(Objective):
   def export(self, directory: str, head_config: EagleConfig, params: Params, teacher: LoadedModel) -> None:
     save_head(directory, head_config, params, self.vocab)
 
-  def latest(self, teacher: LoadedModel, head_config: EagleConfig, master: Params, step: int, part=None
-             ) -> tuple[LoadedModel, EagleConfig, Params, DraftHead | None, int]:
+  def latest(self, teacher: LoadedModel, head_config: EagleConfig, master: Params, step: int,
+             part=None) -> tuple[LoadedModel, EagleConfig, Params, DraftHead | None, int]:
     """(teacher, head config, its params in the head's dtype, its restricted vocabulary or None, step): what
     `save_head` exports."""
     if self.config.student.draft_vocab:

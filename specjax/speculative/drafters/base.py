@@ -126,8 +126,8 @@ def draft_chain(step: DraftStep, carry: Any, key: jax.Array, plan: RoundPlan,
     return (drawn + 1, carry, tokens_BxK.at[:, drawn].set(token_B),
             None if probs_BxW is None else probs_BxKxW.at[:, drawn].set(probs_BxW))
 
-  drawn, carry, tokens_BxK, probs_BxKxW = jax.lax.while_loop(
-      lambda loop: loop[0] < plan.depth, one_pass, (jnp.int32(0), carry, tokens_BxK, probs_BxKxW))
+  drawn, carry, tokens_BxK, probs_BxKxW = jax.lax.while_loop(lambda loop: loop[0] < plan.depth, one_pass,
+                                                             (jnp.int32(0), carry, tokens_BxK, probs_BxKxW))
   lengths_B = plan.clip(jnp.full((batch,), drawn, jnp.int32))
   return carry, Proposal(tokens=tokens_BxK.astype(jnp.int32), lengths=lengths_B, probs=probs_BxKxW, calls=drawn)
 
@@ -239,8 +239,7 @@ class Drafter(flax.struct.PyTreeNode):
     return self
 
   # -- inside the jitted loop --------------------------------------------------------------------------
-  def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
-           target_cache: KVCache) -> Any:
+  def init(self, storage: Any, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array, target_cache: KVCache) -> Any:
     """The state after the right-padded prompts (the target's cache already holds them)."""
     return None
 
@@ -252,8 +251,8 @@ class Drafter(flax.struct.PyTreeNode):
     raise NotImplementedError(f"{type(self).__name__} sets reads_prompt_features but defines no "
                               f"init_from_features")
 
-  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
+  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+              plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
     """Up to K = `plan.k` tokens per row following the history and `pending_B` (their distributions
     after `sampling`, or point masses), the state, and the target's cache (changed only beyond each
     row's length). Commits nothing. The round's `plan` says how many tokens row b may propose this
@@ -295,8 +294,8 @@ class ModelBackedDrafter(Drafter):
     if error:
       raise ConfigError(f"config.{error}")
 
-  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
+  def propose(self, state: Any, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+              plan: RoundPlan) -> tuple[Proposal, Any, KVCache]:
     """Drafts the drafter's shape with its own cache (`Shape.propose`: the hook for a chain, a static
     tree or a dynamic tree); the target's cache is untouched."""
     proposal, state = self.shape.propose(self, state, pending_B, sampling, key, plan)
@@ -331,8 +330,7 @@ class ModelBackedDrafter(Drafter):
   def storage_of(self, state: Any) -> KVCache | None:
     return None if self.cache_config is None else state.cache
 
-  def check_fits(self, storage: KVCache | None, prompt_lengths_B: np.ndarray, max_new_tokens: int,
-                 k: int) -> None:
+  def check_fits(self, storage: KVCache | None, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     if storage is None:
       return  # it writes only inside the target's block, which the target's own check covers
     if storage.batch_size != len(prompt_lengths_B):

@@ -70,8 +70,7 @@ class Block:
 
 def block_inputs(pending_B: jax.Array, k: int) -> jax.Array:
   """The block's tokens [B, K]: pending, then MASK_ID (the head's learned mask) in the K - 1 slots."""
-  return jnp.concatenate([pending_B[:, None], jnp.full((pending_B.shape[0], k - 1), MASK_ID, pending_B.dtype)],
-                         axis=1)
+  return jnp.concatenate([pending_B[:, None], jnp.full((pending_B.shape[0], k - 1), MASK_ID, pending_B.dtype)], axis=1)
 
 
 class DFlashDrafter(EagleDrafter):
@@ -114,10 +113,9 @@ class DFlashDrafter(EagleDrafter):
     cache with the block written beyond its length (scratch)."""
     tokens_BxK = block_inputs(pending_B, k)
     fused_BxKxD = jnp.broadcast_to(state.feature[:, None], (pending_B.shape[0], k, state.feature.shape[-1]))
-    out_BxKxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxK, fused_BxKxD,
-                                    state.cache, tree=Block(k))
-    return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
-                       out_BxKxD), cache
+    out_BxKxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxK, fused_BxKxD, state.cache,
+                                    tree=Block(k))
+    return head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab, out_BxKxD), cache
 
   def propose_chain(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
                     plan: RoundPlan) -> tuple[Proposal, EagleState]:

@@ -87,8 +87,8 @@ def intersection_head(config: ModelConfig, params: Params, draft_ids: Sequence[i
   `target_ids` of a `target_vocab_size` vocabulary (a one-to-one pairing: a duplicate would drop or double
   count probability mass)."""
   draft_Vd, target_Vd = np.asarray(draft_ids, np.int64), np.asarray(target_ids, np.int64)
-  if draft_Vd.shape != target_Vd.shape or len(np.unique(draft_Vd)) != draft_Vd.size or (
-      len(np.unique(target_Vd)) != target_Vd.size):
+  if draft_Vd.shape != target_Vd.shape or len(np.unique(draft_Vd)) != draft_Vd.size or (len(np.unique(target_Vd))
+                                                                                        != target_Vd.size):
     raise ValueError("the intersection must pair distinct draft ids with as many distinct target ids")
   if target_Vd.size and (target_Vd.min() < 0 or target_Vd.max() >= target_vocab_size):
     raise ValueError(f"target ids must be in [0, {target_vocab_size}), got {target_Vd.min()}..{target_Vd.max()}")

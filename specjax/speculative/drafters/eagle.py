@@ -133,8 +133,8 @@ class EagleDrafter(ModelBackedDrafter):
     its own (with a temporary cache of the prompts' size). The loop does not call this: its prefill
     hands the features to `init_from_features`."""
     scratch = init_cache(self.target_config, *prompts_BxP.shape)
-    _, features_BxPxF, _ = prefill_features(self.target_config, self.target_params, prompts_BxP,
-                                            prompt_lengths_B, scratch, self.feature_layers)
+    _, features_BxPxF, _ = prefill_features(self.target_config, self.target_params, prompts_BxP, prompt_lengths_B,
+                                            scratch, self.feature_layers)
     return self.init_from_features(storage, prompts_BxP, prompt_lengths_B, features_BxPxF)
 
   def init_from_features(self, storage: KVCache, prompts_BxP: jax.Array, prompt_lengths_B: jax.Array,
@@ -145,12 +145,12 @@ class EagleDrafter(ModelBackedDrafter):
     fused_BxPxD = fuse(self.config, self.params, features_BxPxF)
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
     if width > 1:  # pairs (f_t, x_{t+1}), t < P - 1
-      _, cache = head_forward(self.config, self.params, self._embedding(), prompts_BxP[:, 1:],
-                              fused_BxPxD[:, :-1], cache)
+      _, cache = head_forward(self.config, self.params, self._embedding(), prompts_BxP[:, 1:], fused_BxPxD[:, :-1],
+                              cache)
     last_B = jnp.maximum(prompt_lengths_B - 1, 0)
-    return EagleState(cache=cache.advance(last_B),
-                      feature=jnp.take_along_axis(fused_BxPxD, last_B[:, None, None], axis=1)[:, 0],
-                      pending=jnp.zeros((batch,), jnp.int32))
+    return EagleState(cache=cache.advance(last_B), feature=jnp.take_along_axis(fused_BxPxD, last_B[:, None, None],
+                                                                               axis=1)[:, 0], pending=jnp.zeros(
+                                                                                   (batch,), jnp.int32))
 
   def propose_static(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
                      plan: RoundPlan) -> tuple[Proposal, EagleState]:
@@ -165,8 +165,8 @@ class EagleDrafter(ModelBackedDrafter):
       parent_N1 = np.maximum(np.asarray(level.tree.parent), 0)  # of the tree drawn: the whole, or its spine
       nodes = np.arange(level.first, level.first + level.count)
       fused_BxLvxD = state.feature[:, None] if depth == 0 else outs_BxN1xD[:, parent_N1[nodes]]
-      out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD,
-                                       cache, tree=level)
+      out_BxLvxD, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxLv, fused_BxLvxD, cache,
+                                       tree=level)
       return out_BxLvxD, (cache, outs_BxN1xD.at[:, nodes].set(out_BxLvxD))
 
     def head(out_BxLvxD):
@@ -178,8 +178,8 @@ class EagleDrafter(ModelBackedDrafter):
     proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=jnp.int32(plan.depth))
     return proposal, state.replace(pending=pending_B)
 
-  def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams
-                         ) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
+  def draft_dynamic_tree(self, state: EagleState, pending_B: jax.Array,
+                         sampling: SamplingParams) -> tuple[jax.Array, DynamicTree, jax.Array, jax.Array]:
     """A dynamic tree: the root pass (f_{n-1}, x_n) gives the root's logits, then each frontier chunk
     feeds (its nodes' parents' head outputs, their tokens), written after the root beyond the head's
     length (scratch, as for a static tree): Dt head passes. Returns the tokens [B, N], the trees, each
@@ -202,8 +202,9 @@ class EagleDrafter(ModelBackedDrafter):
 
     outs_BxFrxD = jnp.zeros((batch, (spec.depth - 1) * spec.expand, self.config.block.d_model),
                             self.config.block.jnp_dtype)
-    tokens_BxN, tree, slots_BxN1, (_, outs_BxFrxD) = grow_dynamic_tree(
-        spec, root_logits_BxV, sampling, score_frontier, (cache.advance(jnp.ones_like(pending_B)), outs_BxFrxD))
+    tokens_BxN, tree, slots_BxN1, (_, outs_BxFrxD) = grow_dynamic_tree(spec, root_logits_BxV, sampling,
+                                                                       score_frontier, (cache.advance(
+                                                                           jnp.ones_like(pending_B)), outs_BxFrxD))
     return tokens_BxN, tree, slots_BxN1, outs_BxFrxD
 
   def propose_dynamic(self, state: EagleState, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
@@ -215,8 +216,8 @@ class EagleDrafter(ModelBackedDrafter):
                     plan: RoundPlan) -> tuple[Proposal, EagleState]:
     def step(carry, step_key, sampling):
       cache, fused_BxD, token_B = carry
-      out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None],
-                                      fused_BxD[:, None], cache)
+      out_Bx1xD, cache = head_forward(self.config, self.params, self._embedding(), token_B[:, None], fused_BxD[:, None],
+                                      cache)
       logits_BxV = head_logits(self.config, self.params, self.target_config, self.target_params, self.vocab,
                                out_Bx1xD[:, 0])
       next_B, probs_BxV = tokens_and_probabilities(step_key, logits_BxV, sampling)
@@ -234,9 +235,7 @@ class EagleDrafter(ModelBackedDrafter):
     fused_BxK1xD = fuse(self.config, self.params, target_hidden_BxK1xF)
     features_BxK1xD = jnp.concatenate([state.feature[:, None], fused_BxK1xD[:, :-1]], axis=1)
     tokens_BxK1 = jnp.concatenate([state.pending[:, None], proposal.tokens], axis=1)
-    _, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxK1, features_BxK1xD,
-                            state.cache)
-    newest_BxD = jnp.take_along_axis(fused_BxK1xD, jnp.maximum(num_committed_B - 1, 0)[:, None, None],
-                                     axis=1)[:, 0]
-    return state.replace(cache=cache.advance(num_committed_B),
-                         feature=jnp.where((num_committed_B > 0)[:, None], newest_BxD, state.feature))
+    _, cache = head_forward(self.config, self.params, self._embedding(), tokens_BxK1, features_BxK1xD, state.cache)
+    newest_BxD = jnp.take_along_axis(fused_BxK1xD, jnp.maximum(num_committed_B - 1, 0)[:, None, None], axis=1)[:, 0]
+    return state.replace(cache=cache.advance(num_committed_B), feature=jnp.where((num_committed_B > 0)[:, None],
+                                                                                 newest_BxD, state.feature))

@@ -90,14 +90,16 @@ def init_head_params(config: EagleConfig, key: jax.Array, mask: bool = False) ->
   fc_key, layer_key, norm_key = jax.random.split(key, 3)
   x_1x1xD = jnp.zeros((1, 1, block.d_model), block.jnp_dtype)
   rotary = rotary_tables(block, jnp.zeros((1, 1), jnp.int32))
-  params = {"layer": EagleLayer(block).init(layer_key, x_1x1xD, x_1x1xD, rotary, init_cache(block, 1, 1))["params"],
-            "final_norm": Norm(block).init(norm_key, x_1x1xD)["params"]}
+  params = {
+      "layer": EagleLayer(block).init(layer_key, x_1x1xD, x_1x1xD, rotary, init_cache(block, 1, 1))["params"],
+      "final_norm": Norm(block).init(norm_key, x_1x1xD)["params"]
+  }
   if config.feature_layers:
-    params["fc"] = {"weight": 0.02 * jax.random.normal(fc_key, (block.d_model, config.feature_width),
-                                                       block.jnp_dtype)}
+    params["fc"] = {"weight": 0.02 * jax.random.normal(fc_key, (block.d_model, config.feature_width), block.jnp_dtype)}
   if mask:
-    params[MASK_PARAM] = {"embedding": 0.02 * jax.random.normal(jax.random.fold_in(norm_key, 1), (block.d_model,),
-                                                                block.jnp_dtype)}
+    params[MASK_PARAM] = {
+        "embedding": 0.02 * jax.random.normal(jax.random.fold_in(norm_key, 1), (block.d_model,), block.jnp_dtype)
+    }
   return params
 
 
@@ -118,8 +120,8 @@ class Core(NamedTuple):
 
 
 def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, tokens_BxT: jax.Array,
-                 fused_BxTxD: jax.Array, cache: KVCache, tree=None, core: Core | None = None
-                 ) -> tuple[jax.Array, KVCache]:
+                 fused_BxTxD: jax.Array, cache: KVCache, tree=None,
+                 core: Core | None = None) -> tuple[jax.Array, KVCache]:
   """The head's outputs [B, T, D] (pre-norm: its own next features) for the pairs (fused feature,
   token) at positions `cache.lengths[b] + t` (a tree chunk: `+ depth[t]`, see `attention`), and its
   written (not advanced) cache. Training runs the same block with its own attention `core` (then `cache`
@@ -158,8 +160,7 @@ def _final_norm(config: EagleConfig, params: Params, out_xD: jax.Array) -> jax.A
   return Norm(config.block).apply({"params": params["final_norm"]}, out_xD)
 
 
-def check_head(config: EagleConfig, params: Params, target_config: ModelConfig,
-               vocab: DraftHead | None = None) -> None:
+def check_head(config: EagleConfig, params: Params, target_config: ModelConfig, vocab: DraftHead | None = None) -> None:
   """Raises ValueError unless the head fits the target: widths, vocabulary and feature layers."""
   if config.block.d_model != target_config.d_model:
     raise ValueError(f"the EAGLE head is {config.block.d_model} wide, the target's d_model is "
@@ -173,8 +174,8 @@ def check_head(config: EagleConfig, params: Params, target_config: ModelConfig,
   if config.feature_layers and params["fc"]["weight"].shape != (config.block.d_model, config.feature_width):
     raise ValueError(f"the head's fc weight is {params['fc']['weight'].shape}, expected "
                      f"{(config.block.d_model, config.feature_width)} for feature layers {config.feature_layers}")
-  if vocab is not None and (vocab.vocab_size != target_config.vocab_size
-                            or vocab.weight_VdxD.shape[1] != target_config.d_model):
+  if vocab is not None and (vocab.vocab_size != target_config.vocab_size or
+                            vocab.weight_VdxD.shape[1] != target_config.d_model):
     raise ValueError(f"the head's restricted vocabulary spans {vocab.vocab_size} ids of width "
                      f"{vocab.weight_VdxD.shape[1]}; the target has {target_config.vocab_size} of width "
                      f"{target_config.d_model}")

@@ -96,12 +96,13 @@ def save_head(directory: str, config: EagleConfig, params: Params, vocab: DraftH
     tensors["vocab/tokens"] = np.asarray(vocab.tokens_Vd, np.int32)
   save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-    json.dump({"format": _FORMAT, "block": dataclasses.asdict(config.block),
-               "feature_layers": list(config.feature_layers)}, f, indent=1)
+    json.dump(
+        {"format": _FORMAT, "block": dataclasses.asdict(config.block), "feature_layers": list(config.feature_layers)},
+        f, indent=1)
 
 
-def load_head(directory: str, target_config: ModelConfig, target_params: Params
-              ) -> tuple[EagleConfig, Params, DraftHead | None]:
+def load_head(directory: str, target_config: ModelConfig,
+              target_params: Params) -> tuple[EagleConfig, Params, DraftHead | None]:
   """A head for the target (`target_config`, `target_params`: its output head serves a restricted
   vocabulary) from `directory`, in specjax's layout or EAGLE-3's (see the module docstring), in the
   target's dtype; raises ValueError when it does not fit the target."""
@@ -112,9 +113,9 @@ def load_head(directory: str, target_config: ModelConfig, target_params: Params
   else:
     raise FileNotFoundError(f"{directory}: neither an EAGLE head in specjax's layout ({CONFIG_FILE}) nor "
                             "an EAGLE-3 head (config.json)")
-  config = dataclasses.replace(config, block=config.block.replace(vocab_size=target_config.vocab_size,
-                                                                  dtype=target_config.dtype,
-                                                                  matmul=target_config.matmul))
+  config = dataclasses.replace(
+      config, block=config.block.replace(vocab_size=target_config.vocab_size, dtype=target_config.dtype,
+                                         matmul=target_config.matmul))
   tokens_Vd, weight_VdxD = flat.pop("vocab/tokens", None), flat.pop("vocab/weight", None)
   vocab = None
   if tokens_Vd is not None and weight_VdxD is None:
@@ -123,8 +124,8 @@ def load_head(directory: str, target_config: ModelConfig, target_params: Params
                        f"{target_config.vocab_size}: this head was trained for another target")
     vocab = restrict_head(target_config, target_params, tokens_Vd)
   elif tokens_Vd is not None:
-    vocab = DraftHead(tokens_Vd=jnp.asarray(tokens_Vd, jnp.int32),
-                      weight_VdxD=jnp.asarray(weight_VdxD, target_config.jnp_dtype),
+    vocab = DraftHead(tokens_Vd=jnp.asarray(tokens_Vd,
+                                            jnp.int32), weight_VdxD=jnp.asarray(weight_VdxD, target_config.jnp_dtype),
                       vocab_size=target_config.vocab_size, softcap=target_config.final_softcap,
                       matmul=target_config.matmul)
   params = _unflatten(flat, target_config.jnp_dtype)

@@ -72,8 +72,7 @@ class HistoryDrafter(Drafter):
   free_proposal = True  # a lookup: proposed before the K policy chooses, which prices each row's offer
   vocab_size: int = flax.struct.field(pytree_node=False)  # V: the target's vocabulary (proposals are its ids)
 
-  def propose_from_history(self, history_BxS: jax.Array, lengths_B: jax.Array,
-                           k: int) -> tuple[jax.Array, jax.Array]:
+  def propose_from_history(self, history_BxS: jax.Array, lengths_B: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """(tokens_BxK int, num_proposed_B int in [0, K]) continuing each row's committed tokens
     history_BxS[b, :lengths_B[b]]. Pure JAX with static shapes: it runs inside the jitted loop."""
     raise NotImplementedError(f"{type(self).__name__} must define propose_from_history")
@@ -91,12 +90,10 @@ class HistoryDrafter(Drafter):
                        f"({target_config.vocab_size}): the proposals must be the target's token ids")
 
   def storage(self, batch_size: int, max_len: int) -> HistoryState:
-    return HistoryState(history=jnp.zeros((batch_size, max_len), jnp.int32),
-                        lengths=jnp.zeros((batch_size,), jnp.int32),
-                        pending=jnp.zeros((batch_size,), jnp.int32))
+    return HistoryState(history=jnp.zeros((batch_size, max_len), jnp.int32), lengths=jnp.zeros(
+        (batch_size,), jnp.int32), pending=jnp.zeros((batch_size,), jnp.int32))
 
-  def check_fits(self, storage: HistoryState, prompt_lengths_B: np.ndarray, max_new_tokens: int,
-                 k: int) -> None:
+  def check_fits(self, storage: HistoryState, prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     """The history must hold a live row's context: at most prompt + budget - 1 tokens. A live row has
     emitted G <= budget - 1 tokens, so its history holds prompt + G - 1 of them and the pending token
     goes at index prompt + G - 1 <= prompt + budget - 2; a row commits only while it stays live, so
@@ -124,8 +121,7 @@ class HistoryDrafter(Drafter):
     # Padding goes to an out-of-range column and is dropped: the history stays zero past each length.
     columns_BxP = jnp.where(columns_BxP < prompt_lengths_B[:, None], columns_BxP, storage.history.shape[1])
     rows_BxP = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, width))
-    history = jnp.zeros_like(storage.history).at[rows_BxP, columns_BxP].set(prompts_BxP.astype(jnp.int32),
-                                                                            mode="drop")
+    history = jnp.zeros_like(storage.history).at[rows_BxP, columns_BxP].set(prompts_BxP.astype(jnp.int32), mode="drop")
     return HistoryState(history=history, lengths=prompt_lengths_B.astype(jnp.int32),
                         pending=jnp.zeros_like(storage.pending))
 
@@ -146,8 +142,8 @@ class HistoryDrafter(Drafter):
                        f"expected (batch, k) = {(context_BxS.shape[0], k)}")
     return Proposal(tokens=tokens_BxK.astype(jnp.int32), lengths=jnp.clip(num_B, 0, k).astype(jnp.int32))
 
-  def propose(self, state: HistoryState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, plan: RoundPlan) -> tuple[Proposal, HistoryState, KVCache]:
+  def propose(self, state: HistoryState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, HistoryState, KVCache]:
     """`key` is unused: the rule is exact for point masses at any temperature; the lookup costs no
     pass, so the plan's cut is left to the loop (which proposes before it plans: `free_proposal`).
     Under a constraint, positions where it allows a single token propose that token

@@ -86,22 +86,23 @@ class LayerSkipDrafter(ModelBackedDrafter):
     if target_config != self.config:
       raise ValueError("a layer-skip drafter drafts with the target's own layers: its config must be the "
                        "target's")
-    if not self.layers or list(self.layers) != sorted(set(self.layers)) or not (
-        0 <= self.layers[0] and self.layers[-1] < self.config.n_layers):
+    if not self.layers or list(self.layers) != sorted(set(
+        self.layers)) or not (0 <= self.layers[0] and self.layers[-1] < self.config.n_layers):
       raise ValueError(f"draft layers {self.layers} must be ascending distinct indices in "
                        f"[0, {self.config.n_layers})")
 
   def draft_pass(self) -> DraftPass:
     return DraftPass(self.config, self.params, layers=self.layers)
 
-  def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
-              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, None, KVCache]:
+  def propose(self, state: None, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+              plan: RoundPlan) -> tuple[Proposal, None, KVCache]:
     def step(carry, step_key, sampling):
       cache, token_B = carry
       hidden_Bx1xD, cache = forward_hidden(self.config, self.params, token_B[:, None], cache, self.layers)
       # Greedy: point masses (probs None), no [K, B, V] distributions.
-      next_B, probs_BxV = tokens_and_probabilities(
-          step_key, hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0]), sampling)
+      next_B, probs_BxV = tokens_and_probabilities(step_key,
+                                                   hidden_to_logits(self.config, self.params, hidden_Bx1xD[:, 0]),
+                                                   sampling)
       return (cache.advance(jnp.ones_like(next_B)), next_B), (next_B, probs_BxV)
 
     # Up to K passes: pending, then d_1 .. d_{K-1}, each at the next position of the row.

@@ -130,8 +130,8 @@ class LevelsDrafter(Drafter):
             log: Callable[[str], None] = print) -> tuple[LevelsDrafter, dict]:
     group = QuantizedDrafter.config_group()
     group.weights = settings.options.weights
-    middle, facts = QuantizedDrafter.build(DrafterSettings(settings.group, ml_collections.FrozenConfigDict(group),
-                                                           k=settings.k), target, None, log)
+    middle, facts = QuantizedDrafter.build(
+        DrafterSettings(settings.group, ml_collections.FrozenConfigDict(group), k=settings.k), target, None, log)
     drafter = cls(middle, NgramDrafter(vocab_size=target.config.vocab_size), inner_k=int(settings.options.inner_k))
     return drafter, {**facts, "levels_inner": f"{settings.options.inner}, {drafter.inner_k} tokens an inner round"}
 
@@ -156,8 +156,7 @@ class LevelsDrafter(Drafter):
   def storage(self, batch_size: int, max_len: int) -> tuple[KVCache, Any]:
     return self.middle.storage(batch_size, max_len), self.inner.storage(batch_size, max_len)
 
-  def check_fits(self, storage: tuple[KVCache, Any], prompt_lengths_B: np.ndarray, max_new_tokens: int,
-                 k: int) -> None:
+  def check_fits(self, storage: tuple[KVCache, Any], prompt_lengths_B: np.ndarray, max_new_tokens: int, k: int) -> None:
     """The middle writes up to m positions past a chain draft's look-ahead (K - 1 + m); the inner
     context holds up to K - 1 drawn tokens after the pending one."""
     self.middle.check_fits(storage[0], prompt_lengths_B, max_new_tokens, k + self.inner_k)
@@ -200,26 +199,29 @@ class LevelsDrafter(Drafter):
     lead_B = jnp.where(drawn.rounds == 0, context.lag_B, 0)
     newest_B = jnp.take_along_axis(drawn.tokens, jnp.maximum(drawn.counts - 1, 0)[:, None], axis=1)[:, 0]
     x_B = jnp.where(drawn.counts > 0, newest_B, context.pending_B)
-    offered = self.inner.propose_from_context(appended(context.history_BxS, context.lengths_B, drawn.tokens,
-                                                       drawn.counts), context.lengths_B + drawn.counts, m)
+    offered = self.inner.propose_from_context(
+        appended(context.history_BxS, context.lengths_B, drawn.tokens, drawn.counts), context.lengths_B + drawn.counts,
+        m)
     offered = offered.replace(lengths=jnp.where(active_B, jnp.minimum(offered.lengths, m - lead_B), 0))
     block_BxM1 = jnp.concatenate([x_B[:, None], offered.tokens], axis=1)  # [x, e_1 .. e_m], or [lag, x, ..]
-    block_BxM1 = jnp.where(lead_B[:, None] > 0, jnp.concatenate([context.lag_id_B[:, None], block_BxM1[:, :m]],
-                                                                axis=1), block_BxM1)
+    block_BxM1 = jnp.where(lead_B[:, None] > 0, jnp.concatenate([context.lag_id_B[:, None], block_BxM1[:, :m]], axis=1),
+                           block_BxM1)
     widths = short_proposal_widths(m) if self.middle.config.narrow_passes else (m + 1,)
-    scoring = functools.partial(self._score, block_BxM1, lead_B, offered, context.sampling.after(drawn.tokens,
-                                drawn.counts), jax.random.fold_in(context.key, drawn.rounds))
-    cache, (accepted_B, next_B, probs_BxM1xW) = inplace.switch(
-        jnp.searchsorted(jnp.asarray(widths), jnp.max(lead_B + offered.lengths) + 1),
-        [functools.partial(scoring, width) for width in widths], drawn.cache)
-    emitted_BxM1 = jnp.where(jnp.arange(m + 1)[None, :] < accepted_B[:, None],
-                             jnp.pad(offered.tokens, ((0, 0), (0, 1))), next_B[:, None])
+    scoring = functools.partial(self._score, block_BxM1, lead_B, offered,
+                                context.sampling.after(drawn.tokens, drawn.counts),
+                                jax.random.fold_in(context.key, drawn.rounds))
+    cache, (accepted_B, next_B,
+            probs_BxM1xW) = inplace.switch(jnp.searchsorted(jnp.asarray(widths),
+                                                            jnp.max(lead_B + offered.lengths) + 1),
+                                           [functools.partial(scoring, width) for width in widths], drawn.cache)
+    emitted_BxM1 = jnp.where(
+        jnp.arange(m + 1)[None, :] < accepted_B[:, None], jnp.pad(offered.tokens, ((0, 0), (0, 1))), next_B[:, None])
     count_B = jnp.where(active_B, accepted_B + 1, 0)  # the lag, x and e_1 .. e_n were fed: the cache keeps them
-    return drawn.replace(cache=cache.advance(jnp.where(active_B, lead_B, 0) + count_B), counts=drawn.counts + count_B,
-                         tokens=appended(drawn.tokens, drawn.counts, emitted_BxM1, count_B),
-                         probs=None if drawn.probs is None else appended(drawn.probs, drawn.counts, probs_BxM1xW,
-                                                                         count_B),
-                         rounds=drawn.rounds + 1)
+    return drawn.replace(
+        cache=cache.advance(jnp.where(active_B, lead_B, 0) + count_B), counts=drawn.counts + count_B,
+        tokens=appended(drawn.tokens, drawn.counts, emitted_BxM1, count_B),
+        probs=None if drawn.probs is None else appended(drawn.probs, drawn.counts, probs_BxM1xW, count_B),
+        rounds=drawn.rounds + 1)
 
   def _score(self, block_BxM1: jax.Array, lead_B: jax.Array, offered: Proposal, sampling: SamplingParams,
              key: jax.Array, width: int, cache: KVCache):

@@ -235,8 +235,8 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
       return draft_inputs(self.config, None, tokens_B)[:, None], jnp.ones_like(tokens_B)
     return self.spelling.spell(tokens_B)
 
-  def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array, narrow: tuple[int, ...]
-            ) -> tuple[jax.Array, KVCache, jax.Array]:
+  def _feed(self, cache: KVCache, chunk_BxW: jax.Array, num_valid_B: jax.Array,
+            narrow: tuple[int, ...]) -> tuple[jax.Array, KVCache, jax.Array]:
     """Feeds each row's first `num_valid_B` ids of `chunk_BxW` in the narrowest of the passes `narrow`
     and W (static; one compiled pass each, 0 = none) that holds every row's, W itself in passes of
     LAG_CHUNK ids when it is wider: on a CPU a 2-token pass costs up to 1.8 single ones, and wider ones
@@ -255,6 +255,7 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
           return fed.replace(lengths=cache.lengths), hidden_BxD
         hidden_BxWxD, cache = forward_hidden(self.config, self.params, chunk_BxW[:, :w], cache)
         return cache, hidden_after(hidden_BxWxD, num_valid_B)
+
       return run
 
     needed = jnp.max(num_valid_B)
@@ -282,14 +283,13 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
     else:
       _, cache = feed_rows(self.config, self.params, ids_BxT, lengths_B, cache, self.config.prefill_chunk)
       lag_B = jnp.zeros((batch,), jnp.int32)
-    return ModelDraftState(cache=cache, lag_ids=lag_ids, lag=lag_B, fed=jnp.int32(0),
-                           pending_ids=jnp.ones((batch,), jnp.int32), deferred=jnp.bool_(False),
-                           spine=jnp.bool_(False),
-                           node_slots=(jnp.zeros((batch, self.tree.nodes_with_root), jnp.int32)
-                                       if self.shape.drawn_each_round else None))
+    return ModelDraftState(
+        cache=cache, lag_ids=lag_ids, lag=lag_B, fed=jnp.int32(0), pending_ids=jnp.ones((batch,), jnp.int32),
+        deferred=jnp.bool_(False), spine=jnp.bool_(False), node_slots=(jnp.zeros(
+            (batch, self.tree.nodes_with_root), jnp.int32) if self.shape.drawn_each_round else None))
 
-  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array, drafting: jax.Array | bool = True
-                ) -> tuple[jax.Array, ModelDraftState, KVCache, jax.Array]:
+  def _catch_up(self, state: ModelDraftState, pending_B: jax.Array,
+                drafting: jax.Array | bool = True) -> tuple[jax.Array, ModelDraftState, KVCache, jax.Array]:
     """The first pass of a proposal: each row's [lag, pending's ids] (`_feed`: just one id when no row
     lags and the tokenizer is shared). When nothing is `drafting` (a plain round) and every row's lag
     has room for pending's ids, nothing is fed (no pass runs, `max_lag` > 1 only): the state then holds
@@ -300,14 +300,14 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
     batch, m = spelled_BxM.shape
     capacity = state.lag_ids.shape[1] - m
     # Row b's chunk: its lag ids, then pending's ids right after them.
-    slot_BxM = jnp.where(jnp.arange(m)[None, :] < counts_B[:, None], state.lag[:, None] + jnp.arange(m)[None, :],
-                         capacity + m)  # dropped
+    slot_BxM = jnp.where(
+        jnp.arange(m)[None, :] < counts_B[:, None], state.lag[:, None] + jnp.arange(m)[None, :],
+        capacity + m)  # dropped
     chunk_BxW = state.lag_ids.at[jnp.arange(batch)[:, None], slot_BxM].set(spelled_BxM, mode="drop")
     waiting_B = state.lag + counts_B
     deferred = (capacity > 1) & ~jnp.asarray(drafting) & jnp.all(waiting_B <= capacity)
     num_valid_B = jnp.where(deferred, 0, waiting_B)
-    hidden_BxD, cache, passes = self._feed(state.cache, chunk_BxW, num_valid_B,
-                                           (0, 1, 2) if capacity > 1 else (1, 2))
+    hidden_BxD, cache, passes = self._feed(state.cache, chunk_BxW, num_valid_B, (0, 1, 2) if capacity > 1 else (1, 2))
     state = state.replace(lag_ids=chunk_BxW, pending_ids=counts_B, deferred=deferred)
     return hidden_BxD, state, cache, num_valid_B, passes
 

@@ -34,9 +34,8 @@ from specjax.speculative.trees.dynamic import draft_dynamic_tree
 
 class ModelShapes:
   """The shape hooks of `ModelDrafter` (`trees.shapes`), written against its catch-up pass and lag."""
-
-  def propose_chain(self, state: Any, pending_B: jax.Array, sampling: SamplingParams,
-                    key: jax.Array, plan: RoundPlan) -> tuple[Proposal, Any]:
+  def propose_chain(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
+                    plan: RoundPlan) -> tuple[Proposal, Any]:
     """Up to `plan.depth` draft tokens per row after [history, pending], each row stopping at its first
     unconfident one (`stop_threshold`)."""
     # A plain round (the policy wants no token of any row) may skip the draft entirely (`_catch_up`).
@@ -45,18 +44,17 @@ class ModelShapes:
     # No head for a plain round where branches are cheap (narrow passes: CPU); its d_1 is never verified.
     first = (plan.unless_plain(self._draw, self._no_draw, hidden_BxD, keys_K[0], sampling)
              if self.config.narrow_passes else self._draw(hidden_BxD, keys_K[0], sampling))
-    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = self._draw_rest(cache, num_valid_B, first, keys_K,
-                                                                         sampling, plan)
+    fed, cache, tokens_BxK, probs_BxKxV, confident_BxK = self._draw_rest(cache, num_valid_B, first, keys_K, sampling,
+                                                                         plan)
     # Row b proposes its leading confident tokens, at most fed + 1 of them (all K when stopping is off).
     lengths_B = jnp.sum(jnp.cumprod(confident_BxK, axis=1), axis=1).astype(jnp.int32)
     # The cache now holds [lag, pending's ids, d_1 .. d_fed] beyond the history, uncommitted (nothing
     # when deferred).
-    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV,
-                        calls=fed + catch_up_passes)
+    proposal = Proposal(tokens=tokens_BxK, lengths=lengths_B, probs=probs_BxKxV, calls=fed + catch_up_passes)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), fed=fed)
 
-  def _draw(self, hidden_BxD: jax.Array, step_key: jax.Array, sampling: SamplingParams
-            ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+  def _draw(self, hidden_BxD: jax.Array, step_key: jax.Array,
+            sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None, jax.Array]:
     """A chain's next draft token after the draft's hidden state `hidden_BxD`: (token [B], its distribution
     [B, V] or None when greedy (a point mass), confident [B]), under `sampling`'s constraint (its state after
     the tokens before this one)."""
@@ -106,8 +104,8 @@ class ModelShapes:
               confident_BxK.at[:, fed + 1].set(confident_BxK[:, fed] & confident_B))
 
     confident_BxK = jnp.zeros((len(token_B), k), bool).at[:, 0].set(confident_B)
-    return jax.lax.while_loop(
-        more, step, (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
+    return jax.lax.while_loop(more, step,
+                              (jnp.int32(0), cache.advance(num_valid_B), tokens_BxK, probs_BxKxV, confident_BxK))
 
   def commit_chain(self, state: Any, proposal: Proposal, num_committed_B: jax.Array,
                    target_hidden_BxK1xD: jax.Array) -> Any:
@@ -117,10 +115,8 @@ class ModelShapes:
     held_B = jnp.where(committed_B & ~state.deferred,
                        state.lag + state.pending_ids + jnp.minimum(num_committed_B - 1, state.fed), 0)
     lagging_B = num_committed_B > state.fed + 1
-    last_accepted_B = jnp.take_along_axis(proposal.tokens, jnp.maximum(num_committed_B - 2, 0)[:, None],
-                                          axis=1)[:, 0]
-    fed_state = self._lagging(state.replace(cache=state.cache.advance(held_B)), committed_B, lagging_B,
-                              last_accepted_B)
+    last_accepted_B = jnp.take_along_axis(proposal.tokens, jnp.maximum(num_committed_B - 2, 0)[:, None], axis=1)[:, 0]
+    fed_state = self._lagging(state.replace(cache=state.cache.advance(held_B)), committed_B, lagging_B, last_accepted_B)
     return fed_state.replace(lag=jnp.where(state.deferred, self._deferred_lag(state, committed_B), fed_state.lag))
 
   def propose_static(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
@@ -140,9 +136,8 @@ class ModelShapes:
     # The nodes are the head's ids, fed through `draft_inputs`; the root's token is not read.
     grower = Grower(feed_level, lambda hidden: draft_logits(self.config, self.params, self.head, hidden),
                     feeds_leaves=True, root_outputs=root_hidden_BxD[:, None])
-    cache, (tokens_BxN, probs_BxNxW) = draft_static(self.tree, self.tree_children, jnp.zeros_like(pending_B),
-                                                    sampling, key, grower,
-                                                    cache.advance(jnp.maximum(num_valid_B - 1, 0)), plan)
+    cache, (tokens_BxN, probs_BxNxW) = draft_static(self.tree, self.tree_children, jnp.zeros_like(pending_B), sampling,
+                                                    key, grower, cache.advance(jnp.maximum(num_valid_B - 1, 0)), plan)
     proposal = full(tokens_BxN, probs_BxNxW).replace(tree=self.tree, calls=catch_up_passes + jnp.int32(plan.depth))
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths),
                                    spine=jnp.bool_(False) if plan.spine is None else plan.spine)
@@ -155,9 +150,10 @@ class ModelShapes:
     cache = state.cache.advance(jnp.where(fed_B, state.lag + state.pending_ids - 1, 0))
     if not self.tree.is_chain:  # a spine round's keys are already in path order (`propose_static`)
       cache = cache.compact(jnp.where(state.spine, jnp.arange(proposal.path.shape[1]), proposal.path))
-    return state.replace(cache=cache.advance(jnp.where(fed_B, num_committed_B, 0)),
-                         lag=jnp.where(state.deferred, self._deferred_lag(state, committed_B),
-                                       jnp.where(committed_B, 0, state.lag)))
+    return state.replace(
+        cache=cache.advance(jnp.where(fed_B, num_committed_B, 0)), lag=jnp.where(state.deferred,
+                                                                                 self._deferred_lag(state, committed_B),
+                                                                                 jnp.where(committed_B, 0, state.lag)))
 
   def propose_dynamic(self, state: Any, pending_B: jax.Array, sampling: SamplingParams, key: jax.Array,
                       plan: RoundPlan) -> tuple[Proposal, Any]:
@@ -167,8 +163,7 @@ class ModelShapes:
     hidden_BxD, state, cache, num_valid_B, _ = self._catch_up(state, pending_B)
     root_logits_BxW = draft_logits(self.config, self.params, self.head, hidden_BxD)
     tokens_BxN, tree, slots_BxN1, cache = draft_dynamic_tree(self.config, self.params, self.head, self.tree,
-                                                             cache.advance(num_valid_B), root_logits_BxW,
-                                                             sampling)
+                                                             cache.advance(num_valid_B), root_logits_BxW, sampling)
     proposal = full(tokens_BxN, calls=self.tree.max_depth).replace(dynamic_tree=tree)
     return proposal, state.replace(cache=cache.replace(lengths=state.cache.lengths), node_slots=slots_BxN1)
 

@@ -147,8 +147,7 @@ class NgramDrafter(HistoryDrafter):
     if error:
       raise ValueError(error if error.startswith("tree") else f"ngram_{error}")
 
-  def propose_from_history(self, history_BxS: jax.Array, lengths_B: jax.Array,
-                           k: int) -> tuple[jax.Array, jax.Array]:
+  def propose_from_history(self, history_BxS: jax.Array, lengths_B: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     tokens_BxRxK, lengths_BxR = self._continuations(history_BxS, lengths_B, k, branches=1)
     return tokens_BxRxK[:, 0], lengths_BxR[:, 0]
 

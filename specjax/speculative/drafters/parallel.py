@@ -74,8 +74,7 @@ class ParallelDraftState:
   lag: jax.Array  # [B] int32 in [0, K]: the draft tokens committed last round, fed then as masks only
 
 
-def draw_block(key: jax.Array, logits_BxKxW: jax.Array,
-                sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+def draw_block(key: jax.Array, logits_BxKxW: jax.Array, sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
   """d_i from q_i, position by position: under a constraint q_i is masked by the state after d_1 .. d_{i-1}
   (`SamplingParams.after`), so the draft proposes only what the constraint allows along its own path;
   unconstrained, each q_i is the pass's own. Returns (tokens [B, K], their distributions [B, K, W] or
@@ -168,10 +167,9 @@ class ParallelDrafter(ModelBackedDrafter):
            target_cache: KVCache) -> ParallelDraftState:
     batch = prompts_BxP.shape[0]
     cache = storage.replace(lengths=jnp.zeros((batch,), jnp.int32))  # whatever it held before
-    _, cache = prefill(self.config, self.params, draft_inputs(self.config, None, prompts_BxP), prompt_lengths_B,
-                       cache)
-    return ParallelDraftState(cache=cache, lag_ids_BxK=jnp.zeros((batch, self.k), jnp.int32),
-                              lag=jnp.zeros((batch,), jnp.int32))
+    _, cache = prefill(self.config, self.params, draft_inputs(self.config, None, prompts_BxP), prompt_lengths_B, cache)
+    return ParallelDraftState(cache=cache, lag_ids_BxK=jnp.zeros((batch, self.k), jnp.int32), lag=jnp.zeros((batch,),
+                                                                                                            jnp.int32))
 
   def block(self, state: ParallelDraftState, pending_B: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Row b's pass [lag, pending, MASK x (K - 1)], padded with masks to 2K ids [B, 2K], and where its K
@@ -180,14 +178,14 @@ class ParallelDrafter(ModelBackedDrafter):
     lag_ids_Bx2K = jnp.pad(state.lag_ids_BxK, ((0, 0), (0, k)))
     slot_Bx2K = jnp.broadcast_to(jnp.arange(2 * k), (batch, 2 * k))
     lag_B1 = state.lag[:, None]
-    ids_Bx2K = jnp.where(slot_Bx2K < lag_B1, lag_ids_Bx2K,
-                         jnp.where(slot_Bx2K == lag_B1, draft_inputs(self.config, None, pending_B)[:, None],
-                                   self.mask_id))
+    ids_Bx2K = jnp.where(
+        slot_Bx2K < lag_B1, lag_ids_Bx2K,
+        jnp.where(slot_Bx2K == lag_B1,
+                  draft_inputs(self.config, None, pending_B)[:, None], self.mask_id))
     return ids_Bx2K, lag_B1 + jnp.arange(k)[None, :]
 
-  def propose(self, state: ParallelDraftState, target_cache: KVCache, pending_B: jax.Array,
-              sampling: SamplingParams, key: jax.Array, plan: RoundPlan
-              ) -> tuple[Proposal, ParallelDraftState, KVCache]:
+  def propose(self, state: ParallelDraftState, target_cache: KVCache, pending_B: jax.Array, sampling: SamplingParams,
+              key: jax.Array, plan: RoundPlan) -> tuple[Proposal, ParallelDraftState, KVCache]:
     """K tokens per row, d_i drawn from q_i alone, from one pass; the cache is written, not advanced."""
     k = self.k
     ids_Bx2K, read_BxK = self.block(state, pending_B)
@@ -198,8 +196,8 @@ class ParallelDrafter(ModelBackedDrafter):
                         probs=probs_BxKxW, calls=jnp.int32(1))
     return proposal, state.replace(cache=cache), target_cache
 
-  def draw(self, key: jax.Array, logits_BxKxW: jax.Array, sampling: SamplingParams
-           ) -> tuple[jax.Array, jax.Array | None]:
+  def draw(self, key: jax.Array, logits_BxKxW: jax.Array,
+           sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
     """The block's tokens and distributions from its logits (`draw_block`: a key per position), the step a
     variant of the drafter (or a test's mutant) replaces."""
     return draw_block(key, logits_BxKxW, sampling)
@@ -212,5 +210,4 @@ class ParallelDrafter(ModelBackedDrafter):
     return ParallelDraftState(
         cache=state.cache.advance(jnp.where(committed_B, state.lag + 1, 0)),
         lag_ids_BxK=jnp.where(committed_B[:, None], draft_inputs(self.config, None, proposal.tokens),
-                              state.lag_ids_BxK),
-        lag=jnp.where(committed_B, num_committed_B - 1, state.lag))
+                              state.lag_ids_BxK), lag=jnp.where(committed_B, num_committed_B - 1, state.lag))

@@ -20,8 +20,10 @@ def builtin() -> dict[str, type]:
   modules = [f"specjax.speculative.drafters.{module}" for module in BUILTIN_MODULES]
   for module in modules:
     importlib.import_module(module)
-  order = {name: (modules.index(cls.__module__) if cls.__module__ in modules else len(modules), i)
-           for i, (name, cls) in enumerate(REGISTERED.items())}
+  order = {
+      name: (modules.index(cls.__module__) if cls.__module__ in modules else len(modules), i)
+      for i, (name, cls) in enumerate(REGISTERED.items())
+  }
   return dict(sorted(REGISTERED.items(), key=lambda item: order[item[0]]))
 
 

@@ -65,10 +65,9 @@ class Spelling:
     slot_BxPxM = (ends_BxP - counts_BxP)[:, :, None] + jnp.arange(M)[None, None, :]
     slot_BxPxM = jnp.where(jnp.arange(M)[None, None, :] < counts_BxP[:, :, None], slot_BxPxM, P * M)  # dropped
     rows_Bx1 = jnp.arange(B)[:, None]
-    spelled_BxPM = jnp.zeros((B, P * M), jnp.int32).at[rows_Bx1, slot_BxPxM.reshape(B, -1)].set(
-        ids_BxPxM.reshape(B, -1), mode="drop")
+    spelled_BxPM = jnp.zeros(
+        (B, P * M), jnp.int32).at[rows_Bx1, slot_BxPxM.reshape(B, -1)].set(ids_BxPxM.reshape(B, -1), mode="drop")
     return spelled_BxPM, ends_BxP[:, -1]
-
 
 
 def tokenizer_mismatch(target: LoadedModel, draft: LoadedModel) -> str | None:
@@ -89,13 +88,13 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
   if mismatch:
     raise ValueError(mismatch)
 
+
 def spelling(vocab: vocab_map.VocabMap, limit: int = MAX_SPELLING) -> tuple[Spelling, int]:
   """The device table of a host `VocabMap`, each spelling cut to `limit` ids, and how many target ids
   were cut."""
   counts_V = np.minimum(vocab.feed_counts_V, limit)
   return (Spelling(ids_VxM=jnp.asarray(vocab.feed_VxM[:, :limit], jnp.int32),
-                   counts_V=jnp.asarray(counts_V, jnp.int32)),
-          int((vocab.feed_counts_V > limit).sum()))
+                   counts_V=jnp.asarray(counts_V, jnp.int32)), int((vocab.feed_counts_V > limit).sum()))
 
 
 def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, corpus_source: str,
@@ -119,10 +118,11 @@ def intersection_drafting(target: LoadedModel, draft: LoadedModel, size: int, co
     draft_ids_I = vocab.target_to_draft_V[target_ids_I]
   head = intersection_head(draft.config, draft.params, draft_ids_I, target_ids_I, target_size)
   table, cut = spelling(vocab)
-  facts = {"vocab_intersection": int(vocab.size), "vocab_intersection_coverage": coverage,
-           "draft_head_tokens": int(len(target_ids_I)),
-           "draft_head_coverage": vocab_map.coverage(counts_V, target_ids_I),
-           "spelled_ids": table.max_ids, "spellings_cut": cut}
+  facts = {
+      "vocab_intersection": int(vocab.size), "vocab_intersection_coverage": coverage,
+      "draft_head_tokens": int(len(target_ids_I)), "draft_head_coverage": vocab_map.coverage(counts_V, target_ids_I),
+      "spelled_ids": table.max_ids, "spellings_cut": cut
+  }
   log(f"draft {draft.name} has another tokenizer than target {target.name}: drafting through the token-level "
       f"intersection of {vocab.size} ids ({coverage:.1%} of the target's tokens of {corpus_source!r}); the draft "
       f"proposes {len(target_ids_I)} of them and reads each target token as up to {table.max_ids} of its ids "

@@ -150,15 +150,15 @@ def walk(continuations_BxOcxK: jax.Array, branches: int, limit_B: jax.Array,
   return jnp.stack(tokens, axis=2).astype(jnp.int32), lengths_BxR
 
 
-MAX_POOL_TOKENS = 2 ** 24  # the largest pool (P tokens; `suffix_pool`: [log2 P + 2, P] int32 on the device)
+MAX_POOL_TOKENS = 2**24  # the largest pool (P tokens; `suffix_pool`: [log2 P + 2, P] int32 on the device)
 
 
 def _settings_error(s) -> str | None:
   """What is wrong with the group's settings (None when nothing is), as "field: message"."""
   checks = (("max_match", int(s.max_match) == s.max_match and s.max_match >= 1, "an integer >= 1"),
-            ("occurrences", int(s.occurrences) == s.occurrences and s.occurrences >= 1, "an integer >= 1"),
-            ("factor", s.factor >= 0, ">= 0"),
-            ("min_prob", 0 <= s.min_prob <= 1, "in [0, 1]"),
+            ("occurrences", int(s.occurrences) == s.occurrences and
+             s.occurrences >= 1, "an integer >= 1"), ("factor", s.factor
+                                                      >= 0, ">= 0"), ("min_prob", 0 <= s.min_prob <= 1, "in [0, 1]"),
             ("pool_tokens", int(s.pool_tokens) == s.pool_tokens and 0 <= s.pool_tokens <= MAX_POOL_TOKENS,
              f"an integer in [0, {MAX_POOL_TOKENS}] (its index holds (log2 P + 2) int32 a token: 1.7 GB at the bound)"),
             ("corpus_tokens", int(s.corpus_tokens) == s.corpus_tokens and s.corpus_tokens >= 0, "an integer >= 0"))
@@ -222,9 +222,10 @@ class SuffixDrafter(HistoryDrafter):
   @staticmethod
   def search_fields(options) -> dict:
     """The drafter's static fields set by its config group (the pool's settings are `build`'s)."""
-    return {"max_match": int(options.max_match), "occurrences": int(options.occurrences),
-            "factor": float(options.factor), "offset": float(options.offset), "min_prob": float(options.min_prob),
-            "across_rows": bool(options.across_rows)}
+    return {
+        "max_match": int(options.max_match), "occurrences": int(options.occurrences), "factor": float(options.factor),
+        "offset": float(options.offset), "min_prob": float(options.min_prob), "across_rows": bool(options.across_rows)
+    }
 
   def __post_init__(self):
     if self.tree is not None and not is_spines(self.tree):

@@ -39,9 +39,11 @@ def directory() -> str:
 def machine() -> dict[str, Any]:
   """What the costs were measured on."""
   devices = jax.devices()
-  return {"host": platform.node(), "processor": platform.processor() or platform.machine(),
-          "cpus": os.cpu_count(), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
-          "devices": len(devices), "processes": jax.process_count(), "jax": jax.__version__}
+  return {
+      "host": platform.node(), "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+      "platform": devices[0].platform, "device_kind": devices[0].device_kind, "devices": len(devices),
+      "processes": jax.process_count(), "jax": jax.__version__
+  }
 
 
 def _path(description: dict[str, Any]) -> str:
@@ -82,18 +84,18 @@ def load(description: dict[str, Any], candidates: tuple[Any, ...],
     with open(path) as f:
       stored = json.load(f)
     cost_C = np.asarray(stored["cost_table_s"], np.float32)
-    reached_AxK, accepted_AxK = (_counts(stored, field, counts_shape)
-                                 for field in ("calibration_reached", "calibration_accepted"))
+    reached_AxK, accepted_AxK = (
+        _counts(stored, field, counts_shape) for field in ("calibration_reached", "calibration_accepted"))
     wanted = _candidates_record(candidates)
-    if (stored["description"] != json.loads(json.dumps(description, default=repr))
-            or stored["lengths"] != wanted["lengths"]
-            or stored.get("spine", [False] * len(stored["lengths"])) != wanted["spine"]
-            or cost_C.shape != (len(candidates),) or not np.all(np.isfinite(cost_C) & (cost_C > 0))
-            or reached_AxK.shape != tuple(counts_shape) or accepted_AxK.shape != tuple(counts_shape)
-            or not np.all((0 <= accepted_AxK) & (accepted_AxK <= reached_AxK))):
+    if (stored["description"] != json.loads(json.dumps(description, default=repr)) or
+        stored["lengths"] != wanted["lengths"] or
+        stored.get("spine", [False] * len(stored["lengths"])) != wanted["spine"] or
+        cost_C.shape != (len(candidates),) or not np.all(np.isfinite(cost_C) & (cost_C > 0)) or
+        reached_AxK.shape != tuple(counts_shape) or accepted_AxK.shape != tuple(counts_shape) or
+        not np.all((0 <= accepted_AxK) & (accepted_AxK <= reached_AxK))):
       raise ValueError("it describes another program or holds no valid table")
-    return Stored(cost_C, str(stored["measured_at"]), reached_AxK, accepted_AxK,
-                  float(stored.get("prefill_s", 0.0))), ""
+    return Stored(cost_C, str(stored["measured_at"]), reached_AxK, accepted_AxK, float(stored.get("prefill_s",
+                                                                                                  0.0))), ""
   except (OSError, ValueError, KeyError, TypeError) as e:
     return None, f"ignoring the stored cost table {path} ({e})"
 
@@ -104,11 +106,12 @@ def save(description: dict[str, Any], candidates: tuple[Any, ...], cost_C: np.nd
   seconds of a call's prefill (replacing any); returns its file."""
   path = _path(description)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  record = {"description": description, **_candidates_record(candidates),
-            "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-            "calibration_reached": np.asarray(reached_AxK, float).tolist(),
-            "calibration_accepted": np.asarray(accepted_AxK, float).tolist(), "prefill_s": float(prefill_s),
-            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  record = {
+      "description": description, **_candidates_record(candidates), "cost_table_s": [float(c) for c in cost_C],
+      "calibration_time_s": seconds, "calibration_reached": np.asarray(reached_AxK, float).tolist(),
+      "calibration_accepted": np.asarray(accepted_AxK, float).tolist(), "prefill_s": float(prefill_s),
+      "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  }
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
     json.dump(record, f, indent=1, default=repr)

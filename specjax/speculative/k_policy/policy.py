@@ -174,11 +174,9 @@ class KPolicy:
   def init(self, batch: int, candidates: tuple[Candidate, ...], tables: Tables) -> PolicyState:
     prior_AxK = jnp.asarray(tables.prior_AxK, jnp.float32)
     return PolicyState(alpha_BxAxK=jnp.broadcast_to(prior_AxK, (batch, *prior_AxK.shape)), prior_AxK=prior_AxK,
-                       cost_C=jnp.asarray(tables.cost_C, jnp.float32),
-                       chosen_C=jnp.zeros((len(candidates),), jnp.int32),
-                       reached_AxK=jnp.zeros(prior_AxK.shape, jnp.float32),
-                       accepted_AxK=jnp.zeros(prior_AxK.shape, jnp.float32),
-                       full=jnp.asarray(tables.full, jnp.bool_))
+                       cost_C=jnp.asarray(tables.cost_C, jnp.float32), chosen_C=jnp.zeros(
+                           (len(candidates),), jnp.int32), reached_AxK=jnp.zeros(prior_AxK.shape, jnp.float32),
+                       accepted_AxK=jnp.zeros(prior_AxK.shape, jnp.float32), full=jnp.asarray(tables.full, jnp.bool_))
 
   def choose(self, state: PolicyState, live_B: jax.Array, candidates: tuple[Candidate, ...],
              offered_B: jax.Array | None = None) -> tuple[RoundPlan, jax.Array]:
@@ -187,8 +185,8 @@ class KPolicy:
     drafter proposes what the plan asks."""
     return RoundPlan(candidates[0].length), jnp.int32(0)
 
-  def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array,
-             num_accepted_AxB: jax.Array, live_B: jax.Array) -> PolicyState:
+  def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array, num_accepted_AxB: jax.Array,
+             live_B: jax.Array) -> PolicyState:
     """The state after a round in which, as estimate a sees it, live row b proposed
     `num_proposed_AxB[a, b]` tokens and accepted the first `num_accepted_AxB[a, b]` (0 proposed: a round
     that told estimate a nothing)."""
@@ -249,20 +247,23 @@ class Adaptive(KPolicy):
     rate_C = jnp.sum(jnp.where(live_B[:, None], committed_BxC, 0.0), axis=0) / state.cost_C
     index = jnp.argmax(rate_C).astype(jnp.int32)
     spines = any(c.spine for c in candidates)
-    plan = ChosenPlan(int(lengths_C.max()), jnp.full(live_B.shape, jnp.asarray(lengths_C)[index], jnp.int32),
+    plan = ChosenPlan(int(lengths_C.max()), jnp.full(live_B.shape,
+                                                     jnp.asarray(lengths_C)[index], jnp.int32),
                       jnp.asarray([c.spine for c in candidates])[index] if spines else None, state.full)
     return plan, index
 
-  def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array,
-             num_accepted_AxB: jax.Array, live_B: jax.Array) -> PolicyState:
-    reached_AxBxK, accepted_AxBxK = jax.vmap(metrics.reached_and_accepted, in_axes=(0, 0, None, None))(
-        num_accepted_AxB, num_proposed_AxB, live_B, state.alpha_BxAxK.shape[2])
+  def update(self, state: PolicyState, index: jax.Array, num_proposed_AxB: jax.Array, num_accepted_AxB: jax.Array,
+             live_B: jax.Array) -> PolicyState:
+    reached_AxBxK, accepted_AxBxK = jax.vmap(metrics.reached_and_accepted,
+                                             in_axes=(0, 0, None, None))(num_accepted_AxB, num_proposed_AxB, live_B,
+                                                                         state.alpha_BxAxK.shape[2])
     reached_BxAxK, accepted_BxAxK = reached_AxBxK.transpose(1, 0, 2), accepted_AxBxK.transpose(1, 0, 2)
     alpha_BxAxK = jnp.where(reached_BxAxK, self.decay * state.alpha_BxAxK + (1.0 - self.decay) * accepted_BxAxK,
                             state.alpha_BxAxK + self.recovery * (state.prior_AxK[None] - state.alpha_BxAxK))
-    return super().update(state, index, num_proposed_AxB, num_accepted_AxB, live_B).replace(
-        alpha_BxAxK=alpha_BxAxK, reached_AxK=state.reached_AxK + jnp.sum(reached_AxBxK, axis=1),
-        accepted_AxK=state.accepted_AxK + jnp.sum(accepted_AxBxK, axis=1))
+    return super().update(state, index, num_proposed_AxB, num_accepted_AxB,
+                          live_B).replace(alpha_BxAxK=alpha_BxAxK,
+                                          reached_AxK=state.reached_AxK + jnp.sum(reached_AxBxK, axis=1),
+                                          accepted_AxK=state.accepted_AxK + jnp.sum(accepted_AxBxK, axis=1))
 
 
 def parse(kind: str, prior: float, decay: float, recovery: float, drawn_each_round: bool) -> KPolicy:

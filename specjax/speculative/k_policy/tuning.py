@@ -71,8 +71,9 @@ class Memory:
     for a in range(self.rows):
       base = self.prior
       for j in range(self.k):
-        base = float(np.clip((PRIOR_ROUNDS * base + self.accepted_AxK[a, j])
-                             / (PRIOR_ROUNDS + self.reached_AxK[a, j]), 0.01, 0.99))
+        base = float(
+            np.clip((PRIOR_ROUNDS * base + self.accepted_AxK[a, j]) / (PRIOR_ROUNDS + self.reached_AxK[a, j]), 0.01,
+                    0.99))
         prior_AxK[a, j] = base
     return prior_AxK
 
@@ -148,19 +149,20 @@ def monotone(candidates: tuple[Candidate, ...], cost_C: np.ndarray) -> np.ndarra
   lifted."""
   cost_C = np.array(cost_C, np.float32)
   for index, candidate in enumerate(candidates):  # those it covers come earlier: already lifted
-    cost_C[index] = max([cost_C[index]] + [cost_C[j] for j, other in enumerate(candidates[:index])
-                                           if candidate.covers(other)])
+    cost_C[index] = max([cost_C[index]] +
+                        [cost_C[j] for j, other in enumerate(candidates[:index]) if candidate.covers(other)])
   return cost_C
 
 
-def calibrate(candidates: tuple[Candidate, ...], run: Callable[[np.ndarray, int], int],
-              rounds: int = 3) -> np.ndarray:
+def calibrate(candidates: tuple[Candidate, ...], run: Callable[[np.ndarray, int], int], rounds: int = 3) -> np.ndarray:
   """The cost table [C] timed as whole forced rounds of the compiled program (`forced_round_seconds`
   per candidate), made monotone. A decoder prices its table instead (`Prices`: passes timed alone plus
   one measured overhead), which measures more stably on a shared CPU; this direct measurement serves
   where the models' passes are not at hand (experiments/benchmark_accelerator.py)."""
-  return monotone(candidates, np.asarray([forced_round_seconds(len(candidates), index, run, rounds)
-                                          for index in range(len(candidates))], np.float32))
+  return monotone(
+      candidates,
+      np.asarray([forced_round_seconds(len(candidates), index, run, rounds) for index in range(len(candidates))],
+                 np.float32))
 
 
 # A stored or measured table whose prediction of a call misses the call's measured time by more than this
@@ -252,11 +254,13 @@ def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates
   cost_C, prior_AxK = memory.cost_C, memory.prior_AxK
   log(f"round cost by proposal length: "
       f"{', '.join(f'{c.label}: {1e3 * cost:.1f} ms' for c, cost in zip(candidates, cost_C))}"
-      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_AxK[0])}"
-      + (f" (spine: {' '.join(f'{a:.2f}' for a in prior_AxK[1])})" if len(prior_AxK) > 1 else ""))
-  entry = {"cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds,
-           "cost_table_measured_at": stored_at, "acceptance_prior": [float(a) for a in prior_AxK[0]],
-           "prefill_s": memory.prefill_s, "remeasured_after_a_miss": remeasured}
+      f"; acceptance prior by position: {' '.join(f'{a:.2f}' for a in prior_AxK[0])}" +
+      (f" (spine: {' '.join(f'{a:.2f}' for a in prior_AxK[1])})" if len(prior_AxK) > 1 else ""))
+  entry = {
+      "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds, "cost_table_measured_at": stored_at,
+      "acceptance_prior": [float(a) for a in prior_AxK[0]], "prefill_s": memory.prefill_s,
+      "remeasured_after_a_miss": remeasured
+  }
   if prices is not None:
     entry.update(passes_s=[float(p) for p in prices.passes_C], round_overhead_s=prices.overhead_s,
                  forced_longest_round_s=prices.forced_longest_s, forced_longest_miss=prices.longest_miss)

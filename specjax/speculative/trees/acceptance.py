@@ -69,8 +69,7 @@ def _verify_tree_row(key, children_N1xC, path_N1xDt1, depth_N1, tokens_N, probs_
     for rank in range(width):
       child = children_N1xC[node, rank]
       trying = searching & ~found & (child > 0)
-      accepted, rejected_q_V = _try_child(uniforms_DtxC[level, rank], jnp.maximum(child, 1), tokens_N,
-                                          probs_NxW, q_V)
+      accepted, rejected_q_V = _try_child(uniforms_DtxC[level, rank], jnp.maximum(child, 1), tokens_N, probs_NxW, q_V)
       q_V = jnp.where(trying & ~accepted, rejected_q_V, q_V)
       next_node = jnp.where(trying & accepted, child, next_node)
       found = found | (trying & accepted)
@@ -108,10 +107,10 @@ def verify_tree(key: jax.Array, tree: Tree | DynamicTree, tokens_BxN: jax.Array,
   _, depth_BxN1, children_BxN1xC, path_BxN1xDt1, _ = _tables(tree, batch)
   if probs_BxNxW is None:
     return jax.vmap(lambda key, children, paths, depths, tokens, target: _verify_tree_row(
-        key, children, paths, depths, tokens, None, target))(
-            row_keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1, tokens_BxN, target_probs_BxN1xV)
-  return jax.vmap(_verify_tree_row)(row_keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1, tokens_BxN,
-                                    probs_BxNxW, target_probs_BxN1xV)
+        key, children, paths, depths, tokens, None, target))(row_keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1,
+                                                             tokens_BxN, target_probs_BxN1xV)
+  return jax.vmap(_verify_tree_row)(row_keys_B, children_BxN1xC, path_BxN1xDt1, depth_BxN1, tokens_BxN, probs_BxNxW,
+                                    target_probs_BxN1xV)
 
 
 def verify_tree_greedy(tree: Tree | DynamicTree, tokens_BxN: jax.Array,

@@ -57,8 +57,8 @@ def _without_elders(probs_BxCxW: jax.Array, order_BxCxRk: jax.Array, ranks: list
   mass on the child's token where nothing is left)."""
   width = probs_BxCxW.shape[-1]
   elder_CxRk = jnp.arange(order_BxCxRk.shape[-1])[None, :] < jnp.asarray(ranks)[:, None]
-  elders_BxCxW = jnp.any((order_BxCxRk[..., None] == jnp.arange(width)[None, None, None, :])
-                         & elder_CxRk[None, :, :, None], axis=2)
+  elders_BxCxW = jnp.any(
+      (order_BxCxRk[..., None] == jnp.arange(width)[None, None, None, :]) & elder_CxRk[None, :, :, None], axis=2)
   left_BxCxW = jnp.where(elders_BxCxW, 0.0, probs_BxCxW)
   total_BxCx1 = left_BxCxW.sum(-1, keepdims=True)
   return jnp.where(total_BxCx1 > 0.0, left_BxCxW / jnp.where(total_BxCx1 > 0.0, total_BxCx1, 1.0),
@@ -120,8 +120,8 @@ class Grower(NamedTuple):
   root_outputs: Any = None  # the root's outputs when the caller fed it (level 0 is not fed again)
 
 
-def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-              grower: Grower, carry: Any, plan: RoundPlan) -> tuple[jax.Array, jax.Array | None, Any]:
+def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array, grower: Grower,
+              carry: Any, plan: RoundPlan) -> tuple[jax.Array, jax.Array | None, Any]:
   """Draws a static tree level by level with `grower`: each node's children are drawn from its logits
   (`children`), masked by `sampling`'s constraint at that node (its state after the node's path from
   the root, whose state `sampling` holds: `Constrained.along`).
@@ -144,6 +144,7 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
       level = tree.level(level_depth)
       outputs, carry = feed_level(carry, tokens_BxN1[:, level.first:level.first + level.count], level, level_depth)
       return (carry, tokens_BxN1, probs), outputs
+
     return run
 
   def drawn(level_depth, outputs):
@@ -158,6 +159,7 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
       if level_probs_BxCxW is not None:
         probs_BxN1xW = probs_BxN1xW.at[:, jnp.asarray(nodes)].set(level_probs_BxCxW)
       return (carry, tokens_BxN1, probs_BxN1xW), ()
+
     return run
 
   loop = (carry, tokens_BxN1, None)
@@ -176,8 +178,8 @@ def grow_tree(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingPa
   return tokens_BxN1[:, 1:], None if probs_BxN1xW is None else probs_BxN1xW[:, 1:], carry
 
 
-def draft_static(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array,
-                 grower: Grower, carry: Any, plan: RoundPlan) -> tuple[Any, Drawn]:
+def draft_static(tree: Tree, children: str, root_B: jax.Array, sampling: SamplingParams, key: jax.Array, grower: Grower,
+                 carry: Any, plan: RoundPlan) -> tuple[Any, Drawn]:
   """(carry, (tokens [B, N], distributions [B, N, W] or None)) of a round's static tree (`grow_tree`: its
   cut at the plan's depth), or only that cut's spine where the plan says so (`spine_or_whole`): what the
   model and EAGLE drafters both draw, each feeding its levels its own way (`grower`)."""

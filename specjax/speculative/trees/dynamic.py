@@ -58,7 +58,7 @@ class DynamicSpec:
 
   @property
   def candidates(self) -> int:
-    return self.expand + (self.depth - 1) * self.expand ** 2
+    return self.expand + (self.depth - 1) * self.expand**2
 
   @property
   def nodes_with_root(self) -> int:
@@ -192,8 +192,8 @@ class _Growth:
     """The root's b most likely children: the depth-1 candidates, all of them the first frontier."""
     b, batch = spec.expand, root_logits_BxW.shape[0]
     root = sampling.constraint.along(jnp.zeros((batch, 0), jnp.int32))
-    tokens_Bxb, scores_Bxb = (x[:, 0] for x in _children(root_logits_BxW[:, None],
-                                                         sampling.replace(constraint=root), b))
+    tokens_Bxb, scores_Bxb = (
+        x[:, 0] for x in _children(root_logits_BxW[:, None], sampling.replace(constraint=root), b))
     return cls(spec, sampling, [tokens_Bxb], [scores_Bxb], [jnp.zeros((batch, b), jnp.int32)],
                [jnp.ones((batch, b), jnp.int32)], [jnp.full((batch, b), -1, jnp.int32)],
                jnp.zeros((batch, b, (spec.depth - 1) * b), bool),
@@ -216,12 +216,12 @@ class _Growth:
     mask_BxbxFr = jnp.take_along_axis(self.fed_mask, local_Bxb[:, :, None], axis=1) | own_BxbxFr
     chunk_Bxb = self._gather(self.tokens, self.frontier_Bxb)
     parent_Bxb = self._gather(self.parents, self.frontier_Bxb)  # node index, 0 = root
-    parent_slots_Bxb = jnp.where(parent_Bxb > 0, jnp.take_along_axis(jnp.concatenate(self.slots, 1),
-                                                                      jnp.maximum(parent_Bxb - 1, 0), axis=1), -1)
+    parent_slots_Bxb = jnp.where(
+        parent_Bxb > 0, jnp.take_along_axis(jnp.concatenate(self.slots, 1), jnp.maximum(parent_Bxb - 1, 0), axis=1), -1)
     logits_BxbxW, carry = score_frontier(carry, chunk_Bxb, _Frontier(first, b, mask_BxbxFr[:, :, :first + b]),
                                          parent_slots_Bxb)
-    self.slots[-1] = self.slots[-1].at[jnp.arange(batch)[:, None], local_Bxb].set(
-        first + jnp.arange(b, dtype=jnp.int32)[None])
+    self.slots[-1] = self.slots[-1].at[jnp.arange(batch)[:, None],
+                                       local_Bxb].set(first + jnp.arange(b, dtype=jnp.int32)[None])
     return logits_BxbxW, mask_BxbxFr, carry
 
   def expand(self, d: int, logits_BxbxW: jax.Array, mask_BxbxFr: jax.Array) -> None:
@@ -230,8 +230,8 @@ class _Growth:
     b, batch = self.spec.expand, self.frontier_Bxb.shape[0]
     created = self.created
     candidates = DynamicTree(parent=jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32)] + self.parents, 1),
-                             depth=jnp.concatenate([jnp.zeros((batch, 1), jnp.int32)] + self.depths, 1),
-                             max_depth=d, max_children=b)
+                             depth=jnp.concatenate([jnp.zeros((batch, 1), jnp.int32)] + self.depths,
+                                                   1), max_depth=d, max_children=b)
     constraint = self.sampling.constraint.along(jnp.concatenate(self.tokens, 1), candidates)
     child_tokens_Bxbxb, child_logp_Bxbxb = _children(
         logits_BxbxW, self.sampling.replace(constraint=constraint.at(self.frontier_Bxb + 1)), b)
@@ -249,21 +249,22 @@ class _Growth:
     [B, N], the trees and each node's fed slot [B, N + 1] (-1: the root and unfed nodes)."""
     nodes, batch = self.spec.nodes, self.frontier_Bxb.shape[0]
     chosen_BxN = jnp.sort(_best(jnp.concatenate(self.scores, 1), nodes), axis=-1)
-    node_of_BxC = jnp.zeros((batch, self.created), jnp.int32).at[jnp.arange(batch)[:, None], chosen_BxN].set(
-        jnp.arange(1, nodes + 1, dtype=jnp.int32)[None])
+    node_of_BxC = jnp.zeros((batch, self.created),
+                            jnp.int32).at[jnp.arange(batch)[:, None],
+                                          chosen_BxN].set(jnp.arange(1, nodes + 1, dtype=jnp.int32)[None])
     parent_candidate_BxN = self._gather(self.parents, chosen_BxN)
     parent_BxN = jnp.where(parent_candidate_BxN > 0,
                            jnp.take_along_axis(node_of_BxC, jnp.maximum(parent_candidate_BxN - 1, 0), axis=1), 0)
     root = lambda value: jnp.full((batch, 1), value, jnp.int32)
     tree = DynamicTree(parent=jnp.concatenate([root(-1), parent_BxN], 1),
-                       depth=jnp.concatenate([root(0), self._gather(self.depths, chosen_BxN)], 1),
-                       max_depth=self.spec.depth, max_children=self.spec.expand)
-    return (self._gather(self.tokens, chosen_BxN), tree,
-            jnp.concatenate([root(-1), self._gather(self.slots, chosen_BxN)], 1))
+                       depth=jnp.concatenate([root(0), self._gather(self.depths, chosen_BxN)],
+                                             1), max_depth=self.spec.depth, max_children=self.spec.expand)
+    return (self._gather(self.tokens,
+                         chosen_BxN), tree, jnp.concatenate([root(-1), self._gather(self.slots, chosen_BxN)], 1))
 
 
-def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: SamplingParams,
-                      score_frontier: Callable, carry: Any) -> tuple[jax.Array, DynamicTree, jax.Array, Any]:
+def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: SamplingParams, score_frontier: Callable,
+                      carry: Any) -> tuple[jax.Array, DynamicTree, jax.Array, Any]:
   """Grows each row's tree from its root's logits `root_logits_BxW` (see the module docstring), a
   drafter's passes given by `score_frontier(carry, tokens_Bxb, frontier, parent_slots_Bxb)`: it feeds one
   frontier chunk (a `_Frontier`: slots `first` .. `first + b - 1` beyond what the drafter holds, each
@@ -282,17 +283,15 @@ def grow_dynamic_tree(spec: DynamicSpec, root_logits_BxW: jax.Array, sampling: S
   return *growth.chosen(), carry
 
 
-def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | None, spec: DynamicSpec,
-                       cache: KVCache, root_logits_BxW: jax.Array, sampling: SamplingParams
-                       ) -> tuple[jax.Array, DynamicTree, jax.Array, KVCache]:
+def draft_dynamic_tree(config: ModelConfig, params: Params, head: DraftHead | None, spec: DynamicSpec, cache: KVCache,
+                       root_logits_BxW: jax.Array,
+                       sampling: SamplingParams) -> tuple[jax.Array, DynamicTree, jax.Array, KVCache]:
   """Grows each row's tree with a draft model after its history and root (already in `cache`, whose
   logits after the root are `root_logits_BxW`): `grow_dynamic_tree`, each frontier chunk one
   tree-masked draft pass written beyond each row's length (not advanced). Returns its tokens, trees and
   slots, and the cache."""
-
   def score_frontier(cache, chunk_Bxb, frontier, parent_slots_Bxb):
-    hidden_BxbxD, cache = forward_hidden(config, params, draft_inputs(config, head, chunk_Bxb), cache,
-                                         tree=frontier)
+    hidden_BxbxD, cache = forward_hidden(config, params, draft_inputs(config, head, chunk_Bxb), cache, tree=frontier)
     return draft_logits(config, params, head, hidden_BxbxD), cache
 
   return grow_dynamic_tree(spec, root_logits_BxW, sampling, score_frontier, cache)
