@@ -114,12 +114,12 @@ def _shows_bonus(acceptance, k):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, k", [(name, 2) for name in sorted(SAMPLINGS)] + [("t0.7", 1), ("t1.5_top_p0.8", 1)])
+@pytest.mark.parametrize("name, k", [(name, 2) for name in sorted(SAMPLINGS)] + [("t1.5_top_p0.8", 1)])
 def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
   """Chi-square at level 0.001 on N = SAMPLE_ROWS rows over the first K + 2 tokens, which include the
   bonus token of every row that accepted its first K drafts (at least MIN_BONUS_SHARE of them). K = 2
-  for every sampling; K = 1 (one draft, the bonus right after it) at both temperatures, plain and with
-  top-p (top-k at K = 1 was the same program shape twice more: K = 2 runs it)."""
+  for every sampling; K = 1 (one draft, the bonus right after it) with top-p at T = 1.5 (the other knobs
+  at K = 1 were the same program shape again: K = 2 runs them)."""
   tokens_ZxT, acceptance = _correct(name, k)
   assert tokens_ZxT.shape == (ROWS, k + 2)
   assert _shows_bonus(acceptance, k).mean() > MIN_BONUS_SHARE[k]

@@ -26,6 +26,9 @@ forward = jax.jit(transformer.forward, static_argnums=0)
 # other RoPE scalings) or of the weights alone (biases, tied embeddings, mistral without a window): the full
 # forward and transformers' generate cover them.
 CACHE_FAMILIES = ("llama", "gpt2", "llama_dynamic", "qwen3", "gemma2", "gemma3")
+# Scanned layers look each layer's window and RoPE base up by the traced index: the families whose layers
+# differ (gemma2, gemma3), and two whose layers are alike.
+SCAN_FAMILIES = ("llama", "qwen3", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -59,6 +62,7 @@ def test_full_forward_matches_transformers(loaded):
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("loaded", SCAN_FAMILIES, indirect=True)
 def test_scanned_layers_match_per_layer(loaded):
   """`scan_layers`: per-layer windows and RoPE bases looked up by the traced layer index."""
   _, config, params = loaded

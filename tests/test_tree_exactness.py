@@ -3,7 +3,7 @@
 every row needs three rounds at least, so compaction of an accepted second branch and the tree masks at
 depth 2 are exercised before later rounds read the cache) over SAMPLE_ROWS seeded rows follow the target's
 exact distribution (enumerated over a vocabulary of 8, fixed keys) at temperature 0.8 with top-k 6, for
-i.i.d., without-replacement and top-b children. Statistics: chi-square on two marginals of the exact
+i.i.d. and top-b children. Statistics: chi-square on two marginals of the exact
 joint of the first 5 tokens, tokens 0-3 (4,096 cells) and tokens 2-4 (512 cells); and every one of the 8
 positions against the target's exact conditional given the row's earlier tokens
 (`trees.all_positions_pvalue`: randomized PIT per position in 10 bins, Bonferroni over the positions):
@@ -64,7 +64,9 @@ def _pvalues(tokens_ZxT):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("children", ["iid", "without_replacement", "top"])
+# Children drawn without replacement run end to end in test_eagle's sampled tree test (the same drafting and
+# rule, with a mutant of their renormalisation it rejects); the rule-level Monte Carlo covers every mode.
+@pytest.mark.parametrize("children", ["iid", "top"])
 def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
   tokens_ZxT, out = _first_tokens(children)
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
