@@ -51,9 +51,15 @@ _init = nn.initializers.normal(stddev=0.02)
 INVARIANT_WIDTH = 16  # chunks of up to this many positions reduce position by position (`per_position`)
 
 
+def invariant_chunk(config: ModelConfig, T: int) -> bool:
+  """Whether a chunk of T positions computes each position as a one-token step does (batch-invariant
+  numerics, T <= INVARIANT_WIDTH): its reductions position by position, its attention query by query."""
+  return config.numerics == BATCH_INVARIANT and T <= INVARIANT_WIDTH
+
+
 def by_position(config: ModelConfig, T: int) -> bool:
-  """Whether a chunk of T positions reduces position by position (`per_position`)."""
-  return config.numerics == BATCH_INVARIANT and 1 < T <= INVARIANT_WIDTH
+  """Whether a chunk of T positions reduces position by position (`per_position`; one position already does)."""
+  return T > 1 and invariant_chunk(config, T)
 
 
 def per_position(config: ModelConfig, fn: Callable[[jax.Array], jax.Array], x_BxTx: jax.Array) -> jax.Array:
@@ -152,7 +158,7 @@ def cache_attention(cfg: ModelConfig, q_BxTxHxDh: jax.Array, k_BxTxGxDh: jax.Arr
   mask = attention_mask.Mask(cache.lengths, window, tree)
   # A chain in the batch-invariant mode, one-token steps included: query t computes what a one-token step
   # at length lengths + t computes (`per_position`), all T queries in one loop over the key blocks.
-  per_query = tree is None and cfg.numerics == BATCH_INVARIANT and T <= INVARIANT_WIDTH
+  per_query = tree is None and invariant_chunk(cfg, T)
   out_BxTxGxHgxDh, k, v = attention.attend(q_BxTxGxHgxDh, cache.k, cache.v, layer, mask, cfg, per_query)
   return out_BxTxGxHgxDh.reshape(B, T, H, Dh), cache.replace(k=k, v=v)
 
