@@ -174,13 +174,11 @@ class _Turns:
         for row, i in enumerate(active[start:start + size]):
           ids = decoded.token_ids[row]
           answers[i].append(prompts.answer_text(tok, ids))
-          own = requests[i].constraint
           self.outputs.append({
               "prompt": requests[i].turns[turn], "prompt_tokens": len(rows[start + row].ids),
               "text": tok.decode(ids, skip_special_tokens=True), "token_ids": ids, "num_tokens": len(ids),
               "batch_wall_time_s": decoded.wall_s, **({"conversation": i, "turn": turn + 1} if turns > 1 else {}),
-              **requests[i].meta, **({"constraint": own} if own else {}),
-              **({"stats": per_row[row]} if spec.speculative else {})
+              **requests[i].meta, **requests[i].own_settings(), **({"stats": per_row[row]} if spec.speculative else {})
           })
     self.outputs.sort(key=lambda o: o.get("conversation", 0))  # conversation by conversation, turns in order
 

@@ -83,6 +83,15 @@ class Request:
     """(temperature, top_k, top_p) as given: None where it leaves the call's."""
     return self.temperature, self.top_k, self.top_p
 
+  def own_settings(self) -> dict[str, Any]:
+    """What it sets for itself instead of the call (budget, sampling knobs, constraint), as its outputs
+    record it: a field it leaves to the call is absent."""
+    own = dict(zip(("max_new_tokens", *Knobs._fields), (self.max_new_tokens, *self._own_knobs())))
+    return {
+        **{name: value for name, value in own.items() if value is not None},
+        **({"constraint": self.constraint} if self.constraint else {})
+    }
+
   def knobs(self, call: Knobs) -> Knobs:
     """Its sampling knobs in a call whose own (the config's) are `call`."""
     return Knobs(*(default if own is None else own for own, default in zip(self._own_knobs(), call)))

@@ -31,8 +31,10 @@ def test_jsonl_prompts_and_conversations_keep_their_fields(tmp_path):
       prompts.Request("one", max_new_tokens=5, temperature=0, top_p=0.9),
       prompts.Request(("a", "b"), meta={"category": "x", "question_id": 7}, top_k=3)
   ]
-  # What a record leaves out is the call's.
+  # What a record leaves out is the call's; what it sets, its outputs record.
   assert [r.knobs(Knobs(0.7, 50, 1.0)) for r in got] == [Knobs(0, 50, 0.9), Knobs(0.7, 3, 1.0)]
+  assert [r.own_settings() for r in got] == [{"max_new_tokens": 5, "temperature": 0, "top_p": 0.9}, {"top_k": 3}]
+  assert prompts.Request("x", constraint={"regex": "[0-9]"}).own_settings() == {"constraint": "regex:[0-9]"}
   for record, message in (('"max_new_tokens": "5"', r"max_new_tokens of .*p.jsonl:1 must be an integer >= 1"),
                           ('"top_k": 2.5', r"top_k of .*p.jsonl:1 must be an integer >= 0 \(0 disables it\), got 2.5"),
                           ('"temperature": "hot"', r"temperature of .*p.jsonl:1 must be >= 0 .*, got 'hot'")):
