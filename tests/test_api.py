@@ -82,6 +82,9 @@ def test_a_decoder_loads_once_and_changes_sampling_without_reloading_or_recompil
                         specjax.Request("abc", temperature=1.3, top_k=0)], temperature=0.7)
   assert loop._generate._cache_size() == compiled and mixed.stats["compile_time_s"] == 0
   assert mixed.token_ids[0] == greedy.token_ids[1]  # "hello"
+  # Each output records what its request set for itself (the call's temperature 0.7 is not a request's).
+  assert [{name: o.get(name) for name in ("temperature", "top_k", "top_p")} for o in mixed.results["outputs"]
+         ] == [{"temperature": 0.0, "top_k": None, "top_p": None}, {"temperature": 1.3, "top_k": 0, "top_p": None}]
   with pytest.raises(ConfigError, match=r"top_p of request 2 must be in \(0, 1\] \(1 disables it\), got 0"):
     dec.generate(["abc", specjax.Request("abc", top_p=0, source="request 2")])
   assert dec.generate(["def add(a, b):", "hello"], temperature=0.0).token_ids == greedy.token_ids
