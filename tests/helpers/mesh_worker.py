@@ -1,8 +1,9 @@
 """Runs the multi-device checks in a process of its own with 8 simulated CPU devices (or
-$SPECJAX_TEST_DEVICES) and prints one JSON object of results; `tests/test_mesh.py` starts it (the rest
-of the suite keeps one device).
+$SPECJAX_TEST_DEVICES) and prints one JSON object of results, {check: its results} for the checks named;
+`tests/test_mesh.py` starts it (the rest of the suite keeps one device). `decode hlo` in one process
+compiles the speculative programs once: `hlo` lowers the very programs `decode` ran.
 
-  python tests/helpers/mesh_worker.py decode|params|hlo|errors|processes
+  python tests/helpers/mesh_worker.py CHECK... (decode, params, hlo, errors, processes)
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def _placed(spec: str, seed_target: int = 0, seed_draft: int = 1):
   return target, drafter, part, mesh
 
 
-def _run(spec: str, mode: str, sampling, seed: int = 3):
+def _run(spec: str, mode: str, sampling, seed: int = 3, lower: bool = False):
+  """(tokens, output) of a decode on mesh `spec`; with `lower`, the compiled text of the speculative
+  program instead (the program such a run compiles: free in a process that ran it)."""
   target, drafter, part, mesh = _placed(spec)
   context = jax.set_mesh(mesh) if mesh else contextlib.nullcontext()
   with context:
@@ -81,7 +84,9 @@ def _run(spec: str, mode: str, sampling, seed: int = 3):
       out = autoregressive.generate(TARGET, target, request, cache)
     else:
       out = speculative_generate(SpeculativeLoop(TARGET, 3), target, drafter, request, cache,
-                                 drafter.storage(len(PROMPTS), CACHE))
+                                 drafter.storage(len(PROMPTS), CACHE), lower=lower)
+      if lower:
+        return out.compile().as_text()
     return np.asarray(meshes.to_host(out.tokens)).tolist(), out
 
 
@@ -128,17 +133,14 @@ def collectives(hlo_text: str) -> list[tuple[str, list[int]]]:
 
 
 def hlo() -> dict:
-  """The collectives of the compiled speculative programs on data=2,model=4 (greedy and sampled), and
-  of a control that does gather a vocabulary-sharded array (XLA's top_k on it)."""
-  target, drafter, part, mesh = _placed("data=2,model=4")
-  results = {}
+  """The collectives of the compiled speculative programs on data=2,model=4 (greedy and sampled: those
+  `decode` runs), and of a control that does gather a vocabulary-sharded array (XLA's top_k on it)."""
+  results = {
+      name: collectives(_run("data=2,model=4", "speculative", sampling, lower=True))
+      for name, sampling in (("greedy", sampling_params(0.0)), ("sampled", SAMPLED))
+  }
+  target, _, part, mesh = _placed("data=2,model=4")
   with jax.set_mesh(mesh):
-    for name, sampling in (("greedy", sampling_params(0.0)), ("sampled", SAMPLED)):
-      cache = init_cache(TARGET, len(PROMPTS), CACHE, partitioning.cache_sharding(TARGET, part))
-      request = Request(jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), 20, [-1], sampling, jax.random.key(0))
-      lowered = speculative_generate(SpeculativeLoop(TARGET, 3), target, drafter, request, cache,
-                                     drafter.storage(len(PROMPTS), CACHE), lower=True)
-      results[name] = collectives(lowered.compile().as_text())
     logits = jax.device_put(jnp.ones((16, TARGET.vocab_size)), part.sharding("data", "model"))
     results["control"] = collectives(jax.jit(lambda x: jax.lax.top_k(x, 8)).lower(logits).compile().as_text())
   sharded = [leaf for leaf in jax.tree.leaves(target) if not leaf.sharding.is_fully_replicated]
@@ -176,4 +178,4 @@ def processes() -> dict:
 
 
 if __name__ == "__main__":
-  print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])))
+  print(json.dumps({name: globals()[name]() for name in sys.argv[1:]}))
