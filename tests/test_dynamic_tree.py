@@ -82,21 +82,28 @@ def _reference_tree(config, params, history, spec):
 
 
 def _drafted_with_logits(config, params, spec, cache, logits_BxV):
-  """`draft_dynamic_tree`'s tokens, trees and slots, and the draft's logits [B, Fr, V] at each fed slot
-  (recorded by wrapping the score function it hands `grow_dynamic_tree`)."""
-  chunks, grow = [], dynamic_tree.grow_dynamic_tree
+  """`draft_dynamic_tree`'s tokens, trees and slots, and the draft's log-probabilities [B, Fr, V] at each
+  fed slot (recorded by wrapping the score function it hands `grow_dynamic_tree`), as one compiled
+  program, traced anew per call (seeing whatever is patched now)."""
+  grow = dynamic_tree.grow_dynamic_tree
 
-  def recording_grow(spec, root_logits_BxW, sampling, score_frontier, carry):
-    def score(carry, *args):
-      logits_BxbxV, carry = score_frontier(carry, *args)
-      chunks.append(logits_BxbxV)
-      return logits_BxbxV, carry
+  def drafted(params, cache, logits_BxV):
+    chunks = []
 
-    return grow(spec, root_logits_BxW, sampling, score, carry)
+    def recording_grow(spec, root_logits_BxW, sampling, score_frontier, carry):
+      def score(carry, *args):
+        logits_BxbxV, carry = score_frontier(carry, *args)
+        chunks.append(logits_BxbxV)
+        return logits_BxbxV, carry
 
-  with mock.patch.object(dynamic_tree, "grow_dynamic_tree", recording_grow):
-    tokens_BxN, tree, slots_BxN1, _ = draft_dynamic_tree(config, params, None, spec, cache, logits_BxV, GREEDY)
-  return tokens_BxN, tree, slots_BxN1, np.asarray(jax.nn.log_softmax(jnp.concatenate(chunks, axis=1)))
+      return grow(spec, root_logits_BxW, sampling, score, carry)
+
+    with mock.patch.object(dynamic_tree, "grow_dynamic_tree", recording_grow):
+      tokens_BxN, tree, slots_BxN1, _ = draft_dynamic_tree(config, params, None, spec, cache, logits_BxV, GREEDY)
+    return tokens_BxN, tree, slots_BxN1, jax.nn.log_softmax(jnp.concatenate(chunks, axis=1))
+
+  tokens_BxN, tree, slots_BxN1, fed_logp_BxFrxV = jax.jit(drafted)(params, cache, logits_BxV)
+  return tokens_BxN, tree, slots_BxN1, np.asarray(fed_logp_BxFrxV)
 
 
 def test_drafted_tree_is_eagle2s_selection_from_plain_forwards(monkeypatch):
@@ -164,10 +171,13 @@ def test_one_child_dynamic_tree_is_the_plain_chain():
 
 
 @functools.cache
-def _first_tokens(tree_rule=None):
+def _first_tokens(tree_rule=None, budget=LONG_STEPS):
+  """Counts [V^STEPS] of the first STEPS tokens of ROWS rows through dynamic(3, 2, 2) with `budget` tokens each
+  (a runtime value: the program is that of LONG_STEPS, whose first STEPS tokens these are, key for key), and
+  the engine's output."""
   kwargs = {} if tree_rule is None else {"tree_rule": tree_rule}
   out = run_tree_speculative(SMALL_DRAFT, DynamicSpec(3, 2, 2), target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * ROWS,
-                             budgets=LONG_STEPS, sampling=SAMPLED, cache_len=16, out_width=LONG_STEPS, **kwargs)
+                             budgets=budget, sampling=SAMPLED, cache_len=16, out_width=LONG_STEPS, **kwargs)
   vocab, tokens_ZxT = SMALL_TARGET[0].vocab_size, np.asarray(out.tokens)
   return np.bincount(np.ravel_multi_index(tokens_ZxT[:, :STEPS].T, [vocab] * STEPS), minlength=vocab**STEPS), out
 
@@ -178,13 +188,14 @@ def test_sampled_dynamic_tree_decoding_follows_the_exact_target_distribution():
   chi-square of the first 3 tokens' joint and the all-positions test (`all_positions_pvalue`: each of
   the 8 positions against the exact conditional given the row's earlier tokens, PIT in 10 bins,
   Bonferroni), each at level 1e-3 / 2; a rule that forgets the rejected children fails the first
-  (p < 1e-6). Positions 3 on read the target's logits at depth-2 nodes (the bonus after a full-depth
-  path): the verify mask without the grandparent (`mutants.no_grandparent_ancestor_mask`), invisible in
-  the first 3 tokens, fails the all-positions test."""
+  (p < 1e-6; run for the STEPS tokens it reads, the same draws as in LONG_STEPS). Positions 3 on read
+  the target's logits at depth-2 nodes (the bonus after a full-depth path): the verify mask without the
+  grandparent (`mutants.no_grandparent_ancestor_mask`), invisible in the first 3 tokens, fails the
+  all-positions test."""
   counts, out = _first_tokens()
   assert 0 < metrics.summarize(out.acceptance)["total"]["accepted"]
   assert (np.asarray(out.acceptance.rounds) >= 3).all()
   assert sampled_pvalue(counts) > ALPHA / 2
   combined, pvalues_T = all_positions_pvalue(out.tokens)
   assert combined > ALPHA / 2, pvalues_T
-  assert sampled_pvalue(_first_tokens(no_update_rule)[0]) < REJECTED
+  assert sampled_pvalue(_first_tokens(no_update_rule, STEPS)[0]) < REJECTED

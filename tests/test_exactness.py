@@ -18,15 +18,18 @@ Mutation checks, in the spirit of the broken-rule tests of test_speculative: for
 statistic must reject an injected faulty variant. (1) The drafter's sampler (`tokens_and_probabilities`)
 is patched to draw from probs ** T renormalised (the draft at temperature 1 on the same top-k/top-p
 support) while the drafter still hands the probabilities at T to the rule. jit caches compiled programs
-by static arguments, so each mutated run passes a fresh copy of `verify` as the (static) rule: it is
-traced anew with the patch in place (asserted: the patched sampler runs at trace time) and no other
-test can reuse its program. (2) Rules that accept exactly like `verify` but draw the bonus from q_K
+by static arguments, so each mutant passes a fresh copy of `verify` as the (static) rule: it is
+traced anew with the patch in place (asserted: the patched sampler runs at trace time) and no run of
+the correct engine can reuse its program (the two runs of this mutant share theirs: it reads each
+row's temperature, a runtime value). (2) Rules that accept exactly like `verify` but draw the bonus from q_K
 instead of q_{K+1}, or from the residual of q_{K+1} against p_K: with the same key their output equals
 the correct one except at the bonus of the rows that reach it (asserted), so only the bonus position
 can catch them.
 
 Rows of their own knobs share one program (the engine always gets them per row, as a session passes
 them): a greedy row beside sampled ones gives the target's greedy tokens, the sampled ones their law.
+Every run, whatever its knobs, is a program whose static flags cover all of SAMPLINGS (`COVERING`), so
+the samplings of one K and drafter share one compiled program.
 
 Level and sample sizes: every chi-square test of the correct engine is at level ALPHA = 0.001 on
 N = SAMPLE_ROWS = 5,000 rows of one call (fixed keys, so the outcome is deterministic; each passes); a
@@ -36,8 +39,8 @@ statistic of 275 on 55 degrees of freedom (p = 4e-31); drafts sampled at another
 16 (top-p 0.8, p = 8e-57) and 469 on 33, the broken top-k sampler 631 on 20, the bonus from q_K 13,072 on
 33. (At 30,000 rows each statistic was about three times larger; at 5,000 each excess over its degrees of
 freedom is about half, `tests/helpers/stats.py`.)
-Run time: the compiles dominate (one per K and sampling's static flags for the correct engine, one per
-mutated run); each 10,000-row run took ~1.5 s on 2 CPU cores with the tests' XLA flags.
+Run time: the compiles dominate (one per K and drafter for the correct engine, one per mutated
+run); each 10,000-row run took ~1.5 s on 2 CPU cores with the tests' XLA flags.
 """
 
 import functools
@@ -64,11 +67,15 @@ ALPHA = 1e-3  # level of every chi-square test of the correct engine
 REJECTED = 1e-6  # a mutated variant must give a p-value below this
 SEED = 1
 
-# Every knob at a temperature other than 1. The knobs are runtime arrays: one compiled program per K.
+# Every knob at a temperature other than 1.
 SAMPLINGS = {
     "t0.7": sampling_params(0.7), "t0.7_top_k3": sampling_params(0.7, top_k=3),
     "t1.5_top_p0.8": sampling_params(1.5, top_p=0.8), "t1.5_top_k4_top_p0.9": sampling_params(1.5, top_k=4, top_p=0.9)
 }
+# The static flags of one program that serves them all (top-k and top-p on; a row with top-k 0 and top-p 1 gets
+# the unfiltered law, `test_sampling`): the knobs are runtime arrays, so one compiled program per K and drafter.
+COVERING = sampling_params(1.0).covering(
+    [Knobs(float(s.temperature), int(s.top_k), float(s.top_p)) for s in SAMPLINGS.values()])
 # The smallest share of rows that must show their bonus token, per K (measured: 0.47-0.60, 0.22-0.36).
 MIN_BONUS_SHARE = {1: 0.4, 2: 0.15}
 
@@ -77,11 +84,12 @@ def _engine(sampling, k, rule, seed=SEED, stop_threshold=0.0):
   """The one call into the engine: ROWS copies of PROMPT, K + 2 new tokens each (the prefill's token,
   round one's K drafts, the token after them), with the target and draft caches sized exactly, the
   draft stopping early at `stop_threshold`, the sampling knobs one per row ([ROWS], as a session passes
-  them: rows of one knob and rows of mixed knobs share a program). Returns the [ROWS, K + 2] tokens and
-  the acceptance counters, as numpy."""
+  them) in the program of COVERING: every sampling and rows of mixed knobs share it. Returns the
+  [ROWS, K + 2] tokens and the acceptance counters, as numpy."""
   (target_config, target_params), drafter = TARGET, ModelDrafter(*DRAFT, stop_threshold=stop_threshold)
   steps = k + 2
-  per_row = sampling.replace(**{name: jnp.broadcast_to(getattr(sampling, name), (ROWS,)) for name in Knobs._fields})
+  values = [np.broadcast_to(np.asarray(getattr(sampling, name)), (ROWS,)).tolist() for name in Knobs._fields]
+  per_row = COVERING.for_rows([Knobs(*row) for row in zip(*values)])
   request = testing.request([PROMPT] * ROWS, steps, per_row, seed=seed)  # EOS off
   out = testing.speculate(SpeculativeLoop(target_config, k, rule=rule), target_params, drafter, request,
                           cache_len=len(PROMPT) + steps + k - 1)
@@ -119,7 +127,7 @@ def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
   """Chi-square at level 0.001 on N = SAMPLE_ROWS rows over the first K + 2 tokens, which include the
   bonus token of every row that accepted its first K drafts (at least MIN_BONUS_SHARE of them). K = 2
   for every sampling; K = 1 (one draft, the bonus right after it) with top-p at T = 1.5 (the other knobs
-  at K = 1 were the same program shape again: K = 2 runs them)."""
+  at K = 1 would run the same program again: K = 2 runs them)."""
   tokens_ZxT, acceptance = _correct(name, k)
   assert tokens_ZxT.shape == (ROWS, k + 2)
   assert _shows_bonus(acceptance, k).mean() > MIN_BONUS_SHARE[k]
@@ -127,7 +135,7 @@ def test_sampled_tokens_and_bonus_follow_the_exact_target_distribution(name, k):
 
 
 def test_greedy_and_sampled_rows_of_one_batch_each_follow_their_own_law():
-  """Each row's own knobs in one sampled program (K = 2, the program of the t0.7_top_k3 runs above): rows
+  """Each row's own knobs in one sampled program (K = 2, the program of every K = 2 run above): rows
   alternate greedy (temperature 0: one-hot distributions, drafted and verified by the sampled rule) and
   T = 0.7 with top-k 3. Every greedy row gives the target's greedy tokens exactly (the argmax of the
   reference's greedy law, a point mass); the sampled rows pass the chi-square test at level 0.001
@@ -152,6 +160,11 @@ def _fresh_verify():
   return rule
 
 
+# The rule of every run with drafts sampled at temperature 1 (one program for both samplings: the patch reads
+# each row's temperature), and the shapes its patched sampler was traced at (only ever with the patch in place).
+_AT_TEMPERATURE_ONE_RULE, _AT_TEMPERATURE_ONE_TRACED = _fresh_verify(), []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["t0.7", "t1.5_top_p0.8"])
 def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
@@ -159,21 +172,19 @@ def test_drafts_sampled_at_another_temperature_fail(monkeypatch, name):
   this is temperature 1 on the same top-k/top-p support) but hands the probabilities at T to the rule.
   At T = 1 the patch is the identity, which is why tests at T = 1 cannot see it. The correct engine
   passes at level 0.001, the mutated one is rejected with p < 1e-6 (K = 1, N = SAMPLE_ROWS)."""
-  temperature = float(SAMPLINGS[name].temperature)
   drafter_module = model_shapes  # where the model drafter's chain finds its sampler
-  traced = []
 
-  def draw_at_temperature_one(key, logits_xV, params):
-    probs_xV = probabilities(logits_xV, params)
-    traced.append(probs_xV.shape)
-    tempered_xV = probs_xV**temperature
-    return sample(key, tempered_xV / tempered_xV.sum(axis=-1, keepdims=True)), probs_xV
+  def draw_at_temperature_one(key, logits_BxV, params):
+    probs_BxV = probabilities(logits_BxV, params)
+    _AT_TEMPERATURE_ONE_TRACED.append(probs_BxV.shape)
+    tempered_BxV = probs_BxV**jnp.expand_dims(params.temperature, -1)  # each row's T ([B] or [])
+    return sample(key, tempered_BxV / tempered_BxV.sum(axis=-1, keepdims=True)), probs_BxV
 
   monkeypatch.setattr(drafter_module, "tokens_and_probabilities", draw_at_temperature_one)
-  mutated_ZxT, _ = _engine(SAMPLINGS[name], 1, _fresh_verify())
+  mutated_ZxT, _ = _engine(SAMPLINGS[name], 1, _AT_TEMPERATURE_ONE_RULE)
   monkeypatch.undo()
   correct_ZxT, _ = _correct(name, 1)
-  assert traced  # the patched sampler was traced into the program that ran
+  assert _AT_TEMPERATURE_ONE_TRACED  # the patched sampler was traced into the program that ran
   # Same key: a tempered draw often keeps the same token, but thousands of rows must change.
   assert (mutated_ZxT != correct_ZxT).any(axis=1).mean() > 0.02
   assert _pvalue(correct_ZxT, name) > ALPHA

@@ -156,6 +156,9 @@ def test_propose_matches_the_reference_on_random_pools_and_batches(name, branche
   assert {0, 1, 2} < lengths_seen  # misses, single tokens and longer paths
 
 
+_longest_occurrences_jit = jax.jit(longest_occurrences, static_argnums=(2, 3))  # one program, not op by op
+
+
 @pytest.mark.parametrize("capacity, vocab, max_match, occurrences", [(3000, 3, 6, 8), (1000, 2, 12, 64),
                                                                      (700, 50, 3, 5)])
 def test_the_pool_index_finds_what_a_pass_over_the_pool_finds(capacity, vocab, max_match, occurrences):
@@ -176,7 +179,7 @@ def test_the_pool_index_finds_what_a_pass_over_the_pool_finds(capacity, vocab, m
   past_start = (np.arange(max_match)[None, :] >= context_lengths[:, None]) | (np.cumsum(suffixes < 0, axis=1) > 0)
   suffixes[past_start] = -2
   pool = Pool.of(tokens, max_match)
-  want_match, want_ends = longest_occurrences(jnp.asarray(tokens), jnp.asarray(suffixes), max_match, occurrences)
+  want_match, want_ends = _longest_occurrences_jit(jnp.asarray(tokens), jnp.asarray(suffixes), max_match, occurrences)
   got_match, got_ends = jax.jit(Pool.search, static_argnums=2)(pool, jnp.asarray(suffixes), occurrences)
   np.testing.assert_array_equal(got_match, want_match)
   np.testing.assert_array_equal(np.where(np.asarray(want_match)[:, None] > 0, got_ends, -1),

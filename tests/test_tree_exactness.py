@@ -8,9 +8,10 @@ joint of the first 5 tokens, tokens 0-3 (4,096 cells) and tokens 2-4 (512 cells)
 positions against the target's exact conditional given the row's earlier tokens
 (`trees.all_positions_pvalue`: randomized PIT per position in 10 bins, Bonferroni over the positions):
 each of the three at level 1e-3 / 3 (1e-3 for the three). A broken tree rule (q' not updated after a
-rejection), patched in while the loop is traced, fails the same test with top-b children (p < 1e-6, on
-4,000 rows); the bonus after a full-depth path drawn from the last residual instead of the leaf's q
-fails it with i.i.d. children (`SPECJAX_TEST_MUTANT=bonus_from_residual`, `tests/helpers/mutant_plugin.py`;
+rejection), patched in while the loop is traced, fails the first of these tests alone with top-b children
+(p < 1e-6, on 4,000 rows of the 4 tokens it reads, the same draws as in 8); the bonus after a full-depth
+path drawn from the last residual instead of the leaf's q fails the test with i.i.d. children
+(`SPECJAX_TEST_MUTANT=bonus_from_residual`, `tests/helpers/mutant_plugin.py`;
 the rule-level Monte Carlo of test_tree_acceptance runs every mutant against every children mode). At
 15,000 rows the correct engine gave p = 0.05-0.67 and every broken rule p = 0 (underflow) in every
 children mode; at 4,000 rows they still give p < 1e-30, and the bonus mutant fails at SAMPLE_ROWS too.
@@ -36,11 +37,12 @@ DEEP_STEPS = 5  # the prefill's token, round one's up to 3 (bonus included), and
 MARGINALS = ((0, 1, 2, 3), (2, 3, 4))  # the positions of each chi-square test
 
 
-def _first_tokens(children, tree_rule=tree_acceptance.verify_tree, rows=ROWS):
-  """The [rows, LONG_STEPS] first tokens of tree speculative sampling, and the engine's output."""
+def _first_tokens(children, tree_rule=tree_acceptance.verify_tree, rows=ROWS, budget=LONG_STEPS):
+  """The [rows, LONG_STEPS] first tokens of tree speculative sampling (`budget` of them generated: a runtime
+  value, the program is LONG_STEPS', whose first tokens these are, key for key), and the engine's output."""
   out = run_tree_speculative(SMALL_DRAFT, SAMPLED_TREE, target=SMALL_TARGET, prompts=[SAMPLE_PROMPT] * rows,
-                             budgets=LONG_STEPS, sampling=SAMPLED, children=children, cache_len=16,
-                             out_width=LONG_STEPS, tree_rule=tree_rule)
+                             budgets=budget, sampling=SAMPLED, children=children, cache_len=16, out_width=LONG_STEPS,
+                             tree_rule=tree_rule)
   return np.asarray(out.tokens), out
 
 
@@ -50,17 +52,20 @@ def _exact_joint():
   return exact_distribution(*SMALL_TARGET, SAMPLE_PROMPT, SAMPLED, DEEP_STEPS)
 
 
-def _pvalues(tokens_ZxT):
-  """Chi-square p-values of the rows' tokens at each of MARGINALS against that marginal of the exact joint
-  of the first DEEP_STEPS, then the all-positions p-value of every token (`all_positions_pvalue`)."""
+def _marginal_pvalue(tokens_ZxT, positions):
+  """Chi-square p-value of the rows' tokens at `positions` against that marginal of the exact joint of the
+  first DEEP_STEPS."""
   vocab = SMALL_TARGET[0].vocab_size
-  out = []
-  for positions in MARGINALS:
-    others = tuple(i for i in range(DEEP_STEPS) if i not in positions)
-    counts = np.bincount(np.ravel_multi_index(tokens_ZxT[:, positions].T, [vocab] * len(positions)),
-                         minlength=vocab**len(positions))
-    out.append(chi_square_pvalue(counts, _exact_joint().sum(axis=others).ravel()))
-  return out + [all_positions_pvalue(tokens_ZxT)[0]]
+  others = tuple(i for i in range(DEEP_STEPS) if i not in positions)
+  counts = np.bincount(np.ravel_multi_index(tokens_ZxT[:, positions].T, [vocab] * len(positions)),
+                       minlength=vocab**len(positions))
+  return chi_square_pvalue(counts, _exact_joint().sum(axis=others).ravel())
+
+
+def _pvalues(tokens_ZxT):
+  """The p-values of each of MARGINALS (`_marginal_pvalue`), then the all-positions p-value of every token
+  (`all_positions_pvalue`)."""
+  return [_marginal_pvalue(tokens_ZxT, positions) for positions in MARGINALS] + [all_positions_pvalue(tokens_ZxT)[0]]
 
 
 @pytest.mark.slow
@@ -73,5 +78,6 @@ def test_sampled_tree_decoding_follows_the_exact_target_distribution(children):
   assert (np.asarray(out.acceptance.rounds) >= 3).all()  # 8 tokens take three rounds at least
   assert min(_pvalues(tokens_ZxT)) > ALPHA / 3
   if children == "top":  # the rule is shared by all modes (each mode's mutants: test_tree_acceptance)
-    broken, _ = _first_tokens(children, no_update_rule, MUTANT_ROWS)
-    assert min(_pvalues(broken)) < REJECTED
+    first = MARGINALS[0]  # alone rejects it: the broken run generates only these tokens
+    broken, _ = _first_tokens(children, no_update_rule, MUTANT_ROWS, budget=len(first))
+    assert _marginal_pvalue(broken, first) < REJECTED
