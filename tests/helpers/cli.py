@@ -49,15 +49,15 @@ def cli_config(model_dirs, **overrides) -> ml_collections.ConfigDict:
   return apply_fields(cfg, overrides)
 
 
-def run_cli(arguments, debug=False, env=None):
+def run_cli(arguments, env=None):
   """Starts `python -m specjax.decode ARGUMENTS` from the repository root (returns the process), with
-  `env` added to the environment (a None value removes that variable)."""
+  `env` added to the environment (a None value removes that variable; SPECJAX_DEBUG is off)."""
   env = {
       name: value
       for name, value in {**os.environ, **(env or {})}.items()
       if name != "SPECJAX_DEBUG" and value is not None
   }
-  env.update(JAX_PLATFORMS="cpu", **({"SPECJAX_DEBUG": "1"} if debug else {}))
+  env.update(JAX_PLATFORMS="cpu")
   return subprocess.Popen([sys.executable, "-m", "specjax.decode", *arguments], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
