@@ -145,9 +145,10 @@ class Session:
                  self.spec.sampling.for_rows([r.knobs for r in filled]))
 
   def __call__(self, batch: Batch, key, round_limit: int | None = None, cost_C: np.ndarray | None = None,
-               lower: str = "", calibrating: bool = False):
+               lower: str = "", calibrating: bool = False, learn: bool = True):
     """The batch's output; with `lower` (a platform), the program lowered for it instead (nothing runs);
-    `calibrating`: the policy's `Tables.full` (a lookup's proposals verified at the chosen length)."""
+    `calibrating`: the policy's `Tables.full` (a lookup's proposals verified at the chosen length);
+    `learn`: the policy's memory learns the call's acceptance (not from a profiler's extra calls)."""
     part = self.target.part
     cost_C = self.memory.cost_C if cost_C is None and self.memory else cost_C
     sampling = self.spec.sampling if batch.sampling is None else batch.sampling
@@ -160,7 +161,7 @@ class Session:
         rows = jax.device_put((batch.prompts_BxP, batch.lengths_B, batch.budget_B), partitioning.rows_sharding(part))
         out = self._generate(request.replace(prompts_BxP=rows[0], prompt_lengths_B=rows[1], max_new_tokens=rows[2]),
                              cost_C, lower, calibrating)
-    if self.memory and not lower:  # what the policy learns from every call, calibration's included
+    if self.memory and learn and not lower:  # what the policy learns from its calls, calibration's included
       self.memory.learn(*meshes.to_host((out.policy_reached, out.policy_accepted)))
     return out
 
@@ -201,7 +202,10 @@ class Session:
     wall = time.perf_counter() - start
     if profiler is not None:
       profiler.batch(self, batch, key, out, wall)
-    check = None if self.memory is None else self.memory.check(meshes.to_host(out.rounds_per_length), wall)
+    check = None
+    if self.memory is not None:
+      rounds_C = meshes.to_host(out.rounds_per_length)
+      check = self.memory.check(rounds_C, wall, any(n and c.length for n, c in zip(rounds_C, self.candidates)))
     if self.built is not None:  # the real rows' sequences, for the next batch, turn and run
       real_B = np.arange(len(batch.lengths_B)) < batch.real
       self.built.drafter = self.drafter.remember(batch.prompts_BxP, np.where(real_B, batch.lengths_B, 0), out.tokens,
@@ -228,10 +232,10 @@ class Session:
       start = time.perf_counter()
       run(forced, 0)
       prefill_s.append(time.perf_counter() - start)
-    plain_s = k_policy.forced_round_seconds(len(candidates), 0, run, rounds)
+    plain = k_policy.forced_round_seconds(len(candidates), 0, run, rounds)
     # Rounds at the longest candidate, timed as a check of the priced table, and observed: a plain round
     # observes nothing, so these teach the acceptance prior (`Memory.learn`) whatever the policy chooses.
-    longest_s = k_policy.forced_round_seconds(len(candidates), len(candidates) - 1, run, rounds)
+    longest = k_policy.forced_round_seconds(len(candidates), len(candidates) - 1, run, rounds)
     offset = batch.prompts_BxP.shape[1] + int(np.max(batch.budget_B)) // 2
     with contextlib.ExitStack() as stack:
       if self.target.part is not None:
@@ -239,7 +243,7 @@ class Session:
       passes_C = costs.candidate_passes(self.target.config, self.target.params, self.drafter, candidates,
                                         len(batch.lengths_B), self.cache_len,
                                         min(offset, self.cache_len - self.spec.verify_width))
-    return k_policy.Prices.measured(passes_C, plain_s, longest_s, float(np.median(prefill_s)))
+    return k_policy.Prices.measured(passes_C, plain, longest, float(np.median(prefill_s)))
 
   def _allocate(self, batch: int) -> None:
     """The target cache and the drafter's storage, born on the mesh when there is one (under it)."""

@@ -408,26 +408,35 @@ def test_a_round_is_priced_from_its_passes_and_one_overhead(monkeypatch):
 def test_the_round_overhead_is_the_smaller_of_the_plain_and_the_longest_rounds_excess():
   """`Prices.measured`: passes 0.1 (plain) .. 0.3 (longest). Plain rounds timed at 0.12 and the longest at
   0.35 give 0.02 (the plain excess); a plain time inflated to 0.17 (a fresh process's first program) gives
-  the longest's 0.05 instead; a longest round timed under its passes gives 0, never a negative price."""
+  the longest's 0.05 instead; a longest round timed under its passes gives 0, never a negative price. The
+  longest candidate's 1-round call less the prefill and a steady round is the first drafting round's
+  catch-up: 1.6 - 1.0 - 0.35 = 0.25 (the plain 1-round call does not enter it), never negative."""
   passes_C = np.array([0.1, 0.2, 0.3])
   for plain_s, longest_s, overhead_s in [(0.12, 0.35, 0.02), (0.17, 0.35, 0.05), (0.17, 0.28, 0.0)]:
-    prices = k_policy.Prices.measured(passes_C, plain_s, longest_s, prefill_s=1.0)
+    plain, longest = k_policy.Forced(plain_s, 1.5), k_policy.Forced(longest_s, 1.6)
+    prices = k_policy.Prices.measured(passes_C, plain, longest, prefill_s=1.0)
     assert prices.overhead_s == pytest.approx(overhead_s) and prices.forced_longest_s == longest_s
+    assert prices.catch_up_s == pytest.approx(0.6 - longest_s)
     np.testing.assert_allclose(prices.cost_C, passes_C + overhead_s, rtol=1e-6)
+  no_catch_up = k_policy.Prices.measured(passes_C, k_policy.Forced(0.12, 1.1), k_policy.Forced(0.35, 1.3), 1.0)
+  assert no_catch_up.catch_up_s == 0.0
 
 
 def test_the_cost_check_flags_a_table_that_misses_a_call_by_more_than_the_limit():
   """`Memory.check`: predicted = prefill + the rounds at their candidates' costs (here 0.5 + 10 x 0.1 +
-  5 x 0.3 = 3.0 s); a call 20% off keeps the table, 30% off (either way) marks it stale, and calls
-  predicted under MIN_CHECKED_S are not judged."""
+  5 x 0.3 = 3.0 s), plus the first drafting round's catch-up (0.4 s) when a round drafted; a call 20% off
+  keeps the table, 30% off (either way) marks it stale, and calls predicted under MIN_CHECKED_S are not
+  judged."""
   def memory():
-    return k_policy.Memory(0.8, 3, cost_C=np.array([0.1, 0.2, 0.3], np.float32), prefill_s=0.5)
+    return k_policy.Memory(0.8, 3, cost_C=np.array([0.1, 0.2, 0.3], np.float32), prefill_s=0.5, catch_up_s=0.4)
 
-  for measured, stale in ((3.6, False), (2.4, False), (3.9, True), (2.1, True)):
+  for measured, stale in ((4.08, False), (2.72, False), (4.42, True), (2.38, True)):
     m = memory()
-    check = m.check(np.array([10, 0, 5]), measured)
-    assert check["predicted_s"] == pytest.approx(3.0) and check["stale"] == stale == m.stale, (measured, check)
-  assert memory().check(np.array([1, 0, 0]), 100.0) is None  # 0.1 s of rounds: too short to judge
+    check = m.check(np.array([10, 0, 5]), measured, drafted=True)
+    assert check["predicted_s"] == pytest.approx(3.4) and check["stale"] == stale == m.stale, (measured, check)
+  plain = memory().check(np.array([30, 0, 0]), 3.0, drafted=False)  # no drafting round: no catch-up
+  assert plain["predicted_s"] == pytest.approx(3.5) and not plain["stale"]
+  assert memory().check(np.array([1, 0, 0]), 100.0, drafted=False) is None  # 0.1 s of rounds: too short to judge
 
 
 # (tokens the policy wants, what each row commits, draft passes the round must run: bounded lag of 3, the

@@ -5,11 +5,11 @@ and learns for them on the host; `cost_store` the measured cost tables kept on d
 from specjax.speculative.k_policy.policy import (AUTO, KINDS, Adaptive, Candidate, KPolicy, PolicyState, Tables,
                                                  expected_committed, labels, parse)
 from specjax.speculative.k_policy.tuning import (MAX_EXTENSIONS, MEMORY_ROUNDS, MIN_CHECKED_S, MIN_TIMED_S, MISS_LIMIT,
-                                                 PRIOR_ROUNDS, Memory, Prices, Tuning, calibrate, forced_round_seconds,
-                                                 forcing, monotone)
+                                                 PRIOR_ROUNDS, Forced, Memory, Prices, Tuning, calibrate,
+                                                 forced_round_seconds, forcing, monotone)
 
 __all__ = [
     "AUTO", "KINDS", "MAX_EXTENSIONS", "MEMORY_ROUNDS", "MIN_CHECKED_S", "MIN_TIMED_S", "MISS_LIMIT", "PRIOR_ROUNDS",
-    "Adaptive", "Candidate", "KPolicy", "Memory", "PolicyState", "Prices", "Tables", "Tuning", "calibrate",
+    "Adaptive", "Candidate", "Forced", "KPolicy", "Memory", "PolicyState", "Prices", "Tables", "Tuning", "calibrate",
     "expected_committed", "forced_round_seconds", "forcing", "labels", "monotone", "parse"
 ]

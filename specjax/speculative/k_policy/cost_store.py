@@ -57,6 +57,7 @@ class Stored(NamedTuple):
   reached_AxK: np.ndarray  # [A, K] calibration's rounds (summed over rows) that reached each draft position
   accepted_AxK: np.ndarray  # [A, K] those that accepted it (zeros, with reached_AxK, in a file that has none)
   prefill_s: float = 0.0  # seconds of a call before its rounds (0 in a file that has none)
+  catch_up_s: float = 0.0  # a call's first drafting round beyond a steady one (0 in a file that has none)
 
 
 def _candidates_record(candidates: tuple[Any, ...]) -> dict[str, list]:
@@ -94,22 +95,24 @@ def load(description: dict[str, Any], candidates: tuple[Any, ...],
         reached_AxK.shape != tuple(counts_shape) or accepted_AxK.shape != tuple(counts_shape) or
         not np.all((0 <= accepted_AxK) & (accepted_AxK <= reached_AxK))):
       raise ValueError("it describes another program or holds no valid table")
-    return Stored(cost_C, str(stored["measured_at"]), reached_AxK, accepted_AxK, float(stored.get("prefill_s",
-                                                                                                  0.0))), ""
+    return Stored(cost_C, str(stored["measured_at"]), reached_AxK, accepted_AxK, float(stored.get("prefill_s", 0.0)),
+                  float(stored.get("catch_up_s", 0.0))), ""
   except (OSError, ValueError, KeyError, TypeError) as e:
     return None, f"ignoring the stored cost table {path} ({e})"
 
 
 def save(description: dict[str, Any], candidates: tuple[Any, ...], cost_C: np.ndarray, seconds: float,
-         reached_AxK: np.ndarray, accepted_AxK: np.ndarray, prefill_s: float = 0.0) -> str:
-  """Stores a measured table for `description`, with the acceptance its calibration observed and the
-  seconds of a call's prefill (replacing any); returns its file."""
+         reached_AxK: np.ndarray, accepted_AxK: np.ndarray, prefill_s: float = 0.0, catch_up_s: float = 0.0) -> str:
+  """Stores a measured table for `description`, with the acceptance its calibration observed, the
+  seconds of a call's prefill and of its first drafting round's catch-up (replacing any); returns its
+  file."""
   path = _path(description)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   record = {
       "description": description, **_candidates_record(candidates), "cost_table_s": [float(c) for c in cost_C],
       "calibration_time_s": seconds, "calibration_reached": np.asarray(reached_AxK, float).tolist(),
       "calibration_accepted": np.asarray(accepted_AxK, float).tolist(), "prefill_s": float(prefill_s),
+      "catch_up_s": float(catch_up_s),
       "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   }
   tmp = f"{path}.tmp{os.getpid()}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -54,6 +54,7 @@ class Memory:
   reached_AxK: np.ndarray | None = None  # [A, K] float64 (zeros when not given)
   accepted_AxK: np.ndarray | None = None  # [A, K] float64
   prefill_s: float = 0.0  # seconds of a call before its rounds (`Prices.prefill_s`; 0 when not measured)
+  catch_up_s: float = 0.0  # what a call's first drafting round costs beyond a steady one (`Prices.catch_up_s`)
   stale: bool = False  # a call missed the table's prediction (`check`): the next `tune` measures it again
 
   def __post_init__(self):
@@ -85,18 +86,19 @@ class Memory:
     scale_AxK = np.minimum(1.0, MEMORY_ROUNDS / np.maximum(self.reached_AxK, 1.0))
     self.reached_AxK, self.accepted_AxK = self.reached_AxK * scale_AxK, self.accepted_AxK * scale_AxK
 
-  def check(self, rounds_C: np.ndarray, measured_s: float) -> dict[str, Any] | None:
+  def check(self, rounds_C: np.ndarray, measured_s: float, drafted: bool) -> dict[str, Any] | None:
     """Holds the table against a call that ran `rounds_C` [C] rounds at each candidate in `measured_s`
-    seconds: predicted, the prefill plus each round's cost. A miss by more than MISS_LIMIT of the
-    prediction marks the table stale (the next `tune` measures it again); the record says so. None
-    when nothing is tuned, or when the rounds are predicted to last under MIN_CHECKED_S (too short to
-    tell a wrong table from a call's jitter)."""
+    seconds, `drafted` when some round drafted: predicted, the prefill, the first drafting round's
+    catch-up when one ran, and each round's cost. A miss by more than MISS_LIMIT of the prediction
+    marks the table stale (the next `tune` measures it again); the record says so. None when nothing
+    is tuned, or when the rounds are predicted to last under MIN_CHECKED_S (too short to tell a wrong
+    table from a call's jitter)."""
     if self.cost_C is None:
       return None
     rounds_s = float(np.dot(np.asarray(rounds_C, np.float64), np.asarray(self.cost_C, np.float64)))
     if rounds_s < MIN_CHECKED_S:
       return None
-    predicted = self.prefill_s + rounds_s
+    predicted = self.prefill_s + (self.catch_up_s if drafted else 0.0) + rounds_s
     miss = measured_s / predicted - 1.0
     stale = abs(miss) > MISS_LIMIT
     self.stale = self.stale or stale
@@ -115,9 +117,17 @@ MIN_TIMED_S = 0.5
 MAX_EXTENSIONS = 2
 
 
+class Forced(NamedTuple):
+  """Forced rounds of one candidate, timed (`forced_round_seconds`)."""
+
+  round_s: float  # seconds of a steady round
+  first_call_s: float  # seconds of the 1-round call: the prefill, the first token and the first round
+
+
 def forced_round_seconds(num_candidates: int, index: int, run: Callable[[np.ndarray, int], int],
-                         rounds: int = 3) -> float:
-  """Seconds per round of the compiled program forced to candidate `index` of `num_candidates`:
+                         rounds: int = 3) -> Forced:
+  """Seconds per round of the compiled program forced to candidate `index` of `num_candidates`, and of
+  its 1-round call:
   `run(cost_C, round_limit)` decodes one batch (blocking until done) with the policy forced by `cost_C`
   and at most `round_limit` rounds, and returns the rounds it ran. One untimed round first (the first
   execution of a program's branch is several times slower on a CPU: kernels are prepared lazily), then
@@ -140,7 +150,7 @@ def forced_round_seconds(num_candidates: int, index: int, run: Callable[[np.ndar
     if seconds >= MIN_TIMED_S or long_rounds < 1 + asked:
       break
     asked = max(asked + 1, int(np.ceil(1.2 * MIN_TIMED_S / (seconds / ran))))
-  return seconds / ran
+  return Forced(seconds / ran, short_s)
 
 
 def monotone(candidates: tuple[Candidate, ...], cost_C: np.ndarray) -> np.ndarray:
@@ -161,8 +171,9 @@ def calibrate(candidates: tuple[Candidate, ...], run: Callable[[np.ndarray, int]
   where the models' passes are not at hand (experiments/benchmark_accelerator.py)."""
   return monotone(
       candidates,
-      np.asarray([forced_round_seconds(len(candidates), index, run, rounds) for index in range(len(candidates))],
-                 np.float32))
+      np.asarray([
+          forced_round_seconds(len(candidates), index, run, rounds).round_s for index in range(len(candidates))
+      ], np.float32))
 
 
 # A stored or measured table whose prediction of a call misses the call's measured time by more than this
@@ -186,16 +197,21 @@ class Prices:
   overhead_s: float  # seconds a round costs beyond its passes
   prefill_s: float  # seconds of a call that only prefills and draws its first token (`Memory.check`)
   forced_longest_s: float | None = None  # the longest candidate's rounds timed whole (`forced_round_seconds`): a check
+  catch_up_s: float = 0.0  # what a call's first drafting round costs beyond a steady one (`measured`)
 
   @classmethod
-  def measured(cls, passes_C: np.ndarray, plain_s: float, longest_s: float, prefill_s: float) -> Prices:
+  def measured(cls, passes_C: np.ndarray, plain: Forced, longest: Forced, prefill_s: float) -> Prices:
     """Prices from the passes and two timings of whole rounds, plain and at the longest candidate: each,
     less its passes, measures what a round costs beyond them, and the overhead is the smaller (>= 0). A
     longer round does at least a plain round's bookkeeping, so a plain excess above the longest's is not
     the program's: the plain rounds are timed first, and in a fresh process the first program's ran
-    42-68 ms over their pass (an int4 draft, a 2-core Xeon) while its K = 5 rounds stayed near theirs."""
-    excess_s = min(plain_s - float(passes_C[0]), longest_s - float(passes_C[-1]))
-    return cls(passes_C, max(excess_s, 0.0), prefill_s, longest_s)
+    42-68 ms over their pass (an int4 draft, a 2-core Xeon) while its K = 5 rounds stayed near theirs.
+    The longest candidate's 1-round call, less the prefill and a steady round, is the first drafting
+    round's catch-up (>= 0): a draft that defers its prompt (`ModelDrafter.max_lag` None) feeds it
+    there, 0.3-0.4 s on the README prompts (0.5B draft, bfloat16), which no steady round pays."""
+    excess_s = min(plain.round_s - float(passes_C[0]), longest.round_s - float(passes_C[-1]))
+    catch_up_s = max(longest.first_call_s - prefill_s - longest.round_s, 0.0)
+    return cls(passes_C, max(excess_s, 0.0), prefill_s, longest.round_s, catch_up_s)
 
   @property
   def longest_miss(self) -> float | None:
@@ -235,6 +251,7 @@ def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates
       stored, note = cost_store.load(description, candidates, memory.reached_AxK.shape)
       if stored is not None:
         memory.cost_C, memory.prefill_s, stored_at = stored.cost_C, stored.prefill_s, stored.measured_at
+        memory.catch_up_s = stored.catch_up_s
         memory.learn(stored.reached_AxK, stored.accepted_AxK)
         log(f"reusing the round costs this machine measured for this program at {stored_at} "
             f"(config.adaptive.reuse_costs=False measures them again)")
@@ -247,10 +264,11 @@ def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates
       start = time.perf_counter()
       prices = measure(tuning.calibration_rounds)
       memory.cost_C, memory.prefill_s = monotone(candidates, prices.cost_C), prices.prefill_s
+      memory.catch_up_s = prices.catch_up_s
       seconds = time.perf_counter() - start
       if stores:
         cost_store.save(description, candidates, memory.cost_C, seconds, memory.reached_AxK, memory.accepted_AxK,
-                        memory.prefill_s)
+                        memory.prefill_s, memory.catch_up_s)
   cost_C, prior_AxK = memory.cost_C, memory.prior_AxK
   log(f"round cost by proposal length: "
       f"{', '.join(f'{c.label}: {1e3 * cost:.1f} ms' for c, cost in zip(candidates, cost_C))}"
@@ -259,7 +277,7 @@ def tune(memory: Memory, tuning: Tuning, description: dict[str, Any], candidates
   entry = {
       "cost_table_s": [float(c) for c in cost_C], "calibration_time_s": seconds, "cost_table_measured_at": stored_at,
       "acceptance_prior": [float(a) for a in prior_AxK[0]], "prefill_s": memory.prefill_s,
-      "remeasured_after_a_miss": remeasured
+      "catch_up_s": memory.catch_up_s, "remeasured_after_a_miss": remeasured
   }
   if prices is not None:
     entry.update(passes_s=[float(p) for p in prices.passes_C], round_overhead_s=prices.overhead_s,
