@@ -1,4 +1,5 @@
-"""The KV cache is updated in place: no compiled decode program copies or transposes a whole cache.
+"""The KV cache is updated in place: no compiled decode program copies or transposes a whole cache (nor
+widens a whole bfloat16 embedding, last test).
 
 A copy of every layer's keys and values per layer and pass cost more than the model's own weights at
 S_max = 2048 on CPU (a 28-layer step took 4-6x as long). Two ways it happened, each caught here: a
@@ -12,6 +13,8 @@ speculative loop of every drafter kind (chains, trees, the adaptive policy's wid
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from specjax import autoregressive, testing
@@ -24,7 +27,7 @@ from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.eagle import eagle_head
 from tests.helpers.engine import tiny_model
-from tests.helpers.hlo import whole_cache_moves
+from tests.helpers.hlo import whole_cache_moves, widened
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
@@ -81,3 +84,21 @@ def test_speculative_program_moves_no_whole_cache(name):
   compiled = lowered.compile().as_text()
   for config in (target_config, draft_config, EAGLE_BLOCK):
     assert whole_cache_moves(compiled, _cache_dims(config)) == []
+
+
+def test_a_bfloat16_program_never_widens_its_embedding():
+  """XLA:CPU widened a bfloat16 embedding to float32 around the token gather and hoisted that out of the
+  loops: every call of the real pair's programs copied both embeddings whole (151936 x 1536 and x 896:
+  ~0.3 s a call) to read a few rows. `transformer.take_rows` gathers the table's bits instead. The
+  speculative program (both models' embeddings, the prefill, the rounds and the deferred catch-up)."""
+  def bfloat16(model):
+    config, params = model
+    return dataclasses.replace(config, dtype="bfloat16"), jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+
+  (target_config, target_params), (draft_config, draft_params) = bfloat16(TARGET), bfloat16(DRAFT)
+  drafter = ModelDrafter(draft_config, draft_params, None, max_lag=None)
+  lowered = testing.speculate(SpeculativeLoop(target_config, 3, policy=Adaptive()), target_params, drafter,
+                              testing.request(PROMPTS, 6), cache_len=CACHE_LEN, lower=True)
+  compiled = lowered.compile().as_text()
+  for config in (target_config, draft_config):
+    assert widened(compiled, (config.vocab_size, config.d_model)) == []

@@ -16,3 +16,14 @@ def whole_cache_moves(hlo_text: str, cache_dims: tuple[int, ...]) -> list[str]:
       if sorted(int(d) for d in match.group(2).split(",")) == sorted(cache_dims):
         moves.append(line.strip()[:160])
   return moves
+
+
+def widened(hlo_text: str, dims: tuple[int, ...]) -> list[str]:
+  """The instructions of a compiled module that make a float32 array with `dims` in any order (a
+  bfloat16 table widened whole)."""
+  found = []
+  for line in hlo_text.splitlines():
+    match = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = f32\[([\d,]*)\]", line)
+    if match and match.group(2) and sorted(int(d) for d in match.group(2).split(",")) == sorted(dims):
+      found.append(line.strip()[:160])
+  return found

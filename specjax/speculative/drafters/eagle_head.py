@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from specjax.models import attention_mask, matmul
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import MLP, Attention, Norm, Params, cache_attention, rotary_tables
+from specjax.models.transformer import MLP, Attention, Norm, Params, cache_attention, rotary_tables, take_rows
 from specjax.speculative.drafters.draft_head import DraftHead, draft_logits
 
 
@@ -132,7 +132,7 @@ def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, 
   masked_BxT = tokens_BxT == MASK_ID if MASK_PARAM in params else None
   if masked_BxT is not None:
     tokens_BxT = jnp.where(masked_BxT, 0, tokens_BxT)  # any id: its embedding is replaced
-  embed_BxTxD = jnp.take(embedding_VxD, tokens_BxT, axis=0).astype(config.block.jnp_dtype)
+  embed_BxTxD = take_rows(embedding_VxD, tokens_BxT).astype(config.block.jnp_dtype)
   if masked_BxT is not None:
     mask_D = params[MASK_PARAM]["embedding"].astype(config.block.jnp_dtype)
     embed_BxTxD = jnp.where(masked_BxT[:, :, None], mask_D[None, None, :], embed_BxTxD)
