@@ -87,8 +87,10 @@ def _execution(c: ml_collections.ConfigDict) -> None:
   #                     "auto": bfloat16 where it runs fast (GPU, TPU, a CPU the kernel runs it on), else float32
   c.weights = "float"  # the target's weight format, quantized from the loaded weights at load (see
   #                      docs/quantized-drafts.md): "float" (config.dtype), "int8" (per output channel,
-  #                      float32 scales), "int4" (groups of 32 inputs, bfloat16 scales) or "int4:G" (G even,
-  #                      32..128, dividing every input width); a draft model's is config.model.weights.
+  #                      float32 scales), "int4" (groups of 32 inputs, bfloat16 scales), "int4:G" (G even,
+  #                      32..128, dividing every input width), or "int4a8" / "int4a8:G" (int4's weights, x
+  #                      quantized to int8 per group at run time: integer dot products, a draft format);
+  #                      a draft model's is config.model.weights.
   #                      Quantized weights multiply through the CPU matmul kernel where it runs
   #                      vectorised (matmul "auto"), else on XLA; no mesh yet
   c.scan_layers = "auto"  # "on": layers stacked and run by lax.scan (compile time flat in depth);

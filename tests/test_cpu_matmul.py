@@ -1,9 +1,11 @@
 """The CPU matmul kernel (`specjax.models.matmul`, `cpu_kernels/matmul.cc`): equal to XLA's matmul
 (float32 within 1e-5 relative; bfloat16 within float32 rounding of the bfloat16 products) on ragged
 shapes, inside loops; quantized weights (int8, int4:G) within float32 rounding of a float64 product
-with their dequantized values; batch-invariant bit for bit; differentiable; models through it equal
-`transformers`, and greedy speculative decoding through it equals greedy autoregressive decoding in
-bfloat16 too; "auto" and the config fall back to XLA, or fail in one line, where it is not built."""
+with their dequantized values, int4a8 (x quantized to int8 per group) its definition (integer dots
+exactly), the same bits on the portable and VNNI paths; batch-invariant bit for bit; differentiable;
+models through it equal `transformers`, and greedy speculative decoding through it equals greedy
+autoregressive decoding in bfloat16 too; "auto" and the config fall back to XLA, or fail in one line,
+where it is not built."""
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from specjax.models.kv_cache import init_cache
 from tests.helpers import engine
 from tests.helpers.quantized import dequantized64, random_weights
 from tests.helpers.tiny_hf import VOCAB, save_hf_model
+from tests.helpers.quantized import int4a8_exact_operands, int4a8_reference
 
 # CI builds the kernel with the package (`pip install -e .`): a missing build fails here, not skips.
 KERNEL = "cpu_kernel"
@@ -167,7 +170,7 @@ def _alone_and_in_slices(x_12xK, weight):
   return alone, [matmul.dense(x_12xK[s:s + r], weight, KERNEL, jnp.float32) for s, r in SLICES]
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "int4:56"])
+@pytest.mark.parametrize("name", ["int8", "int4", "int4:56", "int4a8"])
 def test_quantized_weights_batch_invariant(name, quantized_path):
   """Each of 12 rows multiplied alone equals, bit for bit, that row in a product of M = 1..12 rows
   starting at offsets 0..4: every position of a 6-row tile, tiles of every height, taking 2, 3 or 4 rows
@@ -178,7 +181,7 @@ def test_quantized_weights_batch_invariant(name, quantized_path):
     np.testing.assert_array_equal(np.asarray(part), alone[start:start + rows], err_msg=f"rows {start}..{start + rows}")
 
 
-@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["int8", "int4", "int4a8"])
 def test_quantized_weights_batch_invariant_past_a_row_block(name, quantized_path):
   """A product of 100 rows, more than one of the kernel's 96-row blocks, equals bit for bit its rows
   multiplied alone (on each side of the block's end)."""
@@ -186,6 +189,82 @@ def test_quantized_weights_batch_invariant_past_a_row_block(name, quantized_path
   full = np.asarray(dense(x, q, KERNEL, jnp.float32))
   for m in (0, 95, 96, 99):
     np.testing.assert_array_equal(np.asarray(dense(x[m:m + 1], q, KERNEL, jnp.float32))[0], full[m], err_msg=f"row {m}")
+
+
+@pytest.fixture(params=[0, 2], ids=["portable", "vnni"])
+def int4a8_path(request):
+  """Each path the kernel has for int4a8 on this CPU: the portable loop, AVX512-VNNI (G = 32, 64, 128)."""
+  yield from _capped_at(request.param, ("int4a8",))
+
+
+# groups per int4a8 weight, per G: 17 x 32 and 9 x 64 fill one block of 256 code bytes and part of another,
+# 5 x 128 too; G = 56 runs the portable loop on every host
+A8_GROUPS = {"int4a8": 17, "int4a8:64": 9, "int4a8:128": 5, "int4a8:56": 3}
+
+
+@pytest.mark.parametrize("name", A8_GROUPS)
+def test_int4a8_equals_its_definition(name, int4a8_path):
+  """On each path, against `int4a8_reference`: on exact operands (every float operation exact, ties in
+  every group) the integer sum bit for bit: a tie rounded away from zero, a swapped nibble, a lost - 8
+  or a code in the wrong lane is off by whole units; on random ones (groups of very different magnitudes,
+  an all-zero group) within float32 rounding of the float64 sum (groups + 4 roundings of the sum of |terms|):
+  d or a scale of the wrong group is off by whole terms. M = 7 and N = 13 leave tails of every tile."""
+  groups = A8_GROUPS[name]
+  x, q, exact = int4a8_exact_operands(name, 7, 13, groups, seed=10)
+  np.testing.assert_array_equal(np.asarray(dense(x, q, KERNEL, jnp.float32)), exact)
+  fmt = quantized.parse(name)
+  q = quantized.quantize(jnp.asarray(random_weights((13, groups * fmt.group), seed=11)), fmt, jnp.bfloat16)
+  rng = np.random.default_rng(12)
+  x = rng.standard_normal((7, groups * fmt.group)) * np.repeat(rng.choice([1e-3, 1.0, 30.0], groups), fmt.group)
+  x[:, :fmt.group] = 0.0
+  x = jnp.asarray(x, jnp.bfloat16)
+  want, magnitude, _ = int4a8_reference(x, q)
+  got = np.asarray(dense(x, q, KERNEL, jnp.float32), np.float64)
+  assert np.all(np.abs(got - want) <= (groups + 4) * 2.0**-24 * magnitude + 1e-30)
+
+
+def test_int4a8_paths_agree_bit_for_bit():
+  """The portable loop runs the VNNI path's float operations in its order (matmul.cc): the same bits, for
+  every G the vector path takes, with float32 and bfloat16 x, and over threads (N = 700: several chunks of W
+  on XLA's pool); and each row alone (a 1-row tile) gives its bits in the 7-row product, with more than 16
+  groups, so that a lane sums two terms (the batch-invariance tests above take 3 groups). A 1-row tile
+  summing its 16 lanes in another order fails this test and those."""
+  if matmul.kernel_path("int4a8") < 2:
+    pytest.skip("this CPU has no AVX512-VNNI path for int4a8")
+  for name, dtype in (("int4a8", jnp.bfloat16), ("int4a8:64", jnp.float32), ("int4a8:128", jnp.bfloat16)):
+    fmt = quantized.parse(name)
+    K = A8_GROUPS[name] * fmt.group
+    q = quantized.quantize(jnp.asarray(random_weights((700, K), seed=13)), fmt, dtype)
+    x = jnp.asarray(np.random.default_rng(14).standard_normal((7, K)), dtype)
+    vector = np.asarray(dense(x, q, KERNEL, jnp.float32))
+    previous = matmul.kernel_limit(0)
+    try:
+      portable = np.asarray(dense(x, q, KERNEL, jnp.float32))
+    finally:
+      matmul.kernel_limit(previous)
+    np.testing.assert_array_equal(vector, portable, err_msg=name)
+    alone = np.concatenate([np.asarray(dense(x[m:m + 1], q, KERNEL, jnp.float32)) for m in range(7)])
+    np.testing.assert_array_equal(alone, vector, err_msg=name)
+
+
+def test_int4a8_status_names_its_path_and_auto_falls_back_without_it():
+  """int4a8's path shows in the status where the CPU has AVX512-VNNI (/proc/cpuinfo), "auto" takes the kernel
+  there (for float32 models too, as for int4), and keeps such weights on XLA where the kernel would run its
+  portable loop (capped below AVX-512 here)."""
+  with open("/proc/cpuinfo") as cpuinfo:
+    flags = set(next((line for line in cpuinfo if line.startswith("flags")), "").split())
+  has_vnni = {"avx512_vnni", "avx512bw", "avx512vl"} <= flags
+  assert (matmul.kernel_path("int4a8") == 2) == has_vnni
+  runs, why = matmul.kernel_status("bfloat16", "int4a8:64")
+  assert runs == has_vnni and ("AVX512-VNNI: x quantized to int8" in why if runs else "lacks AVX512-VNNI" in why)
+  for dtype in matmul.KERNEL_DTYPES:  # quantized weights of either dtype take the kernel where it is vectorised
+    assert matmul.backend_for("auto", dtype, "cpu", "int4a8") == (KERNEL if has_vnni else "xla")
+  previous = matmul.kernel_limit(1)
+  try:
+    assert matmul.kernel_status("bfloat16", "int4a8")[1].startswith("this CPU lacks AVX512-VNNI")
+    assert matmul.backend_for("auto", "bfloat16", "cpu", "int4a8") == "xla"
+  finally:
+    matmul.kernel_limit(previous)
 
 
 def test_quantized_gradients_are_the_xla_paths():

@@ -2,7 +2,9 @@
 half a scale of float64 truth; the quantized matmul equals a float64 matmul of the dequantized weights;
 a quantized model computes what the model of its dequantized weights computes (tied head and stacked
 layers included); greedy speculation with the target's own int8 / int4 copy as its draft equals the
-target's greedy output on a ragged batch; bad formats fail with one line naming the field."""
+target's greedy output on a ragged batch; bad formats fail with one line naming the field; int4a8 (x
+quantized to int8 per group at run time) on XLA equals its definition (`int4a8_reference`), its integer
+dot products exactly."""
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +26,8 @@ from specjax.speculative.loop import SpeculativeLoop
 from tests.helpers.cli import cli_config, decode_in_process, model_dirs  # noqa: F401 (the fixture)
 from tests.helpers.engine import BUDGETS, CACHE_LEN, OUT_WIDTH, PROMPTS, TARGET, target_greedy, tiny_model
 from tests.helpers.gguf import write_gguf
-from tests.helpers.quantized import dequantized64, float64_scales, random_weights, unpacked_codes
+from tests.helpers.quantized import (dequantized64, float64_scales, int4a8_exact_operands, int4a8_reference,
+                                     random_weights, unpacked_codes)
 from tests.helpers.tiny_hf import make_hf_model
 from tests.helpers.tokenizers import add_tokenizer_metadata, train_tokenizer
 
@@ -109,12 +112,13 @@ def test_a_quantized_model_computes_what_its_dequantized_weights_compute(name, t
   assert np.abs(got - _logits(config, to_layout(config, params))).max() > 1e-3
 
 
-@pytest.mark.parametrize("name", ["int8", "int4"])
-def test_greedy_speculation_with_the_targets_quantized_copy_equals_target_greedy(name):
-  """The quantized drafter (its own cache, the target's weights as `name`) keeps greedy output token for
-  token on a ragged batch with budgets that cut blocks; int8 is accepted almost always, int4 less."""
+@pytest.mark.parametrize("name, backend", [("int8", "xla"), ("int4", "xla"), ("int4a8", "cpu_kernel")])
+def test_greedy_speculation_with_the_targets_quantized_copy_equals_target_greedy(name, backend):
+  """The quantized drafter (its own cache, the target's weights as `name`, multiplied on `backend`: int4a8
+  through the kernel's int4a8 handler) keeps greedy output token for token on a ragged batch with budgets
+  that cut blocks; int8 is accepted almost always, int4 less."""
   config, params = TARGET
-  draft_config = config.replace(matmul="xla")
+  draft_config = config.replace(matmul=backend)
   drafter = QuantizedDrafter(draft_config, quantized.quantize_params(draft_config, params, quantized.parse(name)))
   out = testing.speculate(SpeculativeLoop(config, 3, OUT_WIDTH), params, drafter, testing.request(PROMPTS, BUDGETS),
                           cache_len=CACHE_LEN)
@@ -141,6 +145,7 @@ def test_the_xla_path_shows_in_the_lowering_for_a_gpu():
     (dict(weights="int3"), r"config.weights: 'int3' is not a weight format"),
     (dict(weights="int4:16"), r"config.weights: 'int4:16': an int4 group width G must be an even integer in 32..128"),
     (dict(weights="int4:65"), r"config.weights: 'int4:65'"),
+    (dict(weights="int4a8:16"), r"config.weights: 'int4a8:16': an int4a8 group width G must be an even integer"),
     (dict(weights="int4", mesh="data=1"), r"config.weights 'int4': quantized weights on a mesh"),
     (dict(model=dict(weights="nf4")), r"config.model.weights: 'nf4' is not a weight format"),
     (dict(drafter="quantized", quantized=dict(weights="int2")), r"config.quantized.weights: 'int2'"),
@@ -215,4 +220,53 @@ def test_quantized_weights_are_cached_beside_the_converted_gguf(tmp_path, monkey
   assert jax.tree.structure(again.params,
                             is_leaf=quantized_leaf) == jax.tree.structure(first.params, is_leaf=quantized_leaf)
   jax.tree.map(np.testing.assert_array_equal, again.params, first.params)
+  a8 = load_model(path, weights="int4a8")
+  assert quantized.describe(a8.params) == "int4a8:32"
+  for leaf, int4_leaf in zip(jax.tree.leaves(a8.params), jax.tree.leaves(first.params)):  # codes and scales
+    np.testing.assert_array_equal(leaf, int4_leaf)
   monkeypatch.undo()
+  assert sorted(p.name for p in (tmp_path / "cache" / "converted").glob("*/weights-*")) == files
+
+
+def test_int4a8_formats_parse_and_store_int4s_codes():
+  """"int4a8" is int4:32's codes and scales with x quantized at run time: its own name (the stats), the
+  same bytes (the same cached file: `stored`); bad group widths fail in one line, as int4's."""
+  fmt = quantized.parse("int4a8")
+  assert (fmt.name, fmt.group, fmt.activations) == ("int4a8:32", 32, 8)
+  assert quantized.parse(" int4a8:64 ").name == "int4a8:64" and quantized.parse("int4:64").name == "int4:64"
+  for bad in ("int4a8:16", "int4a8:65", "int4a8:x", "int4a8:"):
+    with pytest.raises(quantized.FormatError, match=r"an int4a8 group width G must be an even integer in 32..128$"):
+      quantized.parse(bad)
+  with pytest.raises(quantized.FormatError, match=r"'int4a4' is not a weight format; expected one of .*int4a8:G"):
+    quantized.parse("int4a4")
+  w = jnp.asarray(random_weights((24, 128), seed=4))
+  a8, int4 = quantized.quantize(w, fmt), quantized.quantize(w, quantized.parse("int4"))
+  np.testing.assert_array_equal(np.asarray(a8.codes), np.asarray(int4.codes))
+  np.testing.assert_array_equal(np.asarray(a8.scales), np.asarray(int4.scales))
+  assert quantized.describe({"w": a8}) == "int4a8:32" and fmt.stored == quantized.parse("int4")
+
+
+@pytest.mark.parametrize("name", ["int4a8", "int4a8:64"])
+def test_int4a8_on_xla_equals_its_definition(name):
+  """The XLA path (`QuantizedWeight.dense`: on the CPU two tiles of CPU_ROWS rows and the rest) against
+  `int4a8_reference`: x's codes and scales bit for bit (XLA's rewrite of a division into a multiply by a
+  rounded reciprocal, or jnp.round's ties taken away from zero, changes codes), the result within float32
+  rounding of the float64 sum (x [2, 3, K] with groups of very different magnitudes and an all-zero one: d
+  taken from the wrong group is off by whole terms), and exactly the integer sum on exact operands (ties
+  everywhere: a rounding of ties away from zero is off by whole codes)."""
+  fmt = quantized.parse(name)
+  K = 4 * fmt.group
+  q = quantized.quantize(jnp.asarray(random_weights((2 * quantized.CPU_ROWS + 44, K), seed=5)), fmt)
+  rng = np.random.default_rng(6)
+  x = rng.normal(size=(2, 3, K)) * np.repeat([1e-3, 30.0, 0.0, 1.0], fmt.group)
+  x = jnp.asarray(x, jnp.bfloat16)
+  want, magnitude, codes = int4a8_reference(x.reshape(6, K), q)
+  got_codes, got_d = quantized.quantize_activations(x, fmt.group)
+  np.testing.assert_array_equal(np.asarray(got_codes).reshape(codes.shape), codes)
+  np.testing.assert_array_equal(
+      np.asarray(got_d).reshape(6, -1),
+      np.abs(np.asarray(x, np.float32).reshape(6, -1, fmt.group)).max(-1) / np.float32(127))
+  got = np.asarray(jax.jit(matmul.dense, static_argnums=(2, 3))(x, q, "xla", jnp.float32), np.float64).reshape(6, -1)
+  assert np.all(np.abs(got - want) <= (K // fmt.group + 4) * 2.0**-24 * magnitude + 1e-30)
+  x, q, exact = int4a8_exact_operands(name, 5, 7, 3, seed=7)
+  np.testing.assert_array_equal(np.asarray(matmul.dense(x, q, "xla", jnp.float32)), exact)

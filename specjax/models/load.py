@@ -80,9 +80,9 @@ def load_model(name_or_path: str, dtype: str = "float32", part: ParamSharding | 
   """Loads a `.gguf` file or Hugging Face directory, a registry model (fetched beforehand) or a hub
   model `org/name[@revision]`, in that order of precedence (see the module docstring); with `part`,
   every weight straight into its shards on its mesh. `weights` (`quantized.parse`: "float", "int8",
-  "int4", "int4:G") quantizes the loaded weights (`quantized.quantize_params`, on the device, weight
-  by weight); a format the model cannot take fails with a `quantized.FormatError` before any tensor is
-  read."""
+  "int4", "int4:G", "int4a8", "int4a8:G") quantizes the loaded weights (`quantized.quantize_params`, on
+  the device, weight by weight); a format the model cannot take fails with a `quantized.FormatError`
+  before any tensor is read."""
   fmt = quantized.parse(weights)
   if fmt is not None and part is not None:
     raise quantized.FormatError(f"{weights}: quantized weights on a mesh are not supported yet")
@@ -98,7 +98,7 @@ def load_model(name_or_path: str, dtype: str = "float32", part: ParamSharding | 
   config = ModelConfig.from_dict({**json.loads(meta["config"]), "dtype": dtype})
   _check_format(config, fmt)
   quantized_file = fmt and os.path.join(os.path.dirname(params_file),
-                                        f"weights-{fmt.name.replace(':', '-')}-{dtype}.safetensors")
+                                        f"weights-{fmt.stored.name.replace(':', '-')}-{dtype}.safetensors")
   cached = _read_quantized(quantized_file, config, fmt) if fmt else {}
   place = placement(config)
   params: dict = {}
@@ -120,7 +120,7 @@ def _set(params: dict, tensor_path: str, value: Any) -> None:
 
 
 def _quantized_meta(fmt: quantized.WeightFormat, dtype: str) -> dict[str, str]:
-  return {"version": _QUANTIZED_VERSION, "format": fmt.name, "dtype": dtype}
+  return {"version": _QUANTIZED_VERSION, "format": fmt.stored.name, "dtype": dtype}
 
 
 def _write_quantized(file: str, params: Params, fmt: quantized.WeightFormat, dtype: str, source: str) -> None:

@@ -14,7 +14,9 @@
   weights (`quantized.QuantizedWeight`: int8, int4:G) have handlers of their own that read the codes
   and unpack them in registers: AVX-512 (int8 widened to float32, FMA with x in float32; int4 at G =
   32, 64, 128 with bfloat16 x turned into float32 integers by a table, FMA sums per group in the order of
-  AVX512_BF16's dot products), else AVX2+FMA (codes and x widened to float32), else the portable loop. A
+  AVX512_BF16's dot products), else AVX2+FMA (codes and x widened to float32), else the portable loop;
+  int4a8 (int4 codes, x quantized to int8 per group at run time) AVX512-VNNI integer dot products at G =
+  32, 64, 128, else the portable loop, the two bit for bit the same (`quantized` has the definition). A
   `custom_vjp` makes it differentiable (the backward runs XLA's matmuls; for quantized weights, the XLA
   path's gradients).
 
@@ -32,6 +34,7 @@ not clearly faster than XLA's float32, so "auto" leaves float32 on XLA and sends
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import importlib.machinery
 import pathlib
@@ -54,19 +57,23 @@ _HANDLERS = {  # (weights: their dtype or format's bits, x's dtype) -> (FFI targ
     (8, "bfloat16"): ("specjax_matmul_int8_bf16", "SpecjaxMatmulInt8Bf16"),
     (4, "float32"): ("specjax_matmul_int4_f32", "SpecjaxMatmulInt4F32"),
     (4, "bfloat16"): ("specjax_matmul_int4_bf16", "SpecjaxMatmulInt4Bf16"),
+    ("int4a8", "float32"): ("specjax_matmul_int4a8_f32", "SpecjaxMatmulInt4a8F32"),
+    ("int4a8", "bfloat16"): ("specjax_matmul_int4a8_bf16", "SpecjaxMatmulInt4a8Bf16"),
 }
 # Where specjax_cpu_features holds each kind of weight's path (2 bits): float32, bfloat16, quantized
-# (int8 and int4, with float32 or bfloat16 x).
-_FEATURE_SHIFT = {"float32": 0, "bfloat16": 2, "quantized": 4}
+# (int8 and int4, with float32 or bfloat16 x), int4a8 (x quantized to int8 at run time; its path at G = 32).
+_FEATURE_SHIFT = {"float32": 0, "bfloat16": 2, "quantized": 4, "int4a8": 6}
 _PATHS = {  # what each path number means, per kind; 0 is the portable loop
     "float32": {1: "AVX2+FMA", 2: "AVX-512F"},
     "bfloat16": {1: "AVX2+FMA, bfloat16 widened to float32", 2: "AVX512_BF16",
                  3: "AMX tiles (AVX512_BF16 where K is not a multiple of 32)"},
     "quantized": {1: "AVX2+FMA, codes unpacked to float32 in registers",
                   2: "AVX-512: int8 and int4 codes unpacked to float32, FMA in float32"},
+    "int4a8": {2: "AVX512-VNNI: x quantized to int8 per group, integer dot products (VPDPBUSD)"},
 }
 _NEEDS = {
-    "float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16", "quantized": "AVX2+FMA or AVX512_BF16"
+    "float32": "AVX2+FMA or AVX-512F", "bfloat16": "AVX2+FMA or AVX512_BF16", "quantized": "AVX2+FMA or AVX512_BF16",
+    "int4a8": "AVX512-VNNI (AVX512_VNNI with AVX512BW)"
 }
 
 
@@ -95,8 +102,11 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
 
 def _kind(dtype: str, weights: str) -> str:
   """The kind of weight the kernel multiplies for a model in `dtype` with weights in the format `weights`
-  ("float", or a quantized format as `quantized.parse` takes it): its dtype, or "quantized"."""
-  return dtype if weights.strip() == "float" else "quantized"
+  ("float", or a quantized format as `quantized.parse` takes it): its dtype, "int4a8" (x quantized at run
+  time: its own path) or "quantized"."""
+  if weights.strip() == "float":
+    return dtype
+  return "int4a8" if quantized.parse(weights).activations else "quantized"
 
 
 def kernel_status(dtype: str, weights: str = "float") -> tuple[bool, str]:
@@ -116,10 +126,11 @@ def kernel_status(dtype: str, weights: str = "float") -> tuple[bool, str]:
 
 
 def kernel_path(kind: str) -> int:
-  """The kernel's path for weights of `kind` ("float32", "bfloat16" or "quantized") on this CPU now: 0
-  the portable loop, 1 AVX2+FMA, 2 AVX-512, 3 AMX (bfloat16 with K a multiple of 32; what
+  """The kernel's path for weights of `kind` ("float32", "bfloat16", "quantized" or "int4a8") on this CPU
+  now: 0 the portable loop, 1 AVX2+FMA, 2 AVX-512, 3 AMX (bfloat16 with K a multiple of 32; what
   `specjax_cpu_features` reports; `kernel_limit` caps it;
-  "quantized": int4 with bfloat16 x, whose AVX-512 path needs AVX512_BF16; int4 with float32 x runs AVX2)."""
+  "quantized": int4 with bfloat16 x, whose AVX-512 path needs AVX512_BF16; int4 with float32 x runs AVX2;
+  "int4a8": 2 is AVX512-VNNI, at G = 32, 64, 128; other G and CPUs run the portable loop)."""
   library = _library()[0]
   if library is None or kind not in _FEATURE_SHIFT:
     return 0
@@ -151,7 +162,7 @@ def backend_for(setting: str, dtype: str, platform: str | None = None, weights: 
     raise ValueError(f"matmul='cpu_kernel' runs on the CPU only, not on {platform or jax.default_backend()}")
   runs, why = kernel_status(dtype, weights)
   if setting == "auto":
-    return "cpu_kernel" if runs and (_kind(dtype, weights) == "quantized" or dtype in AUTO_DTYPES) else "xla"
+    return "cpu_kernel" if runs and (weights.strip() != "float" or dtype in AUTO_DTYPES) else "xla"
   if _library()[0] is None or dtype not in KERNEL_DTYPES:
     raise ValueError(f"matmul='cpu_kernel': {why}")
   return "cpu_kernel"
@@ -183,7 +194,8 @@ def _handler(x_MxK: jax.Array, weight_NxK: jax.Array | quantized.QuantizedWeight
   """The FFI target for these operands and the arrays it takes (a quantized W: its codes and scales)."""
   dtype = jnp.dtype(x_MxK.dtype).name
   if isinstance(weight_NxK, quantized.QuantizedWeight):
-    key, operands = (weight_NxK.format.bits, dtype), (x_MxK, weight_NxK.codes, weight_NxK.scales)
+    fmt = weight_NxK.format
+    key, operands = ("int4a8" if fmt.activations else fmt.bits, dtype), (x_MxK, weight_NxK.codes, weight_NxK.scales)
   else:
     key, operands = (jnp.dtype(weight_NxK.dtype).name, dtype), (x_MxK, weight_NxK)
   if key not in _HANDLERS or jnp.dtype(weight_NxK.dtype) != x_MxK.dtype:
@@ -207,11 +219,12 @@ def _kernel_forward(x_MxK, weight_NxK):
 
 def _kernel_backward(residuals, dy_MxN):
   """dx = dy W and dW = dy^T x, by XLA with float32 accumulation, in the operands' dtypes; a quantized W
-  takes the XLA path's own gradients (dx, and its scales'; none for its integer codes)."""
+  takes the XLA path's own gradients (dx, and its scales'; none for its integer codes; int4a8 int4's: the
+  rounding of x passes gradients straight through)."""
   x_MxK, weight_NxK = residuals
   if isinstance(weight_NxK, quantized.QuantizedWeight):
-    _, vjp = jax.vjp(lambda x, scales: weight_NxK.replace(scales=scales).dense(x, jnp.float32), x_MxK,
-                     weight_NxK.scales)
+    float_x = weight_NxK.replace(format=dataclasses.replace(weight_NxK.format, activations=0))
+    _, vjp = jax.vjp(lambda x, scales: float_x.replace(scales=scales).dense(x, jnp.float32), x_MxK, weight_NxK.scales)
     dx_MxK, dscales = vjp(dy_MxN)
     return dx_MxK, weight_NxK.replace(codes=np.zeros(weight_NxK.codes.shape, jax.dtypes.float0), scales=dscales)
   dx_MxK = jax.lax.dot_general(dy_MxN.astype(weight_NxK.dtype), weight_NxK, (((1,), (0,)), ((), ())),

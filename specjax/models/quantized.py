@@ -11,6 +11,16 @@ code (`transformer.Linear`, the output head) is the same for every format. Forma
   llama.cpp's Q4_0), codes in [-7, 7], two per byte as in Q4_0 (uint8: within each group, element j
   in the low nibble and element j + G / 2 in the high one, each stored as code + 8), so that a group
   unpacks into its two halves without interleaving.
+- "int4a8", "int4a8:G": int4:G's weights (the same codes and scales, and the same cached bytes under
+  their own name), but x is quantized at run time per row and group of G inputs to int8, as llama.cpp's
+  Q8_0 activations for its Q4_0 x Q8_0 dots: d = max |x| / 127, code = x / d rounded half to even (both
+  divisions in float32; all codes 0 where d = 0; `quantize_activations`). Per group an exact integer dot
+  product I = sum code_x code_w (int32), and y = sum over groups of (d * scale) * I in float32. The CPU
+  kernel sums the groups in a fixed order (16 lanes by FMA, then a fixed tree: `cpu_kernels/matmul.cc`),
+  the same bits on its portable and AVX512-VNNI paths; XLA's path (`_int4a8`) sums them in XLA's order
+  (equal up to float32 rounding, the integer dots exactly). It computes on rounded activations, so it is
+  not the dequantized float model (int4 is): a draft format, for the VNNI integer dot products (VPDPBUSD)
+  where int4 widens codes to float32 and is compute-bound (docs/quantized-drafts.md has the measurements).
 
 Symmetric (no zero point): w ~ code * scale with scale = max |w| / qmax of the channel or group, so
 every element's error is at most scale / 2 (the scale rounded to bfloat16 moves max |w| / scale by at
@@ -57,7 +67,8 @@ import jax.numpy as jnp
 GROUPS = (32, 128)  # the smallest and largest int4 group width
 CPU_ROWS = 128  # output rows dequantized and multiplied per step on the CPU (see the module docstring)
 DEFAULT_INT4_GROUP = 32
-FORMATS = ("float", "int8", "int4", "int4:G")  # what `parse` takes (G: the group width)
+FORMATS = ("float", "int8", "int4", "int4:G", "int4a8", "int4a8:G")  # what `parse` takes (G: the group width)
+ACTIVATION_BITS = 8  # int4a8: x quantized to int8 per group at run time
 
 
 class FormatError(ValueError):
@@ -72,10 +83,16 @@ class WeightFormat:
   bits: int  # 8 or 4: bits per code
   group: int  # input elements sharing one scale; 0 = the whole row (one scale per output channel)
   scale_dtype: str  # "float32" or "bfloat16"
+  activations: int = 0  # 0: x multiplies as floats; 8 (int4a8): x quantized to int8 per group of `group`
 
   @property
   def name(self) -> str:
-    return "int8" if self.bits == 8 else f"int4:{self.group}"
+    return "int8" if self.bits == 8 else f"int4{'a8' if self.activations else ''}:{self.group}"
+
+  @property
+  def stored(self) -> WeightFormat:
+    """The format whose bytes these weights are: int4a8:G's are int4:G's (only the matmul differs)."""
+    return dataclasses.replace(self, activations=0)
 
   @property
   def qmax(self) -> int:
@@ -98,19 +115,21 @@ INT8 = WeightFormat(8, 0, "float32")
 
 
 def parse(text: str) -> WeightFormat | None:
-  """"float" -> None, "int8", "int4", "int4:G" -> their format; anything else a FormatError."""
+  """"float" -> None, "int8", "int4", "int4:G", "int4a8", "int4a8:G" -> their format; anything else a
+  FormatError."""
   text = text.strip()
   if text == "float":
     return None
   if text == "int8":
     return INT8
   name, colon, group = text.partition(":")
-  if name == "int4":
+  if name in ("int4", "int4a8"):
+    activations = ACTIVATION_BITS if name == "int4a8" else 0
     if not colon:
-      return WeightFormat(4, DEFAULT_INT4_GROUP, "bfloat16")
+      return WeightFormat(4, DEFAULT_INT4_GROUP, "bfloat16", activations)
     if group.isdigit() and GROUPS[0] <= int(group) <= GROUPS[1] and int(group) % 2 == 0:
-      return WeightFormat(4, int(group), "bfloat16")
-    raise FormatError(f"{text!r}: an int4 group width G must be an even integer in {GROUPS[0]}..{GROUPS[1]}")
+      return WeightFormat(4, int(group), "bfloat16", activations)
+    raise FormatError(f"{text!r}: an {name} group width G must be an even integer in {GROUPS[0]}..{GROUPS[1]}")
   raise FormatError(f"{text!r} is not a weight format; expected one of {', '.join(FORMATS)}")
 
 
@@ -182,7 +201,9 @@ class QuantizedWeight:
   def _whole(self, x_xK: jax.Array, out_dtype) -> jax.Array:
     """x W^T with float32 accumulation: int8 contracted with its codes and scaled after; int4 as two
     dots, one per half of every group (the low nibbles hold the first halves, the high ones the second:
-    dequantized with no interleaving, which XLA:CPU ran ~15x slower)."""
+    dequantized with no interleaving, which XLA:CPU ran ~15x slower); int4a8 by `_int4a8`."""
+    if self.format.activations:
+      return self._int4a8(x_xK, out_dtype)
     dims = (((x_xK.ndim - 1,), (1,)), ((), ()))
     if self.format.group == 0:  # one scale per output channel: scale the output, contract with the codes
       y_xN = jax.lax.dot_general(x_xK, self.codes.astype(x_xK.dtype), dims, preferred_element_type=jnp.float32)
@@ -198,6 +219,32 @@ class QuantizedWeight:
       x_xH = x_xGxE[..., half * group // 2:(half + 1) * group // 2].reshape(*x_xK.shape[:-1], k // 2)
       y_xN = y_xN + jax.lax.dot_general(x_xH, w_NxH, dims, preferred_element_type=jnp.float32)
     return y_xN.astype(out_dtype)
+
+  def _int4a8(self, x_xK: jax.Array, out_dtype) -> jax.Array:
+    """int4a8: x quantized per group (`quantize_activations`), per group the exact int32 dot product of
+    its codes with the weight's, then the sum over groups of (d * scale) * dot in float32 (XLA's order
+    of that sum, not the kernel's: equal up to float32 rounding, the integer dots exactly)."""
+    (n, k), group = self.shape, self.format.group
+    q_xGxE, d_xG = quantize_activations(x_xK, group)
+    codes_NxGxE = self.int_codes().reshape(n, k // group, group)
+    dot_xGxN = jnp.einsum("...ge,nge->...gn", q_xGxE, codes_NxGxE, preferred_element_type=jnp.int32)
+    scale_GxN = self.scales.astype(jnp.float32).T
+    t_xGxN = d_xG[..., None] * scale_GxN.reshape((1,) * (d_xG.ndim - 1) + scale_GxN.shape)
+    return jnp.sum(t_xGxN * dot_xGxN.astype(jnp.float32), axis=-2).astype(out_dtype)
+
+
+def quantize_activations(x_xK: jax.Array, group: int) -> tuple[jax.Array, jax.Array]:
+  """int4a8's x [..., K] as int8 codes [..., K / G, G] and float32 scales d [..., K / G] (G = `group`):
+  per group d = max |x| / 127 and code = x / d rounded half to even (both divisions in float32; all
+  codes 0 where d = 0), in [-127, 127]: llama.cpp's Q8_0 blocks, the kernel's quantization bit for bit."""
+  x_xGxE = x_xK.astype(jnp.float32).reshape(*x_xK.shape[:-1], x_xK.shape[-1] // group, group)
+  # Divisions, as the kernel's: XLA turns a division by a constant or a broadcast into a multiply by a
+  # rounded reciprocal, unless the divisor is a full array it cannot see into (optimization_barrier).
+  amax_xG = jnp.max(jnp.abs(x_xGxE), axis=-1)
+  d_xG = amax_xG / jax.lax.optimization_barrier(jnp.full_like(amax_xG, 127))
+  divisor_xGxE = jax.lax.optimization_barrier(jnp.broadcast_to(jnp.where(d_xG == 0, 1, d_xG)[..., None], x_xGxE.shape))
+  codes = jnp.where(d_xG[..., None] == 0, 0.0, jnp.round(x_xGxE / divisor_xGxE))
+  return jnp.clip(codes, -127, 127).astype(jnp.int8), d_xG
 
 
 def take_rows(weight, indices: jax.Array):

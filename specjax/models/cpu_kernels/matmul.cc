@@ -35,15 +35,20 @@
 // take integer dot products: faster per byte, but a model that computes on rounded activations; these
 // multiply float x, so a quantized model computes what its dequantized float model computes (AVX2 and
 // AVX-512 paths: the sections below).
+// - int4a8:G: int4:G's codes and scales with x quantized per row and group of G to int8 at run time
+//   (llama.cpp's Q4_0 x Q8_0 scheme): exact integer dot products per group (AVX512-VNNI's VPDPBUSD), then
+//   y = sum over groups of (d * scale) * I in float32, in a fixed order that the portable loop repeats bit
+//   for bit (the int4a8 section at the end has the definition and the layout).
 //
 // Handlers (XLA FFI, CPU): specjax_matmul_f32(x [M, K] f32, w [N, K] f32) -> y [M, N] f32,
 // specjax_matmul_bf16(x [M, K] bf16, w [N, K] bf16) -> y [M, N] f32 and the quantized ones,
-// SpecjaxMatmul{Int8,Int4}{F32,Bf16}(x, codes, scales) -> y [M, N] f32. Output rows are split over XLA's
+// SpecjaxMatmul{Int8,Int4,Int4a8}{F32,Bf16}(x, codes, scales) -> y [M, N] f32. Output rows are split over XLA's
 // intra-op thread pool. CPUs with no vector path run a portable loop (correct, slow: the Python side
 // chooses XLA there); `specjax_cpu_features` tells which path runs, `specjax_cpu_limit` caps it (tests
 // run every path a CPU has).
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -1110,6 +1115,356 @@ ffi::Error QuantizedMatmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+// ---- int4a8: int4:G weights, x quantized to int8 per group at run time ---------------------------------
+// The weights are int4:G's (codes and bfloat16 scales as above); x is quantized per row and per group of G
+// inputs, as llama.cpp's Q8_0 activations for its Q4_0 x Q8_0 dot products: d = max |x| / 127 (float32
+// division), q = x / d (float32 division) rounded half to even, clipped to [-127, 127] (all 0 when d = 0).
+// Per group an exact integer dot product I[g] = sum_k q_k code_k (int32; |I| < 2^24, exact in float32),
+// then y = sum over groups of t[g] I[g], t[g] = d[g] * scale[g] rounded to float32, in a fixed float order:
+// 16 float32 lanes, lane A8Lane(g) taking the groups mapped to it in increasing g, each by one FMA
+// (lane = fma(t[g], I[g], lane), from +0), then one fixed tree over the lanes, A8Sum16: (l + l+8), then
+// (+4), (+2), (+1). The portable loop and the AVX512-VNNI path run exactly these operations, so they agree
+// bit for bit (unused lanes of the vector path add exact zeros, which change nothing); both are
+// batch-invariant (nothing depends on M, a row's place in its tile or the thread).
+// AVX512-VNNI (G = 32, 64, 128): x is quantized once per call straight into the order the weight bytes
+// unpack in (A8QuantizeBlocked, A8Slot): per block of 256 code bytes (512 weights), 4 vectors of 64 x codes
+// for the low nibbles and 4 for the high ones, then the block's d and - 8 sum q per lane. Per block, a row
+// of W's 4 vectors of code bytes are transposed as int32 within each 128-bit lane (A8Transpose), so that
+// int32 lane 4 c + v of transposed vector s holds bytes 64 v + 16 c + 4 s .. + 3: every lane then sees 16
+// consecutive code bytes over the 4 vectors (a group of 32, half a group of 64, a quarter of one of 128,
+// whose lanes one or two shuffles add), and one chain of 8 VPDPBUSD per (row of x, row of W), from
+// - 8 sum q, sums each group's products (nibble (code + 8) unsigned times x's int8 code, 4 per lane per
+// instruction) into one int32 lane: the exact I. The weight vectors are loaded, transposed and unpacked
+// (AND, shift) once per tile of up to 8 rows of x; then per (row, lane) one multiply d * scale (d per lane,
+// scale per lane through a permute of the block's scales) and one FMA into the lane's float32 accumulator.
+// Measured on this project's 2-core AMX host (a Xeon with AVX512-VNNI): docs/quantized-drafts.md.
+
+// The float32 lane of group g (G = 32, 64, 128: where the vector path's reduction leaves it; other G, which
+// run the portable loop, g mod 16).
+inline int A8Lane(int64_t g, int64_t G) {
+  if (G != 32 && G != 64 && G != 128) return int(g % 16);
+  const int64_t offset = g % (512 / G) * (G / 2);  // the group's first byte in its block of 256 code bytes
+  return int(offset % 64 / 16 * 4 + offset / 64);
+}
+
+// The 16 lanes summed: (l + l+8), then (+4), (+2), (+1), the additions of the vector path's A8Sums.
+float A8Sum16(const float (&lane)[16]) {
+  float s8[8], s4[4], s2[2];
+  for (int l = 0; l < 8; ++l) s8[l] = lane[l] + lane[l + 8];
+  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+  for (int l = 0; l < 2; ++l) s2[l] = s4[l] + s4[l + 2];
+  return s2[0] + s2[1];
+}
+
+// One row of x quantized: codes q [K] int8 (element order), d [K / G] float32 and 8 sum q [K / G] int32.
+template <typename X>
+void A8QuantizeRow(const X* x, int64_t K, int64_t G, int8_t* q, float* d, int32_t* sum8) {
+  for (int64_t g = 0; g < K / G; ++g) {
+    float amax = 0.0f;
+    for (int64_t e = 0; e < G; ++e) amax = std::max(amax, std::fabs(ToFloat(x[g * G + e])));
+    const float dg = amax / 127.0f;
+    int32_t sum = 0;
+    for (int64_t e = 0; e < G; ++e) {
+      const float r = dg == 0.0f ? 0.0f : std::nearbyint(ToFloat(x[g * G + e]) / dg);  // half to even
+      const int32_t v = int32_t(std::min(127.0f, std::max(-127.0f, r)));
+      q[g * G + e] = int8_t(v);
+      sum += v;
+    }
+    d[g] = dg;
+    sum8[g] = 8 * sum;
+  }
+}
+
+// The portable path: per group the exact integer dot product, then the float order of the definition.
+void A8PortableRows(const int8_t* q, const float* d, const uint8_t* codes, const uint16_t* scales, float* y,
+                    int64_t M, int64_t N, int64_t K, int64_t groups, int64_t n0, int64_t n1) {
+  const int64_t G = K / groups, half = G / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float lane[16] = {};
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* c = codes + n * (K / 2) + g * half;
+        const int8_t* qg = q + m * K + g * G;
+        int32_t dot = 0;
+        for (int64_t e = 0; e < half; ++e) dot += qg[e] * ((c[e] & 15) - 8) + qg[half + e] * ((c[e] >> 4) - 8);
+        const float t = d[m * groups + g] * Bf16ToFloat(scales[n * groups + g]);
+        float& acc = lane[A8Lane(g, G)];
+        acc = std::fma(t, float(dot), acc);
+      }
+      y[m * N + n] = A8Sum16(lane);
+    }
+  }
+}
+
+constexpr int64_t kA8Block = 640;  // bytes per block of 256 code bytes in a blocked x row: 512 codes, 16 d, 16 8 sum q
+
+// Where the x code of each weight byte's nibble goes in a block of 256 code bytes (the vector path's order):
+// byte p = 64 v + 16 c + 4 s + b (v, c, s < 4, b < 4) sits in byte b of int32 lane 4 c + v of vector s
+// (A8Tile's transpose of the weight bytes), its low nibble's x code at 128 s + 4 (4 c + v) + b and its high
+// nibble's 64 bytes on.
+inline int64_t A8Slot(int64_t p) { return p % 16 / 4 * 128 + 4 * (p % 64 / 16 * 4 + p / 64) + p % 4; }
+
+#ifdef SPECJAX_X86
+
+#define SPECJAX_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+bool HasAvx512Vnni() { return HasAvx512Bw() && __builtin_cpu_supports("avx512vnni"); }
+
+// 16 elements of x from `x` as float32 (bfloat16 widened: exact).
+SPECJAX_VNNI inline __m512 A8Load16(const float* x) { return _mm512_loadu_ps(x); }
+SPECJAX_VNNI inline __m512 A8Load16(const uint16_t* x) {
+  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+
+// Rows of x quantized as A8QuantizeRow does (the same divisions, rounded half to even, so the same codes)
+// straight into the vector path's layout: rows of XR = blocks x kA8Block bytes; per block its 512 codes
+// (A8Slot: 4 consecutive codes of a half group are one int32), then d per lane (float32 [16], 0 in lanes no
+// group uses), then - 8 sum q per lane (int32 [16]: where the lane's dot product starts). G: 32, 64 or 128.
+template <typename X>
+SPECJAX_VNNI void A8QuantizeBlocked(const X* x, uint8_t* xa, int64_t M, int64_t K, int64_t G, int64_t XR) {
+  const int64_t half = G / 2, groups = K / G, per_block = 512 / G;
+  const __m512i limit = _mm512_set1_epi32(127);
+  std::memset(xa, 0, size_t(M * XR));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const X* xg = x + m * K + g * G;
+      __m512 amax = _mm512_setzero_ps();
+      for (int64_t e = 0; e < G; e += 16) amax = _mm512_max_ps(_mm512_abs_ps(A8Load16(xg + e)), amax);
+      const float dg = _mm512_reduce_max_ps(amax) / 127.0f;
+      const __m512 dv = _mm512_set1_ps(dg);
+      alignas(64) int8_t codes[128];
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t e = 0; e < G; e += 16) {
+        __m512i r = _mm512_setzero_si512();
+        if (dg != 0.0f) {
+          r = _mm512_cvt_roundps_epi32(_mm512_div_ps(A8Load16(xg + e), dv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          r = _mm512_max_epi32(_mm512_min_epi32(r, limit), _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+        }
+        _mm_store_si128(reinterpret_cast<__m128i*>(codes + e), _mm512_cvtepi32_epi8(r));
+        sum = _mm512_add_epi32(sum, r);
+      }
+      uint8_t* block = xa + m * XR + g / per_block * kA8Block;
+      const int64_t first = g % per_block * half;  // the group's first code byte in its block
+      for (int64_t e = 0; e < half; e += 4) {
+        std::memcpy(block + A8Slot(first + e), codes + e, 4);
+        std::memcpy(block + A8Slot(first + e) + 64, codes + half + e, 4);
+      }
+      const int lane = A8Lane(g, G);
+      const int32_t minus = -8 * _mm512_reduce_add_epi32(sum);
+      std::memcpy(block + 512 + 4 * lane, &dg, 4);
+      std::memcpy(block + 576 + 4 * lane, &minus, 4);
+    }
+  }
+}
+
+// The 4 x 4 transpose of int32 within each 128-bit lane: lane 4 c + v of t[s] = lane 4 c + s of w[v].
+SPECJAX_VNNI inline void A8Transpose(const __m512i (&w)[4], __m512i (&t)[4]) {
+  const __m512i u0 = _mm512_unpacklo_epi32(w[0], w[1]), u1 = _mm512_unpackhi_epi32(w[0], w[1]);
+  const __m512i u2 = _mm512_unpacklo_epi32(w[2], w[3]), u3 = _mm512_unpackhi_epi32(w[2], w[3]);
+  t[0] = _mm512_unpacklo_epi64(u0, u2);
+  t[1] = _mm512_unpackhi_epi64(u0, u2);
+  t[2] = _mm512_unpacklo_epi64(u1, u3);
+  t[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+// The lane sums of up to 16 accumulators, each by A8Sum16's additions ((l + l+8), (+4), (+2), (+1): the
+// same bits), 16 at a time in 4 rounds of shuffles and adds; out[k] is a[k]'s.
+SPECJAX_VNNI inline void A8Sums(const __m512 (&a)[16], float (&out)[16]) {
+  __m512 b[8], c[4], d[2];
+  for (int k = 0; k < 8; ++k) {  // [a[2k] (l + l+8), a[2k+1] (l + l+8)]
+    b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
+  }
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane q: a[4k + q]'s 4 sums (+4)
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xDD));
+  }
+  for (int k = 0; k < 2; ++k) {  // 128-bit lane q: a[8k + q]'s 2 sums (+2), a[8k + 4 + q]'s
+    d[k] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * k], c[2 * k + 1], 0x44), _mm512_shuffle_ps(c[2 * k], c[2 * k + 1], 0xEE));
+  }
+  // lane 4 q + r: a[q + 4 r]'s sum (+1), permuted into a's order
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, e));
+}
+
+// Which group of its block (0 .. 512 / G - 1) each lane holds, per G / 2 = 16, 32, 64 (lanes no group uses: 0).
+alignas(64) constexpr int32_t kA8Groups[3][16] = {
+    {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15},
+    {0, 2, 4, 6, 0, 0, 0, 0, 1, 3, 5, 7, 0, 0, 0, 0},
+    {0, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+};
+
+// A tile of MR rows of x (blocked, XR bytes apart) by NR rows of W (RB = K / 2 bytes apart, groups of HALF
+// bytes: 16, 32 or 64), over all of K, a block of 256 code bytes at a time.
+template <int MR, int NR, int HALF>
+SPECJAX_VNNI void A8Tile(const uint8_t* xa, int64_t XR, const uint8_t* w, int64_t RB, const uint16_t* scale,
+                         int64_t groups, float* y, int64_t N) {
+  constexpr int64_t kPerBlock = 256 / HALF;
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const __m512i order = _mm512_load_si512(kA8Groups[HALF == 16 ? 0 : HALF == 32 ? 1 : 2]);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0, b = 0; p < RB; p += 256, ++b) {
+    __mmask64 mask[4];
+    for (int v = 0; v < 4; ++v) {
+      const int64_t left = std::min<int64_t>(64, std::max<int64_t>(0, RB - p - 64 * v));
+      mask[v] = left == 64 ? ~__mmask64(0) : (__mmask64(1) << left) - 1;
+    }
+    const int64_t present = std::min(kPerBlock, groups - b * kPerBlock);
+    const __mmask16 smask = __mmask16((1u << present) - 1);
+    const uint8_t* xb = xa + b * kA8Block;
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* wj = w + j * RB + p;
+      for (int v = 0; v < 4; ++v) _mm_prefetch(reinterpret_cast<const char*>(wj + NR * RB + 64 * v), _MM_HINT_T0);
+      __m512i raw[4], t[4], lo[4], hi[4];
+      for (int v = 0; v < 4; ++v) raw[v] = _mm512_maskz_loadu_epi8(mask[v], wj + 64 * v);
+      A8Transpose(raw, t);
+      for (int v = 0; v < 4; ++v) {
+        lo[v] = _mm512_and_si512(t[v], low4);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi16(t[v], 4), low4);
+      }
+      const __m512i sbits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(smask, scale + j * groups + b * kPerBlock));
+      const __m512 sv = _mm512_permutexvar_ps(order, _mm512_castsi512_ps(_mm512_slli_epi32(sbits, 16)));
+      // The rows' dot products side by side (MR independent chains of 8 VPDPBUSD), from - 8 sum q.
+      __m512i dot[MR];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) dot[i] = _mm512_loadu_si512(xb + i * XR + 576);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) dot[i] = _mm512_dpbusd_epi32(dot[i], lo[v], _mm512_loadu_si512(xb + i * XR + 128 * v));
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          dot[i] = _mm512_dpbusd_epi32(dot[i], hi[v], _mm512_loadu_si512(xb + i * XR + 128 * v + 64));
+        }
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        __m512i sum = dot[i];
+        if (HALF >= 32) sum = _mm512_add_epi32(sum, _mm512_shuffle_i32x4(sum, sum, 0xB1));  // 128-bit lanes 0+1, 2+3
+        if (HALF >= 64) sum = _mm512_add_epi32(sum, _mm512_shuffle_i32x4(sum, sum, 0x4E));  // and all four
+        const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(xb + i * XR + 512)), sv);
+        acc[i][j] = _mm512_fmadd_ps(t, _mm512_cvtepi32_ps(sum), acc[i][j]);
+      }
+    }
+  }
+  for (int base = 0; base < MR * NR; base += 16) {  // 16 accumulators at a time (one round for tiles Grid runs)
+    __m512 some[16];
+    float sums[16];
+    for (int k = 0; k < 16; ++k) some[k] = base + k < MR * NR ? acc[(base + k) / NR][(base + k) % NR] : _mm512_setzero_ps();
+    A8Sums(some, sums);
+    for (int k = 0; k < 16 && base + k < MR * NR; ++k) y[(base + k) / NR * N + (base + k) % NR] = sums[k];
+  }
+}
+
+// int4a8 for Grid: x blocked (`xa`, rows of XR bytes), G / 2 one of 16, 32, 64.
+struct A8Tiles {
+  const uint8_t* xa;
+  int64_t XR;
+  const uint8_t* codes;
+  const uint16_t* scales;
+  float* y;
+  int64_t N, K, groups;
+  // Tiles of up to 8 rows of x by 2 rows of W (4 for a row block of 1-2 rows: a one-token step runs 4
+  // independent chains): 8 x 1, 8 x 3, 6 x 2 and 4 x 2 measured within noise of 8 x 2 at T = 32.
+  static constexpr int64_t kRows = 8;
+  static constexpr int64_t Width(int64_t rows) { return rows >= 3 ? 2 : 4; }
+  template <int MR, int NR>
+  void Tile(int64_t m, int64_t n) const {
+    const uint8_t* w = codes + n * (K / 2);
+    const uint16_t* s = scales + n * groups;
+    float* out = y + m * N + n;
+    switch (K / groups / 2) {
+      case 16: return A8Tile<MR, NR, 16>(xa + m * XR, XR, w, K / 2, s, groups, out, N);
+      case 32: return A8Tile<MR, NR, 32>(xa + m * XR, XR, w, K / 2, s, groups, out, N);
+      default: return A8Tile<MR, NR, 64>(xa + m * XR, XR, w, K / 2, s, groups, out, N);
+    }
+  }
+};
+
+#else
+
+bool HasAvx512Vnni() { return false; }
+
+#endif  // SPECJAX_X86
+
+// int4a8's path: AVX512-VNNI for G = 32, 64, 128, else the portable loop.
+Path A8Path(int64_t G) {
+  const int limit = path_limit.load(std::memory_order_relaxed);
+  return limit >= kAvx512 && (G == 32 || G == 64 || G == 128) && HasAvx512Vnni() ? kAvx512 : kPortable;
+}
+
+struct A8Operands {
+  Path path;
+  const uint8_t* codes;
+  const uint16_t* scales;
+  float* y;
+  int64_t M, N, K, groups;
+  const int8_t* q = nullptr;  // x quantized, [M, K] codes and [M, groups] d (the portable loop)
+  const float* d = nullptr;
+  const uint8_t* xa = nullptr;  // the vector path: A8QuantizeBlocked, rows of XR bytes
+  int64_t XR = 0;
+
+  void Rows(int64_t n0, int64_t n1) const {
+#ifdef SPECJAX_X86
+    if (path == kAvx512) {
+      const int64_t block = std::max<int64_t>(8, std::min<int64_t>(kRowBlock, (int64_t{1} << 20) / XR / 8 * 8));
+      return Grid(A8Tiles{xa, XR, codes, scales, y, N, K, groups}, M, n0, n1, block);
+    }
+#endif
+    A8PortableRows(q, d, codes, scales, y, M, N, K, groups, n0, n1);
+  }
+};
+
+// y = x W^T for int4a8: codes [N, K / 2] uint8, bfloat16 scales [N, K / G], x float32 or bfloat16.
+template <ffi::DataType XT>
+ffi::Error Int4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<ffi::U8> codes,
+                        ffi::Buffer<ffi::BF16> scales, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), cd = codes.dimensions(), sd = scales.dimensions();
+  if (xd.size() != 2 || cd.size() != 2 || sd.size() != 2 || cd[0] != sd[0] || cd[1] * 2 != xd[1] || sd[1] <= 0 ||
+      xd[1] % sd[1] != 0 || (xd[1] / sd[1]) % 2 != 0) {
+    return ffi::Error::InvalidArgument("specjax int4a8 matmul: x must be [M, K], codes [N, K / 2], scales [N, K / G] "
+                                       "with G even");
+  }
+  const int64_t M = xd[0], K = xd[1], N = cd[0], groups = sd[1], G = K / groups;
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (K == 0) {
+    std::fill(y->typed_data(), y->typed_data() + M * N, 0.0f);
+    return ffi::Error::Success();
+  }
+  A8Operands o{A8Path(G), codes.typed_data(), reinterpret_cast<const uint16_t*>(scales.typed_data()),
+               y->typed_data(), M, N, K, groups};
+  // x quantized: outlives every chunk (ParallelRows returns when all are done)
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<uint8_t> blocked;
+#ifdef SPECJAX_X86
+  if (o.path == kAvx512) {
+    o.XR = (K / 2 + 255) / 256 * kA8Block;
+    blocked.resize(size_t(M * o.XR + 64));
+    uint8_t* xa = blocked.data() + (64 - reinterpret_cast<uintptr_t>(blocked.data()) % 64) % 64;
+    A8QuantizeBlocked(x.typed_data(), xa, M, K, G, o.XR);
+    o.xa = xa;
+  }
+#endif
+  if (o.path == kPortable) {
+    q.resize(size_t(M * K));
+    d.resize(size_t(M * groups));
+    std::vector<int32_t> sum8(size_t(M * groups));
+    for (int64_t m = 0; m < M; ++m) {
+      A8QuantizeRow(x.typed_data() + m * K, K, G, q.data() + m * K, d.data() + m * groups, sum8.data() + m * groups);
+    }
+    o.q = q.data();
+    o.d = d.data();
+  }
+  ParallelRows(pool, o);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulF32, Matmul<ffi::F32>,
@@ -1140,11 +1495,25 @@ SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt8Bf16, 8, ffi::BF16, ffi::S8, ffi::F32
 SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4F32, 4, ffi::F32, ffi::U8, ffi::BF16);
 SPECJAX_QUANTIZED_HANDLER(SpecjaxMatmulInt4Bf16, 4, ffi::BF16, ffi::U8, ffi::BF16);
 
+#define SPECJAX_INT4A8_HANDLER(name, x_type)                                                                   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Int4a8Matmul<x_type>,                                                   \
+                                ffi::Ffi::Bind()                                                              \
+                                    .Ctx<ffi::ThreadPool>()                                                   \
+                                    .Arg<ffi::Buffer<x_type>>()                                               \
+                                    .Arg<ffi::Buffer<ffi::U8>>()                                              \
+                                    .Arg<ffi::Buffer<ffi::BF16>>()                                            \
+                                    .Ret<ffi::Buffer<ffi::F32>>())
+
+SPECJAX_INT4A8_HANDLER(SpecjaxMatmulInt4a8F32, ffi::F32);
+SPECJAX_INT4A8_HANDLER(SpecjaxMatmulInt4a8Bf16, ffi::BF16);
+
 // Which path each handler runs now (under `specjax_cpu_limit`): bits 0-1 the float32 handler's, bits 2-3
-// the bfloat16 handler's (for K a multiple of 32), bits 4-5 the quantized handlers', each 0 = portable
-// loop, 1 = AVX2 + FMA, 2 = AVX-512 (bfloat16: AVX512_BF16), 3 = AMX (bfloat16).
+// the bfloat16 handler's (for K a multiple of 32), bits 4-5 the quantized handlers', bits 6-7 int4a8's (at
+// G = 32), each 0 = portable loop, 1 = AVX2 + FMA, 2 = AVX-512 (bfloat16: AVX512_BF16; int4a8:
+// AVX512-VNNI), 3 = AMX (bfloat16).
 extern "C" int specjax_cpu_features() {
-  return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2) | (int(QuantizedPath<4, uint16_t>()) << 4);
+  return int(PathFor<float>()) | (int(PathFor<uint16_t>()) << 2) | (int(QuantizedPath<4, uint16_t>()) << 4) |
+         (int(A8Path(32)) << 6);
 }
 
 // Caps the path every later call runs at `level` (0 portable, 1 AVX2, 2 AVX-512, 3 AMX: the default); returns

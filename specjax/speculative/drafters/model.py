@@ -134,7 +134,7 @@ class ModelDrafter(ModelShapes, ModelBackedDrafter):
     group.stop_threshold = 0.0  # a row stops drafting when the draft's top probability falls below this
     #                             (0 = off; in [0, 1))
     group.weights = ""  # the draft model's weight format, as config.weights ("float", "int8", "int4",
-    #                     "int4:G"); "" = the target's, config.weights
+    #                     "int4:G", "int4a8", "int4a8:G"); "" = the target's, config.weights
     group.other_tokenizer = "intersect"  # a draft whose tokenizer differs from the target's: "intersect"
     #   drafts through the token-level intersection (the ids whose bytes both vocabularies hold), "refuse"
     #   stops with an error
