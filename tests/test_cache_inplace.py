@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from specjax import autoregressive, testing
+from specjax.models import matmul
 from specjax.models.kv_cache import init_cache
 from specjax.speculative.drafters.eagle import EagleDrafter
 from specjax.speculative.drafters.layer_skip import LayerSkipDrafter
@@ -27,7 +28,7 @@ from specjax.speculative.loop import SpeculativeLoop
 from specjax.speculative.trees.dynamic import DynamicSpec
 from tests.helpers.eagle import eagle_head
 from tests.helpers.engine import tiny_model
-from tests.helpers.hlo import whole_cache_moves, widened
+from tests.helpers.hlo import table_copies, whole_cache_moves
 from tests.helpers.trees import TREES
 
 CACHE_LEN = 40
@@ -86,19 +87,28 @@ def test_speculative_program_moves_no_whole_cache(name):
     assert whole_cache_moves(compiled, _cache_dims(config)) == []
 
 
-def test_a_bfloat16_program_never_widens_its_embedding():
+def _bfloat16(model, backend):
+  config, params = model
+  return dataclasses.replace(config, dtype="bfloat16",
+                             matmul=backend), jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+
+
+@pytest.mark.skipif(matmul._library()[0] is None, reason="the CPU kernel library is not built")
+def test_a_bfloat16_program_never_copies_its_embedding():
   """XLA:CPU widened a bfloat16 embedding to float32 around the token gather and hoisted that out of the
   loops: every call of the real pair's programs copied both embeddings whole (151936 x 1536 and x 896:
-  ~0.3 s a call) to read a few rows. `transformer.take_rows` gathers the table's bits instead. The
-  speculative program (both models' embeddings, the prefill, the rounds and the deferred catch-up)."""
-  def bfloat16(model):
-    config, params = model
-    return dataclasses.replace(config, dtype="bfloat16"), jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
-
-  (target_config, target_params), (draft_config, draft_params) = bfloat16(TARGET), bfloat16(DRAFT)
+  ~0.3 s a call) to read a few rows. `transformer.take_rows`: through the CPU kernel the rows are copied
+  by it, and no op of the speculative program (both embeddings, the prefill, the rounds and the deferred
+  catch-up) makes a table-sized array; on XLA (the autoregressive program here) the table's bits are
+  gathered, never widened to float32."""
+  (target_config, target_params), (draft_config, draft_params) = (_bfloat16(TARGET, "cpu_kernel"),
+                                                                  _bfloat16(DRAFT, "cpu_kernel"))
   drafter = ModelDrafter(draft_config, draft_params, None, max_lag=None)
   lowered = testing.speculate(SpeculativeLoop(target_config, 3, policy=Adaptive()), target_params, drafter,
                               testing.request(PROMPTS, 6), cache_len=CACHE_LEN, lower=True)
-  compiled = lowered.compile().as_text()
   for config in (target_config, draft_config):
-    assert widened(compiled, (config.vocab_size, config.d_model)) == []
+    assert table_copies(lowered.compile().as_text(), (config.vocab_size, config.d_model)) == []
+  config, params = _bfloat16(TARGET, "xla")
+  lowered = autoregressive.generate(config, params, testing.request(PROMPTS, 4), init_cache(config, BATCH, CACHE_LEN),
+                                    lower=True)
+  assert table_copies(lowered.compile().as_text(), (config.vocab_size, config.d_model), "f32") == []

@@ -415,3 +415,19 @@ def test_settings_resolve():
     matmul.backend_for(KERNEL, "float32", "cuda")
   with pytest.raises(ValueError, match="matmul must be one of"):
     matmul.backend_for("mkl", "float32", "cpu")
+
+
+@pytest.mark.skipif(matmul._library()[0] is None, reason="the CPU kernel library is not built")
+def test_take_rows_copies_rows_bit_for_bit_and_differentiates():
+  """`matmul.take_rows` (the embedding lookup of a bfloat16 model through the kernel) equals XLA's gather
+  bit for bit, repeated, first and last rows included, and its gradient in the table is the gather's
+  (a row written to the wrong slot, or gradients not summed over repeats, fail)."""
+  table_VxD = jnp.asarray(np.random.default_rng(0).standard_normal((1000, 48)), jnp.bfloat16)
+  ids_BxT = jnp.asarray([[3, 999, 0], [7, 7, 500]], jnp.int32)
+  got = jax.jit(matmul.take_rows)(table_VxD, ids_BxT)
+  want = jnp.take(table_VxD, ids_BxT, axis=0)
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+  loss = lambda gather: lambda t: jnp.sum(gather(t).astype(jnp.float32)**2)
+  np.testing.assert_array_equal(
+      jax.grad(loss(lambda t: matmul.take_rows(t, ids_BxT)))(table_VxD),
+      jax.grad(loss(lambda t: jnp.take(t, ids_BxT, axis=0)))(table_VxD))

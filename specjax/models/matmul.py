@@ -60,6 +60,7 @@ _HANDLERS = {  # (weights: their dtype or format's bits, x's dtype) -> (FFI targ
     ("int4a8", "float32"): ("specjax_matmul_int4a8_f32", "SpecjaxMatmulInt4a8F32"),
     ("int4a8", "bfloat16"): ("specjax_matmul_int4a8_bf16", "SpecjaxMatmulInt4a8Bf16"),
 }
+_TAKE_ROWS = ("specjax_take_rows_bf16", "SpecjaxTakeRowsBf16")  # bfloat16 rows by index (`take_rows`)
 # Where specjax_cpu_features holds each kind of weight's path (2 bits): float32, bfloat16, quantized
 # (int8 and int4, with float32 or bfloat16 x), int4a8 (x quantized to int8 at run time; its path at G = 32).
 _FEATURE_SHIFT = {"float32": 0, "bfloat16": 2, "quantized": 4, "int4a8": 6}
@@ -93,9 +94,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     library = ctypes.CDLL(str(found[0]))
   except OSError as error:
     return None, f"the CPU matmul kernel {found[0].name} does not load: {error}"
-  if not all(hasattr(library, symbol) for _, symbol in _HANDLERS.values()):  # older: fewer handlers
+  if not all(hasattr(library, symbol) for _, symbol in (*_HANDLERS.values(), _TAKE_ROWS)):  # older: fewer
     return None, f"the CPU matmul kernel {found[0].name} is an older build: rebuild it (`pip install -e .`)"
-  for target, symbol in _HANDLERS.values():
+  for target, symbol in (*_HANDLERS.values(), _TAKE_ROWS):
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
   return library, ""
 
@@ -235,3 +236,26 @@ def _kernel_backward(residuals, dy_MxN):
 
 
 _kernel_matmul.defvjp(_kernel_forward, _kernel_backward)
+
+
+@jax.custom_vjp
+def take_rows(table_VxD: jax.Array, ids_x: jax.Array) -> jax.Array:
+  """Rows `ids_x` (clamped into [0, V)) of a bfloat16 table [V, D], [..., D], copied by the kernel library:
+  XLA:CPU's gather widens the whole table first (`transformer.take_rows`). Differentiable in the table."""
+  _library()
+  out = jax.ShapeDtypeStruct((ids_x.size, table_VxD.shape[1]), table_VxD.dtype)
+  rows_NxD = jax.ffi.ffi_call(_TAKE_ROWS[0], out, vmap_method="sequential")(table_VxD,
+                                                                            ids_x.reshape(-1).astype(jnp.int32))
+  return rows_NxD.reshape(*ids_x.shape, table_VxD.shape[1])
+
+
+def _take_rows_forward(table_VxD, ids_x):
+  return take_rows(table_VxD, ids_x), (jnp.zeros_like(table_VxD), ids_x)
+
+
+def _take_rows_backward(residuals, rows_xD):
+  zeros_VxD, ids_x = residuals
+  return zeros_VxD.at[jnp.clip(ids_x, 0, zeros_VxD.shape[0] - 1)].add(rows_xD), None
+
+
+take_rows.defvjp(_take_rows_forward, _take_rows_backward)

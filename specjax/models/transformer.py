@@ -226,10 +226,15 @@ class Block(nn.Module):
     return x_BxTxD + post_norm("post_mlp_norm", mlp_out), cache
 
 
-def take_rows(table_VxD: jax.Array, ids_x: jax.Array) -> jax.Array:
-  """The rows `ids_x` of a table [V, D] ([..., D]), a 16-bit float table gathered as its bits: XLA:CPU
-  widens a bfloat16 operand of a gather to float32 and hoists that out of the loops, so every call of a
-  program copied whole embeddings (151936 x 1536 bfloat16: ~0.2 s a call) to read a few rows."""
+def take_rows(table_VxD: jax.Array, ids_x: jax.Array, backend: str = "xla") -> jax.Array:
+  """The rows `ids_x` of a table [V, D] ([..., D]). XLA:CPU widens a bfloat16 operand of a gather to
+  float32 and hoists that out of the loops, so every call of a program copied whole embeddings (151936 x
+  1536 bfloat16: ~0.2 s a call) to read a few rows: with the CPU kernel (`backend`, the model's matmul
+  backend) a bfloat16 table's rows are copied by it (`matmul.take_rows`); elsewhere a 16-bit float table
+  is gathered as its bits (XLA:CPU then copies the bits once a call, half the float32 copy; free on
+  GPU/TPU)."""
+  if backend == "cpu_kernel" and table_VxD.dtype == jnp.bfloat16:
+    return matmul.take_rows(table_VxD, ids_x)
   if jnp.dtype(table_VxD.dtype).itemsize != 2 or not jnp.issubdtype(table_VxD.dtype, jnp.floating):
     return jnp.take(table_VxD, ids_x, axis=0)
   bits_VxD = jax.lax.bitcast_convert_type(table_VxD, jnp.uint16)
@@ -237,9 +242,9 @@ def take_rows(table_VxD: jax.Array, ids_x: jax.Array) -> jax.Array:
 
 
 def _embed(config: ModelConfig, params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
-  x_BxTxD = take_rows(params["embed"]["embedding"], tokens_BxT)
+  x_BxTxD = take_rows(params["embed"]["embedding"], tokens_BxT, config.matmul)
   if config.arch == "gpt2":
-    x_BxTxD = x_BxTxD + take_rows(params["pos_embed"]["embedding"], positions_BxT)
+    x_BxTxD = x_BxTxD + take_rows(params["pos_embed"]["embedding"], positions_BxT, config.matmul)
   if config.arch == "gemma":  # sqrt(D) rounded to float32, then to the model dtype, as in transformers
     x_BxTxD = x_BxTxD * jnp.asarray(config.d_model**0.5, jnp.float32).astype(x_BxTxD.dtype)
   return x_BxTxD

@@ -18,12 +18,14 @@ def whole_cache_moves(hlo_text: str, cache_dims: tuple[int, ...]) -> list[str]:
   return moves
 
 
-def widened(hlo_text: str, dims: tuple[int, ...]) -> list[str]:
-  """The instructions of a compiled module that make a float32 array with `dims` in any order (a
-  bfloat16 table widened whole)."""
+def table_copies(hlo_text: str, dims: tuple[int, ...], dtype: str = "") -> list[str]:
+  """The instructions of a compiled module that make an array with `dims` in any order (of `dtype`, when
+  given: e.g. "f32", a bfloat16 table widened) other than by naming one (a parameter, a tuple's element, a
+  layout bitcast): a whole table copied."""
   found = []
   for line in hlo_text.splitlines():
-    match = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = f32\[([\d,]*)\]", line)
-    if match and match.group(2) and sorted(int(d) for d in match.group(2).split(",")) == sorted(dims):
+    match = re.match(r"^\s*(?:ROOT )?%[\w.\-]+ = (\w+)\[([\d,]*)\]\S* ([\w\-]+)\(", line)
+    if (match and match.group(2) and sorted(int(d) for d in match.group(2).split(",")) == sorted(dims) and
+        match.group(3) not in ("parameter", "get-tuple-element", "bitcast") and (not dtype or match.group(1) == dtype)):
       found.append(line.strip()[:160])
   return found

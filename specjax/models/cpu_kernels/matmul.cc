@@ -1465,7 +1465,32 @@ ffi::Error Int4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<ffi
   return ffi::Error::Success();
 }
 
+// Rows of a bfloat16 table [V, D] by index, ids [N] clamped into [0, V): the embedding lookup of a bfloat16
+// model. XLA:CPU runs that gather by widening the whole table to float32 (or copying its bits), hoisted out of
+// the loops, so every call of a program copied each embedding whole to read a few rows; this copies the rows.
+ffi::Error TakeRows(ffi::Buffer<ffi::BF16> table, ffi::Buffer<ffi::S32> ids, ffi::ResultBuffer<ffi::BF16> out) {
+  const auto dims = table.dimensions();
+  if (dims.size() != 2) return ffi::Error::InvalidArgument("specjax take_rows: the table must be [V, D]");
+  const int64_t V = dims[0], D = dims[1], N = static_cast<int64_t>(ids.element_count());
+  if (static_cast<int64_t>(out->element_count()) != N * D) {
+    return ffi::Error::InvalidArgument("specjax take_rows: the output must be [N, D]");
+  }
+  const auto* rows = reinterpret_cast<const uint16_t*>(table.typed_data());
+  auto* dst = reinterpret_cast<uint16_t*>(out->typed_data());
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = std::clamp<int64_t>(ids.typed_data()[i], 0, V - 1);
+    std::memcpy(dst + i * D, rows + row * D, sizeof(uint16_t) * size_t(D));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxTakeRowsBf16, TakeRows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::BF16>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulF32, Matmul<ffi::F32>,
                               ffi::Ffi::Bind()

@@ -132,7 +132,7 @@ def head_forward(config: EagleConfig, params: Params, embedding_VxD: jax.Array, 
   masked_BxT = tokens_BxT == MASK_ID if MASK_PARAM in params else None
   if masked_BxT is not None:
     tokens_BxT = jnp.where(masked_BxT, 0, tokens_BxT)  # any id: its embedding is replaced
-  embed_BxTxD = take_rows(embedding_VxD, tokens_BxT).astype(config.block.jnp_dtype)
+  embed_BxTxD = take_rows(embedding_VxD, tokens_BxT, config.block.matmul).astype(config.block.jnp_dtype)
   if masked_BxT is not None:
     mask_D = params[MASK_PARAM]["embedding"].astype(config.block.jnp_dtype)
     embed_BxTxD = jnp.where(masked_BxT[:, :, None], mask_D[None, None, :], embed_BxTxD)
