@@ -27,9 +27,9 @@ same draft, K = 5) in the same run; about 15 minutes each.
 
 `get_config("sets")`: every prompt set at batch 1, greedy, bfloat16 through the CPU kernel: the README's two
 prompts, MT-Bench first turns (one per category, the first four) and raw code, with autoregressive
-decoding and the 0.5B draft in bfloat16 and in int4 (`other_drafts.q4`, `draft_weights.q4`), each at K = 5
-fixed and K <= 5 adaptive, every run profiled (`config.profile`: a round beside its passes); about 45
-minutes on 2 cores.
+decoding and the 0.5B draft in bfloat16, in int4 (`other_drafts.q4`, `draft_weights.q4`) and in int4a8 (int4
+weights, int8 activations: `q4a8`), each at K = 5 fixed and K <= 5 adaptive, every run profiled
+(`config.profile`: a round beside its passes); about 45 minutes on 2 cores.
 
 `get_config("batch1")`: the batch-1 groups of raw code and chat requests only (greedy and T = 1), where the
 policy's estimator settings matter most; about 30-45 minutes. `get_config("batched")`: the other groups
@@ -93,10 +93,12 @@ def get_config(variant: str = ""):
     cfg.output = f"experiments/results/kernel_cpu_bfloat16_{name}.json"
   elif variant == "sets":
     # Every prompt set at batch 1, greedy, bfloat16 through the CPU kernel (AVX-512 or AVX2+FMA): autoregressive,
-    # the bfloat16 draft and the same draft's int4 weights (other_drafts.q4), each at K = 5 fixed and K <= 5
-    # adaptive, every run profiled (a round beside its passes).
-    systems = ("model_k5", "model_k5_adaptive", "model@q4_k5", "model@q4_k5_adaptive")
+    # the bfloat16 draft and the same draft's int4 and int4a8 weights (other_drafts.q4, .q4a8), each at K = 5 fixed
+    # and K <= 5 adaptive, every run profiled (a round beside its passes).
+    systems = ("model_k5", "model_k5_adaptive", "model@q4_k5", "model@q4_k5_adaptive", "model@q4a8_k5",
+               "model@q4a8_k5_adaptive")
     cfg.other_drafts.q4, cfg.draft_weights.q4 = cfg.draft, "int4"
+    cfg.other_drafts.q4a8, cfg.draft_weights.q4a8 = cfg.draft, "int4a8"
     cfg.dtype = "bfloat16"
     cfg.model_ks = (5,)
     cfg.prompt_sets = ("readme", "mtbench", "raw")
