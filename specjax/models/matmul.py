@@ -250,12 +250,12 @@ def take_rows(table_VxD: jax.Array, ids_x: jax.Array) -> jax.Array:
 
 
 def _take_rows_forward(table_VxD, ids_x):
-  return take_rows(table_VxD, ids_x), (jnp.zeros_like(table_VxD), ids_x)
+  return take_rows(table_VxD, ids_x), (table_VxD, ids_x)
 
 
 def _take_rows_backward(residuals, rows_xD):
-  zeros_VxD, ids_x = residuals
-  return zeros_VxD.at[jnp.clip(ids_x, 0, zeros_VxD.shape[0] - 1)].add(rows_xD), None
+  table_VxD, ids_x = residuals  # the table only for its shape and dtype: the zeros are made here, not forward
+  return jnp.zeros_like(table_VxD).at[jnp.clip(ids_x, 0, table_VxD.shape[0] - 1)].add(rows_xD), None
 
 
 take_rows.defvjp(_take_rows_forward, _take_rows_backward)

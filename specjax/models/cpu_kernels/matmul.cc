@@ -1156,22 +1156,18 @@ float A8Sum16(const float (&lane)[16]) {
   return s2[0] + s2[1];
 }
 
-// One row of x quantized: codes q [K] int8 (element order), d [K / G] float32 and 8 sum q [K / G] int32.
+// One row of x quantized: codes q [K] int8 (element order) and d [K / G] float32.
 template <typename X>
-void A8QuantizeRow(const X* x, int64_t K, int64_t G, int8_t* q, float* d, int32_t* sum8) {
+void A8QuantizeRow(const X* x, int64_t K, int64_t G, int8_t* q, float* d) {
   for (int64_t g = 0; g < K / G; ++g) {
     float amax = 0.0f;
     for (int64_t e = 0; e < G; ++e) amax = std::max(amax, std::fabs(ToFloat(x[g * G + e])));
     const float dg = amax / 127.0f;
-    int32_t sum = 0;
     for (int64_t e = 0; e < G; ++e) {
       const float r = dg == 0.0f ? 0.0f : std::nearbyint(ToFloat(x[g * G + e]) / dg);  // half to even
-      const int32_t v = int32_t(std::min(127.0f, std::max(-127.0f, r)));
-      q[g * G + e] = int8_t(v);
-      sum += v;
+      q[g * G + e] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
     }
     d[g] = dg;
-    sum8[g] = 8 * sum;
   }
 }
 
@@ -1454,9 +1450,8 @@ ffi::Error Int4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<ffi
   if (o.path == kPortable) {
     q.resize(size_t(M * K));
     d.resize(size_t(M * groups));
-    std::vector<int32_t> sum8(size_t(M * groups));
     for (int64_t m = 0; m < M; ++m) {
-      A8QuantizeRow(x.typed_data() + m * K, K, G, q.data() + m * K, d.data() + m * groups, sum8.data() + m * groups);
+      A8QuantizeRow(x.typed_data() + m * K, K, G, q.data() + m * K, d.data() + m * groups);
     }
     o.q = q.data();
     o.d = d.data();
